@@ -1,0 +1,3 @@
+from tcaudit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""Baselines: record today's findings by fingerprint, then report only new ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tcaudit.findings import Finding
+
+FORMAT_VERSION = 1
+
+
+class BaselineError(Exception):
+    pass
+
+
+def write_baseline(path: str, findings: list[Finding]) -> None:
+    data = {
+        "tcaudit_baseline": FORMAT_VERSION,
+        "findings": [
+            {"fingerprint": f.fingerprint, "rule": f.rule, "path": f.location.path, "line": f.location.line}
+            for f in findings
+        ],
+    }
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tcaudit-baseline-")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    os.replace(tmp, target)
+
+
+def load_baseline(path: str) -> set[str]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineError(f"baseline file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"cannot read baseline {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("tcaudit_baseline") != FORMAT_VERSION:
+        raise BaselineError(f"{path} is not a tcaudit baseline (write one with --write-baseline)")
+    return {entry["fingerprint"] for entry in data.get("findings", []) if isinstance(entry, dict)}
+
+
+def filter_baseline(path: str, findings: list[Finding]) -> list[Finding]:
+    known = load_baseline(path)
+    return [f for f in findings if f.fingerprint not in known]

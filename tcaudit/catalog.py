@@ -1,0 +1,141 @@
+"""The rule catalog: one TOML file per rule in ``rules/`` (shipped as ``tcaudit/_rules`` in a wheel)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tcaudit.findings import FixClass, Severity
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FAMILIES = {
+    "TC0": "internal",
+    "TC1": "model graph",
+    "TC2": "mixed precision",
+    "TC3": "backend and compilation",
+    "TC4": "input pipeline",
+    "TC5": "distributed",
+    "TC6": "host overhead",
+}
+
+REQUIRED_KEYS = ("id", "name", "family", "severity", "summary", "why")
+
+
+class CatalogError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Example:
+    code: str
+    # For a bad example: how many findings of this rule it must produce (at least one).
+    expect: int | None = None
+    # For a fixable bad example: the exact fixed form (used once the rule has a fix).
+    fixed: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    id: str
+    name: str
+    family: str
+    severity: Severity
+    fix_class: FixClass | None
+    summary: str
+    why: str
+    fix_safety: str = ""
+    needs: str = "script"  # "script" or "model"
+    bad: tuple[Example, ...] = field(default_factory=tuple)
+    good: tuple[Example, ...] = field(default_factory=tuple)
+    path: str = ""
+
+    @property
+    def family_name(self) -> str:
+        return FAMILIES.get(self.id[:3], self.family)
+
+
+def rules_dir() -> Path:
+    """The folder holding the rule files: beside the package in a wheel, at the repo root otherwise."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_rules", here.parent / "rules"):
+        if candidate.is_dir():
+            return candidate
+    raise CatalogError(f"rule catalog not found (looked in {here / '_rules'} and {here.parent / 'rules'})")
+
+
+def _examples(raw: object, where: str) -> tuple[Example, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise CatalogError(f"{where}: expected a list of examples")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict) or "code" not in item:
+            raise CatalogError(f"{where}: each example needs a 'code' string")
+        out.append(
+            Example(
+                code=item["code"],
+                expect=item.get("expect"),
+                fixed=item.get("fixed"),
+                description=item.get("description", ""),
+            )
+        )
+    return tuple(out)
+
+
+def load_rule_file(path: Path) -> RuleSpec:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CatalogError(f"{path.name}: {exc}") from None
+    missing = [key for key in REQUIRED_KEYS if key not in data]
+    if missing:
+        raise CatalogError(f"{path.name}: missing keys {', '.join(missing)}")
+    if data["id"] != path.stem:
+        raise CatalogError(f"{path.name}: id {data['id']!r} does not match the file name")
+    fix = data.get("fix_class")
+    return RuleSpec(
+        id=data["id"],
+        name=data["name"],
+        family=data["family"],
+        severity=Severity.parse(data["severity"]),
+        fix_class=FixClass(fix) if fix else None,
+        summary=data["summary"].strip(),
+        why=data["why"].strip(),
+        fix_safety=data.get("fix_safety", "").strip(),
+        needs=data.get("needs", "script"),
+        bad=_examples(data.get("bad"), f"{path.name} bad"),
+        good=_examples(data.get("good"), f"{path.name} good"),
+        path=str(path),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def load_catalog() -> dict[str, RuleSpec]:
+    catalog = {}
+    for path in sorted(rules_dir().glob("TC*.toml")):
+        spec = load_rule_file(path)
+        catalog[spec.id] = spec
+    return catalog
+
+
+def rule_ids() -> list[str]:
+    return sorted(load_catalog())
+
+
+def matches_selector(rule_id: str, selector: str) -> bool:
+    """ruff-style prefix selection: ``TC2`` matches TC201..TC208, ``ALL`` matches everything."""
+    selector = selector.strip().upper()
+    return selector == "ALL" or rule_id.startswith(selector)
+
+
+def is_known_selector(selector: str) -> bool:
+    selector = selector.strip().upper()
+    return selector == "ALL" or any(rule.startswith(selector) for rule in load_catalog())

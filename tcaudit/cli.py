@@ -1,0 +1,199 @@
+"""Commands and flags only; the analysis lives in the engine, the output in the reporters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from tcaudit import __version__
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _codes(value: str) -> list[str]:
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def _add_selection(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rule selection")
+    group.add_argument("--select", type=_codes, metavar="CODES", help="only these rules or prefixes (e.g. TC2,TC301)")
+    group.add_argument("--extend-select", type=_codes, metavar="CODES", help="add rules to the selection")
+    group.add_argument("--ignore", type=_codes, metavar="CODES", help="turn rules or prefixes off")
+    group.add_argument("--exclude", type=_codes, metavar="GLOBS", help="skip files and folders matching these globs")
+    group.add_argument("--precision", choices=("auto", "bf16", "fp16"), help="precision to recommend (default auto)")
+    group.add_argument("--gpu", choices=("auto", "sm_80", "sm_86", "sm_89", "sm_90"), help="target GPU")
+    group.add_argument("--config", metavar="FILE", help="read settings from this pyproject.toml or tcaudit.toml")
+    group.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tcaudit",
+        description="Find what keeps PyTorch training code off the GPU's Tensor Cores.",
+    )
+    parser.add_argument("--version", action="version", version=f"tcaudit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    scan = sub.add_parser("scan", help="report findings for files and folders", description="Report findings for "
+                          "files and folders. Never runs the script's training code.")
+    scan.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    scan.add_argument("--format", default="text", choices=("text", "concise", "json", "sarif", "github", "junit"))
+    scan.add_argument("--output-file", "-o", metavar="FILE", help="write the report here instead of stdout")
+    scan.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 at or above this (default warning)")
+    scan.add_argument("--no-exec", action="store_true", help="never build the user's models (no TC1 model audit)")
+    scan.add_argument("--model", metavar="PKG.MOD:FACTORY", help="audit this model factory")
+    scan.add_argument("--input", metavar="SHAPE", help="input shape for --model, e.g. 8x3x224x224")
+    scan.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")
+    scan.add_argument("--write-baseline", metavar="FILE", help="record today's findings and exit 0")
+    scan.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    _add_selection(scan)
+
+    rules = sub.add_parser("rules", help="list the rule catalog")
+    rules.add_argument("--format", default="text", choices=("text", "json"))
+
+    explain = sub.add_parser("explain", help="show one rule's documentation")
+    explain.add_argument("rule", metavar="CODE")
+    return parser
+
+
+def _color(choice: str, stream) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    overrides = {
+        "select": args.select,
+        "extend-select": args.extend_select,
+        "ignore": args.ignore,
+        "exclude": args.exclude,
+        "precision": args.precision,
+        "gpu": args.gpu,
+    }
+    if getattr(args, "fail_on", None):
+        overrides["fail-on"] = args.fail_on
+    if getattr(args, "no_exec", False):
+        overrides["exec-models"] = False
+    if getattr(args, "model", None):
+        overrides["models"] = [{"factory": args.model, **({"input": args.input} if args.input else {})}]
+    return overrides
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from tcaudit.baseline import BaselineError, filter_baseline, write_baseline
+    from tcaudit.config import load_settings
+    from tcaudit.engine import scan
+    from tcaudit.report import get_reporter
+    from tcaudit.catalog import load_catalog
+
+    settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    result = scan(args.paths, settings)
+    if result.missing:
+        for path in result.missing:
+            print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.write_baseline:
+        write_baseline(args.write_baseline, result.findings)
+        print(f"tcaudit: recorded {len(result.findings)} findings in {args.write_baseline}", file=sys.stderr)
+        return EXIT_CLEAN
+    if args.baseline:
+        try:
+            result.findings = filter_baseline(args.baseline, result.findings)
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
+    render = get_reporter(args.format)
+    if args.output_file:
+        with open(args.output_file, "w", encoding="utf-8", newline="\n") as out:
+            render(result, out, rules=load_catalog(), color=False)
+    else:
+        render(result, sys.stdout, rules=load_catalog(), color=_color(args.color, sys.stdout))
+    for error in result.errors:
+        print(f"tcaudit: {error}", file=sys.stderr)
+    if result.errors:
+        return EXIT_ERROR
+    if any(f.severity >= settings.fail_on for f in result.findings):
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from tcaudit.catalog import load_catalog
+
+    catalog = load_catalog()
+    if args.format == "json":
+        data = [
+            {
+                "id": spec.id,
+                "name": spec.name,
+                "family": spec.family_name,
+                "severity": str(spec.severity),
+                "fix_class": str(spec.fix_class) if spec.fix_class else None,
+                "needs": spec.needs,
+                "summary": spec.summary,
+            }
+            for spec in catalog.values()
+        ]
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_CLEAN
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tcaudit rules ({len(catalog)})", show_lines=False)
+    for column in ("Code", "Name", "Family", "Severity", "Fix", "Summary"):
+        table.add_column(column, overflow="fold")
+    for spec in catalog.values():
+        table.add_row(
+            spec.id, spec.name, spec.family_name, str(spec.severity), str(spec.fix_class or "-"), spec.summary
+        )
+    Console(soft_wrap=False).print(table)
+    return EXIT_CLEAN
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tcaudit.catalog import load_catalog
+    from tcaudit.explain import render_explanation
+
+    catalog = load_catalog()
+    code = args.rule.strip().upper()
+    if code not in catalog:
+        raise UsageError(f"unknown rule {args.rule!r}; `tcaudit rules` lists them")
+    sys.stdout.write(render_explanation(catalog[code]))
+    return EXIT_CLEAN
+
+
+COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_ERROR
+    from tcaudit.catalog import CatalogError
+    from tcaudit.config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, ConfigError, CatalogError) as exc:
+        print(f"tcaudit: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("tcaudit: interrupted", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_CLEAN

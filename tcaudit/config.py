@@ -1,0 +1,202 @@
+"""``[tool.tcaudit]`` in the nearest pyproject.toml plus command-line flags → one Settings object."""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tcaudit.catalog import is_known_selector, matches_selector, rule_ids
+from tcaudit.findings import Severity
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRECISIONS = ("auto", "bf16", "fp16")
+GPUS = ("auto", "sm_80", "sm_86", "sm_89", "sm_90")
+KNOWN_KEYS = {
+    "select",
+    "extend-select",
+    "ignore",
+    "per-file-ignores",
+    "exclude",
+    "fail-on",
+    "precision",
+    "gpu",
+    "exec-models",
+    "models",
+}
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    factory: str
+    input: str | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    select: tuple[str, ...] = ("ALL",)
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exclude: tuple[str, ...] = ()
+    fail_on: Severity = Severity.WARNING
+    precision: str = "auto"
+    gpu: str = "auto"
+    exec_models: bool = True
+    models: tuple[ModelSpec, ...] = ()
+    config_path: Path | None = None
+    root: Path = field(default_factory=Path.cwd)
+
+    def enabled_rules(self) -> list[str]:
+        selectors = self.select + self.extend_select
+        return [
+            rule
+            for rule in rule_ids()
+            if any(matches_selector(rule, s) for s in selectors)
+            and not any(matches_selector(rule, s) for s in self.ignore)
+        ]
+
+    def ignored_for(self, path: str) -> tuple[str, ...]:
+        """Selectors that per-file-ignores turns off for this path (relative to the config's folder)."""
+        try:
+            rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            rel = Path(path).as_posix()
+        out: list[str] = []
+        for pattern, selectors in self.per_file_ignores:
+            if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(Path(rel).name, pattern):
+                out.extend(selectors)
+        return tuple(out)
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest pyproject.toml upward from ``start`` that has a ``[tool.tcaudit]`` table."""
+    here = start.resolve()
+    if here.is_file():
+        here = here.parent
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"{candidate}: invalid TOML: {exc}") from None
+            if "tcaudit" in data.get("tool", {}):
+                return candidate
+    return None
+
+
+def _selectors(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: '{key}' must be a list of rule codes or prefixes")
+    for selector in value:
+        if not is_known_selector(selector):
+            raise ConfigError(f"{where}: '{key}' names unknown rule or prefix {selector!r}")
+    return tuple(v.strip().upper() for v in value)
+
+
+def _choice(value: Any, key: str, choices: tuple[str, ...], where: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{where}: '{key}' must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Settings:
+    unknown = sorted(set(table) - KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)} "
+            f"(known: {', '.join(sorted(KNOWN_KEYS))})"
+        )
+    updates: dict[str, Any] = {}
+    if "select" in table:
+        updates["select"] = _selectors(table["select"], "select", where)
+    if "extend-select" in table:
+        updates["extend_select"] = _selectors(table["extend-select"], "extend-select", where)
+    if "ignore" in table:
+        updates["ignore"] = _selectors(table["ignore"], "ignore", where)
+    if "per-file-ignores" in table:
+        raw = table["per-file-ignores"]
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: 'per-file-ignores' must be a table of glob = [codes]")
+        updates["per_file_ignores"] = tuple(
+            (pattern, _selectors(codes, f"per-file-ignores.{pattern}", where)) for pattern, codes in raw.items()
+        )
+    if "exclude" in table:
+        raw = table["exclude"]
+        if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+            raise ConfigError(f"{where}: 'exclude' must be a list of glob patterns")
+        updates["exclude"] = tuple(raw)
+    if "fail-on" in table:
+        updates["fail_on"] = Severity.parse(_choice(table["fail-on"], "fail-on", ("info", "warning", "error"), where))
+    if "precision" in table:
+        updates["precision"] = _choice(table["precision"], "precision", PRECISIONS, where)
+    if "gpu" in table:
+        updates["gpu"] = _choice(table["gpu"], "gpu", GPUS, where)
+    if "exec-models" in table:
+        if not isinstance(table["exec-models"], bool):
+            raise ConfigError(f"{where}: 'exec-models' must be true or false")
+        updates["exec_models"] = table["exec-models"]
+    if "models" in table:
+        raw = table["models"]
+        if not isinstance(raw, list) or not all(isinstance(m, dict) and "factory" in m for m in raw):
+            raise ConfigError(f"{where}: [[tool.tcaudit.models]] entries need a 'factory = \"pkg.mod:fn\"'")
+        models = []
+        for entry in raw:
+            extra = set(entry) - {"factory", "input", "dtype"}
+            if extra:
+                raise ConfigError(f"{where}: [[tool.tcaudit.models]] unknown key {sorted(extra)[0]!r}")
+            if ":" not in entry["factory"]:
+                raise ConfigError(f"{where}: model factory {entry['factory']!r} must look like 'pkg.mod:build'")
+            models.append(ModelSpec(entry["factory"], entry.get("input"), entry.get("dtype")))
+        updates["models"] = tuple(models)
+    return replace(base, **updates)
+
+
+def load_settings(
+    paths: list[str],
+    config_file: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    isolated: bool = False,
+) -> Settings:
+    """Settings from the config file (explicit, or the nearest one upward from the first path),
+    then the command line's overrides, which win."""
+    settings = Settings()
+    config_path: Path | None = None
+    if config_file:
+        config_path = Path(config_file)
+        if not config_path.is_file():
+            raise ConfigError(f"config file not found: {config_file}")
+    elif not isolated:
+        start = Path(paths[0]) if paths else Path.cwd()
+        if not start.exists():
+            start = Path.cwd()
+        config_path = find_config(start)
+    if config_path is not None:
+        try:
+            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{config_path}: invalid TOML: {exc}") from None
+        table = data.get("tool", {}).get("tcaudit", data if config_path.name != "pyproject.toml" else {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{config_path}: [tool.tcaudit] must be a table")
+        settings = settings_from_table(table, str(config_path), settings)
+        settings = replace(settings, config_path=config_path, root=config_path.parent)
+    if overrides:
+        settings = settings_from_table(
+            {k: v for k, v in overrides.items() if v is not None}, "command line", settings
+        )
+    return settings

@@ -1,0 +1,73 @@
+"""The default human format: grouped by file, each finding with a code frame, then a summary line."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
+_CONTEXT = 1  # lines of context around the flagged line
+
+
+def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: int) -> Text:
+    text = Text()
+    first = max(1, line - _CONTEXT)
+    last = min(len(lines), line + _CONTEXT)
+    width = len(str(last))
+    for number in range(first, last + 1):
+        source = lines[number - 1].expandtabs(4) if number <= len(lines) else ""
+        marker = ">" if number == line else " "
+        text.append(f"  {marker} {number:>{width}} | ", style="dim" if number != line else "bold")
+        text.append(source + "\n")
+        if number == line:
+            caret_end = end_column if end_line == line and end_column > column else len(source) + 1
+            text.append(" " * (width + 7) + " " * (column - 1))
+            text.append("^" * max(1, caret_end - column), style="bold red")
+            text.append("\n")
+    return text
+
+
+def render(result, out: TextIO, *, rules, color: bool) -> None:
+    console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
+    cache: dict[str, list[str]] = {}
+    for path, group in groupby(result.findings, key=lambda f: f.location.path):
+        console.print(Text(path, style="bold underline"))
+        if path not in cache:
+            try:
+                cache[path] = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                cache[path] = []
+        for f in group:
+            loc = f.location
+            head = Text()
+            head.append(f"{path}:{loc.line}:{loc.column}: ", style="bold")
+            head.append(f"{f.rule} ", style=_STYLE.get(str(f.severity), ""))
+            head.append(f"[{f.severity}] ", style=_STYLE.get(str(f.severity), ""))
+            head.append(f.message)
+            console.print(head)
+            if cache[path]:
+                console.print(_frame(cache[path], loc.line, loc.column, loc.end_line, loc.end_column), end="")
+            if f.fix is not None:
+                if f.fix.available:
+                    console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))
+                else:
+                    console.print(Text(f"  no fix: {f.fix.reason or f.fix.description}", style="dim"))
+            console.print()
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="dim"))
+    counts = {s: sum(1 for f in result.findings if str(f.severity) == s) for s in ("error", "warning", "info")}
+    total = len(result.findings)
+    fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.available)
+    files = result.files_scanned
+    if total == 0:
+        console.print(Text(f"All clear: no findings in {files} file{'s' if files != 1 else ''}.", style="bold green"))
+        return
+    parts = ", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items() if n)
+    line = Text(f"Found {total} finding{'s' if total != 1 else ''} ({parts}) in {files} file{'s' if files != 1 else ''}.")
+    if fixable:
+        line.append(f" {fixable} fixable with `tcaudit fix`.", style="green")
+    console.print(line)

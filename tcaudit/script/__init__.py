@@ -1,0 +1,1 @@
+"""Script checks: facts shared by all rules (``facts``) and one module per rule (``tcNNN_name.py``)."""

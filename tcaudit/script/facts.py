@@ -1,0 +1,893 @@
+"""Facts about one training script, computed once and shared by every script rule.
+
+One LibCST visitor pass records imports, assignments, calls, ``with`` blocks, functions and the
+lexical context of each (enclosing defs, loops, branches, ``with`` items) as a persistent linked
+list of frames, so that a snapshot costs nothing. Everything else (what is autocast, what is an
+eval path, where the training steps are) is derived lazily from those records.
+
+Names are resolved through the file's imports and simple assignments, not through LibCST's
+QualifiedNameProvider: scope metadata costs several times the parse (PERF.md), while training
+scripts rarely shadow the names that matter here. Positions come from LibCST's PositionProvider,
+resolved only when a rule reports something.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from tcaudit.source.parsing import SourceFile
+
+# Names that star imports from these modules may bring in and that the rules care about.
+_STAR_EXPORTS = {
+    "torch.cuda.amp": {"autocast", "GradScaler", "custom_fwd", "custom_bwd"},
+    "torch.amp": {"autocast", "GradScaler", "custom_fwd", "custom_bwd"},
+    "torch.nn": {"BCELoss", "DataParallel", "Module", "Linear", "Conv2d", "Sequential", "functional"},
+    "torch.nn.functional": {"binary_cross_entropy"},
+    "torch.optim": {"SGD", "Adam", "AdamW", "LBFGS", "RMSprop", "Adagrad", "Optimizer"},
+    "torch.utils.data": {"DataLoader", "DistributedSampler", "Dataset"},
+    "torch.nn.utils": {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"},
+}
+
+AUTOCAST_QUALNAMES = frozenset(
+    {
+        "torch.autocast",
+        "torch.amp.autocast",
+        "torch.amp.autocast_mode.autocast",
+        "torch.cuda.amp.autocast",
+        "torch.cuda.amp.autocast_mode.autocast",
+        "torch.cpu.amp.autocast",
+        "torch.xpu.amp.autocast",
+    }
+)
+GRADSCALER_SUFFIXES = ("GradScaler", "ShardedGradScaler")
+NO_GRAD_QUALNAMES = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
+CLIP_FUNCTIONS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grads_with_norm_"})
+
+_OPTIMIZER_NAME = re.compile(r"(^|[._])(optim\w*|opt(_\w+)?|optimi[sz]er\w*|opt[A-Z]\w*|optimizer[A-Z]\w*)$")
+_SCHEDULER_NAME = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
+_MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|generator|discriminator|encoder|decoder)$")
+_EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|sample\w*|generate\w*)$")
+_ACCELERATOR_TEXT = re.compile(r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor")
+
+# Frameworks that own the loop and/or precision when these names are referenced.
+_FRAMEWORK_ROOTS = {
+    "accelerate": "accelerate",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "deepspeed": "deepspeed",
+    "apex": "apex",
+    "colossalai": "colossalai",
+    "composer": "composer",
+}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One level of lexical context: ``def``, ``class``, ``with``, ``loop``, ``if``, ``else``, ``try``,
+    ``except``, ``lambda`` or ``module``. Frames link to their parent, so a snapshot is one pointer."""
+
+    kind: str
+    node: cst.CSTNode
+    parent: "Frame | None"
+
+    def chain(self) -> Iterator["Frame"]:
+        frame: Frame | None = self
+        while frame is not None:
+            yield frame
+            frame = frame.parent
+
+    def nearest(self, kind: str) -> "Frame | None":
+        for frame in self.chain():
+            if frame.kind == kind:
+                return frame
+        return None
+
+    @property
+    def function(self) -> cst.FunctionDef | None:
+        for frame in self.chain():
+            if frame.kind == "def":
+                return frame.node  # type: ignore[return-value]
+        return None
+
+    @property
+    def class_def(self) -> cst.ClassDef | None:
+        for frame in self.chain():
+            if frame.kind == "class":
+                return frame.node  # type: ignore[return-value]
+        return None
+
+    def inside(self, node: cst.CSTNode) -> bool:
+        return any(frame.node is node for frame in self.chain())
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement and the block that holds it, so rules can look at its neighbours."""
+
+    node: cst.CSTNode
+    block: tuple[cst.CSTNode, ...]
+    index: int
+
+
+@dataclass(frozen=True)
+class CallSite:
+    node: cst.Call
+    name: str | None  # dotted text of the callee as written (``self.model``, ``torch.autocast``)
+    qualname: str | None  # resolved through imports (``torch.amp.autocast``)
+    ctx: Frame
+    statement: Statement | None
+
+    @property
+    def method(self) -> str | None:
+        func = self.node.func
+        return func.attr.value if isinstance(func, cst.Attribute) else None
+
+    @property
+    def receiver(self) -> cst.BaseExpression | None:
+        func = self.node.func
+        return func.value if isinstance(func, cst.Attribute) else None
+
+    @property
+    def receiver_name(self) -> str | None:
+        receiver = self.receiver
+        return get_full_name_for_node(receiver) if receiver is not None else None
+
+    def arg(self, keyword: str, position: int | None = None) -> cst.BaseExpression | None:
+        for index, arg in enumerate(a for a in self.node.args if a.keyword is None and not a.star):
+            if position is not None and index == position:
+                return arg.value
+        for arg in self.node.args:
+            if arg.keyword is not None and arg.keyword.value == keyword:
+                return arg.value
+        return None
+
+    @property
+    def has_star_kwargs(self) -> bool:
+        return any(arg.star == "**" for arg in self.node.args)
+
+
+@dataclass(frozen=True)
+class Binding:
+    target: str
+    value: cst.BaseExpression
+    ctx: Frame
+    statement: Statement | None
+
+
+@dataclass(frozen=True)
+class ImportSite:
+    node: cst.Import | cst.ImportFrom
+    local: str
+    qualname: str
+    ctx: Frame
+    in_import_error_fallback: bool
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A dotted name (``torch.cuda.amp.GradScaler``) used anywhere, resolved through imports."""
+
+    node: cst.BaseExpression
+    dotted: str
+    qualname: str | None
+    ctx: Frame
+
+
+@dataclass
+class TrainingStep:
+    backward: CallSite
+    loss: cst.BaseExpression
+    scaler: str | None  # dotted name of the GradScaler when the backward is ``scaler.scale(loss).backward()``
+
+    @property
+    def function(self) -> cst.FunctionDef | None:
+        return self.backward.ctx.function
+
+    @property
+    def ctx(self) -> Frame:
+        return self.backward.ctx
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__()
+        self.module_frame = Frame("module", module, None)
+        self.ctx = self.module_frame
+        self.blocks: list[tuple[cst.CSTNode, ...]] = []
+        self.statements: list[Statement | None] = [None]
+        self.calls: list[CallSite] = []
+        self.withs: list[tuple[cst.With, Frame]] = []
+        self.functions: list[tuple[cst.FunctionDef, Frame]] = []
+        self.classes: list[tuple[cst.ClassDef, Frame]] = []
+        self.bindings: list[Binding] = []
+        self.imports: list[ImportSite] = []
+        self.star_imports: list[str] = []
+        self.references: list[tuple[cst.BaseExpression, str, Frame]] = []
+        self._inner_attrs: set[int] = set()
+        self._try_stack: list[cst.Try] = []
+
+    # -- frames ---------------------------------------------------------------------------------
+    def _push(self, kind: str, node: cst.CSTNode) -> None:
+        self.ctx = Frame(kind, node, self.ctx)
+
+    def _pop(self) -> None:
+        assert self.ctx.parent is not None
+        self.ctx = self.ctx.parent
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append((node, self.ctx))
+        self._push("def", node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._push("lambda", node)
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self._pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append((node, self.ctx))
+        self._push("class", node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        self.withs.append((node, self.ctx))
+
+    def visit_With_body(self, node: cst.With) -> None:
+        self._push("with", node)
+
+    def leave_With_body(self, node: cst.With) -> None:
+        self._pop()
+
+    def visit_For_body(self, node: cst.For) -> None:
+        self._push("loop", node)
+
+    def leave_For_body(self, node: cst.For) -> None:
+        self._pop()
+
+    def visit_While_body(self, node: cst.While) -> None:
+        self._push("loop", node)
+
+    def leave_While_body(self, node: cst.While) -> None:
+        self._pop()
+
+    def visit_If_body(self, node: cst.If) -> None:
+        self._push("if", node)
+
+    def leave_If_body(self, node: cst.If) -> None:
+        self._pop()
+
+    def visit_If_orelse(self, node: cst.If) -> None:
+        self._push("else", node)
+
+    def leave_If_orelse(self, node: cst.If) -> None:
+        self._pop()
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self._try_stack.append(node)
+
+    def leave_Try(self, original_node: cst.Try) -> None:
+        self._try_stack.pop()
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._push("except", node)
+
+    def leave_ExceptHandler(self, original_node: cst.ExceptHandler) -> None:
+        self._pop()
+
+    # -- blocks and statements --------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.blocks.append(tuple(node.body))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self.blocks.pop()
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self.blocks.append(tuple(node.body))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self.blocks.pop()
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self.blocks.append(tuple(node.body))
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
+        self.blocks.pop()
+
+    def _enter_statement(self, node: cst.CSTNode) -> None:
+        block = self.blocks[-1] if self.blocks else (node,)
+        index = next((i for i, item in enumerate(block) if item is node), 0)
+        self.statements.append(Statement(node, block, index))
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._enter_statement(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self.statements.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseCompoundStatement):
+            self._enter_statement(node)
+        elif isinstance(node, cst.BaseSmallStatement) and self.blocks and any(
+            item is node for item in self.blocks[-1]
+        ):
+            # A small statement of a one-line suite (``if x: a; b``) is its own statement.
+            self._enter_statement(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, cst.BaseCompoundStatement):
+            self.statements.pop()
+        elif (
+            isinstance(original_node, cst.BaseSmallStatement)
+            and len(self.statements) > 1
+            and self.statements[-1] is not None
+            and self.statements[-1].node is original_node
+        ):
+            self.statements.pop()
+
+    # -- records ----------------------------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        name = get_full_name_for_node(node.func)
+        self.calls.append(CallSite(node, name, None, self.ctx, self.statements[-1]))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if id(node) in self._inner_attrs:
+            return
+        value = node.value
+        while isinstance(value, cst.Attribute):
+            self._inner_attrs.add(id(value))
+            value = value.value
+        if isinstance(value, cst.Name):
+            dotted = get_full_name_for_node(node)
+            if dotted:
+                self.references.append((node, dotted, self.ctx))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.references.append((node, node.value, self.ctx))
+
+    def _record_binding(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
+                for t, v in zip(target.elements, value.elements):
+                    self._record_binding(t.value, v.value)
+            return
+        name = get_full_name_for_node(target)
+        if name:
+            self.bindings.append(Binding(name, value, self.ctx, self.statements[-1]))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._record_binding(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._record_binding(node.target, node.value)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._record_binding(node.asname.name, node.item)
+
+    def _in_import_fallback(self) -> bool:
+        frame = self.ctx.nearest("except")
+        if frame is None or not self._try_stack:
+            return False
+        handler = frame.node
+        assert isinstance(handler, cst.ExceptHandler)
+        caught = get_full_name_for_node(handler.type) if handler.type is not None else "BaseException"
+        return bool(caught) and caught.split(".")[-1] in (
+            "ImportError",
+            "ModuleNotFoundError",
+            "AttributeError",
+            "Exception",
+            "BaseException",
+        )
+
+    def visit_Import(self, node: cst.Import) -> None:
+        fallback = self._in_import_fallback()
+        for alias in node.names:
+            full = get_full_name_for_node(alias.name) or ""
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local, qual = alias.asname.name.value, full
+            else:
+                local = qual = full.split(".")[0]
+            self.imports.append(ImportSite(node, local, qual, self.ctx, fallback))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        fallback = self._in_import_fallback()
+        module = get_full_name_for_node(node.module) if node.module is not None else ""
+        dots = "." * len(node.relative)
+        base = f"{dots}{module or ''}"
+        if isinstance(node.names, cst.ImportStar):
+            self.star_imports.append(base)
+            return
+        for alias in node.names:
+            name = get_full_name_for_node(alias.name) or ""
+            local = (
+                alias.asname.name.value
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
+                else name
+            )
+            qual = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
+            self.imports.append(ImportSite(node, local, qual, self.ctx, fallback))
+
+
+class ScriptFacts:
+    """Everything the script rules know about one file."""
+
+    def __init__(self, source: SourceFile) -> None:
+        self.source = source
+        self.module = source.module
+        collector = _Collector(self.module)
+        self.module.visit(collector)
+        self.module_frame = collector.module_frame
+        self.imports = collector.imports
+        self.star_imports = collector.star_imports
+        self.bindings = collector.bindings
+        self.withs = collector.withs
+        self.functions = collector.functions
+        self.classes = collector.classes
+        self._raw_references = collector.references
+        self._import_map: dict[str, list[str]] = {}
+        for site in self.imports:
+            self._import_map.setdefault(site.local, []).append(site.qualname)
+        self.calls = [
+            CallSite(c.node, c.name, self.resolve(c.name), c.ctx, c.statement) for c in collector.calls
+        ]
+        self._bindings_by_target: dict[str, list[Binding]] = {}
+        for binding in self.bindings:
+            self._bindings_by_target.setdefault(binding.target, []).append(binding)
+        self._wrapper: MetadataWrapper | None = None
+        self._positions = None
+
+    # -- names --------------------------------------------------------------------------------------
+    def resolve(self, dotted: str | None) -> str | None:
+        """``ac`` → ``torch.cuda.amp.autocast``; ``O.SGD`` → ``torch.optim.SGD``; None when not imported."""
+        if not dotted:
+            return None
+        head, _, rest = dotted.partition(".")
+        quals = self._import_map.get(head)
+        if quals:
+            qual = quals[0]
+            return f"{qual}.{rest}" if rest else qual
+        for module in self.star_imports:
+            if head in _STAR_EXPORTS.get(module, ()):
+                return f"{module}.{dotted}"
+        return None
+
+    def resolve_all(self, dotted: str | None) -> list[str]:
+        if not dotted:
+            return []
+        head, _, rest = dotted.partition(".")
+        return [f"{q}.{rest}" if rest else q for q in self._import_map.get(head, [])]
+
+    def qualname(self, expr: cst.BaseExpression | None) -> str | None:
+        if expr is None:
+            return None
+        return self.resolve(get_full_name_for_node(expr))
+
+    @functools.cached_property
+    def references(self) -> list[Reference]:
+        out = []
+        for node, dotted, ctx in self._raw_references:
+            qual = self.resolve(dotted)
+            if qual is not None:
+                out.append(Reference(node, dotted, qual, ctx))
+        return out
+
+    def references_to(self, *prefixes: str) -> list[Reference]:
+        return [r for r in self.references if r.qualname and r.qualname.startswith(prefixes)]
+
+    def imported_roots(self) -> set[str]:
+        return {site.qualname.split(".")[0] for site in self.imports} | {
+            m.split(".")[0] for m in self.star_imports
+        }
+
+    def bindings_of(self, target: str) -> list[Binding]:
+        return self._bindings_by_target.get(target, [])
+
+    def binding_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
+        """The expressions a name may stand for (itself included), following simple assignments
+        and both branches of conditional expressions (``a if c else b``, ``a or b``)."""
+        out: list[cst.BaseExpression] = []
+        stack = [(expr, 0)]
+        seen: set[int] = set()
+        while stack:
+            node, level = stack.pop()
+            if id(node) in seen or level > 6:
+                continue
+            seen.add(id(node))
+            out.append(node)
+            if isinstance(node, cst.IfExp):
+                stack += [(node.body, level + 1), (node.orelse, level + 1)]
+            elif isinstance(node, cst.BooleanOperation):
+                stack += [(node.left, level + 1), (node.right, level + 1)]
+            elif isinstance(node, (cst.Name, cst.Attribute)):
+                dotted = get_full_name_for_node(node)
+                if dotted:
+                    for binding in self.bindings_of(dotted):
+                        stack.append((binding.value, level + 1))
+        return out
+
+    # -- positions ----------------------------------------------------------------------------------
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        if self._positions is None:
+            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+            self._positions = self._wrapper.resolve(PositionProvider)
+        return self._positions[node]
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.position(node).start.line
+
+    # -- calls --------------------------------------------------------------------------------------
+    def calls_to(self, *qualnames: str) -> list[CallSite]:
+        wanted = set(qualnames)
+        return [c for c in self.calls if c.qualname in wanted]
+
+    def calls_ending(self, *suffixes: str) -> list[CallSite]:
+        return [c for c in self.calls if c.qualname and c.qualname.endswith(suffixes)]
+
+    def method_calls(self, *methods: str) -> list[CallSite]:
+        wanted = set(methods)
+        return [c for c in self.calls if c.method in wanted]
+
+    def calls_in(self, function: cst.FunctionDef | None) -> list[CallSite]:
+        return [c for c in self.calls if c.ctx.function is function]
+
+    @functools.cached_property
+    def functions_by_name(self) -> dict[str, list[cst.FunctionDef]]:
+        table: dict[str, list[cst.FunctionDef]] = {}
+        for node, _ in self.functions:
+            table.setdefault(node.name.value, []).append(node)
+        return table
+
+    def callees(self, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
+        """Functions of this file that ``function`` calls by name or as ``self.name``."""
+        out: set[cst.FunctionDef] = set()
+        for call in self.calls_in(function):
+            name = call.name or ""
+            short = name[5:] if name.startswith("self.") else name
+            if "." in short:
+                continue
+            for target in self.functions_by_name.get(short, []):
+                if target is not function:
+                    out.add(target)
+        return out
+
+    def reachable_functions(self, function: cst.FunctionDef | None, depth: int = 3) -> set[cst.FunctionDef]:
+        seen: set[cst.FunctionDef] = set()
+        frontier = {function}
+        for _ in range(depth):
+            nxt: set[cst.FunctionDef] = set()
+            for fn in frontier:
+                for callee in self.callees(fn):
+                    if callee not in seen:
+                        seen.add(callee)
+                        nxt.add(callee)
+            frontier = nxt  # type: ignore[assignment]
+        return seen
+
+    def callers(self, function: cst.FunctionDef) -> list[CallSite]:
+        name = function.name.value
+        return [
+            c
+            for c in self.calls
+            if c.name in (name, f"self.{name}") or (c.method == name and c.name and c.name.endswith("." + name))
+        ]
+
+    # -- classification -----------------------------------------------------------------------------
+    def is_autocast_expr(self, expr: cst.BaseExpression) -> bool:
+        """True when ``expr`` may be (or make) an autocast context: a direct call, an alias,
+        ``partial(torch.autocast, ...)``, ``nullcontext() if x else autocast(...)``, a helper whose
+        return or ``yield`` sits under autocast, or a name that says so."""
+        return self._autocast_expr(expr, 0)
+
+    def _autocast_expr(self, expr: cst.BaseExpression, depth: int) -> bool:
+        if depth > 4:
+            return False
+        for value in self.binding_values(expr):
+            target = value.func if isinstance(value, cst.Call) else value
+            dotted = get_full_name_for_node(target)
+            qual = self.resolve(dotted)
+            if qual in AUTOCAST_QUALNAMES or (qual and qual.endswith(".autocast")):
+                return True
+            if dotted and "autocast" in dotted.split(".")[-1].lower():
+                return True
+            if isinstance(value, cst.Call):
+                if qual in ("functools.partial",) or dotted == "partial":
+                    if value.args and self._autocast_expr(value.args[0].value, depth + 1):
+                        return True
+                if target is not value and self._autocast_expr(target, depth + 1):
+                    return True
+                short = (dotted or "").removeprefix("self.")
+                if short and "." not in short:
+                    for fn in self.functions_by_name.get(short, []):
+                        if self._function_makes_autocast(fn, depth + 1):
+                            return True
+        return False
+
+    def _function_makes_autocast(self, fn: cst.FunctionDef, depth: int) -> bool:
+        for node, ctx in self.withs:
+            if ctx.function is fn or ctx.inside(fn):
+                if any(self._autocast_expr(item.item, depth) for item in node.items):
+                    return True
+        for call in self.calls:
+            if call.ctx.function is fn and self._autocast_expr(call.node, depth + 1) and call.qualname:
+                return True
+        return False
+
+    @functools.lru_cache(maxsize=None)
+    def with_kinds(self, node: cst.With) -> frozenset[str]:
+        kinds = set()
+        for item in node.items:
+            expr = item.item
+            qual = self.qualname(expr.func if isinstance(expr, cst.Call) else expr)
+            if qual in NO_GRAD_QUALNAMES:
+                kinds.add("eval")
+            elif qual == "torch.set_grad_enabled" and isinstance(expr, cst.Call):
+                arg = expr.args[0].value if expr.args else None
+                if isinstance(arg, cst.Name) and arg.value == "False":
+                    kinds.add("eval")
+            if self.is_autocast_expr(expr):
+                kinds.add("autocast")
+        return frozenset(kinds)
+
+    @functools.lru_cache(maxsize=None)
+    def function_is_eval(self, fn: cst.FunctionDef) -> bool:
+        for decorator in fn.decorators:
+            dec = decorator.decorator
+            qual = self.qualname(dec.func if isinstance(dec, cst.Call) else dec)
+            if qual in NO_GRAD_QUALNAMES:
+                return True
+        if _EVAL_FUNCTION.match(fn.name.value):
+            return not any(c.method == "backward" for c in self.calls if c.ctx.inside(fn))
+        return False
+
+    def function_has_autocast_decorator(self, fn: cst.FunctionDef) -> bool:
+        return any(self.is_autocast_expr(d.decorator) for d in fn.decorators)
+
+    def in_eval(self, ctx: Frame) -> bool:
+        for frame in ctx.chain():
+            if frame.kind == "with" and "eval" in self.with_kinds(frame.node):  # type: ignore[arg-type]
+                return True
+            if frame.kind == "def" and self.function_is_eval(frame.node):  # type: ignore[arg-type]
+                return True
+        return False
+
+    def autocast_frame(self, ctx: Frame) -> Frame | None:
+        for frame in ctx.chain():
+            if frame.kind == "with" and "autocast" in self.with_kinds(frame.node):  # type: ignore[arg-type]
+                return frame
+            if frame.kind == "def" and self.function_has_autocast_decorator(frame.node):  # type: ignore[arg-type]
+                return frame
+        return None
+
+    def in_autocast(self, ctx: Frame) -> bool:
+        return self.autocast_frame(ctx) is not None
+
+    @functools.cached_property
+    def autocast_withs(self) -> list[tuple[cst.With, Frame]]:
+        return [(node, ctx) for node, ctx in self.withs if "autocast" in self.with_kinds(node)]
+
+    @functools.cached_property
+    def autocast_calls(self) -> list[CallSite]:
+        """Every call that constructs an autocast context, wherever it is used."""
+        return [c for c in self.calls if c.qualname in AUTOCAST_QUALNAMES or (c.qualname or "").endswith(".amp.autocast")]
+
+    # -- training -----------------------------------------------------------------------------------
+    @functools.cached_property
+    def frameworks(self) -> dict[str, str]:
+        """Frameworks that own the loop or the precision in this file: name → why."""
+        found: dict[str, str] = {}
+        for site in self.imports:
+            root = site.qualname.lstrip(".").split(".")[0]
+            if root in _FRAMEWORK_ROOTS:
+                found.setdefault(_FRAMEWORK_ROOTS[root], f"imports {site.qualname}")
+        quals = {r.qualname for r in self.references if r.qualname}
+        if any(q.startswith("torch.distributed.fsdp") and "MixedPrecision" in q for q in quals):
+            found.setdefault("fsdp", "FSDP MixedPrecision policy")
+        if any(q.startswith("transformers") and q.split(".")[-1] in ("Trainer", "Seq2SeqTrainer") for q in quals):
+            found.setdefault("transformers", "transformers Trainer")
+        # apex imported but only for FusedAdam/LayerNorm does not own precision.
+        if "apex" in found and not any(q.startswith("apex.amp") for q in quals):
+            del found["apex"]
+        if "accelerate" in found and not any(q.startswith("accelerate.Accelerator") for q in quals):
+            del found["accelerate"]
+        return found
+
+    @functools.cached_property
+    def uses_accelerator(self) -> bool:
+        """Whether the script can run on a GPU at all; a CPU-only script gets no AMP advice."""
+        return bool(_ACCELERATOR_TEXT.search(_strip_comments(self.source.text)))
+
+    @functools.cached_property
+    def autograd_function_classes(self) -> set[cst.ClassDef]:
+        out = set()
+        for node, _ in self.classes:
+            for base in node.bases:
+                qual = self.qualname(base.value) or get_full_name_for_node(base.value) or ""
+                if qual.endswith(("autograd.Function", "Function")):
+                    out.add(node)
+        return out
+
+    @functools.cached_property
+    def scalers(self) -> set[str]:
+        """Dotted names bound to a GradScaler (conditionally or not)."""
+        out = set()
+        for binding in self.bindings:
+            for value in self.binding_values(binding.value):
+                if isinstance(value, cst.Call):
+                    qual = self.qualname(value.func) or get_full_name_for_node(value.func) or ""
+                    if qual.endswith(GRADSCALER_SUFFIXES):
+                        out.add(binding.target)
+        return out
+
+    @functools.cached_property
+    def mentions_gradscaler(self) -> bool:
+        """Any GradScaler in the file, however it is named or wrapped (``loss_scaler = NativeScaler()``
+        counts too): a scaler object whose ``scale``/``step``/``update`` are called."""
+        if any("GradScaler" in dotted or "Scaler" in dotted.split(".")[-1] for _, dotted, _ in self._raw_references):
+            return True
+        return any(c.method in ("scale", "unscale_") and c.receiver_name for c in self.calls)
+
+    @functools.cached_property
+    def optimizers(self) -> set[str]:
+        out = set()
+        for binding in self.bindings:
+            for value in self.binding_values(binding.value):
+                if isinstance(value, cst.Call):
+                    qual = self.qualname(value.func) or ""
+                    if qual.startswith("torch.optim.") and "lr_scheduler" not in qual and "swa_utils" not in qual:
+                        out.add(binding.target)
+        return out
+
+    def is_optimizer_name(self, dotted: str | None) -> bool:
+        if not dotted:
+            return False
+        if dotted in self.optimizers:
+            return True
+        if dotted in self.scalers or _SCHEDULER_NAME.search(dotted.split(".")[-1]):
+            return False
+        return bool(_OPTIMIZER_NAME.search(dotted))
+
+    @functools.cached_property
+    def optimizer_steps(self) -> list[CallSite]:
+        """``opt.step()`` and ``scaler.step(opt)`` calls in training code (not ``env.step(a)``)."""
+        out = []
+        for call in self.method_calls("step"):
+            receiver = call.receiver_name
+            if receiver in self.scalers:
+                out.append(call)
+            elif self.is_optimizer_name(receiver) and not self.in_eval(call.ctx):
+                positional = [a for a in call.node.args if a.keyword is None]
+                if len(positional) <= 1:  # step() or step(closure)
+                    out.append(call)
+        return out
+
+    @functools.cached_property
+    def training_steps(self) -> list[TrainingStep]:
+        steps = []
+        for call in self.method_calls("backward"):
+            receiver = call.receiver
+            if receiver is None or self.in_eval(call.ctx):
+                continue
+            cls = call.ctx.class_def
+            if cls is not None and cls in self.autograd_function_classes:
+                continue
+            receiver_name = get_full_name_for_node(receiver)
+            positional = [a for a in call.node.args if a.keyword is None]
+            if receiver_name and positional and re.search(r"accelerator|engine|fabric|deepspeed", receiver_name):
+                continue  # a framework's backward(loss)
+            if receiver_name in ("torch", "torch.autograd", "autograd"):
+                continue
+            scaler = None
+            if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+                if receiver.func.attr.value == "scale":
+                    scaler = get_full_name_for_node(receiver.func.value)
+            steps.append(TrainingStep(call, receiver, scaler))
+        return steps
+
+    def step_functions(self) -> list[cst.FunctionDef | None]:
+        seen: list[cst.FunctionDef | None] = []
+        for step in self.training_steps:
+            if step.function not in seen:
+                seen.append(step.function)
+        return seen
+
+    @functools.cached_property
+    def model_names(self) -> set[str]:
+        """Dotted names that hold the trained model: passed to an optimizer as ``X.parameters()``,
+        or bound to a module construction with a model-like name."""
+        out = set()
+        for call in self.calls:
+            qual = call.qualname or ""
+            if qual.startswith("torch.optim.") or call.method == "parameters":
+                for arg in call.node.args:
+                    value = arg.value
+                    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+                        if value.func.attr.value in ("parameters", "named_parameters"):
+                            name = get_full_name_for_node(value.func.value)
+                            if name:
+                                out.add(name)
+        for binding in self.bindings:
+            if _MODEL_NAME.search(binding.target) and isinstance(binding.value, cst.Call):
+                out.add(binding.target)
+        return out
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"#[^\n]*", "", text)
+
+
+def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
+    """The statements of the step's block that compute its loss: the statement assigning the
+    backward's receiver and, going up, the assignments it reads from (forward and loss), stopping at
+    device moves, loader reads and ``zero_grad``. Empty when the loss comes from elsewhere."""
+    statement = step.backward.statement
+    if statement is None:
+        return []
+    loss = step.loss
+    if isinstance(loss, cst.Call) and loss.args:  # scaler.scale(loss)
+        loss = loss.args[0].value
+    wanted = _names_in(loss)
+    chosen: list[Statement] = []
+    for index in range(statement.index - 1, -1, -1):
+        node = statement.block[index]
+        targets = _assigned_names(node)
+        if not targets or not (targets & wanted):
+            continue
+        code = facts.module.code_for_node(node)
+        if re.search(r"\.(to|cuda)\(|next\(|zero_grad|\.item\(\)", code):
+            break
+        chosen.append(Statement(node, statement.block, index))
+        wanted |= _names_in(node)
+    if isinstance(step.loss, cst.Call) and not chosen:
+        return []
+    chosen.reverse()
+    return chosen
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            names.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            dotted = get_full_name_for_node(n)
+            if dotted:
+                names.add(dotted)
+
+    node.visit(_V())
+    return names
+
+
+def _assigned_names(node: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+    if isinstance(node, cst.SimpleStatementLine):
+        for small in node.body:
+            targets: Iterable[cst.BaseExpression] = ()
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                targets = [small.target]
+            for target in targets:
+                for element in target.elements if isinstance(target, (cst.Tuple, cst.List)) else [target]:
+                    value = element.value if isinstance(element, cst.Element) else element
+                    dotted = get_full_name_for_node(value)
+                    if dotted:
+                        out.add(dotted)
+    return out

@@ -1,0 +1,84 @@
+"""Find the Python files to scan under the paths a user names."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Folders that are never user code: VCS data, virtual environments, caches and build outputs.
+SKIPPED_DIRS = frozenset(
+    {
+        ".git", ".hg", ".svn", ".venv", "venv", ".env", "env", ".tox", ".nox", "__pycache__",
+        ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tcaudit_cache", "build", "dist",
+        "node_modules", "site-packages", ".eggs", ".hypothesis", ".ipynb_checkpoints",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Discovered:
+    files: list[Path]
+    missing: list[str]
+
+
+def _is_venv(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file()
+
+
+def is_excluded(path: Path, patterns: tuple[str, ...], root: Path) -> bool:
+    """Exclude patterns match the file name, any path component, or the path relative to root."""
+    if not patterns:
+        return False
+    try:
+        rel = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    parts = rel.split("/")
+    for pattern in patterns:
+        pattern = pattern.rstrip("/")
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern + "/*"):
+            return True
+        if any(fnmatch.fnmatch(part, pattern) for part in parts):
+            return True
+    return False
+
+
+def discover(paths: list[str], exclude: tuple[str, ...] = (), root: Path | None = None) -> Discovered:
+    """Expand files and folders into a sorted, de-duplicated list of ``.py``/``.pyi`` files.
+
+    A file named explicitly is always scanned (like ruff), even without a .py suffix; excludes apply
+    to what folders expand to, and to explicit files only when they match a pattern by path.
+    """
+    root = root or Path.cwd()
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            if not is_excluded(path, exclude, root):
+                found.setdefault(str(path.resolve()), path)
+            continue
+        if not path.is_dir():
+            missing.append(raw)
+            continue
+        for dirpath, dirnames, filenames in os.walk(path):
+            here = Path(dirpath)
+            dirnames[:] = sorted(
+                name
+                for name in dirnames
+                if name not in SKIPPED_DIRS
+                and not name.endswith(".egg-info")
+                and not _is_venv(here / name)
+                and not is_excluded(here / name, exclude, root)
+            )
+            for name in sorted(filenames):
+                if not name.endswith((".py", ".pyi")):
+                    continue
+                file = here / name
+                if is_excluded(file, exclude, root):
+                    continue
+                found.setdefault(str(file.resolve()), file)
+    files = sorted(found.values(), key=lambda p: p.as_posix())
+    return Discovered(files=files, missing=missing)
