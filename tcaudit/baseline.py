@@ -27,10 +27,14 @@ def write_baseline(path: str, findings: list[Finding]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tcaudit-baseline-")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=2)
-        out.write("\n")
-    os.replace(tmp, target)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_baseline(path: str) -> set[str]:
@@ -42,9 +46,18 @@ def load_baseline(path: str) -> set[str]:
         raise BaselineError(f"cannot read baseline {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("tcaudit_baseline") != FORMAT_VERSION:
         raise BaselineError(f"{path} is not a tcaudit baseline (write one with --write-baseline)")
-    return {entry["fingerprint"] for entry in data.get("findings", []) if isinstance(entry, dict)}
+    entries = data.get("findings", [])
+    if not isinstance(entries, list):
+        raise BaselineError(f"{path}: 'findings' must be a list")
+    return {
+        entry["fingerprint"]
+        for entry in entries
+        if isinstance(entry, dict) and isinstance(entry.get("fingerprint"), str)
+    }
 
 
-def filter_baseline(path: str, findings: list[Finding]) -> list[Finding]:
-    known = load_baseline(path)
+def filter_baseline(known: set[str] | str, findings: list[Finding]) -> list[Finding]:
+    """The findings whose fingerprints ``known`` (a set, or a baseline file's path) does not hold."""
+    if isinstance(known, str):
+        known = load_baseline(known)
     return [f for f in findings if f.fingerprint not in known]

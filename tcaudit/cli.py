@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
 import os
 import sys
@@ -27,6 +29,11 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--extend-select", type=_codes, metavar="CODES", help="add rules to the selection")
     group.add_argument("--ignore", type=_codes, metavar="CODES", help="turn rules or prefixes off")
     group.add_argument("--exclude", type=_codes, metavar="GLOBS", help="skip files and folders matching these globs")
+    group.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="apply exclude patterns to files named on the command line too (for pre-commit)",
+    )
     group.add_argument("--precision", choices=("auto", "bf16", "fp16"), help="precision to recommend (default auto)")
     group.add_argument("--gpu", choices=("auto", "sm_80", "sm_86", "sm_89", "sm_90"), help="target GPU")
     group.add_argument("--config", metavar="FILE", help="read settings from this pyproject.toml or tcaudit.toml")
@@ -89,36 +96,71 @@ def _overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
+def _debug() -> bool:
+    return bool(os.environ.get("TCAUDIT_DEBUG"))
+
+
+def _report_errors(errors: list[str]) -> None:
+    """Internal errors: one line each; the traceback only with TCAUDIT_DEBUG=1."""
+    for error in errors:
+        head, _, rest = error.partition("\n")
+        print(f"tcaudit: error: {head}", file=sys.stderr)
+        if rest and _debug():
+            print(rest.rstrip("\n"), file=sys.stderr)
+    if errors and not _debug():
+        print("tcaudit: this is a bug in tcaudit; set TCAUDIT_DEBUG=1 to see the traceback", file=sys.stderr)
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
-    from tcaudit.baseline import BaselineError, filter_baseline, write_baseline
+    from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
+    from tcaudit.catalog import load_catalog
     from tcaudit.config import load_settings
     from tcaudit.engine import scan
     from tcaudit.report import get_reporter
-    from tcaudit.catalog import load_catalog
 
+    if args.input and not args.model:
+        raise UsageError("--input needs --model (the factory whose input it describes)")
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    if args.force_exclude:
+        settings = dataclasses.replace(settings, force_exclude=True)
+    if args.baseline:
+        try:
+            known = load_baseline(args.baseline)
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
     result = scan(args.paths, settings)
     if result.missing:
         for path in result.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
         return EXIT_ERROR
     if args.write_baseline:
-        write_baseline(args.write_baseline, result.findings)
-        print(f"tcaudit: recorded {len(result.findings)} findings in {args.write_baseline}", file=sys.stderr)
-        return EXIT_CLEAN
-    if args.baseline:
         try:
-            result.findings = filter_baseline(args.baseline, result.findings)
-        except BaselineError as exc:
-            raise UsageError(str(exc)) from None
+            write_baseline(args.write_baseline, result.findings)
+        except OSError as exc:
+            raise UsageError(f"cannot write baseline {args.write_baseline}: {exc.strerror or exc}") from None
+        print(f"tcaudit: recorded {len(result.findings)} findings in {args.write_baseline}", file=sys.stderr)
+        _report_errors(result.errors)
+        return EXIT_ERROR if result.errors else EXIT_CLEAN
+    if args.baseline:
+        result.findings = filter_baseline(known, result.findings)
     render = get_reporter(args.format)
+    catalog = load_catalog()
     if args.output_file:
-        with open(args.output_file, "w", encoding="utf-8", newline="\n") as out:
-            render(result, out, rules=load_catalog(), color=False)
+        buffer = io.StringIO()
+        render(result, buffer, rules=catalog, color=False)
+        try:
+            with open(args.output_file, "w", encoding="utf-8", newline="\n") as out:
+                out.write(buffer.getvalue())
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output_file}: {exc.strerror or exc}") from None
     else:
-        render(result, sys.stdout, rules=load_catalog(), color=_color(args.color, sys.stdout))
-    for error in result.errors:
-        print(f"tcaudit: {error}", file=sys.stderr)
+        render(result, sys.stdout, rules=catalog, color=_color(args.color, sys.stdout))
+        sys.stdout.flush()
+    if args.format == "concise":
+        # The concise format is one finding per line; notes go where they cannot break a parser.
+        for note in result.notes:
+            print(f"tcaudit: note: {note}", file=sys.stderr)
+    _report_errors(result.errors)
     if result.errors:
         return EXIT_ERROR
     if any(f.severity >= settings.fail_on for f in result.findings):
@@ -146,17 +188,22 @@ def cmd_rules(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_CLEAN
+    import shutil
+
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"tcaudit rules ({len(catalog)})", show_lines=False)
-    for column in ("Code", "Name", "Family", "Severity", "Fix", "Summary"):
-        table.add_column(column, overflow="fold")
+    table = Table(title=f"tcaudit rules ({len(catalog)})", show_lines=False, expand=False)
+    for column in ("Code", "Name", "Family", "Severity", "Fix"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("Summary", overflow="fold", ratio=1, min_width=40)
     for spec in catalog.values():
         table.add_row(
             spec.id, spec.name, spec.family_name, str(spec.severity), str(spec.fix_class or "-"), spec.summary
         )
-    Console(soft_wrap=False).print(table)
+    # Wide enough that summaries read as sentences, not one-word columns, even when piped.
+    width = max(140, shutil.get_terminal_size(fallback=(140, 24)).columns)
+    Console(width=width, soft_wrap=False, highlight=False).print(table)
     return EXIT_CLEAN
 
 
@@ -182,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return EXIT_ERROR
     from tcaudit.catalog import CatalogError
     from tcaudit.config import ConfigError
@@ -196,4 +243,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tcaudit: interrupted", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return EXIT_CLEAN
+    except Exception as exc:  # noqa: BLE001 - a bug must still end with exit code 2 and a readable message
+        print(f"tcaudit: error: internal error: {exc!r}", file=sys.stderr)
+        if _debug():
+            import traceback
+
+            traceback.print_exc()
+        else:
+            print("tcaudit: this is a bug in tcaudit; set TCAUDIT_DEBUG=1 to see the traceback", file=sys.stderr)
+        return EXIT_ERROR

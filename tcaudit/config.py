@@ -55,6 +55,8 @@ class Settings:
     gpu: str = "auto"
     exec_models: bool = True
     models: tuple[ModelSpec, ...] = ()
+    # Apply ``exclude`` to files named on the command line too (pre-commit passes every changed file).
+    force_exclude: bool = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 
@@ -92,29 +94,62 @@ def find_config(start: Path) -> Path | None:
                 data = tomllib.loads(candidate.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"{candidate}: invalid TOML: {exc}") from None
-            if "tcaudit" in data.get("tool", {}):
+            tool = data.get("tool")
+            if isinstance(tool, dict) and "tcaudit" in tool:
                 return candidate
     return None
+
+
+COMMAND_LINE = "command line"
+
+
+def _label(key: str, where: str) -> str:
+    """How an error names a setting: ``--select`` for a flag, ``pyproject.toml: 'select'`` for a key."""
+    if where == COMMAND_LINE:
+        return f"--{key}"
+    return f"{where}: '{key}'"
 
 
 def _selectors(value: Any, key: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}: '{key}' must be a list of rule codes or prefixes")
+        raise ConfigError(f"{_label(key, where)} must be a list of rule codes or prefixes")
     for selector in value:
         if not is_known_selector(selector):
-            raise ConfigError(f"{where}: '{key}' names unknown rule or prefix {selector!r}")
+            raise ConfigError(
+                f"{_label(key, where)} names unknown rule or prefix {selector!r} (`tcaudit rules` lists them)"
+            )
     return tuple(v.strip().upper() for v in value)
 
 
 def _choice(value: Any, key: str, choices: tuple[str, ...], where: str) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{where}: '{key}' must be one of {', '.join(choices)} (got {value!r})")
+        raise ConfigError(f"{_label(key, where)} must be one of {', '.join(choices)} (got {value!r})")
     return value
 
 
+def _models(raw: Any, where: str) -> tuple[ModelSpec, ...]:
+    label = "--model" if where == COMMAND_LINE else f"{where}: [[tool.tcaudit.models]]"
+    if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
+        raise ConfigError(f"{label} must be a list of tables with factory = \"pkg.mod:build\"")
+    models = []
+    for entry in raw:
+        extra = sorted(set(entry) - {"factory", "input", "dtype"})
+        if extra:
+            raise ConfigError(f"{label}: unknown key {extra[0]!r} (known: dtype, factory, input)")
+        factory = entry.get("factory")
+        if not isinstance(factory, str) or ":" not in factory:
+            raise ConfigError(f"{label}: factory must be a string like \"pkg.mod:build\" (got {factory!r})")
+        for key in ("input", "dtype"):
+            if key in entry and not isinstance(entry[key], str):
+                raise ConfigError(f"{label}: {key} must be a string (got {entry[key]!r})")
+        models.append(ModelSpec(factory, entry.get("input"), entry.get("dtype")))
+    return tuple(models)
+
+
 def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Settings:
+    """Apply one layer of settings: a config table (``where`` is its file) or the command line's flags."""
     unknown = sorted(set(table) - KNOWN_KEYS)
     if unknown:
         raise ConfigError(
@@ -131,14 +166,16 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
     if "per-file-ignores" in table:
         raw = table["per-file-ignores"]
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: 'per-file-ignores' must be a table of glob = [codes]")
+            raise ConfigError(f"{_label('per-file-ignores', where)} must be a table of \"glob\" = [codes]")
         updates["per_file_ignores"] = tuple(
             (pattern, _selectors(codes, f"per-file-ignores.{pattern}", where)) for pattern, codes in raw.items()
         )
     if "exclude" in table:
         raw = table["exclude"]
+        if isinstance(raw, str):
+            raw = [raw]
         if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
-            raise ConfigError(f"{where}: 'exclude' must be a list of glob patterns")
+            raise ConfigError(f"{_label('exclude', where)} must be a list of glob patterns")
         updates["exclude"] = tuple(raw)
     if "fail-on" in table:
         updates["fail_on"] = Severity.parse(_choice(table["fail-on"], "fail-on", ("info", "warning", "error"), where))
@@ -148,21 +185,10 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["gpu"] = _choice(table["gpu"], "gpu", GPUS, where)
     if "exec-models" in table:
         if not isinstance(table["exec-models"], bool):
-            raise ConfigError(f"{where}: 'exec-models' must be true or false")
+            raise ConfigError(f"{_label('exec-models', where)} must be true or false")
         updates["exec_models"] = table["exec-models"]
     if "models" in table:
-        raw = table["models"]
-        if not isinstance(raw, list) or not all(isinstance(m, dict) and "factory" in m for m in raw):
-            raise ConfigError(f"{where}: [[tool.tcaudit.models]] entries need a 'factory = \"pkg.mod:fn\"'")
-        models = []
-        for entry in raw:
-            extra = set(entry) - {"factory", "input", "dtype"}
-            if extra:
-                raise ConfigError(f"{where}: [[tool.tcaudit.models]] unknown key {sorted(extra)[0]!r}")
-            if ":" not in entry["factory"]:
-                raise ConfigError(f"{where}: model factory {entry['factory']!r} must look like 'pkg.mod:build'")
-            models.append(ModelSpec(entry["factory"], entry.get("input"), entry.get("dtype")))
-        updates["models"] = tuple(models)
+        updates["models"] = _models(table["models"], where)
     return replace(base, **updates)
 
 
@@ -190,13 +216,17 @@ def load_settings(
             data = tomllib.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{config_path}: invalid TOML: {exc}") from None
-        table = data.get("tool", {}).get("tcaudit", data if config_path.name != "pyproject.toml" else {})
+        tool = data.get("tool")
+        if isinstance(tool, dict) and "tcaudit" in tool:
+            table = tool["tcaudit"]
+        else:  # a tcaudit.toml holds the keys at its top level
+            table = {} if config_path.name == "pyproject.toml" else data
         if not isinstance(table, dict):
             raise ConfigError(f"{config_path}: [tool.tcaudit] must be a table")
         settings = settings_from_table(table, str(config_path), settings)
         settings = replace(settings, config_path=config_path, root=config_path.parent)
     if overrides:
         settings = settings_from_table(
-            {k: v for k, v in overrides.items() if v is not None}, "command line", settings
+            {k: v for k, v in overrides.items() if v is not None}, COMMAND_LINE, settings
         )
     return settings

@@ -5,7 +5,6 @@ Data flows one way: paths → engine → findings → report. ``fix`` and ``veri
 
 from __future__ import annotations
 
-import ast
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -16,10 +15,11 @@ from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
 from tcaudit.script.rule import RuleContext, ScriptRule, discover_script_rules
 from tcaudit.source.discovery import discover
-from tcaudit.source.parsing import SourceError, SourceFile, looks_like_python2, read_source
+from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_source
 
-_SUPPRESS_LINE = re.compile(r"#\s*tcaudit:\s*ignore(?!-file)(?:\[([^\]]*)\])?", re.IGNORECASE)
-_SUPPRESS_FILE = re.compile(r"#\s*tcaudit:\s*ignore-file(?:\[([^\]]*)\])?", re.IGNORECASE)
+# ``ignore`` must end the word: ``# tcaudit: ignore-file`` and ``# tcaudit: ignored`` are not line suppressions.
+_SUPPRESS_LINE = re.compile(r"#\s*tcaudit:\s*ignore(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
+_SUPPRESS_FILE = re.compile(r"#\s*tcaudit:\s*ignore-file(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
 
 
 @dataclass
@@ -94,16 +94,7 @@ def instantiate_rules(settings: Settings) -> list[ScriptRule]:
 
 
 def syntax_error(source: SourceFile) -> SourceError | None:
-    try:
-        ast.parse(source.text, filename=source.display_path)
-    except SyntaxError as exc:
-        message = f"cannot parse: {exc.msg}"
-        if looks_like_python2(source.text):
-            message = "cannot parse: this looks like Python 2 code (tcaudit reads Python 3 only)"
-        return SourceError(message, line=exc.lineno or 1, column=exc.offset or 1)
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return SourceError(f"cannot parse: {exc}")
-    return None
+    return python_syntax_error(source.text, source.display_path)
 
 
 def scan_file(
@@ -160,7 +151,7 @@ def _display_path(path: Path) -> str:
 
 
 def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> ScanResult:
-    discovered = discover(paths, settings.exclude, settings.root)
+    discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     rules = instantiate_rules(settings)
     check_syntax = "TC000" in settings.enabled_rules()
     file_results = [

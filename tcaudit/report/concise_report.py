@@ -1,4 +1,8 @@
-"""``path:line:col: CODE message``, one line per finding (ruff's concise format)."""
+"""``path:line:col: CODE message``, one line per finding (ruff's concise format).
+
+Nothing else goes to this stream, so every line can be parsed the same way; the CLI sends notes
+to stderr.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from typing import TextIO
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     for f in result.findings:
         loc = f.location
-        out.write(f"{loc.path}:{loc.line}:{loc.column}: {f.rule} [{f.severity}] {f.message}\n")
-    for note in result.notes:
-        out.write(f"note: {note}\n")
+        out.write(f"{loc.path}:{loc.line}:{loc.column}: {f.rule} {_one_line(f.message)}\n")
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
+import io
+import tokenize
 from itertools import groupby
 from pathlib import Path
 from typing import TextIO
@@ -31,16 +34,29 @@ def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: 
     return text
 
 
+def _source_lines(path: str) -> list[str]:
+    """The file's lines for code frames; none for a file that is not text (a frame would be noise)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return []
+    if b"\x00" in raw:
+        return []
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        codecs.lookup(encoding)
+    except (SyntaxError, LookupError):
+        encoding = "utf-8"
+    return raw.decode(encoding, errors="replace").splitlines()
+
+
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
     cache: dict[str, list[str]] = {}
     for path, group in groupby(result.findings, key=lambda f: f.location.path):
         console.print(Text(path, style="bold underline"))
         if path not in cache:
-            try:
-                cache[path] = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
-                cache[path] = []
+            cache[path] = _source_lines(path)
         for f in group:
             loc = f.location
             head = Text()

@@ -45,11 +45,19 @@ def is_excluded(path: Path, patterns: tuple[str, ...], root: Path) -> bool:
     return False
 
 
-def discover(paths: list[str], exclude: tuple[str, ...] = (), root: Path | None = None) -> Discovered:
+def discover(
+    paths: list[str],
+    exclude: tuple[str, ...] = (),
+    root: Path | None = None,
+    *,
+    force_exclude: bool = False,
+) -> Discovered:
     """Expand files and folders into a sorted, de-duplicated list of ``.py``/``.pyi`` files.
 
-    A file named explicitly is always scanned (like ruff), even without a .py suffix; excludes apply
-    to what folders expand to, and to explicit files only when they match a pattern by path.
+    A file or folder named explicitly is always scanned (like ruff), a file even without a .py
+    suffix, even when an exclude pattern matches it; excludes apply to what folders expand to.
+    ``force_exclude`` applies them to explicit paths too, for callers such as pre-commit that pass
+    every changed file.
     """
     root = root or Path.cwd()
     found: dict[str, Path] = {}
@@ -57,12 +65,15 @@ def discover(paths: list[str], exclude: tuple[str, ...] = (), root: Path | None 
     for raw in paths:
         path = Path(raw)
         if path.is_file():
-            if not is_excluded(path, exclude, root):
+            if not (force_exclude and is_excluded(path, exclude, root)):
                 found.setdefault(str(path.resolve()), path)
             continue
         if not path.is_dir():
             missing.append(raw)
             continue
+        # A folder named explicitly is scanned even inside an excluded one (``scan fixtures/`` with
+        # ``exclude = ["fixtures"]``); patterns then apply to what lies below it.
+        base = path if not force_exclude and is_excluded(path, exclude, root) else root
         for dirpath, dirnames, filenames in os.walk(path):
             here = Path(dirpath)
             dirnames[:] = sorted(
@@ -71,13 +82,13 @@ def discover(paths: list[str], exclude: tuple[str, ...] = (), root: Path | None 
                 if name not in SKIPPED_DIRS
                 and not name.endswith(".egg-info")
                 and not _is_venv(here / name)
-                and not is_excluded(here / name, exclude, root)
+                and not is_excluded(here / name, exclude, base)
             )
             for name in sorted(filenames):
                 if not name.endswith((".py", ".pyi")):
                     continue
                 file = here / name
-                if is_excluded(file, exclude, root):
+                if is_excluded(file, exclude, base):
                     continue
                 found.setdefault(str(file.resolve()), file)
     files = sorted(found.values(), key=lambda p: p.as_posix())

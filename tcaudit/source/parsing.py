@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import tokenize
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,13 +59,51 @@ class SourceFile:
             try:
                 self._module = cst.parse_module(self.text)
             except cst.ParserSyntaxError as exc:
-                message = f"cannot parse: {exc.message}"
-                if looks_like_python2(self.text):
-                    message = "cannot parse: this looks like Python 2 code (tcaudit reads Python 3 only)"
-                raise SourceError(message, line=max(exc.raw_line, 1), column=exc.raw_column + 1) from None
+                # Python's own message is clearer than LibCST's list of expected tokens.
+                error = python_syntax_error(self.text, self.display_path)
+                if error is None:
+                    error = SourceError(
+                        f"cannot parse with LibCST (Python itself accepts this file): {exc.message}",
+                        line=max(exc.raw_line, 1),
+                        column=exc.raw_column + 1,
+                    )
+                raise error from None
             except RecursionError:
                 raise SourceError("cannot parse: nesting too deep") from None
         return self._module
+
+
+def python_syntax_error(text: str, filename: str = "<unknown>") -> SourceError | None:
+    """Python's own verdict on ``text``: None when it parses, else a SourceError with its position."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences and the like are not our business
+            ast.parse(text, filename=filename)
+    except SyntaxError as exc:
+        message = f"cannot parse: {exc.msg}"
+        if looks_like_python2(text):
+            message = "cannot parse: this looks like Python 2 code (tcaudit reads Python 3 only)"
+        return SourceError(message, line=max(exc.lineno or 1, 1), column=max(exc.offset or 1, 1))
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return SourceError(f"cannot parse: {exc}")
+    return None
+
+
+def _utf8_problem(raw: bytes) -> tuple[str, int] | None:
+    """Where and why ``raw`` is not UTF-8, as (reason, 1-based line); None if it decodes."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return f"byte 0x{raw[exc.start]:02x} on line {line} is not valid UTF-8", line
+    return None
+
+
+def _codec_name(encoding: str) -> str:
+    return encoding.upper() if encoding.lower().startswith("utf") else encoding
+
+
+_ENCODING_HINT = "add a PEP 263 coding line such as `# -*- coding: latin-1 -*-`, or save the file as UTF-8"
 
 
 def read_source(path: Path, display_path: str | None = None) -> SourceFile:
@@ -74,20 +114,28 @@ def read_source(path: Path, display_path: str | None = None) -> SourceFile:
     except OSError as exc:
         raise SourceError(f"cannot read file: {exc.strerror or exc}") from None
     if b"\x00" in raw:
-        raise SourceError("cannot parse: binary file (contains NUL bytes)")
+        raise SourceError("cannot parse: binary file (contains NUL bytes), not Python source")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as exc:
-        raise SourceError(f"cannot decode: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+        reason = getattr(exc, "msg", None) or str(exc)
+        if reason.startswith("unknown encoding"):
+            raise SourceError(f"cannot decode: the coding line names an {reason}") from None
+        if reason.startswith("encoding problem"):
+            raise SourceError(f"cannot decode: the coding line contradicts the UTF-8 byte order mark ({reason})") from None
+        problem = _utf8_problem(raw)
+        if problem is not None:
+            raise SourceError(f"cannot decode as UTF-8: {problem[0]} ({_ENCODING_HINT})", line=problem[1]) from None
+        raise SourceError(f"cannot decode: {reason}") from None
     try:
         text = raw.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:
-        line = raw[: getattr(exc, "start", 0)].count(b"\n") + 1
-        raise SourceError(
-            f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc} "
-            "(add a PEP 263 coding line or save the file as UTF-8)",
-            line=line,
-        ) from None
+        if isinstance(exc, UnicodeDecodeError):
+            line = raw[: exc.start].count(b"\n") + 1
+            reason = f"byte 0x{raw[exc.start]:02x} on line {line} is not valid {_codec_name(encoding)}"
+        else:
+            line, reason = 1, str(exc)
+        raise SourceError(f"cannot decode as {_codec_name(encoding)}: {reason} ({_ENCODING_HINT})", line=line) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     return SourceFile(path=path, display_path=display, raw=raw, text=text, encoding=encoding)

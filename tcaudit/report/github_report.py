@@ -1,0 +1,45 @@
+"""GitHub Actions workflow commands: one annotation per finding, shown on the pull request's diff.
+
+``::warning file=train.py,line=2,col=10,endLine=2,endColumn=35,title=TC202 deprecated-amp-api::message``
+
+Escaping follows the runner's rules (actions/toolkit ``command.ts``): ``%``, CR and LF in the
+message; additionally ``:`` and ``,`` in property values, which would otherwise end the value.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+def escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(command: str, message: str, **properties: object) -> str:
+    props = ",".join(f"{key}={escape_property(str(value))}" for key, value in properties.items() if value is not None)
+    return f"::{command}{' ' + props if props else ''}::{escape_data(message)}\n"
+
+
+def render(result, out: TextIO, *, rules, color: bool) -> None:
+    for f in result.findings:
+        loc = f.location
+        position: dict[str, int] = {"line": loc.line}
+        # GitHub accepts columns only on one-line spans (as its checks API documents) and rejects an
+        # end before the start; a multi-line finding is sent as a line range, a zero-width one as a point.
+        if loc.end_line > loc.line:
+            position["endLine"] = loc.end_line
+        else:
+            position["col"] = loc.column
+            if loc.end_line == loc.line and loc.end_column > loc.column:
+                position.update(endLine=loc.end_line, endColumn=loc.end_column)
+        out.write(
+            annotation(COMMANDS[str(f.severity)], f.message, file=loc.path, **position, title=f"{f.rule} {f.name}")
+        )
+    for note in result.notes:
+        out.write(annotation("notice", note, title="tcaudit"))

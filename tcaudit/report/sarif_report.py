@@ -1,0 +1,153 @@
+"""SARIF 2.1.0 for code-scanning services (GitHub code scanning, Azure DevOps, IDE viewers).
+
+One run; ``tool.driver.rules`` holds the whole catalog so that ``ruleIndex`` is stable across scans.
+Fixes are described in each result's ``properties``: a SARIF ``fixes`` entry needs the exact
+replacement text, which only ``tcaudit fix`` computes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any, TextIO
+from urllib.parse import quote
+
+from tcaudit import __version__
+from tcaudit.explain import render_explanation
+
+SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+INFORMATION_URI = "https://example.invalid/tcaudit"
+FINGERPRINT_KEY = "tcaudit/v1"
+SRCROOT = "%SRCROOT%"
+
+LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+
+
+def level(severity: object) -> str:
+    return LEVELS[str(severity)]
+
+
+def artifact_uri(path: str) -> tuple[str, bool]:
+    """(URI, relative?) for a display path: relative paths stay relative with forward slashes."""
+    posix = path.replace("\\", "/")
+    if PurePosixPath(posix).is_absolute() or Path(path).is_absolute():
+        return Path(path).resolve().as_uri(), False
+    if posix.startswith("./"):
+        posix = posix[2:]
+    return quote(posix, safe="/"), True
+
+
+def _rule_descriptor(spec) -> dict[str, Any]:
+    help_text = spec.why
+    if spec.fix_safety:
+        help_text += f"\n\nFix safety: {spec.fix_safety}"
+    properties: dict[str, Any] = {
+        "tags": ["tcaudit", spec.family_name],
+        "family": spec.family_name,
+        "needs": spec.needs,
+    }
+    if spec.fix_class is not None:
+        properties["fix_class"] = str(spec.fix_class)
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "shortDescription": {"text": spec.summary},
+        "fullDescription": {"text": spec.why},
+        "help": {"text": help_text, "markdown": render_explanation(spec)},
+        "defaultConfiguration": {"level": level(spec.severity)},
+        "properties": properties,
+    }
+
+
+def _fallback_descriptor(finding) -> dict[str, Any]:
+    """A rule the catalog does not know (a plugin or a stale catalog) still gets a valid descriptor."""
+    return {
+        "id": finding.rule,
+        "name": finding.name,
+        "shortDescription": {"text": finding.name},
+        "defaultConfiguration": {"level": level(finding.severity)},
+    }
+
+
+def _region(loc) -> dict[str, int]:
+    line = max(1, loc.line)
+    column = max(1, loc.column)
+    region = {"startLine": line, "startColumn": column}
+    end_line, end_column = loc.end_line, loc.end_column
+    # SARIF's endColumn is exclusive, like ours; an end before the start would be invalid, so drop it.
+    if end_line > line or (end_line == line and end_column >= column):
+        region["endLine"] = end_line
+        region["endColumn"] = max(1, end_column)
+    return region
+
+
+def _result(finding, rule_index: int) -> dict[str, Any]:
+    uri, relative = artifact_uri(finding.location.path)
+    artifact: dict[str, Any] = {"uri": uri}
+    if relative:
+        artifact["uriBaseId"] = SRCROOT
+    data: dict[str, Any] = {
+        "ruleId": finding.rule,
+        "ruleIndex": rule_index,
+        "level": level(finding.severity),
+        "message": {"text": finding.message},
+        "locations": [
+            {"physicalLocation": {"artifactLocation": artifact, "region": _region(finding.location)}}
+        ],
+    }
+    if finding.fingerprint:
+        data["partialFingerprints"] = {FINGERPRINT_KEY: finding.fingerprint}
+    properties: dict[str, Any] = {"severity": str(finding.severity)}
+    if finding.fix is not None:
+        properties["fix"] = finding.fix.to_dict()
+    if finding.details:
+        properties["details"] = finding.details
+    data["properties"] = properties
+    return data
+
+
+def _folder_uri(folder: Path) -> str:
+    uri = folder.resolve().as_uri()
+    return uri if uri.endswith("/") else uri + "/"
+
+
+def _notification(text: str, level_name: str) -> dict[str, Any]:
+    return {"level": level_name, "message": {"text": text}}
+
+
+def build_log(result, rules: dict) -> dict[str, Any]:
+    descriptors = [_rule_descriptor(spec) for spec in sorted(rules.values(), key=lambda s: s.id)]
+    index = {d["id"]: i for i, d in enumerate(descriptors)}
+    results = []
+    for finding in result.findings:
+        if finding.rule not in index:
+            index[finding.rule] = len(descriptors)
+            descriptors.append(_fallback_descriptor(finding))
+        results.append(_result(finding, index[finding.rule]))
+    errors = list(getattr(result, "errors", []))
+    notifications = [_notification(note, "note") for note in result.notes]
+    notifications += [_notification(error.partition("\n")[0], "error") for error in errors]
+    invocation: dict[str, Any] = {"executionSuccessful": not errors}
+    if notifications:
+        invocation["toolExecutionNotifications"] = notifications
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "tcaudit",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "informationUri": INFORMATION_URI,
+                "rules": descriptors,
+            }
+        },
+        "invocations": [invocation],
+        "columnKind": "unicodeCodePoints",
+        "originalUriBaseIds": {SRCROOT: {"uri": _folder_uri(Path.cwd())}},
+        "results": results,
+    }
+    return {"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}
+
+
+def render(result, out: TextIO, *, rules, color: bool) -> None:
+    json.dump(build_log(result, rules), out, indent=2)
+    out.write("\n")
