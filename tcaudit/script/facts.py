@@ -848,8 +848,7 @@ def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
         targets = _assigned_names(node)
         if not targets or not (targets & wanted):
             continue
-        code = facts.module.code_for_node(node)
-        if re.search(r"\.(to|cuda)\(|next\(|zero_grad|\.item\(\)", code):
+        if _is_data_movement(node):
             break
         chosen.append(Statement(node, statement.block, index))
         wanted |= _names_in(node)
@@ -857,6 +856,34 @@ def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
         return []
     chosen.reverse()
     return chosen
+
+
+_DATA_METHODS = frozenset({"to", "cuda", "cpu", "pin_memory", "step", "reset", "item", "numpy"})
+
+
+def _is_data_movement(statement: cst.CSTNode) -> bool:
+    """An assignment whose every value is a device move, a loader read or an environment step
+    (``x, y = x.cuda(), y.cuda()``, ``batch = next(it)``, ``s, r, d, _ = env.step(a)``): the forward
+    starts after it."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    values: list[cst.BaseExpression] = []
+    for small in statement.body:
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+            value = small.value
+            values.extend(e.value for e in value.elements) if isinstance(value, cst.Tuple) else values.append(value)
+    if not values:
+        return False
+    for value in values:
+        if not isinstance(value, cst.Call):
+            return False
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _DATA_METHODS:
+            continue
+        if isinstance(func, cst.Name) and func.value == "next":
+            continue
+        return False
+    return True
 
 
 def _names_in(node: cst.CSTNode) -> set[str]:
