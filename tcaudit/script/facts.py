@@ -790,14 +790,25 @@ class ScriptFacts:
             positional = [a for a in call.node.args if a.keyword is None]
             if receiver_name and positional and re.search(r"accelerator|engine|fabric|deepspeed", receiver_name):
                 continue  # a framework's backward(loss)
-            if receiver_name in ("torch", "torch.autograd", "autograd"):
-                continue
+            if receiver_name and self.resolve(receiver_name) is not None:
+                continue  # ``torch.autograd.backward(t)``, ``dist_autograd.backward(ctx, [l])``: a module, not a loss
             scaler = None
             if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
                 if receiver.func.attr.value == "scale":
                     scaler = get_full_name_for_node(receiver.func.value)
             steps.append(TrainingStep(call, receiver, scaler))
         return steps
+
+    @functools.cached_property
+    def updates_parameters(self) -> bool:
+        """Whether the file updates weights: an optimizer step, or a manual update from ``.grad``
+        (``p.data.add_(-lr * p.grad)``, ``p -= lr * p.grad``). Backward alone (gradient checks,
+        autograd tests) is not training."""
+        if self.optimizer_steps:
+            return True
+        return bool(re.search(r"\.grad\b", self.source.text)) and bool(
+            re.search(r"\.(add_|sub_|copy_|addcmul_|addcdiv_)\(|-=", self.source.text)
+        )
 
     def step_functions(self) -> list[cst.FunctionDef | None]:
         seen: list[cst.FunctionDef | None] = []

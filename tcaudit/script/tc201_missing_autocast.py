@@ -15,7 +15,7 @@ class MissingAutocast(ScriptRule):
     triggers = (r"\.backward\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if facts.frameworks or not facts.uses_accelerator:
+        if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
             return  # a framework owns precision; a CPU-only script gets no AMP advice
         amp = amp_facts(facts)
         if amp.half_model_casts or amp.double_model:

@@ -9,14 +9,23 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 DEPRECATED_MODULES = ("torch.cuda.amp", "torch.cpu.amp")
+# The public names those modules re-export from torch.amp and that warn when used.
+DEPRECATED_NAMES = frozenset(
+    {"autocast", "GradScaler", "custom_fwd", "custom_bwd", "autocast_mode.autocast", "grad_scaler.GradScaler"}
+)
 
 
 def deprecated_module(qualname: str | None) -> str | None:
+    """The deprecated module of a deprecated name (or of the module itself), else None."""
     if not qualname:
         return None
     for module in DEPRECATED_MODULES:
-        if qualname == module or qualname.startswith(module + "."):
+        if qualname == module:
             return module
+        if qualname.startswith(module + "."):
+            rest = qualname[len(module) + 1:]
+            if rest in DEPRECATED_NAMES or rest.split(".")[0] in ("autocast", "GradScaler"):
+                return module
     return None
 
 

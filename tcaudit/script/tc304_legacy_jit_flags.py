@@ -23,10 +23,12 @@ JIT_FLAGS = (
 
 class LegacyJitFlags(ScriptRule):
     id = "TC304"
-    triggers = (r"_jit_|graph_executor_optimize",)
+    triggers = (r"_jit_|graph_executor_optimize",)  # and a training step, checked below
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if any((c.qualname or "").startswith(("torch.jit.script", "torch.jit.trace")) for c in facts.calls):
+        if not (facts.training_steps or facts.optimizer_steps):
+            return  # a training-script rule: library code that implements the fusers is not its target
+        if any((r.qualname or "").startswith("torch.jit.") for r in facts.references):
             return  # the script does use TorchScript: the flags are deliberate
         for call in facts.calls:
             qual = call.qualname or ""

@@ -1,0 +1,437 @@
+"""Facts the distributed (TC5) and host-overhead (TC6) rules share, built from ScriptFacts.
+
+Two groups:
+
+* **What a call constructs, by type.** ``from torch.nn import DataParallel as DDP`` makes ``DDP(m)`` a
+  DataParallel, and ``nn.parallel.DistributedDataParallel`` a DDP: names are resolved through the
+  file's imports and simple aliases (``Wrapper = nn.DataParallel``), never judged by how they read.
+  A conditional alias (``W = DDP if a else DataParallel``) has no single type and matches nothing.
+* **Where the training steps repeat.** A *step loop* is the innermost loop around a training step
+  (``loss.backward()``) or an optimizer step, or around a call of a function whose body holds one
+  outside any loop of its own (``for batch in loader: train_step(batch)``). What runs in a step
+  loop's body runs once per step.
+
+Everything is computed once per file and cached beside the facts.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import weakref
+from dataclasses import dataclass
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+
+DATALOADER_SUFFIXES = (".DataLoader",)
+DISTRIBUTED_SAMPLER = "DistributedSampler"
+
+# Names of loaders, samplers and batch sizes that belong to evaluation, not training.
+EVAL_NAME = re.compile(r"(^|[._])(val|valid|validation|test|testing|eval|evaluation|dev|holdout|calib\w*|infer\w*|pred\w*)(\b|_|$)|(val|test|eval)_?(loader|set|data|sampler|dl|ds)", re.IGNORECASE)
+TRAIN_NAME = re.compile(r"train", re.IGNORECASE)
+_SCHEDULER = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
+
+# Text that shows a script is already launched as several processes, or hands that to a framework.
+_MULTI_PROCESS_TEXT = re.compile(
+    r"\bLOCAL_RANK\b|\bWORLD_SIZE\b|\blocal_rank\b|\bworld_size\b|torchrun|torch\.distributed\.(run|launch)"
+    r"|\bhorovod\b|\bhvd\b|\bdeepspeed\b|\btorch_xla\b|\bxla\b|\bray\b|\bFabric\b|\baccelerate\b|\blightning\b"
+    r"|\bcolossalai\b|\bmpi4py\b"
+)
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"#[^\n]*", "", text)
+
+
+# -- types of constructions -----------------------------------------------------------------------
+
+
+def is_ddp(qualname: str | None) -> bool:
+    return bool(qualname) and qualname.startswith("torch.") and qualname.endswith(".DistributedDataParallel")
+
+
+def is_dataparallel(qualname: str | None) -> bool:
+    return bool(qualname) and qualname.startswith("torch.") and qualname.endswith(".DataParallel")
+
+
+def is_fsdp(qualname: str | None) -> bool:
+    return bool(qualname) and qualname.startswith("torch.distributed") and qualname.split(".")[-1] in (
+        "FullyShardedDataParallel",
+        "fully_shard",
+    )
+
+
+def is_dataloader(qualname: str | None) -> bool:
+    return bool(qualname) and qualname.startswith("torch.utils.data") and qualname.endswith(DATALOADER_SUFFIXES)
+
+
+def is_distributed_sampler(qualname: str | None) -> bool:
+    return bool(qualname) and qualname.startswith("torch.utils.data") and qualname.endswith("." + DISTRIBUTED_SAMPLER)
+
+
+def _star_qualname(facts: ScriptFacts, dotted: str | None) -> str | None:
+    """``DataParallel`` after ``from torch.nn.parallel import *``: star imports of torch modules only."""
+    if not dotted or "." in dotted:
+        return None
+    for module in facts.star_imports:
+        if module.startswith("torch"):
+            return f"{module}.{dotted}"
+    return None
+
+
+def callee_type(facts: ScriptFacts, call: CallSite) -> str | None:
+    """The one qualified name a call's callee stands for, through imports and simple aliases; None
+    when it is unknown or ambiguous (a conditional alias with two different types)."""
+    if call.qualname:
+        return call.qualname
+    func = call.node.func
+    if not isinstance(func, (cst.Name, cst.Attribute)):
+        return None
+    found: set[str] = set()
+    unknown = False
+    for value in facts.binding_values(func):
+        if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+            continue
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            qual = facts.qualname(value)
+            dotted = get_full_name_for_node(value)
+            if qual:
+                found.add(qual)
+            elif dotted and facts.bindings_of(dotted):
+                continue  # an intermediate alias; its values are in the list too
+            else:
+                star = _star_qualname(facts, dotted) if value is func else None
+                if star:
+                    found.add(star)
+                else:
+                    unknown = True
+        else:
+            unknown = True
+    if unknown or len(found) != 1:
+        return None
+    return found.pop()
+
+
+# -- small syntax helpers ---------------------------------------------------------------------------
+
+
+def literal_value(expr: cst.BaseExpression | None) -> object:
+    """The value of an int, string, True/False/None literal; ``...`` (Ellipsis) when not a literal."""
+    if isinstance(expr, cst.Integer):
+        try:
+            return int(expr.value.replace("_", ""), 0)
+        except ValueError:
+            return ...
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value
+    if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[expr.value]
+    return ...
+
+
+def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
+    return facts.module.code_for_node(node)
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every plain name and dotted name read in an expression."""
+    out: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            out.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            dotted = get_full_name_for_node(n)
+            if dotted:
+                out.add(dotted)
+
+    node.visit(_Names())
+    return out
+
+
+def has_modulo(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _Mod(cst.CSTVisitor):
+        def visit_BinaryOperation(self, n: cst.BinaryOperation) -> None:
+            nonlocal found
+            if isinstance(n.operator, cst.Modulo) and not isinstance(n.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+                found = True
+
+    node.visit(_Mod())
+    return found
+
+
+def star_kwargs_keys(facts: ScriptFacts, call: CallSite) -> set[str] | None:
+    """The keywords that ``**kwargs`` arguments of a call pass, when every such dict is visible: a
+    dict literal or ``dict(...)`` never mutated (``kw.update``, ``kw[k] = v``) afterwards. None when
+    any of them is unknown (a parameter, a mutated dict, ``{**other}``)."""
+    keys: set[str] = set()
+    for arg in call.node.args:
+        if arg.star != "**":
+            continue
+        name = get_full_name_for_node(arg.value)
+        if not name or not facts.bindings_of(name):
+            return None
+        if any(c.receiver_name == name and c.method in ("update", "setdefault", "__setitem__") for c in facts.calls):
+            return None
+        for value in facts.binding_values(arg.value):
+            if value is arg.value or isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+                continue
+            if isinstance(value, (cst.Name, cst.Attribute)):
+                dotted = get_full_name_for_node(value)
+                if dotted and facts.bindings_of(dotted):
+                    continue  # an alias of another dict; its values are in the list too
+                return None
+            if isinstance(value, cst.Dict):
+                for element in value.elements:
+                    if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                        return None
+                    keys.add(str(element.key.evaluated_value))
+            elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict":
+                for dict_arg in value.args:
+                    if dict_arg.keyword is None:
+                        return None
+                    keys.add(dict_arg.keyword.value)
+            else:
+                return None
+    return keys
+
+
+def passes_keyword(facts: ScriptFacts, call: CallSite, keyword: str) -> bool | None:
+    """True when the call passes ``keyword`` (directly or through a visible ``**kwargs`` dict), False
+    when it certainly does not, None when a ``**kwargs`` dict cannot be seen."""
+    if any(a.keyword is not None and a.keyword.value == keyword for a in call.node.args):
+        return True
+    keys = star_kwargs_keys(facts, call)
+    if keys is None:
+        return None
+    return keyword in keys
+
+
+def innermost_loop(ctx: Frame) -> Frame | None:
+    """The nearest enclosing loop within the same function (None at a def, class or lambda)."""
+    for frame in ctx.chain():
+        if frame.kind == "loop":
+            return frame
+        if frame.kind in ("def", "class", "lambda"):
+            return None
+    return None
+
+
+def loops_of(ctx: Frame) -> list[Frame]:
+    """Enclosing loops within the same function, innermost first."""
+    out = []
+    for frame in ctx.chain():
+        if frame.kind == "loop":
+            out.append(frame)
+        elif frame.kind in ("def", "class", "lambda"):
+            break
+    return out
+
+
+def loop_header_end(loop: cst.CSTNode) -> cst.CSTNode:
+    """The last node of a loop's header, for a finding that should not span the whole body."""
+    if isinstance(loop, cst.For):
+        return loop.iter
+    if isinstance(loop, cst.While):
+        return loop.test
+    return loop
+
+
+# -- the per-file summary ---------------------------------------------------------------------------
+
+
+@dataclass
+class Wrap:
+    call: CallSite
+    kind: str  # "ddp", "dataparallel" or "fsdp"
+    target: str | None  # the name the wrapped model is bound to
+
+
+class DistributedFacts:
+    """What the TC5/TC6 rules need beyond ScriptFacts, derived lazily from its public records."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        self.facts = facts
+        self.text = _strip_comments(facts.source.text)
+        self._target_by_value = {id(b.value): b.target for b in facts.bindings}
+
+    # -- bindings --------------------------------------------------------------------------------
+    def target_of(self, node: cst.CSTNode) -> str | None:
+        """The name an expression is assigned to (``loader = DataLoader(...)`` → ``loader``)."""
+        return self._target_by_value.get(id(node))
+
+    # -- wraps and launch ----------------------------------------------------------------------------
+    @functools.cached_property
+    def wraps(self) -> list[Wrap]:
+        out = []
+        for call in self.facts.calls:
+            qual = callee_type(self.facts, call)
+            kind = "ddp" if is_ddp(qual) else "dataparallel" if is_dataparallel(qual) else "fsdp" if is_fsdp(qual) else None
+            if kind:
+                out.append(Wrap(call, kind, self.target_of(call.node)))
+        return out
+
+    def wraps_of(self, kind: str) -> list[Wrap]:
+        return [w for w in self.wraps if w.kind == kind]
+
+    @functools.cached_property
+    def is_ddp_script(self) -> bool:
+        return any(w.kind in ("ddp", "fsdp") for w in self.wraps)
+
+    @functools.cached_property
+    def init_process_group_calls(self) -> list[CallSite]:
+        return [
+            c
+            for c in self.facts.calls
+            if (c.qualname or "").startswith("torch.distributed") and (c.qualname or "").endswith(".init_process_group")
+        ]
+
+    @functools.cached_property
+    def multi_process_reasons(self) -> list[str]:
+        """Why this script already runs as several processes (or hands that to someone else)."""
+        facts = self.facts
+        reasons = []
+        if self.is_ddp_script:
+            reasons.append("wraps the model in DDP/FSDP")
+        if any(w.kind == "dataparallel" for w in self.wraps):
+            reasons.append("uses DataParallel (TC501)")
+        if facts.frameworks:
+            reasons.append("a framework owns the loop: " + ", ".join(sorted(facts.frameworks)))
+        for site in facts.imports:
+            qual = site.qualname.lstrip(".")
+            if qual.startswith(("torch.distributed", "torch.multiprocessing", "multiprocessing")) or qual in (
+                "torch.nn.parallel",
+            ):
+                reasons.append(f"imports {qual}")
+                break
+        if facts.references_to("torch.distributed", "torch.multiprocessing"):
+            reasons.append("uses torch.distributed / torch.multiprocessing")
+        match = _MULTI_PROCESS_TEXT.search(self.text)
+        if match:
+            reasons.append(f"mentions {match.group(0)}")
+        return reasons
+
+    @functools.cached_property
+    def uses_cuda(self) -> bool:
+        return bool(re.search(r"\bcuda\b", self.text))
+
+    # -- loaders -----------------------------------------------------------------------------------
+    @functools.cached_property
+    def dataloaders(self) -> list[CallSite]:
+        out = []
+        for call in self.facts.calls:
+            qual = callee_type(self.facts, call)
+            if is_dataloader(qual) or (qual is None and call.name == "DataLoader" and self.facts.star_imports):
+                out.append(call)
+        return out
+
+    def dataloader_name(self, call: CallSite) -> str | None:
+        """The loader's name: its assignment target, else ``train`` from an enclosing
+        ``def build_train_loader():`` when the call is returned from it."""
+        target = self.target_of(call.node)
+        if target:
+            return target
+        fn = call.ctx.function
+        statement = call.statement
+        if fn is not None and statement is not None and isinstance(statement.node, cst.SimpleStatementLine):
+            if any(isinstance(s, cst.Return) and s.value is call.node for s in statement.node.body):
+                return fn.name.value
+        return None
+
+    @functools.cached_property
+    def iterable_dataset_defined(self) -> bool:
+        for node, _ in self.facts.classes:
+            for base in node.bases:
+                dotted = get_full_name_for_node(base.value) or ""
+                if dotted.split(".")[-1] == "IterableDataset":
+                    return True
+        return False
+
+    # -- steps and loops ---------------------------------------------------------------------------
+    @functools.cached_property
+    def step_calls(self) -> list[CallSite]:
+        """Training steps (backward) and optimizer steps outside eval paths."""
+        out = [s.backward for s in self.facts.training_steps]
+        seen = {id(c.node) for c in out}
+        out += [c for c in self.facts.optimizer_steps if id(c.node) not in seen and not self.facts.in_eval(c.ctx)]
+        return out
+
+    def call_contexts(self, ctx: Frame, depth: int = 2) -> Iterator[Frame]:
+        """``ctx`` itself, or, when it is in no loop of its function, the contexts of that function's
+        callers (not on eval paths), ``depth`` levels up."""
+        if innermost_loop(ctx) is not None or depth < 0:
+            yield ctx
+            return
+        fn = ctx.function
+        if fn is None or self.facts.function_is_eval(fn):
+            yield ctx
+            return
+        callers = [c for c in self.facts.callers(fn) if not c.ctx.inside(fn) and not self.facts.in_eval(c.ctx)]
+        if not callers:
+            yield ctx
+            return
+        for caller in callers:
+            yield from self.call_contexts(caller.ctx, depth - 1)
+
+    @functools.cached_property
+    def step_loops(self) -> dict[int, Frame]:
+        """id(loop node) → its frame, for every loop whose body runs once per training step."""
+        out: dict[int, Frame] = {}
+        for call in self.step_calls:
+            for ctx in self.call_contexts(call.ctx):
+                loop = innermost_loop(ctx)
+                if loop is not None:
+                    out.setdefault(id(loop.node), loop)
+        return out
+
+    def is_step_loop(self, frame: Frame) -> bool:
+        return id(frame.node) in self.step_loops
+
+    @functools.cached_property
+    def env_step_loops(self) -> set[int]:
+        """Loops that step an environment (``env.step(action)``): RL interaction, not an optimizer."""
+        optimizer_steps = {id(c.node) for c in self.facts.optimizer_steps}
+        out: set[int] = set()
+        for call in self.facts.method_calls("step"):
+            if id(call.node) in optimizer_steps:
+                continue
+            receiver = call.receiver_name or ""
+            if self.facts.is_optimizer_name(receiver) or receiver in self.facts.scalers or _SCHEDULER.search(receiver.split(".")[-1]):
+                continue
+            if not any(a.keyword is None and not a.star for a in call.node.args):
+                continue
+            for ctx in self.call_contexts(call.ctx, depth=1):
+                for loop in loops_of(ctx)[:1]:
+                    out.add(id(loop.node))
+        return out
+
+    @functools.cached_property
+    def is_rl_script(self) -> bool:
+        roots = self.facts.imported_roots()
+        return bool(self.env_step_loops) or bool(roots & {"gym", "gymnasium", "dm_control", "pettingzoo"})
+
+    def first_training_loop(self) -> Frame | None:
+        """The step loop of the first training step in the file, for a once-per-file finding."""
+        for call in sorted(self.step_calls, key=lambda c: self.facts.line_of(c.node)):
+            for ctx in self.call_contexts(call.ctx):
+                loop = innermost_loop(ctx)
+                if loop is not None:
+                    return loop
+        return None
+
+
+_CACHE: "weakref.WeakKeyDictionary[ScriptFacts, DistributedFacts]" = weakref.WeakKeyDictionary()
+
+
+def distributed_facts(facts: ScriptFacts) -> DistributedFacts:
+    info = _CACHE.get(facts)
+    if info is None:
+        info = _CACHE[facts] = DistributedFacts(facts)
+    return info

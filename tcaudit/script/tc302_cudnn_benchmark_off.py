@@ -1,0 +1,53 @@
+"""TC302 cudnn-benchmark-off: a convnet trained on CUDA without ``cudnn.benchmark = True``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import insertion_anchor, pipeline_facts
+from tcaudit.script.rule import RuleContext, ScriptRule
+
+FIX_CODE = "torch.backends.cudnn.benchmark = True"
+
+
+class CudnnBenchmarkOff(ScriptRule):
+    id = "TC302"
+    triggers = (r"backward",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training or _cudnn_configured(facts):
+            return
+        models = pipeline.conv_models
+        if not models:
+            return
+        model = models[0]
+        yield self.finding(
+            facts,
+            model.construction,
+            f"convnet `{model.name}` trains on CUDA without `{FIX_CODE}`: cuDNN picks its convolution "
+            "algorithms by heuristics instead of timing them for these fixed input shapes",
+            fix=Fix(
+                FixClass.NUMERICS,
+                "let cuDNN time and choose its convolution algorithms",
+                anchor=insertion_anchor(facts, FIX_CODE),
+            ),
+        )
+
+
+def _cudnn_configured(facts: ScriptFacts) -> bool:
+    """Any write of ``cudnn.benchmark`` / ``cudnn.deterministic`` (``True`` is done, ``False`` is
+    deliberate, e.g. under ``--seed``), or any ``use_deterministic_algorithms`` call."""
+    for binding in facts.bindings:
+        target = facts.resolve(binding.target) or binding.target
+        if target.endswith(("cudnn.benchmark", "cudnn.deterministic")):
+            return True
+        if target.split(".")[-1] in ("benchmark", "deterministic") and "cudnn" in target:
+            return True
+    for call in facts.calls:
+        name = call.qualname or call.name or ""
+        if name.endswith("use_deterministic_algorithms"):
+            return True
+    return False
