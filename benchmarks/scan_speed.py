@@ -106,12 +106,13 @@ def main() -> int:
     lines = sum(len(f.read_bytes().splitlines()) for f in files)
     print(f"target: {target} ({len(files)} .py files, {lines} lines)", file=sys.stderr)
 
+    load_before = os.getloadavg()
     tools: dict[str, dict] = {}
     tcaudit = [sys.executable, "-m", "tcaudit", "scan", str(target), "--no-exec", "--format", "concise", "--isolated"]
     tools["tcaudit"] = {"version": version_of("tcaudit"), **measure("tcaudit", tcaudit, REPO, args.repeat)}
     if any(code not in (0, 1) for code in tools["tcaudit"]["exit_codes"]):
-        print(f"warning: tcaudit exited {tools['tcaudit']['exit_codes']}: {tools['tcaudit']['runs'][-1]['stderr_tail']}",
-              file=sys.stderr)
+        tail = tools["tcaudit"]["runs"][-1]["stderr_tail"]
+        print(f"warning: tcaudit exited {tools['tcaudit']['exit_codes']}: {tail}", file=sys.stderr)
 
     torchfix = find_torchfix(args.torchfix)
     if torchfix is None:
@@ -131,6 +132,9 @@ def main() -> int:
             "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            # Other work on the machine skews wall times; the 1-minute load average shows how much.
+            "loadavg_1m_before": round(load_before[0], 2),
+            "loadavg_1m_after": round(os.getloadavg()[0], 2),
         },
         "python": platform.python_version(),
         "libcst": version_of("libcst"),
@@ -142,9 +146,10 @@ def main() -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
-    print(f"\nScan speed: {len(files)} files, {lines} lines, {os.cpu_count()} CPUs, median of {args.repeat} cold runs\n")
-    print(f"| tool | version | wall (s) | CPU (s) | files/s | output lines |")
-    print(f"|---|---|---|---|---|---|")
+    print(f"\nScan speed: {len(files)} files, {lines} lines, {os.cpu_count()} CPUs, "
+          f"median of {args.repeat} cold runs\n")
+    print("| tool | version | wall (s) | CPU (s) | files/s | output lines |")
+    print("|---|---|---|---|---|---|")
     for name, data in tools.items():
         rate = len(files) / data["median_wall_s"] if data["median_wall_s"] else float("inf")
         print(f"| {name} | {data['version']} | {data['median_wall_s']:.2f} | {data['median_cpu_s']:.2f} | "

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="show one rule's documentation")
     explain.add_argument("rule", metavar="CODE")
+
+    from tcaudit.fix.command import add_fix_parser
+
+    add_fix_parser(sub, _add_selection)
     return parser
 
 
@@ -192,14 +196,24 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"tcaudit rules ({len(catalog)})", show_lines=False, expand=False)
-    for column in ("Code", "Name", "Family", "Severity", "Fix"):
+    for column in ("Code", "Name", "Severity", "Fix"):
         table.add_column(column, no_wrap=True)
     table.add_column("Summary", overflow="fold", ratio=1, min_width=40)
+    # One section per family (TC2 mixed precision, ...) instead of a Family column: the summaries
+    # get the width.
+    family = None
     for spec in catalog.values():
+        if spec.family_name != family:
+            if family is not None:
+                table.add_section()
+            family = spec.family_name
+            table.add_row("", Text(f"{spec.id[:3]} {family}", style="bold"), "", "", "")
+        # Text, not markup: a summary may contain brackets (``ignore[TC101]``, ``x[0]``).
         table.add_row(
-            spec.id, spec.name, spec.family_name, str(spec.severity), str(spec.fix_class or "-"), spec.summary
+            spec.id, Text(spec.name), str(spec.severity), str(spec.fix_class or "-"), Text(spec.summary)
         )
     # Wide enough that summaries read as sentences, not one-word columns, even when piped.
     width = max(140, shutil.get_terminal_size(fallback=(140, 24)).columns)
@@ -219,7 +233,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain}
+def cmd_fix(args: argparse.Namespace) -> int:
+    from tcaudit.config import load_settings
+    from tcaudit.fix.command import run_fix
+
+    settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    try:
+        return run_fix(args, settings, _color(args.color, sys.stdout))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain, "fix": cmd_fix}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -215,6 +215,7 @@ def test_rules_table_is_readable():
     header = next(line for line in out.splitlines() if "Summary" in line)
     summary_cell = header.split("┃")[-2]
     assert len(summary_cell) >= 40, header
+    assert "TC2 mixed precision" in out  # one section per family
 
 
 def test_rules_json():

@@ -242,7 +242,8 @@ def test_text_has_a_code_frame_and_a_summary(project):
     assert code == 1
     lines = out.splitlines()
     assert "pkg/bad.py" in lines
-    frame = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*> 2 \| scaler = torch\.cuda\.amp\.GradScaler\(\)", line))
+    flagged_line = re.compile(r"\s*> 2 \| scaler = torch\.cuda\.amp\.GradScaler\(\)")
+    frame = next(i for i, line in enumerate(lines) if flagged_line.fullmatch(line))
     assert re.fullmatch(r"\s*1 \| import torch", lines[frame - 1])
     caret = lines[frame + 1]
     assert caret.strip() == "^" * len("torch.cuda.amp.GradScaler")

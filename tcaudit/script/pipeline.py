@@ -484,7 +484,7 @@ class PipelineFacts:
             if call.qualname not in DATALOADER_QUALNAMES:
                 continue
             keys, complete, dicts = self._loader_keys(call)
-            target = _assigned_name(call)
+            target = assigned_name(call)
             out.append(LoaderSite(call, keys, complete, dicts, target, self._is_training_loader(call, target)))
         return out
 
@@ -949,7 +949,7 @@ def _small_statements(call: CallSite) -> list[cst.CSTNode]:
     return [statement] if statement is not None else []
 
 
-def _assigned_name(call: CallSite) -> str | None:
+def assigned_name(call: CallSite) -> str | None:
     for small in _small_statements(call):
         if isinstance(small, cst.Assign) and small.value is call.node and len(small.targets) == 1:
             return get_full_name_for_node(small.targets[0].target)

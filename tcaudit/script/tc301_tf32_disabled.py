@@ -67,15 +67,29 @@ class Tf32Disabled(ScriptRule):
 
 
 def _trains_in_float64(facts: ScriptFacts, pipeline) -> bool:
-    """fp64 training (``model.double()``, ``set_default_dtype(torch.float64)``) never uses TF32."""
+    """fp64 training (``model.double()``, ``.to(torch.float64)``, ``set_default_dtype(torch.float64)``)
+    never uses TF32."""
     models = set(pipeline.trained_model_names) | facts.model_names
     for call in facts.calls:
-        if call.method == "double" and call.receiver_name in models:
-            return True
-        if call.method == "to" and call.receiver_name in models:
-            if any(facts.resolve(get_full_name_for_node(a.value)) in FLOAT64 for a in call.node.args):
-                return True
         if (call.qualname or "") == "torch.set_default_dtype" and call.node.args:
             if facts.resolve(get_full_name_for_node(call.node.args[0].value)) in FLOAT64:
                 return True
+        if call.receiver_name in models and _casts_to_float64(facts, call.node):
+            return True
+    for name in models:
+        for binding in facts.bindings_of(name):
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+                if _casts_to_float64(facts, value):
+                    return True
+                value = value.func.value
     return False
+
+
+def _casts_to_float64(facts: ScriptFacts, call: cst.Call) -> bool:
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    method = call.func.attr.value
+    if method == "double":
+        return True
+    return method == "to" and any(facts.resolve(get_full_name_for_node(a.value)) in FLOAT64 for a in call.args)

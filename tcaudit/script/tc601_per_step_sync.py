@@ -187,7 +187,9 @@ class PerStepSync(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if not info.step_loops:
+        if not info.step_loops or info.is_rl_script:
+            # RL: every environment step already brings the action to the host, so the GPU waits on
+            # the environment, not on a loss.item() in the update.
             return
         scope = _StepScope(facts, info)
         tensors = _Tensors(facts)

@@ -122,7 +122,9 @@ def read_source(path: Path, display_path: str | None = None) -> SourceFile:
         if reason.startswith("unknown encoding"):
             raise SourceError(f"cannot decode: the coding line names an {reason}") from None
         if reason.startswith("encoding problem"):
-            raise SourceError(f"cannot decode: the coding line contradicts the UTF-8 byte order mark ({reason})") from None
+            raise SourceError(
+                f"cannot decode: the coding line contradicts the UTF-8 byte order mark ({reason})"
+            ) from None
         problem = _utf8_problem(raw)
         if problem is not None:
             raise SourceError(f"cannot decode as UTF-8: {problem[0]} ({_ENCODING_HINT})", line=problem[1]) from None

@@ -1,0 +1,98 @@
+"""``tcaudit fix``: show the unified diff of every applicable fix; ``--apply`` writes them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tcaudit.findings import FixClass
+
+DEFAULT_CLASSES = "safe,numerics"
+
+
+def add_fix_parser(sub, add_selection) -> None:
+    fix = sub.add_parser(
+        "fix",
+        help="show (or --apply) the fixes for files and folders",
+        description="Show the unified diff of all applicable fixes (exit 1 if there is one); --apply writes them. "
+        "Files that cannot be parsed or fixed safely are left byte-for-byte as they were.",
+    )
+    fix.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
+    fix.add_argument(
+        "--classes",
+        default=DEFAULT_CLASSES,
+        metavar="CLASSES",
+        help="fix classes to apply, comma-separated: safe, numerics (default: safe,numerics)",
+    )
+    fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    add_selection(fix)
+
+
+def parse_classes(text: str) -> frozenset[FixClass]:
+    out = set()
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        try:
+            fix_class = FixClass(part)
+        except ValueError:
+            raise ValueError(f"unknown fix class {part!r} (expected safe, numerics)") from None
+        if fix_class is FixClass.STRUCTURAL:
+            raise ValueError("structural fixes are not available yet; use --classes safe,numerics")
+        out.add(fix_class)
+    if not out:
+        raise ValueError("--classes needs at least one of safe, numerics")
+    return frozenset(out)
+
+
+def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    from tcaudit.engine import _display_path
+    from tcaudit.fix.engine import fix_file, write_fix
+    from tcaudit.source.discovery import discover
+
+    classes = parse_classes(args.classes)
+    discovered = discover(args.paths, settings.exclude, settings.root)
+    if discovered.missing:
+        for path in discovered.missing:
+            print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
+        return 2
+    console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
+    err = Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True)
+    would_change = 0
+    fixed_findings = 0
+    errors = 0
+    for path in discovered.files:
+        display = _display_path(path)
+        result = fix_file(Path(path), settings, classes, display)
+        if result.error:
+            if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):
+                err.print(f"{display}: {result.error}")
+            else:
+                err.print(f"{display}: {result.error}")
+                errors += 1
+            continue
+        for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
+            err.print(f"{display}:{line}: {rule} no fix: {reason}")
+        if not result.changed:
+            continue
+        would_change += 1
+        fixed_findings += len(result.applied)
+        if args.apply:
+            write_fix(result, Path(path))
+            err.print(f"fixed {display} ({', '.join(result.applied)})")
+        else:
+            console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+    if errors:
+        return 2
+    if args.apply:
+        return 0
+    if would_change:
+        err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
+        return 1
+    return 0

@@ -1,0 +1,168 @@
+"""Apply every applicable fix to a file, to a fixed point, behind a safety net.
+
+Each round scans the current text with the enabled rules, hands each rule's fixable findings to
+its codemod, and re-parses between codemods, so that several fixes on one file (and on one node:
+TC202 and TC203 on the same GradScaler) compose the way ruff's do. A round that changes nothing
+ends the loop. Output that does not parse or compile is never kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from tcaudit.config import Settings
+from tcaudit.engine import instantiate_rules, scan_file
+from tcaudit.findings import Finding, FixClass
+from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, discover_codemods
+from tcaudit.fix.textio import SourceText, read_text, write_atomically
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.parsing import SourceError, SourceFile
+
+MAX_ROUNDS = 6
+
+
+@dataclass
+class FileFix:
+    path: str
+    original: str
+    fixed: str
+    applied: list[str] = field(default_factory=list)  # rule ids whose codemod changed the file
+    declined: list[tuple[Finding, str]] = field(default_factory=list)
+    remaining: list[Finding] = field(default_factory=list)
+    error: str | None = None
+    source: SourceText | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.fixed != self.original
+
+    def diff(self) -> str:
+        return "".join(
+            difflib.unified_diff(
+                self.original.splitlines(keepends=True),
+                self.fixed.splitlines(keepends=True),
+                fromfile=self.path if self.path.startswith("/") else f"a/{self.path}",
+                tofile=self.path if self.path.startswith("/") else f"b/{self.path}",
+            )
+        )
+
+
+def _source_file(path: Path, display: str, text: str, source: SourceText) -> SourceFile:
+    return SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
+
+
+def _findings_for(path: Path, display: str, text: str, source: SourceText, rules, settings) -> list[Finding]:
+    from tcaudit.engine import file_suppressions, _suppressed  # filtering is the engine's
+
+    sf = _source_file(path, display, text, source)
+    findings = []
+    candidates = [rule for rule in rules if rule.may_match(text)]
+    if not candidates:
+        return []
+    sf.module  # raises SourceError
+    facts = ScriptFacts(sf)
+    from tcaudit.script.rule import RuleContext
+
+    for rule in candidates:
+        findings.extend(rule.check(facts, RuleContext(settings)))
+    codes = file_suppressions(sf)
+    return [f for f in findings if not _suppressed(f, sf, codes)]
+
+
+def _valid(code: str, display: str) -> str | None:
+    try:
+        cst.parse_module(code)
+        compile(code, display, "exec", dont_inherit=True)
+    except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+def fix_file(
+    path: Path,
+    settings: Settings,
+    classes: frozenset[FixClass] = frozenset({FixClass.SAFE, FixClass.NUMERICS}),
+    display: str | None = None,
+) -> FileFix:
+    display = display or path.as_posix()
+    try:
+        source = read_text(path)
+    except SourceError as exc:
+        return FileFix(display, "", "", error=f"not fixed: {exc.message}")
+    result = FileFix(display, source.text, source.text, source=source)
+    rules = instantiate_rules(settings)
+    codemods: dict[str, Codemod] = {rule: cls() for rule, cls in discover_codemods().items()}
+    text = source.text
+    declined: dict[tuple, tuple[Finding, str]] = {}
+    for _ in range(MAX_ROUNDS):
+        try:
+            findings = _findings_for(path, display, text, source, rules, settings)
+        except SourceError as exc:
+            result.error = f"not fixed: {exc.message}"
+            result.fixed = source.text
+            return result
+        by_rule: dict[str, list[Finding]] = {}
+        for finding in findings:
+            fix = finding.fix
+            if fix is None or fix.fix_class not in classes:
+                continue
+            if not fix.available:
+                declined[(finding.rule, finding.location.line, finding.message)] = (finding, fix.reason or "")
+                continue
+            if finding.rule not in codemods:
+                continue
+            by_rule.setdefault(finding.rule, []).append(finding)
+        changed = False
+        for rule_id in sorted(by_rule):
+            sf = _source_file(path, display, text, source)
+            try:
+                facts = ScriptFacts(sf)
+            except SourceError:
+                break
+            # Findings are recomputed on the current text so positions match this module.
+            current = [f for f in _findings_for(path, display, text, source, rules, settings) if f.rule == rule_id
+                       and f.fix is not None and f.fix.available]
+            if not current:
+                continue
+            context = FixContext(facts, settings)
+            try:
+                new_module = codemods[rule_id].apply(facts.module, current, context)
+            except DeclineFix as exc:
+                for finding in current:
+                    declined[(finding.rule, finding.location.line, finding.message)] = (finding, str(exc))
+                continue
+            new_text = new_module.code
+            if new_text == text:
+                continue
+            problem = _valid(new_text, display)
+            if problem is not None:
+                for finding in current:
+                    declined[(finding.rule, finding.location.line, finding.message)] = (
+                        finding,
+                        f"the rewrite did not compile ({problem}); left unchanged",
+                    )
+                continue
+            text = new_text
+            changed = True
+            if rule_id not in result.applied:
+                result.applied.append(rule_id)
+        if not changed:
+            break
+    result.fixed = text
+    try:
+        result.remaining = _findings_for(path, display, text, source, rules, settings)
+    except SourceError:
+        result.remaining = []
+    remaining_keys = {(f.rule, f.message) for f in result.remaining}
+    result.declined = [v for k, v in declined.items() if (k[0], k[2]) in remaining_keys]
+    return result
+
+
+def write_fix(result: FileFix, path: Path) -> None:
+    assert result.source is not None and result.changed
+    data = result.source.encode(result.fixed)
+    write_atomically(path, data)

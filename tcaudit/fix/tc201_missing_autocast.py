@@ -1,0 +1,255 @@
+"""TC201 fix: wrap forward and loss in ``torch.autocast``; for fp16, add a GradScaler.
+
+The device type comes from the script's own ``device`` variable where one is in scope
+(``torch.device(device).type`` accepts strings, ints and devices), otherwise "cuda"; autocast and
+the scaler are enabled only on CUDA, so the patched script runs unchanged on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding
+from tcaudit.fix.codemod import (
+    Codemod,
+    DeclineFix,
+    FixContext,
+    StatementEditor,
+    ensure_import,
+    parse_expression,
+    parse_statement,
+    torch_import_name,
+)
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
+
+_DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
+
+
+def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tuple[str, str]:
+    """(device-type expression, enabled expression) usable at the step's position."""
+    function = step.function
+    for name in _DEVICE_NAMES:
+        for binding in facts.bindings_of(name):
+            scope = binding.ctx.function
+            visible = (
+                scope is function
+                or binding.ctx is facts.module_frame
+                or (binding.ctx.function is None and not name.startswith("self."))
+                or (name.startswith("self.") and step.ctx.class_def is not None
+                    and binding.ctx.class_def is step.ctx.class_def)
+            )
+            if not visible:
+                continue
+            if binding.statement is not None and function is scope:
+                # Must be bound before the step in the same function.
+                if facts.line_of(binding.statement.node) > facts.line_of(step.backward.node):
+                    continue
+            value = binding.value
+            qual = facts.qualname(value.func) if isinstance(value, cst.Call) else None
+            if qual == "torch.device":
+                expr = f"{name}.type"
+            elif _plain_device_type_strings(facts, value):
+                expr = name  # "cuda" if ... else "cpu": already a device type
+            else:
+                expr = f"{torch_name}.device({name}).type"
+            return expr, f'{expr} == "cuda"'
+    return '"cuda"', f"{torch_name}.cuda.is_available()"
+
+
+def _plain_device_type_strings(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+    """True when every value the expression may take is a string literal without a device index."""
+    leaves = [v for v in facts.binding_values(value) if not isinstance(v, (cst.IfExp, cst.BooleanOperation))]
+    return bool(leaves) and all(
+        isinstance(v, cst.SimpleString) and ":" not in str(v.evaluated_value) for v in leaves
+    )
+
+
+def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int):
+    """The statements of the step's block whose lines fall in [start, end], and the block."""
+    statement = step.backward.statement
+    if statement is None:
+        raise DeclineFix("the backward call is not a plain statement")
+    chosen = [
+        node for node in statement.block
+        if start <= facts.line_of(node) and facts.position(node).end.line <= end
+    ]
+    if not chosen:
+        raise DeclineFix("the forward and loss are not statements of the backward's block")
+    indices = [next(i for i, n in enumerate(statement.block) if n is node) for node in chosen]
+    if indices != list(range(indices[0], indices[0] + len(indices))):
+        raise DeclineFix("the forward and loss statements are not contiguous")
+    return chosen
+
+
+def _outermost_loop(facts: ScriptFacts, ctx: Frame, function) -> cst.CSTNode | None:
+    loop = None
+    for frame in ctx.chain():
+        if frame.kind == "def" and frame.node is function:
+            break
+        if frame.kind == "loop":
+            loop = frame.node
+    return loop
+
+
+def _unique_name(facts: ScriptFacts, base: str) -> str:
+    taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports}
+    name, index = base, 2
+    while name in taken:
+        name, index = f"{base}{index}", index + 1
+    return name
+
+
+class MissingAutocastFix(Codemod):
+    rule = "TC201"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        torch_name = torch_import_name(facts) or "torch"
+        editor = _AutocastEditor()
+        for finding in findings:
+            anchor = finding.fix.anchor
+            dtype = anchor["dtype"]
+            for step_range in anchor["ranges"]:
+                step = next(
+                    (s for s in facts.training_steps if facts.line_of(s.backward.node) == step_range["backward_line"]),
+                    None,
+                )
+                if step is None:
+                    raise DeclineFix("the training step moved; run fix again")
+                device_type, enabled = _device_expr(facts, step, torch_name)
+                statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
+                editor.wrap(statements, f"{torch_name}.autocast(device_type={device_type}, "
+                                        f"dtype={torch_name}.{dtype}, enabled={enabled})")
+            if anchor.get("scaler"):
+                self._add_scaler(facts, finding, editor, torch_name)
+        new = module.visit(editor)
+        if torch_import_name(facts) is None:
+            new = ensure_import(new, "import torch")
+        return new
+
+    def _add_scaler(self, facts: ScriptFacts, finding: Finding, editor: "_AutocastEditor", torch_name: str) -> None:
+        steps = [
+            s for s in facts.training_steps
+            if any(facts.line_of(s.backward.node) == r["backward_line"] for r in finding.fix.anchor["ranges"])
+        ]
+        function = steps[0].function
+        opt_steps = [c for c in facts.optimizer_steps if c.ctx.function is function]
+        if not opt_steps:
+            raise DeclineFix("optimizer.step() is not in the same function as the backward; "
+                             "add the GradScaler by hand or use precision = \"bf16\"")
+        if any(c.receiver_name in facts.scalers for c in opt_steps):
+            raise DeclineFix("a GradScaler already drives this optimizer")
+        if any(len(c.node.args) for c in opt_steps):
+            raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
+        device_type, enabled = _device_expr(facts, steps[0], torch_name)
+        loop = _outermost_loop(facts, steps[0].ctx, function)
+        create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
+        if loop is not None:
+            name = _unique_name(facts, "scaler")
+            editor.insert_before(loop, [parse_statement(f"{name} = {create}", facts.module)])
+        else:
+            cls = steps[0].ctx.class_def
+            init = _init_of(cls) if cls is not None else None
+            if init is None or not isinstance(init.body, cst.IndentedBlock):
+                raise DeclineFix("no loop or __init__ to create the GradScaler in; add it by hand")
+            if "self." in device_type.replace("self.device", "") or (
+                device_type not in ('"cuda"',) and "self." not in device_type
+            ):
+                device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
+                create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
+            name = "self." + _unique_name(facts, "scaler")
+            editor.insert_after(init.body.body[-1], [parse_statement(f"{name} = {create}", facts.module)])
+        for step in steps:
+            editor.scale_backward(step, name)
+        last_by_block: dict[int, CallSite] = {}
+        for call in opt_steps:
+            editor.scaler_step(call, name)
+            if call.statement is not None:
+                last_by_block[id(call.statement.block)] = call
+        last = max(opt_steps, key=lambda c: facts.line_of(c.node))
+        if last.statement is None:
+            raise DeclineFix("optimizer.step() is not a plain statement")
+        editor.insert_after(last.statement.node, [parse_statement(f"{name}.update()", facts.module)])
+
+
+def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
+    if not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    for item in cls.body.body:
+        if isinstance(item, cst.FunctionDef) and item.name.value == "__init__":
+            return item
+    return None
+
+
+class _AutocastEditor(StatementEditor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wraps: dict[int, tuple[list[int], str]] = {}
+        self.backwards: dict[int, str] = {}
+        self.steps: dict[int, str] = {}
+
+    def wrap(self, statements: list[cst.CSTNode], context_expr: str) -> None:
+        self.wraps[id(statements[0])] = ([id(s) for s in statements], context_expr)
+
+    def scale_backward(self, step: TrainingStep, scaler: str) -> None:
+        self.backwards[id(step.backward.node)] = scaler
+
+    def scaler_step(self, call: CallSite, scaler: str) -> None:
+        self.steps[id(call.node)] = scaler
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        scaler = self.backwards.get(id(original_node))
+        if scaler is not None and isinstance(updated_node.func, cst.Attribute):
+            loss = updated_node.func.value
+            scaled = cst.Call(
+                func=cst.Attribute(value=parse_expression(scaler, cst.Module([])), attr=cst.Name("scale")),
+                args=[cst.Arg(loss)],
+            )
+            return updated_node.with_changes(func=updated_node.func.with_changes(value=scaled))
+        scaler = self.steps.get(id(original_node))
+        if scaler is not None and isinstance(updated_node.func, cst.Attribute):
+            optimizer = updated_node.func.value
+            return cst.Call(
+                func=cst.Attribute(value=parse_expression(scaler, cst.Module([])), attr=cst.Name("step")),
+                args=[cst.Arg(optimizer)],
+            )
+        return updated_node
+
+    def _rebuild(self, original_body, updated_body) -> list:
+        if not self.wraps:
+            return super()._rebuild(original_body, updated_body)
+        originals = list(original_body)
+        updated = list(updated_body)
+        out_original: list = []
+        out_updated: list = []
+        index = 0
+        while index < len(originals):
+            node = originals[index]
+            plan = self.wraps.get(id(node))
+            if plan is None:
+                out_original.append(node)
+                out_updated.append(updated[index])
+                index += 1
+                continue
+            ids, context_expr = plan
+            count = len(ids)
+            inner = updated[index: index + count]
+            first = inner[0]
+            leading = getattr(first, "leading_lines", ())
+            inner[0] = first.with_changes(leading_lines=[])
+            with_node = cst.With(
+                items=[cst.WithItem(parse_expression(context_expr, cst.Module([])))],
+                body=cst.IndentedBlock(body=inner),
+                leading_lines=leading,
+            )
+            # Keep insert/replace plans keyed on the wrapped statements working on the new node.
+            for key in (self.before, self.after):
+                if id(node) in key:
+                    key[id(with_node)] = key.pop(id(node))
+            out_original.append(with_node)
+            out_updated.append(with_node)
+            index += count
+        return super()._rebuild(out_original, out_updated)

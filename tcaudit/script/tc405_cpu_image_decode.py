@@ -1,0 +1,80 @@
+"""TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
+from tcaudit.script.rule import RuleContext, ScriptRule
+
+FOLDER_DATASETS = frozenset(
+    {"torchvision.datasets.ImageFolder", "torchvision.datasets.folder.ImageFolder",
+     "torchvision.datasets.ImageNet", "torchvision.datasets.imagenet.ImageNet"}
+)
+# Per-sample decoders; only reported inside a Dataset (``__getitem__``) or a loader function.
+DECODERS = frozenset(
+    {"PIL.Image.open", "cv2.imread", "cv2.imdecode", "torchvision.io.read_image", "torchvision.io.image.read_image",
+     "torchvision.io.decode_image", "torchvision.io.image.decode_image", "torchvision.io.decode_jpeg",
+     "torchvision.io.image.decode_jpeg", "imageio.imread", "skimage.io.imread"}
+)
+ADVICE = (
+    "decode on the GPU instead: a DALI pipeline (`tcaudit fix --dali`), or workers that return the "
+    "encoded bytes and `torchvision.io.decode_jpeg(..., device=\"cuda\")` (16 CPU cores decode about "
+    "2,150 img/s while an H200 trains ResNet50 at 5,700+)"
+)
+
+
+class CpuImageDecode(ScriptRule):
+    id = "TC405"
+    triggers = (r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.uses_cuda or not pipeline.trains:
+            return
+        for call in facts.calls:
+            qual = call.qualname or ""
+            if qual in FOLDER_DATASETS:
+                if keyword_arg(call.node, "loader") is not None or not _training_use(facts, pipeline, call):
+                    continue  # a custom loader= may already skip decoding
+                what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
+            elif qual in DECODERS:
+                device = keyword_arg(call.node, "device")
+                if device is not None and literal(device.value) != "cpu":
+                    continue  # already decoded on the GPU
+                if not _in_sample_loader(call) or facts.in_eval(call.ctx):
+                    continue
+                what = f"`{call.name}` decodes each sample on the CPU inside the data pipeline"
+            else:
+                continue
+            yield self.finding(
+                facts,
+                call.node,
+                f"{what}; for a fast model this caps the training rate: {ADVICE}",
+                fix=Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)",
+                        anchor={"kind": "gpu-decode", "dataset": qual}),
+            )
+
+
+def _training_use(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> bool:
+    if facts.in_eval(call.ctx) or is_eval_name(assigned_name(call)):
+        return False
+    return not any(
+        frame.kind == "def" and is_eval_name(frame.node.name.value)  # type: ignore[attr-defined]
+        for frame in call.ctx.chain()
+    )
+
+
+def _in_sample_loader(call: CallSite) -> bool:
+    """Inside a Dataset's ``__getitem__`` (or a method it uses), or a ``*load*`` function."""
+    cls = call.ctx.class_def
+    if cls is not None:
+        methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+        if methods & {"__getitem__", "__getitems__", "__iter__"}:
+            return True
+    fn = call.ctx.function
+    return fn is not None and "load" in fn.name.value.lower()

@@ -1,0 +1,77 @@
+"""TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
+from tcaudit.script.rule import RuleContext, ScriptRule
+
+# Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
+FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+        "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like", "empty_like", "full_like",
+        "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
+    )
+)
+
+
+class TensorCreatedThenMoved(ScriptRule):
+    id = "TC406"
+    triggers = (r"\.(?:cuda|to)\b",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if not facts.uses_accelerator:
+            return
+        pipeline = pipeline_facts(facts)
+        by_node = {id(c.node): c for c in facts.calls}
+        for call in facts.calls:
+            if call.method not in ("cuda", "to") or not isinstance(call.receiver, cst.Call):
+                continue
+            factory = by_node.get(id(call.receiver))
+            if factory is None or factory.qualname not in FACTORIES or not moves_to_device(call):
+                continue
+            node = factory.node
+            if any(keyword_arg(node, key) is not None for key in ("device", "generator", "pin_memory", "out")):
+                continue  # a CPU generator or pinned staging buffer is deliberate
+            if any(arg.star for arg in node.args):
+                continue
+            target = _device_text(facts, call)
+            name = factory.qualname.split(".")[-1]
+            per_step = _per_step(pipeline, call)
+            yield self.finding(
+                facts,
+                call.node,
+                f"`torch.{name}(...)` builds the tensor in host memory and then copies it to the device"
+                f"{' on every step' if per_step else ''}; create it there: `torch.{name}(..., device={target})`",
+                severity=None if per_step else Severity.INFO,
+                fix=Fix(
+                    FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
+                    f"pass device={target} to torch.{name} and drop the .{call.method}() call",
+                    anchor={"kind": "move-device-into-factory", "device": target, "method": call.method},
+                ),
+            )
+
+
+def _device_text(facts: ScriptFacts, call: CallSite) -> str:
+    if call.method == "cuda":
+        arg = call.arg("device", 0)
+        return f'"cuda:{facts.module.code_for_node(arg)}"' if isinstance(arg, cst.Integer) else (
+            facts.module.code_for_node(arg) if arg is not None else '"cuda"'
+        )
+    arg = call.arg("device", 0)
+    return facts.module.code_for_node(arg) if arg is not None else "device"
+
+
+def _per_step(pipeline: PipelineFacts, call: CallSite) -> bool:
+    """In a loop, in a ``forward``, or in a function called from a loop: a copy every iteration."""
+    fn = call.ctx.function
+    if fn is not None and fn.name.value == "forward":
+        return True
+    return pipeline.repeats(call.ctx)
