@@ -31,13 +31,19 @@ _DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
 def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tuple[str, str]:
     """(device-type expression, enabled expression) usable at the step's position."""
     function = step.function
+    if function is not None:
+        params = {p.name.value for p in function.params.params + function.params.kwonly_params}
+        for name in _DEVICE_NAMES:
+            if name in params:
+                expr = f"{torch_name}.device({name}).type"
+                return expr, f'{expr} == "cuda"'
     for name in _DEVICE_NAMES:
         for binding in facts.bindings_of(name):
             scope = binding.ctx.function
+            # A global set under ``if __name__ == "__main__":`` is not visible to importers: skip it.
             visible = (
-                scope is function
+                (scope is function and function is not None)
                 or binding.ctx is facts.module_frame
-                or (binding.ctx.function is None and not name.startswith("self."))
                 or (name.startswith("self.") and step.ctx.class_def is not None
                     and binding.ctx.class_def is step.ctx.class_def)
             )
@@ -109,6 +115,7 @@ class MissingAutocastFix(Codemod):
         facts = context.facts
         torch_name = torch_import_name(facts) or "torch"
         editor = _AutocastEditor()
+        self._device_vars: dict[int, tuple[str, str]] = {}
         for finding in findings:
             anchor = finding.fix.anchor
             dtype = anchor["dtype"]
@@ -119,7 +126,7 @@ class MissingAutocastFix(Codemod):
                 )
                 if step is None:
                     raise DeclineFix("the training step moved; run fix again")
-                device_type, enabled = _device_expr(facts, step, torch_name)
+                device_type, enabled = self._device(facts, step, torch_name, editor)
                 statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
                 editor.wrap(statements, f"{torch_name}.autocast(device_type={device_type}, "
                                         f"dtype={torch_name}.{dtype}, enabled={enabled})")
@@ -129,6 +136,22 @@ class MissingAutocastFix(Codemod):
         if torch_import_name(facts) is None:
             new = ensure_import(new, "import torch")
         return new
+
+    def _device(self, facts: ScriptFacts, step: TrainingStep, torch_name: str, editor: "_AutocastEditor"):
+        """The device-type expression; a long one is named once, before the step's outermost loop."""
+        device_type, enabled = _device_expr(facts, step, torch_name)
+        if "(" not in device_type:
+            return device_type, enabled
+        key = id(step.function)
+        if key in self._device_vars:
+            return self._device_vars[key]
+        loop = _outermost_loop(facts, step.ctx, step.function)
+        if loop is None:
+            return device_type, enabled
+        name = _unique_name(facts, "amp_device")
+        editor.insert_before(loop, [parse_statement(f"{name} = {device_type}", facts.module)])
+        self._device_vars[key] = (name, f'{name} == "cuda"')
+        return self._device_vars[key]
 
     def _add_scaler(self, facts: ScriptFacts, finding: Finding, editor: "_AutocastEditor", torch_name: str) -> None:
         steps = [
@@ -144,7 +167,7 @@ class MissingAutocastFix(Codemod):
             raise DeclineFix("a GradScaler already drives this optimizer")
         if any(len(c.node.args) for c in opt_steps):
             raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
-        device_type, enabled = _device_expr(facts, steps[0], torch_name)
+        device_type, enabled = self._device(facts, steps[0], torch_name, editor)
         loop = _outermost_loop(facts, steps[0].ctx, function)
         create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
         if loop is not None:

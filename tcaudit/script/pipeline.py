@@ -281,11 +281,23 @@ class PipelineFacts:
                 out.add(fn)
         return out
 
+    @functools.cached_property
+    def methods_by_name(self) -> dict[str, list[cst.FunctionDef]]:
+        table: dict[str, list[cst.FunctionDef]] = {}
+        for fn, ctx in self.facts.functions:
+            if ctx.kind == "class":
+                table.setdefault(fn.name.value, []).append(fn)
+        return table
+
     def called_functions(self, call: CallSite) -> list[cst.FunctionDef]:
+        """The functions of this file a call may run: ``f(...)``, ``self.f(...)``, and
+        ``obj.method(...)`` for a method defined in one of this file's classes."""
         name = call.name or ""
         short = name[5:] if name.startswith("self.") else name
-        if not short or "." in short:
+        if not short:
             return []
+        if "." in short:
+            return self.methods_by_name.get(short.split(".")[-1], []) if call.method else []
         return self.facts.functions_by_name.get(short, [])
 
     def body_trains(self, node: cst.CSTNode) -> bool:

@@ -117,7 +117,10 @@ class DebugModeOn(ScriptRule):
             if call.qualname not in GRADCHECK or facts.in_eval(call.ctx) or pipeline.is_flag_guarded(call.ctx):
                 continue
             loop = call.ctx.nearest("loop")
-            in_training = (loop is not None and pipeline.body_trains(loop.node)) or call.ctx.function in pipeline.step_functions
+            function = call.ctx.function
+            in_training = (loop is not None and pipeline.body_trains(loop.node)) or (
+                function is not None and function in pipeline.step_functions
+            )
             if not in_training:
                 continue
             yield self.finding(
