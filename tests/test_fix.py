@@ -21,7 +21,8 @@ PAIRS = sorted(FIX_FIXTURES.glob("*.in.py"))
 
 
 def _settings_for(path: Path) -> Settings:
-    """``tc201_x.in.py`` is fixed with TC201 alone; ``all_x.in.py`` with every rule."""
+    """``tc201_x.in.py`` is fixed with TC201 alone, ``tc2_x.in.py`` with the TC2 family, ``all_x.in.py``
+    with every rule."""
     prefix = path.name.split("_")[0].upper()
     return Settings(select=("ALL",) if prefix == "ALL" else (prefix,))
 

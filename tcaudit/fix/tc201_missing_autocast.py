@@ -131,7 +131,11 @@ class MissingAutocastFix(Codemod):
                 editor.wrap(statements, f"{torch_name}.autocast(device_type={device_type}, "
                                         f"dtype={torch_name}.{dtype}, enabled={enabled})")
             if anchor.get("scaler"):
-                self._add_scaler(facts, finding, editor, torch_name)
+                steps = [
+                    s for s in facts.training_steps
+                    if any(facts.line_of(s.backward.node) == r["backward_line"] for r in anchor["ranges"])
+                ]
+                add_grad_scaler(self, facts, steps, editor, torch_name)
         new = module.visit(editor)
         if torch_import_name(facts) is None:
             new = ensure_import(new, "import torch")
@@ -153,49 +157,48 @@ class MissingAutocastFix(Codemod):
         self._device_vars[key] = (name, f'{name} == "cuda"')
         return self._device_vars[key]
 
-    def _add_scaler(self, facts: ScriptFacts, finding: Finding, editor: "_AutocastEditor", torch_name: str) -> None:
-        steps = [
-            s for s in facts.training_steps
-            if any(facts.line_of(s.backward.node) == r["backward_line"] for r in finding.fix.anchor["ranges"])
-        ]
-        function = steps[0].function
-        opt_steps = [c for c in facts.optimizer_steps if c.ctx.function is function]
-        if not opt_steps:
-            raise DeclineFix("optimizer.step() is not in the same function as the backward; "
-                             "add the GradScaler by hand or use precision = \"bf16\"")
-        if any(c.receiver_name in facts.scalers for c in opt_steps):
-            raise DeclineFix("a GradScaler already drives this optimizer")
-        if any(len(c.node.args) for c in opt_steps):
-            raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
-        device_type, enabled = self._device(facts, steps[0], torch_name, editor)
-        loop = _outermost_loop(facts, steps[0].ctx, function)
-        create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
-        if loop is not None:
-            name = _unique_name(facts, "scaler")
-            editor.insert_before(loop, [parse_statement(f"{name} = {create}", facts.module)])
-        else:
-            cls = steps[0].ctx.class_def
-            init = _init_of(cls) if cls is not None else None
-            if init is None or not isinstance(init.body, cst.IndentedBlock):
-                raise DeclineFix("no loop or __init__ to create the GradScaler in; add it by hand")
-            if "self." in device_type.replace("self.device", "") or (
-                device_type not in ('"cuda"',) and "self." not in device_type
-            ):
-                device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
-                create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
-            name = "self." + _unique_name(facts, "scaler")
-            editor.insert_after(init.body.body[-1], [parse_statement(f"{name} = {create}", facts.module)])
-        for step in steps:
-            editor.scale_backward(step, name)
-        last_by_block: dict[int, CallSite] = {}
-        for call in opt_steps:
-            editor.scaler_step(call, name)
-            if call.statement is not None:
-                last_by_block[id(call.statement.block)] = call
-        last = max(opt_steps, key=lambda c: facts.line_of(c.node))
-        if last.statement is None:
-            raise DeclineFix("optimizer.step() is not a plain statement")
-        editor.insert_after(last.statement.node, [parse_statement(f"{name}.update()", facts.module)])
+def add_grad_scaler(
+    codemod: "MissingAutocastFix", facts: ScriptFacts, steps: list[TrainingStep], editor: "_AutocastEditor",
+    torch_name: str,
+) -> None:
+    """Create one GradScaler for these steps (before their outermost loop, or in ``__init__`` when the
+    step is a method without a loop), scale each backward, route each optimizer step through the
+    scaler and update it once after the last step."""
+    function = steps[0].function
+    opt_steps = [c for c in facts.optimizer_steps if c.ctx.function is function]
+    if not opt_steps:
+        raise DeclineFix("optimizer.step() is not in the same function as the backward; "
+                         "add the GradScaler by hand or use precision = \"bf16\"")
+    if any(c.receiver_name in facts.scalers for c in opt_steps):
+        raise DeclineFix("a GradScaler already drives this optimizer")
+    if any(len(c.node.args) for c in opt_steps):
+        raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
+    device_type, enabled = codemod._device(facts, steps[0], torch_name, editor)
+    loop = _outermost_loop(facts, steps[0].ctx, function)
+    create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
+    if loop is not None:
+        name = _unique_name(facts, "scaler")
+        editor.insert_before(loop, [parse_statement(f"{name} = {create}", facts.module)])
+    else:
+        cls = steps[0].ctx.class_def
+        init = _init_of(cls) if cls is not None else None
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            raise DeclineFix("no loop or __init__ to create the GradScaler in; add it by hand")
+        if "self." in device_type.replace("self.device", "") or (
+            device_type not in ('"cuda"',) and "self." not in device_type
+        ):
+            device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
+            create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
+        name = "self." + _unique_name(facts, "scaler")
+        editor.insert_after(init.body.body[-1], [parse_statement(f"{name} = {create}", facts.module)])
+    for step in steps:
+        editor.scale_backward(step, name)
+    for call in opt_steps:
+        editor.scaler_step(call, name)
+    last = max(opt_steps, key=lambda c: facts.line_of(c.node))
+    if last.statement is None:
+        raise DeclineFix("optimizer.step() is not a plain statement")
+    editor.insert_after(last.statement.node, [parse_statement(f"{name}.update()", facts.module)])
 
 
 def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:

@@ -641,7 +641,12 @@ class ScriptFacts:
                 if isinstance(arg, cst.Name) and arg.value == "False":
                     kinds.add("eval")
             if self.is_autocast_expr(expr):
-                kinds.add("autocast")
+                disabled = isinstance(expr, cst.Call) and any(
+                    arg.keyword is not None and arg.keyword.value == "enabled"
+                    and isinstance(arg.value, cst.Name) and arg.value.value == "False"
+                    for arg in expr.args
+                )
+                kinds.add("autocast-off" if disabled else "autocast")
         return frozenset(kinds)
 
     @functools.lru_cache(maxsize=None)
@@ -667,9 +672,15 @@ class ScriptFacts:
         return False
 
     def autocast_frame(self, ctx: Frame) -> Frame | None:
+        """The innermost ``with`` (or decorated def) that turns autocast on around ``ctx``; None when
+        there is none or a nearer ``autocast(..., enabled=False)`` turns it off."""
         for frame in ctx.chain():
-            if frame.kind == "with" and "autocast" in self.with_kinds(frame.node):  # type: ignore[arg-type]
-                return frame
+            if frame.kind == "with":
+                kinds = self.with_kinds(frame.node)  # type: ignore[arg-type]
+                if "autocast-off" in kinds:
+                    return None
+                if "autocast" in kinds:
+                    return frame
             if frame.kind == "def" and self.function_has_autocast_decorator(frame.node):  # type: ignore[arg-type]
                 return frame
         return None

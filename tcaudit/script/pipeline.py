@@ -671,7 +671,7 @@ class PipelineFacts:
             # Passed to a helper that may fill it in (``add_cuda_options(kwargs)``).
             if call.ctx.function is fn and any(
                 arg.keyword is None and not arg.star and get_full_name_for_node(arg.value) == name for arg in call.node.args
-            ) and call.name not in ("print", "len", "dict", "logging.info", "logger.info", "log"):
+            ) and call.method != "update" and call.name not in ("print", "len", "dict", "logging.info", "logger.info", "log"):
                 ok = False
         return ok
 
@@ -761,10 +761,34 @@ class PipelineFacts:
                 continue
             leaves += 1
             site = self.loader_for(value) if isinstance(value, cst.Call) else None
-            if site is None:
+            if site is not None:
+                sites.append(site)
+                continue
+            built = self._factory_loaders(value, depth)
+            if built is None:
                 return None
-            sites.append(site)
+            sites += built
         return sites if leaves else None
+
+    def _factory_loaders(self, value: cst.BaseExpression, depth: int) -> list[LoaderSite] | None:
+        """``build_loader(ds, 64)`` → the DataLoaders that helper of this file returns."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return None
+        name = value.func.value
+        functions = self.facts.functions_by_name.get(name, [])
+        if not functions or name in self.class_names or self.facts.resolve(name):
+            return None
+        sites: list[LoaderSite] = []
+        for fn in functions:
+            returned = _returns(fn)
+            if not returned:
+                return None
+            for expr in returned:
+                more = self.loader_sites_for(expr, fn, depth + 1)
+                if more is None:
+                    return None
+                sites += more
+        return sites or None
 
     def _param_loaders(self, name: str, fn: cst.FunctionDef, depth: int) -> list[LoaderSite] | None:
         params = _positional_params(fn)

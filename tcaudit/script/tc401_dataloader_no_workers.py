@@ -49,6 +49,7 @@ def _fix(pipeline: PipelineFacts, site: LoaderSite) -> Fix:
             FixClass.NUMERICS, description, available=False,
             reason=f"num_workers comes from the `{in_dict.source}` dict passed as **{in_dict.source}; "
                    "a second num_workers= beside it would raise TypeError (edit the dict instead)",
+            anchor=_dict_anchor(pipeline, in_dict, "num_workers", WORKERS),
         )
     ctx = site.call.ctx
     guard = pipeline.main_guard
@@ -66,3 +67,10 @@ def _fix(pipeline: PipelineFacts, site: LoaderSite) -> Fix:
         else {"kind": "add-kwarg", "key": "num_workers", "value": WORKERS, "imports": ["os"]}
     )
     return Fix(FixClass.NUMERICS, description, anchor=anchor)
+
+
+def _dict_anchor(pipeline: PipelineFacts, in_dict, key: str, value: str) -> dict:
+    return {
+        "kind": "edit-dict", "dict": in_dict.source, "key": key, "value": value,
+        "line": pipeline.facts.position(in_dict.node).start.line,
+    }

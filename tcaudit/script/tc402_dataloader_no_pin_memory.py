@@ -32,6 +32,8 @@ class DataLoaderNoPinMemory(ScriptRule):
                     FixClass.NUMERICS, "set pin_memory=True", available=False,
                     reason=f"pin_memory comes from the `{in_dict.source}` dict passed as **{in_dict.source}; a second "
                            "pin_memory= beside it would raise TypeError (edit the dict instead)",
+                    anchor={"kind": "edit-dict", "dict": in_dict.source, "key": "pin_memory", "value": "True",
+                            "line": facts.position(in_dict.node).start.line},
                 )
             else:
                 kind = "replace-arg" if site.has("pin_memory") else "add-kwarg"

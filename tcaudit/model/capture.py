@@ -1,0 +1,892 @@
+"""Child side: choose an input, capture the graph, and turn its nodes into :class:`OpFact` records.
+
+Capture order (SPEC "Model audit"): ``torch.export`` (non-strict) first; when it fails, a Dynamo capture
+with a recording backend, where graph breaks give several graphs and data-dependent values between
+them are replaced by placeholders; then ``torch.fx.symbolic_trace`` with shape propagation; and when
+no input shape is known or nothing could be captured, parameter-only checks on module attributes.
+
+Every capture runs under CPU autocast at the configured precision (when the model is in fp32), so
+each node's recorded value carries the dtype it will really compute in: autocast's own casts never
+appear as graph nodes, while the user's ``.float()``/``.half()``/``.to(dtype)`` do.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from tcaudit.model.build import UserFiles, site_of_module
+from tcaudit.model.facts import CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
+
+GEMM_OPS = {"linear", "matmul", "__matmul__", "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "einsum"}
+CONV_OPS = {
+    "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+}
+SDPA_OPS = {
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+}
+EMBEDDING_OPS = {"embedding", "embedding_bag"}
+NORM_OPS = {
+    "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "cudnn_batch_norm",
+}
+CAST_METHODS = {"float", "half", "double", "bfloat16", "to", "type", "type_as", "_to_copy"}
+
+ROLE_TYPES: list[tuple[str, tuple[type, ...]]] = [
+    ("mha", (nn.MultiheadAttention,)),
+    ("linear", (nn.Linear, nn.Bilinear)),
+    ("conv", (nn.modules.conv._ConvNd,)),
+    ("embedding", (nn.Embedding, nn.EmbeddingBag)),
+    ("norm", (nn.modules.batchnorm._BatchNorm,)),
+    ("rnn", (nn.RNNBase,)),
+]
+
+_SHAPE_ERROR = re.compile(
+    r"shape|size mismatch|sizes? of tensors|mat1 and mat2|channels|expected input|expected .*input|"
+    r"invalid for input of size|dimension|out of range|out of bounds|must match the size|Given groups|"
+    r"padded input size|too small|not enough values|too many values|kernel size",
+    re.IGNORECASE,
+)
+_STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    return str(dtype).replace("torch.", "")
+
+
+# -- the model's modules -------------------------------------------------------------------------
+
+
+def role_of(module: nn.Module) -> str | None:
+    for role, types in ROLE_TYPES:
+        if isinstance(module, types):
+            return role
+    return None
+
+
+def describe_modules(model: nn.Module) -> dict[str, ModuleFact]:
+    embedding_weights = {
+        id(m.weight): path for path, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+    }
+    facts: dict[str, ModuleFact] = {}
+    sequential_next: dict[str, str] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Sequential):
+            names = [name for name, _ in module.named_children()]
+            for here, after in zip(names, names[1:]):
+                sequential_next[f"{path}.{here}" if path else here] = f"{path}.{after}" if path else after
+    for path, module in model.named_modules():
+        role = role_of(module)
+        attrs: dict[str, Any] = {"role": role} if role else {}
+        if isinstance(module, nn.Linear):
+            attrs.update(in_features=module.in_features, out_features=module.out_features, bias=module.bias is not None)
+            tied = embedding_weights.get(id(module.weight))
+            if tied is not None:
+                attrs["tied_to"] = tied
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            attrs.update(
+                in_channels=module.in_channels,
+                out_channels=module.out_channels,
+                kernel_size=list(module.kernel_size),
+                groups=module.groups,
+                bias=module.bias is not None,
+                transposed=bool(module.transposed),
+                dims=len(module.kernel_size),
+            )
+        elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            attrs.update(num_embeddings=module.num_embeddings, embedding_dim=module.embedding_dim)
+        elif isinstance(module, nn.MultiheadAttention):
+            attrs.update(embed_dim=module.embed_dim, num_heads=module.num_heads, head_dim=module.head_dim)
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            attrs.update(num_features=module.num_features)
+        if path in sequential_next:
+            attrs["next"] = sequential_next[path]
+        cls = type(module)
+        facts[path] = ModuleFact(
+            path=path,
+            type=cls.__name__,
+            builtin=cls.__module__.startswith("torch.nn"),
+            site=site_of_module(module),
+            attrs=attrs,
+        )
+    return facts
+
+
+def parameter_summary(model: nn.Module) -> tuple[int, str]:
+    count = 0
+    dtypes: dict[str, int] = {}
+    for p in model.parameters():
+        count += p.numel()
+        if p.is_floating_point():
+            name = dtype_name(p.dtype) or "float32"
+            dtypes[name] = dtypes.get(name, 0) + p.numel()
+    dtype = max(dtypes, key=dtypes.get) if dtypes else "float32"
+    return count, dtype
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+_SEQ_ATTRS = ("block_size", "max_seq_len", "n_positions", "max_position_embeddings", "seq_len", "context_length",
+              "n_ctx", "max_len", "seq_length")
+_CONFIG_ATTRS = ("config", "cfg", "conf", "params", "args", "hparams", "model_args")
+
+
+@dataclass
+class InputCandidate:
+    shapes: list[list[int]]
+    dtypes: list[str]
+    origin: str
+
+    def describe(self) -> str:
+        parts = [f"({', '.join(map(str, s))}) {d}" for s, d in zip(self.shapes, self.dtypes)]
+        return ", ".join(parts)
+
+
+def _sequence_length_from_model(model: nn.Module) -> tuple[int | None, str]:
+    for holder_name in ("", *_CONFIG_ATTRS):
+        holder = model if not holder_name else getattr(model, holder_name, None)
+        if holder is None:
+            continue
+        for attr in _SEQ_ATTRS:
+            value = holder.get(attr) if isinstance(holder, dict) else getattr(holder, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                where = f"model.{holder_name}.{attr}" if holder_name else f"model.{attr}"
+                return value, where
+    return None, ""
+
+
+def _position_rows(model: nn.Module) -> int | None:
+    for path, module in model.named_modules():
+        leaf = path.rpartition(".")[2].lower()
+        if isinstance(module, nn.Embedding) and ("pos" in leaf or leaf in {"wpe"}):
+            return module.num_embeddings
+    return None
+
+
+def required_inputs(model: nn.Module) -> int | None:
+    """How many positional inputs ``forward`` requires (None: it takes ``*args``)."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return 1
+    required = 0
+    for param in signature.parameters.values():
+        if param.kind is param.VAR_POSITIONAL:
+            return None
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) and param.default is param.empty:
+            required += 1
+    return required
+
+
+def input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) -> tuple[list[InputCandidate], str]:
+    """Inputs to try, best guess first, and a note when none can be guessed."""
+    explicit = hints.get("input_shapes")
+    first = next(
+        ((path, m) for path, m in model.named_modules() if role_of(m) in {"linear", "conv", "embedding", "mha", "rnn"}),
+        (None, None),
+    )[1]
+    if explicit:
+        dtype = hints.get("input_dtype") or ("int64" if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else float_dtype)
+        return [InputCandidate([list(s) for s in explicit], [dtype] * len(explicit), "given")], ""
+    needed = required_inputs(model)
+    if needed is not None and needed != 1:
+        return [], f"forward() takes {needed} inputs; give the input shapes with [[tool.tcaudit.models]] or --input"
+    if first is None:
+        return [], "no Linear, Conv, Embedding or attention layer to infer the input from"
+    batch = hints.get("batch_size")
+    batch_origin = hints.get("batch_origin") or ""
+    if not isinstance(batch, int) or batch <= 0:
+        batch, batch_origin = 8, "assumed"
+    origins = [f"batch {batch} ({batch_origin})"]
+    if isinstance(first, (nn.Embedding, nn.EmbeddingBag)):
+        seq, seq_origin = hints.get("seq_len"), hints.get("seq_origin") or ""
+        if not isinstance(seq, int) or seq <= 0:
+            seq, seq_origin = _sequence_length_from_model(model)
+        rows = _position_rows(model)
+        if seq is None:
+            seq, seq_origin = (rows, "the position embedding's rows") if rows else (256, "assumed")
+        if rows and seq > rows:
+            seq, seq_origin = rows, "the position embedding's rows"
+        origins.append(f"sequence {seq} ({seq_origin})")
+        return [InputCandidate([[batch, seq]], ["int64"], ", ".join(origins))], ""
+    if isinstance(first, nn.modules.conv._ConvNd):
+        channels = first.in_channels
+        dims = len(first.kernel_size)
+        sizes: list[tuple[int, str]] = []
+        if hints.get("image_size"):
+            sizes.append((int(hints["image_size"]), hints.get("image_origin") or "the script"))
+        for size in (224, 32, 28, 64, 96, 128, 256, 299, 512):
+            sizes.append((size, "a common size"))
+        out, seen = [], set()
+        for size, where in sizes:
+            if size in seen:
+                continue
+            seen.add(size)
+            if dims == 2:
+                shape = [batch, channels, size, size]
+            elif dims == 1:
+                shape = [batch, channels, size * 4]
+            else:
+                shape = [batch, channels, 16, size // 2, size // 2]
+            out.append(InputCandidate([shape], [float_dtype], ", ".join([*origins, f"size {size} ({where})"])))
+        return out, ""
+    if isinstance(first, nn.MultiheadAttention):
+        seq = hints.get("seq_len") or 128
+        shape = [batch, seq, first.embed_dim] if first.batch_first else [seq, batch, first.embed_dim]
+        return [InputCandidate([shape], [float_dtype], ", ".join([*origins, f"sequence {seq}"]))], ""
+    if isinstance(first, nn.RNNBase):
+        seq = hints.get("seq_len") or 128
+        shape = [batch, seq, first.input_size] if first.batch_first else [seq, batch, first.input_size]
+        return [InputCandidate([shape], [float_dtype], ", ".join([*origins, f"sequence {seq}"]))], ""
+    # A Linear first: flat features, tokens of features, or an image the model flattens itself.
+    width = first.in_features if isinstance(first, nn.Linear) else first.in1_features
+    out = [InputCandidate([[batch, width]], [float_dtype], ", ".join([*origins, f"{width} features"]))]
+    if hints.get("seq_len"):
+        out.append(InputCandidate([[batch, int(hints["seq_len"]), width]], [float_dtype], ", ".join(origins)))
+    if hints.get("image_size"):
+        size, channels = int(hints["image_size"]), int(hints.get("channels") or 3)
+        out.append(InputCandidate([[batch, channels, size, size]], [float_dtype], ", ".join(origins)))
+    return out, ""
+
+
+def make_inputs(candidate: InputCandidate, fake_mode) -> tuple:
+    with fake_mode:
+        tensors = []
+        for shape, dtype in zip(candidate.shapes, candidate.dtypes):
+            torch_dtype = getattr(torch, dtype)
+            if torch_dtype.is_floating_point:
+                tensors.append(torch.empty(shape, dtype=torch_dtype))
+            else:
+                tensors.append(torch.zeros(shape, dtype=torch_dtype))
+    return tuple(tensors)
+
+
+def is_shape_error(exc: BaseException) -> bool:
+    if isinstance(exc, (IndexError,)):
+        return True
+    if not isinstance(exc, (RuntimeError, ValueError, TypeError, AssertionError)):
+        return False
+    return bool(_SHAPE_ERROR.search(str(exc)[:2000]))
+
+
+def short_error(exc: BaseException, limit: int = 240) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+# -- capture ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Graph:
+    module: Any  # torch.fx.GraphModule
+    method: str
+    parameter_inputs: set[str] = field(default_factory=set)  # placeholders that are parameters/buffers
+
+
+@contextmanager
+def simulated_precision(enabled: bool, dtype: str) -> Iterator[None]:
+    if enabled:
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def placeholder_scalars(record: list[str], user_files: UserFiles) -> Iterator[None]:
+    """Let eager code between Dynamo graphs read data-dependent values of fake tensors.
+
+    A fake tensor has no data, so ``if x.sum() > 0`` cannot be decided; the audit follows the branch
+    a zero/False value takes and says so in a note. Only active for the Dynamo capture.
+    """
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def where() -> None:
+        frame = sys._getframe(2)
+        while frame is not None and not user_files(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            import linecache
+
+            code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            text = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} (`{code}`)"
+            if text not in record:
+                record.append(text)
+
+    def as_bool(self):
+        where()
+        return False
+
+    def as_item(self):
+        where()
+        return False if self.dtype == torch.bool else (0 if not self.is_floating_point() else 0.0)
+
+    def as_int(self):
+        where()
+        return 0
+
+    def as_float(self):
+        where()
+        return 0.0
+
+    patched = {"__bool__": as_bool, "item": as_item, "__int__": as_int, "__float__": as_float}
+    saved = {name: FakeTensor.__dict__.get(name) for name in patched}
+    for name, fn in patched.items():
+        setattr(FakeTensor, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                delattr(FakeTensor, name)
+            else:
+                setattr(FakeTensor, name, fn)
+
+
+def capture_export(model, inputs, autocast: bool, dtype: str) -> list[Graph]:
+    from tcaudit.model.build import cpu_only_patches
+
+    with simulated_precision(autocast, dtype), cpu_only_patches():
+        program = torch.export.export(model, inputs, strict=False)
+    signature = program.graph_signature
+    lifted = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers)
+    lifted |= set(getattr(signature, "inputs_to_lifted_tensor_constants", {}) or {})
+    return [Graph(program.graph_module, "export", lifted)]
+
+
+def capture_dynamo(model, inputs, autocast: bool, dtype: str, fake_mode, user_files: UserFiles,
+                   notes: list[str]) -> list[Graph]:
+    import torch._dynamo
+
+    from tcaudit.model.build import cpu_only_patches
+
+    graphs: list[Graph] = []
+
+    def backend(gm, example_inputs):
+        lifted = {n.name for n in gm.graph.nodes if n.op == "placeholder"
+                  and ("_parameters_" in n.name or "_buffers_" in n.name)}
+        graphs.append(Graph(gm, "dynamo", lifted))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    followed: list[str] = []
+    try:
+        with fake_mode, simulated_precision(autocast, dtype), cpu_only_patches(), placeholder_scalars(followed, user_files):
+            compiled(*inputs)
+    finally:
+        torch._dynamo.reset()
+    if not graphs:
+        raise RuntimeError("Dynamo captured no graph")
+    if followed:
+        notes.append(
+            "data-dependent control flow was followed with placeholder values (False/0) at "
+            + "; ".join(followed[:3])
+            + ": layers on the other branch are checked from their parameters"
+        )
+    if len(graphs) > 1:
+        notes.append(f"Dynamo captured {len(graphs)} graphs (graph breaks)")
+    return graphs
+
+
+def capture_fx(model, inputs, autocast: bool, dtype: str, fake_mode) -> list[Graph]:
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from tcaudit.model.build import cpu_only_patches
+
+    class RecordingShapeProp(ShapeProp):
+        """ShapeProp that also keeps each node's fake value, as export and Dynamo do."""
+
+        def run_node(self, n):
+            result = super().run_node(n)
+            n.meta["val"] = result
+            return result
+
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = True
+    graph = tracer.trace(model)
+    gm = torch.fx.GraphModule(tracer.root, graph)
+    with simulated_precision(autocast, dtype), cpu_only_patches():
+        RecordingShapeProp(gm, fake_mode=fake_mode).propagate(*inputs)
+    return [Graph(gm, "fx")]
+
+
+@dataclass
+class CaptureOutcome:
+    graphs: list[Graph]
+    candidate: InputCandidate | None
+    info: CaptureInfo
+
+
+def eager_probe(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str) -> list[InputCandidate]:
+    """Order candidates so that the first one the model accepts comes first (cheap: fake eager run)."""
+    from tcaudit.model.build import cpu_only_patches
+
+    if len(candidates) <= 1:
+        return candidates
+    for index, candidate in enumerate(candidates):
+        inputs = make_inputs(candidate, fake_mode)
+        try:
+            with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches():
+                model(*inputs)
+        except Exception as exc:  # noqa: BLE001
+            if is_shape_error(exc):
+                continue
+        return [candidate] + candidates[:index] + candidates[index + 1:]
+    return candidates
+
+
+def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str,
+            user_files: UserFiles) -> CaptureOutcome:
+    info = CaptureInfo()
+    if not candidates:
+        info.method = "parameters"
+        return CaptureOutcome([], None, info)
+    candidates = eager_probe(model, candidates, fake_mode, autocast, dtype)
+    methods = (
+        ("export", lambda inputs: capture_export(model, inputs, autocast, dtype)),
+        ("dynamo", lambda inputs: capture_dynamo(model, inputs, autocast, dtype, fake_mode, user_files, info.notes)),
+        ("fx", lambda inputs: capture_fx(model, inputs, autocast, dtype, fake_mode)),
+    )
+    shape_errors: list[str] = []
+    for name, run in methods:
+        for candidate in candidates:
+            inputs = make_inputs(candidate, fake_mode)
+            try:
+                graphs = run(inputs)
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason to try the next way
+                if is_shape_error(exc) and candidate is not candidates[-1]:
+                    shape_errors.append(f"{candidate.describe()}: {short_error(exc)}")
+                    continue
+                info.failures.append(f"{name}: {short_error(exc)}")
+                break
+            info.method = name
+            info.graphs = len(graphs)
+            return CaptureOutcome(graphs, candidate, info)
+    info.method = "parameters"
+    if shape_errors and len(shape_errors) >= len(candidates) - 1:
+        info.notes.append("no input shape worked (tried " + "; ".join(shape_errors[:3]) + ")")
+    return CaptureOutcome([], None, info)
+
+
+# -- normalising graph nodes into facts ----------------------------------------------------------
+
+
+def node_value(node) -> Any:
+    meta = node.meta
+    for key in ("val", "example_value"):
+        if key in meta:
+            return meta[key]
+    return None
+
+
+def arg_value(arg) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        return node_value(arg)
+    return arg
+
+
+def op_name(node, gm) -> tuple[str, str]:
+    """(normalised operator name, overload) of a node."""
+    target = node.target
+    if node.op == "call_method":
+        return str(target), ""
+    if node.op == "call_module":
+        return type(gm.get_submodule(target)).__name__, ""
+    if node.op != "call_function":
+        return "", ""
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        return packet.__name__, getattr(target, "_overloadname", "")
+    name = getattr(target, "__name__", None) or str(target)
+    return name, ""
+
+
+_PATH_PIECE = re.compile(r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def normalise_module_path(raw: str) -> str:
+    """``L['self'].layer1[0]._modules['conv1']`` (Dynamo) → ``layer1.0.conv1``; export paths pass through."""
+    if not raw.startswith(("L[", "self")):
+        return raw
+    rest = re.sub(r"^(L\['[^']+'\]|self)", "", raw)
+    parts = []
+    for match in _PATH_PIECE.finditer(rest):
+        parts.append(next(g for g in match.groups() if g is not None))
+    return ".".join(parts)
+
+
+def node_module(node, gm) -> tuple[str | None, str | None]:
+    if node.op == "call_module":
+        return str(node.target), type(gm.get_submodule(node.target)).__name__
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None, None
+    path, cls = list(stack.values())[-1]
+    type_name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1].rstrip("'>")
+    return normalise_module_path(str(path)), type_name
+
+
+def node_site(node, user_files: UserFiles) -> Site | None:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    best = None
+    for match in _STACK_FRAME.finditer(trace):
+        filename, line = match.group(1), int(match.group(2))
+        if user_files(filename):
+            best = (filename, line)
+    if best is None:
+        return None
+    import linecache
+
+    text = linecache.getline(best[0], best[1])
+    column = len(text) - len(text.lstrip()) + 1 if text.strip() else 1
+    return Site(best[0], best[1], column, best[1], len(text.rstrip("\n")) + 1 if text else 0)
+
+
+def _shape(value) -> list[int] | None:
+    if isinstance(value, torch.Tensor):
+        try:
+            return [int(d) for d in value.shape]
+        except (TypeError, ValueError):  # symbolic sizes
+            return None
+    return None
+
+
+def _numel(shape: list[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+class _GemmRecorder:
+    """Runs one op on fake values and records the mm/bmm shapes it decomposes into (for einsum)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        recorder = self
+        self.calls: list[tuple[int, int, int, int]] = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = func._overloadpacket.__name__
+                if name in {"mm", "bmm", "addmm", "baddbmm"}:
+                    a, b = (args[0], args[1]) if name in {"mm", "bmm"} else (args[1], args[2])
+                    if a.dim() == 3:
+                        recorder.calls.append((a.shape[0], a.shape[1], b.shape[2], a.shape[2]))
+                    else:
+                        recorder.calls.append((1, a.shape[0], b.shape[1], a.shape[1]))
+                return out
+
+        self.mode = Mode
+
+
+def gemm_dims(name: str, node, gm, values: list[Any], out: Any) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a GEMM node, or None when its operands are not plain tensors."""
+    try:
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            x = values[0]
+            k = module.in_features
+            return 1, _numel(list(x.shape)) // k, module.out_features, k
+        if name == "linear":
+            x, w = values[0], values[1]
+            k = int(w.shape[-1])
+            return 1, _numel(list(x.shape)) // k, int(w.shape[0]), k
+        if name in {"mm"}:
+            a, b = values[0], values[1]
+            return 1, int(a.shape[0]), int(b.shape[1]), int(a.shape[1])
+        if name in {"addmm", "_addmm_activation"}:
+            a, b = values[1], values[2]
+            return 1, int(a.shape[0]), int(b.shape[1]), int(a.shape[1])
+        if name == "bmm":
+            a, b = values[0], values[1]
+            return int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), int(a.shape[2])
+        if name in {"baddbmm", "addbmm"}:
+            a, b = values[1], values[2]
+            return int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), int(a.shape[2])
+        if name in {"matmul", "__matmul__"}:
+            a, b = values[0], values[1]
+            k = int(a.shape[-1])
+            m = int(a.shape[-2]) if a.dim() >= 2 else 1
+            n = int(b.shape[-1]) if b.dim() >= 2 else 1
+            total = _numel(list(out.shape)) if isinstance(out, torch.Tensor) else m * n
+            return max(1, total // max(1, m * n)), m, n, k
+        if name == "einsum":
+            equation = values[0]
+            operands = values[1] if len(values) == 2 and isinstance(values[1], (list, tuple)) else values[1:]
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            fake_mode = next((t.fake_mode for t in operands if isinstance(t, FakeTensor)), None)
+            recorder = _GemmRecorder()
+            with (fake_mode or nullcontext()), recorder.mode():
+                torch.einsum(equation, *operands)
+            if not recorder.calls:
+                return None
+            return max(recorder.calls, key=lambda c: c[0] * c[1] * c[2] * c[3])
+    except (AttributeError, IndexError, TypeError, ValueError, RuntimeError):
+        return None
+    return None
+
+
+def _explicit_cast(name: str, overload: str, node, values: list[Any]) -> bool:
+    if name in {"float", "half", "double", "bfloat16", "type_as"}:
+        return True
+    if name == "_to_copy":
+        return node.kwargs.get("dtype") is not None
+    if name == "to" and overload:
+        if overload == "dtype":
+            return True
+        if overload == "dtype_layout":
+            return node.kwargs.get("dtype") is not None
+        return overload == "other"
+    if name in {"to", "type"}:
+        rest = list(values[1:]) + list(node.kwargs.values())
+        return any(isinstance(v, (torch.dtype, str)) and not _looks_like_device(v) for v in rest) or any(
+            isinstance(v, torch.Tensor) for v in rest
+        )
+    return False
+
+
+def _looks_like_device(value) -> bool:
+    return isinstance(value, str) and (value.startswith(("cuda", "cpu", "mps", "xpu", "meta")))
+
+
+def normalise(graphs: list[Graph], user_files: UserFiles) -> list[OpFact]:
+    ops: list[OpFact] = []
+    for index, graph in enumerate(graphs):
+        _normalise_graph(graph.module, graph, index, ops, user_files, set())
+    return ops
+
+
+def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user_files: UserFiles,
+                     seen: set[int]) -> None:
+    if id(gm) in seen:
+        return
+    seen.add(id(gm))
+    produced: dict[Any, int] = {}  # node → op index, for casts and norms
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                attr = gm
+                for part in str(node.target).split("."):
+                    attr = getattr(attr, part)
+            except AttributeError:
+                continue
+            if isinstance(attr, torch.fx.GraphModule):
+                _normalise_graph(attr, graph, graph_index, ops, user_files, seen)
+            continue
+        if node.op not in {"call_function", "call_method", "call_module"}:
+            continue
+        name, overload = op_name(node, gm)
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            role = role_of(module)
+            kind = {"linear": "gemm", "conv": "conv", "embedding": "embedding", "norm": "norm", "mha": "mha"}.get(role or "")
+        elif name in GEMM_OPS:
+            kind = "gemm"
+        elif name in CONV_OPS:
+            kind = "conv"
+        elif name in SDPA_OPS:
+            kind = "sdpa"
+        elif name in EMBEDDING_OPS:
+            kind = "embedding"
+        elif name in NORM_OPS:
+            kind = "norm"
+        elif name in CAST_METHODS:
+            kind = "cast"
+        else:
+            kind = None
+        if kind is None:
+            continue
+        values = [arg_value(a) for a in node.args]
+        out = node_value(node)
+        if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            out = out[0]
+        module_path, module_type = node_module(node, gm)
+        fact = OpFact(
+            index=len(ops),
+            kind=kind,
+            op=name,
+            module=module_path,
+            module_type=module_type,
+            graph=graph_index,
+            dtype=dtype_name(out.dtype) if isinstance(out, torch.Tensor) else None,
+            shapes=[s for s in (_shape(v) for v in values) if s is not None] + ([_shape(out)] if _shape(out) else []),
+            site=node_site(node, user_files),
+        )
+        if not _fill(kind, name, overload, node, gm, values, out, fact, produced, graph):
+            continue
+        if kind == "mha":
+            ops.extend(_expand_mha(fact, gm.get_submodule(node.target), values, len(ops)))
+            continue
+        produced[node] = fact.index
+        ops.append(fact)
+
+
+def _fill(kind, name, overload, node, gm, values, out, fact: OpFact, produced, graph: Graph) -> bool:
+    from torch.utils.flop_counter import conv_flop_count, sdpa_flop_count
+
+    if kind == "gemm":
+        dims = gemm_dims(name, node, gm, values, out)
+        if dims is None:
+            return False
+        batch, m, n, k = dims
+        fact.info = {"batch": batch, "m": m, "n": n, "k": k}
+        fact.flops = 2.0 * batch * m * n * k
+        if name in {"linear"} or node.op == "call_module":
+            weight = gm.get_submodule(node.target).weight if node.op == "call_module" else node.args[1]
+            fact.info["weight"] = weight.name if isinstance(weight, torch.fx.Node) else None
+        return True
+    if kind == "conv":
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            x, w, has_bias = values[0], module.weight, module.bias is not None
+            transposed = bool(module.transposed)
+        else:
+            x, w = values[0], values[1]
+            has_bias = len(values) > 2 and values[2] is not None
+            if name in {"convolution", "_convolution"}:
+                transposed = bool(values[6]) if len(values) > 6 else False
+            else:
+                transposed = "transpose" in name
+        if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and isinstance(out, torch.Tensor)):
+            return False
+        c_in, c_out = int(x.shape[1]), int(out.shape[1])
+        groups = (c_out // int(w.shape[1])) if transposed else (c_in // max(1, int(w.shape[1])))
+        fact.info = {"c_in": c_in, "c_out": c_out, "groups": max(1, groups), "bias": has_bias,
+                     "transposed": transposed, "kernel": [int(d) for d in w.shape[2:]],
+                     "out_numel": _numel(list(out.shape))}
+        fact.flops = float(conv_flop_count(list(x.shape), list(w.shape), list(out.shape), transposed))
+        return True
+    if kind == "sdpa":
+        q, k, v = values[0], values[1], values[2]
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+            return False
+        fact.info = {"head_dim": int(q.shape[-1]), "head_dim_v": int(v.shape[-1]),
+                     "heads": int(q.shape[-3]) if q.dim() >= 3 else 1,
+                     "q_len": int(q.shape[-2]), "kv_len": int(k.shape[-2])}
+        q4 = [1] * (4 - q.dim()) + list(q.shape)
+        k4 = [1] * (4 - k.dim()) + list(k.shape)
+        v4 = [1] * (4 - v.dim()) + list(v.shape)
+        fact.flops = float(sdpa_flop_count(q4, k4, v4))
+        return True
+    if kind == "embedding":
+        if node.op == "call_module":
+            weight = gm.get_submodule(node.target).weight
+        else:
+            weight = next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+        if not isinstance(weight, torch.Tensor):
+            return False
+        fact.info = {"rows": int(weight.shape[0]), "dim": int(weight.shape[1]) if weight.dim() > 1 else 1}
+        fact.dtype = dtype_name(weight.dtype)
+        return True
+    if kind == "norm":
+        source = node.args[0] if node.args else None
+        fact.info = {"after": produced.get(source)}
+        return True
+    if kind == "cast":
+        source = node.args[0] if node.args else None
+        src = values[0] if values else None
+        if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)):
+            return False
+        is_input = isinstance(source, torch.fx.Node) and source.op == "placeholder"
+        fact.info = {
+            "src": dtype_name(src.dtype),
+            "dst": dtype_name(out.dtype),
+            "explicit": _explicit_cast(name, overload, node, values),
+            "input_is_graph_input": is_input,
+            "input_is_parameter": is_input and source.name in graph.parameter_inputs,
+            "after": produced.get(source),
+            "users": len(node.users),
+            "numel": _numel(list(out.shape)),
+        }
+        fact.dtype = dtype_name(out.dtype)
+        if fact.info["src"] == fact.info["dst"] and not fact.info["explicit"]:
+            return False  # a device move or a copy, not a dtype cast
+        return True
+    if kind == "mha":
+        return isinstance(values[0], torch.Tensor) if values else False
+    return False
+
+
+def _expand_mha(fact: OpFact, module: nn.MultiheadAttention, values: list[Any], start: int) -> list[OpFact]:
+    """symbolic_trace keeps MultiheadAttention as one leaf: its projections and attention core."""
+    query = values[0]
+    shape = list(query.shape)
+    tokens = _numel(shape[:-1])
+    seq = shape[1] if module.batch_first else shape[0]
+    e, h = module.embed_dim, module.num_heads
+    d = e // h
+    batch = tokens // max(1, seq)
+    dtype = fact.dtype
+    base = dict(module=fact.module, module_type=fact.module_type, graph=fact.graph, site=fact.site, dtype=dtype)
+    return [
+        OpFact(index=start, kind="gemm", op="linear", shapes=[shape], flops=2.0 * tokens * 3 * e * e,
+               info={"batch": 1, "m": tokens, "n": 3 * e, "k": e}, **base),
+        OpFact(index=start + 1, kind="sdpa", op="multi_head_attention", shapes=[shape],
+               flops=4.0 * batch * h * seq * seq * d,
+               info={"head_dim": d, "head_dim_v": d, "heads": h, "q_len": seq, "kv_len": seq}, **base),
+        OpFact(index=start + 2, kind="gemm", op="linear", shapes=[shape], flops=2.0 * tokens * e * e,
+               info={"batch": 1, "m": tokens, "n": e, "k": e}, **base),
+    ]
+
+
+# -- the whole audit of one built model ----------------------------------------------------------
+
+
+def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], precision: str, fake_mode,
+                user_files: UserFiles) -> ModelFacts:
+    started = time.perf_counter()
+    if not isinstance(model, nn.Module):
+        facts.status = "failed"
+        facts.reason = f"the construction returned {type(model).__name__}, not an nn.Module"
+        return facts
+    model.train()
+    facts.model_class = type(model).__name__
+    facts.modules = describe_modules(model)
+    facts.param_count, facts.param_dtype = parameter_summary(model)
+    forced = hints.get("model_dtype")
+    if forced:
+        model.to(getattr(torch, forced))
+        facts.param_dtype = forced
+    facts.autocast = facts.param_dtype == "float32"
+    facts.compute_dtype = precision if facts.autocast else facts.param_dtype
+    float_dtype = facts.param_dtype if facts.param_dtype in {"float16", "bfloat16", "float64"} else "float32"
+    candidates, why_none = input_candidates(model, hints, float_dtype)
+    outcome = capture(model, candidates, fake_mode, facts.autocast, precision, user_files)
+    facts.capture = outcome.info
+    if why_none:
+        facts.capture.notes.append(why_none)
+    if outcome.candidate is not None:
+        facts.input = {
+            "shapes": outcome.candidate.shapes,
+            "dtypes": outcome.candidate.dtypes,
+            "origin": outcome.candidate.origin,
+        }
+    facts.timings["capture_s"] = round(time.perf_counter() - started, 3)
+    facts.ops = normalise(outcome.graphs, user_files)
+    facts.total_flops = float(sum(op.flops for op in facts.ops))
+    facts.timings["normalise_s"] = round(time.perf_counter() - started - facts.timings["capture_s"], 3)
+    return facts

@@ -1,0 +1,294 @@
+"""Parent side of the audit child: start it, hand it one model at a time, enforce the limits.
+
+On platforms with ``fork`` one zygote process per scanner process imports torch once and forks a
+fresh process per model (see :mod:`tcaudit.model.worker`); elsewhere each model gets its own
+``python -m tcaudit.model.worker run`` process. Either way a model that hangs is killed after the
+time limit, one that exhausts the memory limit or crashes the interpreter ends its own process
+only, and the outcome is a :class:`ModelFacts` whose ``reason`` says what happened.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tcaudit.model.facts import ModelFacts
+
+DEFAULT_TIME_LIMIT = 60.0  # seconds per model, from the moment its process starts
+DEFAULT_MEMORY_BUDGET = 6 * 1024**3  # bytes the model's process may map beyond the torch import
+STARTUP_LIMIT = 180.0  # importing torch on a cold disk can be slow
+
+
+@dataclass(frozen=True)
+class Limits:
+    time_limit: float = DEFAULT_TIME_LIMIT
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        """``TCAUDIT_MODEL_TIMEOUT`` (seconds) and ``TCAUDIT_MODEL_MEMORY`` (GiB) override the defaults."""
+        time_limit = DEFAULT_TIME_LIMIT
+        memory = DEFAULT_MEMORY_BUDGET
+        try:
+            time_limit = float(os.environ.get("TCAUDIT_MODEL_TIMEOUT", time_limit))
+        except ValueError:
+            pass
+        try:
+            memory = int(float(os.environ.get("TCAUDIT_MODEL_MEMORY", memory / 1024**3)) * 1024**3)
+        except ValueError:
+            pass
+        return cls(time_limit, memory)
+
+
+class StartupError(Exception):
+    """The audit child could not import torch; the model checks are skipped with a note."""
+
+
+def child_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["MKL_NUM_THREADS"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("PYTHONSTARTUP", None)
+    # The child must import this very tcaudit, wherever the parent found it.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def describe_status(status: int | None, timed_out: bool, limits: Limits) -> str:
+    if timed_out:
+        return (
+            f"building or tracing the model did not finish within {limits.time_limit:g} s "
+            "(a constructor that hangs, or a model too large to trace in time)"
+        )
+    if status is None:
+        return "the audit process ended without a result"
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        if number == signal.SIGKILL:
+            return "the audit process was killed (SIGKILL), most likely by the system running out of memory"
+        if number == signal.SIGALRM:
+            return f"building or tracing the model did not finish within {limits.time_limit:g} s"
+        return f"the model's code crashed the audit process ({name})"
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        return f"the audit process exited with code {code} without a result"
+    return "the audit process ended without a result"
+
+
+def _log_tail(path: str, lines: int = 6) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()[-4000:]
+    except OSError:
+        return ""
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail)
+
+
+class _LineReader:
+    """Reads JSON lines from a pipe with a timeout (select + os.read; no blocking readline)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+
+    def read(self, timeout: float) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise EOFError("the audit process closed its output")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line.decode("utf-8"))
+
+
+class Zygote:
+    """One ``worker serve`` process that forks a fresh process per model."""
+
+    def __init__(self, preload: list[str]) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
+        self.log_path = os.path.join(self.workdir, "zygote.log")
+        self.preload = list(preload)
+        self.counter = 0
+        log = open(self.log_path, "wb")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tcaudit.model.worker", "serve", *preload],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=child_environment(),
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.reader = _LineReader(self.process.stdout.fileno())
+        try:
+            hello = self.reader.read(STARTUP_LIMIT)
+        except EOFError:
+            hello = None
+        if not hello or not hello.get("ready"):
+            detail = (hello or {}).get("error") or _log_tail(self.log_path) or "no answer"
+            self.close()
+            raise StartupError(f"the audit process could not start torch: {detail}")
+        self.torch_version = hello.get("torch", "")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def run(self, job: dict[str, Any], limits: Limits) -> ModelFacts:
+        self.counter += 1
+        base = os.path.join(self.workdir, f"model-{self.counter}")
+        job_path, result_path, log_path = f"{base}.job.json", f"{base}.result.json", f"{base}.log"
+        with open(job_path, "w", encoding="utf-8") as handle:
+            json.dump(job, handle)
+        request = {"job": job_path, "result": result_path, "log": log_path}
+        self.process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
+        self.process.stdin.flush()
+        started = self.reader.read(30.0)
+        if not started or "pid" not in started:
+            raise EOFError("the audit process did not start the model's process")
+        pid = started["pid"]
+        finished = self.reader.read(limits.time_limit)
+        timed_out = finished is None
+        if timed_out:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            finished = self.reader.read(30.0)
+        facts = _read_result(job["target"], result_path, log_path, (finished or {}).get("status"), timed_out, limits)
+        for path in (job_path, result_path, log_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return facts
+
+    def close(self) -> None:
+        process = getattr(self, "process", None)
+        if process is not None and process.poll() is None:
+            try:
+                process.stdin.close()
+                process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+        import shutil
+
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _read_result(target: dict[str, Any], result_path: str, log_path: str, status: int | None,
+                 timed_out: bool, limits: Limits) -> ModelFacts:
+    if not timed_out:
+        try:
+            with open(result_path, encoding="utf-8") as handle:
+                return ModelFacts.from_json(json.load(handle))
+        except (OSError, ValueError):
+            pass
+    reason = describe_status(status, timed_out, limits)
+    if not timed_out and status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+        tail = _log_tail(log_path, 1)
+        if tail:
+            reason += f": {tail.strip()[:200]}"
+    return ModelFacts.failed(target, reason)
+
+
+def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
+    """One process per model: for platforms without fork."""
+    workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
+    job_path = os.path.join(workdir, "job.json")
+    result_path = os.path.join(workdir, "result.json")
+    log_path = os.path.join(workdir, "model.log")
+    with open(job_path, "w", encoding="utf-8") as handle:
+        json.dump(job, handle)
+    timed_out = False
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tcaudit.model.worker", "run", job_path, result_path],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_environment(), cwd=workdir,
+        )
+        try:
+            process.wait(timeout=limits.time_limit + STARTUP_LIMIT)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            process.kill()
+            process.wait()
+    status = None
+    if process.returncode is not None and not timed_out:
+        code = process.returncode
+        status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
+    facts = _read_result(job["target"], result_path, log_path, status, timed_out, limits)
+    import shutil
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    return facts
+
+
+class Sandbox:
+    """Runs audit jobs; keeps one zygote alive for the life of the scanner process."""
+
+    def __init__(self) -> None:
+        self.zygote: Zygote | None = None
+
+    def run(self, jobs: list[dict[str, Any]], limits: Limits, preload: list[str]) -> list[ModelFacts]:
+        if not hasattr(os, "fork") or sys.platform == "win32":
+            return [run_once(job, limits) for job in jobs]
+        results = []
+        for job in jobs:
+            results.append(self._run_forked(job, limits, preload))
+        return results
+
+    def _run_forked(self, job: dict[str, Any], limits: Limits, preload: list[str]) -> ModelFacts:
+        for attempt in range(2):
+            if self.zygote is None or not self.zygote.alive():
+                self.zygote = Zygote(preload)
+            try:
+                return self.zygote.run(job, limits)
+            except (EOFError, BrokenPipeError, OSError, ValueError):
+                # The zygote itself died (never the model's fault): start a new one once.
+                self.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+
+_SANDBOX: Sandbox | None = None
+
+
+def shared_sandbox() -> Sandbox:
+    global _SANDBOX
+    if _SANDBOX is None:
+        _SANDBOX = Sandbox()
+        atexit.register(_SANDBOX.close)
+    return _SANDBOX

@@ -1,0 +1,246 @@
+"""The audit child: ``python -m tcaudit.model.worker serve`` or ``... run JOB RESULT``.
+
+``serve`` is a zygote: it imports torch once (plus what the parent asks it to preload), warms up
+``torch.export``, then forks one short-lived process per model on request, so that each model is
+built in a clean process with its own memory limit and can be killed on a timeout without losing the
+warm torch import. ``run`` does one model in this process (platforms without ``fork``).
+
+Protocol of ``serve`` (JSON lines): the parent writes ``{"job": path, "result": path, "log": path}``
+on stdin; the zygote answers ``{"pid": n}`` when the model's process starts and ``{"pid": n,
+"status": raw}`` when it ends (``raw`` as from ``os.waitpid``). The model's process writes its
+:class:`~tcaudit.model.facts.ModelFacts` as JSON to ``result``; its stdout and stderr (the user's
+prints, torch's warnings) go to ``log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+# Set before torch is imported: the audit needs no compute threads, and a process that never
+# started an OpenMP pool forks safely.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # fake tensors only: never touch a GPU while scanning
+
+DEFAULT_MEMORY_BUDGET = 6 * 1024**3  # address space the model's process may map beyond the torch import
+
+
+def _virtual_size() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def apply_limits(memory_budget: int, time_limit: float) -> None:
+    """Cap the address space (torch's own mappings plus the budget), disable core dumps, and
+    arm a last-resort alarm in case the parent dies while the model hangs."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return
+    limit = _virtual_size() + memory_budget
+    for kind, value in ((resource.RLIMIT_AS, limit), (resource.RLIMIT_CORE, 0)):
+        try:
+            soft, hard = resource.getrlimit(kind)
+            if hard != resource.RLIM_INFINITY and value > hard:
+                value = hard
+            resource.setrlimit(kind, (value, hard))
+        except (ValueError, OSError):  # macOS refuses RLIMIT_AS; the parent's timeout still holds
+            pass
+    if hasattr(os, "fork") and time_limit > 0:
+        import signal
+
+        signal.alarm(int(time_limit) + 15)
+
+
+def _quiet_torch_logging() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("torch", "torch._dynamo", "torch.export", "torch._export", "torch.fx", "torch._subclasses"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def run_target(job: dict[str, Any]) -> dict[str, Any]:
+    """Build, capture and normalise one model; never raises."""
+    from tcaudit.model.facts import ModelFacts
+
+    target = job["target"]
+    facts = ModelFacts(target=target)
+    started = time.perf_counter()
+    try:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from tcaudit.model.build import BuildError, NotSelected, UserFiles, build_from_factory, build_from_plan
+        from tcaudit.model.capture import audit_model
+    except Exception as exc:  # noqa: BLE001
+        return ModelFacts.failed(target, f"importing torch in the audit process failed: {exc!r}", "error").to_json()
+
+    _quiet_torch_logging()
+    torch.set_num_threads(1)
+    roots = [r for r in target.get("roots", []) if r]
+    for root in reversed(roots):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+    if roots and os.path.isdir(roots[0]):
+        os.chdir(roots[0])
+    user_files = UserFiles(roots)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        if target["kind"] == "factory":
+            built = build_from_factory(target, fake_mode, user_files)
+        else:
+            built = build_from_plan(target, fake_mode, user_files)
+    except NotSelected:
+        facts.status = "skipped"
+        facts.reason = "this construction is not reached with the script's default flags"
+        return facts.to_json()
+    except BuildError as exc:
+        facts.status = "failed"
+        facts.reason = str(exc)
+        return facts.to_json()
+    facts.construction = built.construction
+    facts.timings["build_s"] = round(time.perf_counter() - started, 3)
+    try:
+        audit_model(built.model, facts, target.get("hints", {}), job.get("precision", "bfloat16"), fake_mode, user_files)
+    except MemoryError:
+        facts.status = "failed"
+        facts.reason = "tracing the model ran out of memory within the audit's limit"
+    except Exception as exc:  # noqa: BLE001 - an internal failure is reported, never raised
+        facts.status = "error"
+        facts.reason = f"internal error while auditing the model: {exc!r}\n{traceback.format_exc()}"
+    facts.timings["total_s"] = round(time.perf_counter() - started, 3)
+    return facts.to_json()
+
+
+def _write_result(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(data, out)
+    os.replace(tmp, path)
+
+
+def _load_job(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _child(request: dict[str, Any]) -> None:
+    """In the forked process: limits, run, write, exit without running the zygote's cleanup."""
+    code = 0
+    try:
+        _redirect_output(request["log"])
+        job = _load_job(request["job"])
+        limits = job.get("limits", {})
+        apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
+        _write_result(request["result"], run_target(job))
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 3
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _warm_up(preload: list[str]) -> str:
+    import importlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tcaudit.model.build  # noqa: F401
+    import tcaudit.model.capture  # noqa: F401
+
+    _quiet_torch_logging()
+    torch.set_num_threads(1)
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the model's own import will say what is wrong
+            pass
+    # The first torch.export in a process pays ~0.4 s of one-time setup; pay it here, once.
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 8))
+        x = torch.empty(2, 3, 8, 8)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.export.export(model, (x,), strict=False)
+    except Exception:  # noqa: BLE001 - warm-up only
+        pass
+    return torch.__version__
+
+
+def serve(preload: list[str]) -> int:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    # Anything that prints during imports must not corrupt the protocol.
+    os.dup2(2, 1)
+    try:
+        version = _warm_up(preload)
+    except Exception as exc:  # noqa: BLE001
+        protocol.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 1
+    protocol.write(json.dumps({"ready": True, "torch": version}) + "\n")
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            protocol.close()
+            _child(request)
+        protocol.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        protocol.write(json.dumps({"pid": pid, "status": status}) + "\n")
+    return 0
+
+
+def run_once(job_path: str, result_path: str) -> int:
+    job = _load_job(job_path)
+    import torch  # noqa: F401 - imported before the limit so that the limit is relative to it
+
+    limits = job.get("limits", {})
+    apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
+    _write_result(result_path, run_target(job))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "serve":
+        return serve([name for name in argv[1:] if name])
+    if len(argv) == 3 and argv[0] == "run":
+        return run_once(argv[1], argv[2])
+    print("usage: python -m tcaudit.model.worker serve [MODULE...] | run JOB RESULT", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
