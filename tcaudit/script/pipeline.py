@@ -53,7 +53,10 @@ _CONV_ARCH = re.compile(
 # torchvision model packages whose inputs change shape from batch to batch, or that are not 2-D.
 _NOT_FIXED_2D = (".detection.", ".video.", ".optical_flow.", ".quantization.")
 
-_CUDA_TEXT = re.compile(r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']")
+CUDA_TEXT = r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']"
+# facts.uses_accelerator's text, and the CUDA text: necessary for any advice about devices.
+ACCELERATOR_TEXT = r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor|[\"']gpu[\"']"
+_CUDA_TEXT = re.compile(CUDA_TEXT)
 _EVAL_WORDS = frozenset(
     {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "evaluate", "inference", "infer",
      "predict", "prediction", "dev", "holdout"}
@@ -66,6 +69,11 @@ _WRAPPERS = (
 )
 _MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
+
+
+def all_of(*patterns: str) -> str:
+    """One trigger regex that needs every pattern somewhere in the file (rule triggers are OR-ed)."""
+    return r"(?s)\A" + "".join(f"(?=.*?(?:{p}))" for p in patterns)
 
 
 def strip_comments(text: str) -> str:

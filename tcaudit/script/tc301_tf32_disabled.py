@@ -10,7 +10,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, Severity
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import insertion_anchor, pipeline_facts, strip_comments
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, insertion_anchor, pipeline_facts, strip_comments
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 # Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =
@@ -24,7 +24,7 @@ FIX_CODE = 'torch.set_float32_matmul_precision("high")'
 
 class Tf32Disabled(ScriptRule):
     id = "TC301"
-    triggers = (r"backward",)
+    triggers = (all_of(r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

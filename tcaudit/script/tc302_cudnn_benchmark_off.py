@@ -6,7 +6,7 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import insertion_anchor, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, insertion_anchor, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 FIX_CODE = "torch.backends.cudnn.benchmark = True"
@@ -14,7 +14,7 @@ FIX_CODE = "torch.backends.cudnn.benchmark = True"
 
 class CudnnBenchmarkOff(ScriptRule):
     id = "TC302"
-    triggers = (r"backward",)
+    triggers = (all_of(r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -6,13 +6,13 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import pipeline_facts, strip_comments
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, pipeline_facts, strip_comments
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 
 class ChannelsLastMissing(ScriptRule):
     id = "TC303"
-    triggers = (r"autocast",)
+    triggers = (all_of(r"autocast", r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
@@ -15,7 +15,7 @@ COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "to
 
 class NotCompiled(ScriptRule):
     id = "TC305"
-    triggers = (r"backward",)
+    triggers = (all_of(r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

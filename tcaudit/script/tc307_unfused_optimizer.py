@@ -6,7 +6,7 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import keyword_arg, literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, keyword_arg, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 FUSABLE = {
@@ -21,7 +21,7 @@ FUSABLE = {
 
 class UnfusedOptimizer(ScriptRule):
     id = "TC307"
-    triggers = (r"Adam|SGD",)
+    triggers = (all_of(r"Adam|SGD", r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

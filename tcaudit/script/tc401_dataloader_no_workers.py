@@ -6,7 +6,7 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import LoaderSite, PipelineFacts, literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, LoaderSite, PipelineFacts, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 WORKERS = "min(8, os.cpu_count() or 1)"
@@ -14,7 +14,7 @@ WORKERS = "min(8, os.cpu_count() or 1)"
 
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
-    triggers = (r"DataLoader",)
+    triggers = (all_of(r"DataLoader", ACCELERATOR_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

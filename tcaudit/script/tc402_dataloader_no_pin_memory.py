@@ -6,13 +6,13 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 
 class DataLoaderNoPinMemory(ScriptRule):
     id = "TC402"
-    triggers = (r"DataLoader",)
+    triggers = (all_of(r"DataLoader", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

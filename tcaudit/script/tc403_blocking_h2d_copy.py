@@ -9,13 +9,13 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import BatchLoop, PipelineFacts, literal, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, BatchLoop, PipelineFacts, literal, moves_to_device, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 
 class BlockingH2DCopy(ScriptRule):
     id = "TC403"
-    triggers = (r"DataLoader",)
+    triggers = (all_of(r"DataLoader", r"backward", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

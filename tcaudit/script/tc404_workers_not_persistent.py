@@ -8,13 +8,13 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import LoaderSite, literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, LoaderSite, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 
 class WorkersNotPersistent(ScriptRule):
     id = "TC404"
-    triggers = (r"DataLoader",)
+    triggers = (all_of(r"DataLoader", ACCELERATOR_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -8,7 +8,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 FOLDER_DATASETS = frozenset(
@@ -30,7 +30,7 @@ ADVICE = (
 
 class CpuImageDecode(ScriptRule):
     id = "TC405"
-    triggers = (r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread",)
+    triggers = (all_of(r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage", CUDA_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

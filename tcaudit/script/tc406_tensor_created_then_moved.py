@@ -8,7 +8,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass, Severity
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 # Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
@@ -24,7 +24,7 @@ FACTORIES = frozenset(
 
 class TensorCreatedThenMoved(ScriptRule):
     id = "TC406"
-    triggers = (r"\.(?:cuda|to)\b",)
+    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_TEXT),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not facts.uses_accelerator:
