@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tcaudit.fix.command import add_fix_parser
 
     add_fix_parser(sub, _add_selection)
+
+    from tcaudit.verify.command import add_verify_parser
+
+    add_verify_parser(sub, _add_selection)
     return parser
 
 
@@ -244,15 +248,33 @@ def cmd_fix(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
-COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain, "fix": cmd_fix}
+def cmd_verify(args: argparse.Namespace) -> int:
+    from tcaudit.config import load_settings
+    from tcaudit.verify.command import run_verify
+
+    settings = load_settings([args.script], args.config, _overrides(args), args.isolated)
+    try:
+        return run_verify(args, settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain, "fix": cmd_fix, "verify": cmd_verify}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if argv[:1] == ["verify"] and "--" in argv:
+        # Everything after ``--`` belongs to the training script, not to tcaudit.
+        split = argv.index("--")
+        argv, script_args = argv[:split], argv[split + 1:]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
+    args.script_args = script_args
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR

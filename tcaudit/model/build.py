@@ -270,8 +270,31 @@ def compile_items(items: list[dict[str, Any]], filename: str) -> list[ast.stmt]:
                 sub.lineno = sub.end_lineno = item["line"]
                 sub.col_offset = sub.end_col_offset = 0
             body.append(node)
+        elif kind == "try":
+            handlers = []
+            for handler in item["handlers"]:
+                handler_type = _parse_expression(handler["type"], filename) if handler.get("type") else None
+                node = ast.ExceptHandler(
+                    type=handler_type,
+                    name=handler.get("name"),
+                    body=compile_items(handler["body"], filename) or [ast.Pass()],
+                )
+                if handler_type is not None:
+                    ast.copy_location(node, handler_type)
+                handlers.append(node)
+            body_items = compile_items(item["body"], filename) or [ast.Pass()]
+            node = ast.Try(body=body_items, handlers=handlers or [], orelse=[], finalbody=[])
+            if not handlers:
+                node.finalbody = [ast.Pass()]
+            ast.copy_location(node, body_items[0])
+            ast.fix_missing_locations(node)
+            body.append(node)
         elif kind == "model":
             value = _parse_expression(item, filename)
+            dropped = set(item.get("drop_keywords", ()))
+            if dropped and isinstance(value, ast.Call):
+                # Weights are not architecture: never download them (weights=, pretrained=).
+                value.keywords = [k for k in value.keywords if k.arg not in dropped]
             node = ast.Assign(targets=[ast.Name(id=MODEL_VAR, ctx=ast.Store())], value=value)
             ast.copy_location(node, value)
             node.targets[0].lineno = node.targets[0].end_lineno = value.lineno

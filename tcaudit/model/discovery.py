@@ -1,0 +1,805 @@
+"""Find the models a script builds, statically, with LibCST.
+
+:class:`ScriptIndex` records what the slicer and the hint finder need from one file: imports and
+their aliases, classes and which of them are ``nn.Module`` subclasses, functions and their call
+sites, argparse options, parent links and positions. :func:`find_candidates` then lists the model
+constructions: a local ``nn.Module`` subclass instantiated outside model code, a torchvision factory
+(``models.resnet50(...)``, ``get_model``, ``models.__dict__[args.arch]()``), a ``create_model(...)``
+call (timm or a local registry), an ``nn.Sequential`` assigned to a model variable, or a class or
+factory imported from the user's own modules (``from model import GPT``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+MODULE_BASES = {
+    "torch.nn.Module",
+    "torch.nn.modules.module.Module",
+    "torch.nn.Sequential",
+    "torch.nn.ModuleList",
+    "torch.nn.ModuleDict",
+    "pytorch_lightning.LightningModule",
+    "lightning.LightningModule",
+    "lightning.pytorch.LightningModule",
+    "lightning.pytorch.core.LightningModule",
+}
+MODEL_NAME = re.compile(
+    r"^(self\.)?(model|net|network|module|generator|discriminator|encoder|decoder|backbone|classifier|"
+    r"\w*_model|model_\w*|\w*_net|net_\w*|\w*Net|[a-z]*net|g|d|netG|netD|gen|disc|G|D|student|teacher|actor|critic)$"
+)
+FACTORY_FUNCTION = re.compile(r"^(get|build|create|make|init|load|setup)_?(model|network|net|arch)\w*$", re.IGNORECASE)
+
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def dotted(node: cst.CSTNode | None) -> str | None:
+    if node is None:
+        return None
+    try:
+        return get_full_name_for_node(node)
+    except Exception:  # noqa: BLE001 - exotic expressions have no dotted name
+        return None
+
+
+class _Parents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parent[node] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+@dataclass
+class ArgOption:
+    dest: str
+    default: cst.BaseExpression | None  # None: argparse's own default for the action
+    default_code: str  # Python source for the default value
+    type_code: str | None
+    line: int
+
+
+@dataclass
+class ClassInfo:
+    node: cst.ClassDef
+    name: str
+    bases: list[str]
+    parent_class: cst.ClassDef | None
+
+
+@dataclass
+class FunctionInfo:
+    node: cst.FunctionDef
+    name: str
+    owner: cst.ClassDef | None  # a method's class
+
+
+class ScriptIndex:
+    """Facts about one file that model discovery and slicing share; built once per file."""
+
+    def __init__(self, module: cst.Module, text: str, path: Path) -> None:
+        self.module = module
+        self.text = text
+        self.lines = _LINES.findall(text)
+        self.path = path
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        self._positions = wrapper.resolve(PositionProvider)
+        parents = _Parents()
+        module.visit(parents)
+        self.parent = parents.parent
+        self.imports: dict[str, str] = {}  # local name → qualified name
+        self.import_nodes: list[cst.CSTNode] = []
+        self.star_imports: list[str] = []
+        self.classes: dict[str, ClassInfo] = {}
+        self.functions: dict[str, list[FunctionInfo]] = {}
+        self.calls: list[cst.Call] = []
+        self.options: dict[str, ArgOption] = {}
+        self._collect()
+
+    # -- positions and source ------------------------------------------------------------
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        return self._positions[node]
+
+    def span(self, node: cst.CSTNode) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(line, column) of a node's start and end; a decorated def starts at its first decorator."""
+        pos = self.position(node)
+        start = (pos.start.line, pos.start.column)
+        decorators = getattr(node, "decorators", None)
+        if decorators:
+            first = self.position(decorators[0]).start
+            start = (first.line, first.column)
+        return start, (pos.end.line, pos.end.column)
+
+    def source(self, node: cst.CSTNode) -> str:
+        """The exact source text of a node (from its start to its end position)."""
+        (start_line, start_column), (end_line, end_column) = self.span(node)
+        if start_line == end_line:
+            return self.lines[start_line - 1][start_column:end_column]
+        parts = [self.lines[start_line - 1][start_column:]]
+        parts.extend(self.lines[start_line:end_line - 1])
+        parts.append(self.lines[end_line - 1][:end_column])
+        return "".join(parts)
+
+    def prefix(self, node: cst.CSTNode) -> str:
+        """What precedes the node on its first line, with everything but tabs turned into spaces."""
+        (line, column), _ = self.span(node)
+        head = self.lines[line - 1][:column]
+        return "".join(ch if ch in " \t" else " " for ch in head)
+
+    def chunk(self, node: cst.CSTNode, kind: str = "stmt") -> dict:
+        """A piece of the user's code with its exact position, for the child to compile in place."""
+        (line, column), _ = self.span(node)
+        return {"t": kind, "code": self.source(node), "line": line, "column": column, "prefix": self.prefix(node)}
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.position(node).start.line
+
+    # -- structure -----------------------------------------------------------------------
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        current = self.parent.get(node)
+        while current is not None:
+            yield current
+            current = self.parent.get(current)
+
+    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.FunctionDef):
+                return parent
+        return None
+
+    def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.ClassDef):
+                return parent
+        return None
+
+    def owner_class(self, function: cst.FunctionDef) -> cst.ClassDef | None:
+        parent = self.parent.get(function)
+        while parent is not None and not isinstance(parent, (cst.ClassDef, cst.FunctionDef, cst.Module)):
+            parent = self.parent.get(parent)
+        return parent if isinstance(parent, cst.ClassDef) else None
+
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The innermost statement containing the node (a small statement inside a line)."""
+        current: cst.CSTNode = node
+        while True:
+            if isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                return current
+            parent = self.parent.get(current)
+            if parent is None:
+                return current
+            current = parent
+
+    # -- names ---------------------------------------------------------------------------
+    def resolve(self, name: str | None) -> str | None:
+        """Qualified name of a dotted name through this file's imports (``nn.Linear`` → ``torch.nn.Linear``)."""
+        if not name:
+            return None
+        head, _, rest = name.partition(".")
+        if head in self.imports:
+            base = self.imports[head]
+            return f"{base}.{rest}" if rest else base
+        return name
+
+    def is_module_class(self, name: str) -> bool:
+        return _is_module_class(self.classes, self.imports, self.path, name, 0)
+
+    def local_module_file(self, qualified: str) -> Path | None:
+        """The user's file a qualified import points to (``model.GPT`` → ``<dir>/model.py``)."""
+        return _local_file(self.path.parent, qualified)
+
+    def is_local_import(self, name: str) -> bool:
+        head = name.split(".")[0]
+        qualified = self.imports.get(head)
+        if qualified is None:
+            return False
+        root = qualified.split(".")[0]
+        if root in {"torch", "torchvision", "timm", "numpy", "transformers"}:
+            return False
+        return self.local_module_file(qualified) is not None
+
+    # -- collection ----------------------------------------------------------------------
+    def _collect(self) -> None:
+        index = self
+
+        class Collector(cst.CSTVisitor):
+            def __init__(self) -> None:
+                self.class_stack: list[cst.ClassDef] = []
+
+            def visit_ClassDef(self, node: cst.ClassDef) -> None:
+                bases = [dotted(arg.value) or "" for arg in node.bases if arg.keyword is None]
+                index.classes.setdefault(
+                    node.name.value,
+                    ClassInfo(node, node.name.value, bases, self.class_stack[-1] if self.class_stack else None),
+                )
+                self.class_stack.append(node)
+
+            def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+                self.class_stack.pop()
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+                index.functions.setdefault(node.name.value, []).append(
+                    FunctionInfo(node, node.name.value, index.owner_class(node))
+                )
+
+            def visit_Import(self, node: cst.Import) -> None:
+                index.import_nodes.append(node)
+                for alias in node.names:
+                    name = dotted(alias.name) or ""
+                    if alias.asname is not None:
+                        index.imports[dotted(alias.asname.name) or name] = name
+                    else:
+                        index.imports.setdefault(name.split(".")[0], name.split(".")[0])
+
+            def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+                index.import_nodes.append(node)
+                base = dotted(node.module) if node.module is not None else ""
+                if node.relative:
+                    base = "." * len(node.relative) + (base or "")
+                if isinstance(node.names, cst.ImportStar):
+                    index.star_imports.append(base or "")
+                    return
+                for alias in node.names:
+                    name = dotted(alias.name) or ""
+                    local = dotted(alias.asname.name) if alias.asname is not None else name
+                    index.imports[local or name] = f"{base}.{name}" if base else name
+
+            def visit_Call(self, node: cst.Call) -> None:
+                index.calls.append(node)
+
+        self.module.visit(Collector())
+        self._collect_options()
+
+    def _collect_options(self) -> None:
+        for call in self.calls:
+            name = dotted(call.func) or ""
+            if name.endswith(".add_argument"):
+                option = _argparse_option(self, call)
+                if option is not None:
+                    self.options.setdefault(option.dest, option)
+            elif name.endswith(".set_defaults"):
+                for arg in call.args:
+                    if arg.keyword is not None:
+                        self.options[arg.keyword.value] = ArgOption(
+                            arg.keyword.value, arg.value, self.source(arg.value), None, self.line_of(call)
+                        )
+
+    def is_args_call(self, call: cst.Call) -> str | None:
+        """``parser.parse_args()`` → "args"; ``parse_known_args()`` → "known"; a local function that
+        returns the parsed namespace (``get_args()``) → "args"."""
+        name = dotted(call.func) or ""
+        if name.endswith(".parse_args"):
+            return "args"
+        if name.endswith(".parse_known_args"):
+            return "known"
+        if name in self.functions and "." not in name:
+            for info in self.functions[name]:
+                if info.owner is None and _returns_parsed_args(info.node):
+                    return "args"
+        return None
+
+
+def _returns_parsed_args(function: cst.FunctionDef) -> bool:
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            if (dotted(node.func) or "").endswith((".parse_args", ".parse_known_args")):
+                found = True
+
+    function.visit(Finder())
+    return found
+
+
+def _string_value(node: cst.BaseExpression | None) -> str | None:
+    if isinstance(node, cst.SimpleString):
+        try:
+            return node.evaluated_value if isinstance(node.evaluated_value, str) else None
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def _argparse_option(index: ScriptIndex, call: cst.Call) -> ArgOption | None:
+    flags = [s for s in (_string_value(a.value) for a in call.args if a.keyword is None) if s]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    dest = _string_value(keywords.get("dest"))
+    if dest is None:
+        longs = [f for f in flags if f.startswith("--")]
+        shorts = [f for f in flags if f.startswith("-") and not f.startswith("--")]
+        positional = [f for f in flags if not f.startswith("-")]
+        chosen = (longs or shorts or positional or [None])[0]
+        if chosen is None:
+            return None
+        dest = chosen.lstrip("-").replace("-", "_")
+    action = _string_value(keywords.get("action"))
+    default = keywords.get("default")
+    if default is not None:
+        code = index.source(default)
+    elif action == "store_true":
+        code = "False"
+    elif action == "store_false":
+        code = "True"
+    elif action == "count":
+        code = "None"
+    else:
+        code = "None"
+    type_node = keywords.get("type")
+    type_code = index.source(type_node) if type_node is not None else None
+    if type_code is not None and not isinstance(default, cst.SimpleString):
+        type_code = None  # argparse applies `type` to string defaults only
+    return ArgOption(dest, default, code, type_code, index.line_of(call))
+
+
+@functools.lru_cache(maxsize=64)
+def _foreign_module(path: str) -> tuple[dict[str, ClassInfo], dict[str, str], set[str]] | None:
+    """Classes, imports and function names of one of the user's other modules (parsed once)."""
+    try:
+        tree = cst.parse_module(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
+        return None
+    classes: dict[str, ClassInfo] = {}
+    imports: dict[str, str] = {}
+    functions: set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, cst.ClassDef):
+            bases = [dotted(a.value) or "" for a in statement.bases if a.keyword is None]
+            classes[statement.name.value] = ClassInfo(statement, statement.name.value, bases, None)
+        elif isinstance(statement, cst.FunctionDef):
+            functions.add(statement.name.value)
+        for small in _small_statements(statement):
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    full = dotted(alias.name) or ""
+                    if alias.asname is not None:
+                        imports[dotted(alias.asname.name) or full] = full
+                    else:
+                        imports.setdefault(full.split(".")[0], full.split(".")[0])
+            elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                base = dotted(small.module) or ""
+                for alias in small.names:
+                    item = dotted(alias.name) or ""
+                    local = dotted(alias.asname.name) if alias.asname is not None else item
+                    imports[local or item] = f"{base}.{item}" if base else item
+    return classes, imports, functions
+
+
+def _resolve(imports: dict[str, str], name: str) -> str:
+    head, _, rest = name.partition(".")
+    if head in imports:
+        return f"{imports[head]}.{rest}" if rest else imports[head]
+    return name
+
+
+def _local_file(base: Path, qualified: str) -> Path | None:
+    parts = qualified.split(".")
+    for cut in range(len(parts), 0, -1):
+        rel = Path(*parts[:cut])
+        for candidate in (base / f"{rel}.py", base / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _is_module_class(classes: dict[str, ClassInfo], imports: dict[str, str], path: Path, name: str,
+                     depth: int) -> bool:
+    """Whether a class (local, or imported from the user's own modules) derives from nn.Module."""
+    if depth > 6:
+        return False
+    info = classes.get(name)
+    if info is None:
+        return False
+    for base in info.bases:
+        qualified = _resolve(imports, base)
+        if qualified in MODULE_BASES or qualified.endswith(("LightningModule", "nn.Module")):
+            return True
+        if base in classes and base != name and _is_module_class(classes, imports, path, base, depth + 1):
+            return True
+        if _symbol_kind(imports, path, base, depth + 1) == "module":
+            return True
+    return False
+
+
+def _symbol_kind(imports: dict[str, str], path: Path, name: str, depth: int) -> str | None:
+    head = name.split(".")[0]
+    qualified = imports.get(head)
+    if qualified is None or depth > 6:
+        return None
+    if qualified.split(".")[0] in {"torch", "torchvision", "timm", "numpy", "transformers"}:
+        return None
+    file = _local_file(path.parent, qualified)
+    if file is None:
+        return None
+    parsed = _foreign_module(str(file))
+    if parsed is None:
+        return None
+    classes, foreign_imports, functions = parsed
+    symbol = name.split(".")[-1] if "." in name else qualified.split(".")[-1]
+    if symbol in classes:
+        return "module" if _is_module_class(classes, foreign_imports, file, symbol, depth + 1) else "class"
+    if symbol in functions:
+        return "function"
+    return None
+
+
+def local_symbol_kind(index: ScriptIndex, name: str) -> str | None:
+    """What an imported name is in the user's own module: "module" (an nn.Module subclass),
+    "class", "function", or None when it is not the user's or cannot be read."""
+    return _symbol_kind(index.imports, index.path, name, 0)
+
+
+# -- candidates ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One model construction in the script."""
+
+    call: cst.Call  # the expression that builds the model
+    kind: str  # class | torchvision | create_model | sequential | imported | factory
+    label: str  # what to call it in messages: "GPT(gptconf)"
+    target_name: str | None  # the variable it is assigned to, if any
+    casts: list[str] = field(default_factory=list)  # dtype casts applied to it: ".half()", ".to(torch.bfloat16)"
+
+
+_DTYPE_METHODS = {"half", "bfloat16", "double", "float"}
+_DTYPE_NAMES = re.compile(r"\b(float16|half|bfloat16|float64|double|float32)\b")
+
+
+def _inside_model_code(index: ScriptIndex, node: cst.CSTNode) -> bool:
+    """True inside an nn.Module subclass's body (submodules, forward): not a model construction."""
+    for parent in index.ancestors(node):
+        if isinstance(parent, cst.ClassDef) and index.is_module_class(parent.name.value):
+            return True
+    return False
+
+
+def _assigned_name(index: ScriptIndex, node: cst.CSTNode) -> str | None:
+    statement = index.statement_of(node)
+    if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+        return dotted(statement.targets[0].target)
+    if isinstance(statement, cst.AnnAssign):
+        return dotted(statement.target)
+    return None
+
+
+def _torchvision_call(index: ScriptIndex, call: cst.Call) -> bool:
+    func = call.func
+    qualified = index.resolve(dotted(func)) or ""
+    if qualified.startswith("torchvision.models."):
+        last = qualified.rsplit(".", 1)[-1]
+        return last == "get_model" or (last[:1].islower() and last not in {"list_models", "get_weight", "get_model_weights"})
+    # models.__dict__[name](...) and getattr(models, name)(...)
+    if isinstance(func, cst.Subscript) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "__dict__":
+        return (index.resolve(dotted(func.value.value)) or "").startswith("torchvision.models")
+    if isinstance(func, cst.Call) and dotted(func.func) == "getattr" and func.args:
+        return (index.resolve(dotted(func.args[0].value)) or "").startswith("torchvision.models")
+    return False
+
+
+def _dtype_casts(index: ScriptIndex, call: cst.Call) -> list[str]:
+    """Method calls chained on the construction that change its dtype (``Net().half().cuda()``)."""
+    casts: list[str] = []
+    node: cst.CSTNode = call
+    while True:
+        attribute = index.parent.get(node)
+        outer = index.parent.get(attribute) if attribute is not None else None
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node and isinstance(outer, cst.Call)):
+            break
+        method = attribute.attr.value
+        if method in _DTYPE_METHODS:
+            casts.append(f".{method}()")
+        elif method == "to":
+            dtype_args = [a for a in outer.args if _DTYPE_NAMES.search(index.source(a.value) or "")]
+            if dtype_args:
+                casts.append(f".to({index.source(dtype_args[0].value)})")
+        node = outer
+    return casts
+
+
+def _later_casts(index: ScriptIndex, call: cst.Call, name: str | None) -> list[str]:
+    """``model.half()`` or ``model = model.to(torch.bfloat16)`` after the construction, same block."""
+    if not name:
+        return []
+    statement = index.statement_of(call)
+    line = index.parent.get(statement)
+    block = index.parent.get(line)
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or line not in body:
+        return []
+    casts: list[str] = []
+    for later in body[body.index(line) + 1:]:
+        if not isinstance(later, cst.SimpleStatementLine):
+            continue
+        for small in later.body:
+            value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+                method = value.func.attr.value
+                if dotted(value.func.value) == name:
+                    if method in _DTYPE_METHODS:
+                        casts.append(f".{method}()")
+                    elif method == "to":
+                        dtype_args = [a for a in value.args if _DTYPE_NAMES.search(index.source(a.value))]
+                        if dtype_args:
+                            casts.append(f".to({index.source(dtype_args[0].value)})")
+                    break
+                value = value.func.value
+    return casts
+
+
+def _local_functions_with_candidates(index: ScriptIndex, calls: list[cst.Call]) -> set[str]:
+    names = set()
+    for call in calls:
+        function = index.enclosing_function(call)
+        if function is not None:
+            names.add(function.name.value)
+    return names
+
+
+def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
+    direct: list[tuple[cst.Call, str]] = []
+    for call in index.calls:
+        if _inside_model_code(index, call):
+            continue
+        name = dotted(call.func)
+        qualified = index.resolve(name) or ""
+        kind = None
+        if name and name in index.classes and index.is_module_class(name):
+            kind = "class"
+        elif _torchvision_call(index, call):
+            kind = "torchvision"
+        elif qualified.rsplit(".", 1)[-1] == "create_model":
+            kind = "create_model"
+        elif qualified in {"torch.nn.Sequential"} and MODEL_NAME.match(_assigned_name(index, call) or ""):
+            kind = "sequential"
+        elif name and index.is_local_import(name):
+            symbol = local_symbol_kind(index, name)
+            target = _assigned_name(index, call) or ""
+            if symbol == "module" or (symbol in {"function", None} and MODEL_NAME.match(target)):
+                kind = "imported"
+        if kind is not None:
+            direct.append((call, kind))
+    # A local factory (get_network(args)) whose body builds nothing recognisable: call it.
+    owners = _local_functions_with_candidates(index, [call for call, _ in direct])
+    for call in index.calls:
+        name = dotted(call.func)
+        if (
+            name
+            and name in index.functions
+            and name not in owners
+            and FACTORY_FUNCTION.match(name)
+            and not _inside_model_code(index, call)
+            and MODEL_NAME.match(_assigned_name(index, call) or "")
+        ):
+            direct.append((call, "factory"))
+    # Drop constructions nested inside another construction's arguments (nn.Sequential(Net(), Head())).
+    chosen = []
+    calls = {call for call, _ in direct}
+    for call, kind in direct:
+        if any(parent in calls for parent in index.ancestors(call)):
+            continue
+        chosen.append((call, kind))
+    candidates = []
+    seen_labels: set[tuple[str, int]] = set()
+    for call, kind in sorted(chosen, key=lambda ck: index.position(ck[0]).start.line):
+        label = _label(index, call)
+        scope = index.enclosing_function(call)
+        key = (label, id(scope))
+        if key in seen_labels:
+            continue
+        seen_labels.add(key)
+        target_name = _assigned_name(index, call)
+        casts = _dtype_casts(index, call) + _later_casts(index, call, target_name)
+        candidates.append(Candidate(call, kind, label, target_name, casts))
+    candidates.sort(key=lambda c: (not MODEL_NAME.match(c.target_name or ""), index.position(c.call).start.line))
+    return candidates[:limit]
+
+
+def _label(index: ScriptIndex, call: cst.Call) -> str:
+    text = " ".join(index.source(call).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- input hints --------------------------------------------------------------------------------
+
+DATASET_SHAPES = {
+    "MNIST": (1, 28), "FashionMNIST": (1, 28), "KMNIST": (1, 28), "EMNIST": (1, 28), "QMNIST": (1, 28),
+    "CIFAR10": (3, 32), "CIFAR100": (3, 32), "SVHN": (3, 32), "STL10": (3, 96),
+}
+CROP_TRANSFORMS = ("RandomResizedCrop", "CenterCrop", "RandomCrop")
+RESIZE_TRANSFORMS = ("Resize",)
+BATCH_NAMES = ("batch_size", "bs", "train_batch_size", "per_device_train_batch_size", "micro_batch_size", "batch")
+IMAGE_NAMES = ("image_size", "img_size", "input_size", "crop_size", "resolution", "train_crop_size", "image_res", "size")
+SEQ_NAMES = ("block_size", "seq_len", "seq_length", "max_seq_len", "context_length", "max_len", "n_ctx", "sequence_length")
+
+
+class ConstantEvaluator:
+    """Evaluates small integer expressions statically: literals, module constants, argparse
+    defaults (``args.batch_size``), config dataclass fields and dict literals."""
+
+    def __init__(self, index: ScriptIndex) -> None:
+        self.index = index
+        self.constants: dict[str, cst.BaseExpression] = {}
+        self.args_names: set[str] = set()
+        for statement in index.module.body:
+            for small in _small_statements(statement):
+                if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                    target = small.targets[0].target
+                    if isinstance(target, cst.Name):
+                        self.constants.setdefault(target.value, small.value)
+                elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value:
+                    self.constants.setdefault(small.target.value, small.value)
+        for call in index.calls:
+            if index.is_args_call(call):
+                statement = index.statement_of(call)
+                if isinstance(statement, cst.Assign):
+                    for target in statement.targets:
+                        element = target.target
+                        if isinstance(element, cst.Tuple) and element.elements:
+                            element = element.elements[0].value
+                        if isinstance(element, cst.Name):
+                            self.args_names.add(element.value)
+
+    def value(self, node: cst.BaseExpression | None, depth: int = 0) -> int | tuple | None:
+        if node is None or depth > 8:
+            return None
+        if isinstance(node, cst.Integer):
+            try:
+                return int(node.evaluated_value)
+            except (TypeError, ValueError):
+                return None
+        if isinstance(node, (cst.Tuple, cst.List)):
+            values = [self.value(e.value, depth + 1) for e in node.elements]
+            return tuple(values) if all(isinstance(v, int) for v in values) else None
+        if isinstance(node, cst.BinaryOperation):
+            left, right = self.value(node.left, depth + 1), self.value(node.right, depth + 1)
+            if isinstance(left, int) and isinstance(right, int):
+                op = type(node.operator).__name__
+                return {"Multiply": left * right, "Add": left + right, "Subtract": left - right,
+                        "FloorDivide": left // right if right else None, "Power": left ** right if right < 64 else None}.get(op)
+            return None
+        if isinstance(node, cst.Name):
+            if node.value in self.constants:
+                return self.value(self.constants[node.value], depth + 1)
+            return None
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            owner, attr = node.value.value, node.attr.value
+            if owner in self.args_names:
+                option = self.index.options.get(attr)
+                if option is not None and option.default is not None:
+                    value = self.value(option.default, depth + 1)
+                    if value is None and option.type_code in {"int"}:
+                        text = _string_value(option.default)
+                        return int(text) if text and text.isdigit() else None
+                    return value
+                return None
+            return self.field_value(owner, attr, depth)
+        return None
+
+    def field_value(self, owner: str, attr: str, depth: int) -> int | None:
+        """``cfg.block_size`` where ``cfg = Config(...)`` at module level or Config is a dataclass."""
+        expr = self.constants.get(owner)
+        if isinstance(expr, cst.Call):
+            for arg in expr.args:
+                if arg.keyword is not None and arg.keyword.value == attr:
+                    return self.value(arg.value, depth + 1)
+            class_name = dotted(expr.func)
+            if class_name in self.index.classes:
+                return self.class_field(class_name, attr, depth)
+        if owner in self.index.classes:
+            return self.class_field(owner, attr, depth)
+        return None
+
+    def class_field(self, class_name: str, attr: str, depth: int) -> int | None:
+        info = self.index.classes.get(class_name)
+        if info is None:
+            return None
+        for statement in info.node.body.body:
+            for small in _small_statements(statement):
+                if isinstance(small, cst.AnnAssign) and dotted(small.target) == attr and small.value is not None:
+                    return self.value(small.value, depth + 1)
+                if isinstance(small, cst.Assign) and any(dotted(t.target) == attr for t in small.targets):
+                    return self.value(small.value, depth + 1)
+        return None
+
+
+def _small_statements(statement: cst.CSTNode) -> list[cst.BaseSmallStatement]:
+    if isinstance(statement, cst.SimpleStatementLine):
+        return list(statement.body)
+    return []
+
+
+def _keyword(call: cst.Call, name: str, position: int | None = None) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if position is not None and position < len(positional):
+        return positional[position].value
+    return None
+
+
+def find_hints(index: ScriptIndex) -> dict:
+    """Input-shape hints: batch size, image size and channels, sequence length, with where each came from."""
+    evaluator = ConstantEvaluator(index)
+    hints: dict = {}
+    filename = index.path.name
+
+    def note(key: str, value, origin_key: str, where: str) -> None:
+        if key not in hints and isinstance(value, int) and value > 0:
+            hints[key] = value
+            hints[origin_key] = where
+
+    crops, resizes = [], []
+    for call in index.calls:
+        name = dotted(call.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        line = index.line_of(call)
+        if last == "DataLoader":
+            note("batch_size", evaluator.value(_keyword(call, "batch_size", 1)), "batch_origin",
+                 f"DataLoader batch_size, {filename}:{line}")
+        elif last in CROP_TRANSFORMS or last in RESIZE_TRANSFORMS:
+            size = evaluator.value(_keyword(call, "size", 0))
+            if isinstance(size, tuple) and size:
+                size = size[0]
+            if isinstance(size, int):
+                (crops if last in CROP_TRANSFORMS else resizes).append((size, f"{last}, {filename}:{line}"))
+        elif last in DATASET_SHAPES and (index.resolve(name) or "").startswith("torchvision.datasets"):
+            channels, size = DATASET_SHAPES[last]
+            note("channels", channels, "channels_origin", f"{last}, {filename}:{line}")
+            note("dataset_image_size", size, "dataset_origin", f"{last}, {filename}:{line}")
+        elif name.endswith("randint") and (index.resolve(name) or "").startswith("torch"):
+            size = _keyword(call, "size")
+            if size is None:
+                positional = [a.value for a in call.args if a.keyword is None]
+                size = next((p for p in positional if isinstance(p, cst.Tuple)), None)
+            if isinstance(size, cst.Tuple) and len(size.elements) == 2:
+                batch = evaluator.value(size.elements[0].value)
+                seq = evaluator.value(size.elements[1].value)
+                note("batch_size", batch, "batch_origin", f"torch.randint, {filename}:{line}")
+                note("seq_len", seq, "seq_origin", f"torch.randint, {filename}:{line}")
+    for size, where in crops + resizes:
+        note("image_size", size, "image_origin", where)
+    for dest in BATCH_NAMES:
+        option = index.options.get(dest)
+        if option is not None:
+            note("batch_size", evaluator.value(option.default) if option.default is not None else None,
+                 "batch_origin", f"--{dest.replace('_', '-')} default, {filename}:{option.line}")
+        note("batch_size", evaluator.value(cst.Name(dest)) if dest in evaluator.constants else None,
+             "batch_origin", f"{dest} in {filename}")
+    for dest in IMAGE_NAMES:
+        option = index.options.get(dest)
+        if option is not None and option.default is not None:
+            value = evaluator.value(option.default)
+            if value is None and option.type_code == "int":
+                text = _string_value(option.default)
+                value = int(text) if text and text.isdigit() else None
+            note("image_size", value, "image_origin", f"--{dest.replace('_', '-')} default, {filename}:{option.line}")
+    if "dataset_image_size" in hints:
+        note("image_size", hints["dataset_image_size"], "image_origin", hints["dataset_origin"])
+    for dest in SEQ_NAMES:
+        option = index.options.get(dest)
+        if option is not None and option.default is not None:
+            note("seq_len", evaluator.value(option.default), "seq_origin", f"--{dest.replace('_', '-')} default")
+        if dest in evaluator.constants:
+            note("seq_len", evaluator.value(cst.Name(dest)), "seq_origin", f"{dest} in {filename}")
+    hints.pop("dataset_image_size", None)
+    hints.pop("dataset_origin", None)
+    return hints

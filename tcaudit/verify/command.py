@@ -1,0 +1,66 @@
+"""``tcaudit verify train.py [--steps N --warmup W --nproc K --out DIR] -- ARGS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_verify_parser(sub, add_selection) -> None:
+    verify = sub.add_parser(
+        "verify",
+        help="train the original and the patched script side by side and compare them",
+        description="Make the patched copy, train both for --steps timed steps under a harness that needs no "
+        "edit to the script, and report samples/s, step time, peak memory, loss parity and the speedup. "
+        "Arguments after -- go to the script.",
+    )
+    verify.add_argument("script", metavar="SCRIPT")
+    verify.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
+    verify.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    verify.add_argument("--nproc", type=int, default=1, help="processes per run under torchrun (default 1)")
+    verify.add_argument("--out", default="tcaudit-verify", metavar="DIR", help="results folder (default ./tcaudit-verify)")
+    verify.add_argument("--classes", default="safe,numerics", metavar="CLASSES", help="fix classes for the patched copy")
+    verify.add_argument("--tolerance", type=float, default=0.10, help="relative loss-parity tolerance (default 0.10)")
+    verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up on a run after this long")
+    add_selection(verify)
+
+
+def run_verify(args: argparse.Namespace, settings) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tcaudit.fix.command import parse_classes
+    from tcaudit.verify.report import render_table, write_plot
+    from tcaudit.verify.runner import VerifyError, verify
+
+    if importlib.util.find_spec("torch") is None:
+        print("tcaudit: error: verify needs torch (pip install 'tcaudit[torch]')", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.warmup < 0 or args.nproc < 1:
+        print("tcaudit: error: --steps and --nproc must be at least 1, --warmup at least 0", file=sys.stderr)
+        return 2
+    script_args = list(getattr(args, "script_args", []))
+    classes = parse_classes(args.classes)
+    console = Console(stderr=False, highlight=False, width=max(110, Console().width))
+    command = shlex.join(["tcaudit", "verify", args.script, "--steps", str(args.steps), "--warmup",
+                          str(args.warmup), "--nproc", str(args.nproc), "--", *script_args])
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+               TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+            result = verify(
+                Path(args.script), script_args, settings, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
+                out_dir=Path(args.out), classes=classes, tolerance=args.tolerance, command=command,
+                progress=progress, timeout=args.timeout,
+            )
+    except VerifyError as exc:
+        print(f"tcaudit: error: {exc}", file=sys.stderr)
+        return 2
+    render_table(result, console)
+    plot = write_plot(result, Path(args.out) / "verify.png")
+    if plot is None:
+        console.print("verify.png skipped: matplotlib is not installed")
+    return 0 if result.parity else 1

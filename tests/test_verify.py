@@ -1,0 +1,66 @@
+"""tcaudit verify on the CPU: real runs of a tiny script, labelled as CPU timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+pytest.importorskip("torch")
+
+TINY = Path(__file__).resolve().parent.parent / "fixtures" / "verify" / "tiny_train.py"
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    out = tmp_path_factory.mktemp("verify")
+    code, stdout, stderr = run_cli("verify", str(TINY), "--steps", "4", "--warmup", "2", "--out", str(out),
+                                   "--", "--steps", "50", "--batch-size", "12")
+    return code, stdout, stderr, out
+
+
+def test_verify_reports_both_runs(verified):
+    code, stdout, stderr, out = verified
+    assert code == 0, stderr
+    assert "CPU timings" in stdout and "speedup" in stdout and "loss parity" in stdout
+
+
+def test_verify_json_has_the_recorded_facts(verified):
+    _, _, _, out = verified
+    data = json.loads((out / "verify.json").read_text())
+    assert data["gpu"] is None and data["cpu_timings"] is True
+    assert data["torch"] and data["command"].startswith("tcaudit verify")
+    assert data["fixes_applied"] == ["TC201"]
+    for label in ("original", "patched"):
+        run = data[label]
+        assert len(run["step_times"]) == 6 and all(t > 0 for t in run["step_times"])
+        assert run["samples"] == [12] * 6  # the model's batch, not the loss module's input again
+        assert all(isinstance(l, float) for l in run["losses"])
+        assert run["samples_per_s"] > 0
+    # On a CPU the patch's autocast is disabled, so both runs compute the same numbers.
+    assert data["original"]["losses"] == data["patched"]["losses"]
+    assert data["loss_parity"] is True
+    assert data["speedup"] > 0
+
+
+def test_verify_writes_the_plot_and_the_patch(verified):
+    _, _, _, out = verified
+    assert (out / "verify.png").stat().st_size > 1000
+    diff = (out / "work" / "patch.diff").read_text()
+    assert "+    with torch.autocast(" in diff
+
+
+def test_verify_fails_cleanly_when_the_script_fails(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nraise RuntimeError('boom')\n")
+    code, stdout, stderr = run_cli("verify", str(script), "--steps", "1", "--warmup", "0", "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert "original run failed" in stderr and "boom" in stderr
+
+
+def test_verify_missing_script(tmp_path):
+    code, _, stderr = run_cli("verify", str(tmp_path / "nope.py"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "no such script" in stderr
