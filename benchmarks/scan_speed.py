@@ -4,6 +4,8 @@
 
 Each run is a fresh process (cold: nothing cached, the interpreter and LibCST imported each
 time), timed from outside, so the ``import torchvision`` that locates the target is not counted.
+The tools take turns, round by round, so that other work on the machine slows them alike; the
+1-minute load average before and after is recorded with the results.
 tcaudit runs ``scan --no-exec --format concise --isolated`` with every rule; TorchFix runs
 ``torchfix --select ALL`` with its default job count (one per core). Prints a table and writes
 ``benchmarks/results/scan_speed.json``. TorchFix is skipped, with a message, when it is not found.
@@ -76,13 +78,7 @@ def time_once(command: list[str], cwd: Path) -> dict:
     }
 
 
-def measure(name: str, command: list[str], cwd: Path, repeat: int) -> dict:
-    runs = []
-    for index in range(repeat):
-        run = time_once(command, cwd)
-        runs.append(run)
-        print(f"  {name} run {index + 1}/{repeat}: {run['wall_s']:.2f} s wall, {run['cpu_s']:.2f} s CPU, "
-              f"exit {run['exit_code']}, {run['output_lines']} output lines", file=sys.stderr)
+def summarize(command: list[str], runs: list[dict]) -> dict:
     return {
         "command": " ".join(command),
         "runs": runs,
@@ -91,6 +87,18 @@ def measure(name: str, command: list[str], cwd: Path, repeat: int) -> dict:
         "output_lines": runs[-1]["output_lines"],
         "exit_codes": sorted({r["exit_code"] for r in runs}),
     }
+
+
+def measure(commands: dict[str, list[str]], cwd: Path, repeat: int) -> dict[str, dict]:
+    """Run the tools in turn, ``repeat`` rounds, so that background load hits them alike."""
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
+    for index in range(repeat):
+        for name, command in commands.items():
+            run = time_once(command, cwd)
+            runs[name].append(run)
+            print(f"  {name} run {index + 1}/{repeat}: {run['wall_s']:.2f} s wall, {run['cpu_s']:.2f} s CPU, "
+                  f"exit {run['exit_code']}, {run['output_lines']} output lines", file=sys.stderr)
+    return {name: summarize(commands[name], runs[name]) for name in commands}
 
 
 def main() -> int:
@@ -107,20 +115,23 @@ def main() -> int:
     print(f"target: {target} ({len(files)} .py files, {lines} lines)", file=sys.stderr)
 
     load_before = os.getloadavg()
-    tools: dict[str, dict] = {}
-    tcaudit = [sys.executable, "-m", "tcaudit", "scan", str(target), "--no-exec", "--format", "concise", "--isolated"]
-    tools["tcaudit"] = {"version": version_of("tcaudit"), **measure("tcaudit", tcaudit, REPO, args.repeat)}
-    if any(code not in (0, 1) for code in tools["tcaudit"]["exit_codes"]):
-        tail = tools["tcaudit"]["runs"][-1]["stderr_tail"]
-        print(f"warning: tcaudit exited {tools['tcaudit']['exit_codes']}: {tail}", file=sys.stderr)
-
+    commands = {
+        "tcaudit": [sys.executable, "-m", "tcaudit", "scan", str(target), "--no-exec", "--format", "concise",
+                    "--isolated"],
+    }
+    versions = {"tcaudit": version_of("tcaudit")}
     torchfix = find_torchfix(args.torchfix)
     if torchfix is None:
         print("TorchFix skipped: no torchfix executable found (pip install 'torchfix==0.7.*' into its own "
               "virtualenv, since it pins an older LibCST, and pass --torchfix PATH)", file=sys.stderr)
     else:
-        command = [torchfix, "--select", "ALL", str(target)]
-        tools["torchfix"] = {"version": tool_version([torchfix]), **measure("torchfix", command, REPO, args.repeat)}
+        commands["torchfix"] = [torchfix, "--select", "ALL", str(target)]
+        versions["torchfix"] = tool_version([torchfix])
+    measured = measure(commands, REPO, args.repeat)
+    tools = {name: {"version": versions[name], **data} for name, data in measured.items()}
+    if any(code not in (0, 1) for code in tools["tcaudit"]["exit_codes"]):
+        tail = tools["tcaudit"]["runs"][-1]["stderr_tail"]
+        print(f"warning: tcaudit exited {tools['tcaudit']['exit_codes']}: {tail}", file=sys.stderr)
 
     results = {
         "benchmark": "scan_speed",

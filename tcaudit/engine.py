@@ -152,6 +152,9 @@ def _display_path(path: Path) -> str:
 
 def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> ScanResult:
     discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
+    if discovered.missing:
+        # A path that does not exist is a usage error: report it before spending time on the others.
+        return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
     rules = instantiate_rules(settings)
     check_syntax = "TC000" in settings.enabled_rules()
     file_results = [

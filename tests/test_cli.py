@@ -141,7 +141,7 @@ def test_folder_with_good_bad_and_other_files(tmp_path):
 
 def test_missing_path(tmp_path):
     (tmp_path / "ok.py").write_text("x = 1\n", encoding="utf-8")
-    code, out, err = scan(tmp_path, "ok.py", "no_such_dir/train.py")
+    code, out, err = scan(tmp_path, "ok.py", "no_such_dir/train.py", *SELECT)
     assert code == 2
     assert out == ""
     assert "no such file or directory: no_such_dir/train.py" in err
@@ -172,7 +172,7 @@ def test_unknown_select_code(tmp_path):
 
 def test_unwritable_output_file(tmp_path):
     (tmp_path / "ok.py").write_text("x = 1\n", encoding="utf-8")
-    code, _, err = scan(tmp_path, "ok.py", "-o", "missing_dir/report.json", "--format", "json")
+    code, _, err = scan(tmp_path, "ok.py", "-o", "missing_dir/report.json", "--format", "json", *SELECT)
     assert code == 2
     assert "cannot write missing_dir/report.json" in err
 

@@ -44,7 +44,8 @@ def test_config_is_found_upward_from_the_scanned_path(tmp_path):
     # Run from outside the project: the config is found from the path, not from the working folder.
     assert flagged(tmp_path, "proj/src/deep")[1] == {("proj/src/deep/broken.py", "TC000")}
     assert flagged(tmp_path, "proj/src/deep/bad.py")[1] == set()
-    assert flagged(tmp_path, "proj/src/deep/bad.py", "--isolated")[1] == {("proj/src/deep/bad.py", "TC202")}
+    isolated = flagged(tmp_path, "proj/src/deep/bad.py", "--isolated", "--select", "TC000,TC202")
+    assert isolated[1] == {("proj/src/deep/bad.py", "TC202")}
 
 
 def test_load_settings_records_the_config_and_its_folder(tmp_path):

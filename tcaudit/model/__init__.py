@@ -1,22 +1,43 @@
 """Model audit (TC1): find the models a script builds, build them on fake tensors in a subprocess,
 capture the graph and check shapes and casts. This module imports no torch: the audit runs in a
-child process so that the scanner stays fast and a crashing constructor cannot take it down."""
+child process so that the scanner stays fast and a crashing constructor cannot take it down.
+
+Flow: :mod:`discovery` finds model constructions in each scanned file (and ``[[tool.tcaudit.models]]``
+/ ``--model`` factories), :mod:`slicing` cuts the statements each one needs out of the script,
+:mod:`sandbox` runs them in the audit child (:mod:`worker`, :mod:`build`, :mod:`capture`), which returns
+:class:`~tcaudit.model.facts.ModelFacts`; the rules in ``tc1NN_*.py`` turn those into findings.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tcaudit.findings import Finding
 
 if TYPE_CHECKING:
-    from tcaudit.config import Settings
+    from tcaudit.config import ModelSpec, Settings
+    from tcaudit.model.facts import ModelFacts
     from tcaudit.source.parsing import SourceFile
 
 TORCH_MISSING_NOTE = (
     "model checks (TC1) skipped: torch is not installed here (pip install 'tcaudit[torch]')"
 )
+MAX_MODELS_PER_FILE = 4
+MAX_MODELS = 16
+# A file can only build a model if it mentions one of these.
+_MODEL_HINT = re.compile(r"\btorch\b|\btimm\b|\bnn\.|create_model|\bModule\b")
+_DTYPES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32", "fp64": "float64", "float64": "float64",
+    "double": "float64",
+}
+_INPUT_DTYPES = {"int64": "int64", "long": "int64", "int32": "int32", "int": "int64"}
 
 
 @dataclass
@@ -30,11 +51,226 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_model_audit(sources: "list[SourceFile]", settings: "Settings") -> ModelAuditResult:
+def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits=None) -> ModelAuditResult:
     result = ModelAuditResult()
     if not settings.exec_models:
         return result
     if not torch_available():
         result.notes.append(TORCH_MISSING_NOTE)
         return result
+    from tcaudit.model.rules import discover_model_rules
+
+    enabled = set(settings.enabled_rules())
+    rules = [cls() for rule_id, cls in sorted(discover_model_rules().items()) if rule_id in enabled]
+    if not rules:
+        return result
+    from tcaudit.model.sandbox import Limits, StartupError, shared_sandbox
+
+    limits = limits or Limits.from_env()
+    precision = _precision(settings)
+    jobs, static, preload = collect_jobs(sources, settings, precision, limits, result)
+    facts_list: list[ModelFacts] = list(static)
+    if jobs:
+        try:
+            facts_list.extend(shared_sandbox().run(jobs, limits, preload))
+        except StartupError as exc:
+            result.notes.append(f"model checks (TC1) skipped: {exc}")
+            return result
+    report(facts_list, rules, settings, sources, result)
     return result
+
+
+def _precision(settings: "Settings") -> str:
+    from tcaudit.model.cost import PRECISION_DTYPES, load_table
+
+    return PRECISION_DTYPES.get(settings.precision, load_table().get("auto_precision", "bfloat16"))
+
+
+def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditResult):
+    """The audit jobs for every model found, the models that failed before running, and the modules
+    worth importing once in the audit child."""
+    from tcaudit.model.facts import ModelFacts
+
+    jobs: list[dict[str, Any]] = []
+    static: list[ModelFacts] = []
+    preload: set[str] = set()
+    job_limits = {"time_limit": limits.time_limit, "memory_budget": limits.memory_budget}
+    for source in sources:
+        if not _MODEL_HINT.search(source.text):
+            continue
+        try:
+            found = discover_file(source)
+        except Exception as exc:  # noqa: BLE001 - a discovery bug must not hide the other files
+            result.errors.append(
+                f"{source.display_path}: internal error in model discovery: {exc!r}\n{traceback.format_exc()}"
+            )
+            continue
+        for target, failure, imports in found:
+            if failure is not None:
+                static.append(ModelFacts.failed(target, failure))
+                continue
+            preload |= imports & {"torchvision", "timm"}
+            jobs.append({"target": target, "precision": precision, "limits": job_limits})
+    for spec in settings.models:
+        target, failure = factory_target(spec, settings)
+        if failure is not None:
+            static.append(ModelFacts.failed(target, failure))
+        else:
+            jobs.append({"target": target, "precision": precision, "limits": job_limits})
+    if len(jobs) > MAX_MODELS:
+        result.notes.append(
+            f"model audit: {len(jobs)} model constructions found; audited the first {MAX_MODELS}"
+        )
+        jobs = jobs[:MAX_MODELS]
+    preload = {name for name in preload if importlib.util.find_spec(name) is not None}
+    return jobs, static, sorted(preload)
+
+
+def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
+    """(target, failure reason or None, imported packages) for each model the file builds."""
+    from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints
+    from tcaudit.model.slicing import SliceError, Slicer, missing_packages
+    from tcaudit.source.parsing import SourceError
+
+    try:
+        module = source.module
+    except SourceError:
+        return []  # the engine reports TC000
+    path = source.path.resolve()
+    index = ScriptIndex(module, source.text, path)
+    candidates = find_candidates(index, MAX_MODELS_PER_FILE)
+    if not candidates:
+        return []
+    hints = find_hints(index)
+    out = []
+    for candidate in candidates:
+        start = index.position(candidate.call).start
+        end = index.position(candidate.call).end
+        target: dict[str, Any] = {
+            "kind": "script",
+            "label": candidate.label,
+            "path": str(path),
+            "roots": [str(path.parent)],
+            "construction": {"line": start.line, "column": start.column + 1, "end_line": end.line,
+                             "end_column": end.column + 1},
+            "hints": hints,
+        }
+        try:
+            plan = Slicer(index).plan(candidate)
+        except SliceError as exc:
+            out.append((target, str(exc), set()))
+            continue
+        target.update(program=plan.program, construction=plan.construction, skipped=plan.skipped)
+        missing = missing_packages(plan.imports, index)
+        if missing:
+            names = ", ".join(missing)
+            out.append((
+                target,
+                f"it needs {names}, which {'is' if len(missing) == 1 else 'are'} not installed here, so the "
+                f"model cannot be resolved offline",
+                set(),
+            ))
+            continue
+        out.append((target, None, plan.imports))
+    return out
+
+
+def parse_input(text: str) -> list[list[int]]:
+    """``8x3x224x224`` → [[8, 3, 224, 224]]; several inputs are separated by commas."""
+    shapes = []
+    for part in re.split(r"[,;]\s*", text.strip()):
+        dims = [d for d in re.split(r"[x×*]", part.strip().lower()) if d]
+        if not dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"input shape {text!r} must look like 8x3x224x224")
+        shapes.append([int(d) for d in dims])
+    return shapes
+
+
+def factory_target(spec: "ModelSpec", settings: "Settings") -> tuple[dict[str, Any], str | None]:
+    """An audit job for ``[[tool.tcaudit.models]]`` / ``--model pkg.mod:factory``."""
+    root = Path(settings.root).resolve()
+    path, line = _factory_location(spec, settings)
+    target: dict[str, Any] = {
+        "kind": "factory",
+        "label": spec.factory,
+        "factory": spec.factory,
+        "path": path,
+        "roots": [str(root)],
+        "construction": {"line": line, "column": 1, "end_line": line, "end_column": 0},
+        "hints": {},
+    }
+    try:
+        if spec.input:
+            target["hints"]["input_shapes"] = parse_input(spec.input)
+    except ValueError as exc:
+        return target, str(exc)
+    if spec.dtype:
+        key = spec.dtype.strip().lower()
+        if key in _DTYPES:
+            target["hints"]["model_dtype"] = _DTYPES[key]
+        elif key in _INPUT_DTYPES:
+            target["hints"]["input_dtype"] = _INPUT_DTYPES[key]
+        else:
+            return target, f"unknown dtype {spec.dtype!r} (use bf16, fp16, fp32, fp64 or int64)"
+    return target, None
+
+
+def _factory_location(spec: "ModelSpec", settings: "Settings") -> tuple[str, int]:
+    """The config line that names the factory; else the factory module's file when it is the user's."""
+    config = settings.config_path
+    if config is not None and Path(config).is_file():
+        text = Path(config).read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if spec.factory in line:
+                return str(Path(config).resolve()), number
+    module = spec.factory.partition(":")[0]
+    candidate = Path(settings.root) / Path(*module.split("."))
+    for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+        if file.is_file():
+            return str(file.resolve()), 1
+    return spec.factory, 1
+
+
+def report(facts_list: "list[ModelFacts]", rules, settings: "Settings", sources, result: ModelAuditResult) -> None:
+    from tcaudit.model.cost import CostModel
+    from tcaudit.model.rules import ModelContext
+
+    by_path = {os.path.realpath(str(source.path)): source for source in sources}
+    seen: set[tuple] = set()
+    for facts in facts_list:
+        if facts.status == "error":
+            result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
+            continue
+        context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
+        _notes(facts, context, result)
+        for rule in rules:
+            try:
+                findings = list(rule.check(facts, context))
+            except Exception as exc:  # noqa: BLE001
+                result.errors.append(
+                    f"{context.display_path(facts.target.get('path', '?'))}: internal error in {rule.id}: "
+                    f"{exc!r}\n{traceback.format_exc()}"
+                )
+                continue
+            for finding in findings:
+                loc = finding.location
+                key = (finding.rule, loc.path, loc.line, loc.column, finding.message)
+                if key in seen:
+                    continue
+                seen.add(key)
+                result.findings.append(finding)
+
+
+def _notes(facts: "ModelFacts", context, result: ModelAuditResult) -> None:
+    if facts.status != "ok":
+        return
+    site = context.target_site()
+    where = f"{context.display_path(site.path)}:{site.line}"
+    label = facts.target.get("label") or facts.model_class
+    for note in facts.capture.notes:
+        if facts.capture.method != "parameters":
+            result.notes.append(f"model audit of `{label}` ({where}): {note}")
+    if facts.capture.failures and facts.capture.method != "parameters":
+        result.notes.append(
+            f"model audit of `{label}` ({where}) used {facts.capture.method} after: " + "; ".join(facts.capture.failures)
+        )

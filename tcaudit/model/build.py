@@ -189,11 +189,59 @@ def cpu_only_patches() -> Iterator[None]:
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     nn.Module.cuda = lambda self, *args, **kwargs: self
     autocast_mode.autocast.__init__ = autocast_init
+    saved.append((nn.Module, "_apply", nn.Module._apply))
+    nn.Module._apply = _fake_aware_apply(nn.Module._apply)
     try:
         yield
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+def _fake_aware_apply(original):
+    """``model.half()`` / ``.to(dtype)`` on fake parameters.
+
+    ``nn.Module._apply`` swaps a FakeTensor parameter in place with ``torch.utils.swap_tensors``, which
+    refuses tensors that FakeTensorMode holds weak references to. Replacing the Parameter objects
+    instead is equivalent for an audit (nothing else holds them yet); tied parameters stay tied.
+    """
+    import torch
+    import torch.nn as nn
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    state = {"depth": 0, "memo": {}}
+
+    def _apply(self, fn, recurse=True):
+        if not any(isinstance(t, FakeTensor) for t in self._parameters.values()) and not any(
+            isinstance(t, FakeTensor) for t in self._buffers.values()
+        ) and not any(
+            isinstance(p, FakeTensor) for p in self.parameters()
+        ):
+            return original(self, fn, recurse)
+        state["depth"] += 1
+        memo = state["memo"]
+        try:
+            if recurse:
+                for child in self.children():
+                    child._apply(fn)
+            for key, param in list(self._parameters.items()):
+                if param is None:
+                    continue
+                if id(param) not in memo:
+                    with torch.no_grad():
+                        applied = fn(param)
+                    memo[id(param)] = (param, nn.Parameter(applied, requires_grad=param.requires_grad))
+                self._parameters[key] = memo[id(param)][1]
+            for key, buffer in list(self._buffers.items()):
+                if buffer is not None:
+                    self._buffers[key] = fn(buffer)
+            return self
+        finally:
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                memo.clear()
+
+    return _apply
 
 
 # -- compiling a slice plan ----------------------------------------------------------------------

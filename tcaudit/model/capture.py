@@ -151,6 +151,7 @@ class InputCandidate:
     shapes: list[list[int]]
     dtypes: list[str]
     origin: str
+    assumed: bool = False  # some dimension is the audit's guess, not the script's
 
     def describe(self) -> str:
         parts = [f"({', '.join(map(str, s))}) {d}" for s, d in zip(self.shapes, self.dtypes)]
@@ -195,6 +196,13 @@ def required_inputs(model: nn.Module) -> int | None:
 
 def input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) -> tuple[list[InputCandidate], str]:
     """Inputs to try, best guess first, and a note when none can be guessed."""
+    candidates, note = _input_candidates(model, hints, float_dtype)
+    for candidate in candidates:
+        candidate.assumed = "assumed" in candidate.origin or "a common size" in candidate.origin
+    return candidates, note
+
+
+def _input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) -> tuple[list[InputCandidate], str]:
     explicit = hints.get("input_shapes")
     first = next(
         ((path, m) for path, m in model.named_modules() if role_of(m) in {"linear", "conv", "embedding", "mha", "rnn"}),
@@ -256,8 +264,11 @@ def input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) 
     # A Linear first: flat features, tokens of features, or an image the model flattens itself.
     width = first.in_features if isinstance(first, nn.Linear) else first.in1_features
     out = [InputCandidate([[batch, width]], [float_dtype], ", ".join([*origins, f"{width} features"]))]
-    if hints.get("seq_len"):
-        out.append(InputCandidate([[batch, int(hints["seq_len"]), width]], [float_dtype], ", ".join(origins)))
+    seq, seq_origin = hints.get("seq_len"), hints.get("seq_origin") or "the script"
+    if not isinstance(seq, int) or seq <= 0:
+        seq, seq_origin = 128, "assumed"
+    out.append(InputCandidate([[batch, seq, width]], [float_dtype],
+                              ", ".join([*origins, f"sequence {seq} ({seq_origin})", f"{width} features"])))
     if hints.get("image_size"):
         size, channels = int(hints["image_size"]), int(hints.get("channels") or 3)
         out.append(InputCandidate([[batch, channels, size, size]], [float_dtype], ", ".join(origins)))
@@ -673,15 +684,35 @@ def _looks_like_device(value) -> bool:
     return isinstance(value, str) and (value.startswith(("cuda", "cpu", "mps", "xpu", "meta")))
 
 
-def normalise(graphs: list[Graph], user_files: UserFiles) -> list[OpFact]:
+VIEW_OPS = {
+    "view", "_unsafe_view", "reshape", "transpose", "permute", "expand", "t", "slice", "select", "squeeze",
+    "unsqueeze", "split", "split_with_sizes", "chunk", "getitem", "alias", "detach", "flatten", "unflatten",
+    "narrow", "as_strided", "contiguous", "size", "dim", "_assert_tensor_metadata", "getattr", "unbind",
+}
+
+
+def normalise(graphs: list[Graph], user_files: UserFiles) -> tuple[list[OpFact], float]:
+    """The ops the rules care about, and the bytes all non-view ops write (the memory baseline)."""
     ops: list[OpFact] = []
+    written = [0.0]
     for index, graph in enumerate(graphs):
-        _normalise_graph(graph.module, graph, index, ops, user_files, set())
-    return ops
+        _normalise_graph(graph.module, graph, index, ops, user_files, set(), written)
+    return ops, written[0]
+
+
+def _output_bytes(value) -> float:
+    if isinstance(value, torch.Tensor):
+        try:
+            return float(value.numel() * value.element_size())
+        except (TypeError, RuntimeError):
+            return 0.0
+    if isinstance(value, (tuple, list)):
+        return sum(_output_bytes(v) for v in value)
+    return 0.0
 
 
 def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user_files: UserFiles,
-                     seen: set[int]) -> None:
+                     seen: set[int], written: list[float]) -> None:
     if id(gm) in seen:
         return
     seen.add(id(gm))
@@ -695,11 +726,13 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             except AttributeError:
                 continue
             if isinstance(attr, torch.fx.GraphModule):
-                _normalise_graph(attr, graph, graph_index, ops, user_files, seen)
+                _normalise_graph(attr, graph, graph_index, ops, user_files, seen, written)
             continue
         if node.op not in {"call_function", "call_method", "call_module"}:
             continue
         name, overload = op_name(node, gm)
+        if name not in VIEW_OPS and not name.startswith("wrap_with"):
+            written[0] += _output_bytes(node_value(node))
         if node.op == "call_module":
             module = gm.get_submodule(node.target)
             role = role_of(module)
@@ -819,7 +852,7 @@ def _fill(kind, name, overload, node, gm, values, out, fact: OpFact, produced, g
             "input_is_graph_input": is_input,
             "input_is_parameter": is_input and source.name in graph.parameter_inputs,
             "after": produced.get(source),
-            "users": len(node.users),
+            "users": sum(1 for user in node.users if "assert" not in str(user.target)),
             "numel": _numel(list(out.shape)),
         }
         fact.dtype = dtype_name(out.dtype)
@@ -884,9 +917,10 @@ def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], prec
             "shapes": outcome.candidate.shapes,
             "dtypes": outcome.candidate.dtypes,
             "origin": outcome.candidate.origin,
+            "assumed": outcome.candidate.assumed,
         }
     facts.timings["capture_s"] = round(time.perf_counter() - started, 3)
-    facts.ops = normalise(outcome.graphs, user_files)
+    facts.ops, facts.activation_bytes = normalise(outcome.graphs, user_files)
     facts.total_flops = float(sum(op.flops for op in facts.ops))
     facts.timings["normalise_s"] = round(time.perf_counter() - started - facts.timings["capture_s"], 3)
     return facts

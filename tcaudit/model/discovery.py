@@ -482,15 +482,21 @@ def _assigned_name(index: ScriptIndex, node: cst.CSTNode) -> str | None:
 
 def _torchvision_call(index: ScriptIndex, call: cst.Call) -> bool:
     func = call.func
+    # models.__dict__[name](...) and getattr(models, name)(...)
+    if isinstance(func, cst.Subscript):
+        if isinstance(func.value, cst.Attribute) and func.value.attr.value == "__dict__":
+            return (index.resolve(dotted(func.value.value)) or "").startswith("torchvision.models")
+        return False
+    if isinstance(func, cst.Call):
+        if dotted(func.func) == "getattr" and func.args:
+            return (index.resolve(dotted(func.args[0].value)) or "").startswith("torchvision.models")
+        return False
     qualified = index.resolve(dotted(func)) or ""
     if qualified.startswith("torchvision.models."):
         last = qualified.rsplit(".", 1)[-1]
-        return last == "get_model" or (last[:1].islower() and last not in {"list_models", "get_weight", "get_model_weights"})
-    # models.__dict__[name](...) and getattr(models, name)(...)
-    if isinstance(func, cst.Subscript) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "__dict__":
-        return (index.resolve(dotted(func.value.value)) or "").startswith("torchvision.models")
-    if isinstance(func, cst.Call) and dotted(func.func) == "getattr" and func.args:
-        return (index.resolve(dotted(func.args[0].value)) or "").startswith("torchvision.models")
+        return last == "get_model" or (
+            last[:1].islower() and not last.startswith("_") and last not in {"list_models", "get_weight", "get_model_weights"}
+        )
     return False
 
 

@@ -120,6 +120,7 @@ class ModelFacts:
     autocast: bool = True
     capture: CaptureInfo = field(default_factory=CaptureInfo)
     total_flops: float = 0.0
+    activation_bytes: float = 0.0  # bytes written by the graph's non-view ops (memory-bound baseline)
     modules: dict[str, ModuleFact] = field(default_factory=dict)
     ops: list[OpFact] = field(default_factory=list)
     construction: Site | None = None  # the model's construction expression
@@ -165,6 +166,7 @@ class ModelFacts:
             "autocast": self.autocast,
             "capture": asdict(self.capture),
             "total_flops": self.total_flops,
+            "activation_bytes": self.activation_bytes,
             "modules": [
                 {**asdict(m), "site": m.site.to_json() if m.site else None} for m in self.modules.values()
             ],
@@ -198,6 +200,7 @@ class ModelFacts:
             autocast=bool(data.get("autocast", True)),
             capture=CaptureInfo(**data.get("capture", {})),
             total_flops=float(data.get("total_flops", 0.0)),
+            activation_bytes=float(data.get("activation_bytes", 0.0)),
             modules=modules,
             ops=ops,
             construction=Site.from_json(data.get("construction")),

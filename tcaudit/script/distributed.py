@@ -214,6 +214,26 @@ def passes_keyword(facts: ScriptFacts, call: CallSite, keyword: str) -> bool | N
     return keyword in keys
 
 
+_TEST_FUNCTION = re.compile(r"^_*test")
+_TEST_CLASS = re.compile(r"^_*Test|Test(s|Case|Base|Mixin|Fixture)?$")
+
+
+def in_test_code(ctx: Frame) -> bool:
+    """Inside a unit test (``def test_*``, ``class FooTest``, a TestCase subclass): code that exercises
+    an API on purpose, not a training job whose throughput matters."""
+    for frame in ctx.chain():
+        node = frame.node
+        if frame.kind == "def" and _TEST_FUNCTION.match(node.name.value):  # type: ignore[attr-defined]
+            return True
+        if frame.kind == "class":
+            assert isinstance(node, cst.ClassDef)
+            if _TEST_CLASS.search(node.name.value):
+                return True
+            if any((get_full_name_for_node(b.value) or "").endswith(("TestCase", "TestBase")) for b in node.bases):
+                return True
+    return False
+
+
 def innermost_loop(ctx: Frame) -> Frame | None:
     """The nearest enclosing loop within the same function (None at a def, class or lambda)."""
     for frame in ctx.chain():
@@ -317,6 +337,28 @@ class DistributedFacts:
         if match:
             reasons.append(f"mentions {match.group(0)}")
         return reasons
+
+    @functools.cached_property
+    def is_script(self) -> bool:
+        """Run as a program (a main guard, argparse or sys.argv, or top-level training code), not a
+        library module whose functions someone else calls."""
+        if re.search(r"__name__\s*==\s*[\"']__main__[\"']|\bargparse\b|\bsys\.argv\b|\bfire\.Fire\b|\bhydra\b|\bclick\b", self.text):
+            return True
+        return any(call.ctx.function is None and call.ctx.class_def is None for call in self.step_calls)
+
+    @functools.cached_property
+    def module_names(self) -> set[str]:
+        """Names used as nn.Modules: the trained models and anything whose ``.parameters()``,
+        ``.state_dict()``, ``.train()`` or ``.eval()`` is called."""
+        out = set(self.facts.model_names)
+        for call in self.facts.method_calls("parameters", "named_parameters", "state_dict", "train", "eval", "modules"):
+            receiver = call.receiver
+            if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+                receiver = receiver.func.value  # m.cpu().parameters()
+            name = get_full_name_for_node(receiver) if receiver is not None else None
+            if name:
+                out.add(name)
+        return out
 
     @functools.cached_property
     def uses_cuda(self) -> bool:

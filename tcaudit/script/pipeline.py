@@ -282,11 +282,27 @@ class PipelineFacts:
 
     @functools.cached_property
     def functions_reaching_step(self) -> set[cst.FunctionDef]:
-        facts = self.facts
-        out: set[cst.FunctionDef] = set()
-        for fn, _ in facts.functions:
-            if fn in self.step_functions or self.step_functions & facts.reachable_functions(fn):
-                out.add(fn)
+        """Functions that hold a training step or call (by name, ``self.name``) one that does."""
+        callers_of: dict[int, set[cst.FunctionDef]] = {}
+        for call in self.facts.calls:
+            caller = call.ctx.function
+            if caller is None:
+                continue
+            name = call.name or ""
+            short = name[5:] if name.startswith("self.") else name
+            if not short or "." in short:
+                continue
+            for target in self.facts.functions_by_name.get(short, []):
+                if target is not caller:
+                    callers_of.setdefault(id(target), set()).add(caller)
+        out: set[cst.FunctionDef] = {fn for fn in self.step_functions if fn is not None}
+        frontier = list(out)
+        while frontier:
+            fn = frontier.pop()
+            for caller in callers_of.get(id(fn), ()):
+                if caller not in out:
+                    out.add(caller)
+                    frontier.append(caller)
         return out
 
     @functools.cached_property
@@ -586,7 +602,7 @@ class PipelineFacts:
                 if not isinstance(key, str):
                     ok = False
                     continue
-                keys.setdefault(key, []).append(KeyValue(element.value, element, label, self._conditional(ctx, expr)))
+                keys.setdefault(key, []).append(KeyValue(element.value, element, label, False))
             return ok
         if isinstance(expr, cst.Call):
             dotted = get_full_name_for_node(expr.func)
@@ -683,10 +699,8 @@ class PipelineFacts:
                 ok = False
         return ok
 
-    def _conditional(self, use: Frame, write: Frame | cst.CSTNode) -> bool:
+    def _conditional(self, use: Frame, write: Frame) -> bool:
         """A write is conditional when it sits under a flag frame the use is not under."""
-        if not isinstance(write, Frame):
-            return False
         use_frames = {id(f.node) for f in use.chain()}
         return any(id(f.node) not in use_frames for f in flag_frames(write))
 

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, keyword_arg, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -32,6 +33,8 @@ GRADCHECK = frozenset(
      "torch.autograd.gradcheck.gradgradcheck"}
 )
 ENVIRON = ("os.environ",)
+# A function named like a debugging or testing facility runs its debug aid on purpose.
+DEBUG_FUNCTION = re.compile(r"debug|check|anomal|diagnos|profil|trace|verify|^_*test", re.IGNORECASE)
 
 
 class DebugModeOn(ScriptRule):
@@ -47,13 +50,20 @@ class DebugModeOn(ScriptRule):
         yield from self._gradchecks(facts, pipeline)
         yield from self._launch_blocking(facts, pipeline)
 
+    @staticmethod
+    def _deliberate(pipeline: PipelineFacts, ctx: Frame) -> bool:
+        """Behind a flag, in eval code, or inside a debugging/testing function."""
+        if pipeline.facts.in_eval(ctx) or pipeline.is_flag_guarded(ctx):
+            return True
+        return any(f.kind == "def" and DEBUG_FUNCTION.search(f.node.name.value) for f in ctx.chain())  # type: ignore[attr-defined]
+
     def _anomaly_calls(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
         for call in facts.calls:
             if call.qualname not in SET_ANOMALY:
                 continue
             if literal(call.arg("mode", 0)) is not True:
                 continue  # False, or a flag (set_detect_anomaly(args.debug)): deliberate
-            if facts.in_eval(call.ctx) or pipeline.is_flag_guarded(call.ctx):
+            if self._deliberate(pipeline, call.ctx):
                 continue
             yield self.finding(
                 facts,
@@ -85,7 +95,7 @@ class DebugModeOn(ScriptRule):
                         what = "a profiler without `schedule=` records every op of every training step"
                 else:
                     continue
-                if facts.in_eval(ctx) or pipeline.is_flag_guarded(ctx) or not pipeline.body_trains(node):
+                if self._deliberate(pipeline, ctx) or not pipeline.body_trains(node):
                     continue
                 yield self.finding(
                     facts,
@@ -114,7 +124,7 @@ class DebugModeOn(ScriptRule):
 
     def _gradchecks(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
         for call in facts.calls:
-            if call.qualname not in GRADCHECK or facts.in_eval(call.ctx) or pipeline.is_flag_guarded(call.ctx):
+            if call.qualname not in GRADCHECK or self._deliberate(pipeline, call.ctx):
                 continue
             loop = call.ctx.nearest("loop")
             function = call.ctx.function
@@ -139,7 +149,7 @@ class DebugModeOn(ScriptRule):
             statement = binding.statement.node if binding.statement else None
             if statement is None or "CUDA_LAUNCH_BLOCKING" not in facts.module.code_for_node(statement):
                 continue
-            if str(literal(binding.value)) != "1" or pipeline.is_flag_guarded(binding.ctx):
+            if str(literal(binding.value)) != "1" or self._deliberate(pipeline, binding.ctx):
                 continue
             yield self._blocking_finding(facts, statement)
         for call in facts.calls:
@@ -147,7 +157,7 @@ class DebugModeOn(ScriptRule):
                 continue
             args = call.node.args
             if len(args) == 2 and literal(args[0].value) == "CUDA_LAUNCH_BLOCKING" and str(literal(args[1].value)) == "1":
-                if not pipeline.is_flag_guarded(call.ctx):
+                if not self._deliberate(pipeline, call.ctx):
                     yield self._blocking_finding(facts, call.node)
 
     def _blocking_finding(self, facts: ScriptFacts, node: cst.CSTNode) -> Finding:

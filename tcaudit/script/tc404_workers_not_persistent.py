@@ -28,6 +28,8 @@ class WorkersNotPersistent(ScriptRule):
                 continue
             if not pipeline.reiterated(site):
                 continue  # one pass (or iterated where this file cannot see): nothing to keep alive
+            if pipeline.repeats(site.call.ctx):
+                continue  # a new DataLoader each epoch: persistent workers would not outlive it
             yield self.finding(
                 facts,
                 site.call.node,

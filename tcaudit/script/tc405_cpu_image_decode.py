@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -39,14 +40,14 @@ class CpuImageDecode(ScriptRule):
         for call in facts.calls:
             qual = call.qualname or ""
             if qual in FOLDER_DATASETS:
-                if keyword_arg(call.node, "loader") is not None or not _training_use(facts, pipeline, call):
+                if keyword_arg(call.node, "loader") is not None or not _training_use(facts, call):
                     continue  # a custom loader= may already skip decoding
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
             elif qual in DECODERS:
                 device = keyword_arg(call.node, "device")
                 if device is not None and literal(device.value) != "cpu":
                     continue  # already decoded on the GPU
-                if not _in_sample_loader(call) or facts.in_eval(call.ctx):
+                if not _in_sample_loader(facts, pipeline, call) or facts.in_eval(call.ctx):
                     continue
                 what = f"`{call.name}` decodes each sample on the CPU inside the data pipeline"
             else:
@@ -56,11 +57,11 @@ class CpuImageDecode(ScriptRule):
                 call.node,
                 f"{what}; for a fast model this caps the training rate: {ADVICE}",
                 fix=Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)",
-                        anchor={"kind": "gpu-decode", "dataset": qual}),
+                        anchor={"kind": "gpu-decode", "call": qual, "line": facts.position(call.node).start.line}),
             )
 
 
-def _training_use(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> bool:
+def _training_use(facts: ScriptFacts, call: CallSite) -> bool:
     if facts.in_eval(call.ctx) or is_eval_name(assigned_name(call)):
         return False
     return not any(
@@ -69,12 +70,26 @@ def _training_use(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -
     )
 
 
-def _in_sample_loader(call: CallSite) -> bool:
-    """Inside a Dataset's ``__getitem__`` (or a method it uses), or a ``*load*`` function."""
-    cls = call.ctx.class_def
-    if cls is not None:
-        methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)}
-        if methods & {"__getitem__", "__getitems__", "__iter__"}:
-            return True
+def _in_sample_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, depth: int = 2) -> bool:
+    """Inside a Dataset (a class with ``__getitem__``/``__iter__``), or a function such a class calls,
+    or one passed as ``loader=`` (``pil_loader``). A one-off ``load_image("style.jpg")`` is not."""
+    if _in_dataset_class(call.ctx.class_def):
+        return True
     fn = call.ctx.function
-    return fn is not None and "load" in fn.name.value.lower()
+    if fn is None or depth == 0:
+        return False
+    name = fn.name.value
+    if name.endswith("loader") or any(
+        arg.keyword is not None and arg.keyword.value == "loader" and get_full_name_for_node(arg.value) == name
+        for c in facts.calls
+        for arg in c.node.args
+    ):
+        return True
+    return any(_in_sample_loader(facts, pipeline, c, depth - 1) for c in pipeline.direct_callers(fn) if not c.ctx.inside(fn))
+
+
+def _in_dataset_class(cls: cst.ClassDef | None) -> bool:
+    if cls is None:
+        return False
+    methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+    return bool(methods & {"__getitem__", "__getitems__", "__iter__"})

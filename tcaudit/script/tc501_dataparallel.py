@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts
+from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 
 class DataParallelUsed(ScriptRule):
     id = "TC501"
-    triggers = (r"DataParallel",)
+    triggers = (r"(?<!Distributed)DataParallel",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
@@ -22,6 +22,8 @@ class DataParallelUsed(ScriptRule):
             return
         for wrap in info.wraps_of("dataparallel"):
             call = wrap.call
+            if in_test_code(call.ctx):
+                continue
             written = call.name or "DataParallel"
             alias = written.split(".")[-1] != "DataParallel"
             if alias:

@@ -6,7 +6,7 @@ import re
 from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, passes_keyword
+from tcaudit.script.distributed import distributed_facts, in_test_code, passes_keyword
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -25,6 +25,8 @@ class DdpBucketView(ScriptRule):
         info = distributed_facts(facts)
         for wrap in info.wraps_of("ddp"):
             call = wrap.call
+            if in_test_code(call.ctx):
+                continue
             if passes_keyword(facts, call, KWARG) is not False:
                 continue  # set on purpose (to True or to False), or hidden in a **kwargs dict
             surgery = _GRAD_SURGERY.search(info.text)

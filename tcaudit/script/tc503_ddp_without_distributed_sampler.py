@@ -14,6 +14,7 @@ from tcaudit.script.distributed import (
     DistributedFacts,
     code,
     distributed_facts,
+    in_test_code,
     literal_value,
     passes_keyword,
 )
@@ -74,6 +75,8 @@ class DdpWithoutDistributedSampler(ScriptRule):
         if not info.is_ddp_script or facts.frameworks or info.iterable_dataset_defined:
             return
         for call in info.dataloaders:
+            if in_test_code(call.ctx):
+                continue
             positional = [a for a in call.node.args if a.keyword is None and not a.star]
             if len(positional) > _SAMPLER_POSITION:
                 continue  # sampler passed by position

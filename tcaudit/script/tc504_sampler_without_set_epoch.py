@@ -12,6 +12,7 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
     distributed_facts,
+    in_test_code,
     innermost_loop,
     is_distributed_sampler,
     callee_type,
@@ -90,7 +91,7 @@ class SamplerWithoutSetEpoch(ScriptRule):
             return
         epoch_var = facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else None
         for call in samplers:
-            if not _shuffles(call) or facts.in_eval(call.ctx):
+            if not _shuffles(call) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
             name = info.target_of(call.node)
             owner = name or _loader_holding(info, call)

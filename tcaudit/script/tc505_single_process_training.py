@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, loop_header_end
+from tcaudit.script.distributed import distributed_facts, in_test_code, loop_header_end
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -17,12 +17,12 @@ class SingleProcessTraining(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if not info.uses_cuda or not facts.training_steps or not facts.optimizer_steps:
+        if not info.uses_cuda or not facts.training_steps or not facts.optimizer_steps or not info.is_script:
             return
         if info.multi_process_reasons or info.is_rl_script:
             return  # already distributed / Hogwild / a framework's job / RL: data comes from an env
         loop = info.first_training_loop()
-        if loop is None:
+        if loop is None or in_test_code(loop):
             return
         anchor = {
             "kind": "convert-ddp",

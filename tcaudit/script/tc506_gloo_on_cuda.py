@@ -8,7 +8,7 @@ from typing import Iterator
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, literal_value
+from tcaudit.script.distributed import distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -42,6 +42,8 @@ class GlooOnCuda(ScriptRule):
         if not (facts.training_steps or facts.optimizer_steps or info.is_ddp_script):
             return
         for call in info.init_process_group_calls:
+            if in_test_code(call.ctx):
+                continue
             backend = call.arg("backend", 0)
             if backend is None or not _always_gloo(facts, backend):
                 continue

@@ -8,7 +8,15 @@ from typing import Iterator
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import DistributedFacts, distributed_facts, has_modulo, innermost_loop, loops_of, names_in
+from tcaudit.script.distributed import (
+    DistributedFacts,
+    distributed_facts,
+    has_modulo,
+    in_test_code,
+    innermost_loop,
+    loops_of,
+    names_in,
+)
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -86,6 +94,8 @@ class DdpAccumulationSync(ScriptRule):
             return
         model = next((w.target for w in ddp if w.target), None)
         for backward, how in accumulating_backwards(facts, info):
+            if in_test_code(backward.ctx):
+                continue
             anchor = {"kind": "wrap-no-sync", "line": facts.line_of(backward.node), "model": model}
             if model:
                 fix = Fix(FixClass.SAFE, f"run the forward and backward of non-final micro-steps under `{model}.no_sync()`", anchor=anchor)

@@ -9,7 +9,14 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import DistributedFacts, distributed_facts, has_modulo, literal_value, names_in
+from tcaudit.script.distributed import (
+    DistributedFacts,
+    distributed_facts,
+    has_modulo,
+    in_test_code,
+    literal_value,
+    names_in,
+)
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -194,8 +201,8 @@ class PerStepSync(ScriptRule):
         scope = _StepScope(facts, info)
         tensors = _Tensors(facts)
         for call in facts.calls:
-            described = self._sync(facts, tensors, call)
-            if described is None:
+            described = self._sync(facts, info, tensors, call)
+            if described is None or in_test_code(call.ctx):
                 continue
             what, node = described
             if not scope.runs_every_step(call.ctx):
@@ -208,7 +215,7 @@ class PerStepSync(ScriptRule):
                 fix=self._fix(facts, call, what),
             )
 
-    def _sync(self, facts: ScriptFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
+    def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
         node = call.node
         method = call.method
         if _is_sync_method_call(node):
@@ -218,7 +225,7 @@ class PerStepSync(ScriptRule):
                 return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
             receiver_text = facts.module.code_for_node(receiver)
             if method == "cpu":
-                if call.receiver_name in facts.model_names or (call.receiver_name or "").endswith(".module"):
+                if call.receiver_name in info.module_names or (call.receiver_name or "").endswith(".module"):
                     return None  # moving a model, not reading a value
                 if call.statement is not None and _PACKING.search(facts.module.code_for_node(call.statement.node)):
                     return None  # pack_padded_sequence needs its lengths on the CPU

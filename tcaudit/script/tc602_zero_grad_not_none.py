@@ -6,7 +6,7 @@ import re
 from typing import Iterator
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, literal_value
+from tcaudit.script.distributed import distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -23,7 +23,7 @@ class ZeroGradNotNone(ScriptRule):
         info = distributed_facts(facts)
         for call in facts.method_calls("zero_grad"):
             value = call.arg("set_to_none", 0)
-            if value is None or literal_value(value) is not False or facts.in_eval(call.ctx):
+            if value is None or literal_value(value) is not False or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
             anchor = {"kind": "replace-argument", "line": facts.line_of(value), "old": "False", "new": "True"}
             grad_use = _READS_GRAD.search(info.text)

@@ -9,12 +9,12 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import DistributedFacts, distributed_facts
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
-# ``loader``, ``train_loader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).
-_LOADER_NAME = re.compile(r"(^|_)(data)?loader$|(^|_)dl$", re.IGNORECASE)
+# ``loader``, ``trainloader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).
+_LOADER_NAME = re.compile(r"loader$|(^|_)dl$", re.IGNORECASE)
 _WRAPPERS = ("iter", "enumerate", "tqdm", "tqdm.tqdm")
 
 
@@ -42,7 +42,8 @@ def _loader_inside(facts: ScriptFacts, info: DistributedFacts, expr: cst.BaseExp
 
 class LoaderRelisted(ScriptRule):
     id = "TC603"
-    triggers = (r"\blist\s*\(",)
+    # Necessary: list( around a loader-like name, or list( in a file that builds a DataLoader.
+    triggers = (r"(?i)\blist\s*\([^)]*(?:loader|dl)\b", r"(?s)\A(?=.*DataLoader).*\blist\s*\(")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
@@ -55,7 +56,7 @@ class LoaderRelisted(ScriptRule):
             if call.name != "len" or len(call.node.args) != 1:
                 continue
             inner = call.node.args[0].value
-            if id(inner) not in listing:
+            if id(inner) not in listing or in_test_code(call.ctx):
                 continue
             loader = _loader_inside(facts, info, inner.args[0].value)  # type: ignore[attr-defined]
             if loader is None:
@@ -72,7 +73,7 @@ class LoaderRelisted(ScriptRule):
         # for batch in list(loader): materialises the epoch before the first step.
         for target_id, call in listing.items():
             statement = call.statement
-            if target_id in reported or statement is None or not isinstance(statement.node, cst.For):
+            if target_id in reported or in_test_code(call.ctx) or statement is None or not isinstance(statement.node, cst.For):
                 continue
             it = statement.node.iter
             if isinstance(it, cst.Call) and get_full_name_for_node(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:

@@ -8,7 +8,7 @@ from typing import Iterator
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, literal_value
+from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
@@ -61,7 +61,7 @@ class BatchSizeUnaligned(ScriptRule):
     def _literals(self, facts: ScriptFacts, info: DistributedFacts) -> Iterator[tuple[cst.BaseExpression, str]]:
         for call in info.dataloaders:
             value = call.arg("batch_size", 1)
-            if value is None or not isinstance(value, cst.Integer) or facts.in_eval(call.ctx):
+            if value is None or not isinstance(value, cst.Integer) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
             name = info.dataloader_name(call) or ""
             dataset = call.arg("dataset", 0)
@@ -69,6 +69,8 @@ class BatchSizeUnaligned(ScriptRule):
                 continue
             yield value, "DataLoader batch_size"
         for call in facts.method_calls("add_argument"):
+            if in_test_code(call.ctx):
+                continue
             flags = [literal_value(a.value) for a in call.node.args if a.keyword is None]
             dest = literal_value(call.arg("dest"))
             if not any(isinstance(f, str) and _BATCH_FLAG.match(f) for f in flags) and not (
@@ -80,7 +82,7 @@ class BatchSizeUnaligned(ScriptRule):
                 yield value, "argparse default"
         for binding in facts.bindings:
             if isinstance(binding.value, cst.Integer) and _BATCH_NAME.match(binding.target.split(".")[-1]):
-                if not facts.in_eval(binding.ctx):
+                if not facts.in_eval(binding.ctx) and not in_test_code(binding.ctx):
                     yield binding.value, f"`{binding.target}`"
         for dict_node in self._dicts(facts):
             for element in dict_node.elements:

@@ -1,0 +1,219 @@
+"""Alignment rules and the cost model that turns a finding into an estimated time lost.
+
+The numbers come from ``cost_table.json`` (first filled from PERF.md's H200 measurements; ``tcaudit
+calibrate`` rewrites it on the user's GPU). A GEMM's stride-1 dimensions (K and N) must be multiples
+of 16 bytes for the Tensor Core fast path: 8 elements in fp16/bf16, 4 in fp32 (TF32), 16 in
+int8/fp8. An op's time is its FLOPs over the table's achieved rate for its dtype, times the penalties
+that apply to it; a finding's ``est_time_lost`` is the time it adds as a share of the model's
+estimated current time, so the numbers of different findings are comparable and add up.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tcaudit.model.facts import DTYPE_BYTES, ModelFacts, OpFact
+
+COST_TABLE = Path(__file__).with_name("cost_table.json")
+PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+TRAINING_FACTOR = 3.0  # a training step costs about three forward passes
+
+
+@functools.lru_cache(maxsize=4)
+def load_table(path: str | None = None) -> dict[str, Any]:
+    with open(path or COST_TABLE, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def itemsize(dtype: str | None) -> int:
+    return DTYPE_BYTES.get(dtype or "", 2)
+
+
+def alignment_elements(dtype: str | None, alignment_bytes: int = 16) -> int:
+    return max(1, alignment_bytes // itemsize(dtype))
+
+
+def byte_alignment(dim: int, dtype: str | None, cap: int = 16) -> int:
+    """The largest power of two (up to ``cap``) dividing the dimension's size in bytes."""
+    size = dim * itemsize(dtype)
+    alignment = 1
+    while alignment < cap and size % (alignment * 2) == 0:
+        alignment *= 2
+    return alignment
+
+
+def is_aligned(dim: int, dtype: str | None, alignment_bytes: int = 16) -> bool:
+    return (dim * itemsize(dtype)) % alignment_bytes == 0
+
+
+def suggest(dim: int, dtype: str | None, table: dict[str, Any] | None = None) -> int:
+    """The padded size to recommend: the next multiple of 64 for large dims, else of the alignment."""
+    table = table or load_table()
+    multiple = table.get("preferred_multiple", 64) if dim >= table.get("preferred_from", 256) else alignment_elements(dtype)
+    return -(-dim // multiple) * multiple
+
+
+@dataclass
+class Cost:
+    """The estimated cost of one finding."""
+
+    penalty: float  # × slower than fixed
+    lost_s: float  # forward seconds lost on the reference GPU
+    flop_share: float | None  # share of the model's forward FLOPs (None: not a compute op)
+    time_share: float  # share of the model's estimated current step time
+
+    def details(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "penalty": round(self.penalty, 2),
+            "est_time_lost": round(self.time_share, 4),
+            "est_time_lost_ms": round(self.lost_s * TRAINING_FACTOR * 1000, 4),
+        }
+        if self.flop_share is not None:
+            data["flop_share"] = round(self.flop_share, 4)
+        return data
+
+
+@dataclass
+class CostModel:
+    """Per-model cost estimates shared by the TC1 rules."""
+
+    facts: ModelFacts
+    precision: str = "auto"
+    gpu: str = "auto"
+    table: dict[str, Any] = field(default_factory=load_table)
+
+    def __post_init__(self) -> None:
+        default = self.table["default_gpu"]
+        self.gpu_key = self.gpu if self.gpu in self.table["gpus"] else default
+        self.entry = self.table["gpus"][self.gpu_key]
+        self.alignment_bytes = int(self.table.get("alignment_bytes", 16))
+        self.source = self.table.get("source", "cost table")
+        if self.gpu not in ("auto", self.gpu_key):
+            self.source += f" (measured on {self.gpu_key}; no table for {self.gpu} yet)"
+        self._total_params = sum(self._layer_params(m.attrs) for m in self.facts.modules.values())
+        self._ideal = sum(self.ideal_time(op) for op in self.facts.ops)
+        extra = sum(self.ideal_time(op) * (self.op_penalty(op) - 1.0) for op in self.facts.ops)
+        # Every non-view op writes its output once and a later op reads it: a memory-bound baseline.
+        memory = 2.0 * self.facts.activation_bytes / float(self.entry["rates"]["hbm_bytes_per_s"])
+        self._current = self._ideal + extra + memory
+
+    # -- dtypes and alignment -------------------------------------------------------------
+    def dtype(self, op: OpFact | None = None) -> str:
+        if op is not None and op.dtype:
+            return op.dtype
+        return self.facts.compute_dtype
+
+    def aligned(self, dim: int, dtype: str | None) -> bool:
+        return is_aligned(dim, dtype, self.alignment_bytes)
+
+    def rate(self, dtype: str | None) -> float:
+        rates = self.entry["rates"]
+        return float(rates.get(dtype or "", rates["bfloat16"]))
+
+    # -- penalties ------------------------------------------------------------------------
+    def gemm_kn_penalty(self, k: int, n: int, dtype: str | None) -> float:
+        gemm = self.entry["gemm"]
+        penalty = 1.0
+        if not self.aligned(k, dtype):
+            penalty = max(penalty, float(gemm["k_unaligned"][str(byte_alignment(k, dtype))]))
+        if not self.aligned(n, dtype):
+            penalty = max(penalty, float(gemm["n_unaligned"][str(byte_alignment(n, dtype))]))
+        return penalty
+
+    def gemm_m_penalty(self, m: int, dtype: str | None) -> float:
+        return 1.0 if self.aligned(m, dtype) else float(self.entry["gemm"]["m_unaligned"])
+
+    def not_64_penalty(self) -> float:
+        return float(self.entry["gemm"]["not_multiple_of_64"])
+
+    def conv_penalty(self) -> float:
+        return float(self.entry["conv"]["channels_unaligned"])
+
+    def sdpa_penalty(self) -> float:
+        return float(self.entry["sdpa"]["head_dim_unsupported"])
+
+    def op_penalty(self, op: OpFact) -> float:
+        dtype = self.dtype(op)
+        info = op.info
+        if op.kind == "gemm":
+            return self.gemm_kn_penalty(info["k"], info["n"], dtype) * self.gemm_m_penalty(info["m"], dtype)
+        if op.kind == "conv":
+            return self.conv_penalty() if self.conv_unaligned(info, dtype) else 1.0
+        if op.kind == "sdpa":
+            return self.sdpa_penalty() if self.head_dim_unsupported(info["head_dim"]) else 1.0
+        return 1.0
+
+    def conv_unaligned(self, info: dict[str, Any], dtype: str | None) -> list[str]:
+        """Which of a conv's channel counts miss the alignment. Grouped and depthwise convs do not run
+        as one implicit GEMM and are not counted."""
+        if info.get("groups", 1) != 1:
+            return []
+        out = []
+        for key in ("c_in", "c_out"):
+            # 1-4 channels are image inputs and outputs (RGB, masks): normal, and the stem is TC103's.
+            if info[key] > 4 and not self.aligned(info[key], dtype):
+                out.append(key)
+        return out
+
+    @staticmethod
+    def head_dim_unsupported(head_dim: int) -> bool:
+        """Flash attention needs a head dim that is a multiple of 8 and at most 256."""
+        return head_dim % 8 != 0 or head_dim > 256
+
+    # -- times ----------------------------------------------------------------------------
+    def ideal_time(self, op: OpFact) -> float:
+        if op.flops <= 0:
+            return 0.0
+        return op.flops / self.rate(self.dtype(op))
+
+    @property
+    def current_time(self) -> float:
+        return self._current
+
+    def compute_cost(self, ops: list[OpFact], penalty: float) -> Cost:
+        """Cost of ops that run ``penalty`` × slower than they would once fixed."""
+        ideal = sum(self.ideal_time(op) for op in ops)
+        lost = ideal * (penalty - 1.0)
+        flops = sum(op.flops for op in ops)
+        flop_share = flops / self.facts.total_flops if self.facts.total_flops else 0.0
+        return Cost(penalty, lost, flop_share, lost / self._current if self._current else 0.0)
+
+    def dtype_cost(self, ops: list[OpFact]) -> Cost:
+        """Cost of ops that run in fp32/fp64 instead of the configured low precision."""
+        target = self.facts.compute_dtype if self.facts.compute_dtype in ("bfloat16", "float16") else "bfloat16"
+        lost = sum(op.flops / self.rate(self.dtype(op)) - op.flops / self.rate(target) for op in ops)
+        flops = sum(op.flops for op in ops)
+        slow = sum(op.flops / self.rate(self.dtype(op)) for op in ops)
+        penalty = slow / (slow - lost) if slow > lost > 0 else 1.0
+        flop_share = flops / self.facts.total_flops if self.facts.total_flops else 0.0
+        return Cost(penalty, lost, flop_share, lost / self._current if self._current else 0.0)
+
+    def memory_cost(self, bytes_moved: float) -> Cost:
+        """Cost of extra memory-bound work (a cast, a bias add) that reads and writes ``bytes_moved``."""
+        lost = bytes_moved / float(self.entry["rates"]["hbm_bytes_per_s"])
+        share = lost / self._current if self._current else 0.0
+        return Cost(1.0, lost, None, share)
+
+    def parameter_cost(self, attrs: dict[str, Any], penalty: float) -> Cost:
+        """No graph: a layer's share of the model's GEMM/conv parameters stands in for its FLOP share."""
+        params = self._layer_params(attrs)
+        share = params / self._total_params if self._total_params else 0.0
+        return Cost(penalty, 0.0, share, share * (penalty - 1.0) / (1.0 + share * (penalty - 1.0)))
+
+    @staticmethod
+    def _layer_params(attrs: dict[str, Any]) -> int:
+        role = attrs.get("role")
+        if role == "linear":
+            return attrs["in_features"] * attrs["out_features"]
+        if role == "conv":
+            kernel = 1
+            for k in attrs.get("kernel_size", [1]):
+                kernel *= k
+            return attrs["in_channels"] * attrs["out_channels"] * kernel // max(1, attrs.get("groups", 1))
+        if role == "mha":
+            return 4 * attrs["embed_dim"] * attrs["embed_dim"]
+        return 0

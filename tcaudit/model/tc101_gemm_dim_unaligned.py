@@ -1,0 +1,108 @@
+"""TC101 gemm-dim-unaligned: a GEMM whose K or N is not a multiple of the 16-byte alignment."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tcaudit.findings import Finding
+from tcaudit.model.cost import alignment_elements, suggest
+from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
+from tcaudit.model.rules import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+
+ATTENTION_CORE = {"bmm", "baddbmm", "matmul", "__matmul__", "einsum"}
+
+
+def vocab_sizes(facts: ModelFacts) -> set[int]:
+    """Rows of token embeddings (512 rows or more): their GEMMs are TC104's."""
+    sizes = {op.info["rows"] for op in facts.ops_of("embedding") if op.info.get("rows", 0) >= 512}
+    sizes |= {
+        m.attrs["num_embeddings"]
+        for m in facts.modules.values()
+        if m.attrs.get("role") == "embedding" and m.attrs.get("num_embeddings", 0) >= 512
+    }
+    return sizes
+
+
+def attention_core(op: OpFact) -> bool:
+    """Batched GEMMs inside nn.MultiheadAttention are its attention, judged by head dim (TC106)."""
+    return op.module_type == "MultiheadAttention" and op.op in ATTENTION_CORE
+
+
+class GemmDimUnaligned(ModelRule):
+    id = "TC101"
+
+    def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
+        cost = context.cost
+        vocab = vocab_sizes(facts)
+        flagged = []
+        for op in facts.ops_of("gemm"):
+            if attention_core(op):
+                continue
+            k, n, dtype = op.info["k"], op.info["n"], cost.dtype(op)
+            bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
+            if bad:
+                flagged.append(op)
+        for site, ops in group_by_site(context, flagged, lambda op: (op.info["k"], op.info["n"], op.dtype)):
+            yield self._report(context, site, ops, vocab)
+        reached_paths = {op.module for op in facts.ops}
+        for module in facts.unreached("linear"):
+            if module.path in reached_paths or module.attrs.get("tied_to"):
+                continue
+            k, n = module.attrs["in_features"], module.attrs["out_features"]
+            dtype = facts.compute_dtype
+            bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
+            if not bad or module.site is None:
+                continue
+            penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
+            estimate = cost.parameter_cost(module.attrs, penalty)
+            yield self.finding(
+                context,
+                module.site,
+                self._message(f"`{module.path}`", f"Linear {k}→{n}", dtype, bad, penalty, context, impact_text(estimate),
+                              "not run by the captured graph; checked from its parameters"),
+                cost=estimate,
+                details={"module": module.path, "k": k, "n": n, "dtype": dtype, "impact_basis": "parameters",
+                         "suggested": {name: suggest(dim, dtype) for name, dim in bad}},
+            )
+
+    def _report(self, context: ModelContext, site, ops: list[OpFact], vocab: set[int]) -> Finding:
+        cost = context.cost
+        first = ops[0]
+        k, n, m, dtype = first.info["k"], first.info["n"], first.info["m"], cost.dtype(first)
+        bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
+        penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
+        estimate = cost.compute_cost(ops, penalty)
+        shown, module_details = describe_modules(ops)
+        layer = f"{first.module_type or first.op} {k}→{n}" if first.op == "linear" else f"{first.op} M={m} N={n} K={k}"
+        details = {
+            **module_details,
+            "op": first.op,
+            "shapes": first.shapes,
+            "m": m, "n": n, "k": k,
+            "dtype": dtype,
+            "suggested": {name: suggest(dim, dtype) for name, dim in bad},
+        }
+        return self.finding(
+            context,
+            site,
+            self._message(shown, layer, dtype, bad, penalty, context, impact_text(estimate)),
+            cost=estimate,
+            details=details,
+        )
+
+    @staticmethod
+    def _message(shown, layer, dtype, bad, penalty, context, impact, suffix="") -> str:
+        dims = " and ".join(f"{name}={dim}" for name, dim in bad)
+        pads = ", ".join(f"{name} {dim}→{suggest(dim, dtype)}" for name, dim in bad)
+        align = alignment_elements(dtype)
+        device = context.cost.entry.get("device", context.cost.gpu_key)
+        text = (
+            f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, not a multiple of {align} "
+            f"(16 bytes): it misses the fast Tensor Core kernels (~{penalty:.1f}× slower on {device}); "
+            f"pad {pads}"
+        )
+        if impact:
+            text += f" [{impact}]"
+        if suffix:
+            text += f"; {suffix}"
+        return text

@@ -1,0 +1,48 @@
+"""TC105 batch-unaligned: the GEMM M dimension (batch × tokens) is not a multiple of 8 (information)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tcaudit.findings import Finding
+from tcaudit.model.cost import alignment_elements
+from tcaudit.model.facts import ModelFacts
+from tcaudit.model.rules import ModelContext, ModelRule, impact_text
+from tcaudit.model.tc101_gemm_dim_unaligned import attention_core
+
+
+class BatchUnaligned(ModelRule):
+    id = "TC105"
+
+    def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
+        if facts.input.get("assumed"):
+            return  # the batch (or sequence) is the audit's guess, not the script's choice
+        cost = context.cost
+        by_m: dict[int, list] = {}
+        for op in facts.ops_of("gemm"):
+            if attention_core(op) or op.info.get("batch", 1) != 1:
+                continue
+            m = op.info["m"]
+            if not cost.aligned(m, cost.dtype(op)):
+                by_m.setdefault(m, []).append(op)
+        for m, ops in sorted(by_m.items()):
+            dtype = cost.dtype(ops[0])
+            align = alignment_elements(dtype)
+            estimate = cost.compute_cost(ops, cost.gemm_m_penalty(m, dtype))
+            shapes = facts.input.get("shapes") or []
+            origin = facts.input.get("origin", "")
+            padded = -(-m // align) * align
+            message = (
+                f"the model's GEMMs run with M={m} rows (input {', '.join('x'.join(map(str, s)) for s in shapes)}: "
+                f"{origin}), not a multiple of {align}: a small cost (~{estimate.penalty:.2f}× on those GEMMs); "
+                f"a batch that makes M a multiple of {align} (e.g. M={padded}) avoids it"
+            )
+            if estimate.flop_share:
+                message += f" [{impact_text(estimate)}]"
+            yield self.finding(
+                context,
+                context.target_site(),
+                message,
+                cost=estimate,
+                details={"m": m, "gemms": len(ops), "input": shapes, "dtype": dtype, "suggested": padded},
+            )

@@ -1,0 +1,47 @@
+"""TC111 fp32-gemm: a GEMM, convolution or attention that still runs in fp32/fp64 under the
+configured mixed precision."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tcaudit.findings import Finding
+from tcaudit.model.facts import ModelFacts, short_dtype
+from tcaudit.model.rules import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+
+WIDE = {"float32", "float64"}
+
+
+class Fp32Gemm(ModelRule):
+    id = "TC111"
+
+    def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
+        cost = context.cost
+        target = facts.compute_dtype if facts.compute_dtype in ("bfloat16", "float16") else "bfloat16"
+        wide = [op for op in facts.ops_of("gemm", "conv", "sdpa") if cost.dtype(op) in WIDE and op.flops > 0]
+        for site, ops in group_by_site(context, wide, lambda op: (op.dtype, op.op)):
+            first = ops[0]
+            dtype = cost.dtype(first)
+            estimate = cost.dtype_cost(ops)
+            shown, module_details = describe_modules(ops)
+            if dtype == "float64":
+                why = "float64 tensors: autocast never lowers float64"
+            elif facts.autocast:
+                why = "autocast does not reach it (an autocast-disabled region, or an op autocast does not cover)"
+            else:
+                why = f"the model's parameters are {short_dtype(facts.param_dtype)}"
+            message = (
+                f"{shown} runs its {first.op} in {short_dtype(dtype)} although training is set up for "
+                f"{short_dtype(target)}: {why}; ~{estimate.penalty:.1f}× slower than {short_dtype(target)} "
+                f"on {cost.entry.get('device', cost.gpu_key)}"
+            )
+            impact = impact_text(estimate)
+            if impact:
+                message += f" [{impact}]"
+            yield self.finding(
+                context,
+                site,
+                message,
+                cost=estimate,
+                details={**module_details, "op": first.op, "dtype": dtype, "precision": target, "shapes": first.shapes},
+            )

@@ -1,0 +1,197 @@
+"""TC3 (backend and compilation) rules on whole training scripts: the exact (rule, line) findings
+of every fixtures/scripts/tc3_*.py, and the decisions the rules make about them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import scan_code, scan_paths
+from tcaudit.catalog import load_catalog
+from tcaudit.findings import FixClass, Severity
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.rule import RuleContext, discover_script_rules
+from tcaudit.source.parsing import read_source
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
+MY_RULES = ("TC301", "TC302", "TC303", "TC305", "TC306", "TC307")
+
+EXPECTED = {
+    # torchvision ResNet under bf16 autocast (behind --amp), NCHW, SGD, eager; TF32 not reported (AMP).
+    "tc3_resnet_amp_nchw.py": [("TC302", 51), ("TC303", 51), ("TC305", 51), ("TC307", 54)],
+    # fp32 GPT, anomaly detection and an unscheduled profiler left on; `compile = True` compiles nothing.
+    "tc3_fp32_gpt_debug.py": [("TC301", 85), ("TC305", 66), ("TC306", 26), ("TC306", 77), ("TC307", 67)],
+    # benchmark=False under --seed, allow_tf32=False, foreach=False: deliberate, not reported.
+    "tc3_seeded_unet.py": [("TC303", 58), ("TC305", 58)],
+    # model from a factory, step split over methods; emit_nvtx around fit(); the rest behind flags.
+    "tc3_trainer_class.py": [("TC302", 43), ("TC305", 43), ("TC306", 87)],
+    # Lightning owns the loop: only the module-level anomaly switch is plainly user code.
+    "tc3_lightning.py": [("TC306", 13)],
+    "tc3_tuned.py": [],
+    "tc3_cpu_only.py": [],
+    "tc3_inference.py": [],
+}
+
+
+def _findings(name: str, select: tuple[str, ...] = ("TC3",)):
+    result = scan_paths([str(SCRIPTS / name)], select=select)
+    return [f for f in result.findings if f.rule != "TC304" or "TC304" in select]
+
+
+def test_every_tc3_fixture_has_expectations():
+    assert sorted(p.name for p in SCRIPTS.glob("tc3_*.py")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_findings(name):
+    found = sorted((f.rule, f.location.line) for f in _findings(name) if f.rule in MY_RULES)
+    assert found == sorted(EXPECTED[name])
+
+
+def test_tuned_script_is_silent_for_tc3_and_tc4():
+    assert [(f.rule, f.location.line) for f in _findings("tc3_tuned.py", ("TC3", "TC4"))] == []
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_triggers_hide_nothing(name):
+    """Running every rule without its trigger finds nothing the engine (with triggers) did not."""
+    source = read_source(SCRIPTS / name, name)
+    facts = ScriptFacts(source)
+    context = RuleContext(settings=None)  # type: ignore[arg-type]
+    rules = discover_script_rules()
+    for rule_id in MY_RULES:
+        rule = rules[rule_id]()
+        direct = list(rule.check(facts, context))
+        if direct:
+            assert rule.may_match(source.text), rule_id
+
+
+def test_tf32_finding_is_info_for_a_convnet_and_anchored_after_the_imports(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        import torchvision
+
+        model = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """,
+        select=("TC301",),
+    )
+    (finding,) = result.findings
+    assert finding.severity == Severity.INFO
+    assert finding.location.line == 8
+    assert finding.fix.fix_class == FixClass.NUMERICS
+    assert finding.fix.anchor == {
+        "kind": "insert-statement",
+        "after_line": 2,
+        "code": 'torch.set_float32_matmul_precision("high")',
+        "imports": ["torch"],
+    }
+
+
+def test_tf32_finding_is_a_warning_for_a_transformer(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        model = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(512, 8), 6).cuda()
+        opt = torch.optim.AdamW(model.parameters(), fused=True)
+        for x in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """,
+        select=("TC301",),
+    )
+    assert [f.severity for f in result.findings] == [Severity.WARNING]
+    assert load_catalog()["TC301"].severity == Severity.WARNING
+
+
+def test_channels_last_fix_names_the_model_line(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        from torchvision.models import resnet50 as build
+        net = build(
+            num_classes=10,
+        ).cuda()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = net(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """,
+        select=("TC303",),
+    )
+    (finding,) = result.findings
+    assert finding.location.line == 3
+    assert finding.fix.anchor["line"] == 5
+    assert finding.fix.anchor["code"] == "net = net.to(memory_format=torch.channels_last)"
+
+
+def test_compile_fix_spells_torch_compile_when_the_builtin_is_shadowed():
+    (finding,) = [f for f in _findings("tc3_fp32_gpt_debug.py") if f.rule == "TC305"]
+    assert finding.severity == Severity.INFO
+    assert finding.fix.fix_class == FixClass.STRUCTURAL
+    assert finding.fix.anchor["code"] == "model = torch.compile(model)"
+
+
+def test_unfused_optimizer_is_info_and_adds_fused(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        model = Net().cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for x in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """,
+        select=("TC307",),
+    )
+    (finding,) = result.findings
+    assert finding.severity == Severity.INFO
+    assert "fused=True" in finding.message
+    assert finding.fix.anchor == {"kind": "add-kwarg", "key": "fused", "value": "True"}
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "if args.debug:\n    torch.autograd.set_detect_anomaly(True)",
+        "torch.autograd.set_detect_anomaly(args.debug)",
+        "if cfg.debug: torch.autograd.set_detect_anomaly(True)",
+        "try:\n    import apex\nexcept ImportError:\n    torch.autograd.set_detect_anomaly(True)",
+    ],
+)
+def test_debug_mode_behind_a_flag_is_deliberate(tmp_path, guard):
+    code = "import torch\n" + guard + "\nfor x in loader:\n    loss = model(x.cuda()).mean()\n    loss.backward()\n    opt.step()\n"
+    assert scan_code(tmp_path, code, select=("TC306",)).findings == []
+
+
+def test_debug_mode_under_the_main_guard_is_still_on(tmp_path):
+    code = """
+    import torch
+
+    def main():
+        for x in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+
+    if __name__ == "__main__":
+        torch.autograd.set_detect_anomaly(True)
+        main()
+    """
+    result = scan_code(tmp_path, code, select=("TC306",))
+    assert [(f.rule, f.location.line) for f in result.findings] == [("TC306", 10)]
+    assert result.findings[0].fix.fix_class == FixClass.SAFE

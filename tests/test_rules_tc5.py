@@ -1,0 +1,166 @@
+"""TC5 (distributed) on whole training scripts: the exact findings per fixture.
+
+Each fixture is a realistic script for one TRAPS.md shape; the negatives matter as much as the
+positives (DataParallel imported as DDP, already-distributed scripts via torchrun / mp.spawn / FSDP
+helpers, Hogwild, RL, accelerate). The TC6 fixtures are scanned too: their TC505 findings are part of
+what these rules promise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from conftest import FIXTURES
+from helpers import scan_code, scan_paths
+
+SCRIPTS = FIXTURES / "scripts"
+
+# (rule, line) of every TC5 finding, per fixture.
+EXPECTED = {
+    "tc5_accelerate.py": [],  # accelerate owns processes and sharding
+    "tc5_dataparallel_alias.py": [("TC501", 32)],  # DataParallel imported as DDP: no TC502, TC505
+    "tc5_fsdp_helper.py": [],  # FSDP through a helper, sampler reseeded in train_epoch()
+    "tc5_hogwild.py": [],  # shared model + torch.multiprocessing: not single-process, not DDP
+    "tc5_imagenet_distributed.py": [("TC502", 39), ("TC504", 53)],  # DataParallel fallback is fine
+    "tc5_mp_spawn_ddp.py": [("TC503", 38), ("TC506", 32), ("TC507", 50)],
+    "tc5_nanogpt_ddp.py": [("TC502", 53)],  # require_backward_grad_sync; no DataLoader
+    "tc5_rl_actor_critic.py": [],  # env.step is no optimizer; data from the environment
+    "tc5_single_gpu.py": [("TC505", 21)],
+    "tc5_torchrun_ddp.py": [("TC502", 33)],  # only what is missing (TRAPS 8)
+    "tc6_dcgan.py": [("TC505", 17)],
+    "tc6_imagenet_meters.py": [("TC505", 40)],
+    "tc6_mnist_style.py": [("TC505", 24)],
+    "tc6_nanogpt_logging.py": [("TC505", 46)],
+    "tc6_rl_dqn.py": [],
+    "tc6_tensorboard_tqdm.py": [("TC505", 30)],
+    "tc6_trainer_class.py": [],  # a Trainer module without a main guard: the launcher decides
+}
+
+
+def findings(path, select=("TC5",)):
+    result = scan_paths([str(path)], select=select)
+    return sorted((f.rule, f.location.line) for f in result.findings)
+
+
+def test_every_tc5_tc6_fixture_is_listed():
+    on_disk = {p.name for p in SCRIPTS.glob("tc[56]_*.py")}
+    assert on_disk == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_findings(name):
+    assert findings(SCRIPTS / name) == sorted(EXPECTED[name])
+
+
+def test_resnet50_fixture_is_a_single_process_candidate():
+    assert findings(FIXTURES / "resnet50" / "train.py") == [("TC505", 79)]
+
+
+def _by_rule(name):
+    result = scan_paths([str(SCRIPTS / name)], select=("TC5",))
+    return {f.rule: f for f in result.findings}
+
+
+def test_dataparallel_alias_fix_is_declined_with_a_reason():
+    finding = _by_rule("tc5_dataparallel_alias.py")["TC501"]
+    assert "torch.nn.DataParallel" in finding.message
+    assert finding.fix is not None and not finding.fix.available
+    assert "DDP" in finding.fix.reason
+    assert finding.fix.anchor["kind"] == "convert-dataparallel"
+
+
+def test_fixes_record_where_they_go():
+    mp = _by_rule("tc5_mp_spawn_ddp.py")
+    assert mp["TC503"].fix.anchor == {
+        "kind": "add-distributed-sampler",
+        "line": 38,
+        "dataset": "train_set",
+        "shuffle": None,
+        "loader": "train_loader",
+    }
+    assert mp["TC506"].fix.anchor["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
+    assert mp["TC507"].fix.anchor == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
+    imagenet = _by_rule("tc5_imagenet_distributed.py")
+    assert imagenet["TC504"].fix.available
+    assert imagenet["TC504"].fix.anchor["sampler"] == "train_sampler"
+    assert imagenet["TC504"].fix.anchor["epoch"] == "epoch"
+    assert imagenet["TC502"].fix.anchor == {
+        "kind": "add-keyword", "line": 39, "keyword": "gradient_as_bucket_view", "value": "True"
+    }
+    single = _by_rule("tc5_single_gpu.py")["TC505"]
+    assert str(single.severity) == "info"
+    assert single.fix.available and str(single.fix.fix_class) == "structural"
+
+
+def test_single_process_is_reported_once_per_file(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        model = Net().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader_a:
+            opt.zero_grad(); model(x.cuda()).sum().backward(); opt.step()
+        for x, y in loader_b:
+            opt.zero_grad(); model(x.cuda()).sum().backward(); opt.step()
+        """,
+        select=("TC505",),
+    )
+    assert [f.location.line for f in result.findings] == [4]
+    assert not result.findings[0].fix.available  # no DataLoader to shard
+
+
+def test_ddp_fix_declined_without_a_data_loader_and_for_grad_surgery(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(Net().cuda())
+        for p in model.parameters():
+            p.grad.detach_()
+        """,
+        select=("TC502",),
+    )
+    (finding,) = result.findings
+    assert not finding.fix.available and "detach_" in finding.fix.reason
+
+
+def test_conditional_alias_has_no_single_type(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import torch.nn as nn
+        Wrapper = nn.parallel.DistributedDataParallel if distributed else nn.DataParallel
+        model = Wrapper(net)
+        """,
+        select=("TC5",),
+    )
+    assert result.findings == []
+
+
+def test_unit_tests_that_exercise_ddp_are_not_training_jobs(tmp_path):
+    result = scan_code(
+        tmp_path,
+        """
+        import unittest
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class DistributedTest(unittest.TestCase):
+            def test_default_ddp(self):
+                dist.init_process_group("gloo")
+                model = DDP(torch.nn.Linear(2, 2).cuda())
+                nn.DataParallel(torch.nn.Linear(2, 2).cuda())
+        """,
+        select=("TC5",),
+    )
+    assert result.findings == []
+
+
+def test_counts_by_rule_across_fixtures():
+    """A summary that changes when any rule's precision does."""
+    counts = Counter(rule for name in EXPECTED for rule, _ in findings(SCRIPTS / name))
+    assert counts == Counter({"TC505": 6, "TC502": 3, "TC501": 1, "TC503": 1, "TC504": 1, "TC506": 1, "TC507": 1})
