@@ -144,14 +144,24 @@ class ConstructionRecorder:
             nn.Module.__init__ = original
 
     def site_of(self, module: Any, frame: types.FrameType | None) -> Site | None:
+        import torch.nn as nn
+
         # Skip the module's own constructor chain (subclass __init__ calling super().__init__()).
         while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is module:
             frame = frame.f_back
+        first = None
         while frame is not None:
             if self.user_files(frame.f_code.co_filename):
-                return frame_site(frame)
+                if first is None:
+                    first = frame
+                    if frame.f_code.co_name == "__init__":
+                        break
+                elif frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), nn.Module):
+                    # Built by a helper (conv_block(64, 30)) called from a model's constructor: the
+                    # constructor's line names the layer; the helper's line is the same for all of them.
+                    return frame_site(frame)
             frame = frame.f_back
-        return None
+        return frame_site(first) if first is not None else None
 
 
 def site_of_module(module: Any) -> Site | None:

@@ -533,7 +533,7 @@ def op_name(node, gm) -> tuple[str, str]:
     return name, ""
 
 
-_PATH_PIECE = re.compile(r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)")
+_PATH_PIECE = re.compile(r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]|\.([A-Za-z0-9_]+)")
 
 
 def normalise_module_path(raw: str) -> str:

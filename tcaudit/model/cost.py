@@ -65,6 +65,7 @@ class Cost:
     lost_s: float  # forward seconds lost on the reference GPU
     flop_share: float | None  # share of the model's forward FLOPs (None: not a compute op)
     time_share: float  # share of the model's estimated current step time
+    basis: str = "graph"  # "parameters" when no graph ran the layer: shares are of GEMM/conv weights
 
     def details(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -74,6 +75,9 @@ class Cost:
         }
         if self.flop_share is not None:
             data["flop_share"] = round(self.flop_share, 4)
+        if self.basis != "graph":
+            data["impact_basis"] = self.basis
+            data.pop("est_time_lost_ms")
         return data
 
 
@@ -202,7 +206,7 @@ class CostModel:
         """No graph: a layer's share of the model's GEMM/conv parameters stands in for its FLOP share."""
         params = self._layer_params(attrs)
         share = params / self._total_params if self._total_params else 0.0
-        return Cost(penalty, 0.0, share, share * (penalty - 1.0) / (1.0 + share * (penalty - 1.0)))
+        return Cost(penalty, 0.0, share, share * (penalty - 1.0) / (1.0 + share * (penalty - 1.0)), "parameters")
 
     @staticmethod
     def _layer_params(attrs: dict[str, Any]) -> int:

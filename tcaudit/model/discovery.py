@@ -614,8 +614,45 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
         target_name = _assigned_name(index, call)
         casts = _dtype_casts(index, call) + _later_casts(index, call, target_name)
         candidates.append(Candidate(call, kind, label, target_name, casts))
+    # A file whose own run builds a model: constructions in functions nothing calls (a registry's
+    # alternatives, a model zoo's other entries) are not what the script trains.
+    entry = [c for c in candidates if reachable(index, c.call)]
+    if entry:
+        candidates = entry
     candidates.sort(key=lambda c: (not MODEL_NAME.match(c.target_name or ""), index.position(c.call).start.line))
     return candidates[:limit]
+
+
+def reachable(index: ScriptIndex, node: cst.CSTNode, depth: int = 0, seen: frozenset = frozenset()) -> bool:
+    """Whether the script's own run can reach this code: module level, or a function that some
+    reachable code calls (a decorated function, e.g. ``@hydra.main``, counts as an entry point)."""
+    function = index.enclosing_function(node)
+    if function is None:
+        return True
+    if depth > 8 or function in seen:
+        return False
+    for decorator in function.decorators:
+        expr = decorator.decorator
+        name = dotted(expr.func if isinstance(expr, cst.Call) else expr) or ""
+        if name.split(".")[0] in index.imports:
+            return True  # @hydra.main, @click.command, @app.command: the framework calls it
+    owner = index.owner_class(function)
+    name = function.name.value
+    for call in index.calls:
+        callee = dotted(call.func)
+        if owner is None and callee == name:
+            pass
+        elif owner is not None and name == "__init__" and callee == owner.name.value:
+            pass
+        elif owner is not None and callee is not None and callee.endswith(f".{name}"):
+            pass
+        else:
+            continue
+        if any(a is function for a in index.ancestors(call)):
+            continue
+        if reachable(index, call, depth + 1, seen | {function}):
+            return True
+    return False
 
 
 def _label(index: ScriptIndex, call: cst.Call) -> str:

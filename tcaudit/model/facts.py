@@ -145,12 +145,15 @@ class ModelFacts:
                 path = path.rpartition(".")[0]
         return reached
 
-    def unreached(self, *types: str) -> list[ModuleFact]:
-        """Leaf modules of these types that no captured graph ran: checked from their parameters."""
+    def unreached(self, *roles: str) -> list[ModuleFact]:
+        """Layers of these roles (``linear``, ``conv``, ``embedding``, ``mha``, ``norm``) that no
+        captured graph ran, or all of them when nothing was captured: checked from their parameters."""
+        if self.status != "ok":
+            return []
         if self.capture.method == "parameters":
-            return [m for m in self.modules.values() if m.type in types]
+            return [m for m in self.modules.values() if m.attrs.get("role") in roles]
         reached = self.reached_modules()
-        return [m for m in self.modules.values() if m.type in types and m.path not in reached]
+        return [m for m in self.modules.values() if m.attrs.get("role") in roles and m.path not in reached]
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -183,10 +183,13 @@ def percent(share: float | None) -> str:
 
 def impact_text(cost: Cost) -> str:
     parts = []
+    if cost.basis == "parameters":
+        return f"{percent(cost.flop_share)} of the model's GEMM/conv weights"
     if cost.flop_share is not None:
         parts.append(f"{percent(cost.flop_share)} of the model's FLOPs")
     if cost.time_share > 0:
-        parts.append(f"~{percent(cost.time_share)} of the step")
+        share = percent(cost.time_share)
+        parts.append(f"{share if share.startswith('<') else '~' + share} of the step")
     return "; ".join(parts)
 
 

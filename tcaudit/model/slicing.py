@@ -233,6 +233,20 @@ def _bound_anywhere(node: cst.CSTNode) -> set[str]:
     return names
 
 
+def _mutated_globals(function: cst.FunctionDef) -> set[str]:
+    """Names a function mutates in place (``REGISTRY[key] = fn``, ``REGISTRY.update(...)``)."""
+    names: set[str] = set()
+
+    class Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> None:
+            for small in line.body:
+                _, mutated, _ = statement_effects(small)
+                names.update(mutated)
+
+    function.body.visit(Finder())
+    return names
+
+
 def is_main_guard(node: cst.CSTNode) -> bool:
     if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
         return False
@@ -360,7 +374,7 @@ class Slicer:
         if isinstance(statement, cst.SimpleStatementLine):
             return self.slice_smalls(statement.body, needed, scope_is_module, late)
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            if statement.name.value not in needed:
+            if statement.name.value not in needed and not self._registers(statement, needed):
                 return [], needed
             uses = used_names(statement)
             if scope_is_module:
@@ -408,6 +422,17 @@ class Slicer:
         if isinstance(statement, (cst.For, cst.While)):
             self._skip(statement, "is a loop", bound & needed)
         return [], needed
+
+    def _registers(self, definition: cst.FunctionDef | cst.ClassDef, needed: set[str]) -> bool:
+        """A decorator that adds the definition to a needed registry (``@register_model`` filling the
+        ``_MODELS`` dict that ``create_model`` reads)."""
+        for decorator in definition.decorators:
+            expr = decorator.decorator
+            name = dotted(expr.func if isinstance(expr, cst.Call) else expr)
+            for info in self.index.functions.get(name or "", []):
+                if info.owner is None and _mutated_globals(info.node) & needed:
+                    return True
+        return False
 
     def slice_prior(self, statements: Sequence[cst.CSTNode], needed: set[str], scope_is_module: bool,
                     late: set[str]) -> tuple[list[dict], set[str]]:
