@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fix_parser(sub, _add_selection)
 
-    from tcaudit.verify.command import add_verify_parser
+    from tcaudit.verify.command import add_calibrate_parser, add_verify_parser
 
     add_verify_parser(sub, _add_selection)
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -259,7 +260,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
-COMMANDS = {"scan": cmd_scan, "rules": cmd_rules, "explain": cmd_explain, "fix": cmd_fix, "verify": cmd_verify}
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from tcaudit.verify.command import run_calibrate
+
+    return run_calibrate(args)
+
+
+COMMANDS = {
+    "scan": cmd_scan,
+    "rules": cmd_rules,
+    "explain": cmd_explain,
+    "fix": cmd_fix,
+    "verify": cmd_verify,
+    "calibrate": cmd_calibrate,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

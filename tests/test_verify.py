@@ -64,3 +64,36 @@ def test_verify_fails_cleanly_when_the_script_fails(tmp_path):
 def test_verify_missing_script(tmp_path):
     code, _, stderr = run_cli("verify", str(tmp_path / "nope.py"), "--out", str(tmp_path / "o"))
     assert code == 2 and "no such script" in stderr
+
+
+def test_calibrate_without_cuda_exits_2_with_a_message(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, stderr = run_cli("calibrate")
+    assert code == 2 and "needs a CUDA GPU" in stderr
+
+
+def test_calibrated_table_merges_into_the_cost_table_format():
+    from tcaudit.model.cost import load_table
+    from tcaudit.verify.calibrate import build_table
+
+    measurement = {
+        "arch": "sm_89", "device": "NVIDIA L4", "torch": "2.11.0", "cuda": "12.8",
+        "results": {
+            "rates": {"bfloat16": 1.2e14, "float16": 1.2e14, "float32": 6e13},
+            "gemm": {"k_unaligned": {"1": 4.0, "2": 4.0, "4": 4.0, "8": 2.0},
+                     "n_unaligned": {"1": 3.0, "2": 3.0, "4": 3.0, "8": 2.0},
+                     "m_unaligned": 1.1, "not_multiple_of_64": 1.05},
+            "conv": {"channels_unaligned": 1.7}, "sdpa": {"head_dim_unsupported": 2.5},
+            "measured": ["rates.bfloat16: test"],
+        },
+    }
+    base = load_table()
+    table = build_table(measurement, base)
+    assert table["default_gpu"] == "sm_89"
+    assert set(table["gpus"]) >= {"sm_90", "sm_89"}  # the packaged H200 entry is kept
+    entry = table["gpus"]["sm_89"]
+    assert entry["device"] == "NVIDIA L4" and entry["gemm"]["m_unaligned"] == 1.1
+    assert entry["calibrated"]["torch"] == "2.11.0"
+    assert set(entry) >= set(base["gpus"]["sm_90"]) - {"estimated"}

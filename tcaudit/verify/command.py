@@ -64,3 +64,41 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     if plot is None:
         console.print("verify.png skipped: matplotlib is not installed")
     return 0 if result.parity else 1
+
+
+def add_calibrate_parser(sub) -> None:
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure this GPU's cost of unaligned shapes and precisions (needs CUDA)",
+        description="On a CUDA machine: time aligned vs unaligned GEMMs, convs and attention and each precision, "
+        "and store the result as the cost table the model audit reads.",
+    )
+    calibrate.add_argument("--output", "-o", metavar="FILE", help="where to write the table "
+                           "(default: ~/.cache/tcaudit/cost_table.json, which the model audit reads first)")
+    calibrate.add_argument("--repeat", type=int, default=20, help="timed launches per case (default 20)")
+    calibrate.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke test")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from tcaudit.verify.calibrate import DEFAULT_OUTPUT, CalibrateError, build_table, measure, write_table
+
+    if importlib.util.find_spec("torch") is None:
+        print("tcaudit: error: calibrate needs torch and a CUDA GPU (pip install 'tcaudit[torch]')", file=sys.stderr)
+        return 2
+    try:
+        measurement = measure(repeat=args.repeat, quick=args.quick)
+    except CalibrateError as exc:
+        print(f"tcaudit: error: {exc}", file=sys.stderr)
+        return 2
+    output = Path(args.output) if args.output else DEFAULT_OUTPUT
+    table = build_table(measurement)
+    write_table(table, output)
+    entry = table["gpus"][measurement["arch"]]
+    print(f"{measurement['device']} ({measurement['arch']}), torch {measurement['torch']}")
+    for line in entry["measured"]:
+        print(f"  {line}")
+    print(f"cost table written to {output}")
+    print(_json.dumps({"output": str(output)}))
+    return 0

@@ -1,0 +1,149 @@
+"""``tcaudit calibrate``: measure this GPU's cost of unaligned shapes and of each precision, and store
+it as the cost table the model audit reads (``tcaudit/model/cost_table.json``'s format).
+
+Each case is timed with CUDA events over repeated launches after a warm-up; the GEMM cases are
+PERF.md's (GPT-2 LM head 8192×50257×768 against 50304, odd K, N a multiple of 4 only, odd M), the
+conv case compares 30 and 32 channels under channels_last, and the attention case a head dim of 60
+(no flash kernel) against 64.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_OUTPUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tcaudit" / "cost_table.json"
+
+
+class CalibrateError(Exception):
+    pass
+
+
+def _time_ms(torch, fn: Callable[[], Any], repeat: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeat
+
+
+def _gemm(torch, m: int, n: int, k: int, dtype, repeat: int) -> tuple[float, float]:
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    ms = _time_ms(torch, lambda: a @ b, repeat)
+    return ms, 2 * m * n * k / (ms / 1000)
+
+
+def measure(repeat: int = 20, quick: bool = False) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        raise CalibrateError("calibrate needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    scale = 4 if quick else 1
+    M, K = 8192 // scale, 768
+    results: dict[str, Any] = {"measured": [], "rates": {}, "gemm": {}, "conv": {}, "sdpa": {}}
+
+    bf16 = torch.bfloat16
+    aligned_ms, rate = _gemm(torch, M, 50304, K, bf16, repeat)
+    results["rates"]["bfloat16"] = rate
+    results["measured"].append(f"rates.bfloat16: {M}x50304x{K} bf16 GEMM, {rate / 1e12:.0f} TFLOP/s")
+    results["rates"]["float16"] = _gemm(torch, M, 50304, K, torch.float16, repeat)[1]
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    results["rates"]["float32"] = _gemm(torch, M, 50304, K, torch.float32, repeat)[1]  # TF32 path
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+    def ratio(label: str, shape: tuple[int, int, int], ref: tuple[int, int, int]) -> float:
+        slow = _gemm(torch, *shape, bf16, repeat)[0]
+        fast = _gemm(torch, *ref, bf16, repeat)[0]
+        value = slow / fast
+        results["measured"].append(f"{label}: {shape[0]}x{shape[1]}x{shape[2]} vs {ref[0]}x{ref[1]}x{ref[2]}, {value:.2f}x slower")
+        return value
+
+    n_odd = ratio("gemm.n_unaligned.2", (M, 50257, K), (M, 50304, K))
+    k_odd = ratio("gemm.k_unaligned.2", (M, 4096, 4095), (M, 4096, 4096))
+    n_by4 = ratio("gemm.n_unaligned.8", (M, 4100, 4096), (M, 4096, 4096))
+    m_odd = ratio("gemm.m_unaligned", (M - 1, 4096, 4096), (M, 4096, 4096))
+    not64 = ratio("gemm.not_multiple_of_64", (M, 50264, K), (M, 50304, K))
+    results["gemm"] = {
+        "k_unaligned": {"1": k_odd, "2": k_odd, "4": k_odd, "8": n_by4},
+        "n_unaligned": {"1": n_odd, "2": n_odd, "4": n_odd, "8": n_by4},
+        "m_unaligned": m_odd,
+        "not_multiple_of_64": not64,
+    }
+
+    def conv_ms(channels: int) -> float:
+        x = torch.randn(64 // scale, channels, 56, 56, device="cuda", dtype=bf16).to(memory_format=torch.channels_last)
+        w = torch.randn(channels, channels, 3, 3, device="cuda", dtype=bf16).to(memory_format=torch.channels_last)
+        return _time_ms(torch, lambda: F.conv2d(x, w, padding=1), repeat)
+
+    torch.backends.cudnn.benchmark = True
+    conv = conv_ms(30) / conv_ms(32) * (32 * 32) / (30 * 30)  # per-FLOP penalty
+    results["conv"]["channels_unaligned"] = conv
+    results["measured"].append(f"conv.channels_unaligned: 3x3 conv 30 vs 32 channels, {conv:.2f}x per FLOP")
+
+    def sdpa_ms(head_dim: int) -> float:
+        q = torch.randn(8 // scale or 1, 16, 2048, head_dim, device="cuda", dtype=bf16)
+        return _time_ms(torch, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), repeat)
+
+    sdpa = sdpa_ms(60) / sdpa_ms(64) * 64 / 60
+    results["sdpa"]["head_dim_unsupported"] = sdpa
+    results["measured"].append(f"sdpa.head_dim_unsupported: head dim 60 vs 64, {sdpa:.2f}x per FLOP")
+    return {
+        "arch": arch,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "results": results,
+    }
+
+
+def build_table(measurement: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Merge a measurement into a cost table (the packaged one as the base), keeping other GPUs."""
+    from tcaudit.model.cost import load_table
+
+    table = json.loads(json.dumps(base if base is not None else load_table()))
+    arch = measurement["arch"]
+    results = measurement["results"]
+    entry = table.setdefault("gpus", {}).get(arch, {})
+    rates = dict(entry.get("rates", {}))
+    rates.update(results["rates"])
+    entry.update({
+        "device": measurement["device"],
+        "rates": rates,
+        "gemm": results["gemm"],
+        "conv": results["conv"],
+        "sdpa": results["sdpa"],
+        "measured": results["measured"],
+        "estimated": [e for e in entry.get("estimated", []) if not e.startswith(("gemm.", "conv.", "sdpa."))],
+        "calibrated": {
+            "date": datetime.date.today().isoformat(),
+            "torch": measurement["torch"],
+            "cuda": measurement["cuda"],
+            "python": platform.python_version(),
+        },
+    })
+    table["gpus"][arch] = entry
+    table["source"] = f"tcaudit calibrate on {measurement['device']} (torch {measurement['torch']})"
+    table["default_gpu"] = arch
+    return table
+
+
+def write_table(table: dict[str, Any], output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=2) + "\n")
+    os.replace(tmp, output)
+    return output
