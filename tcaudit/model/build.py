@@ -492,9 +492,9 @@ def build_from_factory(target: dict[str, Any], fake_mode, user_files: UserFiles)
         raise BuildError(describe_failure(exc, user_files, f"calling the model factory {spec}")) from None
     construction = None
     try:
-        source = inspect.getsourcefile(factory)
-        _, line = inspect.getsourcelines(factory)
-        if source:
+        source = inspect.getsourcefile(inspect.unwrap(factory))
+        _, line = inspect.getsourcelines(inspect.unwrap(factory))
+        if source and user_files(os.path.abspath(source)):
             construction = Site(os.path.abspath(source), line, 1, line, 0)
     except (OSError, TypeError):
         construction = None

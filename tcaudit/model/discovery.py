@@ -748,7 +748,10 @@ class ConstantEvaluator:
                 return self.class_field(class_name, attr, depth)
         if owner in self.index.classes:
             return self.class_field(owner, attr, depth)
-        return None
+        # ``cfg.block_size`` where cfg is a parameter: a config class of this file that has the field.
+        values = {self.class_field(name, attr, depth) for name in self.index.classes}
+        values.discard(None)
+        return values.pop() if len(values) == 1 else None
 
     def class_field(self, class_name: str, attr: str, depth: int) -> int | None:
         info = self.index.classes.get(class_name)

@@ -96,6 +96,8 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
             sys.path.insert(0, root)
     if roots and os.path.isdir(roots[0]):
         os.chdir(roots[0])
+    # The slice runs as if the script had been started without arguments.
+    sys.argv = [target.get("path", "")]
     user_files = UserFiles(roots)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:

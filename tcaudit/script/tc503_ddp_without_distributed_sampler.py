@@ -6,6 +6,7 @@ import re
 from typing import Iterator
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.distributed import (
@@ -22,8 +23,13 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
-# ``shard(...)``) already gives each process its own data.
-_SHARDED_TEXT = re.compile(r"rank|world_size|num_replicas|shard|split_dataset_by_node|num_shards", re.IGNORECASE)
+# ``shard(...)``) already gives each process its own data; a streaming dataset splits itself.
+_SHARDED_TEXT = re.compile(
+    r"rank|world_size|num_replicas|shard|split_dataset_by_node|num_shards|streaming|IterableDataset|nodesplitter",
+    re.IGNORECASE,
+)
+# Input libraries that split the data across ranks themselves.
+_SELF_SHARDING_LIBRARIES = {"webdataset", "ffcv", "torchdata", "streaming", "nvidia", "ray"}
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITION = 3
@@ -37,9 +43,15 @@ def _is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> b
     dataset = _dataset_expr(call)
     if dataset is None:
         return True  # cannot tell what it loads
+    classes = {node.name.value: node for node, _ in facts.classes}
     for value in facts.binding_values(dataset):
         if _SHARDED_TEXT.search(code(facts, value)):
             return True
+        # A Dataset class of this file that picks its rank's part itself.
+        if isinstance(value, cst.Call):
+            cls = classes.get((get_full_name_for_node(value.func) or "").split(".")[-1])
+            if cls is not None and _SHARDED_TEXT.search(code(facts, cls)):
+                return True
     return False
 
 
@@ -73,6 +85,8 @@ class DdpWithoutDistributedSampler(ScriptRule):
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
         if not info.is_ddp_script or facts.frameworks or info.iterable_dataset_defined:
+            return
+        if facts.imported_roots() & _SELF_SHARDING_LIBRARIES:
             return
         for call in info.dataloaders:
             if in_test_code(call.ctx):

@@ -29,7 +29,7 @@ def _unaligned(value: object) -> bool:
 
 class BatchSizeUnaligned(ScriptRule):
     id = "TC604"
-    triggers = (r"(?is)\A(?=.*(?:\.backward\(|\.step\()).*(?:batch[-_]?size|\bbsz?\b)",)
+    triggers = (r"(?is)\A(?=.*(?:\.backward\(|\.step\()).*(?:batch[-_]?size|bsz?\b)",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

@@ -133,6 +133,7 @@ def build_table(measurement: dict[str, Any], base: dict[str, Any] | None = None)
             "torch": measurement["torch"],
             "cuda": measurement["cuda"],
             "python": platform.python_version(),
+            "command": measurement.get("command", "tcaudit calibrate"),
         },
     })
     table["gpus"][arch] = entry

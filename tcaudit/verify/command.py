@@ -93,6 +93,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"tcaudit: error: {exc}", file=sys.stderr)
         return 2
     output = Path(args.output) if args.output else DEFAULT_OUTPUT
+    measurement["command"] = " ".join(["tcaudit", *sys.argv[1:]]) if sys.argv[1:2] == ["calibrate"] else "tcaudit calibrate"
     table = build_table(measurement)
     write_table(table, output)
     entry = table["gpus"][measurement["arch"]]
