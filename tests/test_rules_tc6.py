@@ -215,3 +215,34 @@ def test_batch_size_fix_is_never_applied(tmp_path):
     assert not finding.fix.available
     assert finding.fix.anchor["candidates"] == [96, 104]
     assert str(finding.severity) == "info"
+
+
+def test_print_of_a_helper_parameter_is_not_assumed_to_be_a_tensor(tmp_path):
+    result = _scan(
+        tmp_path,
+        """
+        def log(step, loss):
+            print(f"{step}: {loss:.3f}")
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            log(step, loss.item())
+        """,
+    )
+    assert [f.location.line for f in result.findings] == [7]
+
+
+def test_numpy_is_a_sync_only_when_forced(tmp_path):
+    result = _scan(
+        tmp_path,
+        """
+        for x, y in loader:
+            loss = criterion(model(x.cuda()), y.cuda())
+            loss.backward()
+            optimizer.step()
+            raw = x.numpy()
+            probe = loss.numpy(force=True)
+        """,
+    )
+    assert [f.location.line for f in result.findings] == [6]

@@ -34,6 +34,9 @@ class Codemod:
     imports it needs."""
 
     rule: ClassVar[str]
+    # Within a round codemods run by (order, rule id). A global setting inserted after the imports
+    # (TF32) runs first: a later fix in the same round (autocast) may silence the rule that asked for it.
+    order: ClassVar[int] = 0
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         raise NotImplementedError

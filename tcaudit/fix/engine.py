@@ -117,7 +117,7 @@ def fix_file(
                 continue
             by_rule.setdefault(finding.rule, []).append(finding)
         changed = False
-        for rule_id in sorted(by_rule):
+        for rule_id in sorted(by_rule, key=lambda rule: (codemods[rule].order, rule)):
             sf = _source_file(path, display, text, source)
             try:
                 facts = ScriptFacts(sf)

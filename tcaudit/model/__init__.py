@@ -95,8 +95,10 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
     static: list[ModelFacts] = []
     preload: set[str] = set()
     job_limits = {"time_limit": limits.time_limit, "memory_budget": limits.memory_budget}
+    from tcaudit.model.discovery import runs_code_of_its_own
+
     for source in sources:
-        if not _MODEL_HINT.search(source.text):
+        if not _MODEL_HINT.search(source.text) or not runs_code_of_its_own(source.text):
             continue
         try:
             found = discover_file(source)
@@ -128,7 +130,7 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
 
 def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
     """(target, failure reason or None, imported packages) for each model the file builds."""
-    from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints, reachable
+    from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints
     from tcaudit.model.slicing import SliceError, Slicer, missing_packages
     from tcaudit.source.parsing import SourceError
 
@@ -144,7 +146,7 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
     hints = find_hints(index)
     out = []
     for candidate in candidates:
-        entry = reachable(index, candidate.call)
+
         start = index.position(candidate.call).start
         end = index.position(candidate.call).end
         target: dict[str, Any] = {
@@ -159,8 +161,7 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
         try:
             plan = Slicer(index).plan(candidate)
         except SliceError as exc:
-            if entry:  # a factory function nothing in the file calls is a library, not the run
-                out.append((target, str(exc), set()))
+            out.append((target, str(exc), set()))
             continue
         target.update(program=plan.program, construction=plan.construction, skipped=plan.skipped)
         missing = missing_packages(plan.imports, index)

@@ -449,31 +449,12 @@ class CaptureOutcome:
     info: CaptureInfo
 
 
-def eager_probe(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str) -> list[InputCandidate]:
-    """Order candidates so that the first one the model accepts comes first (cheap: fake eager run)."""
-    from tcaudit.model.build import cpu_only_patches
-
-    if len(candidates) <= 1:
-        return candidates
-    for index, candidate in enumerate(candidates):
-        inputs = make_inputs(candidate, fake_mode)
-        try:
-            with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches():
-                model(*inputs)
-        except Exception as exc:  # noqa: BLE001
-            if is_shape_error(exc):
-                continue
-        return [candidate] + candidates[:index] + candidates[index + 1:]
-    return candidates
-
-
 def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str,
             user_files: UserFiles) -> CaptureOutcome:
     info = CaptureInfo()
     if not candidates:
         info.method = "parameters"
         return CaptureOutcome([], None, info)
-    candidates = eager_probe(model, candidates, fake_mode, autocast, dtype)
     methods = (
         ("export", lambda inputs: capture_export(model, inputs, autocast, dtype)),
         ("dynamo", lambda inputs: capture_dynamo(model, inputs, autocast, dtype, fake_mode, user_files, info.notes)),

@@ -11,6 +11,7 @@ factory imported from the user's own modules (``from model import GPT``).
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from dataclasses import dataclass, field
@@ -42,6 +43,66 @@ FACTORY_FUNCTION = re.compile(r"^(get|build|create|make|init|load|setup)_?(model
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 
 
+_LIBRARY_ROOTS = {
+    "__future__", "abc", "collections", "contextlib", "dataclasses", "enum", "functools", "importlib", "inspect",
+    "itertools", "logging", "math", "operator", "os", "pathlib", "re", "sys", "types", "typing", "warnings",
+    "weakref",
+}
+
+
+def runs_code_of_its_own(text: str) -> bool:
+    """A cheap gate with Python's ``ast`` (a fraction of a LibCST parse): does the file do anything
+    when it runs, beyond defining things? A library or model-zoo module that only defines classes and
+    functions builds no model by itself, so LibCST discovery is skipped for it."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    local: set[str] = set()
+    imported: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            local.add(node.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                imported[alias.asname or alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = (node.module or "").split(".")[0]
+
+    def root(expr: ast.AST) -> str | None:
+        while isinstance(expr, (ast.Attribute, ast.Call, ast.Subscript)):
+            expr = expr.value if not isinstance(expr, ast.Call) else expr.func
+        return expr.id if isinstance(expr, ast.Name) else None
+
+    def active(name: str | None) -> bool:
+        if name in local:
+            return True
+        return name in imported and imported[name] not in _LIBRARY_ROOTS
+
+    def runs(statements: list[ast.stmt]) -> bool:
+        for node in statements:
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)):
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                # @hydra.main, @click.command: the framework runs it
+                if any(active(root(d)) and root(d) not in local for d in node.decorator_list):
+                    return True
+                continue
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                return True
+            if isinstance(node, (ast.If, ast.Try)):
+                handlers = [h.body for h in getattr(node, "handlers", [])]
+                if any(runs(block) for block in (node.body, node.orelse, *handlers)):
+                    return True
+                continue
+            if any(isinstance(call, ast.Call) and active(root(call.func)) for call in ast.walk(node)):
+                return True
+        return False
+
+    return runs(tree.body)
+
+
 def dotted(node: cst.CSTNode | None) -> str | None:
     if node is None:
         return None
@@ -60,9 +121,10 @@ class _Parents(cst.CSTVisitor):
         if self.stack:
             self.parent[node] = self.stack[-1]
         self.stack.append(node)
-        return True
+        return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
         self.stack.pop()
 
 
@@ -98,11 +160,8 @@ class ScriptIndex:
         self.text = text
         self.lines = _LINES.findall(text)
         self.path = path
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        self._positions = wrapper.resolve(PositionProvider)
-        parents = _Parents()
-        module.visit(parents)
-        self.parent = parents.parent
+        self._positions = None  # resolved on first use: most files never need them
+        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
         self.imports: dict[str, str] = {}  # local name → qualified name
         self.import_nodes: list[cst.CSTNode] = []
         self.star_imports: list[str] = []
@@ -114,6 +173,8 @@ class ScriptIndex:
 
     # -- positions and source ------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> CodeRange:
+        if self._positions is None:
+            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
         return self._positions[node]
 
     def span(self, node: cst.CSTNode) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -218,8 +279,11 @@ class ScriptIndex:
     def _collect(self) -> None:
         index = self
 
-        class Collector(cst.CSTVisitor):
+        class Collector(_Parents):
+            """One pass: parent links, classes, functions, imports and calls."""
+
             def __init__(self) -> None:
+                super().__init__()
                 self.class_stack: list[cst.ClassDef] = []
 
             def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -234,9 +298,7 @@ class ScriptIndex:
                 self.class_stack.pop()
 
             def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-                index.functions.setdefault(node.name.value, []).append(
-                    FunctionInfo(node, node.name.value, index.owner_class(node))
-                )
+                index.functions.setdefault(node.name.value, []).append(FunctionInfo(node, node.name.value, None))
 
             def visit_Import(self, node: cst.Import) -> None:
                 index.import_nodes.append(node)
@@ -263,7 +325,12 @@ class ScriptIndex:
             def visit_Call(self, node: cst.Call) -> None:
                 index.calls.append(node)
 
-        self.module.visit(Collector())
+        collector = Collector()
+        self.module.visit(collector)
+        self.parent = collector.parent
+        for infos in self.functions.values():
+            for info in infos:
+                info.owner = self.owner_class(info.node)
         self._collect_options()
 
     def _collect_options(self) -> None:
@@ -614,11 +681,9 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
         target_name = _assigned_name(index, call)
         casts = _dtype_casts(index, call) + _later_casts(index, call, target_name)
         candidates.append(Candidate(call, kind, label, target_name, casts))
-    # A file whose own run builds a model: constructions in functions nothing calls (a registry's
-    # alternatives, a model zoo's other entries) are not what the script trains.
-    entry = [c for c in candidates if reachable(index, c.call)]
-    if entry:
-        candidates = entry
+    # Only what the file's own run builds: constructions in functions nothing calls (a registry's
+    # alternatives, a model zoo's entries, a library's factories) are not what the script trains.
+    candidates = [c for c in candidates if reachable(index, c.call)]
     candidates.sort(key=lambda c: (not MODEL_NAME.match(c.target_name or ""), index.position(c.call).start.line))
     return candidates[:limit]
 

@@ -124,6 +124,15 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
         facts.status = "error"
         facts.reason = f"internal error while auditing the model: {exc!r}\n{traceback.format_exc()}"
     facts.timings["total_s"] = round(time.perf_counter() - started, 3)
+    try:
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        per_mib = 1024 * 1024 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        facts.timings["peak_rss_mib"] = round(usage.ru_maxrss / per_mib, 1)
+        facts.timings["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
+    except ImportError:  # pragma: no cover - Windows
+        pass
     return facts.to_json()
 
 

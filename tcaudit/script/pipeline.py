@@ -68,6 +68,10 @@ _WRAPPERS = (
     "torch.nn.parallel.distributed.DistributedDataParallel", "torch.compile", "torch.jit.script",
 )
 _MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
+_BUILTINS = frozenset(
+    {"range", "len", "min", "max", "int", "float", "bool", "list", "tuple", "dict", "zip", "enumerate", "iter",
+     "next", "super", "isinstance", "sorted", "reversed", "sum", "abs", "round"}
+)
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
 
@@ -209,6 +213,9 @@ class BatchLoop:
     names: set[str] = field(default_factory=set)
     loaders: list[LoaderSite] = field(default_factory=list)
     repeat_ctx: Frame | None = None  # where a new pass over the loader starts (the ``for``, or ``iter(...)``)
+    # Instances of this file's own iterable classes the same loop may iterate instead of a DataLoader
+    # (``loader = SyntheticBatches(...) if args.synthetic else DataLoader(...)``).
+    own_iterables: list[cst.Call] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.repeat_ctx is None:
@@ -755,9 +762,13 @@ class PipelineFacts:
                     return True
         return False
 
-    def loader_sites_for(self, expr: cst.BaseExpression, fn: cst.FunctionDef | None, depth: int = 0) -> list[LoaderSite] | None:
+    def loader_sites_for(
+        self, expr: cst.BaseExpression, fn: cst.FunctionDef | None, depth: int = 0,
+        own_iterables: list[cst.Call] | None = None,
+    ) -> list[LoaderSite] | None:
         """The DataLoader calls ``expr`` may hold, or None when any of its values is something else
-        (a custom loader, a framework-prepared loader, a parameter whose callers are not all known)."""
+        (a custom loader, a framework-prepared loader, a parameter whose callers are not all known).
+        With ``own_iterables``, an instance of an iterable class of this file is collected there instead."""
         if depth > 3:
             return None
         facts = self.facts
@@ -788,9 +799,45 @@ class PipelineFacts:
                 continue
             built = self._factory_loaders(value, depth)
             if built is None:
+                if own_iterables is not None and self._own_iterable_class(value) is not None:
+                    own_iterables.append(value)  # type: ignore[arg-type]
+                    continue
                 return None
             sites += built
         return sites if leaves else None
+
+    def _own_iterable_class(self, value: cst.BaseExpression) -> cst.ClassDef | None:
+        """The class of this file (with ``__iter__`` or ``__getitem__``) that ``value`` constructs."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return None
+        for node, _ in self.facts.classes:
+            if node.name.value == value.func.value and isinstance(node.body, cst.IndentedBlock):
+                methods = {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)}
+                if methods & {"__iter__", "__getitem__"}:
+                    return node
+        return None
+
+    def yields_plain_tensors(self, value: cst.Call) -> bool:
+        """Whether an own iterable visibly builds nothing but torch tensors (every call in its class is
+        ``torch.*``, a builtin, or a method of its own), and no class of this file defines a tensor-like
+        ``.to``/``.cuda`` of its own."""
+        cls = self._own_iterable_class(value)
+        if cls is None:
+            return False
+        for node, _ in self.facts.classes:
+            if isinstance(node.body, cst.IndentedBlock) and any(
+                isinstance(s, cst.FunctionDef) and s.name.value in ("to", "cuda", "pin_memory") for s in node.body.body
+            ):
+                return False
+        for call in self.facts.calls:
+            if call.ctx.class_def is not cls or call.name is None:
+                continue
+            if call.qualname is not None:
+                if not call.qualname.startswith("torch."):
+                    return False
+            elif call.name not in _BUILTINS and not call.name.startswith("self."):
+                return False
+        return True
 
     def _factory_loaders(self, value: cst.BaseExpression, depth: int) -> list[LoaderSite] | None:
         """``build_loader(ds, 64)`` → the DataLoaders that helper of this file returns."""
@@ -853,10 +900,12 @@ class PipelineFacts:
                 pairs = self._iteration_pairs(loop.target, loop.iter)
                 batch = BatchLoop(loop, outer)
                 for target, source in pairs:
-                    sites = self.loader_sites_for(source, outer.function)
+                    own: list[cst.Call] = []
+                    sites = self.loader_sites_for(source, outer.function, own_iterables=own)
                     if sites:
                         batch.names |= _target_names(target)
                         batch.loaders += sites
+                        batch.own_iterables += own
                 if batch.names:
                     loops[id(loop)] = batch
         for call in facts.calls:
@@ -866,7 +915,8 @@ class PipelineFacts:
             if iter_call is None:
                 continue
             source = iter_call.node.args[0].value
-            sites = self.loader_sites_for(source, call.ctx.function)
+            own: list[cst.Call] = []
+            sites = self.loader_sites_for(source, call.ctx.function, own_iterables=own)
             targets = _assigned_targets(call)
             if not sites or not targets:
                 continue
@@ -877,6 +927,7 @@ class PipelineFacts:
             for target in targets:
                 batch.names |= _target_names(target)
             batch.loaders += sites
+            batch.own_iterables += own
         for batch in loops.values():
             _add_unpacked(batch)
         return list(loops.values())

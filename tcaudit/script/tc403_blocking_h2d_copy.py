@@ -48,12 +48,16 @@ class BlockingH2DCopy(ScriptRule):
 def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
     """Batches are default-collated tensors: no ``collate_fn`` (a custom one may return a
     NestedTensor or a BatchEncoding whose ``.to`` takes no ``non_blocking``), a known keyword set,
-    and a dataset not already on the GPU."""
+    a dataset not already on the GPU, and any iterable class of this file the loop may read instead
+    building nothing but torch tensors."""
     for site in batch.loaders:
         if site.has("collate_fn") or not site.complete:
             return False
         if pipeline.dataset_kind(site) == "device":
             return False
+    # ``SyntheticBatches(...) if args.synthetic else DataLoader(...)``
+    if not all(pipeline.yields_plain_tensors(value) for value in batch.own_iterables):
+        return False
     return bool(batch.loaders)
 
 

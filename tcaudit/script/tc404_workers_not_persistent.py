@@ -44,7 +44,7 @@ def _fix(site: LoaderSite) -> Fix:
     workers = site.keys["num_workers"]
     description = "pass persistent_workers=True"
     values = [literal(kv.value) for kv in workers]
-    if all(isinstance(v, int) and v > 0 for v in values) and not any(kv.conditional for kv in workers):
+    if all(_positive(kv.value) for kv in workers) and not any(kv.conditional for kv in workers):
         return Fix(FixClass.NUMERICS, description, anchor={"kind": "add-kwarg", "key": "persistent_workers", "value": "True"})
     if len(workers) == 1 and workers[0].source == "keyword" and values[0] is ...:
         # num_workers=args.workers may be 0, and persistent_workers=True with 0 workers is a ValueError.
@@ -58,3 +58,22 @@ def _fix(site: LoaderSite) -> Fix:
         reason="num_workers may be 0 on some paths (it is set conditionally or in a kwargs dict), and "
                "persistent_workers=True with num_workers=0 raises ValueError",
     )
+
+
+def _positive(expr: cst.BaseExpression) -> bool:
+    """A worker count that is at least 1 on every path: a positive literal, ``min`` of such,
+    ``max`` with one, ``x or 4`` (TC401's ``min(8, os.cpu_count() or 1)``)."""
+    value = literal(expr)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value > 0
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
+        return _positive(expr.right)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.args:
+        args = [a.value for a in expr.args if a.keyword is None and not a.star]
+        if len(args) != len(expr.args):
+            return False
+        if expr.func.value == "min":
+            return all(_positive(a) for a in args)
+        if expr.func.value == "max":
+            return any(_positive(a) for a in args)
+    return False

@@ -174,6 +174,17 @@ class _StepScope:
         return False
 
 
+def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """Drop names that are parameters of the enclosing function: ``def log(loss): print(loss)`` is
+    often handed ``loss.item()``, a float (and that ``.item()`` is reported where it is called)."""
+    fn = call.ctx.function
+    if fn is None:
+        return uses
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params -= {"self", "cls"}
+    return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
+
+
 def _comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
     out: list[cst.Comparison] = []
 
@@ -229,7 +240,12 @@ class PerStepSync(ScriptRule):
                     return None  # moving a model, not reading a value
                 if call.statement is not None and _PACKING.search(facts.module.code_for_node(call.statement.node)):
                     return None  # pack_padded_sequence needs its lengths on the CPU
-            if method in ("numpy", "tolist") and _NUMPY_CHAIN.search(receiver_text):
+            if method == "numpy" and not any(
+                arg.keyword is not None and arg.keyword.value == "force" and literal_value(arg.value) is True
+                for arg in node.args
+            ):
+                return None  # .numpy() refuses CUDA tensors: its sync is the .cpu() before it
+            if method == "tolist" and _NUMPY_CHAIN.search(receiver_text):
                 return None
             if method == "tolist" and isinstance(receiver, (cst.Name, cst.Attribute)) and receiver_text not in tensors.names:
                 return None  # a list or array as often as a tensor
@@ -240,13 +256,13 @@ class PerStepSync(ScriptRule):
             return f"`{call.name}()`", node
         if call.name == "print" and not call.method:
             for arg in node.args:
-                uses = tensors.raw_uses(arg.value)
+                uses = _not_parameters(call, tensors.raw_uses(arg.value))
                 if uses:
                     return f"`print` of the tensor `{facts.module.code_for_node(uses[0])}`", node
             return None
         if method in TENSORBOARD_METHODS and len(node.args) >= 2:
             value = call.arg("scalar_value", 1) or call.arg("values", 1) or node.args[1].value
-            uses = tensors.raw_uses(value) if method != "add_histogram" else [value]
+            uses = _not_parameters(call, tensors.raw_uses(value)) if method != "add_histogram" else [value]
             if uses and (method != "add_histogram" or literal_value(value) is ...):
                 return f"`{call.name}(...)` of a tensor", node
         return None

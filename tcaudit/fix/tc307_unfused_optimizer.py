@@ -1,0 +1,152 @@
+"""TC307 fix: ``fused=True`` on the Adam/AdamW/SGD constructor.
+
+Fused kernels exist for CUDA and, since PyTorch 2.4 (this project's floor), for CPU, so the patched
+script still runs on a CPU-only machine. Offered only where this file moves the model to the device
+before it builds the optimizer: older releases check the parameters' device when the optimizer is
+built. Declined with sparse gradients (``sparse=True`` embeddings), which the fused kernels reject.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding
+from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, parse_expression
+from tcaudit.fix.edits import CallEditor, add_keyword, call_at
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import _MODEL_CHAIN, _WRAPPERS, PipelineFacts, _returns, moves_to_device, pipeline_facts
+
+_SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
+
+
+class UnfusedOptimizerFix(Codemod):
+    rule = "TC307"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        pipeline = pipeline_facts(facts)
+        if _SPARSE.search(facts.source.text):
+            raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
+        editor = CallEditor()
+        reasons: list[str] = []
+        for finding in findings:
+            call = call_at(facts, finding)
+            if call is None:
+                raise DeclineFix("the optimizer call moved; run fix again")
+            reason = _why_not(facts, pipeline, call)
+            if reason is not None:
+                reasons.append(reason)
+                continue
+            value = finding.fix.anchor.get("value", "True")
+            editor.rewrite_call(call.node, lambda node, v=value: add_keyword(node, "fused", parse_expression(v, module)))
+        if not editor.calls:
+            raise DeclineFix(reasons[0])
+        # Optimizers that could not be fused keep their finding; the next round declines them with the reason.
+        return module.visit(editor)
+
+
+def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> str | None:
+    owners = _parameter_owners(facts, call)
+    if not owners:
+        return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"
+    for owner in owners:
+        if not _moved_before(facts, pipeline, owner, call):
+            return (
+                f"`{owner}` is not moved to the GPU before the optimizer is built (as far as this file shows); "
+                "fused=True checks the parameters' device when the optimizer is built"
+            )
+    return None
+
+
+def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:
+    """``SGD(model.parameters())``, ``[{"params": model.fc.parameters()}]``, ``params = list(model.parameters())``."""
+    expressions: list[cst.CSTNode] = [call.node]
+    for arg in call.node.args:
+        if isinstance(arg.value, (cst.Name, cst.Attribute)):
+            expressions += [v for v in facts.binding_values(arg.value) if v is not arg.value]
+    owners: list[str] = []
+    for expression in expressions:
+        for node in _call_nodes(expression):
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("parameters", "named_parameters"):
+                name = get_full_name_for_node(node.func.value)
+                if name is None:
+                    return []
+                owner = _bound_prefix(facts, name)
+                if owner is None:
+                    return []
+                if owner not in owners:
+                    owners.append(owner)
+    return owners
+
+
+def _bound_prefix(facts: ScriptFacts, name: str) -> str | None:
+    """``model.module.fc`` → ``model`` (the longest prefix the file assigns)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if facts.bindings_of(candidate):
+            return candidate
+    return None
+
+
+def _moved_before(facts: ScriptFacts, pipeline: PipelineFacts, owner: str, optimizer: CallSite) -> bool:
+    """A device move of the model earlier in the function that builds the optimizer: ``model.cuda()``,
+    ``model = Net().to(device)``, ``model = DDP(model.cuda())``, ``model = build().cuda()`` or a factory
+    of this file that returns a moved model."""
+    function = optimizer.ctx.function
+    line = facts.line_of(optimizer.node)
+    for call in facts.calls:
+        if call.ctx.function is not function or facts.line_of(call.node) >= line:
+            continue
+        if call.method in ("cuda", "to") and moves_to_device(call) and call.receiver_name == owner:
+            return True
+    for binding in facts.bindings_of(owner):
+        if binding.ctx.function is not function or facts.line_of(binding.value) >= line:
+            continue
+        if _value_moves(facts, pipeline, binding.value, 0):
+            return True
+    return False
+
+
+def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExpression, depth: int) -> bool:
+    if depth > 3:
+        return False
+    expr = value
+    while isinstance(expr, cst.Call):
+        site = pipeline.call_site(expr) or CallSite(expr, None, None, facts.module_frame, None)
+        if site.method in ("cuda", "to") and moves_to_device(site):
+            return True
+        qual = facts.qualname(expr.func) or ""
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MODEL_CHAIN:
+            expr = expr.func.value
+            continue
+        if qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
+            positional = [a for a in expr.args if a.keyword is None and not a.star]
+            if not positional:
+                return False
+            expr = positional[0].value
+            continue
+        dotted = get_full_name_for_node(expr.func)
+        if dotted and "." not in dotted and dotted not in pipeline.class_names:
+            return any(
+                _value_moves(facts, pipeline, returned, depth + 1)
+                for fn in facts.functions_by_name.get(dotted, [])
+                for returned in _returns(fn)
+            )
+        return False
+    return False
+
+
+def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            found.append(n)
+
+    node.visit(_V())
+    return found

@@ -1,0 +1,233 @@
+"""The TC1 rules and the cost model on hand-written facts: no torch, no child process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tcaudit.catalog import load_catalog
+from tcaudit.config import Settings
+from tcaudit.findings import Severity
+from tcaudit.model import ModelAuditResult, report
+from tcaudit.model.cost import CostModel, byte_alignment, is_aligned, load_table, suggest
+from tcaudit.model.facts import CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
+from tcaudit.model.rules import discover_model_rules
+
+FILE = "/project/train.py"
+
+
+def linear(path: str, k: int, n: int, m: int = 8192, dtype: str = "bfloat16", line: int = 10, **info) -> tuple:
+    module = ModuleFact(path, "Linear", True, Site(FILE, line, 14, line, 40),
+                        {"role": "linear", "in_features": k, "out_features": n, "bias": True, **info})
+    op = OpFact(0, "gemm", "linear", path, "Linear", 0, dtype, [[m, k], [n, k], [m, n]], 2.0 * m * n * k,
+                Site(FILE, 99, 9), {"batch": 1, "m": m, "n": n, "k": k})
+    return module, op
+
+
+def facts_of(*pairs, **kwargs) -> ModelFacts:
+    modules = {"": ModuleFact("", "Net", False, Site(FILE, 50, 9, 50, 14), {})}
+    ops = []
+    for module, op in pairs:
+        if module is not None:
+            modules[module.path] = module
+        if op is not None:
+            op.index = len(ops)
+            ops.append(op)
+    facts = ModelFacts(
+        target={"kind": "script", "path": FILE, "label": "Net()", "construction": {"line": 50, "column": 9}},
+        model_class="Net",
+        modules=modules,
+        ops=ops,
+        capture=CaptureInfo(method="export", graphs=1),
+        total_flops=sum(op.flops for op in ops),
+        input={"shapes": [[8, 1024]], "origin": "batch 8 (the script)", "assumed": False},
+    )
+    for key, value in kwargs.items():
+        setattr(facts, key, value)
+    return facts
+
+
+def run(facts: ModelFacts, select=("TC1",), **settings) -> list:
+    result = ModelAuditResult()
+    rules = [cls() for rule_id, cls in sorted(discover_model_rules().items())]
+    settings = Settings(select=select, **settings)
+    enabled = set(settings.enabled_rules())
+    report([facts], [r for r in rules if r.id in enabled], settings, [], result)
+    assert not result.errors, result.errors
+    return result.findings
+
+
+def test_every_model_rule_has_a_catalog_entry_that_needs_the_model():
+    catalog = load_catalog()
+    for rule_id in discover_model_rules():
+        assert catalog[rule_id].needs == "model", rule_id
+    assert {r for r in catalog if r.startswith("TC1")} == set(discover_model_rules())
+
+
+@pytest.mark.parametrize(
+    "dim,dtype,expected",
+    [(50257, "bfloat16", 50304), (4095, "bfloat16", 4096), (30, "bfloat16", 32), (100, "float32", 100),
+     (10, "bfloat16", 16), (2050, "float16", 2112), (17, "int8", 32)],
+)
+def test_suggested_sizes(dim, dtype, expected):
+    assert suggest(dim, dtype) == expected
+
+
+def test_alignment_is_sixteen_bytes_per_dtype():
+    assert is_aligned(4100, "float32") and not is_aligned(4100, "bfloat16")  # TF32: 4 elements
+    assert is_aligned(1000, "bfloat16") and not is_aligned(1000, "int8")  # int8/fp8: 16 elements
+    assert byte_alignment(4095, "bfloat16") == 2 and byte_alignment(4100, "bfloat16") == 8
+
+
+def test_cost_table_is_the_perf_md_source():
+    table = load_table()
+    assert table["source"] == "PERF.md H200 PyTorch 2.11"
+    gemm = table["gpus"]["sm_90"]["gemm"]
+    assert gemm["k_unaligned"]["2"] == 6.0 and gemm["n_unaligned"]["2"] == 5.4 and gemm["n_unaligned"]["8"] == 3.4
+
+
+def test_unaligned_gemm_with_its_impact():
+    [finding] = run(facts_of(linear("fc", 4096, 4095), linear("out", 4096, 4096, line=11)), select=("TC101",))
+    assert (finding.rule, finding.location.line, finding.severity) == ("TC101", 10, Severity.WARNING)
+    assert finding.details["suggested"] == {"N": 4096}
+    assert finding.details["penalty"] == 5.4
+    assert finding.details["flop_share"] == pytest.approx(0.5, abs=0.01)
+    assert 0 < finding.details["est_time_lost"] < 1 and finding.details["est_time_lost_ms"] > 0
+    assert "~5.4× slower on NVIDIA H200" in finding.message
+
+
+def test_a_small_head_is_info():
+    findings = run(facts_of(linear("body", 4096, 4096), linear("head", 4096, 10, line=12)), select=("TC101",))
+    [head] = findings
+    assert head.details["module"] == "head" and head.severity == Severity.INFO
+
+
+def test_fp32_gemms_need_only_four_element_alignment():
+    facts = facts_of(linear("fc", 4096, 4100, dtype="float32"))
+    assert run(facts, select=("TC101",)) == []
+    [fp32] = run(facts, select=("TC111",))
+    assert fp32.details["dtype"] == "float32" and fp32.details["precision"] == "bfloat16"
+
+
+def test_identical_layers_built_by_one_line_are_one_finding():
+    pairs = [linear(f"h.{i}.fc", 1024, 1020) for i in range(12)]
+    [finding] = run(facts_of(*pairs), select=("TC101",))
+    assert finding.details["count"] == 12 and finding.details["modules"][:2] == ["h.0.fc", "h.1.fc"]
+    assert "`h.0.fc` and 11 more like it" in finding.message
+
+
+def test_vocab_is_tc104_not_tc101():
+    embedding = ModuleFact("wte", "Embedding", True, Site(FILE, 20, 20),
+                           {"role": "embedding", "num_embeddings": 50257, "embedding_dim": 768})
+    lookup = OpFact(0, "embedding", "embedding", "wte", "Embedding", 0, "float32", [], 0.0, None,
+                    {"rows": 50257, "dim": 768})
+    head_module, head = linear("lm_head", 768, 50257, line=21, tied_to="wte")
+    findings = run(facts_of((embedding, lookup), (head_module, head), linear("mlp", 768, 3072, line=22)))
+    assert [(f.rule, f.location.line) for f in findings] == [("TC104", 21)]
+    assert findings[0].details["tied"] is True and findings[0].details["suggested"] == 50304
+
+
+def test_batch_unaligned_only_when_the_script_chose_it():
+    facts = facts_of(linear("fc", 1024, 1024, m=50))
+    [finding] = run(facts, select=("TC105",))
+    assert finding.severity == Severity.INFO and finding.details["suggested"] == 56
+    facts.input["assumed"] = True
+    assert run(facts, select=("TC105",)) == []
+
+
+def test_round_trip_and_no_op_casts():
+    module, gemm = linear("fc", 1024, 1024, m=8, dtype="float16")
+    cast = dict(kind="cast", op="to", module="", module_type="Net", graph=0, shapes=[[8, 1024], [8, 1024]], flops=0.0)
+    up = OpFact(0, dtype="float32", site=Site(FILE, 30, 9), info={
+        "src": "float16", "dst": "float32", "explicit": True, "after": 0, "users": 1, "numel": 8192,
+        "input_is_graph_input": False}, **cast)
+    down = OpFact(0, dtype="float16", site=Site(FILE, 30, 9), info={
+        "src": "float32", "dst": "float16", "explicit": True, "after": 1, "users": 1, "numel": 8192,
+        "input_is_graph_input": False}, **cast)
+    noop = OpFact(0, dtype="float16", site=Site(FILE, 31, 9), info={
+        "src": "float16", "dst": "float16", "explicit": True, "after": None, "users": 1, "numel": 8192,
+        "input_is_graph_input": False}, **cast)
+    on_input = OpFact(0, dtype="float16", site=Site(FILE, 32, 9), info={
+        "src": "float16", "dst": "float16", "explicit": True, "after": None, "users": 1, "numel": 8192,
+        "input_is_graph_input": True}, **cast)
+    facts = facts_of((module, gemm), (None, up), (None, down), (None, noop), (None, on_input),
+                     compute_dtype="float16", autocast=False)
+    findings = run(facts, select=("TC110",))
+    assert [(f.location.line, f.severity) for f in findings] == [(30, Severity.WARNING), (31, Severity.INFO)]
+    assert findings[0].details["dtypes"] == ["float16", "float32", "float16"]
+
+
+def test_conv_bias_before_batchnorm_from_the_graph_and_from_parameters():
+    conv_module = ModuleFact("conv", "Conv2d", True, Site(FILE, 40, 21),
+                             {"role": "conv", "in_channels": 64, "out_channels": 64, "kernel_size": [3, 3],
+                              "groups": 1, "bias": True, "next": "bn"})
+    bn_module = ModuleFact("bn", "BatchNorm2d", True, Site(FILE, 41, 19), {"role": "norm", "num_features": 64})
+    conv = OpFact(0, "conv", "conv2d", "conv", "Conv2d", 0, "bfloat16", [[8, 64, 56, 56]], 2.0 * 8 * 64 * 64 * 9 * 56 * 56,
+                  None, {"c_in": 64, "c_out": 64, "groups": 1, "bias": True, "out_numel": 8 * 64 * 56 * 56})
+    norm = OpFact(1, "norm", "batch_norm", "bn", "BatchNorm2d", 0, "bfloat16", [], 0.0, None, {"after": 0})
+    [finding] = run(facts_of((conv_module, conv), (bn_module, norm)), select=("TC112",))
+    assert (finding.location.line, finding.details["norm"]) == (40, "bn")
+    parameters_only = facts_of((conv_module, None), (bn_module, None), capture=CaptureInfo(method="parameters"))
+    [finding] = run(parameters_only, select=("TC112",))
+    assert finding.details["impact_basis"] == "parameters"
+
+
+def test_stem_and_unaligned_channels():
+    def conv(c_in, c_out, line, groups=1):
+        return OpFact(0, "conv", "conv2d", f"c{line}", "Conv2d", 0, "bfloat16", [[8, c_in, 32, 32]],
+                      2.0 * 8 * c_in * c_out * 9 * 1024 / groups, None,
+                      {"c_in": c_in, "c_out": c_out, "groups": groups, "bias": False})
+
+    ops = [(ModuleFact(f"c{line}", "Conv2d", True, Site(FILE, line, 5), {}), conv(*args, line=line, **kw))
+           for args, line, kw in [((3, 64), 1, {}), ((64, 30), 2, {}), ((30, 30), 3, {"groups": 30}), ((32, 3), 4, {})]]
+    findings = run(facts_of(*ops), select=("TC102", "TC103"))
+    # the stem is TC103; 64→30 is TC102; a depthwise conv and a 3-channel output are not reported
+    assert sorted((f.rule, f.location.line) for f in findings) == [("TC102", 2), ("TC103", 1)]
+
+
+def test_attention_head_dims():
+    def sdpa(head, module, line):
+        return (ModuleFact(module, "Attention", False, Site(FILE, line, 9), {}),
+                OpFact(0, "sdpa", "scaled_dot_product_attention", module, "Attention", 0, "bfloat16",
+                       [[8, 8, 256, head]], 4.0 * 8 * 8 * 256 * 256 * head, Site(FILE, 99, 9),
+                       {"head_dim": head, "head_dim_v": head, "heads": 8}))
+
+    findings = run(facts_of(sdpa(12, "a", 5), sdpa(64, "b", 6), sdpa(320, "c", 7)), select=("TC106",))
+    assert [(f.location.line, f.details["suggested"]) for f in findings] == [(5, 16), (7, 256)]
+
+
+def test_not_audited_says_why():
+    failed = ModelFacts.failed({"kind": "script", "path": FILE, "label": "Net(vocab)",
+                                "construction": {"line": 7, "column": 9},
+                                "skipped": ["line 3 (`vocab = torch.load('v.pt')`) loads a checkpoint (`torch.load`), "
+                                            "so the audit did not run it; it binds vocab"]},
+                               "building the model failed at train.py:7 (`model = Net(vocab)`): "
+                               "NameError: name 'vocab' is not defined")
+    [finding] = run(failed)
+    assert (finding.rule, finding.location.line, finding.severity) == ("TC100", 7, Severity.INFO)
+    assert "(line 3 (`vocab = torch.load('v.pt')`) loads a checkpoint" in finding.message
+    traced = facts_of(linear("fc", 1024, 1020), capture=CaptureInfo(method="parameters", failures=[
+        "export: RuntimeError: x", "dynamo: RuntimeError: y", "fx: TraceError: z"]))
+    traced.ops = []
+    findings = run(traced)
+    assert [f.rule for f in findings] == ["TC100", "TC101"]
+    assert "only the checks on layer parameters ran" in findings[0].message
+
+
+def test_gpu_without_a_table_says_so():
+    facts = facts_of(linear("fc", 4096, 4095))
+    assert CostModel(facts, "bf16", "sm_80").source.endswith("(measured on sm_90; no table for sm_80 yet)")
+    [finding] = run(facts, select=("TC101",), gpu="sm_80")
+    assert "no table for sm_80" in finding.details["cost_source"]
+
+
+def test_rule_modules_import_no_torch():
+    assert "torch" not in sys.modules or Path(sys.modules["torch"].__file__).exists()
+    import subprocess
+
+    code = "import sys; from tcaudit.model.rules import discover_model_rules; discover_model_rules(); " \
+           "import tcaudit.model.cost, tcaudit.model.slicing; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
