@@ -290,17 +290,19 @@ def test_argparse_defaults_replace_parse_args(tmp_path):
     assert "GUARD args.deep is False" in program_text(index, 1)
 
 
-def test_parameter_that_no_call_provides(tmp_path):
+def test_parameter_that_a_framework_provides(tmp_path):
     index = index_of(tmp_path, """
+        import hydra
         import torch.nn as nn
 
-        def build(width):
-            model = nn.Sequential(nn.Linear(width, width))
-            return model
+        @hydra.main(config_path="conf", config_name="config")
+        def main(cfg):
+            model = nn.Sequential(nn.Linear(cfg.width, cfg.width))
 
-        build
+        if __name__ == "__main__":
+            main()
     """)
-    with pytest.raises(SliceError, match=r"built inside build\(\) from its parameter width"):
+    with pytest.raises(SliceError, match=r"built inside main\(\) from cfg, which the call at line 9 does not pass"):
         Slicer(index).plan(find_candidates(index)[0])
 
 

@@ -35,6 +35,7 @@ WELL_BEHAVED = [
     "timm_like_registry.py",
     "timm_missing.py",
     "data_dependent.py",
+    "trainer_class.py",
 ]
 
 
@@ -197,6 +198,14 @@ def test_data_dependent_control_flow(audit):
     notes = [n for n in audit[1] if "data_dependent.py" in n]
     assert any("2 graphs" in n for n in notes)
     assert any("data_dependent.py:15" in n and "placeholder" in n for n in notes)
+
+
+def test_model_built_by_a_trainer_method(audit):
+    """Trainer(config) → __init__ → self.build_model() → Segmenter(...self.config...)."""
+    assert found(audit, "models/trainer_class.py") == [("TC103", 9, "info"), ("TC112", 9, "warning")]
+    bias = next(f for f in audit[0]["models/trainer_class.py"] if f.rule == "TC112")
+    assert bias.details["modules"] == ["down.conv1", "mid.conv1"]
+    assert bias.details["norm"] == "down.norm1"
 
 
 @pytest.fixture(scope="module")

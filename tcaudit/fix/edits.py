@@ -123,7 +123,8 @@ def insert_setting(module: cst.Module, facts: ScriptFacts, code: str) -> cst.Mod
     statements.append(parse_statement(code, module))
     previous = body[index] if index >= 0 else None
     if previous is not None and not _SETTING.match(module.code_for_node(previous).strip()):
-        statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine()])
+        # A blank line between the imports and the settings block (``import torch`` joins the imports).
+        statements[-1] = statements[-1].with_changes(leading_lines=[cst.EmptyLine()])
     if previous is None:
         return module.with_changes(body=[*statements, *body])
     editor = StatementEditor()

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import linecache
 import os
 import sys
 import sysconfig
+import traceback
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from tcaudit.model.facts import Site
@@ -173,10 +175,12 @@ def site_of_module(module: Any) -> Site | None:
 
 @contextmanager
 def cpu_only_patches() -> Iterator[None]:
-    """``.cuda()`` becomes a no-op and ``autocast("cuda")`` acts on the CPU.
+    """``.cuda()`` becomes a no-op, ``autocast("cuda")`` acts on the CPU, and dtype casts of modules
+    work on fake parameters.
 
     The audit runs without a GPU on fake CPU tensors; a model that moves a buffer to CUDA in its
-    constructor or disables CUDA autocast around a block must behave here as it would on the GPU.
+    constructor, disables CUDA autocast around a block, or is cast with ``.half()`` must behave here
+    as it would on the GPU.
     """
     import torch
     import torch.nn as nn
@@ -222,11 +226,7 @@ def _fake_aware_apply(original):
     state = {"depth": 0, "memo": {}}
 
     def _apply(self, fn, recurse=True):
-        if not any(isinstance(t, FakeTensor) for t in self._parameters.values()) and not any(
-            isinstance(t, FakeTensor) for t in self._buffers.values()
-        ) and not any(
-            isinstance(p, FakeTensor) for p in self.parameters()
-        ):
+        if not any(isinstance(t, FakeTensor) for t in itertools.chain(self.parameters(), self.buffers())):
             return original(self, fn, recurse)
         state["depth"] += 1
         memo = state["memo"]
@@ -412,13 +412,11 @@ class _Namespace:
 @dataclass
 class BuiltModel:
     model: Any
-    namespace: dict[str, Any] = field(default_factory=dict)
     construction: Site | None = None
-    notes: list[str] = field(default_factory=list)
 
 
-def _innermost_user_frame(tb, user_files: UserFiles):
-    frames = [f for f in __import__("traceback").extract_tb(tb) if user_files(f.filename)]
+def _innermost_user_frame(tb, user_files: UserFiles) -> traceback.FrameSummary | None:
+    frames = [f for f in traceback.extract_tb(tb) if user_files(f.filename)]
     return frames[-1] if frames else None
 
 
@@ -446,6 +444,7 @@ def build_from_plan(target: dict[str, Any], fake_mode, user_files: UserFiles) ->
     namespace = module.__dict__
     namespace["__tcaudit_not_selected__"] = _not_selected
     namespace["__tcaudit_namespace__"] = _Namespace
+    namespace["__tcaudit_self__"] = types.SimpleNamespace  # `self` of a trainer class's __init__
     body = compile_items(target["program"], filename)
     tree = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(tree)
@@ -468,7 +467,7 @@ def build_from_plan(target: dict[str, Any], fake_mode, user_files: UserFiles) ->
     if target.get("construction"):
         c = target["construction"]
         construction = Site(filename, c["line"], c["column"], c["end_line"], c["end_column"])
-    return BuiltModel(model=model, namespace=namespace, construction=construction)
+    return BuiltModel(model=model, construction=construction)
 
 
 def build_from_factory(target: dict[str, Any], fake_mode, user_files: UserFiles) -> BuiltModel:

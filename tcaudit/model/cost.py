@@ -94,7 +94,7 @@ class CostModel:
         default = self.table["default_gpu"]
         self.gpu_key = self.gpu if self.gpu in self.table["gpus"] else default
         self.entry = self.table["gpus"][self.gpu_key]
-        self.alignment_bytes = int(self.table.get("alignment_bytes", 16))
+        self.alignment_bytes = int(self.entry.get("alignment_bytes", self.table.get("alignment_bytes", 16)))
         self.source = self.table.get("source", "cost table")
         if self.gpu not in ("auto", self.gpu_key):
             self.source += f" (measured on {self.gpu_key}; no table for {self.gpu} yet)"

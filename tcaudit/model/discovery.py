@@ -50,6 +50,9 @@ _LIBRARY_ROOTS = {
 }
 
 
+_ENTRY_FRAMEWORKS = {"hydra", "click", "typer", "fire", "absl", "jsonargparse", "tyro"}
+
+
 def runs_code_of_its_own(text: str) -> bool:
     """A cheap gate with Python's ``ast`` (a fraction of a LibCST parse): does the file do anything
     when it runs, beyond defining things? A library or model-zoo module that only defines classes and
@@ -68,7 +71,8 @@ def runs_code_of_its_own(text: str) -> bool:
                 imported[alias.asname or alias.name.split(".")[0]] = alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
-                imported[alias.asname or alias.name] = (node.module or "").split(".")[0]
+                # a relative import is a package's own machinery, not a script's doing
+                imported[alias.asname or alias.name] = "." if node.level else (node.module or "").split(".")[0]
 
     def root(expr: ast.AST) -> str | None:
         while isinstance(expr, (ast.Attribute, ast.Call, ast.Subscript)):
@@ -78,7 +82,7 @@ def runs_code_of_its_own(text: str) -> bool:
     def active(name: str | None) -> bool:
         if name in local:
             return True
-        return name in imported and imported[name] not in _LIBRARY_ROOTS
+        return name in imported and imported[name] not in _LIBRARY_ROOTS and imported[name] != "."
 
     def runs(statements: list[ast.stmt]) -> bool:
         for node in statements:
@@ -86,7 +90,7 @@ def runs_code_of_its_own(text: str) -> bool:
                 continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 # @hydra.main, @click.command: the framework runs it
-                if any(active(root(d)) and root(d) not in local for d in node.decorator_list):
+                if any(imported.get(root(d) or "") in _ENTRY_FRAMEWORKS for d in node.decorator_list):
                     return True
                 continue
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):

@@ -607,12 +607,22 @@ class Slicer:
                 scopes.append(self.binding(scope, None, "") + items)
                 break
             site, self_arg = sites[0]
+            uncovered = _uncovered_params(scope, site, to_bind, bool(self_arg))
+            if uncovered:
+                raise SliceError(
+                    f"the model is built inside {scope.name.value}() from "
+                    f"{', '.join(uncovered)}, which the call at line {index.line_of(site)} does not pass "
+                    f"(a framework that calls {scope.name.value}() supplies it; give the model with "
+                    f"[[tool.tcaudit.models]] instead)"
+                )
             scopes.append(self.binding(scope, site, self_arg) + items)
             needed = set()
             for arg in site.args:
                 needed |= used_names(arg.value)
             if self_arg == "self":
+                # self.method(): the caller's `self` is the callee's, with the attributes it reads
                 needed.add("self")
+                needed |= {name for name in residual if name.startswith("self.")}
             target = index.statement_of(site)
             if isinstance(target, cst.BaseCompoundStatement):
                 raise SliceError(f"{scope.name.value}() is called in a compound statement's header")
@@ -629,6 +639,18 @@ class Slicer:
         (line, column), (end_line, end_column) = index.span(call)
         construction = {"line": line, "column": column + 1, "end_line": end_line, "end_column": end_column + 1}
         return Plan(program, construction, list(self.skipped), set(self.imports))
+
+
+def _uncovered_params(function: cst.FunctionDef, call: cst.Call, wanted: set[str], self_passed: bool) -> list[str]:
+    """Needed parameters without a default that the call visibly does not pass."""
+    if any(arg.star for arg in call.args):
+        return []  # *args / **kwargs may pass anything
+    params = function.params
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+    given = len([a for a in call.args if a.keyword is None]) + (1 if self_passed else 0)
+    passed = set(positional[:given]) | {a.keyword.value for a in call.args if a.keyword is not None}
+    defaults = _params_with_defaults(function)
+    return sorted(name for name in wanted if name not in passed and name not in defaults)
 
 
 def _param_names(function: cst.FunctionDef) -> set[str]:

@@ -34,7 +34,7 @@ class RedundantCast(ModelRule):
                 site = context.op_site(op)
                 no_ops.setdefault((site.path, site.line, info["dst"]), []).append(op)
         for (_, _, start, middle), pairs in round_trips.items():
-            first, second = pairs[0]
+            second = pairs[0][1]
             bytes_moved = sum(
                 2 * b.info["numel"] * (DTYPE_BYTES.get(start, 4) + DTYPE_BYTES.get(middle, 4)) for _, b in pairs
             )
