@@ -58,6 +58,11 @@ class Fix:
     reason: str | None = None
     anchor: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def applies_by_default(self) -> bool:
+        """Whether plain ``tcaudit fix`` applies it: available, and not a structural opt-in."""
+        return self.available and self.fix_class is not FixClass.STRUCTURAL
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "class": str(self.fix_class),

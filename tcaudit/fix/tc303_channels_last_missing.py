@@ -42,7 +42,6 @@ from tcaudit.script.pipeline import (
     BatchLoop,
     ModelSite,
     PipelineFacts,
-    _returns,
     moves_to_device,
     pipeline_facts,
 )
@@ -255,13 +254,16 @@ def _plain_device_to(facts: ScriptFacts, call: cst.Call) -> bool:
 
 
 def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, depth: int = 0) -> bool:
-    """Whether the model's input is a rank-4 image batch: a torchvision/timm convnet, or a class of this
-    file whose ``forward`` passes its input straight to a Conv2d (or to such a class)."""
+    """Whether the model's input is a rank-4 image batch: a torchvision/timm convnet, an ``nn.Sequential``
+    that starts with a Conv2d, or a class of this file whose ``forward`` passes its input straight to a
+    Conv2d (or to such a class)."""
     qual = facts.qualname(site.construction.func) or ""
     if qual.startswith(_KNOWN_FACTORIES):
         return True
     dotted = get_full_name_for_node(site.construction.func) or ""
     by_name = {node.name.value: node for node, _ in facts.classes}
+    if qual == "torch.nn.Sequential":
+        return _builds_image_layer(facts, site.construction, by_name, depth)
     cls = by_name.get(dotted.split(".")[-1])
     return cls is not None and _class_takes_images(facts, cls, by_name, depth)
 

@@ -16,7 +16,7 @@ def summary(result) -> dict:
         "warning": sum(1 for f in result.findings if str(f.severity) == "warning"),
         "info": sum(1 for f in result.findings if str(f.severity) == "info"),
         "suppressed": result.suppressed,
-        "fixable": sum(1 for f in result.findings if f.fix is not None and f.fix.available),
+        "fixable": sum(1 for f in result.findings if f.fix is not None and f.fix.applies_by_default),
     }
 
 

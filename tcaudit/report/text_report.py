@@ -68,8 +68,10 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
             if cache[path]:
                 console.print(_frame(cache[path], loc.line, loc.column, loc.end_line, loc.end_column), end="")
             if f.fix is not None:
-                if f.fix.available:
+                if f.fix.applies_by_default:
                     console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))
+                elif f.fix.available:
+                    console.print(Text(f"  structural change, not applied by `tcaudit fix`: {f.fix.description}", style="cyan"))
                 else:
                     console.print(Text(f"  no fix: {f.fix.reason or f.fix.description}", style="dim"))
             console.print()
@@ -77,7 +79,7 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
         console.print(Text(f"note: {note}", style="dim"))
     counts = {s: sum(1 for f in result.findings if str(f.severity) == s) for s in ("error", "warning", "info")}
     total = len(result.findings)
-    fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.available)
+    fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.applies_by_default)
     files = result.files_scanned
     if total == 0:
         console.print(Text(f"All clear: no findings in {files} file{'s' if files != 1 else ''}.", style="bold green"))
