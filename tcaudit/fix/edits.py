@@ -5,13 +5,21 @@ global setting after the imports."""
 from __future__ import annotations
 
 import re
+import sys
 
 import libcst as cst
 
 from tcaudit.findings import Finding
-from tcaudit.fix.codemod import StatementEditor, parse_statement, torch_import_name
+from tcaudit.fix.codemod import (
+    DeclineFix,
+    StatementEditor,
+    ensure_import,
+    parse_expression,
+    parse_statement,
+    torch_import_name,
+)
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import import_block_end
+from tcaudit.script.pipeline import import_block_end, pipeline_facts
 
 
 def call_at(facts: ScriptFacts, finding: Finding) -> CallSite | None:
@@ -136,6 +144,12 @@ def _is_import_line(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
 
 
+def _is_future_import(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and getattr(s.module, "value", None) == "__future__" for s in node.body
+    )
+
+
 def _index_of(body: list, node: cst.CSTNode | None) -> int:
     """The index of ``node`` in the module body, or the last docstring/``__future__`` line before code."""
     if node is not None:
@@ -169,9 +183,6 @@ def loader_keyword_fix(
 ) -> cst.Module:
     """Apply ``add-kwarg`` / ``replace-arg`` anchors to the DataLoader calls the findings point at. The
     value is the anchor's code (``rename`` maps module names to the file's aliases: ``os`` → ``_os``)."""
-    from tcaudit.fix.codemod import DeclineFix, parse_expression
-    from tcaudit.script.pipeline import pipeline_facts
-
     pipeline = pipeline_facts(facts)
     editor = CallEditor()
     for finding in findings:
@@ -207,10 +218,6 @@ def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
     """``import os`` where isort would put it: in alphabetical order within the file's first group of
     standard-library imports, or as a group of its own before the first import. The caller checks that
     the file does not import it yet."""
-    import sys
-
-    from tcaudit.fix.codemod import ensure_import
-
     body = list(module.body)
     new = parse_statement(f"import {name}", module)
 
@@ -226,7 +233,7 @@ def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
             return None
         return dotted if dotted.split(".")[0] in sys.stdlib_module_names and dotted != "__future__" else None
 
-    imports = [i for i, item in enumerate(body) if _is_import_line(item)]
+    imports = [i for i, item in enumerate(body) if _is_import_line(item) and not _is_future_import(item)]
     if not imports:
         return ensure_import(module, f"import {name}")
     run = [i for i in imports if stdlib_name(body[i]) is not None]
