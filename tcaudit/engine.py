@@ -196,7 +196,7 @@ def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> S
             continue
         kept.append(finding)
     kept.sort(key=lambda f: f.sort_key)
-    assign_fingerprints(kept)
+    assign_fingerprints(kept, settings.root)
     return ScanResult(
         findings=kept,
         files_scanned=len(discovered.files),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -116,7 +117,17 @@ class Finding:
         return data
 
 
-def assign_fingerprints(findings: list[Finding]) -> None:
+def _path_key(path: str, root: "Path | None") -> str:
+    """The path as seen from the project root, so a baseline works from any working directory."""
+    if root is None:
+        return path
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return path
+
+
+def assign_fingerprints(findings: list[Finding], root: "Path | None" = None) -> None:
     """Give each finding a fingerprint that survives unrelated line shifts.
 
     The fingerprint hashes the rule, the file, the enclosing scope and the flagged line's text
@@ -126,7 +137,7 @@ def assign_fingerprints(findings: list[Finding]) -> None:
     seen: dict[str, int] = {}
     for finding in sorted(findings, key=lambda f: f.sort_key):
         text = " ".join(finding.source_line.split())
-        base = "\x1f".join((finding.rule, finding.location.path, finding.scope, text))
+        base = "\x1f".join((finding.rule, _path_key(finding.location.path, root), finding.scope, text))
         index = seen.get(base, 0)
         seen[base] = index + 1
         digest = hashlib.sha256(f"{base}\x1f{index}".encode("utf-8")).hexdigest()

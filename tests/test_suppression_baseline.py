@@ -183,3 +183,14 @@ def test_baseline_in_other_formats(tmp_path):
     assert scan("text").strip() == "All clear: no findings in 1 file."
     assert json.loads(scan("sarif"))["runs"][0]["results"] == []
     assert 'tests="0"' in scan("junit")
+
+
+def test_baseline_works_from_another_working_directory(tmp_path):
+    """Fingerprints use the path relative to the project root, not to the current directory."""
+    (tmp_path / "pyproject.toml").write_text('[tool.tcaudit]\nselect = ["TC202"]\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t.py").write_text("import torch\ns = torch.cuda.amp.GradScaler()\n")
+    code, _, _ = run_cli("scan", "sub/t.py", "--write-baseline", "base.json", cwd=tmp_path)
+    assert code == 0
+    code, out, _ = run_cli("scan", "t.py", "--baseline", "../base.json", "--format", "concise", cwd=tmp_path / "sub")
+    assert code == 0 and out.strip() == ""

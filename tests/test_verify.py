@@ -33,7 +33,7 @@ def test_verify_json_has_the_recorded_facts(verified):
     data = json.loads((out / "verify.json").read_text())
     assert data["gpu"] is None and data["cpu_timings"] is True
     assert data["torch"] and data["command"].startswith("tcaudit verify")
-    assert data["fixes_applied"] == ["TC201"]
+    assert "TC201" in data["fixes_applied"]
     for label in ("original", "patched"):
         run = data[label]
         assert len(run["step_times"]) == 6 and all(t > 0 for t in run["step_times"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -201,6 +201,7 @@ class _Collector(cst.CSTVisitor):
         self.module_frame = Frame("module", module, None)
         self.ctx = self.module_frame
         self.blocks: list[tuple[cst.CSTNode, ...]] = []
+        self.block_index: list[dict[int, int]] = []
         self.statements: list[Statement | None] = [None]
         self.calls: list[CallSite] = []
         self.withs: list[tuple[cst.With, Frame]] = []
@@ -287,27 +288,39 @@ class _Collector(cst.CSTVisitor):
         self._pop()
 
     # -- blocks and statements --------------------------------------------------------------------
+    def _push_block(self, body: Sequence[cst.CSTNode]) -> None:
+        block = tuple(body)
+        self.blocks.append(block)
+        self.block_index.append({id(item): i for i, item in enumerate(block)})
+
+    def _pop_block(self) -> None:
+        self.blocks.pop()
+        self.block_index.pop()
+
     def visit_Module(self, node: cst.Module) -> None:
-        self.blocks.append(tuple(node.body))
+        self._push_block(node.body)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        self.blocks.pop()
+        self._pop_block()
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        self.blocks.append(tuple(node.body))
+        self._push_block(node.body)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
-        self.blocks.pop()
+        self._pop_block()
 
     def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
-        self.blocks.append(tuple(node.body))
+        self._push_block(node.body)
 
     def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
-        self.blocks.pop()
+        self._pop_block()
+
+    def _in_current_block(self, node: cst.CSTNode) -> bool:
+        return bool(self.block_index) and id(node) in self.block_index[-1]
 
     def _enter_statement(self, node: cst.CSTNode) -> None:
         block = self.blocks[-1] if self.blocks else (node,)
-        index = next((i for i, item in enumerate(block) if item is node), 0)
+        index = self.block_index[-1].get(id(node), 0) if self.block_index else 0
         self.statements.append(Statement(node, block, index))
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
@@ -319,9 +332,7 @@ class _Collector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseCompoundStatement):
             self._enter_statement(node)
-        elif isinstance(node, cst.BaseSmallStatement) and self.blocks and any(
-            item is node for item in self.blocks[-1]
-        ):
+        elif isinstance(node, cst.BaseSmallStatement) and self._in_current_block(node):
             # A small statement of a one-line suite (``if x: a; b``) is its own statement.
             self._enter_statement(node)
         return super().on_visit(node)

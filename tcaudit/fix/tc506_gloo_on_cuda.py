@@ -1,0 +1,176 @@
+"""TC506 fix: ``backend="gloo"`` → ``"nccl" if torch.cuda.is_available() else "gloo"``.
+
+Device-agnostic: on a CPU-only machine the script still initialises gloo, on a GPU machine it gets
+NCCL. Declined where NCCL could meet CPU tensors on a machine that has a GPU:
+
+* the script picks its device with a command-line switch (``--cuda``, ``--no-cuda``, ``args.gpu``,
+  ``--device``): a CPU run on a GPU machine would hand CPU tensors to NCCL;
+* a collective (``dist.all_reduce(t)``, ``dist.broadcast(t, 0)``...) is given a tensor made on the
+  host (a factory call without ``device=`` that is never moved, or ``.cpu()``): NCCL only reduces
+  CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import libcst as cst
+
+from tcaudit.findings import Finding
+from tcaudit.fix.codemod import (
+    Codemod,
+    DeclineFix,
+    FixContext,
+    ensure_import,
+    parse_expression,
+    parse_statement,
+    torch_import_name,
+)
+from tcaudit.script.distributed import distributed_facts, literal_value
+from tcaudit.script.facts import ScriptFacts
+
+# A command-line or config switch that decides between CPU and GPU.
+_DEVICE_SWITCH = re.compile(
+    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
+    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
+)
+
+_COLLECTIVES = frozenset(
+    {
+        "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+        "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv",
+        "isend", "irecv",
+    }
+)
+# torch factories that allocate on the CPU unless given device= (the *_like ones follow their input).
+_FACTORIES = frozenset(
+    {
+        "tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
+        "linspace", "Tensor", "FloatTensor", "LongTensor", "from_numpy",
+    }
+)
+
+
+class _HostTensors(cst.CSTVisitor):
+    """Finds, in an expression, a tensor that certainly lives on the host."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        self.facts = facts
+        self.moved: set[int] = set()  # factory calls that are the receiver of .to()/.cuda()
+        self.found: str | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Call):
+                self.moved.add(id(func.value))
+            if func.attr.value == "cpu" and self.found is None:
+                self.found = self.facts.module.code_for_node(node)
+        if id(node) in self.moved or self.found is not None:
+            return
+        qual = self.facts.qualname(func) or ""
+        if qual.startswith("torch.") and qual.split(".")[-1] in _FACTORIES and qual.count(".") == 1:
+            if not any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+                self.found = self.facts.module.code_for_node(node)
+
+
+def _host_collective(facts: ScriptFacts) -> str | None:
+    """The code of a collective that is handed a host tensor, if any."""
+    for call in facts.calls:
+        qual = call.qualname or ""
+        if not qual.startswith("torch.distributed.") or qual.split(".")[-1] not in _COLLECTIVES:
+            continue
+        for arg in call.node.args:
+            for value in facts.binding_values(arg.value):
+                finder = _HostTensors(facts)
+                value.visit(finder)
+                if finder.found is not None:
+                    return facts.module.code_for_node(call.node)
+    return None
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def _import_torch(module: cst.Module) -> cst.Module:
+    """``import torch`` before the file's first top-level torch import (``import torch.distributed as
+    dist``), where isort puts it, else after the last import."""
+    body = list(module.body)
+    for index, item in enumerate(body):
+        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+            continue
+        small = item.body[0]
+        if isinstance(small, cst.Import):
+            dotted = module.code_for_node(small.names[0].name)
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            dotted = module.code_for_node(small.module)
+        else:
+            continue
+        if dotted.split(".")[0] == "torch":
+            new = parse_statement("import torch", module).with_changes(leading_lines=item.leading_lines)
+            body[index] = item.with_changes(leading_lines=[])
+            body.insert(index, new)
+            return module.with_changes(body=body)
+    return ensure_import(module, "import torch")
+
+
+class GlooOnCudaFix(Codemod):
+    rule = "TC506"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        info = distributed_facts(facts)
+        switch = _DEVICE_SWITCH.search(info.text)
+        if switch:
+            raise DeclineFix(
+                f"the device is chosen by a switch (`{switch.group(0).strip()}`): a CPU run on a machine "
+                "with a GPU would hand CPU tensors to NCCL"
+            )
+        host = _host_collective(facts)
+        if host:
+            raise DeclineFix(f"`{host}` is handed a tensor on the host, which NCCL cannot reduce")
+        torch_name = torch_import_name(facts)
+        replacements: dict[int, cst.BaseExpression] = {}
+        for finding in findings:
+            backend = self._backend_at(facts, info, finding)
+            if backend is None:
+                raise DeclineFix("the backend argument could not be located")
+            if isinstance(backend, cst.SimpleString) and literal_value(backend) == "gloo":
+                quote = backend.quote
+                fallback: cst.BaseExpression = backend  # keeps the literal as written
+            elif isinstance(backend, (cst.Name, cst.Attribute)):
+                quote = '"'
+                fallback = backend  # a name bound to "gloo" only: keep using it
+            else:
+                raise DeclineFix("the backend is not a plain string or name")
+            test = parse_expression(f"{torch_name or 'torch'}.cuda.is_available()", module)
+            replacements[id(backend)] = cst.IfExp(
+                test=test,
+                body=cst.SimpleString(f"{quote}nccl{quote}"),
+                orelse=fallback,
+            )
+        new = module.visit(_Replace(replacements))
+        if torch_name is None:
+            new = _import_torch(new)
+        return new
+
+    @staticmethod
+    def _backend_at(facts: ScriptFacts, info, finding: Finding) -> cst.BaseExpression | None:
+        loc = finding.location
+        for call in info.init_process_group_calls:
+            backend = call.arg("backend", 0)
+            if backend is None:
+                continue
+            pos = facts.position(backend)
+            if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == (
+                loc.line, loc.column, loc.end_line, loc.end_column
+            ):
+                return backend
+        return None
