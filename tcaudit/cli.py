@@ -243,6 +243,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
     from tcaudit.fix.command import run_fix
 
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    if args.force_exclude:
+        settings = dataclasses.replace(settings, force_exclude=True)
     try:
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:

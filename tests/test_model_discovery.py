@@ -381,3 +381,31 @@ def test_parse_input():
     assert parse_input("8x1024, 8x1024") == [[8, 1024], [8, 1024]]
     with pytest.raises(ValueError):
         parse_input("8 by 3")
+
+
+def test_models_the_audit_cannot_build_offline_are_named(tmp_path):
+    path = tmp_path / "finetune.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained("gpt2")
+        teacher = torch.load("teacher.pt")
+    """).lstrip(), encoding="utf-8")
+    found = discover_file(read_source(path))
+    assert [(t["construction"]["line"], f.split(",")[0]) for t, f, _ in found] == [
+        (4, "it is loaded with from_pretrained()"),
+        (5, "it is unpickled from a file with torch.load()"),
+    ]
+
+
+def test_a_third_party_model_class(tmp_path):
+    index = index_of(tmp_path, """
+        from mamba_ssm import Mamba, MambaConfig
+        from transformers import Trainer
+
+        config = MambaConfig(d_model=512)
+        model = Mamba(config)
+        trainer = Trainer(model=model)
+    """)
+    assert labels(index) == [("external", "Mamba(config)")]

@@ -97,10 +97,10 @@ def project(tmp_path, workspace) -> Path:
     return tmp_path
 
 
-def try_repo(project: Path, workspace, *files: str) -> subprocess.CompletedProcess:
+def try_repo(project: Path, workspace, *files: str, hook: str = "tcaudit") -> subprocess.CompletedProcess:
     snapshot, env = workspace
     return subprocess.run(
-        [PRE_COMMIT, "try-repo", str(snapshot), "tcaudit", "--verbose", "--files", *files],
+        [PRE_COMMIT, "try-repo", str(snapshot), hook, "--verbose", "--files", *files],
         cwd=project,
         env=env,
         capture_output=True,
@@ -123,3 +123,11 @@ def test_hook_passes_on_a_good_file(project, workspace):
     assert proc.returncode == 0, output
     assert "Passed" in output
     assert "TC202" not in output
+
+
+def test_fix_hook_rewrites_the_file_and_stops_the_commit(project, workspace):
+    proc = try_repo(project, workspace, "bad.py", hook="tcaudit-fix")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert "files were modified by this hook" in output
+    assert (project / "bad.py").read_text(encoding="utf-8") == GOOD

@@ -57,7 +57,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from tcaudit.source.discovery import discover
 
     classes = parse_classes(args.classes)
-    discovered = discover(args.paths, settings.exclude, settings.root)
+    discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     if discovered.missing:
         for path in discovered.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)

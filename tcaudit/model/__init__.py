@@ -38,6 +38,16 @@ _DTYPES = {
     "double": "float64",
 }
 _INPUT_DTYPES = {"int64": "int64", "long": "int64", "int32": "int32", "int": "int64"}
+NOT_BUILDABLE = {
+    "pretrained": (
+        "it is loaded with from_pretrained(), which downloads a checkpoint the audit does not fetch; "
+        "give an offline factory (e.g. from_config) with [[tool.tcaudit.models]]"
+    ),
+    "loaded": (
+        "it is unpickled from a file with torch.load(), which the audit does not run; "
+        "give the model's factory with [[tool.tcaudit.models]]"
+    ),
+}
 
 
 @dataclass
@@ -158,6 +168,9 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
                              "end_column": end.column + 1},
             "hints": hints,
         }
+        if candidate.kind in NOT_BUILDABLE:
+            out.append((target, NOT_BUILDABLE[candidate.kind], set()))
+            continue
         try:
             plan = Slicer(index).plan(candidate)
         except SliceError as exc:

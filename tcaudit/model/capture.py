@@ -672,12 +672,15 @@ VIEW_OPS = {
 }
 
 
-def normalise(graphs: list[Graph], user_files: UserFiles) -> tuple[list[OpFact], float]:
+def normalise(graphs: list[Graph], user_files: UserFiles, notes: list[str] | None = None) -> tuple[list[OpFact], float]:
     """The ops the rules care about, and the bytes all non-view ops write (the memory baseline)."""
     ops: list[OpFact] = []
     written = [0.0]
+    unreadable: list[str] = []
     for index, graph in enumerate(graphs):
-        _normalise_graph(graph.module, graph, index, ops, user_files, set(), written)
+        _normalise_graph(graph.module, graph, index, ops, user_files, set(), written, unreadable)
+    if unreadable and notes is not None:
+        notes.append(f"{len(unreadable)} graph node(s) could not be read and were left out: {', '.join(unreadable[:3])}")
     return ops, written[0]
 
 
@@ -693,7 +696,7 @@ def _output_bytes(value) -> float:
 
 
 def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user_files: UserFiles,
-                     seen: set[int], written: list[float]) -> None:
+                     seen: set[int], written: list[float], unreadable: list[str]) -> None:
     if id(gm) in seen:
         return
     seen.add(id(gm))
@@ -707,7 +710,7 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             except AttributeError:
                 continue
             if isinstance(attr, torch.fx.GraphModule):
-                _normalise_graph(attr, graph, graph_index, ops, user_files, seen, written)
+                _normalise_graph(attr, graph, graph_index, ops, user_files, seen, written, unreadable)
             continue
         if node.op not in {"call_function", "call_method", "call_module"}:
             continue
@@ -750,7 +753,12 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             shapes=[s for s in (_shape(v) for v in values) if s is not None] + ([_shape(out)] if _shape(out) else []),
             site=node_site(node, user_files),
         )
-        if not _fill(kind, name, overload, node, gm, values, out, fact, produced, graph):
+        try:
+            if not _fill(kind, name, overload, node, gm, values, out, fact, produced, graph):
+                continue
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            # IRs differ between torch versions and capture methods: one odd node must not sink the audit.
+            unreadable.append(f"{node.name} ({name}: {type(exc).__name__})")
             continue
         if kind == "mha":
             ops.extend(_expand_mha(fact, gm.get_submodule(node.target), values, len(ops)))
@@ -901,7 +909,7 @@ def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], prec
             "assumed": outcome.candidate.assumed,
         }
     facts.timings["capture_s"] = round(time.perf_counter() - started, 3)
-    facts.ops, facts.activation_bytes = normalise(outcome.graphs, user_files)
+    facts.ops, facts.activation_bytes = normalise(outcome.graphs, user_files, facts.capture.notes)
     facts.total_flops = float(sum(op.flops for op in facts.ops))
     facts.timings["normalise_s"] = round(time.perf_counter() - started - facts.timings["capture_s"], 3)
     return facts

@@ -621,6 +621,26 @@ def _later_casts(index: ScriptIndex, call: cst.Call, name: str | None) -> list[s
     return casts
 
 
+_NOT_MODELS = re.compile(r"(Config|Tokenizer|Processor|Dataset|DataLoader|Loader|Trainer|Optimizer|Scheduler|"
+                         r"Scaler|Parallel|Writer|Logger|Accelerator|Namespace|Parser)$")
+
+
+def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> str | None:
+    """A model variable filled some other way: ``X.from_pretrained(...)`` or ``torch.load(...)`` (both
+    reported as not buildable offline), or a class from a third-party package (``Mamba(...)``)."""
+    last = qualified.rsplit(".", 1)[-1]
+    if last == "from_pretrained":
+        return "pretrained"
+    if qualified in {"torch.load", "torch.jit.load", "torch.hub.load"}:
+        return "loaded"
+    root = qualified.split(".")[0]
+    head = (dotted(call.func) or "").split(".")[0]
+    if head in index.imports and root not in {"torch", "torchvision", "numpy", "builtins"} and last[:1].isupper():
+        if not _NOT_MODELS.search(last):
+            return "external"
+    return None
+
+
 def _local_functions_with_candidates(index: ScriptIndex, calls: list[cst.Call]) -> set[str]:
     names = set()
     for call in calls:
@@ -651,6 +671,8 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
             target = _assigned_name(index, call) or ""
             if symbol == "module" or (symbol in {"function", None} and MODEL_NAME.match(target)):
                 kind = "imported"
+        elif MODEL_NAME.match(_assigned_name(index, call) or ""):
+            kind = _other_model_source(index, call, qualified)
         if kind is not None:
             direct.append((call, kind))
     # A local factory (get_network(args)) whose body builds nothing recognisable: call it.

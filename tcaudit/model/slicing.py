@@ -566,7 +566,7 @@ class Slicer:
         if isinstance(target, cst.BaseCompoundStatement):
             raise SliceError("the model is built in a compound statement's header, which the audit cannot follow")
         model_item = index.chunk(call, "model")
-        if candidate.kind in {"torchvision", "create_model", "imported", "factory"}:
+        if candidate.kind in {"torchvision", "create_model", "imported", "factory", "external"}:
             model_item["drop_keywords"] = sorted(WEIGHT_KEYWORDS)
         needed = used_names(call)
         cast_items = []
