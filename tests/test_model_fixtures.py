@@ -149,6 +149,29 @@ def test_resnet50_only_the_stem(audit):
     assert finding.details["shapes"][0] == [64, 3, 224, 224]  # --batch-size 64, RandomResizedCrop(224)
 
 
+def test_flops_agree_with_flop_counter_mode():
+    """The per-layer FLOPs add up to what FlopCounterMode counts for the same fake forward."""
+    probe = (
+        "import torch, torchvision\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "from torch.utils.flop_counter import FlopCounterMode\n"
+        "with FakeTensorMode():\n"
+        "    model, x = torchvision.models.resnet50(), torch.empty(64, 3, 224, 224)\n"
+        "    with FlopCounterMode(display=False) as counter:\n"
+        "        model(x)\n"
+        "print(counter.get_total_flops())\n"
+    )
+    import subprocess
+    import sys
+
+    expected = float(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    source = read_source(FIXTURES / "resnet50" / "train.py")
+    [(target, failure, _)] = discover_file(source)
+    [facts] = shared_sandbox().run([{"target": target, "precision": "bfloat16", "limits": {}}], Limits(), [])
+    assert facts.input["shapes"] == [[64, 3, 224, 224]]
+    assert facts.total_flops == pytest.approx(expected, rel=1e-6)
+
+
 def test_imagenet_arch_from_argparse_default(audit):
     """models.__dict__[args.arch]() with --arch resnet18, the --pretrained branch not taken."""
     assert found(audit, "models/imagenet_arch.py") == [("TC103", 39, "info")]

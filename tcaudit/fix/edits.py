@@ -196,7 +196,9 @@ def loader_keyword_fix(
                 code = re.sub(rf"\b{re.escape(name)}\.", f"{local}.", code)
         value = parse_expression(code, module)
         if anchor["kind"] == "add-kwarg":
-            if keyword(call.node, key) is not None or any(a.star for a in call.node.args):
+            # Beside ``**kwargs`` only when the rule followed the dict and found no such key in it.
+            site = pipeline.loader_for(call.node)
+            if keyword(call.node, key) is not None or site is None or not site.complete or site.has(key):
                 raise DeclineFix(f"the call may already pass {key}=; a second one would be a TypeError")
             editor.rewrite_call(call.node, lambda node, k=key, v=value: add_keyword(node, k, v))
         elif anchor["kind"] == "replace-arg":

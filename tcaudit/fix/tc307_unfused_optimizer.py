@@ -98,18 +98,23 @@ def _moved_before(facts: ScriptFacts, pipeline: PipelineFacts, owner: str, optim
     ``model = Net().to(device)``, ``model = DDP(model.cuda())``, ``model = build().cuda()`` or a factory
     of this file that returns a moved model."""
     function = optimizer.ctx.function
-    line = facts.line_of(optimizer.node)
+    built = _start(facts, optimizer.node)
     for call in facts.calls:
-        if call.ctx.function is not function or facts.line_of(call.node) >= line:
+        if call.ctx.function is not function or _start(facts, call.node) >= built:
             continue
         if call.method in ("cuda", "to") and moves_to_device(call) and call.receiver_name == owner:
             return True
     for binding in facts.bindings_of(owner):
-        if binding.ctx.function is not function or facts.line_of(binding.value) >= line:
+        if binding.ctx.function is not function or _start(facts, binding.value) >= built:
             continue
         if _value_moves(facts, pipeline, binding.value, 0):
             return True
     return False
+
+
+def _start(facts: ScriptFacts, node: cst.CSTNode) -> tuple[int, int]:
+    position = facts.position(node).start
+    return position.line, position.column
 
 
 def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExpression, depth: int) -> bool:

@@ -8,6 +8,10 @@ no input shape is known or nothing could be captured, parameter-only checks on m
 Every capture runs under CPU autocast at the configured precision (when the model is in fp32), so
 each node's recorded value carries the dtype it will really compute in: autocast's own casts never
 appear as graph nodes, while the user's ``.float()``/``.half()``/``.to(dtype)`` do.
+
+FLOPs are counted per node with the formulas ``torch.utils.flop_counter.FlopCounterMode`` applies
+(``conv_flop_count``, ``sdpa_flop_count``, 2·M·N·K for its mm/addmm/bmm entries), read off the
+captured graph's fake shapes, so attributing them to layers costs no extra forward pass.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ ROLE_TYPES: list[tuple[str, tuple[type, ...]]] = [
 _SHAPE_ERROR = re.compile(
     r"shape|size mismatch|sizes? of tensors|mat1 and mat2|channels|expected input|expected .*input|"
     r"invalid for input of size|dimension|out of range|out of bounds|must match the size|Given groups|"
-    r"padded input size|too small|not enough values|too many values|kernel size",
+    r"padded input size|too small|not enough values|too many values|kernel size|reduction dim|"
+    r"cannot be multiplied|does not match|broadcast",
     re.IGNORECASE,
 )
 _STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -236,6 +241,8 @@ def _input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str)
         channels = first.in_channels
         dims = len(first.kernel_size)
         sizes: list[tuple[int, str]] = []
+        if first.transposed:
+            sizes.append((1, "a generator's latent input"))  # DCGAN-style: (B, nz, 1, 1)
         if hints.get("image_size"):
             sizes.append((int(hints["image_size"]), hints.get("image_origin") or "the script"))
         for size in (224, 32, 28, 64, 96, 128, 256, 299, 512):
@@ -295,7 +302,7 @@ def is_shape_error(exc: BaseException) -> bool:
     return bool(_SHAPE_ERROR.search(str(exc)[:2000]))
 
 
-def short_error(exc: BaseException, limit: int = 240) -> str:
+def short_error(exc: BaseException, limit: int = 160) -> str:
     text = str(exc).strip().splitlines()
     first = next((line for line in text if line.strip()), "")
     message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -449,8 +456,28 @@ class CaptureOutcome:
     info: CaptureInfo
 
 
+def first_runnable(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str,
+                   tried: list[str]) -> InputCandidate | None:
+    """The first candidate a plain fake forward accepts (much cheaper than a failed export). Errors
+    that are not about shapes (data-dependent branches) do not rule a candidate out."""
+    from tcaudit.model.build import cpu_only_patches
+
+    for candidate in candidates:
+        try:
+            with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches():
+                model(*make_inputs(candidate, fake_mode))
+        except Exception as exc:  # noqa: BLE001
+            if is_shape_error(exc):
+                tried.append(f"{candidate.describe()}: {short_error(exc, 100)}")
+                continue
+        return candidate
+    return None
+
+
 def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, dtype: str,
             user_files: UserFiles) -> CaptureOutcome:
+    """export, then Dynamo, then symbolic_trace, with the best-guess input; when the model rejects
+    that input's shape, the other candidates are probed with a fake forward and the capture retried."""
     info = CaptureInfo()
     if not candidates:
         info.method = "parameters"
@@ -460,15 +487,22 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
         ("dynamo", lambda inputs: capture_dynamo(model, inputs, autocast, dtype, fake_mode, user_files, info.notes)),
         ("fx", lambda inputs: capture_fx(model, inputs, autocast, dtype, fake_mode)),
     )
-    shape_errors: list[str] = []
+    candidate = candidates[0]
+    probed = False
     for name, run in methods:
-        for candidate in candidates:
-            inputs = make_inputs(candidate, fake_mode)
+        while True:
             try:
-                graphs = run(inputs)
+                graphs = run(make_inputs(candidate, fake_mode))
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to try the next way
-                if is_shape_error(exc) and candidate is not candidates[-1]:
-                    shape_errors.append(f"{candidate.describe()}: {short_error(exc)}")
+                if is_shape_error(exc) and not probed:
+                    probed = True
+                    tried = [f"{candidate.describe()}: {short_error(exc, 100)}"]
+                    other = first_runnable(model, candidates[1:], fake_mode, autocast, dtype, tried)
+                    if other is None:
+                        info.method = "parameters"
+                        info.notes.append("no input shape worked (tried " + "; ".join(tried[:3]) + ")")
+                        return CaptureOutcome([], None, info)
+                    candidate = other
                     continue
                 info.failures.append(f"{name}: {short_error(exc)}")
                 break
@@ -476,8 +510,6 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
             info.graphs = len(graphs)
             return CaptureOutcome(graphs, candidate, info)
     info.method = "parameters"
-    if shape_errors and len(shape_errors) >= len(candidates) - 1:
-        info.notes.append("no input shape worked (tried " + "; ".join(shape_errors[:3]) + ")")
     return CaptureOutcome([], None, info)
 
 

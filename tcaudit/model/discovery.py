@@ -263,7 +263,7 @@ class ScriptIndex:
         return name
 
     def is_module_class(self, name: str) -> bool:
-        return _is_module_class(self.classes, self.imports, self.path, name, 0)
+        return _is_module_class(self.classes, self.imports, self.path.parent, self.path, name, 0)
 
     def local_module_file(self, qualified: str) -> Path | None:
         """The user's file a qualified import points to (``model.GPT`` → ``<dir>/model.py``)."""
@@ -335,6 +335,10 @@ class ScriptIndex:
         for infos in self.functions.values():
             for info in infos:
                 info.owner = self.owner_class(info.node)
+        for base in self.star_imports:  # from models import *  (kuangliu's CIFAR layout)
+            for name, qualified in star_exports(self.path.parent, self.path, base).items():
+                if name not in self.classes and name not in self.functions:
+                    self.imports.setdefault(name, qualified)
         self._collect_options()
 
     def _collect_options(self) -> None:
@@ -419,37 +423,47 @@ def _argparse_option(index: ScriptIndex, call: cst.Call) -> ArgOption | None:
     return ArgOption(dest, default, code, type_code, index.line_of(call))
 
 
-@functools.lru_cache(maxsize=64)
-def _foreign_module(path: str) -> tuple[dict[str, ClassInfo], dict[str, str], set[str]] | None:
-    """Classes, imports and function names of one of the user's other modules (parsed once)."""
+@dataclass
+class _Foreign:
+    """Classes, imports, functions and star imports of one of the user's other modules."""
+
+    classes: dict[str, ClassInfo]
+    imports: dict[str, str]  # local name → qualified name; relative ones keep their leading dots
+    functions: set[str]
+    stars: list[str]
+
+
+@functools.lru_cache(maxsize=128)
+def _foreign_module(path: str) -> _Foreign | None:
     try:
         tree = cst.parse_module(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
         return None
-    classes: dict[str, ClassInfo] = {}
-    imports: dict[str, str] = {}
-    functions: set[str] = set()
+    found = _Foreign({}, {}, set(), [])
     for statement in tree.body:
         if isinstance(statement, cst.ClassDef):
             bases = [dotted(a.value) or "" for a in statement.bases if a.keyword is None]
-            classes[statement.name.value] = ClassInfo(statement, statement.name.value, bases, None)
+            found.classes[statement.name.value] = ClassInfo(statement, statement.name.value, bases, None)
         elif isinstance(statement, cst.FunctionDef):
-            functions.add(statement.name.value)
+            found.functions.add(statement.name.value)
         for small in _small_statements(statement):
             if isinstance(small, cst.Import):
                 for alias in small.names:
                     full = dotted(alias.name) or ""
                     if alias.asname is not None:
-                        imports[dotted(alias.asname.name) or full] = full
+                        found.imports[dotted(alias.asname.name) or full] = full
                     else:
-                        imports.setdefault(full.split(".")[0], full.split(".")[0])
-            elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                base = dotted(small.module) or ""
+                        found.imports.setdefault(full.split(".")[0], full.split(".")[0])
+            elif isinstance(small, cst.ImportFrom):
+                base = "." * len(small.relative) + (dotted(small.module) or "" if small.module is not None else "")
+                if isinstance(small.names, cst.ImportStar):
+                    found.stars.append(base)
+                    continue
                 for alias in small.names:
                     item = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname is not None else item
-                    imports[local or item] = f"{base}.{item}" if base else item
-    return classes, imports, functions
+                    found.imports[local or item] = f"{base}.{item}" if base and not base.endswith(".") else base + item
+    return found
 
 
 def _resolve(imports: dict[str, str], name: str) -> str:
@@ -460,7 +474,7 @@ def _resolve(imports: dict[str, str], name: str) -> str:
 
 
 def _local_file(base: Path, qualified: str) -> Path | None:
-    parts = qualified.split(".")
+    parts = [p for p in qualified.split(".") if p]
     for cut in range(len(parts), 0, -1):
         rel = Path(*parts[:cut])
         for candidate in (base / f"{rel}.py", base / rel / "__init__.py"):
@@ -469,8 +483,24 @@ def _local_file(base: Path, qualified: str) -> Path | None:
     return None
 
 
-def _is_module_class(classes: dict[str, ClassInfo], imports: dict[str, str], path: Path, name: str,
-                     depth: int) -> bool:
+def _module_file(root: Path, importer: Path, qualified: str) -> Path | None:
+    """The user's file for an import in ``importer``: relative (``.resnet``) to the importer's package,
+    absolute (``models.resnet``) to the script's folder ``root``."""
+    level = len(qualified) - len(qualified.lstrip("."))
+    if level == 0:
+        return _local_file(root, qualified)
+    base = importer.parent
+    for _ in range(level - 1):
+        base = base.parent
+    rest = qualified[level:]
+    if not rest:
+        init = base / "__init__.py"
+        return init if init.is_file() else None
+    return _local_file(base, rest)
+
+
+def _is_module_class(classes: dict[str, ClassInfo], imports: dict[str, str], root: Path, importer: Path,
+                     name: str, depth: int) -> bool:
     """Whether a class (local, or imported from the user's own modules) derives from nn.Module."""
     if depth > 6:
         return False
@@ -481,39 +511,66 @@ def _is_module_class(classes: dict[str, ClassInfo], imports: dict[str, str], pat
         qualified = _resolve(imports, base)
         if qualified in MODULE_BASES or qualified.endswith(("LightningModule", "nn.Module")):
             return True
-        if base in classes and base != name and _is_module_class(classes, imports, path, base, depth + 1):
+        if base in classes and base != name and _is_module_class(classes, imports, root, importer, base, depth + 1):
             return True
-        if _symbol_kind(imports, path, base, depth + 1) == "module":
+        if _symbol_kind(imports, root, importer, base, depth + 1) == "module":
             return True
     return False
 
 
-def _symbol_kind(imports: dict[str, str], path: Path, name: str, depth: int) -> str | None:
+def _kind_in_file(file: Path, root: Path, symbol: str, depth: int) -> str | None:
+    """What ``symbol`` is in one of the user's files, following its star imports."""
+    parsed = _foreign_module(str(file))
+    if parsed is None or depth > 6:
+        return None
+    if symbol in parsed.classes:
+        return "module" if _is_module_class(parsed.classes, parsed.imports, root, file, symbol, depth + 1) else "class"
+    if symbol in parsed.functions:
+        return "function"
+    if symbol in parsed.imports:
+        return _symbol_kind(parsed.imports, root, file, symbol, depth + 1)
+    for star in parsed.stars:
+        target = _module_file(root, file, star)
+        if target is not None and target != file:
+            kind = _kind_in_file(target, root, symbol, depth + 1)
+            if kind is not None:
+                return kind
+    return None
+
+
+def _symbol_kind(imports: dict[str, str], root: Path, importer: Path, name: str, depth: int) -> str | None:
     head = name.split(".")[0]
     qualified = imports.get(head)
     if qualified is None or depth > 6:
         return None
-    if qualified.split(".")[0] in {"torch", "torchvision", "timm", "numpy", "transformers"}:
+    if qualified.lstrip(".").split(".")[0] in {"torch", "torchvision", "timm", "numpy", "transformers"}:
         return None
-    file = _local_file(path.parent, qualified)
+    file = _module_file(root, importer, qualified)
     if file is None:
         return None
-    parsed = _foreign_module(str(file))
-    if parsed is None:
-        return None
-    classes, foreign_imports, functions = parsed
     symbol = name.split(".")[-1] if "." in name else qualified.split(".")[-1]
-    if symbol in classes:
-        return "module" if _is_module_class(classes, foreign_imports, file, symbol, depth + 1) else "class"
-    if symbol in functions:
-        return "function"
-    return None
+    return _kind_in_file(file, root, symbol, depth)
+
+
+def star_exports(root: Path, importer: Path, base: str, depth: int = 0) -> dict[str, str]:
+    """Names a ``from base import *`` of the user's own module brings in, with their qualified names."""
+    file = _module_file(root, importer, base)
+    parsed = _foreign_module(str(file)) if file is not None else None
+    if parsed is None or depth > 4:
+        return {}
+    names = {name: f"{base}.{name}" for name in (*parsed.classes, *parsed.functions) if not name.startswith("_")}
+    for star in parsed.stars:
+        target = _module_file(root, file, star)
+        if target is not None and target != file:
+            for name in star_exports(root, file, star, depth + 1):
+                names.setdefault(name, f"{base}.{name}")
+    return names
 
 
 def local_symbol_kind(index: ScriptIndex, name: str) -> str | None:
     """What an imported name is in the user's own module: "module" (an nn.Module subclass),
     "class", "function", or None when it is not the user's or cannot be read."""
-    return _symbol_kind(index.imports, index.path, name, 0)
+    return _symbol_kind(index.imports, index.path.parent, index.path, name, 0)
 
 
 # -- candidates ---------------------------------------------------------------------------------
