@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU verification runs behind BENCHMARKS.md's "Verify" tables.
+#   bash benchmarks/gpu_verify.sh OUT_DIR
+# 1. synthetic ResNet50 (batches on the GPU): naive script vs `tcaudit fix`'s default patch;
+# 2. JPEG ImageFolder (generated, 500x375): the same pair, so the loader fixes show.
+set -euo pipefail
+OUT=${1:?usage: gpu_verify.sh OUT_DIR}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+TCAUDIT=(python3 -m tcaudit)
+
+"${TCAUDIT[@]}" verify fixtures/resnet50/train.py --steps 50 --warmup 10 --out "$OUT/synthetic" \
+    -- --synthetic --steps 200 --batch-size 256 | tee "$OUT/synthetic.txt"
+
+JPEGS=${JPEG_DIR:-/tmp/tcaudit-jpegs}
+[ -d "$JPEGS/train" ] || python3 fixtures/resnet50/make_jpegs.py "$JPEGS" --images 4000 --classes 10
+"${TCAUDIT[@]}" verify fixtures/resnet50/train.py --steps 30 --warmup 5 --out "$OUT/jpeg" \
+    -- --data "$JPEGS" --epochs 5 --steps 100 --batch-size 256 --num-classes 10 | tee "$OUT/jpeg.txt"
