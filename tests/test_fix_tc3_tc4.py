@@ -625,3 +625,40 @@ def test_factory_with_requires_grad_is_declined_and_the_rest_folded():
     (reason,) = _declined(result, "TC406")
     assert "leaf" in reason
     assert 'mask = torch.zeros(4, 6, 1, dtype=torch.bool, device="cuda")' in result.fixed
+
+
+def test_keyword_added_beside_a_kwargs_dict_the_rule_followed(tmp_path):
+    """`**train_kwargs` is a literal dict without pin_memory: a keyword beside it cannot collide."""
+    result, _ = _fix(tmp_path, """
+        import torch
+
+
+        def main(rank):
+            train_kwargs = {"batch_size": 64, "shuffle": True, "num_workers": 2}
+            train_loader = torch.utils.data.DataLoader(train_set, **train_kwargs)
+            for epoch in range(2):
+                for data, target in train_loader:
+                    loss = model(data.cuda(rank, non_blocking=True)).sum()
+                    loss.backward()
+                    optimizer.step()
+
+
+        if __name__ == "__main__":
+            main(0)
+        """, ("TC402", "TC404"))
+    assert (
+        "train_loader = torch.utils.data.DataLoader(train_set, **train_kwargs, pin_memory=True, "
+        "persistent_workers=True)\n" in result.fixed
+    )
+
+
+def test_fused_on_a_semicolon_line_after_the_move(tmp_path):
+    result, _ = _fix(tmp_path, """
+        import torch
+        model = Net().cuda(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """, ("TC307",))
+    assert "model = Net().cuda(); opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)\n" in result.fixed

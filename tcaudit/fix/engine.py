@@ -73,6 +73,11 @@ def _findings_for(path: Path, display: str, text: str, source: SourceText, rules
     return [f for f in findings if not _suppressed(f, sf, codes)]
 
 
+def _decline_key(finding: Finding) -> tuple[str, str, str]:
+    """Identifies a finding across rounds: lines shift as fixes insert code, the line's text does not."""
+    return (finding.rule, finding.message, " ".join(finding.source_line.split()))
+
+
 def _valid(code: str, display: str) -> str | None:
     try:
         cst.parse_module(code)
@@ -111,7 +116,7 @@ def fix_file(
             if fix is None or fix.fix_class not in classes:
                 continue
             if not fix.available:
-                declined[(finding.rule, finding.location.line, finding.message)] = (finding, fix.reason or "")
+                declined[_decline_key(finding)] = (finding, fix.reason or "")
                 continue
             if finding.rule not in codemods:
                 continue
@@ -133,7 +138,7 @@ def fix_file(
                 new_module = codemods[rule_id].apply(facts.module, current, context)
             except DeclineFix as exc:
                 for finding in current:
-                    declined[(finding.rule, finding.location.line, finding.message)] = (finding, str(exc))
+                    declined[_decline_key(finding)] = (finding, str(exc))
                 continue
             new_text = new_module.code
             if new_text == text:
@@ -141,7 +146,7 @@ def fix_file(
             problem = _valid(new_text, display)
             if problem is not None:
                 for finding in current:
-                    declined[(finding.rule, finding.location.line, finding.message)] = (
+                    declined[_decline_key(finding)] = (
                         finding,
                         f"the rewrite did not compile ({problem}); left unchanged",
                     )
@@ -157,8 +162,8 @@ def fix_file(
         result.remaining = _findings_for(path, display, text, source, rules, settings)
     except SourceError:
         result.remaining = []
-    remaining_keys = {(f.rule, f.message) for f in result.remaining}
-    result.declined = [v for k, v in declined.items() if (k[0], k[2]) in remaining_keys]
+    remaining_keys = {_decline_key(f) for f in result.remaining}
+    result.declined = [v for k, v in declined.items() if k in remaining_keys]
     return result
 
 

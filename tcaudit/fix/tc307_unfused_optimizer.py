@@ -50,6 +50,11 @@ class UnfusedOptimizerFix(Codemod):
 
 
 def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> str | None:
+    if (call.qualname or "").endswith(".SGD") and facts.mentions_gradscaler:
+        # Measured on an H200 with torch 2.11 (benchmarks/results/h200): the naive ResNet50 patched with
+        # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
+        return ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
+                "keeping the default foreach SGD")
     owners = _parameter_owners(facts, call)
     if not owners:
         return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"

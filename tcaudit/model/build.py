@@ -212,6 +212,37 @@ def cpu_only_patches() -> Iterator[None]:
             setattr(owner, name, value)
 
 
+@contextmanager
+def skip_fake_initialisation() -> Iterator[None]:
+    """Skip the in-place fills and random draws that initialise parameters, on fake tensors only.
+
+    A fake tensor has no data: ``fill_``, ``zero_``, ``uniform_``, ``normal_`` and the like return
+    their input with its metadata unchanged, and their cost is all in the fake dispatch (a
+    decomposition per new shape). They are half of building ResNet50 on fake tensors. Everything
+    around them still runs: ``nn.init``'s argument checks, the Python code of the user's
+    constructor, the version counter bump (done above the Python dispatch), and every other op.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    skipped = {
+        aten.fill_.Scalar, aten.zero_.default, aten.uniform_.default, aten.normal_.default,
+        aten.bernoulli_.float, aten.exponential_.default, aten.geometric_.default, aten.log_normal_.default,
+        aten.cauchy_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+    }
+
+    class SkipInit(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in skipped and args and type(args[0]) is FakeTensor:
+                return args[0]
+            return func(*args, **(kwargs or {}))
+
+    with SkipInit():
+        yield
+
+
 def _fake_aware_apply(original):
     """``model.half()`` / ``.to(dtype)`` on fake parameters.
 
@@ -452,7 +483,7 @@ def build_from_plan(target: dict[str, Any], fake_mode, user_files: UserFiles) ->
     sys.modules[SLICE_MODULE] = module
     recorder = ConstructionRecorder(user_files)
     try:
-        with fake_mode, recorder.active(), cpu_only_patches():
+        with fake_mode, skip_fake_initialisation(), recorder.active(), cpu_only_patches():
             exec(code, namespace)  # noqa: S102 - the slice of the user's own script, in the sandboxed child
     except NotSelected:
         raise
@@ -477,7 +508,7 @@ def build_from_factory(target: dict[str, Any], fake_mode, user_files: UserFiles)
     module_name, _, attr = spec.partition(":")
     recorder = ConstructionRecorder(user_files)
     try:
-        with fake_mode, recorder.active(), cpu_only_patches():
+        with fake_mode, skip_fake_initialisation(), recorder.active(), cpu_only_patches():
             module = importlib.import_module(module_name)
             factory: Any = module
             for part in attr.split("."):

@@ -103,6 +103,7 @@ class CaptureInfo:
     graphs: int = 0
     failures: list[str] = field(default_factory=list)  # "export: reason", ...
     notes: list[str] = field(default_factory=list)
+    fast_path: str = ""  # why the fx fast path was not taken ("fx: reason"); empty when it was
 
 
 @dataclass

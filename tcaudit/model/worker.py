@@ -1,7 +1,7 @@
 """The audit child: ``python -m tcaudit.model.worker serve`` or ``... run JOB RESULT``.
 
 ``serve`` is a zygote: it imports torch once (plus what the parent asks it to preload), warms up
-``torch.export``, then forks one short-lived process per model on request, so that each model is
+``torch.export`` and the fx fast path, then forks one short-lived process per model on request, so that each model is
 built in a clean process with its own memory limit and can be killed on a timeout without losing the
 warm torch import. ``run`` does one model in this process (platforms without ``fork``).
 
@@ -204,6 +204,13 @@ def _warm_up(preload: list[str]) -> str:
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             torch.export.export(model, (x,), strict=False)
+    except Exception:  # noqa: BLE001 - warm-up only
+        pass
+    # The fx fast path's first trace and fake run also import and set up a few things.
+    try:
+        from tcaudit.model.capture import capture_fx, trace_fx
+
+        capture_fx(trace_fx(model, mode), (x,), True, "bfloat16", mode)
     except Exception:  # noqa: BLE001 - warm-up only
         pass
     return torch.__version__
