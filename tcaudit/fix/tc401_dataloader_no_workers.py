@@ -1,4 +1,4 @@
-"""TC401 fix: worker processes for the training DataLoader (``num_workers=min(8, os.cpu_count() or 1)``).
+"""TC401 fix: worker processes for the training DataLoader (``num_workers=min(16, os.cpu_count() or 1)``).
 
 The rule declines where this is unsafe (no main guard: spawned workers would re-run the script; the
 key in a ``**kwargs`` dict: a second keyword is a TypeError), so only a keyword on the call itself is

@@ -221,6 +221,7 @@ def skip_fake_initialisation() -> Iterator[None]:
     decomposition per new shape). They are half of building ResNet50 on fake tensors. Everything
     around them still runs: ``nn.init``'s argument checks, the Python code of the user's
     constructor, the version counter bump (done above the Python dispatch), and every other op.
+    ``nn.init.trunc_normal_`` returns at once for fake tensors, as torch's own code does for meta ones.
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
@@ -239,8 +240,26 @@ def skip_fake_initialisation() -> Iterator[None]:
                 return args[0]
             return func(*args, **(kwargs or {}))
 
-    with SkipInit():
-        yield
+    # nn.init.trunc_normal_ (ViT, Swin, ConvNeXt, RegNet...) samples by rejection, asking
+    # `mask.any()` of the data, which a fake tensor cannot answer; torch returns at once for meta
+    # tensors, and so does this for fake ones.
+    from torch.nn import init
+
+    original_trunc = getattr(init, "_no_grad_trunc_normal_", None)
+
+    def trunc_normal(tensor, *args, **kwargs):
+        if type(tensor) is FakeTensor:
+            return tensor
+        return original_trunc(tensor, *args, **kwargs)
+
+    if original_trunc is not None:
+        init._no_grad_trunc_normal_ = trunc_normal
+    try:
+        with SkipInit():
+            yield
+    finally:
+        if original_trunc is not None:
+            init._no_grad_trunc_normal_ = original_trunc
 
 
 def _fake_aware_apply(original):

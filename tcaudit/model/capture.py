@@ -487,7 +487,7 @@ def trace_fx(model: nn.Module, fake_mode) -> FxTrace:
             graph = tracer.trace(model)
     finally:
         autocast_mode.autocast.__enter__ = original_enter
-    gm = torch.fx.GraphModule(tracer.root, graph)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     trace = FxTrace(gm)
     hooked = [
         path or type(model).__name__ for path, m in model.named_modules()
@@ -532,8 +532,24 @@ def capture_fx(trace: FxTrace, inputs, autocast: bool, dtype: str, fake_mode) ->
     is a plain ``Interpreter`` (``ShapeProp(fake_mode=...)`` would deep-copy the model first)."""
     from tcaudit.model.build import cpu_only_patches
 
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    heavy: dict[Any, set[str]] = {}
+    current: list[Any] = [None]
+
+    class Observer(TorchDispatchMode):
+        """Notes which node dispatches GEMMs, convolutions, attention, lookups or batch norms."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            packet = getattr(func, "_overloadpacket", None)
+            name = getattr(packet, "__name__", "")
+            if name in _HEAVY_KINDS and current[0] is not None:
+                heavy.setdefault(current[0], set()).add(name)
+            return func(*args, **(kwargs or {}))
+
     class Recording(torch.fx.Interpreter):
         def run_node(self, n):
+            current[0] = n
             result = super().run_node(n)
             n.meta["val"] = result
             return result
@@ -545,9 +561,41 @@ def capture_fx(trace: FxTrace, inputs, autocast: bool, dtype: str, fake_mode) ->
             return super().call_module(target, args, kwargs)
 
     gm = trace.module
-    with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches():
+    with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches(), Observer():
         Recording(gm, garbage_collect_values=True).run(*inputs)
+    hidden = hidden_compute(gm, heavy)
+    if hidden and not trace.doubt:
+        more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
+        trace.doubt = f"the traced graph calls {', '.join(hidden[:3])}{more}, whose inner ops it cannot see"
     return [Graph(gm, "fx")]
+
+
+# ATen ops (as dispatched under a node) → the node kinds that account for them. A node that
+# dispatches one of them and is of none of its kinds hides compute the rules would have read from an
+# export graph (a function wrapped with torch.fx.wrap, F.multi_head_attention_forward, ...).
+_GEMM_ATEN = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation")
+_HEAVY_KINDS: dict[str, set[str]] = {
+    **{name: {"gemm", "mha", "sdpa"} for name in _GEMM_ATEN},
+    **{name: {"conv"} for name in ("convolution", "_convolution", "convolution_overrideable", "mkldnn_convolution",
+                                   "conv2d", "conv1d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                                   "conv_transpose3d")},
+    **{name: {"sdpa", "mha"} for name in SDPA_OPS},
+    **{name: {"embedding"} for name in ("embedding", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only")},
+    **{name: {"norm"} for name in NORM_OPS},
+}
+
+
+def hidden_compute(gm, heavy: dict[Any, set[str]]) -> list[str]:
+    """Nodes that ran heavy ATen ops their kind does not account for, as ``name (ops)``."""
+    hidden = []
+    for node, names in heavy.items():
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.RNNBase):
+            continue  # export keeps an RNN as one op too
+        kind = node_kind(node, gm, op_name(node, gm)[0])
+        if any(kind not in _HEAVY_KINDS[name] for name in names):
+            target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+            hidden.append(f"`{target}` ({', '.join(sorted(names))})")
+    return hidden
 
 
 _BATCH_NORM_DIMS = {nn.BatchNorm1d: (2, 3), nn.BatchNorm2d: (4,), nn.BatchNorm3d: (5,)}
@@ -638,6 +686,7 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
         methods.append(("fx", False, lambda inputs: capture_fx(trace, inputs, autocast, dtype, fake_mode)))
     candidate = candidates[0]
     probed = False
+    fallback: tuple[list[Graph], InputCandidate] | None = None
     for name, fast, run in methods:
         while True:
             try:
@@ -662,6 +711,11 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
                 else:
                     info.failures.append(f"{name}: {short_error(exc)}")
                 break
+            if fast and trace is not None and trace.doubt:
+                # Running the graph showed it hides compute: export decides; keep this as the last resort.
+                fast_failure = f"fx: {trace.doubt}"
+                fallback = (graphs, candidate)
+                break
             info.method = name
             info.graphs = len(graphs)
             if name == "fx" and not fast:
@@ -669,6 +723,11 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
             else:
                 info.fast_path = "" if fast else fast_failure
             return CaptureOutcome(graphs, candidate, info)
+    if fallback is not None:
+        graphs, candidate = fallback
+        info.method, info.graphs = "fx", len(graphs)
+        info.notes.append(f"used torch.fx's symbolic trace although {trace.doubt}")
+        return CaptureOutcome(graphs, candidate, info)
     if fast_failure and not (trace is not None and trace.doubt):
         info.failures.append(fast_failure)
     info.method = "parameters"
@@ -689,6 +748,8 @@ def node_value(node) -> Any:
 def arg_value(arg) -> Any:
     if isinstance(arg, torch.fx.Node):
         return node_value(arg)
+    if isinstance(arg, (list, tuple)) and any(isinstance(a, torch.fx.Node) for a in arg):
+        return [arg_value(a) for a in arg]  # export's einsum(equation, [a, b]), cat([...]), ...
     return arg
 
 
@@ -826,8 +887,11 @@ def gemm_dims(name: str, node, gm, values: list[Any], out: Any) -> tuple[int, in
 
             fake_mode = next((t.fake_mode for t in operands if isinstance(t, FakeTensor)), None)
             recorder = _GemmRecorder()
-            with (fake_mode or nullcontext()), recorder.mode():
-                torch.einsum(equation, *operands)
+            with (fake_mode or nullcontext()):
+                # Shapes are all this replay needs; autocast, which the capture ran under, is off here.
+                operands = [t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in operands]
+                with recorder.mode():
+                    torch.einsum(equation, *operands)
             if not recorder.calls:
                 return None
             return max(recorder.calls, key=lambda c: c[0] * c[1] * c[2] * c[3])
@@ -889,6 +953,28 @@ def _output_bytes(value) -> float:
     return 0.0
 
 
+_ROLE_KINDS = {"linear": "gemm", "conv": "conv", "embedding": "embedding", "norm": "norm", "mha": "mha"}
+
+
+def node_kind(node, gm, name: str) -> str | None:
+    """What a graph node is to the rules: gemm, conv, sdpa, embedding, norm, mha, cast, or None."""
+    if node.op == "call_module":
+        return _ROLE_KINDS.get(role_of(gm.get_submodule(node.target)) or "")
+    if name in GEMM_OPS:
+        return "gemm"
+    if name in CONV_OPS:
+        return "conv"
+    if name in SDPA_OPS:
+        return "sdpa"
+    if name in EMBEDDING_OPS:
+        return "embedding"
+    if name in NORM_OPS:
+        return "norm"
+    if name in CAST_METHODS:
+        return "cast"
+    return None
+
+
 def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user_files: UserFiles,
                      seen: set[int], written: list[float], unreadable: list[str]) -> None:
     if id(gm) in seen:
@@ -911,24 +997,7 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
         name, overload = op_name(node, gm)
         if name not in VIEW_OPS and not name.startswith("wrap_with"):
             written[0] += _output_bytes(node_value(node))
-        if node.op == "call_module":
-            module = gm.get_submodule(node.target)
-            role = role_of(module)
-            kind = {"linear": "gemm", "conv": "conv", "embedding": "embedding", "norm": "norm", "mha": "mha"}.get(role or "")
-        elif name in GEMM_OPS:
-            kind = "gemm"
-        elif name in CONV_OPS:
-            kind = "conv"
-        elif name in SDPA_OPS:
-            kind = "sdpa"
-        elif name in EMBEDDING_OPS:
-            kind = "embedding"
-        elif name in NORM_OPS:
-            kind = "norm"
-        elif name in CAST_METHODS:
-            kind = "cast"
-        else:
-            kind = None
+        kind = node_kind(node, gm, name)
         if kind is None:
             continue
         values = [arg_value(a) for a in node.args]
@@ -936,6 +1005,9 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
         if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
             out = out[0]
         module_path, module_type = node_module(node, gm)
+        if module_path is None and graph.method == "fx":
+            # symbolic_trace keeps no stack for the root's own forward; export names it "".
+            module_path, module_type = "", type(gm).__name__
         fact = OpFact(
             index=len(ops),
             kind=kind,
@@ -955,7 +1027,7 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             unreadable.append(f"{node.name} ({name}: {type(exc).__name__})")
             continue
         if kind == "mha":
-            ops.extend(_expand_mha(fact, gm.get_submodule(node.target), values, len(ops)))
+            ops.extend(_expand_mha(fact, gm.get_submodule(node.target), node, values, len(ops)))
             continue
         produced[node] = fact.index
         ops.append(fact)
@@ -1047,26 +1119,77 @@ def _fill(kind, name, overload, node, gm, values, out, fact: OpFact, produced, g
     return False
 
 
-def _expand_mha(fact: OpFact, module: nn.MultiheadAttention, values: list[Any], start: int) -> list[OpFact]:
-    """symbolic_trace keeps MultiheadAttention as one leaf: its projections and attention core."""
-    query = values[0]
-    shape = list(query.shape)
-    tokens = _numel(shape[:-1])
-    seq = shape[1] if module.batch_first else shape[0]
+_MHA_PARAMS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+               "is_causal")
+
+
+def _expand_mha(fact: OpFact, module: nn.MultiheadAttention, node, values: list[Any], start: int) -> list[OpFact]:
+    """The ops an ``nn.MultiheadAttention`` leaf of symbolic_trace runs, as ``torch.export`` records
+    them from ``F.multi_head_attention_forward`` (training mode): the in-projection (one packed GEMM
+    for self-attention, q and kv for k is v, three otherwise, or the separate q/k/v weights), the
+    attention core (two bmm's when ``need_weights``, the default, else scaled_dot_product_attention),
+    and the out-projection; all attributed to the attention module itself."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    bound: dict[str, Any] = {}
+    for name, arg in zip(_MHA_PARAMS, node.args):
+        bound[name] = arg
+    bound.update({k: v for k, v in node.kwargs.items() if k in _MHA_PARAMS})
+    query_node = bound.get("query")
+    key_node = bound.get("key", query_node)
+    value_node = bound.get("value", key_node)
+
+    def value_of(arg):
+        return arg_value(arg) if isinstance(arg, torch.fx.Node) else arg
+
+    query, key = value_of(query_node), value_of(key_node)
+    if not isinstance(key, torch.Tensor):
+        key = query
+    need_weights = bool(value_of(bound.get("need_weights", True)))
+    masked = value_of(bound.get("attn_mask")) is not None or value_of(bound.get("key_padding_mask")) is not None
+    q_shape, k_shape = list(query.shape), list(key.shape)
+    batched = query.dim() == 3
+    seq_axis = 1 if (module.batch_first and batched) else 0
+    tgt_len, src_len = q_shape[seq_axis], k_shape[seq_axis]
+    tokens_q, tokens_kv = _numel(q_shape[:-1]), _numel(k_shape[:-1])
+    bsz = tokens_q // max(1, tgt_len)
+    if module.bias_k is not None:
+        src_len += 1
+    if module.add_zero_attn:
+        src_len += 1
     e, h = module.embed_dim, module.num_heads
     d = e // h
-    batch = tokens // max(1, seq)
-    dtype = fact.dtype
-    base = dict(module=fact.module, module_type=fact.module_type, graph=fact.graph, site=fact.site, dtype=dtype)
-    return [
-        OpFact(index=start, kind="gemm", op="linear", shapes=[shape], flops=2.0 * tokens * 3 * e * e,
-               info={"batch": 1, "m": tokens, "n": 3 * e, "k": e}, **base),
-        OpFact(index=start + 1, kind="sdpa", op="multi_head_attention", shapes=[shape],
-               flops=4.0 * batch * h * seq * seq * d,
-               info={"head_dim": d, "head_dim_v": d, "heads": h, "q_len": seq, "kv_len": seq}, **base),
-        OpFact(index=start + 2, kind="gemm", op="linear", shapes=[shape], flops=2.0 * tokens * e * e,
-               info={"batch": 1, "m": tokens, "n": e, "k": e}, **base),
-    ]
+    base = dict(module=fact.module, module_type=fact.module_type, graph=fact.graph, site=fact.site, dtype=fact.dtype)
+    out: list[OpFact] = []
+
+    def gemm(op: str, batch: int, m: int, n: int, k: int, shape: list[int]) -> None:
+        out.append(OpFact(index=start + len(out), kind="gemm", op=op, shapes=[shape], flops=2.0 * batch * m * n * k,
+                          info={"batch": batch, "m": m, "n": n, "k": k}, **base))
+
+    if not module._qkv_same_embed_dim:
+        gemm("linear", 1, tokens_q, e, e, q_shape)
+        gemm("linear", 1, tokens_kv, e, module.kdim, k_shape)
+        gemm("linear", 1, tokens_kv, e, module.vdim, k_shape)
+    elif key_node is value_node and query_node is key_node:
+        gemm("linear", 1, tokens_q, 3 * e, e, q_shape)
+    elif key_node is value_node:
+        gemm("linear", 1, tokens_q, e, e, q_shape)
+        gemm("linear", 1, tokens_kv, 2 * e, e, k_shape)
+    else:
+        gemm("linear", 1, tokens_q, e, e, q_shape)
+        gemm("linear", 1, tokens_kv, e, e, k_shape)
+        gemm("linear", 1, tokens_kv, e, e, k_shape)
+    if need_weights:
+        gemm("baddbmm" if masked else "bmm", bsz * h, tgt_len, src_len, d, q_shape)
+        gemm("bmm", bsz * h, tgt_len, d, src_len, q_shape)
+    else:
+        q4, k4 = [bsz, h, tgt_len, d], [bsz, h, src_len, d]
+        out.append(OpFact(index=start + len(out), kind="sdpa", op="scaled_dot_product_attention", shapes=[q4, k4, k4],
+                          flops=float(sdpa_flop_count(q4, k4, k4)),
+                          info={"head_dim": d, "head_dim_v": d, "heads": h, "q_len": tgt_len, "kv_len": src_len},
+                          **base))
+    gemm("linear", 1, tokens_q, e, e, q_shape)
+    return out
 
 
 # -- the whole audit of one built model ----------------------------------------------------------

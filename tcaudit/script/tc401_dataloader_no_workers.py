@@ -9,7 +9,7 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, LoaderSite, PipelineFacts, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
-WORKERS = "min(8, os.cpu_count() or 1)"
+WORKERS = "min(16, os.cpu_count() or 1)"
 
 
 class DataLoaderNoWorkers(ScriptRule):

@@ -62,7 +62,7 @@ def _fix(site: LoaderSite) -> Fix:
 
 def _positive(expr: cst.BaseExpression) -> bool:
     """A worker count that is at least 1 on every path: a positive literal, ``min`` of such,
-    ``max`` with one, ``x or 4`` (TC401's ``min(8, os.cpu_count() or 1)``)."""
+    ``max`` with one, ``x or 4`` (TC401's ``min(16, os.cpu_count() or 1)``)."""
     value = literal(expr)
     if isinstance(value, int) and not isinstance(value, bool):
         return value > 0

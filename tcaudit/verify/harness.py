@@ -7,7 +7,8 @@ Global hooks, installed before the script runs:
   step boundaries; the first optimizer instance that steps is the one that counts (a GAN's second
   optimizer does not double the step count);
 - module forward pre/post hooks (``register_module_forward_pre_hook``) count samples: the leading
-  dimension of the first tensor given to the model's top-level calls (the first module called);
+  dimension of the first tensor given to the model's top-level calls (the first module with trainable
+  parameters that is called with a tensor);
 - ``Tensor.backward`` and ``GradScaler.scale`` are wrapped to keep each step's unscaled loss on the
   device (read back after timing, so no extra sync per step beyond the step boundary).
 
@@ -28,6 +29,10 @@ import runpy
 import sys
 import time
 from pathlib import Path
+
+
+def _has_trainable_parameters(module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
 
 
 class Recorder:
@@ -59,7 +64,9 @@ class Recorder:
         if self._depth == 0:
             tensor = next((a for a in args if isinstance(a, self.torch.Tensor) and a.dim() > 0), None)
             if tensor is not None:
-                if self.model_id is None:
+                if self.model_id is None and _has_trainable_parameters(module):
+                    # Parameter-free modules called first (torchvision transforms such as Normalize,
+                    # run in the main process when num_workers=0) are not the model.
                     self.model_id = id(module)
                 if id(module) == self.model_id:
                     self._pending_samples += int(tensor.shape[0])

@@ -99,10 +99,13 @@ def loss_parity(original: RunMetrics, patched: RunMetrics, tolerance: float) -> 
         return False, "the patched run produced a non-finite loss"
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     rel = abs(mb - ma) / max(abs(ma), 1e-8)
-    ok = rel <= tolerance
+    # The original run's own step-to-step spread: early training on a high learning rate is noisy,
+    # and two runs whose augmentation streams differ (worker processes) wander within it.
+    noise = 2 * statistics.stdev(a) / math.sqrt(len(a)) if len(a) > 1 else 0.0
+    ok = rel <= tolerance or abs(mb - ma) <= noise
     verdict = "within" if ok else "NOT within"
-    return ok, (f"mean loss over the last {len(b)} timed steps {mb:.4f} vs {ma:.4f}: "
-                f"{rel:.1%} apart, {verdict} the {tolerance:.0%} tolerance")
+    return ok, (f"mean loss over the last {len(b)} timed steps {mb:.4f} vs {ma:.4f}: {rel:.1%} apart, "
+                f"{verdict} the {tolerance:.0%} tolerance or twice the original's standard error ({noise:.4f})")
 
 
 def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass]):
