@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from tcaudit.model.build import UserFiles, site_of_module
-from tcaudit.model.facts import CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
+from tcaudit.model.facts import DTYPE_BYTES, CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
 
 GEMM_OPS = {"linear", "matmul", "__matmul__", "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "einsum"}
 CONV_OPS = {
@@ -458,7 +458,28 @@ class FxTrace:
     doubt: str = ""  # non-empty: export decides; the trace is only a last resort
 
 
-def trace_fx(model: nn.Module, fake_mode) -> FxTrace:
+def _default_arguments(model: nn.Module, given: int) -> dict[str, Any]:
+    """The forward's defaulted parameters past the ``given`` inputs: the audit calls ``model(*inputs)``,
+    so they keep their defaults, and the trace may decide on them (``if mask is None``)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    concrete: dict[str, Any] = {}
+    positional = 0
+    for param in parameters:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) and positional < given:
+            positional += 1
+            continue
+        default = param.default
+        if default is not param.empty and (default is None or isinstance(default, (bool, int, float, str))):
+            concrete[param.name] = default
+    return concrete
+
+
+def trace_fx(model: nn.Module, fake_mode, inputs: int = 1) -> FxTrace:
     """``torch.fx`` symbolic trace (needs no input; raises what the tracer raises).
 
     The trace records torch calls, not Python: anything the forward decides in Python is decided
@@ -484,7 +505,7 @@ def trace_fx(model: nn.Module, fake_mode) -> FxTrace:
     autocast_mode.autocast.__enter__ = enter
     try:
         with fake_mode, cpu_only_patches():
-            graph = tracer.trace(model)
+            graph = tracer.trace(model, concrete_args=_default_arguments(model, inputs) or None)
     finally:
         autocast_mode.autocast.__enter__ = original_enter
     gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -672,7 +693,7 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
     fast_failure = ""
     trace: FxTrace | None = None
     try:
-        trace = trace_fx(model, fake_mode)
+        trace = trace_fx(model, fake_mode, len(candidates[0].shapes))
     except Exception as exc:  # noqa: BLE001 - data-dependent control flow and the like: export decides
         fast_failure = f"fx: {short_error(exc)}"
     methods: list[tuple[str, bool, Any]] = []
@@ -1027,7 +1048,13 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             unreadable.append(f"{node.name} ({name}: {type(exc).__name__})")
             continue
         if kind == "mha":
-            ops.extend(_expand_mha(fact, gm.get_submodule(node.target), node, values, len(ops)))
+            expanded = _expand_mha(fact, gm.get_submodule(node.target), node, values, len(ops))
+            ops.extend(expanded)
+            # Its inner ops write too (export sees them): the projections, scores and softmax.
+            counts = [op.info["batch"] * op.info["m"] * op.info["n"] if op.kind == "gemm" else _numel(op.shapes[0])
+                      for op in expanded]
+            scores = next((c for op, c in zip(expanded, counts) if op.op in {"bmm", "baddbmm"}), 0)
+            written[0] += float((sum(counts) + scores) * DTYPE_BYTES.get(fact.dtype or "", 4))
             continue
         produced[node] = fact.index
         ops.append(fact)
