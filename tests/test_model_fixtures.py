@@ -112,7 +112,9 @@ def test_nanogpt_style_override_of_the_vocab_is_respected(audit):
     assert failure is None
     [facts] = shared_sandbox().run([{"target": target, "precision": "bfloat16", "limits": {}}], Limits(), [])
     assert facts.status == "ok" and facts.model_class == "GPT"
-    assert facts.capture.method == "export"
+    # `forward(idx, targets=None)`: the trace keeps targets=None as the call does, so the fx fast path
+    # takes it (the same ops as torch.export, tests/test_model_capture.py).
+    assert facts.capture.method == "fx" and facts.capture.fast_path == ""
     head = [op for op in facts.ops if op.module == "lm_head"]
     assert head and head[0].info["n"] == 50304
     assert facts.input["shapes"] == [[12, 1024]]  # batch_size and block_size constants
@@ -170,6 +172,8 @@ def test_flops_agree_with_flop_counter_mode():
     [facts] = shared_sandbox().run([{"target": target, "precision": "bfloat16", "limits": {}}], Limits(), [])
     assert facts.input["shapes"] == [[64, 3, 224, 224]]
     assert facts.total_flops == pytest.approx(expected, rel=1e-6)
+    # ResNet50 takes the fx fast path (BENCHMARKS.md "Model audit (CPU)"): no export needed.
+    assert facts.capture.method == "fx" and facts.capture.fast_path == ""
 
 
 def test_imagenet_arch_from_argparse_default(audit):
