@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/model_audit.py [--repeat 5] [--out benchmarks/results/model_audit.json]
 
-For each model a fresh process starts the audit child (``import torch`` plus a one-off warm-up
-``torch.export``: what every scan that audits a model pays once), then audits the model ``--repeat``
-times. Reported per model: the audit time beyond that start (median wall time of a whole audit as the
-scanner sees it: fork, slice, build on fake tensors, torch.export, normalise, result back), the
-child's own CPU time and phases, its peak RSS (including the ~0.7 GiB that importing torch maps), and
-one end-to-end ``tcaudit scan FILE --select TC1`` in a fresh interpreter. Results go to JSON.
+For each model a fresh process starts the audit child (``import torch`` plus a one-off warm-up of
+``torch.export`` and the fx fast path: what every scan that audits a model pays once), then audits
+the model ``--repeat`` times. Reported per model: the audit time beyond that start (median wall time
+of a whole audit as the scanner sees it: fork, slice, build on fake tensors, capture, normalise,
+result back), how the graph was captured (``fx`` fast path, else ``export``/``dynamo``, and why the
+fast path was not taken), the child's own CPU time and phases, its peak RSS (including the ~0.7 GiB
+that importing torch maps), and one end-to-end ``tcaudit scan FILE --select TC1`` in a fresh
+interpreter. Results go to JSON.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def one(name: str, path: Path, repeat: int) -> dict:
         "forward_gflop": round(facts.total_flops / 1e9, 1),
         "input": facts.input.get("shapes"),
         "capture": facts.capture.method,
+        "fast_path_not_taken": facts.capture.fast_path,
         "graph_ops": len(facts.ops),
         "discovery_s": round(discovery_s, 3),
         "startup_s": round(startup_s, 2),

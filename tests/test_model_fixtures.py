@@ -39,6 +39,15 @@ WELL_BEHAVED = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def packaged_cost_table(tmp_path_factory):
+    """A cost table calibrated on this machine (~/.cache/tcaudit) must not change these findings."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TCAUDIT_COST_TABLE", raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def resnet50_factory_line() -> int:
     """fixtures/resnet50/train.py belongs to the scan engine's tests; find its factory call."""
     lines = (FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8").splitlines()

@@ -87,6 +87,10 @@ def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits
             result.notes.append(f"model checks (TC1) skipped: {exc}")
             return result
     report(facts_list, rules, settings, sources, result)
+    if facts_list:
+        from tcaudit.model.cost import table_notes
+
+        result.notes.extend(f"model audit: {note}" for note in table_notes())
     return result
 
 

@@ -218,7 +218,7 @@ def skip_fake_initialisation() -> Iterator[None]:
 
     A fake tensor has no data: ``fill_``, ``zero_``, ``uniform_``, ``normal_`` and the like return
     their input with its metadata unchanged, and their cost is all in the fake dispatch (a
-    decomposition per new shape). They are half of building ResNet50 on fake tensors. Everything
+    decomposition per new shape): about a third of building ResNet50 on fake tensors. Everything
     around them still runs: ``nn.init``'s argument checks, the Python code of the user's
     constructor, the version counter bump (done above the Python dispatch), and every other op.
     ``nn.init.trunc_normal_`` returns at once for fake tensors, as torch's own code does for meta ones.
@@ -240,7 +240,7 @@ def skip_fake_initialisation() -> Iterator[None]:
                 return args[0]
             return func(*args, **(kwargs or {}))
 
-    # nn.init.trunc_normal_ (ViT, Swin, ConvNeXt, RegNet...) samples by rejection, asking
+    # nn.init.trunc_normal_ (ViT, Swin, ConvNeXt, MaxViT...) samples by rejection, asking
     # `mask.any()` of the data, which a fake tensor cannot answer; torch returns at once for meta
     # tensors, and so does this for fake ones.
     from torch.nn import init

@@ -456,6 +456,7 @@ class FxTrace:
 
     module: Any  # torch.fx.GraphModule
     doubt: str = ""  # non-empty: export decides; the trace is only a last resort
+    unused: list[str] = field(default_factory=list)  # parameters the graph never reads (to be confirmed)
 
 
 def _default_arguments(model: nn.Module, given: int) -> dict[str, Any]:
@@ -485,9 +486,9 @@ def trace_fx(model: nn.Module, fake_mode, inputs: int = 1) -> FxTrace:
     The trace records torch calls, not Python: anything the forward decides in Python is decided
     once, at trace time, with proxies. Control flow on tensors makes the tracer raise; the cases
     where it silently differs from a real forward are checked here and set ``doubt``: autocast
-    regions entered by the forward (not recorded), module hooks (skipped by the tracer), and
-    parameters the graph never uses (a branch may have gone the other way, e.g. on
-    ``isinstance(x, torch.Tensor)``, which is False for a proxy).
+    regions entered by the forward (not recorded) and module hooks (skipped by the tracer). Parameters
+    the graph never uses are listed in ``unused``: a branch may have gone the other way (e.g. on
+    ``isinstance(x, torch.Tensor)``, which is False for a proxy); :func:`confirm_unused` decides.
     """
     from torch.amp import autocast_mode
     from torch.nn.modules import module as module_mod
@@ -514,17 +515,50 @@ def trace_fx(model: nn.Module, fake_mode, inputs: int = 1) -> FxTrace:
         path or type(model).__name__ for path, m in model.named_modules()
         if m._forward_hooks or m._forward_pre_hooks
     ]
-    global_hooks = any(getattr(module_mod, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
+    global_hooks = any(getattr(module_mod, name, None)
+                       for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
     if entered:
         trace.doubt = "the forward enters torch.autocast, whose regions symbolic_trace does not record"
     elif hooked or global_hooks:
         trace.doubt = f"forward hooks ({', '.join(hooked[:3]) or 'global'}), which symbolic_trace skips"
     else:
-        unused = unused_parameters(model, gm)
-        if unused:
-            more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-            trace.doubt = f"the traced graph does not use parameter(s) {', '.join(unused[:3])}{more}"
+        trace.unused = unused_parameters(model, gm)
     return trace
+
+
+def confirm_unused(trace: FxTrace, model: nn.Module, inputs: tuple, fake_mode, autocast: bool, dtype: str) -> None:
+    """Parameters the trace never reads are fine when a real (fake) forward does not read them either
+    (an optional branch, an unused head); otherwise the trace went another way and is in doubt.
+    Costs one plain forward, only for models whose trace leaves parameters out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from tcaudit.model.build import cpu_only_patches
+
+    unused = set(trace.unused)
+    watched = {id(p): name for name, p in model.named_parameters() if name in unused}
+    read: set[str] = set()
+    failure = ""
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            for leaf in tree_leaves((args, kwargs)):
+                name = watched.get(id(leaf))
+                if name is not None:
+                    read.add(name)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with fake_mode, torch.no_grad(), simulated_precision(autocast, dtype), cpu_only_patches(), Watch():
+            model(*inputs)
+    except Exception as exc:  # noqa: BLE001 - cannot confirm: export decides
+        failure = short_error(exc, 80)
+    if read or failure:
+        names = trace.unused
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        why = f"a forward to confirm it failed ({failure})" if failure else "a real forward does"
+        trace.doubt = f"the traced graph does not use parameter(s) {', '.join(names[:3])}{more}, {why}"
+    trace.unused = []
 
 
 def unused_parameters(model: nn.Module, gm) -> list[str]:
@@ -551,9 +585,9 @@ def capture_fx(trace: FxTrace, inputs, autocast: bool, dtype: str, fake_mode) ->
     """Run the traced graph node by node on fake inputs (shape propagation), keeping each node's
     fake value in ``meta["val"]`` as export and Dynamo do. The parameters are fake already, so this
     is a plain ``Interpreter`` (``ShapeProp(fake_mode=...)`` would deep-copy the model first)."""
-    from tcaudit.model.build import cpu_only_patches
-
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tcaudit.model.build import cpu_only_patches
 
     heavy: dict[Any, set[str]] = {}
     current: list[Any] = [None]
@@ -615,7 +649,9 @@ def hidden_compute(gm, heavy: dict[Any, set[str]]) -> list[str]:
         kind = node_kind(node, gm, op_name(node, gm)[0])
         if any(kind not in _HEAVY_KINDS[name] for name in names):
             target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            hidden.append(f"`{target}` ({', '.join(sorted(names))})")
+            text = f"`{target}` ({', '.join(sorted(names))})"
+            if text not in hidden:
+                hidden.append(text)
     return hidden
 
 
@@ -628,7 +664,7 @@ def batch_norm_passes_through(module: nn.Module, x: Any) -> bool:
 
     A batch norm's output has its input's shape, dtype and strides (under autocast too: batch_norm
     is on neither of its lists). On fake tensors in training mode, running it means a decomposition
-    per new input shape (~15 ms each, half of ResNet50's shape propagation), for nothing the audit
+    per new input shape (15–20 ms each, half of ResNet50's shape propagation), for nothing the audit
     reads. Only the plain torch.nn classes are passed through, with the input checks they make.
     """
     dims = _BATCH_NORM_DIMS.get(type(module))  # exact classes: a subclass may override forward
@@ -696,6 +732,8 @@ def capture(model, candidates: list[InputCandidate], fake_mode, autocast: bool, 
         trace = trace_fx(model, fake_mode, len(candidates[0].shapes))
     except Exception as exc:  # noqa: BLE001 - data-dependent control flow and the like: export decides
         fast_failure = f"fx: {short_error(exc)}"
+    if trace is not None and trace.unused and not trace.doubt:
+        confirm_unused(trace, model, make_inputs(candidates[0], fake_mode), fake_mode, autocast, dtype)
     methods: list[tuple[str, bool, Any]] = []
     if trace is not None and not trace.doubt:
         methods.append(("fx", True, lambda inputs: capture_fx(trace, inputs, autocast, dtype, fake_mode)))

@@ -1,17 +1,23 @@
 """Alignment rules and the cost model that turns a finding into an estimated time lost.
 
-The numbers come from ``cost_table.json`` (first filled from PERF.md's H200 measurements; ``tcaudit
-calibrate`` rewrites it on the user's GPU). A GEMM's stride-1 dimensions (K and N) must be multiples
-of 16 bytes for the Tensor Core fast path: 8 elements in fp16/bf16, 4 in fp32 (TF32), 16 in
-int8/fp8. An op's time is its FLOPs over the table's achieved rate for its dtype, times the penalties
-that apply to it; a finding's ``est_time_lost`` is the time it adds as a share of the model's
-estimated current time, so the numbers of different findings are comparable and add up.
+The numbers come from a cost table: the packaged ``cost_table.json`` (the H200 entry measured by
+``tcaudit calibrate``, the rest from PERF.md), with the user's own table merged over it when there is
+one: ``$TCAUDIT_COST_TABLE`` when set, else ``tcaudit calibrate``'s default output
+(``$XDG_CACHE_HOME/tcaudit/cost_table.json``, ``~/.cache`` without XDG_CACHE_HOME). A GEMM's stride-1
+dimensions (K and N) must be multiples of 16 bytes for the Tensor Core fast path: 8 elements in
+fp16/bf16, 4 in fp32 (TF32), 16 in int8/fp8. An op's time is its FLOPs over the table's achieved rate
+for its dtype, times the penalties that apply to it; a finding's ``est_time_lost`` is the time it adds
+as a share of the model's estimated current time, so the numbers of different findings are
+comparable and add up.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,14 +25,173 @@ from typing import Any
 from tcaudit.model.facts import DTYPE_BYTES, ModelFacts, OpFact
 
 COST_TABLE = Path(__file__).with_name("cost_table.json")
+TABLE_ENV = "TCAUDIT_COST_TABLE"  # a cost table to merge over the packaged one (e.g. `tcaudit calibrate -o`)
 PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 TRAINING_FACTOR = 3.0  # a training step costs about three forward passes
+_PENALTY_KEYS = (("gemm", "m_unaligned"), ("gemm", "not_multiple_of_64"), ("conv", "channels_unaligned"),
+                 ("sdpa", "head_dim_unsupported"))
 
 
-@functools.lru_cache(maxsize=4)
+def default_user_table() -> Path:
+    """Where ``tcaudit calibrate`` writes by default (``calibrate.DEFAULT_OUTPUT``), read at call time."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "tcaudit" / "cost_table.json"
+
+
+def user_table_path() -> tuple[Path | None, bool]:
+    """The user's cost table to merge, and whether it was asked for (``$TCAUDIT_COST_TABLE``) rather
+    than found at the default place. ``(None, False)``: no user table."""
+    named = os.environ.get(TABLE_ENV, "").strip()
+    if named:
+        return Path(named).expanduser(), True
+    default = default_user_table()
+    return (default, False) if default.is_file() else (None, False)
+
+
 def load_table(path: str | None = None) -> dict[str, Any]:
-    with open(path or COST_TABLE, encoding="utf-8") as handle:
+    """The cost table the audit uses: ``path`` alone when given; else the packaged table with the
+    user's table (see :func:`user_table_path`) merged over it. Never raises for a bad user table: the
+    packaged one is used and :func:`table_notes` says why. The result is shared: do not modify it."""
+    if path is not None:
+        return _read_json(str(path))
+    return _resolved().table
+
+
+def table_notes() -> list[str]:
+    """What the scan should say about the cost table in use (a user table that is missing, unreadable
+    or invalid, and so was not used)."""
+    return list(_resolved().notes)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    table: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+
+def _resolved() -> _Loaded:
+    user, named = user_table_path()
+    if user is None:
+        return _merged(None, None, False)
+    try:
+        stat = user.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None
+    return _merged(str(user), stamp, named)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
         return json.load(handle)
+
+
+@functools.lru_cache(maxsize=8)
+def _merged(user: str | None, stamp: tuple[int, int] | None, named: bool) -> _Loaded:
+    """The packaged table with ``user``'s GPU entries over it (``stamp`` keys the cache on the file's
+    modification time and size)."""
+    packaged = _read_json(str(COST_TABLE))
+    if user is None:
+        return _Loaded(packaged)
+    where = f"{user} (from ${TABLE_ENV})" if named else user
+    if stamp is None:
+        return _Loaded(packaged, (f"cost table {where} not found; using the packaged table",))
+    try:
+        with open(user, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
+        return _Loaded(packaged, (f"cost table {where} is unreadable ({reason}); using the packaged table",))
+    problem = table_problem(data)
+    if problem:
+        return _Loaded(packaged, (f"cost table {where} is invalid ({problem}); using the packaged table",))
+    return _Loaded(merge_tables(packaged, data, user))
+
+
+def merge_tables(packaged: dict[str, Any], user: dict[str, Any],
+                 where: str = "the user's cost table") -> dict[str, Any]:
+    """``user``'s GPU entries over ``packaged``'s.
+
+    ``tcaudit calibrate`` writes the whole table, the packaged entries included, so a user table also
+    holds copies of the packaged entries as they were when it ran. An entry of the user's replaces the
+    packaged one when it is the user's own: a GPU the package has no entry for, or an entry with a
+    ``calibrated`` block (what calibrate writes for the GPU it measured) other than the packaged
+    entry's. Copies (no ``calibrated`` block, or the packaged one's) are left out, so that a newer
+    package's numbers are not hidden by an older copy of them. The user's ``default_gpu`` becomes the
+    default when its entry was taken; ``sources`` says where each GPU's numbers come from.
+    """
+    table = copy.deepcopy(packaged)
+    gpus = table.setdefault("gpus", {})
+    sources = {key: packaged.get("source", "cost table") for key in gpus}
+    taken = set()
+    for key, entry in user.get("gpus", {}).items():
+        current = gpus.get(key)
+        calibrated = entry.get("calibrated")
+        if current is not None and (not calibrated or calibrated == current.get("calibrated")):
+            continue
+        gpus[key] = copy.deepcopy(entry)
+        taken.add(key)
+        if isinstance(calibrated, dict):
+            sources[key] = (f"tcaudit calibrate on {entry.get('device', key)}, torch {calibrated.get('torch', '?')}, "
+                            f"{calibrated.get('date', '?')} ({where})")
+        else:
+            sources[key] = f"{user.get('source', 'cost table')} ({where})"
+    if user.get("default_gpu") in taken:
+        table["default_gpu"] = user["default_gpu"]
+    table["source"] = sources.get(table["default_gpu"], table.get("source", "cost table"))
+    table["sources"] = sources
+    return table
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def table_problem(data: Any) -> str:
+    """What makes ``data`` unusable as a cost table (empty: nothing); every number the cost model reads
+    must be there and positive."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    gpus = data.get("gpus")
+    if not isinstance(gpus, dict) or not gpus:
+        return "no `gpus` entries"
+    if "default_gpu" in data and not isinstance(data["default_gpu"], str):
+        return "`default_gpu` is not a string"
+    for key, entry in gpus.items():
+        if not isinstance(entry, dict):
+            return f"gpus.{key} is not an object"
+        rates = entry.get("rates")
+        if not isinstance(rates, dict):
+            return f"gpus.{key}.rates is missing"
+        for name in ("bfloat16", "hbm_bytes_per_s"):
+            if not _positive(rates.get(name)):
+                return f"gpus.{key}.rates.{name} is not a positive number"
+        for name, value in rates.items():
+            if not _positive(value):
+                return f"gpus.{key}.rates.{name} is not a positive number"
+        gemm = entry.get("gemm")
+        if not isinstance(gemm, dict):
+            return f"gpus.{key}.gemm is missing"
+        for side in ("k_unaligned", "n_unaligned"):
+            table = gemm.get(side)
+            if not isinstance(table, dict):
+                return f"gpus.{key}.gemm.{side} is missing"
+            for alignment in ("1", "2", "4", "8"):
+                if not _positive(table.get(alignment)):
+                    return f"gpus.{key}.gemm.{side}.{alignment} is not a positive number"
+        for group, name in _PENALTY_KEYS:
+            section = entry.get(group)
+            if not isinstance(section, dict) or not _positive(section.get(name)):
+                return f"gpus.{key}.{group}.{name} is not a positive number"
+        if "alignment_bytes" in entry and not _positive(entry["alignment_bytes"]):
+            return f"gpus.{key}.alignment_bytes is not a positive number"
+    return ""
+
+
+def _penalty(value: Any) -> float:
+    """A measured slowdown; a ratio under 1 is timing noise around "no penalty"."""
+    return max(1.0, float(value))
 
 
 def itemsize(dtype: str | None) -> int:
@@ -95,7 +260,7 @@ class CostModel:
         self.gpu_key = self.gpu if self.gpu in self.table["gpus"] else default
         self.entry = self.table["gpus"][self.gpu_key]
         self.alignment_bytes = int(self.entry.get("alignment_bytes", self.table.get("alignment_bytes", 16)))
-        self.source = self.table.get("source", "cost table")
+        self.source = self.table.get("sources", {}).get(self.gpu_key) or self.table.get("source", "cost table")
         if self.gpu not in ("auto", self.gpu_key):
             self.source += f" (measured on {self.gpu_key}; no table for {self.gpu} yet)"
         self._total_params = sum(self._layer_params(m.attrs) for m in self.facts.modules.values())
@@ -123,22 +288,22 @@ class CostModel:
         gemm = self.entry["gemm"]
         penalty = 1.0
         if not self.aligned(k, dtype):
-            penalty = max(penalty, float(gemm["k_unaligned"][str(byte_alignment(k, dtype))]))
+            penalty = max(penalty, _penalty(gemm["k_unaligned"][str(byte_alignment(k, dtype))]))
         if not self.aligned(n, dtype):
-            penalty = max(penalty, float(gemm["n_unaligned"][str(byte_alignment(n, dtype))]))
+            penalty = max(penalty, _penalty(gemm["n_unaligned"][str(byte_alignment(n, dtype))]))
         return penalty
 
     def gemm_m_penalty(self, m: int, dtype: str | None) -> float:
-        return 1.0 if self.aligned(m, dtype) else float(self.entry["gemm"]["m_unaligned"])
+        return 1.0 if self.aligned(m, dtype) else _penalty(self.entry["gemm"]["m_unaligned"])
 
     def not_64_penalty(self) -> float:
-        return float(self.entry["gemm"]["not_multiple_of_64"])
+        return _penalty(self.entry["gemm"]["not_multiple_of_64"])
 
     def conv_penalty(self) -> float:
-        return float(self.entry["conv"]["channels_unaligned"])
+        return _penalty(self.entry["conv"]["channels_unaligned"])
 
     def sdpa_penalty(self) -> float:
-        return float(self.entry["sdpa"]["head_dim_unsupported"])
+        return _penalty(self.entry["sdpa"]["head_dim_unsupported"])
 
     def op_penalty(self, op: OpFact) -> float:
         dtype = self.dtype(op)
