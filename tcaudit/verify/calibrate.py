@@ -16,7 +16,6 @@ import platform
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT_OUTPUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tcaudit" / "cost_table.json"
 
 
 class CalibrateError(Exception):

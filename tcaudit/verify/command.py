@@ -82,7 +82,8 @@ def add_calibrate_parser(sub) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     import json as _json
 
-    from tcaudit.verify.calibrate import DEFAULT_OUTPUT, CalibrateError, build_table, measure, write_table
+    from tcaudit.model.cost import default_user_table
+    from tcaudit.verify.calibrate import CalibrateError, build_table, measure, write_table
 
     if importlib.util.find_spec("torch") is None:
         print("tcaudit: error: calibrate needs torch and a CUDA GPU (pip install 'tcaudit[torch]')", file=sys.stderr)
@@ -92,7 +93,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     except CalibrateError as exc:
         print(f"tcaudit: error: {exc}", file=sys.stderr)
         return 2
-    output = Path(args.output) if args.output else DEFAULT_OUTPUT
+    output = Path(args.output) if args.output else default_user_table()
     measurement["command"] = " ".join(["tcaudit", *sys.argv[1:]]) if sys.argv[1:2] == ["calibrate"] else "tcaudit calibrate"
     table = build_table(measurement)
     write_table(table, output)
