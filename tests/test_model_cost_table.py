@@ -12,7 +12,15 @@ import pytest
 
 from conftest import REPO
 from tcaudit.model import cost
-from tcaudit.model.cost import COST_TABLE, CostModel, load_table, merge_tables, table_notes, table_problem
+from tcaudit.model.cost import (
+    COST_TABLE,
+    CostModel,
+    default_user_table,
+    load_table,
+    merge_tables,
+    table_notes,
+    table_problem,
+)
 from tcaudit.model.facts import CaptureInfo, ModelFacts, OpFact, Site
 
 CALIBRATED_H200 = REPO / "benchmarks" / "results" / "h200" / "calibrate.json"
@@ -91,20 +99,35 @@ def test_no_user_table_means_the_packaged_one():
     assert table_notes() == []
 
 
-def test_the_default_place_is_calibrates_default_output(tmp_path):
-    """cost reads where `tcaudit calibrate` writes by default, with and without XDG_CACHE_HOME."""
-    import os
-    import subprocess
-    import sys
+def test_calibrate_writes_where_the_audit_reads(tmp_path, monkeypatch):
+    """`tcaudit calibrate` (its measurement faked: no GPU here) writes the default user table, with
+    XDG_CACHE_HOME honoured, and the model audit's cost table then carries the measured entry."""
+    import tcaudit.verify.calibrate as calibrate
+    from conftest import run_cli
 
-    code = ("from tcaudit.model.cost import default_user_table\n"
-            "from tcaudit.verify.calibrate import DEFAULT_OUTPUT\n"
-            "print(default_user_table() == DEFAULT_OUTPUT, default_user_table())\n")
-    base = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
-    for extra, expected in (({"XDG_CACHE_HOME": str(tmp_path)}, tmp_path), ({}, Path.home() / ".cache")):
-        out = subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True,
-                             check=True).stdout.split()
-        assert out == ["True", str(expected / "tcaudit" / "cost_table.json")]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TCAUDIT_COST_TABLE", raising=False)
+    monkeypatch.setattr(calibrate, "measure", lambda repeat=20, quick=False: {
+        "arch": "sm_89", "device": "NVIDIA L4", "torch": "2.11.0", "cuda": "12.8",
+        "results": {
+            "rates": {"bfloat16": 1.2e14, "float16": 1.2e14, "float32": 6e13},
+            "gemm": {"k_unaligned": {"1": 4.0, "2": 4.0, "4": 4.0, "8": 2.0},
+                     "n_unaligned": {"1": 3.0, "2": 3.0, "4": 3.0, "8": 2.0},
+                     "m_unaligned": 1.1, "not_multiple_of_64": 1.05},
+            "conv": {"channels_unaligned": 1.7}, "sdpa": {"head_dim_unsupported": 2.5},
+            "measured": ["rates.bfloat16: faked for the test"],
+        },
+    })
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("calibrate needs torch installed")
+    code, out, err = run_cli("calibrate")
+    assert code == 0, err
+    target = tmp_path / "tcaudit" / "cost_table.json"
+    assert target.is_file() and str(target) in out
+    assert default_user_table() == target
+    assert load_table()["gpus"]["sm_89"]["device"] == "NVIDIA L4"
 
 
 # -- a user table ---------------------------------------------------------------------------------

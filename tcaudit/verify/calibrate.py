@@ -55,6 +55,13 @@ def measure(repeat: int = 20, quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {"measured": [], "rates": {}, "gemm": {}, "conv": {}, "sdpa": {}}
 
     bf16 = torch.bfloat16
+    source = torch.empty(2**28 // scale, device="cuda", dtype=torch.float32)  # 1 GiB (256 MiB quick)
+    target = torch.empty_like(source)
+    copy_ms = _time_ms(torch, lambda: target.copy_(source), repeat)
+    results["rates"]["hbm_bytes_per_s"] = 2 * source.numel() * 4 / (copy_ms / 1000)
+    results["measured"].append(f"rates.hbm_bytes_per_s: device-to-device copy, "
+                               f"{results['rates']['hbm_bytes_per_s'] / 1e12:.2f} TB/s")
+    del source, target
     aligned_ms, rate = _gemm(torch, M, 50304, K, bf16, repeat)
     results["rates"]["bfloat16"] = rate
     results["measured"].append(f"rates.bfloat16: {M}x50304x{K} bf16 GEMM, {rate / 1e12:.0f} TFLOP/s")
@@ -116,7 +123,14 @@ def build_table(measurement: dict[str, Any], base: dict[str, Any] | None = None)
     table = json.loads(json.dumps(base if base is not None else load_table()))
     arch = measurement["arch"]
     results = measurement["results"]
-    entry = table.setdefault("gpus", {}).get(arch, {})
+    gpus = table.setdefault("gpus", {})
+    entry = gpus.get(arch)
+    copied_from = None
+    if entry is None:
+        # A GPU the table has never seen: what this run does not measure (fp64/int8/fp8 rates, say)
+        # starts as the default GPU's values, and is listed as estimated.
+        copied_from = table.get("default_gpu") or next(iter(gpus), None)
+        entry = json.loads(json.dumps(gpus.get(copied_from, {})))
     rates = dict(entry.get("rates", {}))
     rates.update(results["rates"])
     entry.update({
@@ -126,7 +140,9 @@ def build_table(measurement: dict[str, Any], base: dict[str, Any] | None = None)
         "conv": results["conv"],
         "sdpa": results["sdpa"],
         "measured": results["measured"],
-        "estimated": [e for e in entry.get("estimated", []) if not e.startswith(("gemm.", "conv.", "sdpa."))],
+        "estimated": [e for e in entry.get("estimated", []) if not e.startswith(("gemm.", "conv.", "sdpa."))]
+        + ([f"rates not measured here ({', '.join(sorted(set(rates) - set(results['rates'])))}): "
+            f"copied from {copied_from} until measured"] if copied_from else []),
         "calibrated": {
             "date": datetime.date.today().isoformat(),
             "torch": measurement["torch"],
