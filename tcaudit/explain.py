@@ -26,4 +26,7 @@ def render_explanation(spec: RuleSpec) -> str:
                 lines += ["Use instead:", ""]
             lines += _code_block(spec.good[0].code)
     lines += ["## Fix safety", "", spec.fix_safety or "This rule has no automatic fix.", ""]
+    fixable = next((example for example in spec.bad if example.fixed is not None), None)
+    if fixable is not None:
+        lines += ["`tcaudit fix` turns", ""] + _code_block(fixable.code) + ["into", ""] + _code_block(fixable.fixed)
     return "\n".join(lines)

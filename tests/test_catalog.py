@@ -85,3 +85,36 @@ def test_spec_rule_ids_are_all_in_the_catalog():
     """The ids SPEC.md lists are public; none may disappear."""
     missing = sorted(SPEC_IDS - set(CATALOG))
     assert not missing, f"SPEC.md rules missing from rules/: {missing}"
+
+
+def _fixable_examples():
+    for spec in CATALOG.values():
+        for index, example in enumerate(spec.bad):
+            if example.fixed is not None:
+                yield pytest.param(spec, example, id=f"{spec.id}-fixed{index}")
+
+
+FIXABLE = list(_fixable_examples())
+
+
+def test_every_fixable_rule_shows_its_fix():
+    """A rule whose codemod exists carries at least one bad example with its exact fixed form."""
+    from tcaudit.fix.codemod import discover_codemods
+
+    with_fixed = {spec.id for spec, _ in (p.values for p in FIXABLE)}
+    missing = sorted(set(discover_codemods()) - with_fixed)
+    assert not missing, f"rules with a codemod but no `fixed` example: {missing}"
+
+
+@pytest.mark.parametrize("spec,example", FIXABLE)
+def test_bad_example_turns_into_its_fixed_form(spec, example, tmp_path):
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+
+    path = tmp_path / "train.py"
+    path.write_text(example.code.lstrip("\n"), encoding="utf-8")
+    result = fix_file(path, Settings(select=(spec.id,)))
+    assert result.error is None
+    assert result.fixed == example.fixed.lstrip("\n"), result.diff()
+    path.write_text(result.fixed, encoding="utf-8")
+    assert not fix_file(path, Settings(select=(spec.id,))).changed
