@@ -462,6 +462,8 @@ class ScriptFacts:
             self._bindings_by_target.setdefault(binding.target, []).append(binding)
         self._wrapper: MetadataWrapper | None = None
         self._positions = None
+        self._with_kinds: dict[int, frozenset[str]] = {}
+        self._function_is_eval: dict[int, bool] = {}
 
     # -- names --------------------------------------------------------------------------------------
     def resolve(self, dotted: str | None) -> str | None:
@@ -639,8 +641,15 @@ class ScriptFacts:
                 return True
         return False
 
-    @functools.lru_cache(maxsize=None)
     def with_kinds(self, node: cst.With) -> frozenset[str]:
+        # A per-instance cache: an lru_cache on the method would keep every file's facts (and CST)
+        # alive for the life of the process.
+        cached = self._with_kinds.get(id(node))
+        if cached is None:
+            cached = self._with_kinds[id(node)] = self._compute_with_kinds(node)
+        return cached
+
+    def _compute_with_kinds(self, node: cst.With) -> frozenset[str]:
         kinds = set()
         for item in node.items:
             expr = item.item
@@ -660,8 +669,13 @@ class ScriptFacts:
                 kinds.add("autocast-off" if disabled else "autocast")
         return frozenset(kinds)
 
-    @functools.lru_cache(maxsize=None)
     def function_is_eval(self, fn: cst.FunctionDef) -> bool:
+        cached = self._function_is_eval.get(id(fn))
+        if cached is None:
+            cached = self._function_is_eval[id(fn)] = self._compute_function_is_eval(fn)
+        return cached
+
+    def _compute_function_is_eval(self, fn: cst.FunctionDef) -> bool:
         for decorator in fn.decorators:
             dec = decorator.decorator
             qual = self.qualname(dec.func if isinstance(dec, cst.Call) else dec)
