@@ -55,22 +55,22 @@ def _source_file(path: Path, display: str, text: str, source: SourceText) -> Sou
     return SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
 
 
-def _findings_for(path: Path, display: str, text: str, source: SourceText, rules, settings) -> list[Finding]:
-    from tcaudit.engine import file_suppressions, _suppressed  # filtering is the engine's
-
-    sf = _source_file(path, display, text, source)
-    findings = []
-    candidates = [rule for rule in rules if rule.may_match(text)]
-    if not candidates:
-        return []
-    sf.module  # raises SourceError
-    facts = ScriptFacts(sf)
+def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings):
+    """(facts, findings) for one version of the file's text; facts is None when no rule can match."""
+    from tcaudit.engine import _suppressed, file_suppressions  # filtering is the engine's
     from tcaudit.script.rule import RuleContext
 
+    candidates = [rule for rule in rules if rule.may_match(text)]
+    if not candidates:
+        return None, []
+    sf = _source_file(path, display, text, source)
+    sf.module  # raises SourceError
+    facts = ScriptFacts(sf)
+    findings = []
     for rule in candidates:
         findings.extend(rule.check(facts, RuleContext(settings)))
     codes = file_suppressions(sf)
-    return [f for f in findings if not _suppressed(f, sf, codes)]
+    return facts, [f for f in findings if not _suppressed(f, sf, codes)]
 
 
 def _decline_key(finding: Finding) -> tuple[str, str, str]:
@@ -103,9 +103,19 @@ def fix_file(
     codemods: dict[str, Codemod] = {rule: cls() for rule, cls in discover_codemods().items()}
     text = source.text
     declined: dict[tuple, tuple[Finding, str]] = {}
+    analysed: dict[str, tuple] = {}
+
+    def analyse(version: str):
+        # Each version of the text is parsed and checked once: the round's first codemod and the
+        # next round's scan reuse what the previous step computed.
+        if version not in analysed:
+            analysed.clear()
+            analysed[version] = _analyse(path, display, version, source, rules, settings)
+        return analysed[version]
+
     for _ in range(MAX_ROUNDS):
         try:
-            findings = _findings_for(path, display, text, source, rules, settings)
+            _, findings = analyse(text)
         except SourceError as exc:
             result.error = f"not fixed: {exc.message}"
             result.fixed = source.text
@@ -123,14 +133,12 @@ def fix_file(
             by_rule.setdefault(finding.rule, []).append(finding)
         changed = False
         for rule_id in sorted(by_rule, key=lambda rule: (codemods[rule].order, rule)):
-            sf = _source_file(path, display, text, source)
             try:
-                facts = ScriptFacts(sf)
+                facts, findings_now = analyse(text)
             except SourceError:
                 break
-            # Findings are recomputed on the current text so positions match this module.
-            current = [f for f in _findings_for(path, display, text, source, rules, settings) if f.rule == rule_id
-                       and f.fix is not None and f.fix.available]
+            # Findings of the current text, so their positions match this module.
+            current = [f for f in findings_now if f.rule == rule_id and f.fix is not None and f.fix.available]
             if not current:
                 continue
             context = FixContext(facts, settings)
@@ -159,7 +167,7 @@ def fix_file(
             break
     result.fixed = text
     try:
-        result.remaining = _findings_for(path, display, text, source, rules, settings)
+        result.remaining = analyse(text)[1]
     except SourceError:
         result.remaining = []
     remaining_keys = {_decline_key(f) for f in result.remaining}

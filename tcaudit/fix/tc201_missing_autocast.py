@@ -111,6 +111,9 @@ def _unique_name(facts: ScriptFacts, base: str) -> str:
 class MissingAutocastFix(Codemod):
     rule = "TC201"
 
+    def __init__(self) -> None:
+        self._device_vars: dict[int, tuple[str, str]] = {}
+
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         facts = context.facts
         torch_name = torch_import_name(facts) or "torch"

@@ -19,7 +19,6 @@ class Fp16WithoutGradScalerFix(Codemod):
         facts = context.facts
         torch_name = torch_import_name(facts) or "torch"
         helper = MissingAutocastFix()
-        helper._device_vars = {}
         editor = _AutocastEditor()
         done: set = set()
         lines = {f.location.line for f in findings}
