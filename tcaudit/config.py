@@ -29,7 +29,10 @@ KNOWN_KEYS = {
     "gpu",
     "exec-models",
     "models",
+    "structural-fixes",
 }
+# The structural conversions ``tcaudit fix`` makes only on request (``--ddp``, ``--dali``, ``--compile``).
+STRUCTURAL_OPTIONS = ("ddp", "dali", "compile")
 
 
 class ConfigError(Exception):
@@ -57,6 +60,8 @@ class Settings:
     models: tuple[ModelSpec, ...] = ()
     # Apply ``exclude`` to files named on the command line too (pre-commit passes every changed file).
     force_exclude: bool = False
+    # Structural conversions ``fix`` may make: any of STRUCTURAL_OPTIONS.
+    structural_fixes: tuple[str, ...] = ()
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 
@@ -189,6 +194,15 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["exec_models"] = table["exec-models"]
     if "models" in table:
         updates["models"] = _models(table["models"], where)
+    if "structural-fixes" in table:
+        raw = table["structural-fixes"]
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(v, str) and v in STRUCTURAL_OPTIONS for v in raw):
+            raise ConfigError(
+                f"{_label('structural-fixes', where)} must be a list of {', '.join(STRUCTURAL_OPTIONS)} (got {raw!r})"
+            )
+        updates["structural_fixes"] = tuple(dict.fromkeys(raw))
     return replace(base, **updates)
 
 

@@ -58,11 +58,20 @@ class Fix:
     available: bool = True
     reason: str | None = None
     anchor: dict[str, Any] = field(default_factory=dict)
+    # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
+    # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
+    option: str | None = None
 
     @property
     def applies_by_default(self) -> bool:
         """Whether plain ``tcaudit fix`` applies it: available, and not a structural opt-in."""
         return self.available and self.fix_class is not FixClass.STRUCTURAL
+
+    def enabled(self, classes: "frozenset[FixClass]", options: "frozenset[str] | tuple[str, ...]") -> bool:
+        """Whether a fix run with these classes and structural options applies this fix."""
+        if self.fix_class is FixClass.STRUCTURAL:
+            return self.option is not None and self.option in options
+        return self.fix_class in classes
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -72,6 +81,8 @@ class Fix:
         }
         if self.reason:
             data["reason"] = self.reason
+        if self.option:
+            data["option"] = self.option
         if self.anchor:
             data["anchor"] = dict(self.anchor)
         return data

@@ -26,8 +26,33 @@ def add_fix_parser(sub, add_selection) -> None:
         metavar="CLASSES",
         help="fix classes to apply, comma-separated: safe, numerics (default: safe,numerics)",
     )
+    add_structural_flags(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     add_selection(fix)
+
+
+def add_structural_flags(parser) -> None:
+    """``--ddp``, ``--dali``, ``--compile``: the structural conversions, each only on request."""
+    group = parser.add_argument_group("structural conversions (only on request; always shown as a diff first)")
+    group.add_argument("--ddp", action="store_true",
+                       help="make a single-process script torchrun-ready: process group, DistributedSampler, "
+                       "DDP, rank-0 logging and checkpoints (TC505, TC501)")
+    group.add_argument("--dali", action="store_true",
+                       help="replace an ImageFolder/PIL training pipeline by a DALI pipeline, with a GPU-decode "
+                       "fallback when DALI is not installed (TC405)")
+    group.add_argument("--compile", action="store_true", help="wrap the trained model in torch.compile (TC305)")
+
+
+def with_structural_flags(settings, args: argparse.Namespace):
+    """Settings with the structural options the command line asked for added to the config's."""
+    import dataclasses
+
+    from tcaudit.config import STRUCTURAL_OPTIONS
+
+    asked = [name for name in STRUCTURAL_OPTIONS if getattr(args, name, False)]
+    if not asked:
+        return settings
+    return dataclasses.replace(settings, structural_fixes=tuple(dict.fromkeys((*settings.structural_fixes, *asked))))
 
 
 def parse_classes(text: str) -> frozenset[FixClass]:
@@ -41,7 +66,8 @@ def parse_classes(text: str) -> frozenset[FixClass]:
         except ValueError:
             raise ValueError(f"unknown fix class {part!r} (expected safe, numerics)") from None
         if fix_class is FixClass.STRUCTURAL:
-            raise ValueError("structural fixes are not available yet; use --classes safe,numerics")
+            raise ValueError("structural fixes are asked for by name: --ddp, --dali, --compile "
+                             "(or structural-fixes in the config); --classes takes safe, numerics")
         out.add(fix_class)
     if not out:
         raise ValueError("--classes needs at least one of safe, numerics")
@@ -57,6 +83,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from tcaudit.source.discovery import discover
 
     classes = parse_classes(args.classes)
+    settings = with_structural_flags(settings, args)
     discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     if discovered.missing:
         for path in discovered.missing:

@@ -73,6 +73,20 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     return facts, [f for f in findings if not _suppressed(f, sf, codes)]
 
 
+# The DDP conversion (TC505/TC501) leaves the sampler, set_epoch, no_sync and bucket-view edits to
+# these rules' own fixes in the next round; with ``--ddp`` they run whatever ``--classes`` says.
+DDP_COMPANIONS = frozenset({"TC502", "TC503", "TC504", "TC507"})
+
+
+def _enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[str, ...]) -> bool:
+    fix = finding.fix
+    if fix is None:
+        return False
+    if "ddp" in options and finding.rule in DDP_COMPANIONS:
+        return True
+    return fix.enabled(classes, options)
+
+
 def _decline_key(finding: Finding) -> tuple[str, str, str]:
     """Identifies a finding across rounds: lines shift as fixes insert code, the line's text does not."""
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
@@ -123,7 +137,7 @@ def fix_file(
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
-            if fix is None or fix.fix_class not in classes:
+            if fix is None or not _enabled(finding, classes, settings.structural_fixes):
                 continue
             if not fix.available:
                 declined[_decline_key(finding)] = (finding, fix.reason or "")

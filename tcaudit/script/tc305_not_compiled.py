@@ -36,6 +36,7 @@ class NotCompiled(ScriptRule):
             fix=Fix(
                 FixClass.STRUCTURAL,
                 "wrap the model in torch.compile (tcaudit fix --compile)",
+                option="compile",
                 anchor={"kind": "insert-after", "line": facts.position(node).end.line, "target": name, "code": code},
             ),
         )

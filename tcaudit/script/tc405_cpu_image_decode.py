@@ -56,7 +56,7 @@ class CpuImageDecode(ScriptRule):
                 facts,
                 call.node,
                 f"{what}; for a fast model this caps the training rate: {ADVICE}",
-                fix=Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)",
+                fix=Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)", option="dali",
                         anchor={"kind": "gpu-decode", "call": qual, "line": facts.position(call.node).start.line}),
             )
 

@@ -30,6 +30,7 @@ class DataParallelUsed(ScriptRule):
                 fix = Fix(
                     FixClass.STRUCTURAL,
                     "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
+                    option="ddp",
                     available=False,
                     reason=f"`{written}` is DataParallel under another name; converting it would change what "
                     "that name means at every use, so the import and the calls must be renamed by hand first",
@@ -39,6 +40,7 @@ class DataParallelUsed(ScriptRule):
                 fix = Fix(
                     FixClass.STRUCTURAL,
                     "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
+                    option="ddp",
                     anchor={
                         "kind": "convert-dataparallel",
                         "line": facts.line_of(call.node),

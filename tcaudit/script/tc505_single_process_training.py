@@ -35,13 +35,19 @@ class SingleProcessTraining(ScriptRule):
             fix = Fix(
                 FixClass.STRUCTURAL,
                 "wrap the model in DDP and launch with torchrun (fix --ddp)",
+                option="ddp",
                 available=False,
                 reason="no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                 "across ranks by hand",
                 anchor=anchor,
             )
         else:
-            fix = Fix(FixClass.STRUCTURAL, "wrap the model in DDP and launch with torchrun (fix --ddp)", anchor=anchor)
+            fix = Fix(
+                FixClass.STRUCTURAL,
+                "wrap the model in DDP and launch with torchrun (fix --ddp)",
+                option="ddp",
+                anchor=anchor,
+            )
         yield self.finding(
             facts,
             loop.node,

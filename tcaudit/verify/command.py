@@ -10,6 +10,8 @@ from pathlib import Path
 
 
 def add_verify_parser(sub, add_selection) -> None:
+    from tcaudit.fix.command import add_structural_flags
+
     verify = sub.add_parser(
         "verify",
         help="train the original and the patched script side by side and compare them",
@@ -25,6 +27,7 @@ def add_verify_parser(sub, add_selection) -> None:
     verify.add_argument("--classes", default="safe,numerics", metavar="CLASSES", help="fix classes for the patched copy")
     verify.add_argument("--tolerance", type=float, default=0.10, help="relative loss-parity tolerance (default 0.10)")
     verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up on a run after this long")
+    add_structural_flags(verify)
     add_selection(verify)
 
 
@@ -32,7 +35,7 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tcaudit.fix.command import parse_classes
+    from tcaudit.fix.command import parse_classes, with_structural_flags
     from tcaudit.verify.report import render_table, write_plot
     from tcaudit.verify.runner import VerifyError, verify
 
@@ -44,9 +47,11 @@ def run_verify(args: argparse.Namespace, settings) -> int:
         return 2
     script_args = list(getattr(args, "script_args", []))
     classes = parse_classes(args.classes)
+    settings = with_structural_flags(settings, args)
     console = Console(stderr=False, highlight=False, width=max(110, Console().width))
     command = shlex.join(["tcaudit", "verify", args.script, "--steps", str(args.steps), "--warmup",
-                          str(args.warmup), "--nproc", str(args.nproc), "--", *script_args])
+                          str(args.warmup), "--nproc", str(args.nproc),
+                          *(f"--{option}" for option in settings.structural_fixes), "--", *script_args])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                TimeElapsedColumn())
     try:
