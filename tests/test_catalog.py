@@ -108,13 +108,15 @@ def test_every_fixable_rule_shows_its_fix():
 
 @pytest.mark.parametrize("spec,example", FIXABLE)
 def test_bad_example_turns_into_its_fixed_form(spec, example, tmp_path):
-    from tcaudit.config import Settings
+    from tcaudit.config import STRUCTURAL_OPTIONS, Settings
     from tcaudit.fix.engine import fix_file
 
     path = tmp_path / "train.py"
     path.write_text(example.code.lstrip("\n"), encoding="utf-8")
-    result = fix_file(path, Settings(select=(spec.id,)))
+    # Structural rules' fixed forms are what ``fix --ddp/--dali/--compile`` writes.
+    settings = Settings(select=(spec.id,), structural_fixes=STRUCTURAL_OPTIONS)
+    result = fix_file(path, settings)
     assert result.error is None
     assert result.fixed == example.fixed.lstrip("\n"), result.diff()
     path.write_text(result.fixed, encoding="utf-8")
-    assert not fix_file(path, Settings(select=(spec.id,))).changed
+    assert not fix_file(path, settings).changed

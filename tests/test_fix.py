@@ -20,10 +20,17 @@ FIX_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fix"
 PAIRS = sorted(FIX_FIXTURES.glob("*.in.py"))
 
 
+# The structural conversions: ``ddp_x.in.py`` is fixed with the TC5 family and ``--ddp``,
+# ``dali_x.in.py`` with TC405 and ``--dali``, ``compile_x.in.py`` with TC305 and ``--compile``.
+STRUCTURAL_PREFIXES = {"DDP": ("TC5",), "DALI": ("TC405",), "COMPILE": ("TC305",)}
+
+
 def _settings_for(path: Path) -> Settings:
     """``tc201_x.in.py`` is fixed with TC201 alone, ``tc2_x.in.py`` with the TC2 family, ``all_x.in.py``
-    with every rule."""
+    with every rule; see STRUCTURAL_PREFIXES for the rest."""
     prefix = path.name.split("_")[0].upper()
+    if prefix in STRUCTURAL_PREFIXES:
+        return Settings(select=STRUCTURAL_PREFIXES[prefix], structural_fixes=(prefix.lower(),))
     return Settings(select=("ALL",) if prefix == "ALL" else (prefix,))
 
 
