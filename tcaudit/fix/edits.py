@@ -255,3 +255,51 @@ def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
     body[first] = body[first].with_changes(leading_lines=[cst.EmptyLine()])
     body.insert(first, new)
     return module.with_changes(body=body)
+
+
+def _import_name(module: cst.Module, small: cst.BaseSmallStatement) -> str | None:
+    if isinstance(small, cst.Import):
+        return module.code_for_node(small.names[0].name)
+    if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        return module.code_for_node(small.module)
+    return None
+
+
+def add_torch_import(module: cst.Module, statement: str) -> cst.Module:
+    """An import of a torch module where isort would put it among the file's torch imports (``import``
+    lines in order, ``from`` lines after them); after the last import when the file has none."""
+    new = parse_statement(statement, module)
+    code = module.code_for_node(new).strip()
+    small_new = new.body[0]  # type: ignore[attr-defined]
+    key = _import_name(module, small_new) or ""
+    is_from = isinstance(small_new, cst.ImportFrom)
+    body = list(module.body)
+    torch_lines: list[int] = []
+    same_kind: list[tuple[int, str]] = []
+    for index, item in enumerate(body):
+        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+            continue
+        small = item.body[0]
+        if not isinstance(small, (cst.Import, cst.ImportFrom)):
+            continue
+        if module.code_for_node(item).strip() == code:
+            return module
+        name = _import_name(module, small)
+        if name and name.split(".")[0] == "torch":
+            torch_lines.append(index)
+            if isinstance(small, cst.ImportFrom) == is_from:
+                same_kind.append((index, name))
+    if not torch_lines:
+        return ensure_import(module, statement)
+    if same_kind:
+        before = [index for index, name in same_kind if name <= key]
+        position = before[-1] + 1 if before else same_kind[0][0]
+    else:
+        position = torch_lines[-1] + 1 if is_from else torch_lines[0]
+    if position < len(body) and position in torch_lines and body[position].leading_lines and not (
+        position - 1 in torch_lines
+    ):
+        new = new.with_changes(leading_lines=body[position].leading_lines)
+        body[position] = body[position].with_changes(leading_lines=[])
+    body.insert(position, new)
+    return module.with_changes(body=body)

@@ -1,0 +1,207 @@
+"""``tcaudit fix --ddp``: the converted fixtures train under ``torchrun --nproc_per_node 2`` on the CPU
+(gloo), each rank on its own half of the data, with finite losses and one checkpoint (from rank 0, with
+the model's own keys); what cannot be converted safely is declined with a reason; and nothing
+structural happens unless asked for.
+
+The exact before/after text of each conversion (and its idempotence) is checked by tests/test_fix.py
+on fixtures/fix/ddp_*.in.py / .out.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+from tcaudit.config import Settings
+from tcaudit.fix.engine import fix_file
+
+FIX = FIXTURES / "fix"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+# fixture → (script arguments, number of samples in its training set, epochs); None: no sample record.
+CONVERTED = {
+    "ddp_module_level": (["--epochs", "2"], 64, 2),
+    "ddp_trainer": ([], 48, 2),
+    "ddp_dataparallel": ([], 40, 2),
+    "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),
+}
+
+
+def _torchrun(script: Path, args: list[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun is not installed beside {sys.executable}")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}", str(script), *args],
+        capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_converted_script_trains_under_torchrun_on_two_processes(name, tmp_path):
+    args, samples, epochs = CONVERTED[name]
+    script = tmp_path / "train.py"
+    shutil.copyfile(FIX / f"{name}.out.py", script)
+    proc = _torchrun(script, args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[:6000]
+
+    losses = [float(x) for x in re.findall(r"loss\s+(-?[\d.]+(?:e-?\d+)?|nan|inf)", proc.stdout)]
+    assert losses and all(math.isfinite(l) for l in losses), proc.stdout[-2000:]
+
+    if samples is not None:
+        seen = [list(map(int, p.read_text().split())) for p in sorted(tmp_path.glob("seen-*.txt"))]
+        assert len(seen) == 2, "each of the two processes records the samples it trained on"
+        first, second = (set(s) for s in seen)
+        assert not first & second, "the ranks' shards overlap"
+        assert first | second == set(range(samples)), "together the ranks cover the data set"
+        for ids in seen:
+            assert len(ids) == epochs * samples // 2, "each rank trains on half the data per epoch"
+
+        checkpoints = list(tmp_path.glob("checkpoint-*.pt"))
+        assert len(checkpoints) == 1, f"one checkpoint, from rank 0: {checkpoints}"
+        import torch
+
+        state = torch.load(checkpoints[0], map_location="cpu", weights_only=True)
+        assert state and not any(key.startswith("module.") for key in state), list(state)
+
+
+def _settings(**changes) -> Settings:
+    return Settings(select=("TC5",), structural_fixes=("ddp",), **changes)
+
+
+def test_nothing_structural_without_asking(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_module_level.in.py", target)
+    result = fix_file(target, Settings(select=("TC5",)))
+    assert not result.changed
+
+
+def test_config_key_asks_for_the_conversion(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.tcaudit]\nstructural-fixes = ["ddp"]\nselect = ["TC5"]\n')
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_module_level.in.py", target)
+    code, out, err = run_cli("fix", str(target), "--color", "never")
+    assert code == 1, err
+    assert "+model = DistributedDataParallel(model, gradient_as_bucket_view=True)" in out
+
+
+def test_classes_structural_points_to_the_flags(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_module_level.in.py", target)
+    code, _, err = run_cli("fix", str(target), "--classes", "structural")
+    assert code == 2
+    assert "--ddp" in err and "--compile" in err
+
+
+def test_flag_converts_and_apply_writes(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_module_level.in.py", target)
+    code, _, err = run_cli("fix", str(target), "--ddp", "--select", "TC5", "--apply")
+    assert code == 0, err
+    assert target.read_text() == (FIX / "ddp_module_level.out.py").read_text()
+
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        (
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            netG = Generator().cuda()
+            netD = Discriminator().cuda()
+            optG = torch.optim.Adam(netG.parameters())
+            optD = torch.optim.Adam(netD.parameters())
+            loader = DataLoader(data, batch_size=64, shuffle=True)
+            for real in loader:
+                lossD = netD(real.cuda()).mean() - netD(netG(noise()).detach()).mean()
+                optD.zero_grad()
+                lossD.backward()
+                optD.step()
+                lossG = -netD(netG(noise())).mean()
+                optG.zero_grad()
+                lossG.backward()
+                optG.step()
+            """,
+            "several trained models",
+        ),
+        (
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            torch.cuda.set_device(0)
+            model = Net().cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in DataLoader(data, batch_size=64, shuffle=True):
+                loss = model(x.cuda()).sum()
+                loss.backward()
+                opt.step()
+            """,
+            "torch.cuda.set_device",
+        ),
+        (
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            model = Net().to("cuda:1")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in DataLoader(data, batch_size=64, shuffle=True):
+                loss = model(x.to("cuda:1")).sum()
+                loss.backward()
+                opt.step()
+            """,
+            "names GPU 1",
+        ),
+        (
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            model = Net().cuda()
+            if args.multi_gpu:
+                model = torch.nn.DataParallel(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in DataLoader(data, batch_size=64, shuffle=True):
+                loss = model(x.cuda()).sum()
+                loss.backward()
+                opt.step()
+            """,
+            "behind a condition",
+        ),
+    ],
+    ids=["gan", "set-device", "gpu-by-number", "conditional-dataparallel"],
+)
+def test_unsafe_conversions_are_declined_with_a_reason(write, code, reason):
+    path = write(code)
+    before = path.read_bytes()
+    result = fix_file(path, _settings())
+    assert result.error is None
+    assert not result.changed, result.diff()
+    reasons = [r for f, r in result.declined if f.rule in ("TC505", "TC501")]
+    assert any(reason in r for r in reasons), result.declined
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["tc5_hogwild.py", "tc5_rl_actor_critic.py"])
+def test_hogwild_and_rl_scripts_are_not_converted(name, tmp_path):
+    target = tmp_path / name
+    shutil.copyfile(FIXTURES / "scripts" / name, target)
+    result = fix_file(target, _settings(select=("TC505", "TC501")))
+    assert not result.changed, result.diff()
+
+
+def test_already_distributed_script_gets_only_what_is_missing(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIXTURES / "scripts" / "tc5_torchrun_ddp.py", target)
+    result = fix_file(target, _settings())
+    assert "TC505" not in result.applied and "TC501" not in result.applied
+    assert result.fixed.count("init_process_group(") == target.read_text().count("init_process_group(")
+    assert result.fixed.count("DistributedDataParallel(") == target.read_text().count("DistributedDataParallel(")
