@@ -97,3 +97,34 @@ def test_calibrated_table_merges_into_the_cost_table_format():
     assert entry["device"] == "NVIDIA L4" and entry["gemm"]["m_unaligned"] == 1.1
     assert entry["calibrated"]["torch"] == "2.11.0"
     assert set(entry) >= set(base["gpus"]["sm_90"]) - {"estimated"}
+
+
+DDP_CANDIDATE = Path(__file__).resolve().parent.parent / "fixtures" / "fix" / "ddp_module_level.in.py"
+
+
+@pytest.mark.slow
+def test_verify_ddp_nproc_2_reports_scaling(tmp_path, monkeypatch):
+    """``--ddp --nproc 2``: the single-process original runs once, the converted script on one process
+    and under torchrun on two (gloo on this CPU), and the report gives the scaling efficiency."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    script = tmp_path / "train.py"
+    script.write_bytes(DDP_CANDIDATE.read_bytes())
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("verify", str(script), "--ddp", "--nproc", "2", "--steps", "3", "--warmup", "1",
+                                   "--out", str(out), "--", "--epochs", "3")
+    assert code in (0, 1), stderr  # loss parity may differ: two processes take twice the batch per step
+    assert "scaling: 2 processes" in stdout and "efficiency" in stdout
+    data = json.loads((out / "verify.json").read_text())
+    assert data["original"]["world_size"] == 1 and data["patched"]["world_size"] == 2
+    assert data["scaling"]["nproc"] == 2 and data["scaling"]["efficiency"] > 0
+    assert data["scaling"]["patched_one_process"]["world_size"] == 1
+    assert "TC505" in data["fixes_applied"] and "--ddp" in data["command"]
+    diff = (out / "work" / "patch.diff").read_text()
+    assert "+model = DistributedDataParallel(model, gradient_as_bucket_view=True)" in diff
+
+
+def test_verify_nproc_without_ddp_on_a_single_process_script_says_what_to_do(tmp_path):
+    code, _, stderr = run_cli("verify", str(TINY), "--nproc", "2", "--steps", "1", "--warmup", "0",
+                              "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert "--ddp" in stderr and "single-process" in stderr

@@ -125,6 +125,36 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
     return original_copy, patched_copy, result
 
 
+def _torchrun_ready(path: Path) -> bool:
+    """Whether a script sets up torch.distributed itself (a process group or a DDP/FSDP wrap), so that
+    torchrun's processes cooperate instead of each training alone on the same GPU."""
+    from tcaudit.script.distributed import distributed_facts
+    from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import SourceError, read_source
+
+    try:
+        facts = ScriptFacts(read_source(path))
+    except SourceError:
+        return False
+    info = distributed_facts(facts)
+    return bool(info.init_process_group_calls) or info.is_ddp_script
+
+
+def launch_sizes(original: Path, patched: Path, nproc: int) -> tuple[int, int]:
+    """Processes for the original and the patched run. ``--nproc K`` applies to a script that is
+    distributed (already, or after ``--ddp``); a single-process original runs as one process, and then
+    the patched script is also run on one process to measure its scaling."""
+    if nproc == 1:
+        return 1, 1
+    original_ready, patched_ready = _torchrun_ready(original), _torchrun_ready(patched)
+    if not patched_ready:
+        raise VerifyError(
+            f"--nproc {nproc} needs a script that runs under torchrun; this one is single-process: "
+            "add --ddp to convert it (tcaudit fix --ddp shows the conversion)"
+        )
+    return (nproc if original_ready else 1), nproc
+
+
 def harness_command(copy: Path, out: Path, steps: int, warmup: int, nproc: int, args: list[str]) -> list[str]:
     harness = ["-m", "tcaudit.verify.harness", "--steps", str(steps), "--warmup", str(warmup),
                "--out", str(out), str(copy), *args]
@@ -171,6 +201,16 @@ class VerifyResult:
     applied: list[str]
     command: str
     out_dir: Path
+    # With ``--nproc K`` and a script that becomes distributed (``--ddp``): the patched script on one
+    # process too, so that scaling efficiency = samples/s on K / (K x samples/s on 1).
+    patched_single: RunMetrics | None = None
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        single = self.patched_single
+        if single is None or not single.samples_per_s:
+            return None
+        return self.patched.samples_per_s / (self.patched.world_size * single.samples_per_s)
 
     @property
     def cpu_timings(self) -> bool:
@@ -191,6 +231,13 @@ class VerifyResult:
             "world_size": self.original.world_size,
             "original": self.original.to_dict(),
             "patched": self.patched.to_dict(),
+            "scaling": None if self.patched_single is None else {
+                "nproc": self.patched.world_size,
+                "samples_per_s": self.patched.samples_per_s,
+                "samples_per_s_one_process": self.patched_single.samples_per_s,
+                "efficiency": self.scaling_efficiency,
+                "patched_one_process": self.patched_single.to_dict(),
+            },
         }
 
 
@@ -220,19 +267,24 @@ def verify(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(script.resolve().parent), env.get("PYTHONPATH")]))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    original_nproc, patched_nproc = launch_sizes(original_copy, patched_copy, nproc)
+    runs = [("original", original_copy, original_nproc), ("patched", patched_copy, patched_nproc)]
+    if patched_nproc > 1 and original_nproc == 1:
+        runs.insert(1, ("patched-1", patched_copy, 1))
     results = {}
     total = warmup + steps
-    for label, copy in (("original", original_copy), ("patched", patched_copy)):
+    for label, copy, size in runs:
         out = out_dir / f"{label}.json"
         for stale in [out, *out_dir.glob(f"{label}.rank*.json")]:
             stale.unlink(missing_ok=True)
-        cmd = harness_command(copy, out, steps, warmup, nproc, args)
-        ranks = run_one(label, cmd, script.resolve().parent, env, out, nproc, total, progress, timeout)
+        cmd = harness_command(copy, out, steps, warmup, size, args)
+        ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout)
         results[label] = summarize(label, ranks)
     original, patched = results["original"], results["patched"]
     speedup = patched.samples_per_s / original.samples_per_s if original.samples_per_s else float("nan")
     parity, detail = loss_parity(original, patched, tolerance)
     result = VerifyResult(original, patched, speedup, parity, detail, tolerance, fix.applied,
-                          command or shlex.join(["tcaudit", "verify", str(script), "--", *args]), out_dir)
+                          command or shlex.join(["tcaudit", "verify", str(script), "--", *args]), out_dir,
+                          patched_single=results.get("patched-1"))
     (out_dir / "verify.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
