@@ -64,6 +64,29 @@ def epoch_loop(facts: ScriptFacts, info: DistributedFacts) -> Frame | None:
     return None
 
 
+def while_counter(loop: cst.CSTNode) -> str | None:
+    """The epoch counter of a ``while`` epoch loop: a name its body (not a nested block) steps with
+    ``n += 1``; one whose name says epoch when there are several."""
+    if not isinstance(loop, cst.While) or not isinstance(loop.body, cst.IndentedBlock):
+        return None
+    counters = []
+    for statement in loop.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.AugAssign)
+                and isinstance(small.operator, cst.AddAssign)
+                and isinstance(small.target, cst.Name)
+                and literal_value(small.value) == 1
+            ):
+                counters.append(small.target.value)
+    named = [c for c in counters if _EPOCH.search(c)]
+    if len(named) == 1:
+        return named[0]
+    return counters[0] if len(counters) == 1 else None
+
+
 def _holds_step_loop(info: DistributedFacts, fn: cst.FunctionDef) -> bool:
     return any(frame.function is fn for frame in info.step_loops.values())
 
@@ -89,11 +112,13 @@ class SamplerWithoutSetEpoch(ScriptRule):
         loop = epoch_loop(facts, info)
         if loop is None:
             return
-        epoch_var = facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else None
+        epoch_var = (
+            facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
+        )
         for call in samplers:
             if not _shuffles(call) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
-            name = info.target_of(call.node)
+            name = info.target_of(call.node) or _conditional_target(facts, call)
             owner = name or _loader_holding(info, call)
             if owner and EVAL_NAME.search(owner):
                 continue
@@ -105,14 +130,20 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 "epoch_loop_line": facts.line_of(loop.node),
                 "epoch": epoch_var,
             }
-            if receiver and epoch_var and re.fullmatch(r"\w+", epoch_var):
+            if receiver and epoch_var and re.fullmatch(r"\w+", epoch_var) and epoch_var != "_":
                 fix = Fix(FixClass.SAFE, f"call {receiver}.set_epoch({epoch_var}) at the start of each epoch", anchor=anchor)
             else:
+                if epoch_var == "_":
+                    reason = "the epoch loop has no counter (`for _ in ...`); name it and pass it to set_epoch"
+                elif not epoch_var and isinstance(loop.node, cst.While):
+                    reason = "the epoch loop is a `while` loop without an epoch counter to pass to set_epoch"
+                else:
+                    reason = "the sampler or the epoch counter has no name to call it with"
                 fix = Fix(
                     FixClass.SAFE,
                     "call sampler.set_epoch(epoch) at the start of each epoch",
                     available=False,
-                    reason="the sampler or the epoch counter has no name to call it with",
+                    reason=reason,
                     anchor=anchor,
                 )
             yield self.finding(
@@ -122,6 +153,17 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 "called: each epoch visits the data in the same order",
                 fix=fix,
             )
+
+
+def _conditional_target(facts: ScriptFacts, sampler: CallSite) -> str | None:
+    """``sampler = DistributedSampler(ds) if distributed else None`` → ``sampler``."""
+    statement = sampler.statement.node if sampler.statement else None
+    for binding in facts.bindings:
+        value = binding.value
+        if binding.statement is not None and binding.statement.node is statement and isinstance(value, cst.IfExp):
+            if sampler.node in (value.body, value.orelse):
+                return binding.target
+    return None
 
 
 def _loader_holding(info: DistributedFacts, sampler: CallSite) -> str | None:
