@@ -72,6 +72,9 @@ _BUILTINS = frozenset(
     {"range", "len", "min", "max", "int", "float", "bool", "list", "tuple", "dict", "zip", "enumerate", "iter",
      "next", "super", "isinstance", "sorted", "reversed", "sum", "abs", "round"}
 )
+# ``tcaudit fix --dali`` wraps the training DataLoader in this function of the script (its batches are
+# the DataLoader's, decoded on the GPU): loops over it are loops over that DataLoader.
+DALI_LOADER = "tcaudit_dali_loader"
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
 
@@ -777,7 +780,16 @@ class PipelineFacts:
             return self._param_loaders(name, fn, depth)
         sites: list[LoaderSite] = []
         leaves = 0
-        for value in facts.binding_values(expr):
+        values = facts.binding_values(expr)
+        for value in values:
+            if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == DALI_LOADER and value.args:
+                # ``loader = tcaudit_dali_loader(loader)`` (``fix --dali``) yields the wrapped DataLoader's batches.
+                value = value.args[0].value
+                if isinstance(value, (cst.Name, cst.Attribute)) and any(
+                    v is not value and isinstance(v, type(value)) and get_full_name_for_node(v) == get_full_name_for_node(value)
+                    for v in values
+                ):
+                    continue  # the same name: its other values are followed already
             if isinstance(value, (cst.Name, cst.Attribute)):
                 dotted = get_full_name_for_node(value)
                 if dotted and facts.bindings_of(dotted):

@@ -1,4 +1,8 @@
-"""TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info)."""
+"""TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info).
+
+An ImageFolder's finding carries the structural ``dali`` fix (tcaudit/fix/tc405_cpu_image_decode.py);
+once its training DataLoader is handed to ``tcaudit_dali_loader`` the rule is silent. A decoder in a
+Dataset or loader function of the file is reported without a fix."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, DALI_LOADER, LoaderSite, PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
 from tcaudit.script.rule import RuleContext, ScriptRule
 
 FOLDER_DATASETS = frozenset(
@@ -42,7 +46,12 @@ class CpuImageDecode(ScriptRule):
             if qual in FOLDER_DATASETS:
                 if keyword_arg(call.node, "loader") is not None or not _training_use(facts, call):
                     continue  # a custom loader= may already skip decoding
+                loaders = [site for site in dataset_loaders(facts, pipeline, call.node) if site.training]
+                if loaders and all(_converted(facts, site) for site in loaders):
+                    continue  # ``fix --dali`` converted it
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
+                fix = Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)", option="dali",
+                          anchor={"kind": "gpu-decode", "call": qual, "line": facts.position(call.node).start.line})
             elif qual in DECODERS:
                 device = keyword_arg(call.node, "device")
                 if device is not None and literal(device.value) != "cpu":
@@ -50,15 +59,36 @@ class CpuImageDecode(ScriptRule):
                 if not _in_sample_loader(facts, pipeline, call) or facts.in_eval(call.ctx):
                     continue
                 what = f"`{call.name}` decodes each sample on the CPU inside the data pipeline"
+                fix = Fix(
+                    FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)", available=False, option="dali",
+                    reason="this file's own code decodes the samples (a Dataset or a loader function); `fix --dali` "
+                    "converts ImageFolder pipelines only: port this one to DALI or to `decode_jpeg(..., device=\"cuda\")` "
+                    "by hand",
+                )
             else:
                 continue
-            yield self.finding(
-                facts,
-                call.node,
-                f"{what}; for a fast model this caps the training rate: {ADVICE}",
-                fix=Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)", option="dali",
-                        anchor={"kind": "gpu-decode", "call": qual, "line": facts.position(call.node).start.line}),
-            )
+            yield self.finding(facts, call.node, f"{what}; for a fast model this caps the training rate: {ADVICE}", fix=fix)
+
+
+def dataset_loaders(facts: ScriptFacts, pipeline: PipelineFacts, dataset: cst.Call) -> list[LoaderSite]:
+    """The DataLoaders whose dataset is this call's result (passed directly or through names)."""
+    out = []
+    for site in pipeline.loaders:
+        argument = site.call.arg("dataset", 0)
+        if argument is not None and any(value is dataset for value in facts.binding_values(argument)):
+            out.append(site)
+    return out
+
+
+def _converted(facts: ScriptFacts, site: LoaderSite) -> bool:
+    """``tcaudit_dali_loader(DataLoader(...))``, or ``loader = tcaudit_dali_loader(loader)``."""
+    for call in facts.calls:
+        if call.name != DALI_LOADER or not call.node.args:
+            continue
+        first = call.node.args[0].value
+        if first is site.call.node or (site.target is not None and get_full_name_for_node(first) == site.target):
+            return True
+    return False
 
 
 def _training_use(facts: ScriptFacts, call: CallSite) -> bool:
