@@ -23,6 +23,16 @@ def _codes(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+def _jobs(value: str) -> int:
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of processes (got {value!r})") from None
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {jobs})")
+    return jobs
+
+
 def _add_selection(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule selection")
     group.add_argument("--select", type=_codes, metavar="CODES", help="only these rules or prefixes (e.g. TC2,TC301)")
@@ -60,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")
     scan.add_argument("--write-baseline", metavar="FILE", help="record today's findings and exit 0")
     scan.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    speed = scan.add_argument_group("speed")
+    speed.add_argument(
+        "--jobs", "-j", type=_jobs, metavar="N",
+        help="worker processes (default: one per core; 1 scans in this process)",
+    )
+    speed.add_argument(
+        "--cache-dir", metavar="DIR",
+        help="keep the result cache here (default: .tcaudit_cache beside the config file, or in the "
+             "working folder; config key cache-dir)",
+    )
+    speed.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     _add_selection(scan)
 
     rules = sub.add_parser("rules", help="list the rule catalog")
@@ -120,11 +141,31 @@ def _report_errors(errors: list[str]) -> None:
         print("tcaudit: this is a bug in tcaudit; set TCAUDIT_DEBUG=1 to see the traceback", file=sys.stderr)
 
 
+def _open_cache(args: argparse.Namespace, settings):
+    """The scan's result cache, or None with --no-cache or when the folder cannot be used (a
+    warning then: the scan goes on without it)."""
+    if args.no_cache:
+        return None
+    from pathlib import Path
+
+    from tcaudit.cache import CacheError, ScanCache, default_cache_dir
+
+    if args.cache_dir:
+        directory = Path(args.cache_dir).expanduser()
+    else:
+        directory = settings.cache_dir or default_cache_dir(settings)
+    try:
+        return ScanCache.open(directory, settings, settings.enabled_rules())
+    except CacheError as exc:
+        print(f"tcaudit: warning: {exc}; scanning without the cache (--no-cache silences this)", file=sys.stderr)
+        return None
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
     from tcaudit.catalog import load_catalog
     from tcaudit.config import load_settings
-    from tcaudit.engine import scan
+    from tcaudit.engine import default_jobs, scan
     from tcaudit.report import get_reporter
 
     if args.input and not args.model:
@@ -137,7 +178,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
             known = load_baseline(args.baseline)
         except BaselineError as exc:
             raise UsageError(str(exc)) from None
-    result = scan(args.paths, settings)
+    jobs = args.jobs or default_jobs()
+    result = scan(args.paths, settings, jobs=jobs, cache=_open_cache(args, settings))
     if result.missing:
         for path in result.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)

@@ -30,6 +30,7 @@ KNOWN_KEYS = {
     "exec-models",
     "models",
     "structural-fixes",
+    "cache-dir",
 }
 # The structural conversions ``tcaudit fix`` makes only on request (``--ddp``, ``--dali``, ``--compile``).
 STRUCTURAL_OPTIONS = ("ddp", "dali", "compile")
@@ -62,6 +63,9 @@ class Settings:
     force_exclude: bool = False
     # Structural conversions ``fix`` may make: any of STRUCTURAL_OPTIONS.
     structural_fixes: tuple[str, ...] = ()
+    # Where ``scan`` keeps its result cache (``cache-dir``, relative to the config file's folder);
+    # None: ``.tcaudit_cache`` beside the config file, or in the working folder without one.
+    cache_dir: Path | None = None
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 
@@ -203,6 +207,11 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
                 f"{_label('structural-fixes', where)} must be a list of {', '.join(STRUCTURAL_OPTIONS)} (got {raw!r})"
             )
         updates["structural_fixes"] = tuple(dict.fromkeys(raw))
+    if "cache-dir" in table:
+        raw = table["cache-dir"]
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError(f"{_label('cache-dir', where)} must be a folder path (got {raw!r})")
+        updates["cache_dir"] = Path(raw).expanduser()
     return replace(base, **updates)
 
 
@@ -239,6 +248,8 @@ def load_settings(
             raise ConfigError(f"{config_path}: [tool.tcaudit] must be a table")
         settings = settings_from_table(table, str(config_path), settings)
         settings = replace(settings, config_path=config_path, root=config_path.parent)
+        if settings.cache_dir is not None and not settings.cache_dir.is_absolute():
+            settings = replace(settings, cache_dir=config_path.parent / settings.cache_dir)
     if overrides:
         settings = settings_from_table(
             {k: v for k, v in overrides.items() if v is not None}, COMMAND_LINE, settings

@@ -1,21 +1,45 @@
 """Discover files → read and parse each once → run the enabled rules → filter the findings.
 
 Data flows one way: paths → engine → findings → report. ``fix`` and ``verify`` reuse ``scan``.
+
+Speed (BENCHMARKS.md, "Scan speed"): a file is parsed with LibCST only when the text trigger of an
+enabled rule occurs in it; files are spread over worker processes (``jobs``), and a cache
+(:mod:`tcaudit.cache`) answers for files whose content, path, settings and rules are unchanged.
+Whatever the path a file takes (in-process, a worker, the cache), its findings are the same; the
+filters (per-file-ignores, suppression comments) always run here, on the current text.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
+import signal
+import sys
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
-from tcaudit.script.rule import RuleContext, ScriptRule, discover_script_rules
 from tcaudit.source.discovery import discover
 from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_source
+from tcaudit.source.triggers import trigger
+
+if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
+    from tcaudit.cache import ScanCache
+    from tcaudit.script.rule import ScriptRule
+
+# Below this many files to analyse, a scan runs in-process: starting workers would cost more than
+# spreading the files saves.
+PARALLEL_MIN_FILES = 16
+# None: ``fork`` where it exists on Linux (cheap: the workers inherit the imported rules), the
+# platform's default elsewhere. Tests set "spawn" to check the other road.
+START_METHOD: str | None = None
 
 # ``ignore`` must end the word: ``# tcaudit: ignore-file`` and ``# tcaudit: ignored`` are not line suppressions.
 _SUPPRESS_LINE = re.compile(r"#\s*tcaudit:\s*ignore(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
@@ -29,6 +53,8 @@ class FileResult:
     source: SourceFile | None = None
     parsed: bool = False
     errors: list[str] = field(default_factory=list)
+    # Set when reading the text again (for suppressions, the model audit) failed: do not retry.
+    source_unreadable: bool = False
 
 
 @dataclass
@@ -40,6 +66,8 @@ class ScanResult:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suppressed: int = 0
+    # Files whose script-rule findings came from the cache (their ``files_parsed`` share too).
+    files_cached: int = 0
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -88,9 +116,37 @@ def tc000(path: str, error: SourceError) -> Finding:
     )
 
 
-def instantiate_rules(settings: Settings) -> list[ScriptRule]:
+def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
+    from tcaudit.script.rule import discover_script_rules
+
     enabled = set(settings.enabled_rules())
     return [cls() for rule_id, cls in sorted(discover_script_rules().items()) if rule_id in enabled]
+
+
+def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
+    """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
+    each distinct trigger checked once per file, literal text first (tcaudit/source/triggers.py)."""
+    from tcaudit.script.rule import ScriptRule
+
+    verdicts: dict[str, bool] = {}
+    out = []
+    for rule in rules:
+        if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
+            matches = rule.may_match(text)
+        elif not rule.triggers:
+            matches = True
+        else:
+            matches = False
+            for pattern in rule.triggers:
+                verdict = verdicts.get(pattern)
+                if verdict is None:
+                    verdict = verdicts[pattern] = trigger(pattern).search(text)
+                if verdict:
+                    matches = True
+                    break
+        if matches:
+            out.append(rule)
+    return out
 
 
 def syntax_error(source: SourceFile) -> SourceError | None:
@@ -99,7 +155,7 @@ def syntax_error(source: SourceFile) -> SourceError | None:
 
 def scan_file(
     path: Path,
-    rules: list[ScriptRule],
+    rules: list["ScriptRule"],
     settings: Settings,
     display: str | None = None,
     check_syntax: bool = True,
@@ -113,7 +169,7 @@ def scan_file(
         result.findings.append(tc000(display, exc))
         return result
     result.source = source
-    candidates = [rule for rule in rules if rule.may_match(source.text)]
+    candidates = candidate_rules(rules, source.text)
     if not candidates:
         # No rule can fire here, so LibCST is skipped; Python's own parser still catches broken files.
         if check_syntax:
@@ -128,6 +184,7 @@ def scan_file(
         return result
     result.parsed = True
     from tcaudit.script.facts import ScriptFacts
+    from tcaudit.script.rule import RuleContext
 
     try:
         facts = ScriptFacts(source)
@@ -150,34 +207,80 @@ def _display_path(path: Path) -> str:
         return path.as_posix()
 
 
-def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> ScanResult:
+def default_jobs() -> int:
+    """The cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def scan(
+    paths: list[str],
+    settings: Settings,
+    *,
+    model_audit: bool = True,
+    jobs: int = 1,
+    cache: "ScanCache | None" = None,
+) -> ScanResult:
+    """Scan ``paths``. ``jobs`` > 1 spreads the files over that many worker processes (when there
+    are enough of them); ``cache`` answers for unchanged files and records the others."""
     discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
-    rules = instantiate_rules(settings)
-    check_syntax = "TC000" in settings.enabled_rules()
-    file_results = [
-        scan_file(path, rules, settings, _display_path(path), check_syntax) for path in discovered.files
-    ]
+    files = discovered.files
+    displays = [_display_path(path) for path in files]
+    enabled = set(settings.enabled_rules())
+    check_syntax = "TC000" in enabled
+
+    file_results: list[FileResult | None] = [None] * len(files)
+    cached = 0
+    if cache is not None:
+        for index, path in enumerate(files):
+            try:
+                raw = path.read_bytes()
+            except OSError:
+                continue  # scan_file reports it
+            hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw))
+            if hit is not None:
+                file_results[index] = FileResult(displays[index], list(hit.findings), parsed=hit.parsed)
+                cached += 1
+    todo = [index for index, fr in enumerate(file_results) if fr is None]
+    if todo:
+        tasks = [(files[index], displays[index]) for index in todo]
+        for index, fr in zip(todo, _scan_files(tasks, settings, check_syntax, cache, jobs)):
+            file_results[index] = fr
+    results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
     notes: list[str] = []
     findings: list[Finding] = []
     errors: list[str] = []
-    for fr in file_results:
+    for fr in results:
         findings.extend(fr.findings)
         errors.extend(fr.errors)
 
-    enabled = set(settings.enabled_rules())
-    if model_audit and any(rule.startswith("TC1") for rule in enabled):
+    index_of = {display: index for index, display in enumerate(displays)}
+
+    def source_of(index: int) -> SourceFile | None:
+        # Files answered by the cache or a worker come back without their text; read it again.
+        fr = results[index]
+        if fr.source is None and not fr.source_unreadable:
+            try:
+                fr.source = read_source(files[index], displays[index])
+            except SourceError:
+                fr.source_unreadable = True
+        return fr.source
+
+    if model_audit and settings.exec_models and any(rule.startswith("TC1") for rule in enabled):
         from tcaudit.model import run_model_audit  # imports no torch itself
 
-        audit = run_model_audit([fr.source for fr in file_results if fr.source is not None], settings)
+        sources = [source for source in map(source_of, range(len(results))) if source is not None]
+        audit = run_model_audit(sources, settings)
         findings.extend(audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
-    sources = {fr.path: fr.source for fr in file_results}
     kept: list[Finding] = []
     suppressed = 0
     file_codes_cache: dict[str, list[tuple[str, ...] | None]] = {}
@@ -188,7 +291,8 @@ def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> S
         if any(matches_selector(finding.rule, s) for s in settings.ignored_for(path)):
             suppressed += 1
             continue
-        source = sources.get(path)
+        index = index_of.get(path)
+        source = source_of(index) if index is not None else None
         if path not in file_codes_cache:
             file_codes_cache[path] = file_suppressions(source)
         if _suppressed(finding, source, file_codes_cache[path]):
@@ -199,10 +303,142 @@ def scan(paths: list[str], settings: Settings, *, model_audit: bool = True) -> S
     assign_fingerprints(kept, settings.root)
     return ScanResult(
         findings=kept,
-        files_scanned=len(discovered.files),
-        files_parsed=sum(1 for fr in file_results if fr.parsed),
+        files_scanned=len(files),
+        files_parsed=sum(1 for fr in results if fr.parsed),
         missing=discovered.missing,
         errors=errors,
         notes=notes,
         suppressed=suppressed,
+        files_cached=cached,
     )
+
+
+# -- analysing the files: in-process or in workers --------------------------------------------------
+def _scan_one(
+    path: Path,
+    display: str,
+    rules: list["ScriptRule"],
+    settings: Settings,
+    check_syntax: bool,
+    cache: "ScanCache | None",
+) -> FileResult:
+    result = scan_file(path, rules, settings, display, check_syntax)
+    # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
+    # now. A file with an internal error is not stored: the next scan should show the error again.
+    if cache is not None and result.source is not None and not result.errors:
+        cache.store(cache.key(os.path.abspath(path), display, result.source.raw), result.findings, result.parsed)
+    return result
+
+
+def _scan_files(
+    tasks: list[tuple[Path, str]],
+    settings: Settings,
+    check_syntax: bool,
+    cache: "ScanCache | None",
+    jobs: int,
+) -> list[FileResult]:
+    """FileResults in the order of ``tasks``."""
+    rules = instantiate_rules(settings)  # before any fork, so that workers inherit the imports
+    if jobs <= 1 or len(tasks) < PARALLEL_MIN_FILES:
+        return [_scan_one(path, display, rules, settings, check_syntax, cache) for path, display in tasks]
+    return _scan_parallel(tasks, settings, check_syntax, cache, jobs)
+
+
+def _mp_context():
+    if START_METHOD is not None:
+        return multiprocessing.get_context(START_METHOD)
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+_WORKER_STATE: tuple | None = None
+
+
+def _init_worker(settings: Settings, check_syntax: bool, cache: "ScanCache | None") -> None:
+    global _WORKER_STATE
+    # Ctrl-C is the parent's to handle: it cancels what is queued and waits for what is running.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_STATE = (instantiate_rules(settings), settings, check_syntax, cache)
+
+
+def _scan_in_worker(path: Path, display: str) -> FileResult:
+    assert _WORKER_STATE is not None
+    rules, settings, check_syntax, cache = _WORKER_STATE
+    result = _scan_one(path, display, rules, settings, check_syntax, cache)
+    result.source = None  # the parent reads the text again if it needs it; a parsed tree is heavy to send
+    return result
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _scan_parallel(
+    tasks: list[tuple[Path, str]],
+    settings: Settings,
+    check_syntax: bool,
+    cache: "ScanCache | None",
+    jobs: int,
+) -> list[FileResult]:
+    results: dict[int, FileResult] = {}
+    # Largest first: the slow files start early and the quick ones fill in around them.
+    pending = sorted(range(len(tasks)), key=lambda i: (-_file_size(tasks[i][0]), i))
+    # A worker that dies (a crash in native code, the OOM killer) breaks the whole pool and every
+    # file in flight with it. Try those once more in a fresh pool, then one process per file, so
+    # that a file which kills its process costs only its own result.
+    pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
+    if pending:
+        pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
+    for index in pending:
+        if _run_pool(tasks, [index], results, settings, check_syntax, cache, 1):
+            display = tasks[index][1]
+            results[index] = FileResult(
+                display,
+                errors=[f"{display}: internal error: the worker process scanning this file died "
+                        "(a crash or the system running out of memory)"],
+            )
+    return [results[index] for index in range(len(tasks))]
+
+
+def _run_pool(
+    tasks: list[tuple[Path, str]],
+    indices: list[int],
+    results: dict[int, FileResult],
+    settings: Settings,
+    check_syntax: bool,
+    cache: "ScanCache | None",
+    jobs: int,
+) -> list[int]:
+    """Scan ``tasks[i]`` for i in ``indices`` in a pool of worker processes, into ``results``; returns
+    the indices left without a result because a worker died."""
+    executor = ProcessPoolExecutor(
+        max_workers=max(1, min(jobs, len(indices))),
+        mp_context=_mp_context(),
+        initializer=_init_worker,
+        initargs=(settings, check_syntax, cache),
+    )
+    try:
+        futures = {}
+        for index in indices:
+            try:
+                futures[executor.submit(_scan_in_worker, *tasks[index])] = index
+            except BrokenProcessPool:
+                break
+        for future in as_completed(futures):
+            index = futures[future]
+            try:
+                results[index] = future.result()
+            except BrokenProcessPool:
+                continue
+            except Exception as exc:  # noqa: BLE001 - e.g. a result that could not be sent back
+                display = tasks[index][1]
+                results[index] = FileResult(
+                    display, errors=[f"{display}: internal error in a scan worker: {exc!r}"]
+                )
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    return [index for index in indices if index not in results]

@@ -20,9 +20,10 @@ from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange
 
 from tcaudit.source.parsing import SourceFile
+from tcaudit.source.walk import code_positions, walk
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {
@@ -195,7 +196,39 @@ class TrainingStep:
         return self.backward.ctx
 
 
+# Top-level definitions ``tcaudit fix`` inserts (``tcaudit_dali_loader`` and its classes): tcaudit's own
+# code, not the user's training code. Their bodies are not collected, so no rule looks inside them.
+GENERATED_PREFIXES = ("tcaudit_", "Tcaudit")
+
+_NOT_LOOKED_UP = object()
+_OTHER, _COMPOUND, _SMALL = 0, 1, 2
+_STATEMENT_KINDS: dict[type, int] = {}
+
+
+def _statement_kind(cls: type) -> int:
+    kind = _STATEMENT_KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, cst.BaseCompoundStatement):
+            kind = _COMPOUND
+        elif issubclass(cls, cst.BaseSmallStatement):
+            kind = _SMALL
+        else:
+            kind = _OTHER
+        _STATEMENT_KINDS[cls] = kind
+    return kind
+
+
 class _Collector(cst.CSTVisitor):
+    # CSTVisitor looks its callbacks up by name (``visit_Call``) on every node; this class's
+    # callbacks are fixed, so each is looked up once per node class. A subclass gets its own tables.
+    # (Attribute callbacks such as ``visit_With_body`` are looked up once by ``walk``.)
+    _visit_hooks: dict[type, object] = {}
+    _leave_hooks: dict[type, object] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._visit_hooks, cls._leave_hooks = {}, {}
+
     def __init__(self, module: cst.Module) -> None:
         super().__init__()
         self.module_frame = Frame("module", module, None)
@@ -222,9 +255,11 @@ class _Collector(cst.CSTVisitor):
         assert self.ctx.parent is not None
         self.ctx = self.ctx.parent
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        generated = self.ctx is self.module_frame and node.name.value.startswith(GENERATED_PREFIXES)
         self.functions.append((node, self.ctx))
         self._push("def", node)
+        return not generated
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._pop()
@@ -235,9 +270,11 @@ class _Collector(cst.CSTVisitor):
     def leave_Lambda(self, original_node: cst.Lambda) -> None:
         self._pop()
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        generated = self.ctx is self.module_frame and node.name.value.startswith(GENERATED_PREFIXES)
         self.classes.append((node, self.ctx))
         self._push("class", node)
+        return not generated
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._pop()
@@ -330,19 +367,30 @@ class _Collector(cst.CSTVisitor):
         self.statements.pop()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BaseCompoundStatement):
+        cls = type(node)
+        kind = _statement_kind(cls)
+        if kind == _COMPOUND:
             self._enter_statement(node)
-        elif isinstance(node, cst.BaseSmallStatement) and self._in_current_block(node):
+        elif kind == _SMALL and self._in_current_block(node):
             # A small statement of a one-line suite (``if x: a; b``) is its own statement.
             self._enter_statement(node)
-        return super().on_visit(node)
+        visit = self._visit_hooks.get(cls, _NOT_LOOKED_UP)
+        if visit is _NOT_LOOKED_UP:
+            visit = self._visit_hooks[cls] = getattr(type(self), f"visit_{cls.__name__}", None)
+        return visit is None or visit(self, node) is not False  # type: ignore[operator]
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        if isinstance(original_node, cst.BaseCompoundStatement):
+        cls = type(original_node)
+        leave = self._leave_hooks.get(cls, _NOT_LOOKED_UP)
+        if leave is _NOT_LOOKED_UP:
+            leave = self._leave_hooks[cls] = getattr(type(self), f"leave_{cls.__name__}", None)
+        if leave is not None:
+            leave(self, original_node)  # type: ignore[operator]
+        kind = _statement_kind(cls)
+        if kind == _COMPOUND:
             self.statements.pop()
         elif (
-            isinstance(original_node, cst.BaseSmallStatement)
+            kind == _SMALL
             and len(self.statements) > 1
             and self.statements[-1] is not None
             and self.statements[-1].node is original_node
@@ -442,7 +490,8 @@ class ScriptFacts:
         self.source = source
         self.module = source.module
         collector = _Collector(self.module)
-        self.module.visit(collector)
+        # The same callbacks as ``self.module.visit(collector)``, without LibCST rebuilding the tree.
+        walk(self.module, collector)
         self.module_frame = collector.module_frame
         self.imports = collector.imports
         self.star_imports = collector.star_imports
@@ -460,7 +509,6 @@ class ScriptFacts:
         self._bindings_by_target: dict[str, list[Binding]] = {}
         for binding in self.bindings:
             self._bindings_by_target.setdefault(binding.target, []).append(binding)
-        self._wrapper: MetadataWrapper | None = None
         self._positions = None
         self._with_kinds: dict[int, frozenset[str]] = {}
         self._function_is_eval: dict[int, bool] = {}
@@ -537,8 +585,7 @@ class ScriptFacts:
     # -- positions ----------------------------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> CodeRange:
         if self._positions is None:
-            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._positions = self._wrapper.resolve(PositionProvider)
+            self._positions = code_positions(self.module)
         return self._positions[node]
 
     def line_of(self, node: cst.CSTNode) -> int:

@@ -8,8 +8,10 @@ import tokenize
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import libcst as cst
+if TYPE_CHECKING:
+    import libcst as cst
 
 
 class SourceError(Exception):
@@ -56,6 +58,8 @@ class SourceFile:
     def module(self) -> cst.Module:
         """The LibCST module, parsed on first use. Raises SourceError for unparsable code."""
         if self._module is None:
+            import libcst as cst  # here, not at the top: a scan answered from the cache never parses
+
             try:
                 self._module = cst.parse_module(self.text)
             except cst.ParserSyntaxError as exc:

@@ -1,0 +1,280 @@
+"""Per-file scan results on disk, so that a re-scan only analyses the files that changed.
+
+An entry holds one file's script-rule findings before any filtering (per-file-ignores, suppression
+comments and baselines are applied on every run, from the current config and text). Its key hashes
+everything those findings depend on:
+
+* the file's bytes, its absolute path and the path the report shows;
+* the namespace: the cache format, tcaudit's version and the size and modification time of every
+  file of its code and rule catalog (an editable install changes without a version bump), the
+  Python version (``ast.parse`` decides TC000) and LibCST's, the enabled rule set, and every
+  setting a rule may read.
+
+The model audit (TC1) is never cached: it depends on the user's model code, installed packages and
+the cost table, not only on the scanned file, so it runs whenever it is enabled.
+
+Writes go to a temporary file in the entry's folder and are renamed over the entry
+(``os.replace``), so concurrent scans never see half an entry. Anything unreadable (a truncated or
+corrupted entry, another format, a foreign key) is a miss, never an error. Like ruff's, the folder
+holds a ``CACHEDIR.TAG`` and a ``.gitignore`` of ``*``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tcaudit import __version__
+from tcaudit.findings import Finding, Fix, FixClass, Location, Severity
+
+if TYPE_CHECKING:
+    from tcaudit.config import Settings
+
+CACHE_DIR_NAME = ".tcaudit_cache"
+FORMAT = 1
+CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by tcaudit.\n"
+    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+# Settings applied after the cached stage (filters), replaced by the enabled rule set, or only
+# locating files; every other field is part of the key, so a new setting is keyed by default.
+_SETTINGS_NOT_KEYED = frozenset(
+    {"select", "extend_select", "ignore", "per_file_ignores", "exclude", "force_exclude", "fail_on",
+     "config_path", "root", "cache_dir"}
+)
+
+
+class CacheError(Exception):
+    """The cache folder cannot be created or written; the scan goes on without a cache."""
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    findings: list[Finding]
+    parsed: bool
+
+
+def default_cache_dir(settings: "Settings") -> Path:
+    """``.tcaudit_cache`` beside the config file, or in the working folder when there is none."""
+    return settings.root / CACHE_DIR_NAME
+
+
+def _code_fingerprint() -> str:
+    """Size and modification time of every file of tcaudit's code and rule catalog."""
+    from tcaudit.catalog import rules_dir
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for folder, patterns in ((package, ("*.py", "*.json")), (rules_dir(), ("*.toml",))):
+        try:
+            files = sorted(p for pattern in patterns for p in folder.rglob(pattern) if "__pycache__" not in p.parts)
+        except OSError:
+            files = []
+        for path in files:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            digest.update(f"{path.relative_to(folder).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _libcst_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("libcst")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _settings_key(settings: "Settings") -> dict[str, str]:
+    return {f.name: repr(getattr(settings, f.name)) for f in fields(settings) if f.name not in _SETTINGS_NOT_KEYED}
+
+
+def namespace(settings: "Settings", enabled_rules: list[str]) -> str:
+    parts = {
+        "format": FORMAT,
+        "tcaudit": __version__,
+        "code": _code_fingerprint(),
+        "python": sys.version,
+        "libcst": _libcst_version(),
+        "rules": sorted(enabled_rules),
+        "settings": _settings_key(settings),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+# -- finding <-> JSON, exactly: tuples stay tuples, dict keys keep their types -----------------------
+class _NotCacheable(Exception):
+    pass
+
+
+def _encode(value: Any) -> Any:
+    # Exact types only: an enum that compares equal to an int or str would come back as one.
+    kind = type(value)
+    if value is None or kind is bool or kind is str or kind is int or kind is float:
+        return value
+    if kind is list:
+        return ["L", [_encode(v) for v in value]]
+    if kind is tuple:
+        return ["T", [_encode(v) for v in value]]
+    if kind is dict:
+        return ["D", [[_encode(k), _encode(v)] for k, v in value.items()]]
+    raise _NotCacheable(kind.__name__)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        tag, items = value
+        if tag == "L":
+            return [_decode(v) for v in items]
+        if tag == "T":
+            return tuple(_decode(v) for v in items)
+        if tag == "D":
+            return {_decode(k): _decode(v) for k, v in items}
+        raise ValueError(f"unknown tag {tag!r}")
+    return value
+
+
+def _finding_to_json(finding: Finding) -> dict[str, Any]:
+    loc = finding.location
+    fix = finding.fix
+    return {
+        "rule": finding.rule,
+        "name": finding.name,
+        "severity": int(finding.severity),
+        "location": [loc.path, loc.line, loc.column, loc.end_line, loc.end_column],
+        "message": finding.message,
+        "fix": None if fix is None else {
+            "class": fix.fix_class.value,
+            "description": fix.description,
+            "available": fix.available,
+            "reason": fix.reason,
+            "anchor": _encode(fix.anchor),
+            "option": fix.option,
+        },
+        "details": _encode(finding.details),
+        "source_line": finding.source_line,
+        "scope": finding.scope,
+    }
+
+
+def _finding_from_json(data: dict[str, Any]) -> Finding:
+    path, line, column, end_line, end_column = data["location"]
+    raw_fix = data["fix"]
+    fix = None
+    if raw_fix is not None:
+        fix = Fix(
+            fix_class=FixClass(raw_fix["class"]),
+            description=raw_fix["description"],
+            available=raw_fix["available"],
+            reason=raw_fix["reason"],
+            anchor=_decode(raw_fix["anchor"]),
+            option=raw_fix["option"],
+        )
+    return Finding(
+        rule=data["rule"],
+        name=data["name"],
+        severity=Severity(data["severity"]),
+        location=Location(path, line, column, end_line, end_column),
+        message=data["message"],
+        fix=fix,
+        details=_decode(data["details"]),
+        source_line=data["source_line"],
+        scope=data["scope"],
+    )
+
+
+class ScanCache:
+    """One cache folder, seen through one namespace (tcaudit's code, the rules and the settings)."""
+
+    def __init__(self, directory: Path, namespace: str) -> None:
+        self.directory = directory
+        self.namespace = namespace
+        self.entries = directory / f"scan-v{FORMAT}" / namespace[:24]
+
+    @classmethod
+    def open(cls, directory: Path, settings: "Settings", enabled_rules: list[str]) -> "ScanCache":
+        """Create the folder (with CACHEDIR.TAG and .gitignore) if needed; CacheError if it cannot."""
+        cache = cls(directory, namespace(settings, enabled_rules))
+        try:
+            cache.entries.mkdir(parents=True, exist_ok=True)
+            for name, text in (("CACHEDIR.TAG", CACHEDIR_TAG), (".gitignore", "# Created by tcaudit.\n*\n")):
+                marker = directory / name
+                if not marker.is_file():
+                    _write_atomic(marker, text.encode("utf-8"))
+            probe = tempfile.NamedTemporaryFile(dir=cache.entries, prefix=".probe-", delete=True)
+            probe.close()
+        except OSError as exc:
+            raise CacheError(f"cannot use cache folder {directory}: {exc.strerror or exc}") from None
+        return cache
+
+    def key(self, absolute_path: str, display_path: str, raw: bytes) -> str:
+        digest = hashlib.sha256()
+        digest.update(self.namespace.encode())
+        digest.update(b"\0" + absolute_path.encode("utf-8", "surrogateescape"))
+        digest.update(b"\0" + display_path.encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(raw)
+        return digest.hexdigest()
+
+    def _entry(self, key: str) -> Path:
+        return self.entries / f"{key}.json"
+
+    def load(self, key: str) -> CachedFile | None:
+        """The entry for ``key``, or None for a miss (absent, unreadable, corrupted or foreign)."""
+        try:
+            data = json.loads(self._entry(key).read_bytes())
+            if data["format"] != FORMAT or data["key"] != key:
+                return None
+            return CachedFile([_finding_from_json(f) for f in data["findings"]], bool(data["parsed"]))
+        except Exception:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
+            return None
+
+    def store(self, key: str, findings: list[Finding], parsed: bool) -> bool:
+        """Write an entry; False (and nothing written) when a finding would not come back exactly
+        or the folder cannot be written. Never raises."""
+        try:
+            encoded = [_finding_to_json(f) for f in findings]
+            payload = json.dumps({"format": FORMAT, "key": key, "parsed": parsed, "findings": encoded})
+            if [_finding_from_json(f) for f in json.loads(payload)["findings"]] != findings:
+                return False
+            _write_atomic(self._entry(key), payload.encode("utf-8"))
+        except (_NotCacheable, OSError, ValueError, TypeError):
+            return False
+        return True
+
+
+_UMASK: int | None = None
+
+
+def _umask() -> int:
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a cache is as readable as other files
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,108 @@
+"""Rule triggers, checked fast: the literal text a trigger regex cannot match without is looked for
+first (``str.__contains__`` is much faster than the regex), and the regex runs only when it is all
+there.
+
+A trigger such as ``(?s)\\A(?=.*?(?:backward))(?=.*?(?:\\bcuda\\b|torch\\.accelerator))`` needs
+``backward`` and one of ``cuda`` / ``torch.accelerator``; most files lack one, and Python's regex
+engine cannot skip ahead to a literal behind a lookahead or a ``\\b``. The literals come from
+Python's own parse of the pattern and are only ever *necessary* conditions, so the verdict is
+always the regex's own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Union
+
+try:  # Python 3.11+
+    from re import _constants as _sre
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+# A requirement: a literal the text must contain, or alternatives of which one must hold in full.
+Need = Union[str, "list[list[Need]]"]
+
+_REPEATS = tuple(getattr(_sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_sre, name))
+
+
+def _needs(items) -> list[Need]:
+    needs: list[Need] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if len(run) >= 2:
+            needs.append("".join(run))
+        run.clear()
+
+    for op, av in items:
+        if op is _sre.LITERAL:
+            run.append(chr(av))
+            continue
+        flush()
+        if op is _sre.SUBPATTERN:
+            _group, add_flags, _del_flags, sub = av
+            if not add_flags & _sre.SRE_FLAG_IGNORECASE:
+                needs.extend(_needs(sub))
+        elif op is _sre.ASSERT:  # a positive lookahead or lookbehind must match somewhere
+            _direction, sub = av
+            needs.extend(_needs(sub))
+        elif op in _REPEATS:
+            low, _high, sub = av
+            if low >= 1:
+                needs.extend(_needs(sub))
+        elif op is getattr(_sre, "ATOMIC_GROUP", None):
+            needs.extend(_needs(av))
+        elif op is _sre.BRANCH:
+            _, branches = av
+            alternatives = [_needs(branch) for branch in branches]
+            if all(alternatives):  # a branch that needs nothing makes the whole branch need nothing
+                needs.append(alternatives)
+        # Anything else (classes, anchors, ANY, negative lookarounds, backreferences) needs no literal.
+    flush()
+    return needs
+
+
+def required_literals(pattern: str) -> list[Need]:
+    """Literals every match of ``pattern`` contains (possibly as alternatives); [] when unknown."""
+    try:
+        parsed = _sre_parse.parse(pattern)
+        if parsed.state.flags & _sre.SRE_FLAG_IGNORECASE:
+            return []
+        return _needs(parsed)
+    except Exception:  # noqa: BLE001 - an internal API changed: fall back to the plain regex
+        return []
+
+
+def _holds(needs: list[Need], text: str) -> bool:
+    for need in needs:
+        if isinstance(need, str):
+            if need not in text:
+                return False
+        elif not any(_holds(alternative, text) for alternative in need):
+            return False
+    return True
+
+
+class Trigger:
+    __slots__ = ("pattern", "regex", "needs")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.regex = re.compile(pattern)
+        self.needs = required_literals(pattern)
+
+    def search(self, text: str) -> bool:
+        """``self.regex.search(text) is not None``, usually without running the regex."""
+        return _holds(self.needs, text) and self.regex.search(text) is not None
+
+
+_TRIGGERS: dict[str, Trigger] = {}
+
+
+def trigger(pattern: str) -> Trigger:
+    found = _TRIGGERS.get(pattern)
+    if found is None:
+        found = _TRIGGERS[pattern] = Trigger(pattern)
+    return found

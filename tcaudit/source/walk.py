@@ -1,0 +1,278 @@
+"""Walk a LibCST tree with a read-only visitor without rebuilding it.
+
+``node.visit(visitor)`` reconstructs every node it passes through, even for a :class:`CSTVisitor`
+that changes nothing (LibCST's own TODO: "provide traversal where children are not replaced"), and
+that reconstruction costs more than the visitor's own work. :func:`walk` makes the same calls in
+the same order (``on_visit``, then for each child attribute in source order ``on_visit_attribute``,
+the children, ``on_leave_attribute``, and finally ``on_leave``) by reading the child attributes
+directly.
+
+Which attributes a node class visits, and in what order, is learnt from LibCST itself: the first
+node of each class is visited one level deep with a recorder. A class whose
+``_visit_and_replace_children`` has a branch (its attributes could depend on the node's values,
+as for ``FormattedStringExpression.format_spec``) is handed to LibCST's own traversal instead, so
+the result never depends on which instance was seen first.
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+from typing import Callable, Mapping, Optional
+
+import libcst as cst
+from libcst._position import CodePosition
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+# None: LibCST walks this class itself. A tuple: the child attributes in visiting order.
+_CHILD_ATTRIBUTES: dict[type, Optional[tuple[str, ...]]] = {}
+
+
+class _AttributeRecorder(cst.CSTVisitor):
+    """Records the attributes LibCST visits on one node, without descending into its children."""
+
+    def __init__(self, node: cst.CSTNode) -> None:
+        super().__init__()
+        self.node = node
+        self.attributes: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        return None
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if node is self.node:
+            self.attributes.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        return None
+
+
+def _has_branches(function: object) -> bool:
+    code = getattr(function, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return True
+    if any(isinstance(const, types.CodeType) for const in code.co_consts):
+        return True  # a comprehension or lambda: it may visit a variable set of children
+    return any("JUMP" in ins.opname or ins.opname == "FOR_ITER" for ins in dis.get_instructions(code))
+
+
+def child_attributes(node: cst.CSTNode) -> Optional[tuple[str, ...]]:
+    """The attributes LibCST visits on nodes of this class, in order; None when it may vary."""
+    cls = type(node)
+    try:
+        return _CHILD_ATTRIBUTES[cls]
+    except KeyError:
+        pass
+    attributes: Optional[tuple[str, ...]]
+    if _has_branches(cls._visit_and_replace_children):
+        attributes = None
+    else:
+        recorder = _AttributeRecorder(node)
+        node._visit_and_replace_children(recorder)
+        attributes = tuple(recorder.attributes)
+    _CHILD_ATTRIBUTES[cls] = attributes
+    return attributes
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """``node.visit(visitor)`` for a visitor that only reads: the same callbacks in the same order."""
+    cls = type(visitor)
+    if (
+        cls.on_visit_attribute is cst.CSTVisitor.on_visit_attribute
+        and cls.on_leave_attribute is cst.CSTVisitor.on_leave_attribute
+    ):
+        plans = _PLANS.get(cls)
+        if plans is None:
+            plans = _PLANS[cls] = {}
+        _walk_planned(node, visitor, plans)
+    else:
+        _walk(node, visitor)
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    if visitor.on_visit(node):
+        attributes = child_attributes(node)
+        if attributes is None:
+            node._visit_and_replace_children(visitor)
+        else:
+            for name in attributes:
+                visitor.on_visit_attribute(node, name)
+                value = getattr(node, name)
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for child in value:
+                        _walk(child, visitor)
+                elif value is not None and kind is not cst.MaybeSentinel:
+                    _walk(value, visitor)
+                visitor.on_leave_attribute(node, name)
+    visitor.on_leave(node)
+
+
+# Per visitor class: per node class, (attribute, visit hook, leave hook) in visiting order, or None
+# when LibCST walks that class itself. Used when the visitor keeps CSTVisitor's attribute dispatch
+# (``visit_<Node>_<attribute>`` looked up by name), so the lookups can be done once.
+_Plan = Optional[tuple[tuple[str, Optional[Callable], Optional[Callable]], ...]]
+_PLANS: dict[type, dict[type, _Plan]] = {}
+
+
+def _plan(visitor_class: type, node: cst.CSTNode) -> _Plan:
+    attributes = child_attributes(node)
+    if attributes is None:
+        return None
+    name = type(node).__name__
+    return tuple(
+        (
+            attribute,
+            getattr(visitor_class, f"visit_{name}_{attribute}", None),
+            getattr(visitor_class, f"leave_{name}_{attribute}", None),
+        )
+        for attribute in attributes
+    )
+
+
+def _walk_planned(node: cst.CSTNode, visitor: cst.CSTVisitor, plans: dict[type, _Plan]) -> None:
+    if visitor.on_visit(node):
+        cls = type(node)
+        try:
+            plan = plans[cls]
+        except KeyError:
+            plan = plans[cls] = _plan(type(visitor), node)
+        if plan is None:
+            node._visit_and_replace_children(visitor)
+        else:
+            for name, before, after in plan:
+                if before is not None:
+                    before(visitor, node)
+                value = getattr(node, name)
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for child in value:
+                        _walk_planned(child, visitor, plans)
+                elif value is not None and kind is not cst.MaybeSentinel:
+                    _walk_planned(value, visitor, plans)
+                if after is not None:
+                    after(visitor, node)
+    visitor.on_leave(node)
+
+
+class _PositionState(PositionProvidingCodegenState):
+    """LibCST's position-recording code generation with cheaper bookkeeping: no regex split per
+    token, no generator-based context manager per node, and plain ``(line, column, end line, end
+    column)`` tuples keyed by ``id(node)`` until a position is asked for. The positions are the same
+    (a test compares them with PositionProvider's on the fixtures and on torchvision)."""
+
+    __slots__ = ()
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        if "\n" in value or "\r" in value:
+            self._update_position(value)
+        else:
+            self.column += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._stack.append((self.line, self.column))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._stack.pop()
+        computed = self.provider.computed
+        key = id(node)
+        if key not in computed:  # a syntactic position recorded inside the node wins
+            computed[key] = (start[0], start[1], self.line, self.column)
+
+    def record_syntactic_position(  # type: ignore[override]
+        self,
+        node: cst.CSTNode,
+        *,
+        start_node: Optional[cst.CSTNode] = None,
+        end_node: Optional[cst.CSTNode] = None,
+    ) -> "_SyntacticPosition":
+        return _SyntacticPosition(self, node, start_node, end_node)
+
+
+class _SyntacticPosition:
+    __slots__ = ("state", "node", "start_node", "end_node", "line", "column")
+
+    def __init__(self, state: _PositionState, node: cst.CSTNode, start_node: Optional[cst.CSTNode],
+                 end_node: Optional[cst.CSTNode]) -> None:
+        self.state = state
+        self.node = node
+        self.start_node = start_node
+        self.end_node = end_node
+        self.line = state.line
+        self.column = state.column
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> bool:
+        state = self.state
+        computed = state.provider.computed
+        if self.start_node is not None:
+            line, column = computed[id(self.start_node)][:2]
+        else:
+            line, column = self.line, self.column
+        if self.end_node is not None:
+            end_line, end_column = computed[id(self.end_node)][2:]
+        else:
+            end_line, end_column = state.line, state.column
+        computed[id(self.node)] = (line, column, end_line, end_column)
+        return False
+
+
+class _Positions(Mapping):
+    """CSTNode → CodeRange, built on first access from the recorded tuples (most nodes' positions
+    are never asked for). Keys are node identities: the module it holds keeps them alive."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.computed: dict[int, tuple[int, int, int, int]] = {}
+        self._ranges: dict[int, CodeRange] = {}
+
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        key = id(node)
+        found = self._ranges.get(key)
+        if found is None:
+            try:
+                line, column, end_line, end_column = self.computed[key]
+            except KeyError:
+                raise KeyError(node) from None
+            found = self._ranges[key] = CodeRange(CodePosition(line, column), CodePosition(end_line, end_column))
+        return found
+
+    def __len__(self) -> int:
+        return len(self.computed)
+
+    def __iter__(self):
+        nodes: list[cst.CSTNode] = []
+
+        class _Every(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                nodes.append(node)
+                return True
+
+        walk(self.module, _Every())
+        return iter([node for node in nodes if id(node) in self.computed])
+
+
+def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
+    """PositionProvider's positions for every node of ``module``.
+
+    ``MetadataWrapper(module).resolve(PositionProvider)`` gives the same mapping, but before the
+    provider's code-generation pass it also walks (and rebuilds) the whole tree once for the
+    batchable providers, of which there are none here; that walk costs as much as the pass itself.
+    """
+    positions = _Positions(module)
+    try:
+        state = _PositionState(
+            default_indent=module.default_indent, default_newline=module.default_newline,
+            provider=positions,  # type: ignore[arg-type] - it only needs somewhere to record
+        )
+        module._codegen(state)
+    except (AttributeError, TypeError):  # a LibCST without these internals: take the public road
+        return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return positions
