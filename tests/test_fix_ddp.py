@@ -209,3 +209,8 @@ def test_already_distributed_script_gets_only_what_is_missing(tmp_path):
     assert "TC505" not in result.applied and "TC501" not in result.applied
     assert result.fixed.count("init_process_group(") == target.read_text().count("init_process_group(")
     assert result.fixed.count("DistributedDataParallel(") == target.read_text().count("DistributedDataParallel(")
+
+
+def test_ddp_resnet50_fixture_is_the_resnet50_script():
+    """The pair must follow fixtures/resnet50/train.py, which verify and the GPU benchmarks convert."""
+    assert (FIX / "ddp_resnet50.in.py").read_bytes() == (FIXTURES / "resnet50" / "train.py").read_bytes()

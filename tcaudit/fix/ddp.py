@@ -33,21 +33,15 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.fix.codemod import DeclineFix, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.fix.edits import CallEditor, add_stdlib_import, add_torch_import
-from tcaudit.script.distributed import Wrap, distributed_facts, literal_value
+from tcaudit.fix.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
+from tcaudit.fix.edits import CallEditor, add_stdlib_import, add_torch_import, contains
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import import_block_end, is_main_guard, pipeline_facts
 
 DDP_NAME = "DistributedDataParallel"
 RANK_ZERO = "{dist}.get_rank() == 0"
 
-# A command-line or config switch between CPU and GPU (``--no-cuda``): on a GPU machine the model may
-# still be on the CPU, so the process group needs gloo for CPU tensors beside NCCL for CUDA ones.
-_DEVICE_SWITCH = re.compile(
-    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
-    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
-)
 # nn.Module's own API, which DistributedDataParallel answers itself; any other attribute of the
 # wrapped model (``model.fc``, ``model.config``) lives on ``model.module``.
 MODULE_API = frozenset(
@@ -170,23 +164,9 @@ class DdpConversion:
             body = function.body
             return list(body.body) if isinstance(body, cst.IndentedBlock) else []
         guard = self.pipeline.main_guard
-        if guard is not None and self._contains(guard, statement):
+        if guard is not None and contains(guard, statement):
             return list(guard.body.body) if isinstance(guard.body, cst.IndentedBlock) else []
         return list(self.module.body)
-
-    @staticmethod
-    def _contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
-        found = False
-
-        class _Find(cst.CSTVisitor):
-            def on_visit(self, n: cst.CSTNode) -> bool:
-                nonlocal found
-                if n is node:
-                    found = True
-                return not found
-
-        container.visit(_Find())
-        return found
 
     def _place_wrap(self, plan: _Plan) -> None:
         facts = self.facts
@@ -205,7 +185,7 @@ class DdpConversion:
             if inits:
                 first, function = inits[0], inits[0].ctx.function
         body = self._body_of(function, first.statement.node)
-        start = next((i for i, s in enumerate(body) if s is first.statement.node or self._contains(s, first.statement.node)), None)
+        start = next((i for i, s in enumerate(body) if s is first.statement.node or contains(s, first.statement.node)), None)
         if start is None:
             raise DeclineFix(f"could not find where `{plan.model}` is built")
         plan.wrap_function = function
@@ -219,7 +199,7 @@ class DdpConversion:
 
     def _steps_in(self, statement: cst.CSTNode) -> bool:
         facts = self.facts
-        return any(step.ctx.inside(statement) or self._contains(statement, step.backward.node) for step in facts.training_steps)
+        return any(contains(statement, step.backward.node) for step in facts.training_steps)
 
     # -- what runs on rank 0 and what reads the wrapped module --------------------------------------------
     def _before_init(self, ctx_function: cst.FunctionDef | None, node: cst.CSTNode, plan: _Plan) -> bool:
@@ -227,9 +207,9 @@ class DdpConversion:
         before the inserted init), and functions called from there."""
         if plan.guard is not None:
             if ctx_function is None:
-                return not self._contains(plan.guard, node)
+                return not contains(plan.guard, node)
             return any(
-                c.ctx.function is None and not self._contains(plan.guard, c.node)
+                c.ctx.function is None and not contains(plan.guard, c.node)
                 for c in self.pipeline.direct_callers(ctx_function)
             )
         if ctx_function is None:
@@ -358,7 +338,7 @@ class DdpConversion:
         if guard is not None and isinstance(guard.body, cst.IndentedBlock):
             bindings = facts.bindings_of(plan.model)
             at_module_level = any(
-                b.ctx.function is None and b.ctx.class_def is None and not self._contains(guard, b.value) for b in bindings
+                b.ctx.function is None and b.ctx.class_def is None and not contains(guard, b.value) for b in bindings
             )
             if not at_module_level:
                 plan.guard = guard
@@ -486,8 +466,9 @@ class DdpConversion:
     def _init_statements(self, module: cst.Module) -> list[cst.BaseStatement]:
         torch, dist = self.torch, self.dist
         backend = '"nccl"'
-        if _DEVICE_SWITCH.search(self.info.text):
-            backend = '"cpu:gloo,cuda:nccl"'  # the model may stay on the CPU on a GPU machine (--no-cuda)
+        if DEVICE_SWITCH.search(self.info.text):
+            # A --no-cuda switch: on a GPU machine the model may stay on the CPU, so gloo serves CPU tensors.
+            backend = '"cpu:gloo,cuda:nccl"'
         cuda = f"{torch}.cuda.is_available()"
         code = (
             "pass\n"

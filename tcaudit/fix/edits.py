@@ -22,6 +22,20 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
 
 
+def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` (by identity) is ``container`` or lies inside it."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= n is node
+            return not found
+
+    container.visit(_Find())
+    return found
+
+
 def call_at(facts: ScriptFacts, finding: Finding) -> CallSite | None:
     """The call whose extent is the finding's (nested calls can share a start: ``torch.zeros(3).cuda()``)."""
     loc = finding.location

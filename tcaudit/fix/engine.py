@@ -15,7 +15,7 @@ from pathlib import Path
 import libcst as cst
 
 from tcaudit.config import Settings
-from tcaudit.engine import instantiate_rules, scan_file
+from tcaudit.engine import instantiate_rules
 from tcaudit.findings import Finding, FixClass
 from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, discover_codemods
 from tcaudit.fix.textio import SourceText, read_text, write_atomically

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding
 from tcaudit.fix.codemod import (

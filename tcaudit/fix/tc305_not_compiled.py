@@ -49,6 +49,7 @@ from tcaudit.fix.codemod import (
     parse_statement,
     torch_import_name,
 )
+from tcaudit.fix.edits import contains
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
@@ -405,7 +406,7 @@ def _device_condition(
     """``device.type == "cuda"`` when the model is moved with ``.to(device)`` and ``device`` is a
     ``torch.device`` (or a plain "cuda"/"cpu" string); ``torch.cuda.is_available()`` otherwise."""
     statements = [b.statement.node for b in builds]
-    first = min(i for i, item in enumerate(block) if any(_contains(item, s) for s in statements))
+    first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
     last = next(i for i, item in enumerate(block) if item is anchor)
     moves: list[cst.BaseExpression] = []
     for statement in [*statements, *block[first:last + 1]]:
@@ -462,14 +463,3 @@ def _condition_for(facts: ScriptFacts, device: cst.BaseExpression, torch_name: s
     return None
 
 
-def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
-    found = False
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= n is target
-            return not found
-
-    node.visit(_V())
-    return found

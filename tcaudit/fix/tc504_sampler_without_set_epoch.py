@@ -24,6 +24,7 @@ from tcaudit.findings import Finding
 from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, StatementEditor, parse_statement
 from tcaudit.script.distributed import callee_type, distributed_facts, is_dataloader, is_distributed_sampler
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
+from tcaudit.script.pipeline import _returns
 
 
 class SamplerSetEpochFix(Codemod):
@@ -319,21 +320,6 @@ def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Bindin
             if callee.removeprefix("self.") == fn.name.value:
                 out.setdefault(binding.target, []).append(binding)
     return out
-
-
-def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
-    found: list[cst.BaseExpression] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is fn
-
-        def visit_Return(self, node: cst.Return) -> None:
-            if node.value is not None:
-                found.append(node.value)
-
-    fn.visit(_V())
-    return found
 
 
 # -- the edit --------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ NCCL. Declined where NCCL could meet CPU tensors on a machine that has a GPU:
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import libcst as cst
@@ -27,14 +26,9 @@ from tcaudit.fix.codemod import (
     parse_statement,
     torch_import_name,
 )
-from tcaudit.script.distributed import distributed_facts, literal_value
+from tcaudit.script.distributed import DEVICE_SWITCH, distributed_facts, literal_value
 from tcaudit.script.facts import ScriptFacts
 
-# A command-line or config switch that decides between CPU and GPU.
-_DEVICE_SWITCH = re.compile(
-    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
-    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
-)
 
 _COLLECTIVES = frozenset(
     {
@@ -127,7 +121,7 @@ class GlooOnCudaFix(Codemod):
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         facts = context.facts
         info = distributed_facts(facts)
-        switch = _DEVICE_SWITCH.search(info.text)
+        switch = DEVICE_SWITCH.search(info.text)
         if switch:
             raise DeclineFix(
                 f"the device is chosen by a switch (`{switch.group(0).strip()}`): a CPU run on a machine "

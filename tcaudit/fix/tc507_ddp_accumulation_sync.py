@@ -28,7 +28,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding
 from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, StatementEditor, parse_expression
-from tcaudit.fix.edits import add_stdlib_import
+from tcaudit.fix.edits import add_stdlib_import, contains
 from tcaudit.fix.tc504_sampler_without_set_epoch import direct_callers, param_names, parameter_receiving
 from tcaudit.script.distributed import distributed_facts, innermost_loop, loops_of, names_in
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
@@ -96,7 +96,7 @@ def _plan(facts: ScriptFacts, backward_line: int) -> tuple[list[cst.CSTNode], st
     model, start = _forward(facts, block, index, site.ctx)
     statements = list(block[start:index + 1])
     for call in facts.optimizer_steps:
-        if any(_contains(s, call.node) for s in statements):
+        if any(contains(s, call.node) for s in statements):
             raise DeclineFix("an optimizer step sits between the forward and the backward")
     skip_sync, sync = _condition(facts, loop, site, statements)
     return statements, model, skip_sync, sync
@@ -119,20 +119,6 @@ def _site(facts: ScriptFacts, step: TrainingStep) -> tuple[CallSite, Frame]:
 
 def _in_indented_block(node: cst.CSTNode, block: tuple) -> bool:
     return any(item is node for item in block) and isinstance(node, cst.BaseStatement)
-
-
-def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
-    found = False
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            if n is target:
-                found = True
-            return not found
-
-    node.visit(_V())
-    return found
 
 
 # -- the forward -----------------------------------------------------------------------------------------
@@ -161,7 +147,7 @@ def _calls_in(facts: ScriptFacts, statement: cst.CSTNode) -> list[CallSite]:
     pos = facts.position(statement)
     return [
         c for c in facts.calls
-        if pos.start.line <= facts.line_of(c.node) <= pos.end.line and _contains(statement, c.node)
+        if pos.start.line <= facts.line_of(c.node) <= pos.end.line and contains(statement, c.node)
     ]
 
 

@@ -42,6 +42,12 @@ _MULTI_PROCESS_TEXT = re.compile(
     r"|\bcolossalai\b|\bmpi4py\b"
 )
 
+# A command-line or config switch that decides between CPU and GPU.
+DEVICE_SWITCH = re.compile(
+    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
+    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
+)
+
 
 def _strip_comments(text: str) -> str:
     return re.sub(r"#[^\n]*", "", text)
