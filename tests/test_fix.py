@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import re
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
+from helpers import run_training
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
 
@@ -68,10 +68,7 @@ def test_patched_script_still_trains(path, tmp_path):
     patched.write_bytes(_out(path).read_bytes())
     command = _run_line(path).replace("{path}", str(patched)).split()
     assert command[0] == "python"
-    proc = subprocess.run(
-        [sys.executable, *command[1:]], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
+    proc = run_training([sys.executable, *command[1:]], tmp_path, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"loss\s+(-?[\d.]+(?:e-?\d+)?|nan|inf)", proc.stdout)]
     assert all(l == l and abs(l) != float("inf") for l in losses)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, run_cli
+from helpers import run_training
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
 
@@ -39,9 +40,9 @@ def _torchrun(script: Path, args: list[str], cwd: Path, nproc: int = 2) -> subpr
     if not TORCHRUN.exists():
         pytest.skip(f"torchrun is not installed beside {sys.executable}")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
+    return run_training(
         [str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}", str(script), *args],
-        capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
+        cwd, env, outputs=("seen-*.txt", "checkpoint-*.pt"),
     )
 
 

@@ -10,12 +10,12 @@ fixtures/fix/{tc503,tc504,tc507,compile}_*.in.py / .out.py.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_training
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
 
@@ -481,10 +481,7 @@ def test_ddp_and_compile_conversions_compose_and_the_result_runs(tmp_path):
     assert "with (model.no_sync() if (i + 1) % args.accum != 0 else contextlib.nullcontext()):" in fixed
     path.write_text(fixed, encoding="utf-8")
     assert not fix_file(path, settings).changed
-    proc = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
+    proc = run_training([sys.executable, str(path)], tmp_path, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "epoch 1 loss" in proc.stdout
     import torch
