@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tcaudit import __version__
-from tcaudit.findings import Finding, Fix, FixClass, Location, Severity
+from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -158,7 +158,7 @@ def _finding_to_json(finding: Finding) -> dict[str, Any]:
             "description": fix.description,
             "available": fix.available,
             "reason": fix.reason,
-            "anchor": _encode(fix.anchor),
+            "edit": None if fix.plan is None else _encode(fix.plan.to_dict()),
             "option": fix.option,
         },
         "details": _encode(finding.details),
@@ -177,7 +177,7 @@ def _finding_from_json(data: dict[str, Any]) -> Finding:
             description=raw_fix["description"],
             available=raw_fix["available"],
             reason=raw_fix["reason"],
-            anchor=_decode(raw_fix["anchor"]),
+            plan=None if raw_fix["edit"] is None else RenderedPlan(_decode(raw_fix["edit"])),
             option=raw_fix["option"],
         )
     return Finding(

@@ -32,7 +32,8 @@ from tcaudit.source.triggers import trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from tcaudit.cache import ScanCache
-    from tcaudit.script.rule import ScriptRule
+    from tcaudit.rules.base import ScriptRule
+    from tcaudit.script.facts import ScriptFacts
 
 # Below this many files to analyse, a scan runs in-process: starting workers would cost more than
 # spreading the files saves.
@@ -84,7 +85,7 @@ def _parse_codes(group: str | None) -> tuple[str, ...] | None:
     return codes or None
 
 
-def _suppressed(finding: Finding, source: SourceFile | None, file_codes: list[tuple[str, ...] | None]) -> bool:
+def is_suppressed(finding: Finding, source: SourceFile | None, file_codes: list[tuple[str, ...] | None]) -> bool:
     for codes in file_codes:
         if codes is None or any(matches_selector(finding.rule, c) for c in codes):
             return True
@@ -117,7 +118,7 @@ def tc000(path: str, error: SourceError) -> Finding:
 
 
 def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
-    from tcaudit.script.rule import discover_script_rules
+    from tcaudit.rules.base import discover_script_rules
 
     enabled = set(settings.enabled_rules())
     return [cls() for rule_id, cls in sorted(discover_script_rules().items()) if rule_id in enabled]
@@ -126,7 +127,7 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
 def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
     """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
     each distinct trigger checked once per file, literal text first (tcaudit/source/triggers.py)."""
-    from tcaudit.script.rule import ScriptRule
+    from tcaudit.rules.base import ScriptRule
 
     verdicts: dict[str, bool] = {}
     out = []
@@ -178,29 +179,44 @@ def scan_file(
                 result.findings.append(tc000(display, error))
         return result
     try:
-        source.module  # parse once; a syntax error is TC000
-    except SourceError as exc:
+        facts, findings, errors = analyse_source(source, candidates, settings)
+    except SourceError as exc:  # a syntax error is TC000
         result.findings.append(tc000(display, exc))
         return result
     result.parsed = True
-    from tcaudit.script.facts import ScriptFacts
-    from tcaudit.script.rule import RuleContext
-
-    try:
-        facts = ScriptFacts(source)
-    except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
-        result.errors.append(f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}")
-        return result
-    context = RuleContext(settings)
-    for rule in candidates:
-        try:
-            result.findings.extend(rule.check(facts, context))
-        except Exception as exc:  # noqa: BLE001
-            result.errors.append(f"{display}: internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}")
+    result.findings.extend(findings)
+    result.errors.extend(errors)
     return result
 
 
-def _display_path(path: Path) -> str:
+def analyse_source(
+    source: SourceFile, rules: list["ScriptRule"], settings: Settings
+) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
+    """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
+    ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
+    rule costs only that part: the other rules still report."""
+    source.module
+    from tcaudit.rules.base import RuleContext
+    from tcaudit.script.facts import ScriptFacts
+
+    display = source.display_path
+    try:
+        facts = ScriptFacts(source)
+    except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
+        return None, [], [f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}"]
+    context = RuleContext(settings)
+    findings: list[Finding] = []
+    errors: list[str] = []
+    for rule in rules:
+        try:
+            findings.extend(rule.check(facts, context))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{display}: internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}")
+    return facts, findings, errors
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working folder where it lies under it, as reports show it."""
     try:
         return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
@@ -230,7 +246,7 @@ def scan(
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
     files = discovered.files
-    displays = [_display_path(path) for path in files]
+    displays = [display_path(path) for path in files]
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
 
@@ -295,7 +311,7 @@ def scan(
         source = source_of(index) if index is not None else None
         if path not in file_codes_cache:
             file_codes_cache[path] = file_suppressions(source)
-        if _suppressed(finding, source, file_codes_cache[path]):
+        if is_suppressed(finding, source, file_codes_cache[path]):
             suppressed += 1
             continue
         kept.append(finding)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass, field
@@ -45,19 +46,73 @@ class Location:
     end_column: int
 
 
+class FixPlan:
+    """What a finding's fix will edit, decided when the finding is made.
+
+    Each rule with a fix subclasses it as a frozen dataclass holding the syntax nodes its detection
+    found (so the fix edits exactly those and never looks its target up again) and the code it
+    will write. :meth:`to_dict` renders the plan for JSON, SARIF and the cache: plain values as they
+    are, syntax nodes left out (they belong to one parse of the file). Two plans are equal when
+    they render equal, so a finding read back from the cache equals the one that was stored.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": getattr(self, "kind", type(self).__name__)}
+        for f in dataclasses.fields(self) if dataclasses.is_dataclass(self) else ():
+            if f.name == "kind":
+                continue
+            value = _plain(getattr(self, f.name))
+            if value is not _NOT_PLAIN:
+                data[f.name] = value
+        return data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FixPlan) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.to_dict().items())))
+
+
+_NOT_PLAIN = object()
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else items
+    if isinstance(value, dict):
+        items = {str(k): _plain(v) for k, v in value.items()}
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items.values()) else items
+    return _NOT_PLAIN
+
+
+class RenderedPlan(FixPlan):
+    """A plan read back from its rendering (the cache): it describes the edit, it cannot make it."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
 @dataclass(frozen=True)
 class Fix:
-    """Where and how a finding would be fixed.
+    """Whether and how a finding would be fixed.
 
-    ``available`` is False when the fix is declined; ``reason`` then says why. ``anchor`` records where
-    the edit goes (line ranges and the kind of edit) so that the rewriter and the reports agree.
+    ``available`` is False when the fix is declined; ``reason`` then says why, and ``tcaudit fix``
+    will not edit this finding. When available, ``plan`` is exactly what the fix will do.
     """
 
     fix_class: FixClass
     description: str
     available: bool = True
     reason: str | None = None
-    anchor: dict[str, Any] = field(default_factory=dict)
+    plan: FixPlan | None = None
     # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
     # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
     option: str | None = None
@@ -73,6 +128,10 @@ class Fix:
             return self.option is not None and self.option in options
         return self.fix_class in classes
 
+    def declined(self, reason: str) -> "Fix":
+        """The same fix, declined with ``reason``."""
+        return dataclasses.replace(self, available=False, reason=reason, plan=None)
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "class": str(self.fix_class),
@@ -83,8 +142,8 @@ class Fix:
             data["reason"] = self.reason
         if self.option:
             data["option"] = self.option
-        if self.anchor:
-            data["anchor"] = dict(self.anchor)
+        if self.plan is not None:
+            data["edit"] = self.plan.to_dict()
         return data
 
 

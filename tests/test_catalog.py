@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tcaudit.catalog import load_catalog, rules_dir
-from tcaudit.script.rule import discover_script_rules
+from tcaudit.rules.base import discover_script_rules
 
 from helpers import scan_code
 
@@ -99,7 +99,7 @@ FIXABLE = list(_fixable_examples())
 
 def test_every_fixable_rule_shows_its_fix():
     """A rule whose codemod exists carries at least one bad example with its exact fixed form."""
-    from tcaudit.fix.codemod import discover_codemods
+    from tcaudit.rules.base import discover_codemods
 
     with_fixed = {spec.id for spec, _ in (p.values for p in FIXABLE)}
     missing = sorted(set(discover_codemods()) - with_fixed)

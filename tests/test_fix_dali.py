@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
-from tcaudit.fix.tc405_cpu_image_decode import helper_block
+from tcaudit.rules.tc405_cpu_image_decode import helper_block
 from helpers import scan_paths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -368,7 +368,7 @@ def _folder_loader(root: Path, batch_size=16, **loader_args):
 
 
 def _runtime():
-    from tcaudit.fix import tc405_dali_runtime
+    from tcaudit.rewrite import dali_runtime as tc405_dali_runtime
 
     return tc405_dali_runtime
 

@@ -17,7 +17,7 @@ import pytest
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass, Severity
 from tcaudit.fix.engine import fix_file
-from tcaudit.script.tc401_dataloader_no_workers import WORKERS
+from tcaudit.rules.tc401_dataloader_no_workers import WORKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET50 = ROOT / "fixtures" / "resnet50" / "train.py"

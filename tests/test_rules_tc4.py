@@ -10,7 +10,7 @@ import pytest
 from helpers import scan_code, scan_paths
 from tcaudit.findings import FixClass, Severity
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.rule import RuleContext, discover_script_rules
+from tcaudit.rules.base import RuleContext, discover_script_rules
 from tcaudit.source.parsing import read_source
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"

@@ -78,7 +78,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from rich.console import Console
     from rich.syntax import Syntax
 
-    from tcaudit.engine import _display_path
+    from tcaudit.engine import display_path
     from tcaudit.fix.engine import fix_file, write_fix
     from tcaudit.source.discovery import discover
 
@@ -95,7 +95,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     fixed_findings = 0
     errors = 0
     for path in discovered.files:
-        display = _display_path(path)
+        display = display_path(path)
         result = fix_file(Path(path), settings, classes, display)
         if result.error:
             if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):

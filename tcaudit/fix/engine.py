@@ -15,11 +15,11 @@ from pathlib import Path
 import libcst as cst
 
 from tcaudit.config import Settings
-from tcaudit.engine import instantiate_rules
+from tcaudit.engine import analyse_source, candidate_rules, file_suppressions, instantiate_rules, is_suppressed
 from tcaudit.findings import Finding, FixClass
-from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, discover_codemods
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
-from tcaudit.script.facts import ScriptFacts
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rules.base import Codemod, discover_codemods
 from tcaudit.source.parsing import SourceError, SourceFile
 
 MAX_ROUNDS = 6
@@ -51,26 +51,22 @@ class FileFix:
         )
 
 
-def _source_file(path: Path, display: str, text: str, source: SourceText) -> SourceFile:
-    return SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
-
-
 def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings):
-    """(facts, findings) for one version of the file's text; facts is None when no rule can match."""
-    from tcaudit.engine import _suppressed, file_suppressions  # filtering is the engine's
-    from tcaudit.script.rule import RuleContext
-
-    candidates = [rule for rule in rules if rule.may_match(text)]
+    """(facts, findings) for one version of the file's text, suppressions applied; facts is None
+    when no rule can match. Raises SourceError when the text does not parse."""
+    candidates = candidate_rules(rules, text)
     if not candidates:
         return None, []
-    sf = _source_file(path, display, text, source)
-    sf.module  # raises SourceError
-    facts = ScriptFacts(sf)
-    findings = []
-    for rule in candidates:
-        findings.extend(rule.check(facts, RuleContext(settings)))
+    sf = SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
+    facts, findings, errors = analyse_source(sf, candidates, settings)
+    if errors:
+        raise FixAnalysisError(errors[0].splitlines()[0])
     codes = file_suppressions(sf)
-    return facts, [f for f in findings if not _suppressed(f, sf, codes)]
+    return facts, [f for f in findings if not is_suppressed(f, sf, codes)]
+
+
+class FixAnalysisError(Exception):
+    """The analysis of one version of the file failed inside tcaudit: nothing is written."""
 
 
 # The DDP conversion (TC505/TC501) leaves the sampler, set_epoch, no_sync and bucket-view edits to
@@ -134,6 +130,10 @@ def fix_file(
             result.error = f"not fixed: {exc.message}"
             result.fixed = source.text
             return result
+        except FixAnalysisError as exc:
+            result.error = f"not fixed: {exc}"
+            result.fixed = source.text
+            return result
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
@@ -149,7 +149,7 @@ def fix_file(
         for rule_id in sorted(by_rule, key=lambda rule: (codemods[rule].order, rule)):
             try:
                 facts, findings_now = analyse(text)
-            except SourceError:
+            except (SourceError, FixAnalysisError):
                 break
             # Findings of the current text, so their positions match this module.
             current = [f for f in findings_now if f.rule == rule_id and f.fix is not None and f.fix.available]
@@ -161,6 +161,10 @@ def fix_file(
             except DeclineFix as exc:
                 for finding in current:
                     declined[_decline_key(finding)] = (finding, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes
+                for finding in current:
+                    declined[_decline_key(finding)] = (finding, f"internal error in the {rule_id} fix: {exc!r}")
                 continue
             new_text = new_module.code
             if new_text == text:
@@ -182,7 +186,7 @@ def fix_file(
     result.fixed = text
     try:
         result.remaining = analyse(text)[1]
-    except SourceError:
+    except (SourceError, FixAnalysisError):
         result.remaining = []
     remaining_keys = {_decline_key(f) for f in result.remaining}
     result.declined = [v for k, v in declined.items() if k in remaining_keys]

@@ -1,0 +1,574 @@
+"""The DDP conversion shared by TC505 (a single-process CUDA script) and TC501 (DataParallel).
+
+``tcaudit fix --ddp`` makes a script torchrun-ready in one round:
+
+* the process group comes from the torchrun environment (``RANK``/``LOCAL_RANK``/``WORLD_SIZE``), NCCL on
+  CUDA and gloo without it; each process first selects its own GPU (``torch.cuda.set_device(LOCAL_RANK)``),
+  so every plain ``"cuda"``/``.cuda()`` in the script means that process's GPU; a plain ``python
+  train.py`` still runs, as a group of one (an in-process ``HashStore``, no port to pick);
+* the trained model is wrapped in ``DistributedDataParallel(model, gradient_as_bucket_view=True)`` right
+  before the first statement that trains it (after it is built, moved, loaded from a checkpoint and any
+  parameters frozen), or the ``DataParallel(...)`` call is replaced by it;
+* what only one process should do runs on rank 0: ``print``/``logging``/``logger``/TensorBoard/wandb
+  calls, and ``torch.save``, which saves ``model.module.state_dict()`` (TRAPS 22: the keys keep their
+  names, without the ``module.`` prefix);
+* ``destroy_process_group()`` at the end.
+
+The next fix round then adds what any DDP script needs and these rules already know how to add:
+the DistributedSampler (TC503), ``set_epoch`` (TC504) and ``no_sync`` during accumulation (TC507).
+
+It works across the file's functions and classes (the Trainer shape: ``self.model`` built in
+``__init__`` and trained in methods) because it never threads a new variable through the code: the
+rank is ``dist.get_rank()`` wherever it is needed. Declined, with the reason, where a rewrite could
+change what the script means: several trained models, a model built in a loop, a GPU picked by number
+(``torch.cuda.set_device(0)``, ``CUDA_VISIBLE_DEVICES``), DataParallel behind a condition other than a
+GPU count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
+from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import import_block_end, is_main_guard, pipeline_facts
+
+DDP_NAME = "DistributedDataParallel"
+RANK_ZERO = "{dist}.get_rank() == 0"
+
+# nn.Module's own API, which DistributedDataParallel answers itself; any other attribute of the
+# wrapped model (``model.fc``, ``model.config``) lives on ``model.module``.
+MODULE_API = frozenset(
+    {
+        "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules",
+        "named_modules", "train", "eval", "training", "zero_grad", "to", "cuda", "cpu", "half", "float",
+        "double", "bfloat16", "type", "requires_grad_", "apply", "forward", "register_forward_hook",
+        "register_forward_pre_hook", "register_full_backward_hook", "register_buffer", "register_parameter",
+        "add_module", "get_submodule", "get_parameter", "state_dict", "load_state_dict", "no_sync", "module",
+        "join", "compile", "to_empty",
+    }
+)
+# Calls that only one process should make.
+_LOG_METHODS = frozenset({"info", "debug", "warning", "warn", "log", "print"})
+_WRITER_METHODS = re.compile(r"^(add_\w+|flush)$")
+
+
+def _rank_zero_call(facts: ScriptFacts, call: cst.Call) -> bool:
+    func = call.func
+    dotted = get_full_name_for_node(func) or ""
+    qual = facts.resolve(dotted) or ""
+    if dotted == "print" or qual in ("torch.save", "wandb.log") or qual.startswith("logging."):
+        return qual != "logging.getLogger" and not qual.startswith("logging.basicConfig")
+    if isinstance(func, cst.Attribute):
+        receiver = (get_full_name_for_node(func.value) or "").split(".")[-1].lower()
+        method = func.attr.value
+        if receiver in ("logger", "log", "logging", "_logger", "console") and method in _LOG_METHODS:
+            return True
+        if "writer" in receiver and _WRITER_METHODS.match(method):
+            return True
+        if receiver in ("tqdm", "pbar") and method == "write":
+            return True
+    return False
+
+
+def _single_call(statement: cst.CSTNode) -> cst.Call | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            return small.value
+    return None
+
+
+@dataclass
+class _Plan:
+    model: str  # ``model`` or ``self.model``
+    wrap_before: cst.CSTNode | None = None
+    wrap_after: cst.CSTNode | None = None
+    wrap_function: cst.FunctionDef | None = None
+    wrap_line: int = 0
+    guard: cst.If | None = None  # init at the top of the main guard, destroy at its end
+    rank_zero_statements: set[int] = field(default_factory=set)
+    rank_zero_ifs: set[int] = field(default_factory=set)
+    module_calls: set[int] = field(default_factory=set)  # ``model.state_dict()`` → ``model.module.state_dict()``
+    module_attributes: set[int] = field(default_factory=set)  # ``model.fc`` → ``model.module.fc``
+    device_strings: set[int] = field(default_factory=set)  # "cuda:0" → "cuda"
+    device_calls: set[int] = field(default_factory=set)  # .cuda(0) → .cuda()
+
+
+class DdpConversion:
+    def __init__(self, module: cst.Module, facts: ScriptFacts) -> None:
+        self.module = module
+        self.facts = facts
+        self.info = distributed_facts(facts)
+        self.pipeline = pipeline_facts(facts)
+        self.dist = "dist"
+        self.backend = "ddp_backend"
+        self.ddp = DDP_NAME
+        self.torch = torch_import_name(facts) or "torch"
+
+    # -- checks ---------------------------------------------------------------------------------------
+    def _declines(self) -> None:
+        facts = self.facts
+        if self.info.init_process_group_calls:
+            raise DeclineFix("the script already initialises a process group")
+        for call in facts.calls:
+            qual = call.qualname or ""
+            if qual == "torch.cuda.set_device":
+                raise DeclineFix(
+                    "the script picks its GPU with torch.cuda.set_device(...); under torchrun each process uses "
+                    "the GPU of its LOCAL_RANK, so that call must go first"
+                )
+        if re.search(r"CUDA_VISIBLE_DEVICES", self.info.text):
+            raise DeclineFix("the script sets CUDA_VISIBLE_DEVICES; under torchrun each process must see every GPU")
+        taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports} | {
+            fn.name.value for fn, _ in facts.functions
+        }
+        for site in facts.imports:
+            if site.local == "dist" and site.qualname != "torch.distributed":
+                taken.add("dist")
+        if "dist" in taken:
+            self.dist = "torch_dist" if "torch_dist" not in taken else None  # type: ignore[assignment]
+            if self.dist is None:
+                raise DeclineFix("the names `dist` and `torch_dist` are both taken in this file")
+        if self.backend in taken:
+            raise DeclineFix(f"the name `{self.backend}` is taken in this file")
+        if DDP_NAME in taken and not any(s.local == DDP_NAME and s.qualname.endswith(DDP_NAME) for s in facts.imports):
+            raise DeclineFix(f"the name `{DDP_NAME}` means something else in this file")
+
+    def _model(self) -> str:
+        names = list(dict.fromkeys(site.name for site in self.pipeline.trained_models))
+        if not names:
+            names = list(self.pipeline.trained_model_names)
+        if not names:
+            raise DeclineFix("no trained model found to wrap in DistributedDataParallel")
+        if len(names) > 1:
+            raise DeclineFix(
+                f"several trained models ({', '.join(names)}): each needs its own DDP wrap and its own "
+                "checkpoint handling; convert by hand"
+            )
+        name = names[0]
+        if "." in name and not (name.startswith("self.") and name.count(".") == 1):
+            raise DeclineFix(f"the model lives in `{name}`; only a plain name or `self.<name>` is rewrapped")
+        return name
+
+    # -- placing the wrap -------------------------------------------------------------------------------
+    def _body_of(self, function: cst.FunctionDef | None, statement: cst.CSTNode) -> list[cst.CSTNode]:
+        """The statements of the function (or module, or main guard) that hold ``statement``."""
+        if function is not None:
+            body = function.body
+            return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+        guard = self.pipeline.main_guard
+        if guard is not None and contains(guard, statement):
+            return list(guard.body.body) if isinstance(guard.body, cst.IndentedBlock) else []
+        return list(self.module.body)
+
+    def _place_wrap(self, plan: _Plan) -> None:
+        facts = self.facts
+        bindings = [b for b in facts.bindings_of(plan.model) if b.statement is not None]
+        if not bindings:
+            raise DeclineFix(f"`{plan.model}` is never assigned in this file")
+        first = bindings[0]
+        for frame in first.ctx.chain():
+            if frame.kind in ("def", "class", "module"):
+                break
+            if frame.kind == "loop":
+                raise DeclineFix(f"`{plan.model}` is built inside a loop")
+        function = first.ctx.function
+        if plan.model.startswith("self.") and function is not None and function.name.value != "__init__":
+            inits = [b for b in bindings if b.ctx.function is not None and b.ctx.function.name.value == "__init__"]
+            if inits:
+                first, function = inits[0], inits[0].ctx.function
+        body = self._body_of(function, first.statement.node)
+        start = next((i for i, s in enumerate(body) if s is first.statement.node or contains(s, first.statement.node)), None)
+        if start is None:
+            raise DeclineFix(f"could not find where `{plan.model}` is built")
+        plan.wrap_function = function
+        for statement in body[start + 1:]:
+            if self.pipeline.body_trains(statement) or self._steps_in(statement):
+                plan.wrap_before = statement
+                plan.wrap_line = facts.line_of(statement)
+                return
+        plan.wrap_after = body[-1]
+        plan.wrap_line = facts.position(body[-1]).end.line + 1
+
+    def _steps_in(self, statement: cst.CSTNode) -> bool:
+        facts = self.facts
+        return any(contains(statement, step.backward.node) for step in facts.training_steps)
+
+    # -- what runs on rank 0 and what reads the wrapped module --------------------------------------------
+    def _before_init(self, ctx_function: cst.FunctionDef | None, node: cst.CSTNode, plan: _Plan) -> bool:
+        """Code that may run before the process group exists: module level outside the main guard (or
+        before the inserted init), and functions called from there."""
+        if plan.guard is not None:
+            if ctx_function is None:
+                return not contains(plan.guard, node)
+            return any(
+                c.ctx.function is None and not contains(plan.guard, c.node)
+                for c in self.pipeline.direct_callers(ctx_function)
+            )
+        if ctx_function is None:
+            anchor = import_block_end(self.facts)
+            return anchor is not None and self.facts.line_of(node) <= self.facts.position(anchor).end.line
+        return False
+
+    def _collect_rank_zero(self, plan: _Plan) -> None:
+        facts = self.facts
+        for call in facts.calls:
+            statement = call.statement
+            if statement is None or _single_call(statement.node) is not call.node:
+                continue
+            if not _rank_zero_call(facts, call.node):
+                continue
+            ctx = call.ctx
+            if any(frame.kind == "except" for frame in ctx.chain()):
+                continue  # an error message belongs to every process
+            cls = ctx.class_def
+            if cls is not None and {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} & {
+                "__getitem__", "__iter__", "__len__"
+            }:
+                continue  # a Dataset's methods run in loader workers
+            if self._before_init(ctx.function, call.node, plan):
+                continue
+            plan.rank_zero_statements.add(id(statement.node))
+        # ``if i % 10 == 0: print(...)``: when everything in an ``if`` (without ``else``) is rank-0 work,
+        # the rank joins its test instead of nesting a second ``if``.
+        for frame_node in self._ifs():
+            body = frame_node.body
+            statements = list(body.body) if isinstance(body, cst.IndentedBlock) else [frame_node.body]
+            if frame_node.orelse is not None or not statements:
+                continue
+            if isinstance(body, cst.SimpleStatementSuite):
+                calls = [s.value for s in body.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)]
+                if len(calls) != len(body.body) or not all(_rank_zero_call(facts, c) for c in calls):
+                    continue
+                if not any(c.node is calls[0] for c in facts.calls):
+                    continue
+                site = next(c for c in facts.calls if c.node is calls[0])
+                if self._before_init(site.ctx.function, calls[0], plan):
+                    continue
+                plan.rank_zero_ifs.add(id(frame_node))
+            elif all(id(s) in plan.rank_zero_statements for s in statements):
+                plan.rank_zero_ifs.add(id(frame_node))
+                for s in statements:
+                    plan.rank_zero_statements.discard(id(s))
+
+    def _ifs(self) -> list[cst.If]:
+        out: list[cst.If] = []
+
+        class _Ifs(cst.CSTVisitor):
+            def visit_If(self, node: cst.If) -> None:
+                if not is_main_guard(node):
+                    out.append(node)
+
+        self.module.visit(_Ifs())
+        return out
+
+    def _collect_module_reads(self, plan: _Plan) -> None:
+        """``model.state_dict()`` and custom attributes of the wrapped model → ``model.module...``: after the
+        wrap in its own function (a resume before the wrap loads into the bare model), anywhere else in the
+        file for ``state_dict()`` and, for ``self.model``, in the class's other methods."""
+        facts = self.facts
+        model = plan.model
+
+        class _Reads(cst.CSTVisitor):
+            def __init__(self) -> None:
+                self.functions: list[cst.FunctionDef] = []
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+                self.functions.append(node)
+
+            def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+                self.functions.pop()
+
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if get_full_name_for_node(node.value) != model:
+                    return
+                attr = node.attr.value
+                function = self.functions[-1] if self.functions else None
+                same_function = function is plan.wrap_function
+                if same_function and facts.line_of(node) < plan.wrap_line:
+                    return
+                if not same_function and plan.wrap_function is not None and not model.startswith("self.") and attr != "state_dict":
+                    return  # a helper's parameter that happens to share the name: only its checkpoint save
+                if attr == "state_dict" or (same_function or model.startswith("self.")) and attr == "load_state_dict":
+                    plan.module_calls.add(id(node))
+                elif attr not in MODULE_API:
+                    plan.module_attributes.add(id(node))
+
+        reads = _Reads()
+        self.module.visit(reads)
+        if re.search(rf"(?<![\w.]){re.escape(model)}\.module\b", self.info.text):
+            # The script already unwraps the model itself (a DataParallel script's ``model.module``,
+            # often behind ``isinstance``): leave its reads alone.
+            plan.module_calls.clear()
+            plan.module_attributes.clear()
+
+    def _collect_devices(self, plan: _Plan) -> None:
+        facts = self.facts
+
+        class _Devices(cst.CSTVisitor):
+            def visit_SimpleString(self, node: cst.SimpleString) -> None:
+                value = literal_value(node)
+                if isinstance(value, str) and re.fullmatch(r"cuda:\d+", value):
+                    if value != "cuda:0":
+                        raise DeclineFix(f'the script names GPU {value[5:]} ("{value}"); under torchrun each '
+                                         "process uses the GPU of its LOCAL_RANK")
+                    plan.device_strings.add(id(node))
+
+        self.module.visit(_Devices())
+        for call in facts.method_calls("cuda"):
+            args = call.node.args
+            if len(args) == 1 and args[0].keyword is None and isinstance(args[0].value, cst.Integer):
+                if literal_value(args[0].value) != 0:
+                    raise DeclineFix(f"the script names GPU {literal_value(args[0].value)} (`.cuda(N)`)")
+                plan.device_calls.add(id(call.node))
+
+    # -- the rewrite -------------------------------------------------------------------------------------
+    def convert(self, dataparallel: list[Wrap] | None = None) -> cst.Module:
+        self._declines()
+        facts = self.facts
+        plan = _Plan(self._model())
+        guard = self.pipeline.main_guard
+        if guard is not None and isinstance(guard.body, cst.IndentedBlock):
+            bindings = facts.bindings_of(plan.model)
+            at_module_level = any(
+                b.ctx.function is None and b.ctx.class_def is None and not contains(guard, b.value) for b in bindings
+            )
+            if not at_module_level:
+                plan.guard = guard
+        if dataparallel:
+            self._plan_dataparallel(plan, dataparallel)
+        else:
+            self._place_wrap(plan)
+        self._collect_rank_zero(plan)
+        self._collect_module_reads(plan)
+        self._collect_devices(plan)
+        return self._rewrite(plan, dataparallel or [])
+
+    def _plan_dataparallel(self, plan: _Plan, wraps: list[Wrap]) -> None:
+        facts = self.facts
+        if len(wraps) > 1:
+            raise DeclineFix("DataParallel is used more than once; convert by hand")
+        wrap = wraps[0]
+        if wrap.target != plan.model:
+            raise DeclineFix(f"DataParallel wraps `{wrap.target or 'an unnamed value'}`, not the trained model `{plan.model}`")
+        call = wrap.call
+        if not call.node.args or call.node.args[0].keyword is not None:
+            raise DeclineFix("the DataParallel call has no positional module argument")
+        plan.wrap_function = call.ctx.function
+        plan.wrap_line = facts.line_of(call.node)
+        for frame in call.ctx.chain():
+            if frame.kind in ("def", "class", "module"):
+                break
+            if frame.kind == "loop":
+                raise DeclineFix("DataParallel is applied inside a loop")
+            if frame.kind in ("if", "else"):
+                node = frame.node
+                test = facts.module.code_for_node(node.test) if isinstance(node, cst.If) else ""
+                if frame.kind == "else" or "device_count" not in test or node.orelse is not None:
+                    raise DeclineFix(
+                        "DataParallel is applied behind a condition; under torchrun every process must wrap "
+                        "its model in DDP, so the condition has to go by hand"
+                    )
+                body = node.body
+                if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
+                    raise DeclineFix("the `if ... device_count()` block around DataParallel holds more than the wrap")
+                plan.wrap_before = node  # the ``if`` is replaced by its one statement
+
+    def _ddp_call(self, module_expr: cst.BaseExpression) -> cst.Call:
+        call = parse_expression(f"{self.ddp}(MODEL, gradient_as_bucket_view=True)", self.module)
+        assert isinstance(call, cst.Call)
+        return call.with_changes(args=[call.args[0].with_changes(value=module_expr), *call.args[1:]])
+
+    def _rewrite(self, plan: _Plan, dataparallel: list[Wrap]) -> cst.Module:
+        module = self.module
+        facts = self.facts
+        dist = self.dist
+        rank_zero = RANK_ZERO.format(dist=dist)
+        editor = _DdpEditor(plan, rank_zero, parse_expression(rank_zero, module))
+
+        if dataparallel:
+            call = dataparallel[0].call.node
+            outer = self._chain_outer(call)
+            editor.rewrite_call(outer, lambda node, c=call, o=outer: self._replace_dataparallel(node, c, o))
+            editor.isinstance_names = self._dataparallel_names(dataparallel[0])
+            if plan.wrap_before is not None and isinstance(plan.wrap_before, cst.If):
+                editor.unwrap_if = id(plan.wrap_before)
+        else:
+            wrap = parse_statement(f"{plan.model} = {self.ddp}({plan.model}, gradient_as_bucket_view=True)", module)
+            if plan.wrap_before is not None:
+                editor.insert_before(plan.wrap_before, [wrap])
+            else:
+                editor.insert_after(plan.wrap_after, [wrap])
+
+        init = self._init_statements(module)
+        destroy = parse_statement(f"{dist}.destroy_process_group()", module)
+        if plan.guard is not None:
+            body = list(plan.guard.body.body)  # type: ignore[union-attr]
+            editor.insert_before(body[0], init)
+            self._insert_destroy(editor, body[-1], destroy)
+        else:
+            anchor = import_block_end(facts)
+            init[0] = init[0].with_changes(leading_lines=[cst.EmptyLine(), *init[0].leading_lines])
+            if anchor is None:
+                editor.prepend = init
+            else:
+                editor.insert_after(anchor, init)
+            self._insert_destroy(editor, module.body[-1], destroy)
+        new = module.visit(editor)
+
+        if torch_import_name(facts) is None:
+            new = add_torch_import(new, "import torch")
+        new = add_torch_import(new, f"import torch.distributed as {dist}")
+        new = add_torch_import(new, f"from torch.nn.parallel import {DDP_NAME}")
+        if not any(site.qualname == "os" and site.local == "os" and site.ctx is facts.module_frame for site in facts.imports):
+            new = add_stdlib_import(new, "os")
+        return new
+
+    def _insert_destroy(self, editor: "_DdpEditor", last: cst.CSTNode, destroy: cst.BaseStatement) -> None:
+        call = _single_call(last)
+        dotted = get_full_name_for_node(call.func) if call is not None else None
+        if dotted in ("sys.exit", "exit", "quit") and call is not None and len(call.args) == 1:
+            # ``sys.exit(main())``: run main, destroy the group, then exit with its status.
+            status = parse_statement("exit_status = 0", self.module)
+            value = call.args[0].value
+            status = status.with_changes(body=[status.body[0].with_changes(value=value)])
+            exit_call = parse_statement(f"{dotted}(exit_status)", self.module)
+            editor.replace_with(last, [status.with_changes(leading_lines=last.leading_lines), destroy, exit_call])
+            return
+        editor.insert_after(last, [destroy])
+
+    def _chain_outer(self, call: cst.Call) -> cst.Call:
+        """``DataParallel(net).cuda()``: the call whose result is bound, so the move can go inside."""
+        for site in self.facts.calls:
+            if site.method in ("cuda", "to") and site.receiver is call:
+                return site.node
+        return call
+
+    def _replace_dataparallel(self, node: cst.Call, original: cst.Call, outer: cst.Call) -> cst.BaseExpression:
+        if outer is original:
+            return self._ddp_call(node.args[0].value)
+        # ``DataParallel(net).cuda()`` → ``DistributedDataParallel(net.cuda(), ...)``: DDP wraps a moved model.
+        inner = node.func.value  # type: ignore[attr-defined]
+        moved = node.with_changes(func=node.func.with_changes(value=inner.args[0].value))  # type: ignore[attr-defined]
+        return self._ddp_call(moved)
+
+    def _dataparallel_names(self, wrap: Wrap) -> set[str]:
+        name = wrap.call.name
+        return {name} if name else set()
+
+    def _init_statements(self, module: cst.Module) -> list[cst.BaseStatement]:
+        torch, dist = self.torch, self.dist
+        backend = '"nccl"'
+        if DEVICE_SWITCH.search(self.info.text):
+            # A --no-cuda switch: on a GPU machine the model may stay on the CPU, so gloo serves CPU tensors.
+            backend = '"cpu:gloo,cuda:nccl"'
+        cuda = f"{torch}.cuda.is_available()"
+        code = (
+            "pass\n"
+            "# DDP (tcaudit fix --ddp): `torchrun --nproc_per_node=N` starts one process per GPU, each training\n"
+            "# on batches of the script's batch size; a plain `python` run is a group of one.\n"
+            f"if {cuda}:\n"
+            f"    {torch}.cuda.set_device(int(os.environ.get(\"LOCAL_RANK\", 0)))\n"
+            f"{self.backend} = {backend} if {cuda} else \"gloo\"\n"
+            f"if \"RANK\" in os.environ:\n"
+            f"    {dist}.init_process_group({self.backend})\n"
+            "else:\n"
+            f"    {dist}.init_process_group({self.backend}, store={dist}.HashStore(), rank=0, world_size=1)\n"
+        )
+        parsed = cst.parse_module(code, config=module.config_for_parsing)
+        return list(parsed.body[1:])  # after the ``pass`` that keeps the comment with the first statement
+
+
+class _DdpEditor(CallEditor):
+    def __init__(self, plan: _Plan, rank_zero_code: str, rank_zero: cst.BaseExpression) -> None:
+        super().__init__()
+        self.plan = plan
+        self.rank_zero = rank_zero
+        self.isinstance_names: set[str] = set()
+        self.unwrap_if: int | None = None
+        self.prepend: list[cst.BaseStatement] = []
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if id(original_node) in self.plan.module_calls or id(original_node) in self.plan.module_attributes:
+            return updated_node.with_changes(value=cst.Attribute(value=updated_node.value, attr=cst.Name("module")))
+        return updated_node
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.BaseExpression:
+        if id(original_node) in self.plan.device_strings:
+            quote = updated_node.quote
+            return updated_node.with_changes(value=f"{updated_node.prefix}{quote}cuda{quote}")
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self.plan.device_calls:
+            updated_node = updated_node.with_changes(args=[])
+        if self.isinstance_names and get_full_name_for_node(updated_node.func) == "isinstance" and len(updated_node.args) == 2:
+            second = updated_node.args[1]
+            if get_full_name_for_node(second.value) in self.isinstance_names:
+                updated_node = updated_node.with_changes(
+                    args=[updated_node.args[0], second.with_changes(value=cst.Name(DDP_NAME))]
+                )
+        return super().leave_Call(original_node, updated_node)
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
+        if id(original_node) in self.plan.rank_zero_ifs:
+            test = updated_node.test
+            if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not test.lpar:
+                test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            return updated_node.with_changes(
+                test=cst.BooleanOperation(left=test, operator=cst.And(), right=self.rank_zero)
+            )
+        if id(original_node) == self.unwrap_if:
+            inner = updated_node.body.body[0]  # type: ignore[union-attr]
+            return inner.with_changes(leading_lines=[*updated_node.leading_lines, *inner.leading_lines])
+        return updated_node
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        if id(original_node) in self.plan.rank_zero_statements:
+            return cst.If(
+                test=self.rank_zero,
+                body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+                leading_lines=updated_node.leading_lines,
+            )
+        return updated_node
+
+    def _merge(self, body: list) -> list:
+        """Consecutive rank-0 blocks made here become one ``if``."""
+        out: list = []
+        for statement in body:
+            previous = out[-1] if out else None
+            if (
+                isinstance(statement, cst.If)
+                and isinstance(previous, cst.If)
+                and statement.test is self.rank_zero
+                and previous.test is self.rank_zero
+                and not statement.leading_lines
+                and statement.orelse is None
+                and previous.orelse is None
+            ):
+                out[-1] = previous.with_changes(
+                    body=previous.body.with_changes(body=[*previous.body.body, *statement.body.body])
+                )
+                continue
+            out.append(statement)
+        return out
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        updated_node = super().leave_IndentedBlock(original_node, updated_node)
+        return updated_node.with_changes(body=self._merge(list(updated_node.body)))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        updated_node = super().leave_Module(original_node, updated_node)
+        body = self._merge(list(updated_node.body))
+        if self.prepend:
+            body = [*self.prepend, *body]
+        return updated_node.with_changes(body=body)

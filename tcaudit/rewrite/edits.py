@@ -1,0 +1,319 @@
+"""Small edits shared by the backend (TC3) and input-pipeline (TC4) codemods: find the call a finding
+points at, add or replace a keyword argument without disturbing the call's layout, and insert a
+global setting after the imports."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import libcst as cst
+
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import (
+    DeclineFix,
+    StatementEditor,
+    ensure_import,
+    parse_expression,
+    parse_statement,
+    torch_import_name,
+)
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import import_block_end, pipeline_facts
+
+
+def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` (by identity) is ``container`` or lies inside it."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= n is node
+            return not found
+
+    container.visit(_Find())
+    return found
+
+
+def call_at(facts: ScriptFacts, finding: Finding) -> CallSite | None:
+    """The call whose extent is the finding's (nested calls can share a start: ``torch.zeros(3).cuda()``)."""
+    loc = finding.location
+    wanted = (loc.line, loc.column, loc.end_line, loc.end_column)
+    for call in facts.calls:
+        pos = facts.position(call.node)
+        if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == wanted:
+            return call
+    return None
+
+
+def keyword(call: cst.Call, key: str) -> cst.Arg | None:
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == key), None)
+
+
+def add_keyword(call: cst.Call, key: str, value: cst.BaseExpression) -> cst.Call:
+    """``f(a, b)`` → ``f(a, b, key=value)``, keeping the call's layout: a one-line call stays on one
+    line; in a call with one argument per line the new one gets its own line, and a trailing comma
+    stays trailing."""
+    new_arg = cst.Arg(
+        value=value,
+        keyword=cst.Name(key),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new_arg])
+    last = args[-1]
+    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+        separator = args[-2].comma
+    elif isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        separator = cst.Comma(whitespace_after=call.whitespace_before_args)
+    else:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if isinstance(last.comma, cst.Comma):
+        # A trailing comma (often before a newline and the closing parenthesis) moves to the new argument.
+        new_arg = new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
+        args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    else:
+        new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
+        args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    return call.with_changes(args=[*args, new_arg])
+
+
+def replace_argument(call: cst.Call, index: int, value: cst.BaseExpression) -> cst.Call:
+    """Give the argument at ``index`` a new value, keeping its keyword, comma and spacing."""
+    return call.with_changes(args=[a.with_changes(value=value) if i == index else a for i, a in enumerate(call.args)])
+
+
+def with_torch_name(code: str, facts: ScriptFacts) -> str:
+    """Code written with ``torch.`` for a file that imports torch under another name (``import torch as T``)."""
+    local = torch_import_name(facts)
+    if local is None or local == "torch":
+        return code
+    return re.sub(r"\btorch\.", f"{local}.", code)
+
+
+class CallEditor(StatementEditor):
+    """A StatementEditor that also rewrites calls, found by identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[int, object] = {}
+
+    def rewrite_call(self, call: cst.Call, change) -> None:
+        """``change(updated_call) -> expression``; several changes to one call compose in order."""
+        previous = self.calls.get(id(call))
+        if previous is None:
+            self.calls[id(call)] = change
+        else:
+            self.calls[id(call)] = lambda node, first=previous, second=change: second(first(node))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        change = self.calls.get(id(original_node))
+        return change(updated_node) if change is not None else updated_node  # type: ignore[operator]
+
+
+# -- global settings after the imports ----------------------------------------------------------------
+
+_SETTING = re.compile(r"^\s*\w+\.(backends\.\S+\s*=|set_float32_matmul_precision\()")
+
+
+def insert_setting(module: cst.Module, facts: ScriptFacts, code: str) -> cst.Module:
+    """Insert a module-level setting (``torch.backends.cudnn.benchmark = True``) after the leading imports,
+    and after ``import torch`` when that comes later (imports in the middle of the file); beside the
+    settings already inserted there, so they stay one group. Adds ``import torch`` when the file does not
+    bind the name at module level."""
+    body = list(module.body)
+    index = _index_of(body, import_block_end(facts))
+    torch_local = torch_import_name(facts)
+    statements = []
+    if torch_local is None:
+        statements.append(parse_statement("import torch", module))
+    else:
+        code = with_torch_name(code, facts)
+        for site in facts.imports:
+            if site.qualname == "torch" and site.local == torch_local and site.ctx is facts.module_frame:
+                torch_index = _top_level_index(facts, body, site.node)
+                if torch_index > index:
+                    # ``import torch`` after other code (``os.environ[...] = ...`` first): after its import run.
+                    index = torch_index
+                    while index + 1 < len(body) and _is_import_line(body[index + 1]):
+                        index += 1
+                break
+    while index + 1 < len(body) and _SETTING.match(module.code_for_node(body[index + 1]).strip()):
+        index += 1
+    statements.append(parse_statement(code, module))
+    previous = body[index] if index >= 0 else None
+    if previous is not None and not _SETTING.match(module.code_for_node(previous).strip()):
+        # A blank line between the imports and the settings block (``import torch`` joins the imports).
+        statements[-1] = statements[-1].with_changes(leading_lines=[cst.EmptyLine()])
+    if previous is None:
+        return module.with_changes(body=[*statements, *body])
+    editor = StatementEditor()
+    editor.insert_after(previous, statements)
+    return module.visit(editor)
+
+
+def _is_import_line(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
+
+
+def _is_future_import(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and getattr(s.module, "value", None) == "__future__" for s in node.body
+    )
+
+
+def _index_of(body: list, node: cst.CSTNode | None) -> int:
+    """The index of ``node`` in the module body, or the last docstring/``__future__`` line before code."""
+    if node is not None:
+        return next(i for i, item in enumerate(body) if item is node)
+    index = -1
+    for i, item in enumerate(body):
+        if isinstance(item, cst.SimpleStatementLine) and len(item.body) == 1 and (
+            (isinstance(item.body[0], cst.Expr) and isinstance(item.body[0].value, cst.SimpleString) and i == 0)
+            or (isinstance(item.body[0], cst.ImportFrom) and getattr(item.body[0].module, "value", None) == "__future__")
+        ):
+            index = i
+            continue
+        break
+    return index
+
+
+def _top_level_index(facts: ScriptFacts, body: list, node: cst.CSTNode) -> int:
+    line = facts.line_of(node)
+    for i, item in enumerate(body):
+        pos = facts.position(item)
+        if pos.start.line <= line <= pos.end.line:
+            return i
+    return -1
+
+
+# -- DataLoader keywords ------------------------------------------------------------------------------
+
+
+def loader_keyword_fix(
+    module: cst.Module, facts: ScriptFacts, findings, rename: dict[str, str] | None = None
+) -> cst.Module:
+    """Apply ``add-kwarg`` / ``replace-arg`` anchors to the DataLoader calls the findings point at. The
+    value is the anchor's code (``rename`` maps module names to the file's aliases: ``os`` → ``_os``)."""
+    pipeline = pipeline_facts(facts)
+    editor = CallEditor()
+    for finding in findings:
+        anchor = finding.fix.anchor
+        call = call_at(facts, finding)
+        if call is None:
+            raise DeclineFix("the call moved; run fix again")
+        key, code = anchor["key"], anchor["value"]
+        for name, local in (rename or {}).items():
+            if local != name:
+                code = re.sub(rf"\b{re.escape(name)}\.", f"{local}.", code)
+        value = parse_expression(code, module)
+        if anchor["kind"] == "add-kwarg":
+            # Beside ``**kwargs`` only when the rule followed the dict and found no such key in it.
+            site = pipeline.loader_for(call.node)
+            if keyword(call.node, key) is not None or site is None or not site.complete or site.has(key):
+                raise DeclineFix(f"the call may already pass {key}=; a second one would be a TypeError")
+            editor.rewrite_call(call.node, lambda node, k=key, v=value: add_keyword(node, k, v))
+        elif anchor["kind"] == "replace-arg":
+            site = pipeline.loader_for(call.node)
+            written = [kv for kv in (site.keys.get(key, []) if site else []) if kv.source in ("keyword", "positional")]
+            if len(written) != 1 or not isinstance(written[0].node, cst.Arg):
+                raise DeclineFix(f"could not find the {key} argument to replace")
+            index = next(i for i, a in enumerate(call.node.args) if a is written[0].node)
+            editor.rewrite_call(call.node, lambda node, i=index, v=value: replace_argument(node, i, v))
+        else:
+            raise DeclineFix(f"no edit for a `{anchor['kind']}` anchor")
+    return module.visit(editor)
+
+
+# -- imports ---------------------------------------------------------------------------------------------
+
+
+def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
+    """``import os`` where isort would put it: in alphabetical order within the file's first group of
+    standard-library imports, or as a group of its own before the first import. The caller checks that
+    the file does not import it yet."""
+    body = list(module.body)
+    new = parse_statement(f"import {name}", module)
+
+    def stdlib_name(item: cst.CSTNode) -> str | None:
+        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+            return None
+        small = item.body[0]
+        if isinstance(small, cst.Import):
+            dotted = module.code_for_node(small.names[0].name)
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            dotted = module.code_for_node(small.module)
+        else:
+            return None
+        return dotted if dotted.split(".")[0] in sys.stdlib_module_names and dotted != "__future__" else None
+
+    imports = [i for i, item in enumerate(body) if _is_import_line(item) and not _is_future_import(item)]
+    if not imports:
+        return ensure_import(module, f"import {name}")
+    run = [i for i in imports if stdlib_name(body[i]) is not None]
+    if run:
+        start = run[0]
+        end = start
+        while end + 1 < len(body) and stdlib_name(body[end + 1]) is not None and not body[end + 1].leading_lines:
+            end += 1
+        position = next((i for i in range(start, end + 1) if stdlib_name(body[i]) > name), end + 1)
+        if position == start:
+            new = new.with_changes(leading_lines=body[start].leading_lines)
+            body[start] = body[start].with_changes(leading_lines=[])
+        body.insert(position, new)
+        return module.with_changes(body=body)
+    first = imports[0]
+    new = new.with_changes(leading_lines=body[first].leading_lines)
+    body[first] = body[first].with_changes(leading_lines=[cst.EmptyLine()])
+    body.insert(first, new)
+    return module.with_changes(body=body)
+
+
+def _import_name(module: cst.Module, small: cst.BaseSmallStatement) -> str | None:
+    if isinstance(small, cst.Import):
+        return module.code_for_node(small.names[0].name)
+    if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        return module.code_for_node(small.module)
+    return None
+
+
+def add_torch_import(module: cst.Module, statement: str) -> cst.Module:
+    """An import of a torch module where isort would put it among the file's torch imports (``import``
+    lines in order, ``from`` lines after them); after the last import when the file has none."""
+    new = parse_statement(statement, module)
+    code = module.code_for_node(new).strip()
+    small_new = new.body[0]  # type: ignore[attr-defined]
+    key = _import_name(module, small_new) or ""
+    is_from = isinstance(small_new, cst.ImportFrom)
+    body = list(module.body)
+    torch_lines: list[int] = []
+    same_kind: list[tuple[int, str]] = []
+    for index, item in enumerate(body):
+        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+            continue
+        small = item.body[0]
+        if not isinstance(small, (cst.Import, cst.ImportFrom)):
+            continue
+        if module.code_for_node(item).strip() == code:
+            return module
+        name = _import_name(module, small)
+        if name and name.split(".")[0] == "torch":
+            torch_lines.append(index)
+            if isinstance(small, cst.ImportFrom) == is_from:
+                same_kind.append((index, name))
+    if not torch_lines:
+        return ensure_import(module, statement)
+    if same_kind:
+        before = [index for index, name in same_kind if name <= key]
+        position = before[-1] + 1 if before else same_kind[0][0]
+    else:
+        position = torch_lines[-1] + 1 if is_from else torch_lines[0]
+    if position < len(body) and position in torch_lines and body[position].leading_lines and not (
+        position - 1 in torch_lines
+    ):
+        new = new.with_changes(leading_lines=body[position].leading_lines)
+        body[position] = body[position].with_changes(leading_lines=[])
+    body.insert(position, new)
+    return module.with_changes(body=body)

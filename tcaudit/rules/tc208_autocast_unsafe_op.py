@@ -1,0 +1,155 @@
+"""TC208 autocast-unsafe-op: ops that raise or misbehave under autocast."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.amp import BF16, amp_facts
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
+from tcaudit.rules.base import Codemod
+from tcaudit.script.amp import amp_facts
+
+BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
+BCE_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
+SPARSE_MM = frozenset({"torch.sparse.mm", "torch.sparse.addmm", "torch.sspaddmm", "torch.sparse.sampled_addmm"})
+
+
+class AutocastUnsafeOp(ScriptRule):
+    id = "TC208"
+    triggers = (r"binary_cross_entropy|BCELoss|sparse",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        amp = amp_facts(facts)
+        if not amp.autocast_sites and not facts.autocast_withs:
+            return
+        under = self._functions_called_under_autocast(facts)
+        for call in facts.calls:
+            if not (facts.in_autocast(call.ctx) or call.ctx.function in under):
+                continue
+            kind = self._unsafe_kind(facts, call)
+            if kind == "bce":
+                yield self.finding(
+                    facts,
+                    call.node,
+                    "binary cross-entropy on probabilities raises a RuntimeError under autocast (fp16 and "
+                    "bf16); use BCEWithLogitsLoss on the logits (drop the sigmoid), or compute this loss "
+                    "outside autocast on .float() inputs",
+                    fix=Fix(
+                        FixClass.NUMERICS,
+                        "compute the loss outside autocast in float32, or BCEWithLogits when the sigmoid "
+                        "is the model's last op",
+                        anchor={"kind": "bce-outside-autocast", "line": facts.line_of(call.node)},
+                    ),
+                )
+            elif kind == "sparse" and amp.autocast_dtypes != frozenset({BF16}):
+                yield self.finding(
+                    facts,
+                    call.node,
+                    "sparse matrix multiply under fp16 autocast: there is no fp16 sparse kernel; run it "
+                    "outside autocast on float32 inputs",
+                    fix=Fix(FixClass.NUMERICS, "move the sparse op out of autocast", available=False,
+                            reason="which inputs are sparse is not visible statically"),
+                )
+
+    @staticmethod
+    def _unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
+        qual = call.qualname or ""
+        if qual in BCE_FUNCTIONS:
+            return "bce"
+        if qual in SPARSE_MM:
+            return "sparse"
+        func = call.node.func
+        if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
+            return "bce"  # nn.BCELoss()(p, y)
+        if isinstance(func, (cst.Name, cst.Attribute)):
+            name = get_full_name_for_node(func)
+            if name and facts.bindings_of(name):
+                for value in facts.binding_values(func):
+                    if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:
+                        return "bce"
+        return None
+
+    @staticmethod
+    def _functions_called_under_autocast(facts: ScriptFacts) -> set:
+        out = set()
+        for call in facts.calls:
+            if facts.in_autocast(call.ctx):
+                name = (call.name or "").removeprefix("self.")
+                if name and "." not in name:
+                    out.update(facts.functions_by_name.get(name, []))
+        return out
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+def _float_args(call: cst.Call) -> cst.Call:
+    args = []
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None and not arg.star and index < 2:
+            arg = arg.with_changes(value=cst.Call(func=cst.Attribute(value=arg.value, attr=cst.Name("float"))))
+        args.append(arg)
+    return call.with_changes(args=args)
+
+
+class AutocastUnsafeOpFix(Codemod):
+    rule = "TC208"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        torch_name = torch_import_name(facts) or "torch"
+        lines = {f.location.line for f in findings}
+        sites = {id(s.call.node): s for s in amp_facts(facts).autocast_sites}
+        targets = []
+        for call in facts.calls:
+            if facts.line_of(call.node) not in lines or call.statement is None:
+                continue
+            frame = facts.autocast_frame(call.ctx)
+            if frame is None or frame.kind != "with":
+                raise DeclineFix("the loss is computed in a helper called under autocast; move it out by hand")
+            with_node = frame.node
+            site = next((sites[id(item.item)] for item in with_node.items if id(item.item) in sites), None)
+            if site is None:
+                raise DeclineFix("the autocast context is a variable; its device type is not known here")
+            device_expr = site.call.arg("device_type", 0)
+            if (site.call.qualname or "").startswith(("torch.cuda.", "torch.cpu.")) or device_expr is None:
+                device_code = f'"{site.device or "cuda"}"'
+            else:
+                device_code = facts.module.code_for_node(device_expr)
+            targets.append((call, device_code))
+        for call, _ in targets:
+            if not isinstance(call.statement.node, cst.SimpleStatementLine):
+                raise DeclineFix("the loss is part of a compound statement")
+        return module.visit(_Wrap(module, targets, torch_name))
+
+
+class _Wrap(cst.CSTTransformer):
+    """Cast the BCE inputs to float32 and put their statement under ``autocast(enabled=False)``."""
+
+    def __init__(self, module: cst.Module, targets, torch_name: str) -> None:
+        super().__init__()
+        self.module = module
+        self.calls = {id(call.node) for call, _ in targets}
+        self.wrap = {id(call.statement.node): device for call, device in targets}
+        self.torch_name = torch_name
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return _float_args(updated_node) if id(original_node) in self.calls else updated_node
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        device = self.wrap.get(id(original_node))
+        if device is None:
+            return updated_node
+        context_expr = parse_expression(f"{self.torch_name}.autocast(device_type={device}, enabled=False)", self.module)
+        return cst.With(
+            items=[cst.WithItem(context_expr)],
+            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+            leading_lines=updated_node.leading_lines,
+        )

@@ -1,0 +1,116 @@
+"""TC301 tf32-disabled: CUDA training in fp32 matmul precision without TF32."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, insertion_anchor, pipeline_facts, strip_comments
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import insert_setting
+
+# Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =
+# False``, ``"highest"``, ``"ieee"``) — either way there is nothing to report.
+TF32_SETTING = re.compile(
+    r"allow_tf32|fp32_precision|set_float32_matmul_precision|NVIDIA_TF32_OVERRIDE|TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
+)
+FLOAT64 = ("torch.float64", "torch.double")
+FIX_CODE = 'torch.set_float32_matmul_precision("high")'
+
+
+class Tf32Disabled(ScriptRule):
+    id = "TC301"
+    triggers = (all_of(r"backward", CUDA_TEXT),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training:
+            return
+        if TF32_SETTING.search(strip_comments(facts.source.text)):
+            return
+        # Under autocast the GEMMs run in fp16/bf16 already; TF32 would only touch the few fp32 ops
+        # left, so a script with AMP (even behind a flag) gets no finding.
+        if pipeline.trains_under_autocast or _trains_in_float64(facts, pipeline):
+            return
+        step = facts.training_steps[0]
+        models = pipeline.trained_models
+        convnet = bool(models) and all(pipeline.is_conv_construction(m.construction) for m in models)
+        if convnet:
+            message = (
+                "training runs in fp32 on CUDA without TF32 matmuls; this convnet gains little (cuDNN "
+                "already runs fp32 convolutions in TF32 by default), only its linear layers would: "
+                f"`{FIX_CODE}` after the imports"
+            )
+            severity = Severity.INFO
+        else:
+            message = (
+                "training runs its fp32 matmuls on CUDA at full FP32 precision: TF32 tensor cores "
+                f"(Ampere and newer) run them several times faster; add `{FIX_CODE}` after the imports, "
+                "or train under autocast"
+            )
+            severity = None
+        yield self.finding(
+            facts,
+            step.backward.node,
+            message,
+            severity=severity,
+            fix=Fix(
+                FixClass.NUMERICS,
+                "enable TF32 for fp32 matmuls after the imports",
+                anchor=insertion_anchor(facts, FIX_CODE),
+            ),
+        )
+
+
+def _trains_in_float64(facts: ScriptFacts, pipeline) -> bool:
+    """fp64 training (``model.double()``, ``.to(torch.float64)``, ``set_default_dtype(torch.float64)``)
+    never uses TF32."""
+    models = set(pipeline.trained_model_names) | facts.model_names
+    for call in facts.calls:
+        if (call.qualname or "") == "torch.set_default_dtype" and call.node.args:
+            if facts.resolve(get_full_name_for_node(call.node.args[0].value)) in FLOAT64:
+                return True
+        if call.receiver_name in models and _casts_to_float64(facts, call.node):
+            return True
+    for name in models:
+        for binding in facts.bindings_of(name):
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+                if _casts_to_float64(facts, value):
+                    return True
+                value = value.func.value
+    return False
+
+
+def _casts_to_float64(facts: ScriptFacts, call: cst.Call) -> bool:
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    method = call.func.attr.value
+    if method == "double":
+        return True
+    return method == "to" and any(facts.resolve(get_full_name_for_node(a.value)) in FLOAT64 for a in call.args)
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+class Tf32DisabledFix(Codemod):
+    rule = "TC301"
+    # Runs before TC201 in a round: autocast silences this rule, yet the finding was reported and the
+    # setting still speeds up the fp32 matmuls left outside autocast.
+    order = -1
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        codes = {finding.fix.anchor.get("code") for finding in findings}
+        codes.discard(None)
+        if len(codes) != 1:
+            raise DeclineFix("the finding does not say which setting to insert")
+        return insert_setting(module, context.facts, codes.pop())

@@ -1,0 +1,430 @@
+"""TC303 channels-last-missing: a convnet trained under autocast in NCHW memory format."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, pipeline_facts, strip_comments
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.script.facts import Binding, CallSite, ScriptFacts
+from tcaudit.script.pipeline import (
+    _MODEL_CHAIN,
+    _WRAPPERS,
+    CONV2D_LAYERS,
+    BatchLoop,
+    ModelSite,
+    PipelineFacts,
+    moves_to_device,
+    pipeline_facts,
+)
+
+
+class ChannelsLastMissing(ScriptRule):
+    id = "TC303"
+    triggers = (all_of(r"autocast", r"backward", CUDA_TEXT),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training or not pipeline.trains_under_autocast:
+            return
+        if "channels_last" in strip_comments(facts.source.text):
+            return  # any use (model, inputs, a --channels-last flag) is the user's decision
+        reported: set[str] = set()
+        for model in pipeline.conv_models:
+            if model.name in reported:
+                continue
+            reported.add(model.name)
+            code = f"{model.name} = {model.name}.to(memory_format=torch.channels_last)"
+            yield self.finding(
+                facts,
+                model.construction,
+                f"convnet `{model.name}` trains under autocast in NCHW layout: half-precision convolutions "
+                "run on tensor cores in channels_last (NHWC); NCHW adds a transpose around every conv "
+                f"(ResNet50 on H200: 2414 → 4695 img/s). Add `{code}`",
+                fix=Fix(
+                    FixClass.NUMERICS,
+                    "convert the model to channels_last after it is built",
+                    anchor={
+                        "kind": "insert-after",
+                        "line": facts.position(model.construction).end.line,
+                        "target": model.name,
+                        "code": code,
+                    },
+                ),
+            )
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+CONV3D_LAYERS = frozenset(
+    f"torch.nn.{prefix}{name}"
+    for prefix in ("", "modules.conv.", "modules.")
+    for name in ("Conv3d", "ConvTranspose3d", "LazyConv3d", "LazyConvTranspose3d")
+)
+_KNOWN_FACTORIES = ("torchvision.models.", "timm.")
+
+
+class ChannelsLastFix(Codemod):
+    rule = "TC303"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        pipeline = pipeline_facts(facts)
+        editor = CallEditor()
+        editor.converted = set()
+        torch_name = torch_import_name(facts) or "torch"
+        channels_last = f"{torch_name}.channels_last"
+        planned: set[int] = set()
+        for finding in findings:
+            target = finding.fix.anchor.get("target")
+            sites = [site for site in pipeline.conv_models if site.name == target]
+            if not sites:
+                raise DeclineFix("the model could not be located; run fix again")
+            for site in sites:
+                _check_model(facts, pipeline, site)
+            for site in sites:
+                binding = _construction_binding(facts, pipeline, site)
+                if id(binding.statement.node) in planned:
+                    continue  # one statement builds the model in both branches of a factory
+                planned.add(id(binding.statement.node))
+                _plan_model(facts, editor, binding, site.name, channels_last, module)
+            if all(_takes_images(facts, pipeline, site) for site in sites):
+                _plan_inputs(facts, pipeline, editor, target, channels_last, module)
+        new = module.visit(editor)
+        if torch_import_name(facts) is None:
+            new = ensure_import(new, "import torch")
+        return new
+
+
+# -- the model ------------------------------------------------------------------------------------------
+
+
+def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> None:
+    classes = _model_classes(facts, pipeline, site.construction)
+    inside = _calls_within(site.construction)
+    for call in facts.calls:
+        in_model = call.ctx.class_def in classes or id(call.node) in inside
+        if not in_model:
+            continue
+        if (call.qualname or "") in CONV3D_LAYERS:
+            raise DeclineFix("the model has 3-D convolutions: their rank-5 weights cannot take channels_last")
+        if call.method == "view" and call.ctx.class_def in classes:
+            raise DeclineFix(
+                f"`{call.name}()` in the model's code: `.view()` fails on channels_last activations; "
+                "use `.reshape()`/`.flatten()` there, then convert the model"
+            )
+    outputs = _forward_outputs(facts, site.name)
+    for call in facts.calls:
+        if call.method != "view":
+            continue
+        receiver = call.receiver
+        if (call.receiver_name in outputs) or (
+            isinstance(receiver, cst.Call) and get_full_name_for_node(receiver.func) == site.name
+        ):
+            raise DeclineFix(
+                f"`{facts.module.code_for_node(call.node)}` views the model's output, which channels_last "
+                "may make non-viewable; use `.reshape()` there, then convert the model"
+            )
+
+
+def _model_classes(facts: ScriptFacts, pipeline: PipelineFacts, construction: cst.Call) -> set[cst.ClassDef]:
+    """The classes of this file the model is built from: those called in the construction, their base
+    classes, and the classes they build in turn."""
+    by_name = {node.name.value: node for node, _ in facts.classes}
+    names = {get_full_name_for_node(c.func) for c in _call_nodes(construction)}
+    pending = [by_name[n.split(".")[-1]] for n in names if n and n.split(".")[-1] in by_name]
+    found: set[cst.ClassDef] = set()
+    while pending:
+        cls = pending.pop()
+        if cls in found:
+            continue
+        found.add(cls)
+        for base in cls.bases:
+            dotted = get_full_name_for_node(base.value) or ""
+            if dotted.split(".")[-1] in by_name:
+                pending.append(by_name[dotted.split(".")[-1]])
+        for call in facts.calls:
+            if call.ctx.class_def is cls and call.name and call.name.split(".")[-1] in by_name:
+                pending.append(by_name[call.name.split(".")[-1]])
+    return found
+
+
+def _forward_outputs(facts: ScriptFacts, model: str) -> set[str]:
+    """Names bound to the model's output (``output = model(images)``)."""
+    out: set[str] = set()
+    for binding in facts.bindings:
+        value = binding.value
+        if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == model:
+            out.add(binding.target)
+    return out
+
+
+def _construction_binding(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> Binding:
+    """The assignment to the model's name that builds it (directly, through a method chain or a wrapper,
+    or by calling a factory function of this file)."""
+    found = [
+        b for b in facts.bindings_of(site.name)
+        if any(call is site.construction for call in _direct_constructions(facts, pipeline, b.value))
+    ]
+    if len(found) != 1:
+        raise DeclineFix(f"could not tell which statement builds `{site.name}`; convert it by hand")
+    binding = found[0]
+    statement = binding.statement.node if binding.statement else None
+    if not isinstance(statement, cst.SimpleStatementLine):
+        raise DeclineFix(f"`{site.name}` is built in a one-line suite; split the line first")
+    return binding
+
+
+def _direct_constructions(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExpression) -> list[cst.Call]:
+    """What this expression itself builds (names are not followed: ``model = model.cuda()`` builds nothing)."""
+    expr = _strip_wrappers(facts, value)[0]
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MODEL_CHAIN:
+        expr = expr.func.value
+    if not isinstance(expr, cst.Call):
+        return []
+    dotted = get_full_name_for_node(expr.func)
+    if dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in pipeline.class_names:
+        return list(pipeline.constructions(expr))
+    return [expr]
+
+
+def _strip_wrappers(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[cst.BaseExpression, bool]:
+    """``DDP(model.cuda(), ...)`` → (``model.cuda()``, True)."""
+    expr, wrapped = value, False
+    while isinstance(expr, cst.Call):
+        qual = facts.qualname(expr.func) or ""
+        if not (qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel"))):
+            break
+        positional = [a for a in expr.args if a.keyword is None and not a.star]
+        if not positional:
+            raise DeclineFix("the model is wrapped without a positional module argument")
+        expr, wrapped = positional[0].value, True
+    return expr, wrapped
+
+
+def _plan_model(
+    facts: ScriptFacts, editor: CallEditor, binding: Binding, name: str, channels_last: str, module: cst.Module
+) -> None:
+    inner, wrapped = _strip_wrappers(facts, binding.value)
+    following = _next_device_move(facts, binding, name)
+    if following is not None and not wrapped:
+        # ``model = Net()`` then ``model = model.to(device)``: convert in that move.
+        editor.rewrite_call(following, lambda node: add_keyword(node, "memory_format", parse_expression(channels_last, module)))
+    elif isinstance(inner, cst.Call) and _plain_device_to(facts, inner):
+        editor.rewrite_call(inner, lambda node: add_keyword(node, "memory_format", parse_expression(channels_last, module)))
+    elif not wrapped:
+        code = f"{name} = {name}.to(memory_format={channels_last})"
+        editor.insert_after(binding.statement.node, [parse_statement(code, module)])
+    elif isinstance(inner, cst.Call):
+        editor.rewrite_call(inner, lambda node: cst.Call(
+            func=cst.Attribute(value=node, attr=cst.Name("to")),
+            args=[cst.Arg(parse_expression(channels_last, module), keyword=cst.Name("memory_format"),
+                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
+        ))
+    else:
+        raise DeclineFix(f"`{name}` is wrapped around a name; convert the model before it is wrapped")
+
+
+def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Call | None:
+    """``model.to(device)`` or ``model = model.to(device)`` as the very next statement of the block."""
+    statement = binding.statement
+    if statement is None or statement.index + 1 >= len(statement.block):
+        return None
+    following = statement.block[statement.index + 1]
+    if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
+        return None
+    small = following.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and get_full_name_for_node(small.targets[0].target) == name:
+        value = small.value
+    elif isinstance(small, cst.Expr):
+        value = small.value
+    else:
+        return None
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and get_full_name_for_node(value.func.value) == name
+        and _plain_device_to(facts, value)
+    ):
+        return value
+    return None
+
+
+def _plain_device_to(facts: ScriptFacts, call: cst.Call) -> bool:
+    """``x.to(device)`` / ``x.to(device=...)`` (a device move with no dtype or memory format)."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "to"):
+        return False
+    site = CallSite(call, None, None, facts.module_frame, None)
+    if not moves_to_device(site) or keyword(call, "memory_format") is not None:
+        return False
+    return len([a for a in call.args if a.keyword is None]) <= 1 and not any(a.star for a in call.args)
+
+
+# -- the input batches ----------------------------------------------------------------------------------
+
+
+def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, depth: int = 0) -> bool:
+    """Whether the model's input is a rank-4 image batch: a torchvision/timm convnet, an ``nn.Sequential``
+    that starts with a Conv2d, or a class of this file whose ``forward`` passes its input straight to a
+    Conv2d (or to such a class)."""
+    qual = facts.qualname(site.construction.func) or ""
+    if qual.startswith(_KNOWN_FACTORIES):
+        return True
+    dotted = get_full_name_for_node(site.construction.func) or ""
+    by_name = {node.name.value: node for node, _ in facts.classes}
+    if qual == "torch.nn.Sequential":
+        return _builds_image_layer(facts, site.construction, by_name, depth)
+    cls = by_name.get(dotted.split(".")[-1])
+    return cls is not None and _class_takes_images(facts, cls, by_name, depth)
+
+
+def _class_takes_images(facts: ScriptFacts, cls: cst.ClassDef, by_name: dict, depth: int) -> bool:
+    if depth > 3:
+        return False
+    forward = _method(cls, "forward")
+    if forward is None:
+        return False
+    params = [p.name.value for p in forward.params.params]
+    if len(params) < 2:
+        return False
+    x = params[1]
+    first = None
+    for call in facts.calls:
+        if call.ctx.function is not forward:
+            continue
+        if call.receiver_name == x or any(get_full_name_for_node(a.value) == x for a in call.node.args):
+            pos = facts.position(call.node).start
+            if first is None or (pos.line, pos.column) < first[0]:
+                first = ((pos.line, pos.column), call)
+    if first is None:
+        return False
+    call = first[1]
+    if not (call.name or "").startswith("self.") or call.receiver_name == x:
+        return False
+    layer = _init_value(facts, cls, call.name)
+    return layer is not None and _builds_image_layer(facts, layer, by_name, depth)
+
+
+def _builds_image_layer(facts: ScriptFacts, value: cst.BaseExpression, by_name: dict, depth: int) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    qual = facts.qualname(value.func) or ""
+    if qual in CONV2D_LAYERS:
+        return True
+    if qual == "torch.nn.Sequential":
+        first = next((a.value for a in value.args if a.keyword is None), None)
+        return first is not None and _builds_image_layer(facts, first, by_name, depth)
+    dotted = get_full_name_for_node(value.func) or ""
+    cls = by_name.get(dotted.split(".")[-1])
+    return cls is not None and not qual and _class_takes_images(facts, cls, by_name, depth + 1)
+
+
+def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    if not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def _init_value(facts: ScriptFacts, cls: cst.ClassDef, attribute: str) -> cst.BaseExpression | None:
+    init = _method(cls, "__init__")
+    values = [b.value for b in facts.bindings_of(attribute) if init is not None and b.ctx.function is init]
+    return values[0] if len(values) == 1 else None
+
+
+def _plan_inputs(
+    facts: ScriptFacts, pipeline: PipelineFacts, editor: CallEditor, model: str, channels_last: str, module: cst.Module
+) -> None:
+    """Convert what the training loops pass to the model where it is copied to the device."""
+    for batch in pipeline.batch_loops:
+        if not pipeline.is_training_loop(batch):
+            continue
+        for forward in facts.calls:
+            if forward.name != model or not _in_loop(forward, batch) or facts.in_eval(forward.ctx):
+                continue
+            positional = [a for a in forward.node.args if a.keyword is None and not a.star]
+            if not positional:
+                continue
+            argument = positional[0].value
+            if isinstance(argument, cst.Call):
+                move = pipeline.call_site(argument)
+                if move is not None and _moves_batch(facts, move, batch):
+                    _convert_move(facts, editor, move, None, channels_last, module)
+                continue
+            name = get_full_name_for_node(argument) if isinstance(argument, cst.Name) else None
+            if name is None or _viewed_in_loop(facts, name, batch):
+                continue
+            moves = [
+                b for b in facts.bindings_of(name)
+                if b.ctx.inside(batch.loop) or b.ctx.function is batch.loop
+            ]
+            for binding in moves:
+                if not isinstance(binding.value, cst.Call):
+                    continue
+                move = pipeline.call_site(binding.value)
+                if move is not None and _moves_batch(facts, move, batch):
+                    _convert_move(facts, editor, move, binding, channels_last, module)
+
+
+def _in_loop(call: CallSite, batch: BatchLoop) -> bool:
+    if isinstance(batch.loop, (cst.For, cst.While)):
+        return call.ctx.inside(batch.loop)
+    return call.ctx.function is batch.loop
+
+
+def _moves_batch(facts: ScriptFacts, move: CallSite, batch: BatchLoop) -> bool:
+    if move.method not in ("to", "cuda") or not moves_to_device(move):
+        return False
+    receiver = move.receiver
+    if isinstance(receiver, cst.Subscript):
+        receiver = receiver.value
+    name = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+    return name in batch.names
+
+
+def _viewed_in_loop(facts: ScriptFacts, name: str, batch: BatchLoop) -> bool:
+    return any(c.method == "view" and c.receiver_name == name and _in_loop(c, batch) for c in facts.calls)
+
+
+def _convert_move(
+    facts: ScriptFacts, editor: CallEditor, move: CallSite, binding: Binding | None, channels_last: str, module: cst.Module
+) -> None:
+    node = move.node
+    if keyword(node, "memory_format") is not None or id(node) in editor.converted:
+        return
+    editor.converted.add(id(node))  # a GAN's discriminator sees the same batch twice
+    if move.method == "to":
+        if len([a for a in node.args if a.keyword is None]) > 1 or any(a.star for a in node.args):
+            return  # .to(device, dtype): leave it
+        editor.rewrite_call(node, lambda n: add_keyword(n, "memory_format", parse_expression(channels_last, module)))
+        return
+    statement = binding.statement.node if binding is not None and binding.statement else None
+    if binding is None or not isinstance(statement, cst.SimpleStatementLine):
+        editor.rewrite_call(node, lambda n: add_keyword(n, "memory_format", parse_expression(channels_last, module)))
+        return
+    name = binding.target
+    code = f"{name} = {name}.contiguous(memory_format={channels_last})"
+    editor.insert_after(statement, [parse_statement(code, module)])
+
+
+def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            found.append(n)
+
+    node.visit(_V())
+    return found
+
+
+def _calls_within(node: cst.CSTNode) -> set[int]:
+    return {id(n) for n in _call_nodes(node)}

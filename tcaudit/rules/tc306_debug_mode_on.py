@@ -1,0 +1,171 @@
+"""TC306 debug-mode-on: anomaly detection, an always-on profiler, NVTX emission, gradcheck or
+``CUDA_LAUNCH_BLOCKING=1`` left on around training."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.facts import Frame, ScriptFacts
+from tcaudit.script.pipeline import PipelineFacts, keyword_arg, literal, pipeline_facts
+from tcaudit.rules.base import RuleContext, ScriptRule
+
+SET_ANOMALY = frozenset(
+    {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly", "torch.set_anomaly_enabled"}
+)
+ANOMALY_CONTEXT = frozenset({"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"})
+PROFILERS = frozenset(
+    {
+        "torch.profiler.profile",
+        "torch.profiler.profiler.profile",
+        "torch.autograd.profiler.profile",
+        "torch.autograd.profiler_legacy.profile",
+        "torch.autograd.profiler.emit_nvtx",
+        "torch.autograd.profiler.emit_itt",
+    }
+)
+GRADCHECK = frozenset(
+    {"torch.autograd.gradcheck", "torch.autograd.gradgradcheck", "torch.autograd.gradcheck.gradcheck",
+     "torch.autograd.gradcheck.gradgradcheck"}
+)
+ENVIRON = ("os.environ",)
+# A function named like a debugging or testing facility runs its debug aid on purpose.
+DEBUG_FUNCTION = re.compile(r"debug|check|anomal|diagnos|profil|trace|verify|^_*test", re.IGNORECASE)
+
+
+class DebugModeOn(ScriptRule):
+    id = "TC306"
+    triggers = (r"anomaly|profile|nvtx|emit_itt|gradcheck|CUDA_LAUNCH_BLOCKING",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.trains:
+            return
+        yield from self._anomaly_calls(facts, pipeline)
+        yield from self._debug_contexts(facts, pipeline)
+        yield from self._gradchecks(facts, pipeline)
+        yield from self._launch_blocking(facts, pipeline)
+
+    @staticmethod
+    def _deliberate(pipeline: PipelineFacts, ctx: Frame) -> bool:
+        """Behind a flag, in eval code, or inside a debugging/testing function."""
+        if pipeline.facts.in_eval(ctx) or pipeline.is_flag_guarded(ctx):
+            return True
+        return any(f.kind == "def" and DEBUG_FUNCTION.search(f.node.name.value) for f in ctx.chain())  # type: ignore[attr-defined]
+
+    def _anomaly_calls(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
+        for call in facts.calls:
+            if call.qualname not in SET_ANOMALY:
+                continue
+            if literal(call.arg("mode", 0)) is not True:
+                continue  # False, or a flag (set_detect_anomaly(args.debug)): deliberate
+            if self._deliberate(pipeline, call.ctx):
+                continue
+            yield self.finding(
+                facts,
+                call.node,
+                "autograd anomaly detection is on for every step: each backward op records a traceback "
+                "and checks its outputs for NaN, several times slower; enable it only behind a debug flag",
+                fix=Fix(FixClass.SAFE, "remove the call (or put it behind a --debug flag)",
+                        anchor={"kind": "remove-statement", "line": facts.position(call.node).start.line}),
+            )
+
+    def _debug_contexts(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
+        for node, ctx in facts.withs:
+            for item in node.items:
+                call = self._unconditional_call(facts, pipeline, item.item)
+                if call is None:
+                    continue
+                qual = facts.qualname(call.func) or ""
+                if qual in ANOMALY_CONTEXT:
+                    what = "autograd anomaly detection wraps training: every backward op records a traceback and checks for NaN"
+                elif qual in PROFILERS:
+                    if keyword_arg(call, "schedule") is not None:
+                        continue  # profiles a window of steps, the intended use
+                    enabled = keyword_arg(call, "enabled")
+                    if enabled is not None and literal(enabled.value) is not True:
+                        continue  # enabled=args.profile: deliberate
+                    if qual.endswith(("emit_nvtx", "emit_itt")):
+                        what = f"`{qual.split('.')[-1]}` wraps training: every op goes through the autograd profiler's range annotations"
+                    else:
+                        what = "a profiler without `schedule=` records every op of every training step"
+                else:
+                    continue
+                if self._deliberate(pipeline, ctx) or not pipeline.body_trains(node):
+                    continue
+                yield self.finding(
+                    facts,
+                    item.item,
+                    f"{what}; keep it behind a debug flag (a profiler: `schedule=torch.profiler.schedule(...)` "
+                    "over a few steps)",
+                    fix=Fix(FixClass.SAFE, "unwrap the block (or put it behind a flag)",
+                            anchor={"kind": "unwrap-with", "line": facts.position(node).start.line}),
+                )
+
+    @staticmethod
+    def _unconditional_call(facts: ScriptFacts, pipeline: PipelineFacts, expr: cst.BaseExpression) -> cst.Call | None:
+        """The debug call a ``with`` item stands for, unless a conditional expression chooses it
+        (``detect_anomaly() if args.debug else nullcontext()``) or it is bound behind a flag."""
+        if isinstance(expr, cst.Call):
+            return expr
+        dotted = get_full_name_for_node(expr)
+        bindings = facts.bindings_of(dotted) if dotted else []
+        if not bindings or any(pipeline.is_flag_guarded(b.ctx) for b in bindings):
+            return None
+        values = facts.binding_values(expr)
+        if any(isinstance(v, (cst.IfExp, cst.BooleanOperation)) for v in values):
+            return None
+        calls = [v for v in values if isinstance(v, cst.Call)]
+        return calls[0] if len(calls) == 1 else None
+
+    def _gradchecks(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
+        for call in facts.calls:
+            if call.qualname not in GRADCHECK or self._deliberate(pipeline, call.ctx):
+                continue
+            loop = call.ctx.nearest("loop")
+            function = call.ctx.function
+            in_training = (loop is not None and pipeline.body_trains(loop.node)) or (
+                function is not None and function in pipeline.step_functions
+            )
+            if not in_training:
+                continue
+            yield self.finding(
+                facts,
+                call.node,
+                f"`{call.qualname.split('.')[-1]}` runs inside the training loop: it evaluates the function "
+                "once per input element in float64; run it once in a test, not every step",
+                fix=Fix(FixClass.SAFE, "move the check out of the training loop",
+                        anchor={"kind": "remove-statement", "line": facts.position(call.node).start.line}),
+            )
+
+    def _launch_blocking(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
+        for binding in facts.bindings:
+            if (facts.resolve(binding.target) or binding.target) not in ENVIRON:
+                continue
+            statement = binding.statement.node if binding.statement else None
+            if statement is None or "CUDA_LAUNCH_BLOCKING" not in facts.module.code_for_node(statement):
+                continue
+            if str(literal(binding.value)) != "1" or self._deliberate(pipeline, binding.ctx):
+                continue
+            yield self._blocking_finding(facts, statement)
+        for call in facts.calls:
+            if call.method != "setdefault" or (facts.resolve(call.receiver_name) or call.receiver_name) not in ENVIRON:
+                continue
+            args = call.node.args
+            if len(args) == 2 and literal(args[0].value) == "CUDA_LAUNCH_BLOCKING" and str(literal(args[1].value)) == "1":
+                if not self._deliberate(pipeline, call.ctx):
+                    yield self._blocking_finding(facts, call.node)
+
+    def _blocking_finding(self, facts: ScriptFacts, node: cst.CSTNode) -> Finding:
+        return self.finding(
+            facts,
+            node,
+            "`CUDA_LAUNCH_BLOCKING=1` makes every kernel launch wait for the GPU to finish: the host "
+            "can no longer run ahead; use it only to locate a CUDA error",
+            fix=Fix(FixClass.SAFE, "remove the setting",
+                    anchor={"kind": "remove-statement", "line": facts.position(node).start.line}),
+        )

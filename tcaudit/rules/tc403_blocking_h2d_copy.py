@@ -1,0 +1,103 @@
+"""TC403 blocking-h2d-copy: a batch from a DataLoader copied to the GPU without ``non_blocking``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import all_of, CUDA_TEXT, BatchLoop, PipelineFacts, literal, moves_to_device, pipeline_facts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+
+
+class BlockingH2DCopy(ScriptRule):
+    id = "TC403"
+    triggers = (all_of(r"DataLoader", r"backward", CUDA_TEXT),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.uses_cuda or pipeline.framework_owned or not facts.training_steps:
+            return  # a framework's prepared loader moves batches itself
+        reported: set[int] = set()
+        for batch in pipeline.batch_loops:
+            if not _plain_tensor_batches(pipeline, batch) or not pipeline.is_training_loop(batch):
+                continue
+            pinned = all(
+                any(literal(v) is not False for v in site.values("pin_memory")) for site in batch.loaders
+            )
+            for call in facts.calls:
+                if id(call.node) in reported or not _copies_batch(call, batch):
+                    continue
+                if facts.in_eval(call.ctx):
+                    continue
+                reported.add(id(call.node))
+                hint = "" if pinned else " (with `pin_memory=True` on the DataLoader, or the copy stays synchronous)"
+                yield self.finding(
+                    facts,
+                    call.node,
+                    f"`{call.method}()` copies a batch to the GPU synchronously: the host waits for the copy "
+                    f"instead of queueing the forward pass; pass `non_blocking=True`{hint}",
+                    fix=Fix(FixClass.SAFE, "pass non_blocking=True",
+                            anchor={"kind": "add-kwarg", "key": "non_blocking", "value": "True"}),
+                )
+
+
+def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
+    """Batches are default-collated tensors: no ``collate_fn`` (a custom one may return a
+    NestedTensor or a BatchEncoding whose ``.to`` takes no ``non_blocking``), a known keyword set,
+    a dataset not already on the GPU, and any iterable class of this file the loop may read instead
+    building nothing but torch tensors."""
+    for site in batch.loaders:
+        if site.has("collate_fn") or not site.complete:
+            return False
+        if pipeline.dataset_kind(site) == "device":
+            return False
+    # ``SyntheticBatches(...) if args.synthetic else DataLoader(...)``
+    if not all(pipeline.yields_plain_tensors(value) for value in batch.own_iterables):
+        return False
+    return bool(batch.loaders)
+
+
+def _copies_batch(call: CallSite, batch: BatchLoop) -> bool:
+    if call.method not in ("cuda", "to") or not moves_to_device(call):
+        return False
+    if any(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in call.node.args):
+        return False  # non_blocking=False written out is a choice
+    if call.method == "to" and len([a for a in call.node.args if a.keyword is None]) > 1:
+        return False  # .to(device, dtype, non_blocking) positional forms
+    receiver = call.receiver
+    if isinstance(receiver, cst.Subscript):
+        receiver = receiver.value
+    name = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+    if name not in batch.names:
+        return False
+    loop = batch.loop
+    if isinstance(loop, (cst.For, cst.While)):
+        return call.ctx.inside(loop)
+    return call.ctx.function is loop
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+class BlockingH2DCopyFix(Codemod):
+    rule = "TC403"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        editor = CallEditor()
+        for finding in findings:
+            call = call_at(facts, finding)
+            if call is None:
+                raise DeclineFix("the copy moved; run fix again")
+            if keyword(call.node, "non_blocking") is not None or any(a.star for a in call.node.args):
+                raise DeclineFix("the call may already pass non_blocking=")
+            editor.rewrite_call(call.node, lambda node: add_keyword(node, "non_blocking", parse_expression("True", module)))
+        return module.visit(editor)

@@ -1,0 +1,129 @@
+"""TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+
+# Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
+FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+        "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like", "empty_like", "full_like",
+        "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
+    )
+)
+
+
+class TensorCreatedThenMoved(ScriptRule):
+    id = "TC406"
+    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_TEXT),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if not facts.uses_accelerator:
+            return
+        pipeline = pipeline_facts(facts)
+        by_node = {id(c.node): c for c in facts.calls}
+        for call in facts.calls:
+            if call.method not in ("cuda", "to") or not isinstance(call.receiver, cst.Call):
+                continue
+            factory = by_node.get(id(call.receiver))
+            if factory is None or factory.qualname not in FACTORIES or not moves_to_device(call):
+                continue
+            node = factory.node
+            if any(keyword_arg(node, key) is not None for key in ("device", "generator", "pin_memory", "out")):
+                continue  # a CPU generator or pinned staging buffer is deliberate
+            if any(arg.star for arg in node.args):
+                continue
+            target = _device_text(facts, call)
+            name = factory.qualname.split(".")[-1]
+            per_step = _per_step(pipeline, call)
+            yield self.finding(
+                facts,
+                call.node,
+                f"`torch.{name}(...)` builds the tensor in host memory and then copies it to the device"
+                f"{' on every step' if per_step else ''}; create it there: `torch.{name}(..., device={target})`",
+                severity=None if per_step else Severity.INFO,
+                fix=Fix(
+                    FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
+                    f"pass device={target} to torch.{name} and drop the .{call.method}() call",
+                    anchor={"kind": "move-device-into-factory", "device": target, "method": call.method},
+                ),
+            )
+
+
+def _device_text(facts: ScriptFacts, call: CallSite) -> str:
+    if call.method == "cuda":
+        arg = call.arg("device", 0)
+        return f'"cuda:{facts.module.code_for_node(arg)}"' if isinstance(arg, cst.Integer) else (
+            facts.module.code_for_node(arg) if arg is not None else '"cuda"'
+        )
+    arg = call.arg("device", 0)
+    return facts.module.code_for_node(arg) if arg is not None else "device"
+
+
+def _per_step(pipeline: PipelineFacts, call: CallSite) -> bool:
+    """In a loop, in a ``forward``, or in a function called from a loop: a copy every iteration."""
+    fn = call.ctx.function
+    if fn is not None and fn.name.value == "forward":
+        return True
+    return pipeline.repeats(call.ctx)
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+_MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
+
+
+class TensorCreatedThenMovedFix(Codemod):
+    rule = "TC406"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        editor = CallEditor()
+        reasons: list[str] = []
+        for finding in findings:
+            call = call_at(facts, finding)
+            factory = call.receiver if call is not None else None
+            if call is None or not isinstance(factory, cst.Call):
+                raise DeclineFix("the call moved; run fix again")
+            reason = _why_not(call.node, factory, call.method or "")
+            if reason is not None:
+                reasons.append(reason)
+                continue
+            device = parse_expression(finding.fix.anchor["device"], module)
+
+            def fold(node: cst.Call, device=device) -> cst.BaseExpression:
+                inner = node.func.value  # type: ignore[attr-defined]
+                return add_keyword(inner, "device", device).with_changes(lpar=node.lpar, rpar=node.rpar)
+
+            editor.rewrite_call(call.node, fold)
+        if not editor.calls:
+            raise DeclineFix(reasons[0])
+        return module.visit(editor)
+
+
+def _why_not(move: cst.Call, factory: cst.Call, method: str) -> str | None:
+    allowed = _MOVE_ARGUMENTS.get(method, ())
+    positional = [a for a in move.args if a.keyword is None]
+    if any(a.star for a in move.args) or len(positional) > 1:
+        return f"`.{method}()` passes more than the device; fold it by hand"
+    if any(a.keyword is not None and a.keyword.value not in allowed for a in move.args):
+        return f"`.{method}()` also changes the dtype or layout; fold it by hand"
+    requires_grad = keyword(factory, "requires_grad")
+    if requires_grad is not None:
+        return ("the tensor requires grad: created on the device it becomes a leaf, and in-place writes "
+                "that work on the moved copy would raise")
+    return None

@@ -1,0 +1,89 @@
+"""TC502 ddp-bucket-view: ``DistributedDataParallel(...)`` without ``gradient_as_bucket_view=True``."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import distributed_facts, in_test_code, passes_keyword
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+import libcst as cst
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+
+KWARG = "gradient_as_bucket_view"
+
+# Code that replaces or detaches a parameter's .grad in place: with bucket views the gradient is a view
+# into DDP's communication bucket, and these break it (documented DDP caveat).
+_GRAD_SURGERY = re.compile(r"\.grad\.detach_\(|\.grad\.requires_grad_\(|\.grad\s*=(?!=)")
+
+
+class DdpBucketView(ScriptRule):
+    id = "TC502"
+    triggers = (r"DistributedDataParallel",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        for wrap in info.wraps_of("ddp"):
+            call = wrap.call
+            if in_test_code(call.ctx):
+                continue
+            if passes_keyword(facts, call, KWARG) is not False:
+                continue  # set on purpose (to True or to False), or hidden in a **kwargs dict
+            surgery = _GRAD_SURGERY.search(info.text)
+            anchor = {"kind": "add-keyword", "line": facts.line_of(call.node), "keyword": KWARG, "value": "True"}
+            if surgery:
+                fix = Fix(
+                    FixClass.SAFE,
+                    f"pass {KWARG}=True",
+                    available=False,
+                    reason=f"the script manipulates .grad in place (`{surgery.group(0).strip()}`), which bucket "
+                    "views do not allow",
+                    anchor=anchor,
+                )
+            else:
+                fix = Fix(FixClass.SAFE, f"pass {KWARG}=True", anchor=anchor)
+            yield self.finding(
+                facts,
+                call.node,
+                f"DistributedDataParallel without {KWARG}=True copies every gradient into its "
+                "communication buckets and back each step and keeps both copies in memory; bucket views "
+                "make the gradients alias the buckets",
+                fix=fix,
+            )
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+# DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, [init_sync,]
+# process_group, bucket_cap_mb, find_unused_parameters, check_reduction, gradient_as_bucket_view, ...):
+# from this many positional arguments on, one of them may be gradient_as_bucket_view (PyTorch < 2.6
+# has no init_sync, so it is the tenth there).
+_POSITIONAL_LIMIT = 10
+
+
+class DdpBucketViewFix(Codemod):
+    rule = "TC502"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        editor = CallEditor()
+        for finding in findings:
+            call = call_at(facts, finding)
+            if call is None:
+                raise DeclineFix("the DistributedDataParallel call could not be located")
+            node = call.node
+            if keyword(node, KWARG) is not None:
+                raise DeclineFix(f"the call already passes {KWARG}=")
+            if any(a.star == "*" for a in node.args):
+                raise DeclineFix(f"the call passes *args, which may already reach {KWARG}")
+            if sum(1 for a in node.args if a.keyword is None and not a.star) >= _POSITIONAL_LIMIT:
+                raise DeclineFix(f"the call passes so many positional arguments that one may be {KWARG}")
+            value = parse_expression(finding.fix.anchor.get("value", "True"), module)
+            editor.rewrite_call(node, lambda n, v=value: add_keyword(n, KWARG, v))
+        return module.visit(editor)

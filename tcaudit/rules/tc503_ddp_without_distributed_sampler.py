@@ -1,0 +1,417 @@
+"""TC503 ddp-without-distributed-sampler: a DDP script whose training DataLoader has no sampler."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import (
+    EVAL_NAME,
+    TRAIN_NAME,
+    DistributedFacts,
+    code,
+    distributed_facts,
+    in_test_code,
+    literal_value,
+    passes_keyword,
+)
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
+from tcaudit.rules.base import Codemod
+from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at
+from tcaudit.script.distributed import distributed_facts, literal_value
+from tcaudit.script.pipeline import KeyValue, LoaderSite, pipeline_facts
+
+# A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
+# ``shard(...)``) already gives each process its own data; a streaming dataset splits itself.
+_SHARDED_TEXT = re.compile(
+    r"rank|world_size|num_replicas|shard|split_dataset_by_node|num_shards|streaming|IterableDataset|nodesplitter",
+    re.IGNORECASE,
+)
+# Input libraries that split the data across ranks themselves.
+_SELF_SHARDING_LIBRARIES = {"webdataset", "ffcv", "torchdata", "streaming", "nvidia", "ray"}
+
+# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
+_SAMPLER_POSITION = 3
+
+
+def _dataset_expr(call: CallSite) -> cst.BaseExpression | None:
+    return call.arg("dataset", 0)
+
+
+def _is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bool:
+    dataset = _dataset_expr(call)
+    if dataset is None:
+        return True  # cannot tell what it loads
+    classes = {node.name.value: node for node, _ in facts.classes}
+    for value in facts.binding_values(dataset):
+        if _SHARDED_TEXT.search(code(facts, value)):
+            return True
+        # A Dataset class of this file that picks its rank's part itself.
+        if isinstance(value, cst.Call):
+            cls = classes.get((get_full_name_for_node(value.func) or "").split(".")[-1])
+            if cls is not None and _SHARDED_TEXT.search(code(facts, cls)):
+                return True
+    return False
+
+
+def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:
+    if facts.in_eval(call.ctx):
+        return False
+    dataset = _dataset_expr(call)
+    dataset_text = code(facts, dataset) if dataset is not None else ""
+    if name and EVAL_NAME.search(name) or EVAL_NAME.search(dataset_text):
+        return False
+    if name and TRAIN_NAME.search(name) or TRAIN_NAME.search(dataset_text):
+        return True
+    if not name:
+        return False
+    # An unnamed-purpose loader (``loader``) counts when a step loop iterates it.
+    short = name.split(".")[-1]
+    for loop in info.step_loops.values():
+        node = loop.node
+        header = node.iter if isinstance(node, cst.For) else node.test  # type: ignore[union-attr]
+        if re.search(rf"\b{re.escape(short)}\b", code(facts, header)):
+            return True
+        if isinstance(node, cst.While) and re.search(rf"\b{re.escape(short)}\b", code(facts, node)):
+            return True
+    return False
+
+
+class DdpWithoutDistributedSampler(ScriptRule):
+    id = "TC503"
+    triggers = (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        if not info.is_ddp_script or facts.frameworks or info.iterable_dataset_defined:
+            return
+        if facts.imported_roots() & _SELF_SHARDING_LIBRARIES:
+            return
+        for call in info.dataloaders:
+            if in_test_code(call.ctx):
+                continue
+            positional = [a for a in call.node.args if a.keyword is None and not a.star]
+            if len(positional) > _SAMPLER_POSITION:
+                continue  # sampler passed by position
+            sampler = passes_keyword(facts, call, "sampler")
+            batch_sampler = passes_keyword(facts, call, "batch_sampler")
+            if sampler is None or batch_sampler is None:
+                continue  # a **kwargs dict we cannot see may hold one
+            if sampler and literal_value(call.arg("sampler")) is not None:
+                continue
+            if batch_sampler and literal_value(call.arg("batch_sampler")) is not None:
+                continue
+            name = info.dataloader_name(call)
+            if not _is_training_loader(facts, info, call, name):
+                continue
+            if _is_sharded(facts, info, call):
+                continue
+            dataset = _dataset_expr(call)
+            shuffle = call.arg("shuffle", 2)
+            yield self.finding(
+                facts,
+                call.node,
+                f"the model is wrapped in DDP but the training DataLoader{f' `{name}`' if name else ''} has no "
+                "DistributedSampler: every process iterates the whole dataset in the same order, so each "
+                "epoch does the work of one GPU N times",
+                fix=Fix(
+                    FixClass.SAFE,
+                    "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
+                    "(shuffle with a sampler is a ValueError)",
+                    anchor={
+                        "kind": "add-distributed-sampler",
+                        "line": facts.line_of(call.node),
+                        "dataset": code(facts, dataset) if dataset is not None else None,
+                        "shuffle": code(facts, shuffle) if shuffle is not None else None,
+                        "loader": name,
+                    },
+                ),
+            )
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+SAMPLER_QUALNAMES = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
+SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
+
+
+class DdpDistributedSamplerFix(Codemod):
+    rule = "TC503"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        pipeline = pipeline_facts(facts)
+        editor = _SamplerEditor()
+        needs_import = False
+        for finding in findings:
+            call = call_at(facts, finding)
+            site = pipeline.loader_for(call.node) if call is not None else None
+            if call is None or site is None:
+                raise DeclineFix("the DataLoader call could not be located")
+            _check_loader(facts, call, site)
+            dataset = _dataset(facts, call, editor)
+            callee, imported = _sampler_callee(facts, call)
+            needs_import |= not imported
+            shuffle = _plan_shuffle(facts, call, site, editor)
+            sampler = parse_expression(f"{callee}({dataset}, shuffle={shuffle})", module)
+            _plan_sampler(call.node, sampler, editor)
+        new = module.visit(editor)
+        if needs_import:
+            new = ensure_import(new, SAMPLER_IMPORT)
+        return new
+
+
+# -- checks ---------------------------------------------------------------------------------------------
+
+
+def _check_loader(facts: ScriptFacts, call: CallSite, site: LoaderSite) -> None:
+    if not site.complete:
+        raise DeclineFix("the DataLoader takes *args or a **kwargs dict that cannot be followed")
+    for value in site.values("batch_sampler"):
+        if literal_value(value) is not None:
+            raise DeclineFix("the DataLoader has a batch_sampler, which excludes sampler=")
+    for kv in site.keys.get("sampler", []):
+        if kv.source != "keyword" or literal_value(kv.value) is not None:
+            raise DeclineFix("the DataLoader already receives a sampler; make it distributed by hand")
+    info = distributed_facts(facts)
+    fn = call.ctx.function
+    line = facts.line_of(call.node)
+    inits = [c for c in info.init_process_group_calls if c.ctx.function is fn]
+    if inits and all(facts.line_of(c.node) > line for c in inits):
+        raise DeclineFix(
+            "the DataLoader is built before init_process_group, and DistributedSampler needs the process group"
+        )
+
+
+_HOIST_NAMES = ("train_dataset", "train_set", "dataset")
+
+
+def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, editor: "_SamplerEditor") -> str:
+    """``DataLoader(Numbers(48), ...)``: bind the dataset to a new name on the line before, so the
+    sampler and the loader share one dataset (naming the expression twice would build it twice)."""
+    refusal = ("the dataset is built in the DataLoader call where it cannot be bound to a name first "
+               "(naming the expression twice would build the dataset twice)")
+    statement = call.statement
+    if statement is None or not isinstance(statement.node, cst.SimpleStatementLine) or len(statement.node.body) != 1:
+        raise DeclineFix(refusal)
+    if any(frame.kind == "lambda" for frame in call.ctx.chain()):
+        raise DeclineFix(refusal)
+    if any(isinstance(n, (cst.IfExp, cst.BooleanOperation, cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.Lambda))
+           for n in _ancestors_within(statement.node, call.node)):
+        raise DeclineFix(refusal)
+    taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports}
+    taken |= {fn.name.value for fn, _ in facts.functions}
+    fn = call.ctx.function
+    if fn is not None:
+        taken |= {p.name.value for p in (*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params)}
+    name = next((n for n in _HOIST_NAMES if n not in taken), None)
+    if name is None:
+        raise DeclineFix(refusal)
+    assign = cst.SimpleStatementLine(
+        body=[cst.Assign(targets=[cst.AssignTarget(target=cst.Name(name))], value=dataset)],
+        leading_lines=statement.node.leading_lines,
+    )
+    editor.insert_before(statement.node, [assign])
+    editor.leading_moved.add(id(statement.node))
+    editor.hoisted[id(call.node)] = (dataset, name)
+    return name
+
+
+def _ancestors_within(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes on the path from ``root`` down to ``target`` (both excluded)."""
+    path: list[cst.CSTNode] = []
+    found: list[cst.CSTNode] = []
+
+    class _Path(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if found:
+                return False
+            if node is target:
+                found.extend(path[1:])
+                return False
+            path.append(node)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            if path and path[-1] is original_node:
+                path.pop()
+
+    root.visit(_Path())
+    return found
+
+
+def _dataset(facts: ScriptFacts, call: CallSite, editor: "_SamplerEditor") -> str:
+    dataset = call.arg("dataset", 0)
+    if dataset is None:
+        raise DeclineFix("the DataLoader's dataset could not be found")
+    if not isinstance(dataset, (cst.Name, cst.Attribute)) or get_full_name_for_node(dataset) is None:
+        if isinstance(dataset, cst.Call):
+            callee = facts.qualname(dataset.func) or get_full_name_for_node(dataset.func) or ""
+            if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
+                raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
+        return _hoist(facts, call, dataset, editor)
+    for value in facts.binding_values(dataset):
+        if isinstance(value, cst.Call):
+            callee = facts.qualname(value.func) or get_full_name_for_node(value.func) or ""
+            if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
+                raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
+    return facts.module.code_for_node(dataset)
+
+
+def _sampler_callee(facts: ScriptFacts, call: CallSite) -> tuple[str, bool]:
+    """How to spell DistributedSampler at the call, and whether the file already imports it so."""
+    fn = call.ctx.function
+    for site in facts.imports:
+        if site.qualname in SAMPLER_QUALNAMES and (site.ctx is facts.module_frame or site.ctx.function is fn):
+            return site.local, True
+    taken = facts.bindings_of("DistributedSampler") or any(
+        site.local == "DistributedSampler" for site in facts.imports
+    )
+    if taken:
+        raise DeclineFix("the name DistributedSampler is bound to something else in this file")
+    return "DistributedSampler", False
+
+
+# -- shuffle ---------------------------------------------------------------------------------------------
+
+
+def _plan_shuffle(facts: ScriptFacts, call: CallSite, site: LoaderSite, editor: "_SamplerEditor") -> str:
+    """Take ``shuffle`` off the loader (planning the edit) and return the code it had (``False`` if none)."""
+    written = site.keys.get("shuffle", [])
+    if not written:
+        return "False"
+    if len(written) > 1 or written[0].conditional:
+        raise DeclineFix("shuffle= is set in more than one place; move it into the sampler by hand")
+    kv = written[0]
+    code = facts.module.code_for_node(kv.value)
+    if kv.source == "keyword":
+        editor.shuffle_keyword[id(call.node)] = kv.node  # replaced by sampler= in place
+    elif kv.source == "positional":
+        editor.shuffle_positional[id(call.node)] = kv.node
+    else:
+        _plan_dict_removal(facts, call, kv, editor)
+    return code
+
+
+def _plan_dict_removal(facts: ScriptFacts, call: CallSite, kv: KeyValue, editor: "_SamplerEditor") -> None:
+    name = kv.source
+    if not isinstance(kv.node, (cst.DictElement, cst.Arg)):
+        raise DeclineFix(f"shuffle is set on `{name}` by assignment; move it into the sampler by hand")
+    bindings = facts.bindings_of(name)
+    if len(bindings) != 1 or bindings[0].ctx.function is not call.ctx.function:
+        raise DeclineFix(f"shuffle comes from the `{name}` dict, bound elsewhere; move it into the sampler by hand")
+    # Only this loader may read the dict: another loader (or a copy) would lose its shuffle.
+    scope = call.ctx.function or facts.module
+    if _occurrences(scope, name) != 2:  # the assignment and the ``**`` at this call
+        raise DeclineFix(f"the `{name}` dict that holds shuffle= is used elsewhere too; a sampler beside "
+                         "shuffle=True is a ValueError")
+    editor.removed.add(id(kv.node))
+
+
+def _occurrences(node: cst.CSTNode, dotted: str) -> int:
+    """How often a (dotted) name is written or read under ``node``."""
+    count = 0
+
+    class _V(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            nonlocal count
+            if get_full_name_for_node(n) == dotted:
+                count += 1
+                return False
+            n.value.visit(self)
+            return False
+
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal count
+            if n.value == dotted:
+                count += 1
+
+    node.visit(_V())
+    return count
+
+
+# -- the edit --------------------------------------------------------------------------------------------
+
+
+def _plan_sampler(call: cst.Call, sampler: cst.BaseExpression, editor: "_SamplerEditor") -> None:
+    editor.samplers[id(call)] = sampler
+
+
+class _SamplerEditor(CallEditor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.samplers: dict[int, cst.BaseExpression] = {}
+        self.shuffle_keyword: dict[int, cst.Arg] = {}
+        self.shuffle_positional: dict[int, cst.Arg] = {}
+        self.removed: set[int] = set()  # dict entries and dict(...) keywords
+        self.hoisted: dict[int, tuple[cst.BaseExpression, str]] = {}  # loader call → (dataset expression, new name)
+        self.leading_moved: set[int] = set()  # statements whose comments moved to the hoisted line
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        if id(original_node) in self.leading_moved:
+            return updated_node.with_changes(leading_lines=[])
+        return updated_node
+
+    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
+        return updated_node.with_changes(elements=_without(original_node.elements, updated_node.elements, self.removed))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        updated_node = updated_node.with_changes(args=_without(original_node.args, updated_node.args, self.removed))
+        sampler = self.samplers.get(id(original_node))
+        if sampler is None:
+            return super().leave_Call(original_node, updated_node)
+        args = list(updated_node.args)
+        originals = list(original_node.args)
+        hoisted = self.hoisted.get(id(original_node))
+        if hoisted is not None:
+            index = next(i for i, a in enumerate(originals) if a.value is hoisted[0])
+            args[index] = args[index].with_changes(value=cst.Name(hoisted[1]))
+        positional = self.shuffle_positional.get(id(original_node))
+        if positional is not None:
+            index = originals.index(positional)
+            args[index] = args[index].with_changes(value=cst.Name("False"))
+        existing = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "sampler"), None)
+        shuffle = self.shuffle_keyword.get(id(original_node))
+        if existing is not None:  # sampler=None
+            args[existing] = args[existing].with_changes(value=sampler)
+            if shuffle is not None:
+                args = _without_index(args, originals.index(shuffle))
+            node = updated_node.with_changes(args=args)
+        elif shuffle is not None:
+            index = originals.index(shuffle)
+            args[index] = args[index].with_changes(keyword=cst.Name("sampler"), value=sampler)
+            node = updated_node.with_changes(args=args)
+        else:
+            node = add_keyword(updated_node.with_changes(args=args), "sampler", sampler)
+        return super().leave_Call(original_node, node)
+
+
+def _without(originals: Sequence, updated: Sequence, removed: set[int]) -> list:
+    out = list(updated)
+    for index in reversed([i for i, node in enumerate(originals) if id(node) in removed]):
+        out = _without_index(out, index)
+    return out
+
+
+def _without_index(items: list, index: int) -> list:
+    """Drop one argument or dict entry, keeping the commas right: the last one's comma (trailing or
+    none) passes to the one before it."""
+    items = list(items)
+    removed = items.pop(index)
+    if index == len(items) and index > 0:
+        previous = items[index - 1]
+        changes = {"comma": removed.comma}
+        if isinstance(previous, cst.Arg):
+            changes["whitespace_after_arg"] = removed.whitespace_after_arg
+        items[index - 1] = previous.with_changes(**changes)
+    return items

@@ -1,0 +1,511 @@
+"""TC504 sampler-without-set-epoch: a shuffling DistributedSampler over several epochs, never reseeded."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import (
+    EVAL_NAME,
+    DistributedFacts,
+    distributed_facts,
+    in_test_code,
+    innermost_loop,
+    is_distributed_sampler,
+    callee_type,
+    literal_value,
+    loops_of,
+)
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from libcst.helpers import get_full_name_for_node
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
+from tcaudit.rules.base import Codemod
+from tcaudit.script.distributed import callee_type, distributed_facts, is_dataloader, is_distributed_sampler
+from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
+from tcaudit.script.pipeline import _returns
+
+_EPOCH = re.compile(r"epoch", re.IGNORECASE)
+
+
+def _single_pass(loop: cst.For) -> bool:
+    """``for epoch in range(1)``: one epoch, nothing to reseed."""
+    it = loop.iter
+    if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "range":
+        args = [a.value for a in it.args]
+        if len(args) == 1 and literal_value(args[0]) in (0, 1):
+            return True
+    return False
+
+
+def epoch_loop(facts: ScriptFacts, info: DistributedFacts) -> Frame | None:
+    """A loop that repeats the training loop: a ``for epoch in ...`` loop, or a loop around a step loop."""
+    candidates: list[Frame] = []
+    for loop in info.step_loops.values():
+        candidates += loops_of(loop.parent)[:1] if loop.parent is not None else []
+    for frame in candidates:
+        node = frame.node
+        if info.is_step_loop(frame) or (isinstance(node, cst.For) and _single_pass(node)):
+            continue  # a loop around gradient-accumulation micro-steps is not an epoch loop
+        return frame
+    for call in info.step_calls:
+        for ctx in info.call_contexts(call.ctx, depth=3):
+            for frame in loops_of(ctx):
+                node = frame.node
+                if isinstance(node, cst.For) and _EPOCH.search(facts.module.code_for_node(node.target)):
+                    if not _single_pass(node):
+                        return frame
+    # ``for epoch in range(E): train(model, loader)`` where train() holds the step loop.
+    for call in facts.calls:
+        loop = innermost_loop(call.ctx)
+        if loop is None or not isinstance(loop.node, cst.For) or _single_pass(loop.node):
+            continue
+        if _EPOCH.search(facts.module.code_for_node(loop.node.target)) and call.name and not facts.in_eval(call.ctx):
+            short = call.name.removeprefix("self.")
+            if any(fn for fn in facts.functions_by_name.get(short, []) if _holds_step_loop(info, fn)):
+                return loop
+    return None
+
+
+def while_counter(loop: cst.CSTNode) -> str | None:
+    """The epoch counter of a ``while`` epoch loop: a name its body (not a nested block) steps with
+    ``n += 1``; one whose name says epoch when there are several."""
+    if not isinstance(loop, cst.While) or not isinstance(loop.body, cst.IndentedBlock):
+        return None
+    counters = []
+    for statement in loop.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.AugAssign)
+                and isinstance(small.operator, cst.AddAssign)
+                and isinstance(small.target, cst.Name)
+                and literal_value(small.value) == 1
+            ):
+                counters.append(small.target.value)
+    named = [c for c in counters if _EPOCH.search(c)]
+    if len(named) == 1:
+        return named[0]
+    return counters[0] if len(counters) == 1 else None
+
+
+def _holds_step_loop(info: DistributedFacts, fn: cst.FunctionDef) -> bool:
+    return any(frame.function is fn for frame in info.step_loops.values())
+
+
+def _shuffles(call: CallSite) -> bool:
+    shuffle = call.arg("shuffle", 3)  # DistributedSampler(dataset, num_replicas, rank, shuffle, ...)
+    return shuffle is None or literal_value(shuffle) is True
+
+
+class SamplerWithoutSetEpoch(ScriptRule):
+    id = "TC504"
+    triggers = (r"DistributedSampler",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        if facts.frameworks or not info.step_calls:
+            return
+        if facts.method_calls("set_epoch"):
+            return  # reseeded somewhere (sampler, loader.sampler, a helper or a custom loader)
+        samplers = [c for c in facts.calls if is_distributed_sampler(callee_type(facts, c))]
+        if not samplers:
+            return
+        loop = epoch_loop(facts, info)
+        if loop is None:
+            return
+        epoch_var = (
+            facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
+        )
+        for call in samplers:
+            if not _shuffles(call) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
+                continue
+            name = info.target_of(call.node) or _conditional_target(facts, call)
+            owner = name or _loader_holding(info, call)
+            if owner and EVAL_NAME.search(owner):
+                continue
+            receiver = name or (f"{owner}.sampler" if owner else None)
+            anchor = {
+                "kind": "insert-set-epoch",
+                "line": facts.line_of(call.node),
+                "sampler": receiver,
+                "epoch_loop_line": facts.line_of(loop.node),
+                "epoch": epoch_var,
+            }
+            if receiver and epoch_var and re.fullmatch(r"\w+", epoch_var) and epoch_var != "_":
+                fix = Fix(FixClass.SAFE, f"call {receiver}.set_epoch({epoch_var}) at the start of each epoch", anchor=anchor)
+            else:
+                if epoch_var == "_":
+                    reason = "the epoch loop has no counter (`for _ in ...`); name it and pass it to set_epoch"
+                elif not epoch_var and isinstance(loop.node, cst.While):
+                    reason = "the epoch loop is a `while` loop without an epoch counter to pass to set_epoch"
+                else:
+                    reason = "the sampler or the epoch counter has no name to call it with"
+                fix = Fix(
+                    FixClass.SAFE,
+                    "call sampler.set_epoch(epoch) at the start of each epoch",
+                    available=False,
+                    reason=reason,
+                    anchor=anchor,
+                )
+            yield self.finding(
+                facts,
+                call.node,
+                "DistributedSampler shuffles with the same seed every epoch unless `set_epoch(epoch)` is "
+                "called: each epoch visits the data in the same order",
+                fix=fix,
+            )
+
+
+def _conditional_target(facts: ScriptFacts, sampler: CallSite) -> str | None:
+    """``sampler = DistributedSampler(ds) if distributed else None`` → ``sampler``."""
+    statement = sampler.statement.node if sampler.statement else None
+    for binding in facts.bindings:
+        value = binding.value
+        if binding.statement is not None and binding.statement.node is statement and isinstance(value, cst.IfExp):
+            if sampler.node in (value.body, value.orelse):
+                return binding.target
+    return None
+
+
+def _loader_holding(info: DistributedFacts, sampler: CallSite) -> str | None:
+    """``loader = DataLoader(ds, sampler=DistributedSampler(ds))`` → ``loader``."""
+    for call in info.dataloaders:
+        value = call.arg("sampler")
+        if value is sampler.node:
+            return info.dataloader_name(call)
+    return None
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+class SamplerSetEpochFix(Codemod):
+    rule = "TC504"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        editor = _FirstStatementEditor()
+        declined: list[DeclineFix] = []
+        for finding in findings:
+            try:
+                loop, code = _plan(facts, finding.fix.anchor)
+            except DeclineFix as exc:
+                declined.append(exc)
+                continue
+            editor.prepend(loop.node, parse_statement(code, module))
+        if not editor.first:
+            raise declined[0]
+        # Declined findings stay; the next round declines them alone, with their reason.
+        return module.visit(editor)
+
+
+def _plan(facts: ScriptFacts, anchor: dict) -> tuple[Frame, str]:
+    epoch = anchor.get("epoch")
+    if not epoch or epoch == "_":
+        raise DeclineFix("the epoch loop has no counter to pass to set_epoch")
+    loop = _loop_at(facts, anchor["epoch_loop_line"])
+    sampler = _sampler_call(facts, anchor["line"])
+    receiver, guard = _receiver(facts, sampler, loop)
+    if guard:
+        return loop, f"if {guard}:\n    {receiver}.set_epoch({epoch})\n"
+    return loop, f"{receiver}.set_epoch({epoch})\n"
+
+
+# -- where things are ------------------------------------------------------------------------------------
+
+
+def _loop_at(facts: ScriptFacts, line: int) -> Frame:
+    """The frame of the ``for``/``while`` loop that starts on ``line``."""
+    for call in facts.calls:
+        for frame in call.ctx.chain():
+            if frame.kind == "loop" and facts.line_of(frame.node) == line:
+                return frame
+    raise DeclineFix("the epoch loop could not be located")
+
+
+def _sampler_call(facts: ScriptFacts, line: int) -> CallSite:
+    for call in facts.calls:
+        if facts.line_of(call.node) == line and is_distributed_sampler(callee_type(facts, call)):
+            return call
+    raise DeclineFix("the DistributedSampler call could not be located")
+
+
+# -- a name for the sampler at the loop --------------------------------------------------------------------
+
+
+def _receiver(facts: ScriptFacts, sampler: CallSite, loop: Frame) -> tuple[str, str | None]:
+    """``(expression for the sampler at the loop, a condition to call it under or None)``."""
+    info = distributed_facts(facts)
+    name = info.target_of(sampler.node)
+    if name is None:  # ``sampler = DistributedSampler(ds) if distributed else None``
+        name = _target_of_enclosing(facts, sampler)
+    if name is not None:
+        if sampler.ctx.inside(loop.node):
+            raise DeclineFix("the sampler is created inside the epoch loop; create it once, before the loop")
+        values = [b.value for b in _scope_bindings(facts, name, sampler.ctx)]
+        maybe_none = _may_be_none(facts, values)
+        seen = _visible(facts, name, loop)
+        if seen is not None:
+            return seen, (f"{seen} is not None" if maybe_none else None)
+    # Through the DataLoader that holds it.
+    loader = _loader_holding(facts, sampler, name)
+    if loader is None:
+        raise DeclineFix("the sampler has no name the epoch loop can see; call set_epoch on it by hand")
+    if loader.ctx.inside(loop.node):
+        raise DeclineFix("the DataLoader is created inside the epoch loop; create it once, before the loop")
+    for owner, bindings in _loader_names(facts, loader).items():
+        seen = _visible(facts, owner, loop)
+        if seen is None:
+            continue
+        guards = []
+        loader_type = _other_iterables(facts, owner, bindings, loader)
+        if loader_type is not None:
+            guards.append(f"isinstance({seen}, {loader_type})")
+        if _may_be_none(facts, [_sampler_argument(loader.node)]):
+            guards.append(f"{seen}.sampler is not None")
+        return f"{seen}.sampler", " and ".join(guards) or None
+    raise DeclineFix("the DataLoader holding the sampler has no name the epoch loop can see")
+
+
+def _other_iterables(facts: ScriptFacts, owner: str, bindings: list[Binding], loader: CallSite) -> str | None:
+    """When ``owner`` holds something other than this DataLoader on some paths (``SyntheticBatches(...)
+    if args.synthetic``), the DataLoader class as the file spells it, to test for; None otherwise.
+    Declines for another DataLoader without a DistributedSampler (its sampler has no set_epoch)."""
+    if not bindings:
+        return None
+    scope = bindings[0].ctx
+    helpers = {id(b.value) for b in bindings}
+    others = False
+    for binding in _scope_bindings(facts, owner, scope):
+        if id(binding.value) in helpers or binding.value is loader.node:
+            continue
+        for leaf in facts.binding_values(binding.value):
+            if leaf is loader.node or isinstance(leaf, (cst.IfExp, cst.BooleanOperation)):
+                continue
+            if isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(leaf) or ""):
+                continue
+            site = next((c for c in facts.calls if c.node is leaf), None)
+            if site is not None and site.node is not loader.node and is_dataloader(callee_type(facts, site)):
+                sampler = site.arg("sampler")
+                if sampler is None or not _is_distributed_sampler_expr(facts, sampler):
+                    raise DeclineFix(
+                        f"`{owner}` is on some paths a DataLoader without a DistributedSampler; reseed the "
+                        "sampler by hand"
+                    )
+                continue
+            others = True
+    if not others:
+        return None
+    func = loader.node.func
+    qual = facts.qualname(func) or ""
+    if not qual.startswith("torch.utils.data") or not any(
+        site.local == (get_full_name_for_node(func) or "").split(".")[0] and site.ctx is facts.module_frame
+        for site in facts.imports
+    ):
+        raise DeclineFix(f"`{owner}` is not a DataLoader on every path; reseed the sampler by hand")
+    return facts.module.code_for_node(func)
+
+
+def _is_distributed_sampler_expr(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
+    for leaf in facts.binding_values(expr):
+        if isinstance(leaf, cst.Call):
+            site = next((c for c in facts.calls if c.node is leaf), None)
+            if site is not None and is_distributed_sampler(callee_type(facts, site)):
+                return True
+    return False
+
+
+def _target_of_enclosing(facts: ScriptFacts, sampler: CallSite) -> str | None:
+    for binding in _statement_bindings(facts, sampler):
+        value = binding.value
+        if isinstance(value, cst.IfExp) and sampler.node in (value.body, value.orelse):
+            return binding.target
+    return None
+
+
+def _statement_bindings(facts: ScriptFacts, call: CallSite) -> list[Binding]:
+    statement = call.statement.node if call.statement else None
+    return [b for b in facts.bindings if b.statement is not None and b.statement.node is statement]
+
+
+def _scope_bindings(facts: ScriptFacts, name: str, ctx: Frame) -> list[Binding]:
+    """Bindings of ``name`` in the function (or class, for ``self.x``) of ``ctx``."""
+    if name.startswith("self."):
+        return [b for b in facts.bindings_of(name) if b.ctx.class_def is ctx.class_def]
+    return [b for b in facts.bindings_of(name) if b.ctx.function is ctx.function]
+
+
+def _may_be_none(facts: ScriptFacts, values: list[cst.BaseExpression]) -> bool:
+    """True when the sampler may be None; declines when it may be another kind of sampler."""
+    maybe_none = False
+    for value in values:
+        for leaf in facts.binding_values(value):
+            if isinstance(leaf, (cst.IfExp, cst.BooleanOperation)):
+                continue
+            if isinstance(leaf, cst.Name) and leaf.value == "None":
+                maybe_none = True
+            elif isinstance(leaf, cst.Call):
+                site = next((c for c in facts.calls if c.node is leaf), None)
+                if site is None or not is_distributed_sampler(callee_type(facts, site)):
+                    raise DeclineFix("the sampler is not a DistributedSampler on every path; reseed it by hand")
+            elif isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(leaf) or ""):
+                continue  # an alias: its values are in the list too
+            else:
+                raise DeclineFix("the sampler is not a DistributedSampler on every path; reseed it by hand")
+    return maybe_none
+
+
+def _visible(facts: ScriptFacts, dotted: str, loop: Frame) -> str | None:
+    return _visible_at(facts, dotted, loop, facts.line_of(loop.node))
+
+
+def _visible_at(facts: ScriptFacts, dotted: str, ctx: Frame, line: int, depth: int = 0) -> str | None:
+    """An expression for ``dotted`` (bound where it was built) that code at ``ctx``/``line`` can use: the
+    name itself, or the parameter its function receives it through from every caller."""
+    fn = ctx.function
+    head = dotted.split(".")[0]
+    if head == "self":
+        cls = ctx.class_def
+        if cls is not None and fn is not None and _first_param(fn) == "self":
+            if any(b.ctx.class_def is cls for b in facts.bindings_of(dotted)):
+                return dotted
+        return None
+    bindings = facts.bindings_of(head)
+    if fn is not None and head in param_names(fn):
+        pass  # a parameter shadows any global of the same name: follow the callers below
+    elif any(
+        b.ctx.function is fn and b.ctx.class_def is ctx.class_def and facts.line_of(b.value) < line for b in bindings
+    ):
+        return dotted
+    elif any(b.ctx.function is None and b.ctx.class_def is None for b in bindings):
+        return dotted
+    if fn is None or depth > 1:
+        return None
+    # Passed in: every call of the function hands the same visible name to one parameter.
+    callers = direct_callers(facts, fn)
+    chosen: set[str] = set()
+    for caller in callers:
+        param = parameter_receiving(fn, caller.node, head)
+        if param is None or _visible_at(facts, head, caller.ctx, facts.line_of(caller.node), depth + 1) is None:
+            return None
+        chosen.add(param)
+    if len(chosen) != 1:
+        return None
+    return chosen.pop() + dotted[len(head):]
+
+
+def _first_param(fn: cst.FunctionDef) -> str | None:
+    params = fn.params.posonly_params + fn.params.params
+    return params[0].name.value if params else None
+
+
+def direct_callers(facts: ScriptFacts, fn: cst.FunctionDef) -> list[CallSite]:
+    """Calls of ``fn`` from outside it: ``fn(...)`` for a function, ``self.fn(...)`` for a method (never
+    ``model.train()`` for a ``def train``)."""
+    method = any(other is fn and ctx.kind == "class" for other, ctx in facts.functions)
+    wanted = f"self.{fn.name.value}" if method else fn.name.value
+    return [c for c in facts.calls if c.name == wanted and not c.ctx.inside(fn)]
+
+
+def param_names(fn: cst.FunctionDef) -> list[str]:
+    p = fn.params
+    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
+def parameter_receiving(fn: cst.FunctionDef, call: cst.Call, dotted: str) -> str | None:
+    """The parameter of ``fn`` that ``call`` passes ``dotted`` to (positionally or by keyword)."""
+    params = [x.name.value for x in (*fn.params.posonly_params, *fn.params.params)]
+    if params and params[0] in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        params = params[1:]
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    for index, arg in enumerate(positional):
+        if get_full_name_for_node(arg.value) == dotted and index < len(params):
+            return params[index]
+    for arg in call.args:
+        if arg.keyword is not None and get_full_name_for_node(arg.value) == dotted:
+            return arg.keyword.value
+    return None
+
+
+# -- the loader that holds the sampler ------------------------------------------------------------------
+
+
+def _sampler_argument(loader: cst.Call) -> cst.BaseExpression:
+    return next(a.value for a in loader.args if a.keyword is not None and a.keyword.value == "sampler")
+
+
+def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> CallSite | None:
+    """The DataLoader whose ``sampler=`` is this sampler call, or the sampler's name in the same function."""
+    info = distributed_facts(facts)
+    for loader in info.dataloaders:
+        value = loader.arg("sampler")
+        if value is None:
+            continue
+        if value is sampler.node:
+            return loader
+        if isinstance(value, cst.IfExp) and sampler.node in (value.body, value.orelse):
+            return loader
+        if name is not None and get_full_name_for_node(value) == name and loader.ctx.function is sampler.ctx.function:
+            return loader
+    return None
+
+
+def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Binding]]:
+    """Names the loader is bound to, with those bindings: its assignment target, and the targets of
+    calls of the helper that returns it (``train_loader = build_loader(...)``, ``self.loader =
+    self._make_loader()``)."""
+    out: dict[str, list[Binding]] = {}
+    for binding in facts.bindings:
+        if binding.value is loader.node:
+            out.setdefault(binding.target, []).append(binding)
+    fn = loader.ctx.function
+    if fn is None:
+        return out
+    targets = set(out)
+    returned = _returns(fn)
+    if not any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
+        return out
+    for binding in facts.bindings:
+        value = binding.value
+        if isinstance(value, cst.Call):
+            callee = get_full_name_for_node(value.func) or ""
+            if callee.removeprefix("self.") == fn.name.value:
+                out.setdefault(binding.target, []).append(binding)
+    return out
+
+
+# -- the edit --------------------------------------------------------------------------------------------
+
+
+class _FirstStatementEditor(StatementEditor):
+    """Also puts statements first in a loop's body (a one-line body becomes an indented block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[int, list[cst.BaseStatement]] = {}
+
+    def prepend(self, loop: cst.CSTNode, statement: cst.BaseStatement) -> None:
+        self.first.setdefault(id(loop), []).append(statement)
+
+    def _body(self, original: cst.CSTNode, updated):
+        statements = self.first.get(id(original))
+        if not statements:
+            return updated
+        body = updated.body
+        if isinstance(body, cst.SimpleStatementSuite):
+            body = cst.IndentedBlock(
+                body=[cst.SimpleStatementLine(body=list(body.body))], header=body.trailing_whitespace
+            )
+        return updated.with_changes(body=body.with_changes(body=[*statements, *body.body]))
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        return self._body(original_node, updated_node)
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
+        return self._body(original_node, updated_node)

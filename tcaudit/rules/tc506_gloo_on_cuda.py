@@ -1,0 +1,209 @@
+"""TC506 gloo-on-cuda: ``init_process_group(backend="gloo")`` in a script that trains on CUDA."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import distributed_facts, in_test_code, literal_value
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+from typing import Sequence
+from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
+from tcaudit.rules.base import Codemod
+from tcaudit.script.distributed import DEVICE_SWITCH, distributed_facts, literal_value
+
+# The script puts its model or tensors on a GPU (not just mentions CUDA in a check).
+_CUDA_TRAINING = re.compile(
+    r"\.cuda\(|[\"']cuda|torch\.cuda\.set_device|\bdevice_ids\s*=|\bnccl\b|torch\.accelerator"
+)
+
+
+def _always_gloo(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
+    """Every value the backend expression may take is the string "gloo" (a conditional that can pick
+    NCCL, or anything we cannot evaluate, is not)."""
+    leaves = []
+    for value in facts.binding_values(expr):
+        if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+            continue
+        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(facts.module.code_for_node(value)):
+            continue  # an assigned name: its values are in the list
+        leaves.append(value)
+    return bool(leaves) and all(literal_value(v) == "gloo" for v in leaves)
+
+
+class GlooOnCuda(ScriptRule):
+    id = "TC506"
+    triggers = (r"gloo",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        if not _CUDA_TRAINING.search(info.text):
+            return
+        if not (facts.training_steps or facts.optimizer_steps or info.is_ddp_script):
+            return
+        for call in info.init_process_group_calls:
+            if in_test_code(call.ctx):
+                continue
+            backend = call.arg("backend", 0)
+            if backend is None or not _always_gloo(facts, backend):
+                continue
+            yield self.finding(
+                facts,
+                backend,
+                'init_process_group(backend="gloo") in a CUDA script: gloo all-reduces GPU gradients '
+                "through host memory, NCCL keeps them on the GPUs and uses NVLink",
+                fix=Fix(
+                    FixClass.SAFE,
+                    'backend="nccl" if torch.cuda.is_available() else "gloo"',
+                    anchor={"kind": "replace-expression", "line": facts.line_of(backend),
+                            "old": facts.module.code_for_node(backend),
+                            "new": '"nccl" if torch.cuda.is_available() else "gloo"'},
+                ),
+            )
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+_COLLECTIVES = frozenset(
+    {
+        "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+        "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv",
+        "isend", "irecv",
+    }
+)
+# torch factories that allocate on the CPU unless given device= (the *_like ones follow their input).
+_FACTORIES = frozenset(
+    {
+        "tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
+        "linspace", "Tensor", "FloatTensor", "LongTensor", "from_numpy",
+    }
+)
+
+
+class _HostTensors(cst.CSTVisitor):
+    """Finds, in an expression, a tensor that certainly lives on the host."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        self.facts = facts
+        self.moved: set[int] = set()  # factory calls that are the receiver of .to()/.cuda()
+        self.found: str | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Call):
+                self.moved.add(id(func.value))
+            if func.attr.value == "cpu" and self.found is None:
+                self.found = self.facts.module.code_for_node(node)
+        if id(node) in self.moved or self.found is not None:
+            return
+        qual = self.facts.qualname(func) or ""
+        if qual.startswith("torch.") and qual.split(".")[-1] in _FACTORIES and qual.count(".") == 1:
+            if not any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+                self.found = self.facts.module.code_for_node(node)
+
+
+def _host_collective(facts: ScriptFacts) -> str | None:
+    """The code of a collective that is handed a host tensor, if any."""
+    for call in facts.calls:
+        qual = call.qualname or ""
+        if not qual.startswith("torch.distributed.") or qual.split(".")[-1] not in _COLLECTIVES:
+            continue
+        for arg in call.node.args:
+            for value in facts.binding_values(arg.value):
+                finder = _HostTensors(facts)
+                value.visit(finder)
+                if finder.found is not None:
+                    return facts.module.code_for_node(call.node)
+    return None
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def _import_torch(module: cst.Module) -> cst.Module:
+    """``import torch`` before the file's first top-level torch import (``import torch.distributed as
+    dist``), where isort puts it, else after the last import."""
+    body = list(module.body)
+    for index, item in enumerate(body):
+        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+            continue
+        small = item.body[0]
+        if isinstance(small, cst.Import):
+            dotted = module.code_for_node(small.names[0].name)
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            dotted = module.code_for_node(small.module)
+        else:
+            continue
+        if dotted.split(".")[0] == "torch":
+            new = parse_statement("import torch", module).with_changes(leading_lines=item.leading_lines)
+            body[index] = item.with_changes(leading_lines=[])
+            body.insert(index, new)
+            return module.with_changes(body=body)
+    return ensure_import(module, "import torch")
+
+
+class GlooOnCudaFix(Codemod):
+    rule = "TC506"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        info = distributed_facts(facts)
+        switch = DEVICE_SWITCH.search(info.text)
+        if switch:
+            raise DeclineFix(
+                f"the device is chosen by a switch (`{switch.group(0).strip()}`): a CPU run on a machine "
+                "with a GPU would hand CPU tensors to NCCL"
+            )
+        host = _host_collective(facts)
+        if host:
+            raise DeclineFix(f"`{host}` is handed a tensor on the host, which NCCL cannot reduce")
+        torch_name = torch_import_name(facts)
+        replacements: dict[int, cst.BaseExpression] = {}
+        for finding in findings:
+            backend = self._backend_at(facts, info, finding)
+            if backend is None:
+                raise DeclineFix("the backend argument could not be located")
+            if isinstance(backend, cst.SimpleString) and literal_value(backend) == "gloo":
+                quote = backend.quote
+                fallback: cst.BaseExpression = backend  # keeps the literal as written
+            elif isinstance(backend, (cst.Name, cst.Attribute)):
+                quote = '"'
+                fallback = backend  # a name bound to "gloo" only: keep using it
+            else:
+                raise DeclineFix("the backend is not a plain string or name")
+            test = parse_expression(f"{torch_name or 'torch'}.cuda.is_available()", module)
+            replacements[id(backend)] = cst.IfExp(
+                test=test,
+                body=cst.SimpleString(f"{quote}nccl{quote}"),
+                orelse=fallback,
+            )
+        new = module.visit(_Replace(replacements))
+        if torch_name is None:
+            new = _import_torch(new)
+        return new
+
+    @staticmethod
+    def _backend_at(facts: ScriptFacts, info, finding: Finding) -> cst.BaseExpression | None:
+        loc = finding.location
+        for call in info.init_process_group_calls:
+            backend = call.arg("backend", 0)
+            if backend is None:
+                continue
+            pos = facts.position(backend)
+            if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == (
+                loc.line, loc.column, loc.end_line, loc.end_column
+            ):
+                return backend
+        return None

@@ -1,0 +1,288 @@
+"""TC601 per-step-sync: a device-to-host sync in the body of the training loop, every step."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import (
+    DistributedFacts,
+    distributed_facts,
+    has_modulo,
+    in_test_code,
+    literal_value,
+    names_in,
+)
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+
+SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
+SYNCHRONIZE = re.compile(r"^torch\.(cuda|accelerator|xpu|mps)\.synchronize$")
+TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
+_LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
+_TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
+_PACKING = re.compile(r"pack_padded_sequence|pack_sequence")
+_NUMPY_CHAIN = re.compile(r"\bnp\.|\bnumpy\.")
+_MAX_CALL_DEPTH = 2
+
+
+def _receiver_chain(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """The expressions a method chain is built on: ``a.b().c[0]`` → ``a.b().c[0]``, ``a.b().c``, ``a.b()``, ``a.b``, ``a``."""
+    while True:
+        yield node
+        if isinstance(node, cst.Call):
+            node = node.func
+        elif isinstance(node, (cst.Attribute, cst.Subscript)):
+            node = node.value
+        else:
+            return
+
+
+def _is_sync_method_call(node: cst.BaseExpression) -> bool:
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in SYNC_METHODS
+        and not any(a.keyword is None for a in node.args)
+    )
+
+
+class _Tensors:
+    """Names that hold tensors in training code: losses and model outputs, never rebound to a number."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        names: set[str] = set()
+        for step in facts.training_steps:
+            loss = step.loss
+            if isinstance(loss, cst.Call) and loss.args and step.scaler:
+                loss = loss.args[0].value
+            dotted = get_full_name_for_node(loss) if isinstance(loss, (cst.Name, cst.Attribute)) else None
+            if dotted:
+                names.add(dotted)
+        for binding in facts.bindings:
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                continue
+            func = get_full_name_for_node(value.func) or ""
+            qual = facts.qualname(value.func) or ""
+            last = func.split(".")[-1]
+            if qual.startswith("torch.nn.") and last[:1].isupper():
+                continue  # ``criterion = nn.CrossEntropyLoss()`` builds a module, not a tensor
+            if func in facts.model_names or _LOSS_CALL.search(last) or qual.startswith("torch.nn.functional."):
+                names.add(binding.target)
+        self.names = {n for n in names if not any(self._is_number(facts, b.value) for b in facts.bindings_of(n))}
+
+    @staticmethod
+    def _is_number(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+        if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+            return True
+        if isinstance(value, cst.Call):
+            func = get_full_name_for_node(value.func) or ""
+            if func in ("float", "int", "str", "round", "len") or func.endswith((".item", ".tolist")):
+                return True
+        return False
+
+    def raw_uses(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """Tensor names an expression formats or passes as they are (``loss``, ``f"{loss:.3f}"``,
+        ``"%f" % loss``, ``loss.detach()``), not through ``loss.item()`` or ``loss.shape``."""
+        out: list[cst.BaseExpression] = []
+        self._collect(expr, out)
+        return out
+
+    def _collect(self, expr: cst.BaseExpression, out: list[cst.BaseExpression]) -> None:
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            dotted = get_full_name_for_node(expr)
+            if dotted in self.names:
+                out.append(expr)
+        elif isinstance(expr, cst.FormattedString):
+            for part in expr.parts:
+                if isinstance(part, cst.FormattedStringExpression):
+                    self._collect(part.expression, out)
+        elif isinstance(expr, cst.ConcatenatedString):
+            self._collect(expr.left, out)
+            self._collect(expr.right, out)
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+            self._collect(expr.right, out)
+        elif isinstance(expr, (cst.Tuple, cst.List)):
+            for element in expr.elements:
+                self._collect(element.value, out)
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            method = expr.func.attr.value
+            if method == "format":
+                for arg in expr.args:
+                    self._collect(arg.value, out)
+            elif method in ("detach", "mean", "sum", "float", "clone"):
+                self._collect(expr.func.value, out)
+        elif isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) == "str" and expr.args:
+            self._collect(expr.args[0].value, out)
+
+
+class _StepScope:
+    """Decides whether a place in the file runs on every training step, unguarded."""
+
+    def __init__(self, facts: ScriptFacts, info: DistributedFacts) -> None:
+        self.facts = facts
+        self.info = info
+
+    def is_interval_guard(self, test: cst.BaseExpression) -> bool:
+        """``i % log_interval == 0``, ``it % eval_interval == 0 and master_process``, ``log_now`` bound
+        to a modulo, ``i == 0``, ``i == len(loader) - 1``, a time-based ``time.time() - t0 > 10``."""
+        if has_modulo(test):
+            return True
+        for name in names_in(test):
+            if _TIME_CALL.search(name):
+                return True
+            for binding in self.facts.bindings_of(name):
+                if has_modulo(binding.value):
+                    return True
+        for node in _comparisons(test):
+            for target in node.comparisons:
+                if isinstance(target.operator, cst.Equal):
+                    sides = (node.left, target.comparator)
+                    if any(isinstance(s, cst.Integer) for s in sides) or any(
+                        "len(" in self.facts.module.code_for_node(s) for s in sides
+                    ):
+                        return True
+        return False
+
+    def runs_every_step(self, ctx: Frame, depth: int = _MAX_CALL_DEPTH) -> bool:
+        facts, info = self.facts, self.info
+        for frame in ctx.chain():
+            kind = frame.kind
+            if kind == "if" and self.is_interval_guard(frame.node.test):  # type: ignore[attr-defined]
+                return False
+            if kind == "except":
+                return False
+            if kind == "loop":
+                if id(frame.node) in info.env_step_loops:
+                    return False  # RL interaction: the environment needs host values
+                if info.is_step_loop(frame):
+                    return True
+            if kind == "def":
+                fn = frame.node
+                assert isinstance(fn, cst.FunctionDef)
+                if facts.function_is_eval(fn) or depth <= 0:
+                    return False
+                callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+                return any(self.runs_every_step(c.ctx, depth - 1) for c in callers)
+            if kind in ("class", "lambda"):
+                return False
+        return False
+
+
+def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """Drop names that are parameters of the enclosing function: ``def log(loss): print(loss)`` is
+    often handed ``loss.item()``, a float (and that ``.item()`` is reported where it is called)."""
+    fn = call.ctx.function
+    if fn is None:
+        return uses
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params -= {"self", "cls"}
+    return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
+
+
+def _comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
+    out: list[cst.Comparison] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> None:
+            out.append(node)
+
+    test.visit(_V())
+    return out
+
+
+class PerStepSync(ScriptRule):
+    id = "TC601"
+    # Necessary: a training step and something that can sync.
+    triggers = (
+        r"(?s)\A(?=.*(?:\.backward\(|\.step\()).*(?:\.item\(|\.cpu\(|\.numpy\(|\.tolist\(|synchronize|print|add_scalar|add_histogram)",
+    )
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        if not info.step_loops or info.is_rl_script:
+            # RL: every environment step already brings the action to the host, so the GPU waits on
+            # the environment, not on a loss.item() in the update.
+            return
+        scope = _StepScope(facts, info)
+        tensors = _Tensors(facts)
+        for call in facts.calls:
+            described = self._sync(facts, info, tensors, call)
+            if described is None or in_test_code(call.ctx):
+                continue
+            what, node = described
+            if not scope.runs_every_step(call.ctx):
+                continue
+            yield self.finding(
+                facts,
+                node,
+                f"{what} in the training loop makes the host wait for the GPU every step; keep values on "
+                "the device and sync under a logging interval (`if step % log_interval == 0:`)",
+                fix=self._fix(facts, call, what),
+            )
+
+    def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
+        node = call.node
+        method = call.method
+        if _is_sync_method_call(node):
+            receiver = call.receiver
+            assert receiver is not None
+            if any(_is_sync_method_call(inner) for inner in list(_receiver_chain(receiver))):
+                return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
+            receiver_text = facts.module.code_for_node(receiver)
+            if method == "cpu":
+                if call.receiver_name in info.module_names or (call.receiver_name or "").endswith(".module"):
+                    return None  # moving a model, not reading a value
+                if call.statement is not None and _PACKING.search(facts.module.code_for_node(call.statement.node)):
+                    return None  # pack_padded_sequence needs its lengths on the CPU
+            if method == "numpy" and not any(
+                arg.keyword is not None and arg.keyword.value == "force" and literal_value(arg.value) is True
+                for arg in node.args
+            ):
+                return None  # .numpy() refuses CUDA tensors: its sync is the .cpu() before it
+            if method == "tolist" and _NUMPY_CHAIN.search(receiver_text):
+                return None
+            if method == "tolist" and isinstance(receiver, (cst.Name, cst.Attribute)) and receiver_text not in tensors.names:
+                return None  # a list or array as often as a tensor
+            receiver_text = " ".join(receiver_text.split())
+            short = receiver_text if len(receiver_text) <= 40 else receiver_text[:37] + "…"
+            return f"`{short}.{method}()`", node
+        if call.qualname and SYNCHRONIZE.match(call.qualname):
+            return f"`{call.name}()`", node
+        if call.name == "print" and not call.method:
+            for arg in node.args:
+                uses = _not_parameters(call, tensors.raw_uses(arg.value))
+                if uses:
+                    return f"`print` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+            return None
+        if method in TENSORBOARD_METHODS and len(node.args) >= 2:
+            value = call.arg("scalar_value", 1) or call.arg("values", 1) or node.args[1].value
+            uses = _not_parameters(call, tensors.raw_uses(value)) if method != "add_histogram" else [value]
+            if uses and (method != "add_histogram" or literal_value(value) is ...):
+                return f"`{call.name}(...)` of a tensor", node
+        return None
+
+    def _fix(self, facts: ScriptFacts, call: CallSite, what: str) -> Fix:
+        anchor = {"kind": "defer-sync", "line": facts.line_of(call.node), "sync": what}
+        statement = call.statement
+        small = statement.node.body[0] if statement is not None and isinstance(statement.node, cst.SimpleStatementLine) and len(statement.node.body) == 1 else None
+        if call.method == "item" and isinstance(small, cst.AugAssign) and small.value is call.node:
+            target = facts.module.code_for_node(small.target)
+            anchor.update(kind="accumulate-on-device", accumulator=target)
+            return Fix(
+                FixClass.SAFE,
+                f"accumulate `{target}` as a tensor (`.detach()` instead of `.item()`) and call `.item()` where it is logged",
+                anchor=anchor,
+            )
+        return Fix(
+            FixClass.SAFE,
+            "move the sync under a logging interval",
+            available=False,
+            reason="how often to log is the user's decision; the value must be kept on the device or logged less often by hand",
+            anchor=anchor,
+        )

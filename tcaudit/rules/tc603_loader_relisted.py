@@ -1,0 +1,109 @@
+"""TC603 loader-relisted: ``len(list(loader))`` / ``for batch in list(loader)`` runs the whole pipeline."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.rules.base import RuleContext, ScriptRule
+
+# ``loader``, ``trainloader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).
+_LOADER_NAME = re.compile(r"loader$|(^|_)dl$", re.IGNORECASE)
+_WRAPPERS = ("iter", "enumerate", "tqdm", "tqdm.tqdm")
+
+
+def _loader_inside(facts: ScriptFacts, info: DistributedFacts, expr: cst.BaseExpression) -> str | None:
+    """The loader a ``list(...)`` argument iterates (through ``iter``/``enumerate``/``tqdm``)."""
+    while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in _WRAPPERS and expr.args:
+        expr = expr.args[0].value
+    if not isinstance(expr, (cst.Name, cst.Attribute)):
+        return None
+    dotted = get_full_name_for_node(expr)
+    if not dotted:
+        return None
+    loader_ids = {id(c.node) for c in info.dataloaders}
+    for value in facts.binding_values(expr):
+        if id(value) in loader_ids:
+            return dotted
+    if _LOADER_NAME.search(dotted.split(".")[-1]):
+        bound = [b.value for b in facts.bindings_of(dotted)]
+        # A name bound to a list literal or comprehension is no loader, whatever it is called.
+        if any(isinstance(v, (cst.List, cst.ListComp, cst.Tuple, cst.Dict)) for v in bound):
+            return None
+        return dotted
+    return None
+
+
+class LoaderRelisted(ScriptRule):
+    id = "TC603"
+    # Necessary: list( around a loader-like name, or list( in a file that builds a DataLoader.
+    triggers = (r"(?i)\blist\s*\([^)]*(?:loader|dl)\b", r"(?s)\A(?=.*DataLoader).*\blist\s*\(")
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        listing = {id(c.node): c for c in facts.calls if c.name == "list" and len(c.node.args) == 1}
+        if not listing:
+            return
+        reported: set[int] = set()
+        # len(list(loader)): counts batches by producing every one of them.
+        for call in facts.calls:
+            if call.name != "len" or len(call.node.args) != 1:
+                continue
+            inner = call.node.args[0].value
+            if id(inner) not in listing or in_test_code(call.ctx):
+                continue
+            loader = _loader_inside(facts, info, inner.args[0].value)  # type: ignore[attr-defined]
+            if loader is None:
+                continue
+            reported.add(id(inner))
+            fix = self._len_fix(facts, info, call.node, loader)
+            yield self.finding(
+                facts,
+                call.node,
+                f"`len(list({loader}))` loads, decodes and collates every batch just to count them; "
+                f"`len({loader})` is free",
+                fix=fix,
+            )
+        # for batch in list(loader): materialises the epoch before the first step.
+        for target_id, call in listing.items():
+            statement = call.statement
+            if target_id in reported or in_test_code(call.ctx) or statement is None or not isinstance(statement.node, cst.For):
+                continue
+            it = statement.node.iter
+            if isinstance(it, cst.Call) and get_full_name_for_node(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:
+                it = it.args[0].value
+            if it is not call.node:
+                continue
+            loader = _loader_inside(facts, info, call.node.args[0].value)
+            if loader is None:
+                continue
+            yield self.finding(
+                facts,
+                call.node,
+                f"`list({loader})` loads every batch of the epoch into memory before the loop starts and "
+                "stops the workers from overlapping loading with compute; iterate the loader directly",
+                fix=Fix(
+                    FixClass.SAFE,
+                    f"iterate `{loader}` directly",
+                    anchor={"kind": "unwrap-list", "line": facts.line_of(call.node), "loader": loader},
+                ),
+            )
+
+    @staticmethod
+    def _len_fix(facts: ScriptFacts, info: DistributedFacts, node: cst.Call, loader: str) -> Fix:
+        anchor = {"kind": "replace-expression", "line": facts.line_of(node), "new": f"len({loader})"}
+        if info.iterable_dataset_defined:
+            return Fix(
+                FixClass.SAFE,
+                f"use len({loader})",
+                available=False,
+                reason="the file defines an IterableDataset; a loader over it may have no len()",
+                anchor=anchor,
+            )
+        return Fix(FixClass.SAFE, f"use len({loader})", anchor=anchor)
