@@ -113,6 +113,8 @@ class Fix:
     available: bool = True
     reason: str | None = None
     plan: FixPlan | None = None
+    # TRANSITIONAL: the old untyped anchor, until every rule makes a FixPlan; removed after that.
+    anchor: dict[str, Any] = field(default_factory=dict, compare=False)
     # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
     # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
     option: str | None = None
