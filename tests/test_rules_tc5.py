@@ -84,13 +84,13 @@ def test_fixes_record_where_they_go():
         "shuffle": None,
         "loader": "train_loader",
     }
-    assert mp["TC506"].fix.anchor["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
+    assert mp["TC506"].fix.plan.to_dict()["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
     assert mp["TC507"].fix.anchor == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
     imagenet = _by_rule("tc5_imagenet_distributed.py")
     assert imagenet["TC504"].fix.available
-    assert imagenet["TC504"].fix.anchor["sampler"] == "train_sampler"
-    assert imagenet["TC504"].fix.anchor["epoch"] == "epoch"
-    assert imagenet["TC502"].fix.anchor == {
+    assert imagenet["TC504"].fix.plan.to_dict()["sampler"] == "train_sampler"
+    assert imagenet["TC504"].fix.plan.to_dict()["epoch"] == "epoch"
+    assert imagenet["TC502"].fix.plan.to_dict() == {
         "kind": "add-keyword", "line": 39, "keyword": "gradient_as_bucket_view", "value": "True"
     }
     single = _by_rule("tc5_single_gpu.py")["TC505"]
