@@ -77,12 +77,14 @@ def test_dataparallel_alias_fix_is_declined_with_a_reason():
 
 def test_fixes_record_where_they_go():
     mp = _by_rule("tc5_mp_spawn_ddp.py")
-    assert mp["TC503"].fix.anchor == {
+    assert mp["TC503"].fix.plan.to_dict() == {
         "kind": "add-distributed-sampler",
         "line": 38,
         "dataset": "train_set",
         "shuffle": None,
         "loader": "train_loader",
+        "sampler": "DistributedSampler(train_set, shuffle=True)",
+        "import_sampler": True,
     }
     assert mp["TC506"].fix.plan.to_dict()["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
     no_sync = mp["TC507"].fix.plan.to_dict()
