@@ -72,7 +72,7 @@ def test_dataparallel_alias_fix_is_declined_with_a_reason():
     assert "torch.nn.DataParallel" in finding.message
     assert finding.fix is not None and not finding.fix.available
     assert "DDP" in finding.fix.reason
-    assert finding.fix.anchor["kind"] == "convert-dataparallel"
+    assert finding.fix.plan is None and "renamed by hand" in finding.fix.reason
 
 
 def test_fixes_record_where_they_go():
