@@ -237,8 +237,8 @@ class DdpConversion:
                 for c in self.pipeline.direct_callers(ctx_function)
             )
         if ctx_function is None:
-            anchor = import_block_end(self.facts)
-            return anchor is not None and self.facts.line_of(node) <= self.facts.position(anchor).end.line
+            imports_end = import_block_end(self.facts)
+            return imports_end is not None and self.facts.line_of(node) <= self.facts.position(imports_end).end.line
         return False
 
     def _collect_rank_zero(self, plan: DdpLayout) -> None:
