@@ -16,7 +16,7 @@ import libcst as cst
 
 from tcaudit.config import Settings
 from tcaudit.engine import analyse_source, candidate_rules, file_suppressions, instantiate_rules, is_suppressed
-from tcaudit.findings import Finding, FixClass
+from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
@@ -150,8 +150,12 @@ def fix_file(
                 facts, findings_now = analyse(text)
             except (SourceError, FixAnalysisError):
                 break
-            # Findings of the current text, so their positions match this module.
-            current = [f for f in findings_now if f.rule == rule_id and f.fix is not None and f.fix.available]
+            # Findings of the current text, so their positions match this module. A fix that follows
+            # another rule's fix waits for the round after that one.
+            current = [
+                f for f in findings_now
+                if f.rule == rule_id and f.fix is not None and f.fix.available and not isinstance(f.fix.plan, FollowsFix)
+            ]
             if not current:
                 continue
             context = FixContext(facts, settings)

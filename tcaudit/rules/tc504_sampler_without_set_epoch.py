@@ -9,6 +9,7 @@ DistributedSampler on every path.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -16,7 +17,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import (
@@ -130,10 +131,11 @@ class SamplerWithoutSetEpoch(ScriptRule):
         if facts.method_calls("set_epoch"):
             return  # reseeded somewhere (sampler, loader.sampler, a helper or a custom loader)
         samplers = [c for c in facts.calls if is_distributed_sampler(callee_type(facts, c))]
-        if not samplers:
-            return
         loop = epoch_loop(facts, info)
         if loop is None:
+            return
+        if not samplers:
+            yield from self._after_sampler_fix(facts, context)
             return
         epoch_var = (
             facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
@@ -161,6 +163,28 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 "DistributedSampler shuffles with the same seed every epoch unless `set_epoch(epoch)` is "
                 "called: each epoch visits the data in the same order",
                 fix=self.planned_fix(FixClass.SAFE, described, plan),
+            )
+
+
+    def _after_sampler_fix(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """No DistributedSampler yet, but TC503's fix will add a shuffling one to a training loader
+        of a script with several epochs: set_epoch is then due too, so scan says so now."""
+        from tcaudit.rules.tc503_ddp_without_distributed_sampler import DdpWithoutDistributedSampler
+
+        for pending in DdpWithoutDistributedSampler().check(facts, context):
+            plan = pending.fix.plan if pending.fix is not None and pending.fix.available else None
+            # The sampler TC503 writes shuffles unless it passes the loader's shuffle=False on.
+            if plan is None or re.search(r"shuffle\s*=\s*False", str(getattr(plan, "sampler", ""))):
+                continue
+            yield dataclasses.replace(
+                pending,
+                rule=self.id,
+                name=self.spec.name,
+                severity=self.spec.severity,
+                message="with the DistributedSampler TC503 adds, also call `set_epoch(epoch)` at the start of "
+                "each epoch: a DistributedSampler shuffles with the same seed every epoch without it",
+                fix=Fix(FixClass.SAFE, "call sampler.set_epoch(epoch) at the start of each epoch, once TC503's "
+                        "sampler is in place", plan=FollowsFix("TC503")),
             )
 
 
