@@ -195,9 +195,11 @@ def harness_command(copy: Path, out: Path, steps: int, warmup: int, nproc: int, 
 
 
 def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, nproc: int, total: int,
-            progress=None, timeout: float | None = None) -> list[dict]:
+            progress=None, timeout: float | None = None, round_index: int | None = None) -> list[dict]:
     log = out.with_suffix(".log")
-    task = progress.add_task(f"{label:>8}", total=total) if progress is not None else None
+    shown = label if round_index is None else f"{label} r{round_index}"
+    where = "" if round_index is None else f" in round {round_index}"
+    task = progress.add_task(f"{shown:>8}", total=total) if progress is not None else None
     marker = out.with_suffix(".progress")
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -210,14 +212,14 @@ def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, npr
                     pass
             if timeout is not None and time.monotonic() - start > timeout:
                 proc.kill()
-                raise VerifyError(f"{label} run exceeded {timeout:.0f}s; see {log}")
+                raise VerifyError(f"{label} run exceeded {timeout:.0f}s{where}; see {log}")
             time.sleep(0.2)
     if task is not None:
         progress.update(task, completed=total)
     files = [out] if nproc == 1 else sorted(out.parent.glob(f"{out.stem}.rank*.json"))
     if proc.returncode != 0 or not files or not all(f.exists() for f in files):
         tail = log.read_text(errors="replace")[-2000:]
-        raise VerifyError(f"the {label} run failed (exit {proc.returncode}); last output:\n{tail}")
+        raise VerifyError(f"the {label} run failed{where} (exit {proc.returncode}); last output:\n{tail}")
     return [json.loads(f.read_text()) for f in files]
 
 
@@ -411,8 +413,8 @@ def verify(
             for stale in [out, *runs_dir.glob(f"{out.stem}.rank*.json")]:
                 stale.unlink(missing_ok=True)
             cmd = harness_command(copy, out, steps, warmup, size, args, health=health)
-            shown = label if rounds == 1 else f"{label} r{round_index + 1}"
-            ranks = run_one(shown, cmd, script.resolve().parent, env, out, size, total, progress, timeout)
+            ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout,
+                            round_index=None if rounds == 1 else round_index + 1)
             results[label].append(summarize(label, ranks, round_index + 1))
 
     def throughputs(label: str) -> list[float]:
