@@ -16,10 +16,23 @@ TINY = Path(__file__).resolve().parent.parent / "fixtures" / "verify" / "tiny_tr
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
+    """One verify of the tiny script shared by the tests below: two rounds, health on, and attribution
+    with a budget of two extra runs (one rule group of three measured)."""
     out = tmp_path_factory.mktemp("verify")
-    code, stdout, stderr = run_cli("verify", str(TINY), "--steps", "4", "--warmup", "2", "--out", str(out),
+    code, stdout, stderr = run_cli("verify", str(TINY), "--steps", "4", "--warmup", "2", "--rounds", "2",
+                                   "--health", "--attribute", "--attribute-budget", "2", "--out", str(out),
                                    "--", "--steps", "50", "--batch-size", "12")
     return code, stdout, stderr, out
+
+
+def _round_throughputs(out: Path, label: str) -> list[float]:
+    """samples/s of each round of one side, recomputed from the harness's own files."""
+    values = []
+    for path in sorted((out / "runs").glob(f"{label}.r*.json")):
+        run = json.loads(path.read_text())
+        warmup = run["warmup"]
+        values.append(sum(run["samples"][warmup:]) / sum(run["step_times"][warmup:]))
+    return values
 
 
 def test_verify_reports_both_runs(verified):
@@ -44,6 +57,61 @@ def test_verify_json_has_the_recorded_facts(verified):
     assert data["original"]["losses"] == data["patched"]["losses"]
     assert data["loss_parity"] is True
     assert data["speedup"] > 0
+
+
+def test_verify_reports_rounds_and_an_interval_computed_from_the_runs(verified):
+    import statistics
+
+    from tcaudit.verify.stats import ratio_interval
+
+    code, stdout, _, out = verified
+    data = json.loads((out / "verify.json").read_text())
+    assert data["rounds"] == 2 and "t-interval on log ratios" in data["speedup_method"]
+    original, patched = _round_throughputs(out, "original"), _round_throughputs(out, "patched")
+    assert len(original) == len(patched) == 2 and len(data["runs"]["original"]) == 2
+    assert data["round_speedups"] == pytest.approx([b / a for a, b in zip(original, patched)])
+    assert data["speedup"] == pytest.approx(statistics.median(data["round_speedups"]))
+    expected = ratio_interval(patched, original, 0.95)
+    assert data["speedup_ci"] == pytest.approx([expected.low, expected.high])
+    assert data["significant"] is expected.significant
+    assert ("no significant difference" in stdout) is not expected.significant
+    assert set(data["input_wait"]) >= {"original", "patched"}
+    assert all(0 <= value <= 1 for value in data["input_wait"].values())
+
+
+def test_verify_attribution_within_the_budget(verified):
+    from tcaudit.verify.stats import ratio_interval
+
+    _, stdout, _, out = verified
+    data = json.loads((out / "verify.json").read_text())
+    assert stdout.index("extra runs") < stdout.index("speedup:")  # the cost is said before the runs
+    assert "--attribute-budget 2 allows 2" in stdout
+    groups = [tuple(entry["rules"]) for entry in data["attribution"]]
+    assert sorted(groups) == [("TC201",), ("TC301",), ("TC307",)]
+    first, *rest = data["attribution"]
+    label = "without-" + "+".join(first["rules"])
+    without = _round_throughputs(out, label)
+    assert len(without) == 2  # the measured group ran in both rounds
+    expected = ratio_interval(_round_throughputs(out, "patched"), without)
+    assert first["speedup"] == pytest.approx(expected.median)
+    assert first["speedup_ci"] == pytest.approx([expected.low, expected.high])
+    assert all(entry["speedup"] is None and "budget" in entry["note"] for entry in rest)
+    assert "partial attribution" in data["attribution_summary"]
+    assert (out / "work" / label / "tiny_train.py").is_file()
+
+
+def test_verify_health_is_recorded_for_both_sides(verified):
+    from tcaudit.verify.health import unused_parameters
+
+    code, stdout, _, out = verified
+    data = json.loads((out / "verify.json").read_text())
+    for side in ("original", "patched"):
+        health = data["health"][side]
+        assert health["nonfinite_loss_steps"] == 0 and health["skipped_steps"] == 0
+        assert health["grad_norm_median"] > 0 and health["ddp_find_unused_parameters"] is None
+        assert len(health["rounds"][0]["grad_norms"]) == 6
+        assert unused_parameters(out / "verify.json", side) == []
+    assert data["health_regressions"] == [] and "no regression" in stdout and code == 0
 
 
 def test_verify_writes_the_plot_and_the_patch(verified):

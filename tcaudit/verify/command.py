@@ -1,4 +1,4 @@
-"""``tcaudit verify train.py [--steps N --warmup W --nproc K --out DIR] -- ARGS``."""
+"""``tcaudit verify train.py [--steps N --warmup W --rounds R --nproc K --out DIR] -- ARGS``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,22 @@ def add_verify_parser(sub, add_selection) -> None:
     verify.add_argument("--classes", default="safe,numerics", metavar="CLASSES", help="fix classes for the patched copy")
     verify.add_argument("--tolerance", type=float, default=0.10, help="relative loss-parity tolerance (default 0.10)")
     verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up on a run after this long")
+    verify.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds, each side its own process per round, order alternating (default 3)")
+    verify.add_argument("--confidence", type=float, default=0.95, help="level of the speedup interval (default 0.95)")
+    verify.add_argument("--fail-under", type=float, default=None, metavar="X",
+                        help="exit 1 when the speedup interval's lower bound is below X (a CI gate; needs --rounds 2+)")
+    verify.add_argument("--aa", action="store_true",
+                        help="A/A self-check: the original on both sides, to see this machine's noise band")
+    verify.add_argument("--patched", default=None, metavar="FILE",
+                        help="compare against this file instead of the patch tcaudit fix makes")
+    verify.add_argument("--health", action="store_true",
+                        help="record training health on both sides (non-finite steps, GradScaler skips, grad norms, "
+                        "parameters without a gradient, peak memory per step); exit 1 when the patched run is worse")
+    verify.add_argument("--attribute", action="store_true",
+                        help="also run the patch with each rule group left out, and report what each contributed")
+    verify.add_argument("--attribute-budget", type=int, default=None, metavar="N",
+                        help="at most N extra runs for --attribute")
     add_structural_flags(verify)
     add_selection(verify)
 
@@ -42,15 +58,23 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     if importlib.util.find_spec("torch") is None:
         print("tcaudit: error: verify needs torch (pip install 'tcaudit[torch]')", file=sys.stderr)
         return 2
-    if args.steps < 1 or args.warmup < 0 or args.nproc < 1:
-        print("tcaudit: error: --steps and --nproc must be at least 1, --warmup at least 0", file=sys.stderr)
+    if args.steps < 1 or args.warmup < 0 or args.nproc < 1 or args.rounds < 1:
+        print("tcaudit: error: --steps, --nproc and --rounds must be at least 1, --warmup at least 0", file=sys.stderr)
+        return 2
+    problem = _option_problem(args)
+    if problem:
+        print(f"tcaudit: error: {problem}", file=sys.stderr)
         return 2
     script_args = list(getattr(args, "script_args", []))
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
     console = Console(stderr=False, highlight=False, width=max(110, Console().width))
+    options = ["--rounds", str(args.rounds), *(["--aa"] if args.aa else []), *(["--health"] if args.health else []),
+               *(["--patched", args.patched] if args.patched else []), *(["--attribute"] if args.attribute else []),
+               *(["--attribute-budget", str(args.attribute_budget)] if args.attribute_budget is not None else []),
+               *(["--fail-under", str(args.fail_under)] if args.fail_under is not None else [])]
     command = shlex.join(["tcaudit", "verify", args.script, "--steps", str(args.steps), "--warmup",
-                          str(args.warmup), "--nproc", str(args.nproc),
+                          str(args.warmup), "--nproc", str(args.nproc), *options,
                           *(f"--{option}" for option in settings.structural_fixes), "--", *script_args])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                TimeElapsedColumn())
@@ -59,7 +83,10 @@ def run_verify(args: argparse.Namespace, settings) -> int:
             result = verify(
                 Path(args.script), script_args, settings, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
                 out_dir=Path(args.out), classes=classes, tolerance=args.tolerance, command=command,
-                progress=progress, timeout=args.timeout,
+                progress=progress, timeout=args.timeout, rounds=args.rounds, confidence=args.confidence,
+                aa=args.aa, patched_file=Path(args.patched) if args.patched else None, health=args.health,
+                attribute=args.attribute, attribute_budget=args.attribute_budget,
+                announce=console.print,
             )
     except VerifyError as exc:
         print(f"tcaudit: error: {exc}", file=sys.stderr)
@@ -68,7 +95,30 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     plot = write_plot(result, Path(args.out) / "verify.png")
     if plot is None:
         console.print("verify.png skipped: matplotlib is not installed")
-    return 0 if result.parity else 1
+    code = 0 if result.parity and not result.health_regressions else 1
+    if args.fail_under is not None:
+        low = result.interval.low
+        if low is None or low < args.fail_under:
+            console.print(f"[red]--fail-under {args.fail_under:g}[/red]: the interval's lower bound "
+                          f"{'-' if low is None else format(low, '.2f')} is below it")
+            code = 1
+        else:
+            console.print(f"--fail-under {args.fail_under:g}: passed (lower bound {low:.2f})")
+    return code
+
+
+def _option_problem(args: argparse.Namespace) -> str | None:
+    if not 0 < args.confidence < 1:
+        return "--confidence must be between 0 and 1 (e.g. 0.95)"
+    if args.fail_under is not None and args.rounds < 2:
+        return "--fail-under needs an interval: --rounds 2 or more"
+    if args.aa and (args.patched or args.attribute):
+        return "--aa runs the original on both sides; it does not combine with --patched or --attribute"
+    if args.attribute and args.patched:
+        return "--attribute leaves rules out of tcaudit fix's patch; it does not combine with --patched"
+    if args.attribute_budget is not None and (args.attribute_budget < 0 or not args.attribute):
+        return "--attribute-budget takes a number of runs (0 or more) and goes with --attribute"
+    return None
 
 
 def add_calibrate_parser(sub) -> None:

@@ -10,7 +10,16 @@ Global hooks, installed before the script runs:
   dimension of the first tensor given to the model's top-level calls (the first module with trainable
   parameters that is called with a tensor);
 - ``Tensor.backward`` and ``GradScaler.scale`` are wrapped to keep each step's unscaled loss on the
-  device (read back after timing, so no extra sync per step beyond the step boundary).
+  device (read back after timing, so no extra sync per step beyond the step boundary);
+- the input wait of each step is the host time from the previous step's end (device synchronised)
+  to the model's first forward call: fetching the batch, copying it, anything the loop does before
+  the forward. The device is idle meanwhile, so a large share means the step is bound by its input.
+
+With ``--health`` (off by default: then none of the following is installed), also per step: the
+global gradient norm the optimizer sees (an optimizer step pre-hook; under a GradScaler the grads are
+unscaled by then), which parameters had a gradient, GradScaler steps that were skipped (the scale
+went down in ``update``), and the peak memory; at the end, the parameters that never had a gradient
+and whether the model is DDP-wrapped with ``find_unused_parameters``.
 
 At each step boundary the device is synchronised and the wall clock read, so step times are real
 device times for both runs alike. After ``warmup + steps`` steps the results are written and the
@@ -35,8 +44,20 @@ def _has_trainable_parameters(module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
+def _total_norm(torch, grads):
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if get_total_norm is not None:
+        return get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))
+
+
+def _unwrapped(module):
+    """The module a torch.compile wrapper (``_orig_mod``) holds, else the module itself."""
+    return getattr(module, "_orig_mod", module)
+
+
 class Recorder:
-    def __init__(self, steps: int, warmup: int, out: Path, torch) -> None:
+    def __init__(self, steps: int, warmup: int, out: Path, torch, health: bool = False) -> None:
         self.torch = torch
         self.steps = steps
         self.warmup = warmup
@@ -49,6 +70,17 @@ class Recorder:
         self.step_times: list[float] = []
         self.samples: list[int] = []
         self.losses: list = []
+        self.input_waits: list[float] = []
+        self._pending_wait: float | None = None
+        self.health = health
+        self.model_module = None
+        self.optimizer = None
+        self.grad_norms: list = []  # device tensors, read back at the end
+        self.skipped_steps: list[int] = []
+        self.peak_memory_per_step: list[float] = []
+        self._peak_so_far = 0.0
+        self._had_grad: set[int] = set()
+        self._pending_norm = None
         self._pending_samples = 0
         self._pending_loss = None
         self._depth = 0
@@ -68,8 +100,11 @@ class Recorder:
                     # Parameter-free modules called first (torchvision transforms such as Normalize,
                     # run in the main process when num_workers=0) are not the model.
                     self.model_id = id(module)
+                    self.model_module = module
                 if id(module) == self.model_id:
                     self._pending_samples += int(tensor.shape[0])
+                    if self._pending_wait is None and self._last is not None:
+                        self._pending_wait = time.perf_counter() - self._last
         self._depth += 1
 
     def forward_post(self, module, args, output):
@@ -79,6 +114,35 @@ class Recorder:
         if self._pending_loss is None and tensor.numel() == 1:
             self._pending_loss = tensor.detach().float().clone()
 
+    def step_pre(self, optimizer, args, kwargs) -> None:
+        """Health only: the gradients this step applies (unscaled by now under a GradScaler)."""
+        if self.optimizer_id is None:
+            self.optimizer_id = id(optimizer)
+        if id(optimizer) != self.optimizer_id:
+            return
+        self.optimizer = optimizer
+        grads = []
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is not None:
+                    grads.append(parameter.grad)
+                    self._had_grad.add(id(parameter))
+        self._pending_norm = _total_norm(self.torch, grads) if grads else None
+
+    def on_scaler_update(self, scale_before: float, scale_after: float) -> None:
+        if scale_after < scale_before:  # update() lowers the scale exactly when step() skipped
+            self.skipped_steps.append(len(self.step_times))
+
+    def _step_peak_memory(self) -> float:
+        torch = self.torch
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        self._peak_so_far = max(self._peak_so_far, peak)
+        return peak
+
     def step_post(self, optimizer, args, kwargs) -> None:
         if self.optimizer_id is None:
             self.optimizer_id = id(optimizer)
@@ -87,10 +151,16 @@ class Recorder:
         if self.cuda:
             self.torch.cuda.synchronize()
         now = time.perf_counter()
+        if self.health:
+            peak = self._step_peak_memory()
         if self._last is not None:
             self.step_times.append(now - self._last)
             self.samples.append(self._pending_samples)
             self.losses.append(self._pending_loss)
+            self.input_waits.append(self._pending_wait or 0.0)
+            if self.health:
+                self.grad_norms.append(self._pending_norm)
+                self.peak_memory_per_step.append(peak)
         else:
             # The first step's time includes start-up; it only opens the clock.
             self.first_step_at = now - self.started
@@ -99,6 +169,8 @@ class Recorder:
             self.progress.write_text(str(len(self.step_times)))
         self._pending_samples = 0
         self._pending_loss = None
+        self._pending_wait = None
+        self._pending_norm = None
         if len(self.step_times) >= self.warmup + self.steps:
             self.finish()
 
@@ -107,7 +179,7 @@ class Recorder:
         torch = self.torch
         losses = [float(l.item()) if l is not None else None for l in self.losses]
         if self.cuda:
-            peak = torch.cuda.max_memory_allocated() / 2**30
+            peak = max(self._peak_so_far, torch.cuda.max_memory_allocated() / 2**30)
             device = torch.cuda.get_device_name(torch.cuda.current_device())
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -127,12 +199,45 @@ class Recorder:
             "losses": losses,
             "peak_memory_gib": peak,
             "peak_memory_kind": "torch.cuda.max_memory_allocated" if self.cuda else "process max RSS",
+            "input_waits": self.input_waits,
         }
+        if self.health:
+            data["health"] = self.health_facts()
         target = self.out if self.world == 1 else self.out.with_name(f"{self.out.stem}.rank{self.rank}.json")
         target.write_text(json.dumps(data))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+    def health_facts(self) -> dict:
+        torch = self.torch
+        norms = [float(n) for n in torch.stack(
+            [n.detach().float().reshape(()) for n in self.grad_norms if n is not None]).tolist()
+        ] if any(n is not None for n in self.grad_norms) else []
+        it = iter(norms)
+        grad_norms = [next(it) if n is not None else None for n in self.grad_norms]
+        model = _unwrapped(self.model_module) if self.model_module is not None else None
+        names: dict[int, str] = {}
+        ddp_flag = None
+        if model is not None:
+            if type(model).__name__ == "DistributedDataParallel":
+                ddp_flag = bool(getattr(model, "find_unused_parameters", False))
+                model = _unwrapped(model.module)
+            names = {id(p): name for name, p in model.named_parameters()}
+        never: list[str] = []
+        if self.optimizer is not None:
+            for g, group in enumerate(self.optimizer.param_groups):
+                for i, parameter in enumerate(group["params"]):
+                    if parameter.requires_grad and id(parameter) not in self._had_grad:
+                        never.append(names.get(id(parameter), f"param_groups[{g}][{i}]"))
+        return {
+            "grad_norms": grad_norms,
+            "skipped_steps": self.skipped_steps,
+            "unused_parameters": never,
+            "ddp_find_unused_parameters": ddp_flag,
+            "peak_memory_gib_per_step": self.peak_memory_per_step,
+        }
 
 
 def install(recorder: Recorder, torch) -> None:
@@ -142,6 +247,10 @@ def install(recorder: Recorder, torch) -> None:
     register_module_forward_pre_hook(recorder.forward_pre)
     register_module_forward_hook(recorder.forward_post)
     register_optimizer_step_post_hook(recorder.step_post)
+    if recorder.health:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(recorder.step_pre)
 
     original_backward = torch.Tensor.backward
 
@@ -172,6 +281,18 @@ def install(recorder: Recorder, torch) -> None:
 
         cls.scale = scale
 
+        if recorder.health and "update" in vars(cls):  # a subclass inheriting update is wrapped once
+            original_update = cls.update
+
+            def update(self, *args, _original=original_update, **kwargs):
+                before = self.get_scale() if self.is_enabled() else None
+                result = _original(self, *args, **kwargs)
+                if before is not None:
+                    recorder.on_scaler_update(before, self.get_scale())
+                return result
+
+            cls.update = update
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tcaudit.verify.harness")
@@ -179,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--health", action="store_true", help="record training health (grad norms, skipped steps, ...)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
@@ -193,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         numpy.random.seed(ns.seed)
     except ImportError:
         pass
-    recorder = Recorder(ns.steps, ns.warmup, Path(ns.out), torch)
+    recorder = Recorder(ns.steps, ns.warmup, Path(ns.out), torch, health=ns.health)
     install(recorder, torch)
     script = Path(ns.script).resolve()
     sys.argv = [str(script), *[a for a in ns.args if a != "--"]]

@@ -1,13 +1,15 @@
-"""The verify report: a rich table, and ``verify.png`` with throughput and loss curves."""
+"""The verify report: rich tables, and ``verify.png`` with every round's throughput and loss curves
+(thin), the medians over rounds (bold), and the attribution."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from tcaudit.verify.runner import RunMetrics, VerifyResult
+from tcaudit.verify.runner import RunMetrics, VerifyResult, median_run
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -16,31 +18,109 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def _percent(value: float) -> str:
+    return "-" if value != value else f"{value:.0%}"
+
+
+def speedup_line(result: VerifyResult) -> str:
+    interval = result.interval
+    if interval.interval is None:
+        return (f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s (one round: no interval; "
+                "--rounds 2 or more gives one)")
+    span = f"[{interval.low:.2f}, {interval.high:.2f}]"
+    verdict = "significant" if interval.significant else "[yellow]no significant difference[/yellow]"
+    return (f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s (median of {result.rounds} rounds), "
+            f"{result.confidence:.0%} interval {span}: {verdict}")
+
+
 def render_table(result: VerifyResult, console: Console) -> None:
     kind = "CPU timings" if result.cpu_timings else f"GPU: {result.original.device}"
     unit = "peak RSS GiB" if result.cpu_timings else "peak GiB"
-    table = Table(title=f"tcaudit verify ({kind}, torch {result.original.torch})")
-    for column in ("run", "processes", "samples/s", "step p50 ms", "step p90 ms", unit, "final loss", "mean loss"):
-        table.add_column(column, justify="right" if column != "run" else "left")
-    runs = [result.original, *([result.patched_single] if result.patched_single else []), result.patched]
-    for run in runs:
-        table.add_row(run.label, str(run.world_size), _fmt(run.samples_per_s, ".1f"), _fmt(run.step_ms_p50, ".1f"),
-                      _fmt(run.step_ms_p90, ".1f"), _fmt(run.peak_memory_gib, ".2f"),
-                      _fmt(run.final_loss, ".4f"), _fmt(run.mean_loss, ".4f"))
+    title = "tcaudit verify A/A self-check" if result.aa else "tcaudit verify"
+    table = Table(title=f"{title} ({kind}, torch {result.original.torch}, {result.rounds} round(s))")
+    multi = any(run.world_size > 1 for runs in result.runs.values() for run in runs)
+    table.add_column("run", no_wrap=True)
+    for column in (*(["processes"] if multi else []), "samples/s", "per round", "p50 ms", "p90 ms",
+                   "input wait", unit, "final loss", "mean loss"):
+        table.add_column(column, justify="right")
+    for label, runs in result.runs.items():
+        run = median_run(runs)
+        name = "original (again)" if result.aa and label == "patched" else label
+        table.add_row(name, *([str(run.world_size)] if multi else []), _fmt(run.samples_per_s, ".1f"),
+                      " ".join(_fmt(r.samples_per_s, ".0f") for r in runs),
+                      _fmt(run.step_ms_p50, ".1f"), _fmt(run.step_ms_p90, ".1f"), _percent(result.input_wait(label)),
+                      _fmt(run.peak_memory_gib, ".2f"), _fmt(run.final_loss, ".4f"), _fmt(run.mean_loss, ".4f"))
     console.print(table)
-    console.print(f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s"
-                  + (" (CPU timings: not a GPU claim)" if result.cpu_timings else ""))
+    console.print(speedup_line(result) + (" (CPU timings: not a GPU claim)" if result.cpu_timings else ""))
+    if result.aa and result.interval.interval is not None:
+        band = max(result.interval.high - 1, 1 - result.interval.low)
+        console.print(f"A/A self-check: both sides run the original; noise band on this machine ±{band:.1%} "
+                      f"(a speedup inside [{result.interval.low:.2f}, {result.interval.high:.2f}] is not "
+                      f"distinguishable from noise at {result.rounds} rounds)")
+    wait = result.input_wait("patched")
+    if result.patched_input_bound:
+        console.print(f"[yellow]input-bound[/yellow]: the loop waits for data {wait:.0%} of the time (patched run); "
+                      "the step is bound by its input, so look at the input rules: TC401 (DataLoader workers), "
+                      "TC405 (image decode on the GPU: tcaudit fix --dali)")
+    else:
+        console.print(f"input wait: the loop waits for data {_percent(wait)} of the time in the patched run "
+                      f"({_percent(result.input_wait('original'))} in the original)")
     if result.scaling_efficiency is not None:
         single = result.patched_single
         console.print(f"scaling: {result.patched.world_size} processes {result.patched.samples_per_s:.1f} vs one process "
                       f"{single.samples_per_s:.1f} samples/s: [bold]{result.scaling_efficiency:.0%}[/bold] efficiency"
                       + (" (CPU timings)" if result.cpu_timings else ""))
     console.print(f"loss parity: {'[green]yes[/green]' if result.parity else '[red]no[/red]'} — {result.parity_detail}")
+    if result.health is not None:
+        render_health(result, console)
+    if result.attribution is not None:
+        render_attribution(result, console)
     console.print(f"fixes applied: {', '.join(result.applied) or 'none'}; results in {result.out_dir}")
+
+
+def render_health(result: VerifyResult, console: Console) -> None:
+    table = Table(title="training health (worst round)")
+    table.add_column("run", no_wrap=True)
+    for column in ("NaN/Inf loss steps", "NaN/Inf grad steps", "skipped steps", "grad norm median",
+                   "grad norm max", "params without grad", "DDP find_unused"):
+        table.add_column(column, justify="right")
+    for label, side in result.health.items():
+        flag = side["ddp_find_unused_parameters"]
+        table.add_row(label, str(side["nonfinite_loss_steps"]), str(side["nonfinite_grad_steps"]),
+                      str(side["skipped_steps"]), _fmt(side["grad_norm_median"], ".3g"),
+                      _fmt(side["grad_norm_max"], ".3g"), str(len(side["unused_parameters"])),
+                      "not DDP" if flag is None else str(flag))
+    console.print(table)
+    if result.health_regressions:
+        console.print("[red]health: the patched run trains worse than the original[/red]:")
+        for line in result.health_regressions:
+            console.print(f"  - {line}")
+    else:
+        console.print("health: [green]no regression[/green] (no new non-finite steps, skipped steps or parameters "
+                      "without a gradient; gradient norm within 10x)")
+
+
+def render_attribution(result: VerifyResult, console: Console) -> None:
+    table = Table(title="attribution: full patch over the patch without these rules")
+    for column in ("rules", "contribution", "interval", "note"):
+        table.add_column(column, justify="left" if column in ("rules", "note") else "right")
+    for entry in result.attribution:
+        c = entry.contribution
+        span = "-" if c is None or c.interval is None else f"[{c.low:.2f}, {c.high:.2f}]"
+        table.add_row("+".join(entry.rules), "-" if c is None else f"{c.median:.2f}x", span, entry.note)
+    console.print(table)
+    if result.attribution_summary:
+        console.print(f"attribution: {result.attribution_summary}")
 
 
 def _throughput(run: RunMetrics) -> list[float]:
     return [s / t if t > 0 else float("nan") for s, t in zip(run.samples, run.step_times)]
+
+
+def _per_step_median(runs: list[RunMetrics]) -> list[float]:
+    curves = [_throughput(run) for run in runs]
+    length = min(len(c) for c in curves)
+    return [statistics.median(c[i] for c in curves) for i in range(length)]
 
 
 def write_plot(result: VerifyResult, path: Path) -> Path | None:
@@ -51,25 +131,45 @@ def write_plot(result: VerifyResult, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    pairs = [(result.original, "tab:gray"), (result.patched, "tab:green")]
-    if result.patched_single is not None:
-        pairs.insert(1, (result.patched_single, "tab:olive"))
-    for run, color in pairs:
-        steps = range(1, len(run.step_times) + 1)
-        label = f"{run.label} ({run.world_size} proc)" if run.world_size > 1 else run.label
-        left.plot(list(steps), _throughput(run), label=label, color=color)
-        losses = [l if l is not None else float("nan") for l in run.losses]
-        right.plot(list(steps), losses, label=label, color=color)
+    panels = 3 if result.attribution else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    left, right = axes[0], axes[1]
+    colors = {"original": "tab:gray", "patched": "tab:green", "patched-1": "tab:olive"}
+    for index, (label, runs) in enumerate(result.runs.items()):
+        color = colors.get(label, f"C{index % 10}")
+        name = "original (again)" if result.aa and label == "patched" else label
+        for run in runs:  # every round, thin
+            steps = list(range(1, len(run.step_times) + 1))
+            left.plot(steps, _throughput(run), color=color, linewidth=0.6, alpha=0.45)
+            right.plot(steps, [l if l is not None else float("nan") for l in run.losses], color=color,
+                       linewidth=0.6, alpha=0.45)
+        median = _per_step_median(runs)  # the median over rounds, bold
+        left.plot(list(range(1, len(median) + 1)), median, color=color, linewidth=2.2, label=f"{name} (median)")
+    right.plot([], [], color="k", linewidth=0.6, label="one line per round")
     for ax in (left, right):
         ax.axvline(result.original.warmup + 0.5, color="k", linestyle=":", linewidth=1)
         ax.set_xlabel("step")
-        ax.legend()
+        ax.legend(fontsize=8)
     left.set_ylabel("samples/s (per process)")
-    left.set_title(f"throughput: {result.speedup:.2f}x" + (" (CPU)" if result.cpu_timings else ""))
+    span = "" if result.interval.interval is None else f" [{result.interval.low:.2f}, {result.interval.high:.2f}]"
+    left.set_title(f"throughput: {result.speedup:.2f}x{span}" + (" (CPU)" if result.cpu_timings else ""), fontsize=10)
     right.set_ylabel("loss")
-    right.set_title("loss parity: " + ("yes" if result.parity else "no"))
-    fig.suptitle(result.original.device)
+    right.set_title("loss parity: " + ("yes" if result.parity else "no"), fontsize=10)
+    if result.attribution:
+        ax = axes[2]
+        entries = result.attribution
+        for y, entry in enumerate(entries):
+            c = entry.contribution
+            if c is None:
+                continue
+            ax.plot([c.median], [y], "o", color="tab:green")
+            if c.interval is not None:
+                ax.plot([c.low, c.high], [y, y], color="tab:green", linewidth=2)
+        ax.axvline(1.0, color="k", linestyle=":", linewidth=1)
+        ax.set_yticks(range(len(entries)), ["+".join(e.rules) for e in entries], fontsize=8)
+        ax.set_xlabel("contribution (full / without)")
+        ax.set_title("attribution", fontsize=10)
+    fig.suptitle(result.original.device + (" — A/A self-check" if result.aa else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -16,8 +17,12 @@ from pathlib import Path
 
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass
+from tcaudit.verify.stats import METHOD, RatioInterval, mean_log, ratio_interval
 
 DEFAULT_TOLERANCE = 0.10
+# A patched run that waits for its next batch this share of the time or more is reported input-bound:
+# past it, a faster step mostly lengthens the wait, and the input rules (TC401, TC405) matter most.
+INPUT_BOUND_FRACTION = 0.20
 
 
 class VerifyError(Exception):
@@ -42,6 +47,11 @@ class RunMetrics:
     samples: list[int] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     warmup: int = 0
+    round: int = 0
+    input_waits: list[float] = field(default_factory=list)
+    # Share of the timed steps' wall time spent waiting for the next batch (see the harness).
+    input_wait_fraction: float = float("nan")
+    health: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -55,7 +65,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def summarize(label: str, ranks: list[dict]) -> RunMetrics:
+def summarize(label: str, ranks: list[dict], round_index: int = 0) -> RunMetrics:
+    from tcaudit.verify.health import run_health
+
     first = ranks[0]
     warmup = first["warmup"]
     timed_per_rank = [(r["step_times"][warmup:], r["samples"][warmup:]) for r in ranks]
@@ -65,6 +77,8 @@ def summarize(label: str, ranks: list[dict]) -> RunMetrics:
             throughput += sum(samples) / sum(times)
     times0 = first["step_times"][warmup:]
     losses = [l for l in first["losses"][warmup:] if l is not None]
+    waits = first.get("input_waits", [])
+    timed_wait = sum(waits[warmup:])
     return RunMetrics(
         label=label,
         status=first["status"],
@@ -82,6 +96,10 @@ def summarize(label: str, ranks: list[dict]) -> RunMetrics:
         samples=first["samples"],
         losses=first["losses"],
         warmup=warmup,
+        round=round_index,
+        input_waits=waits,
+        input_wait_fraction=timed_wait / sum(times0) if times0 and sum(times0) > 0 else float("nan"),
+        health=run_health(first["losses"], warmup, first["health"]) if "health" in first else None,
     )
 
 
@@ -108,7 +126,10 @@ def loss_parity(original: RunMetrics, patched: RunMetrics, tolerance: float) -> 
                 f"{verdict} the {tolerance:.0%} tolerance or twice the original's standard error ({noise:.4f})")
 
 
-def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass]):
+def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass],
+                patched_file: Path | None = None, aa: bool = False):
+    """The original's copy and the patched copy: ``tcaudit fix``'s patch, or ``patched_file`` as given,
+    or (``aa``) the original again. Returns (original copy, patched copy, rules applied, patched text)."""
     from tcaudit.fix.engine import fix_file
 
     original_dir, patched_dir = work / "original", work / "patched"
@@ -116,13 +137,22 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
         folder.mkdir(parents=True, exist_ok=True)
     original_copy = original_dir / script.name
     shutil.copyfile(script, original_copy)
+    patched_copy = patched_dir / script.name
+    if aa or patched_file is not None:
+        source = patched_file if patched_file is not None else script
+        shutil.copyfile(source, patched_copy)
+        original_text = script.read_text(errors="replace")
+        patched_text = patched_copy.read_text(errors="replace")
+        diff = difflib.unified_diff(original_text.splitlines(keepends=True), patched_text.splitlines(keepends=True),
+                                    fromfile=f"a/{script.name}", tofile=f"b/{script.name}")
+        (work / "patch.diff").write_text("".join(diff))
+        return original_copy, patched_copy, [], patched_text
     result = fix_file(script, settings, classes)
     if result.error:
         raise VerifyError(f"{script}: {result.error}")
-    patched_copy = patched_dir / script.name
     patched_copy.write_bytes(result.source.encode(result.fixed))
     (work / "patch.diff").write_text(result.diff())
-    return original_copy, patched_copy, result
+    return original_copy, patched_copy, result.applied, result.fixed
 
 
 def _torchrun_ready(path: Path) -> bool:
@@ -155,18 +185,21 @@ def launch_sizes(original: Path, patched: Path, nproc: int) -> tuple[int, int]:
     return (nproc if original_ready else 1), nproc
 
 
-def harness_command(copy: Path, out: Path, steps: int, warmup: int, nproc: int, args: list[str]) -> list[str]:
+def harness_command(copy: Path, out: Path, steps: int, warmup: int, nproc: int, args: list[str],
+                    health: bool = False) -> list[str]:
     harness = ["-m", "tcaudit.verify.harness", "--steps", str(steps), "--warmup", str(warmup),
-               "--out", str(out), str(copy), *args]
+               "--out", str(out), *(["--health"] if health else []), str(copy), *args]
     if nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *harness]
     return [sys.executable, *harness]
 
 
 def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, nproc: int, total: int,
-            progress=None, timeout: float | None = None) -> list[dict]:
+            progress=None, timeout: float | None = None, round_index: int | None = None) -> list[dict]:
     log = out.with_suffix(".log")
-    task = progress.add_task(f"{label:>8}", total=total) if progress is not None else None
+    shown = label if round_index is None else f"{label} r{round_index}"
+    where = "" if round_index is None else f" in round {round_index}"
+    task = progress.add_task(f"{shown:>8}", total=total) if progress is not None else None
     marker = out.with_suffix(".progress")
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -179,31 +212,66 @@ def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, npr
                     pass
             if timeout is not None and time.monotonic() - start > timeout:
                 proc.kill()
-                raise VerifyError(f"{label} run exceeded {timeout:.0f}s; see {log}")
+                raise VerifyError(f"{label} run exceeded {timeout:.0f}s{where}; see {log}")
             time.sleep(0.2)
     if task is not None:
         progress.update(task, completed=total)
     files = [out] if nproc == 1 else sorted(out.parent.glob(f"{out.stem}.rank*.json"))
     if proc.returncode != 0 or not files or not all(f.exists() for f in files):
         tail = log.read_text(errors="replace")[-2000:]
-        raise VerifyError(f"the {label} run failed (exit {proc.returncode}); last output:\n{tail}")
+        raise VerifyError(f"the {label} run failed{where} (exit {proc.returncode}); last output:\n{tail}")
     return [json.loads(f.read_text()) for f in files]
+
+
+def median_run(runs: list[RunMetrics]) -> RunMetrics:
+    """The round with the median throughput (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda run: run.samples_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+@dataclass
+class Attribution:
+    rules: tuple[str, ...]
+    # Full-patch throughput over this leave-out's, per round; None when not measured.
+    contribution: RatioInterval | None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        c = self.contribution
+        return {"rules": list(self.rules), "speedup": None if c is None else c.median,
+                "speedup_ci": None if c is None else c.interval,
+                "round_ratios": None if c is None else list(c.ratios), "note": self.note}
 
 
 @dataclass
 class VerifyResult:
     original: RunMetrics
     patched: RunMetrics
-    speedup: float
+    interval: RatioInterval
     parity: bool
     parity_detail: str
     tolerance: float
     applied: list[str]
     command: str
     out_dir: Path
+    runs: dict[str, list[RunMetrics]] = field(default_factory=dict)
+    confidence: float = 0.95
+    aa: bool = False
     # With ``--nproc K`` and a script that becomes distributed (``--ddp``): the patched script on one
     # process too, so that scaling efficiency = samples/s on K / (K x samples/s on 1).
     patched_single: RunMetrics | None = None
+    health: dict | None = None  # side label -> side_health(), with --health
+    health_regressions: list[str] = field(default_factory=list)
+    attribution: list[Attribution] | None = None
+    attribution_summary: str = ""
+
+    @property
+    def speedup(self) -> float:
+        return self.interval.median
+
+    @property
+    def rounds(self) -> int:
+        return len(self.runs.get("original", [])) or 1
 
     @property
     def scaling_efficiency(self) -> float | None:
@@ -216,6 +284,14 @@ class VerifyResult:
     def cpu_timings(self) -> bool:
         return not self.original.cuda
 
+    def input_wait(self, label: str) -> float:
+        values = [r.input_wait_fraction for r in self.runs.get(label, []) if math.isfinite(r.input_wait_fraction)]
+        return statistics.median(values) if values else float("nan")
+
+    @property
+    def patched_input_bound(self) -> bool:
+        return self.input_wait("patched") >= INPUT_BOUND_FRACTION
+
     def to_json(self) -> dict:
         return {
             "gpu": self.original.device if self.original.cuda else None,
@@ -224,13 +300,28 @@ class VerifyResult:
             "torch": self.original.torch,
             "command": self.command,
             "speedup": self.speedup,
+            "speedup_ci": self.interval.interval,
+            "significant": self.interval.significant,
+            "rounds": self.rounds,
+            "round_speedups": list(self.interval.ratios),
+            "speedup_method": METHOD,
+            "confidence": self.confidence,
+            "aa": self.aa,
+            "input_wait": {label: self.input_wait(label) for label in self.runs},
+            "input_bound_threshold": INPUT_BOUND_FRACTION,
+            "patched_input_bound": self.patched_input_bound,
             "loss_parity": self.parity,
             "loss_parity_detail": self.parity_detail,
             "tolerance": self.tolerance,
             "fixes_applied": self.applied,
             "world_size": self.original.world_size,
+            "health": self.health,
+            "health_regressions": self.health_regressions,
+            "attribution": None if self.attribution is None else [a.to_json() for a in self.attribution],
+            "attribution_summary": self.attribution_summary or None,
             "original": self.original.to_dict(),
             "patched": self.patched.to_dict(),
+            "runs": {label: [run.to_dict() for run in runs] for label, runs in self.runs.items()},
             "scaling": None if self.patched_single is None else {
                 "nproc": self.patched.world_size,
                 "samples_per_s": self.patched.samples_per_s,
@@ -239,6 +330,10 @@ class VerifyResult:
                 "patched_one_process": self.patched_single.to_dict(),
             },
         }
+
+
+def extra_runs(plans, rounds: int) -> int:
+    return sum(rounds for entry in plans if entry.copy is not None)
 
 
 def verify(
@@ -255,36 +350,127 @@ def verify(
     command: str = "",
     progress=None,
     timeout: float | None = None,
+    rounds: int = 3,
+    confidence: float = 0.95,
+    aa: bool = False,
+    patched_file: Path | None = None,
+    health: bool = False,
+    attribute: bool = False,
+    attribute_budget: int | None = None,
+    announce=None,
 ) -> VerifyResult:
+    from tcaudit.verify import attribution as attribution_plan
+    from tcaudit.verify.health import regressions, side_health
+
     if not script.is_file():
         raise VerifyError(f"no such script: {script}")
+    if patched_file is not None and not patched_file.is_file():
+        raise VerifyError(f"no such patched file: {patched_file}")
     out_dir = out_dir.resolve()
     script = script.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / "work"
-    original_copy, patched_copy, fix = make_copies(script, work, settings, classes)
+    runs_dir = out_dir / "runs"
+    runs_dir.mkdir(exist_ok=True)
+    original_copy, patched_copy, applied, patched_text = make_copies(
+        script, work, settings, classes, patched_file=patched_file.resolve() if patched_file else None, aa=aa)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(script.resolve().parent), env.get("PYTHONPATH")]))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
     original_nproc, patched_nproc = launch_sizes(original_copy, patched_copy, nproc)
-    runs = [("original", original_copy, original_nproc), ("patched", patched_copy, patched_nproc)]
+    sides = [("original", original_copy, original_nproc), ("patched", patched_copy, patched_nproc)]
     if patched_nproc > 1 and original_nproc == 1:
-        runs.insert(1, ("patched-1", patched_copy, 1))
-    results = {}
+        sides.insert(1, ("patched-1", patched_copy, 1))
+
+    plans = []
+    if attribute:
+        plans = attribution_plan.plan(script, work, settings, classes, applied, patched_text,
+                                      original_copy.read_text(errors="replace"))
+        measurable = [entry for entry in plans if entry.copy is not None]
+        affordable = measurable if attribute_budget is None else measurable[:max(0, attribute_budget // rounds)]
+        for entry in measurable[len(affordable):]:
+            entry.side = "over budget"
+            entry.copy = None
+        line = (f"attribution: {len(plans)} rule group(s) ({', '.join('+'.join(e.rules) for e in plans) or 'none'}); "
+                f"{len(measurable)} need their own runs: {len(measurable) * rounds} extra runs "
+                f"({len(measurable)} x {rounds} rounds)")
+        if len(affordable) < len(measurable):
+            line += (f"; --attribute-budget {attribute_budget} allows {len(affordable) * rounds}: "
+                     f"left out {', '.join('+'.join(e.rules) for e in measurable[len(affordable):])}")
+        if announce is not None:
+            announce(line)
+        sides += [(entry.side, entry.copy, patched_nproc) for entry in affordable]
+
+    results: dict[str, list[RunMetrics]] = {label: [] for label, _, _ in sides}
     total = warmup + steps
-    for label, copy, size in runs:
-        out = out_dir / f"{label}.json"
-        for stale in [out, *out_dir.glob(f"{label}.rank*.json")]:
-            stale.unlink(missing_ok=True)
-        cmd = harness_command(copy, out, steps, warmup, size, args)
-        ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout)
-        results[label] = summarize(label, ranks)
-    original, patched = results["original"], results["patched"]
-    speedup = patched.samples_per_s / original.samples_per_s if original.samples_per_s else float("nan")
-    parity, detail = loss_parity(original, patched, tolerance)
-    result = VerifyResult(original, patched, speedup, parity, detail, tolerance, fix.applied,
+    for round_index in range(rounds):
+        # Alternate the order too (A B, B A, ...), so that a drift in the machine's speed (thermals,
+        # other load, caches) does not favour whichever side always runs first.
+        order = sides if round_index % 2 == 0 else sides[::-1]
+        for label, copy, size in order:
+            out = runs_dir / f"{label}.r{round_index + 1}.json"
+            for stale in [out, *runs_dir.glob(f"{out.stem}.rank*.json")]:
+                stale.unlink(missing_ok=True)
+            cmd = harness_command(copy, out, steps, warmup, size, args, health=health)
+            ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout,
+                            round_index=None if rounds == 1 else round_index + 1)
+            results[label].append(summarize(label, ranks, round_index + 1))
+
+    def throughputs(label: str) -> list[float]:
+        return [run.samples_per_s for run in results[label]]
+
+    interval = ratio_interval(throughputs("patched"), throughputs("original"), confidence)
+    original, patched = median_run(results["original"]), median_run(results["patched"])
+    checks = [loss_parity(a, b, tolerance) for a, b in zip(results["original"], results["patched"])]
+    failed = [c for c in checks if not c[0]]
+    parity, detail = failed[0] if failed else loss_parity(original, patched, tolerance)
+    if failed and rounds > 1:
+        detail = f"{len(failed)} of {rounds} rounds: {detail}"
+
+    health_by_side, health_regressions = None, []
+    if health:
+        health_by_side = {label: side_health([run.health for run in runs if run.health is not None])
+                          for label, runs in results.items() if all(run.health is not None for run in runs)}
+        if "original" in health_by_side and "patched" in health_by_side:
+            health_regressions = regressions(health_by_side["original"], health_by_side["patched"])
+
+    attributions, summary = None, ""
+    if attribute:
+        attributions = []
+        for entry in plans:
+            if entry.side == "patched":
+                attributions.append(Attribution(entry.rules, ratio_interval([1.0] * rounds, [1.0] * rounds),
+                                                "leaving these rules out gives the same patch"))
+            elif entry.side in results:
+                attributions.append(Attribution(entry.rules, ratio_interval(
+                    throughputs("patched"), throughputs(entry.side), confidence),
+                    "" if entry.side != "original" else "the patch without these rules is the original"))
+            else:
+                attributions.append(Attribution(entry.rules, None, {
+                    "over budget": "not measured: over --attribute-budget",
+                    "unavailable": "not measured: the fix engine could not make the patch without these rules",
+                }.get(entry.side, "not measured")))
+        measured = [a for a in attributions if a.contribution is not None]
+        if attributions and len(measured) == len(attributions):
+            product = math.exp(sum(mean_log(a.contribution) for a in measured))
+            if interval.interval is None:
+                summary = f"contributions multiply to {product:.2f}x; one round gives no interval to compare with"
+            elif interval.contains(product):
+                summary = (f"contributions multiply to {product:.2f}x, within the full speedup's interval "
+                           f"[{interval.low:.2f}, {interval.high:.2f}]: the rules add up")
+            else:
+                summary = (f"rules interact: contributions multiply to {product:.2f}x, outside the full speedup's "
+                           f"interval [{interval.low:.2f}, {interval.high:.2f}]")
+        elif attributions:
+            summary = "partial attribution (some groups not measured): the product is not compared"
+
+    single = results.get("patched-1")
+    result = VerifyResult(original, patched, interval, parity, detail, tolerance, applied,
                           command or shlex.join(["tcaudit", "verify", str(script), "--", *args]), out_dir,
-                          patched_single=results.get("patched-1"))
+                          runs=results, confidence=confidence, aa=aa,
+                          patched_single=median_run(single) if single else None,
+                          health=health_by_side, health_regressions=health_regressions,
+                          attribution=attributions, attribution_summary=summary)
     (out_dir / "verify.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
