@@ -53,12 +53,11 @@ def measured_run(script: Path, text: str, root: Path) -> MeasuredRun | None:
             continue
         if not isinstance(data, dict) or data.get("script_sha256") != digest:
             continue
-        original = data.get("original") or {}
         health = ((data.get("health") or {}).get("original")) or None
         unused = None
         if isinstance(health, dict) and isinstance(health.get("unused_parameters"), list):
             unused = tuple(str(name) for name in health["unused_parameters"])
-        steps = original.get("steps") if isinstance(original.get("steps"), int) else 0
+        steps = data.get("steps") if isinstance(data.get("steps"), int) else 0
         rounds = data.get("rounds") if isinstance(data.get("rounds"), int) else 1
         return MeasuredRun(path, steps, rounds, unused)
     return None
@@ -72,3 +71,16 @@ def fingerprint(root: Path) -> str:
     except OSError:
         return ""
     return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def unused_parameters(verify_json: Path, run: str = "original") -> list[str] | None:
+    """The parameters that never received a gradient in ``run`` ("original" or "patched") of a verify
+    run with ``--health``, from its ``verify.json``; None when that file holds no health facts."""
+    try:
+        data = json.loads(Path(verify_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    side = (data.get("health") or {}).get(run) if isinstance(data, dict) else None
+    if not isinstance(side, dict) or not isinstance(side.get("unused_parameters"), list):
+        return None
+    return [str(name) for name in side["unused_parameters"]]

@@ -101,7 +101,7 @@ def test_verify_attribution_within_the_budget(verified):
 
 
 def test_verify_health_is_recorded_for_both_sides(verified):
-    from tcaudit.verify.health import unused_parameters
+    from tcaudit.runtime_facts import unused_parameters
 
     code, stdout, _, out = verified
     data = json.loads((out / "verify.json").read_text())

@@ -61,7 +61,7 @@ def test_verify_flags_a_patch_that_trains_into_nan(nan_patch):
 
 
 def test_verify_flags_a_patch_that_leaves_parameters_without_gradient(unused_patch):
-    from tcaudit.verify.health import unused_parameters
+    from tcaudit.runtime_facts import unused_parameters
 
     code, stdout, stderr, data, out = unused_patch
     assert code == 1, stderr
@@ -73,7 +73,7 @@ def test_verify_flags_a_patch_that_leaves_parameters_without_gradient(unused_pat
 
 
 def test_unused_parameters_loader_without_health_facts(tmp_path):
-    from tcaudit.verify.health import unused_parameters
+    from tcaudit.runtime_facts import unused_parameters
 
     (tmp_path / "verify.json").write_text(json.dumps({"health": None}))
     assert unused_parameters(tmp_path / "verify.json") is None
@@ -84,3 +84,17 @@ def test_patched_file_that_does_not_exist_exits_2(tmp_path):
     pytest.importorskip("torch")
     code, _, stderr = run_cli("verify", str(TINY), "--patched", str(tmp_path / "nope.py"), "--out", str(tmp_path / "o"))
     assert code == 2 and "no such patched file" in stderr
+
+
+def test_verify_json_carries_the_script_digest_that_tc508_matches(unused_patch, tmp_path):
+    """verify writes the original script's SHA-256 and timed steps; runtime_facts finds that run for
+    the same text (and only for it) in a ``tcaudit-verify`` folder."""
+    from tcaudit.runtime_facts import measured_run, text_digest
+
+    data = unused_patch[3]
+    assert data["script_sha256"] == text_digest(TINY.read_text(encoding="utf-8")) and data["steps"] == 4
+    (tmp_path / "tcaudit-verify").mkdir()
+    (tmp_path / "tcaudit-verify" / "verify.json").write_text(json.dumps(data), encoding="utf-8")
+    run = measured_run(tmp_path / "train.py", TINY.read_text(encoding="utf-8"), tmp_path)
+    assert run is not None and run.steps == 4 and run.unused_parameters == ()
+    assert measured_run(tmp_path / "train.py", "# another text\n", tmp_path) is None

@@ -6,16 +6,14 @@ Here those facts are summarised per side (over all rounds) and the patched side 
 original: a new non-finite loss or gradient, new skipped steps, new parameters without a gradient, or
 a median gradient norm ``GRAD_NORM_FACTOR`` times the original's is a regression, and verify exits 1.
 
-``unused_parameters(verify_json)`` is the public way for other parts of tcaudit (a future
-``find_unused_parameters`` rule) to read what a verify run saw.
+What a run recorded is read back by ``tcaudit.runtime_facts`` (``unused_parameters``,
+``measured_run``), which TC508 uses to decide whether ``find_unused_parameters=True`` is needless.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from pathlib import Path
 
 GRAD_NORM_FACTOR = 10.0
 
@@ -80,16 +78,3 @@ def regressions(original: dict, patched: dict) -> list[str]:
     if a is not None and b is not None and a > 0 and b > GRAD_NORM_FACTOR * a:
         found.append(f"median gradient norm {b:.3g}, {b / a:.0f}x the original's {a:.3g}")
     return found
-
-
-def unused_parameters(verify_json: Path, run: str = "original") -> list[str] | None:
-    """The parameters that never received a gradient in ``run`` ("original" or "patched") of a verify
-    run with ``--health``, from its ``verify.json``; None when that file holds no health facts."""
-    try:
-        data = json.loads(Path(verify_json).read_text())
-    except (OSError, ValueError):
-        return None
-    side = (data.get("health") or {}).get(run)
-    if not isinstance(side, dict) or not isinstance(side.get("unused_parameters"), list):
-        return None
-    return [str(name) for name in side["unused_parameters"]]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass
+from tcaudit.runtime_facts import text_digest
 from tcaudit.verify.stats import METHOD, RatioInterval, mean_log, ratio_interval
 
 DEFAULT_TOLERANCE = 0.10
@@ -264,6 +265,9 @@ class VerifyResult:
     health_regressions: list[str] = field(default_factory=list)
     attribution: list[Attribution] | None = None
     attribution_summary: str = ""
+    # The original script's text digest: rules that read this run's facts later (TC508, through
+    # tcaudit/runtime_facts.py) use them only for the very same text.
+    script_sha256: str = ""
 
     @property
     def speedup(self) -> float:
@@ -299,6 +303,8 @@ class VerifyResult:
             "cpu_timings": self.cpu_timings,
             "torch": self.original.torch,
             "command": self.command,
+            "script_sha256": self.script_sha256,
+            "steps": max(0, len(self.original.step_times) - self.original.warmup),
             "speedup": self.speedup,
             "speedup_ci": self.interval.interval,
             "significant": self.interval.significant,
@@ -471,6 +477,7 @@ def verify(
                           runs=results, confidence=confidence, aa=aa,
                           patched_single=median_run(single) if single else None,
                           health=health_by_side, health_regressions=health_regressions,
-                          attribution=attributions, attribution_summary=summary)
+                          attribution=attributions, attribution_summary=summary,
+                          script_sha256=text_digest(script.read_text(encoding="utf-8", errors="replace")))
     (out_dir / "verify.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
