@@ -15,10 +15,11 @@ self-contained.
 #   cpu:    the loader itself.
 # On a GPU it times a few batches of each one it can build, on throwaway iterators before the first
 # epoch (the epoch's batches are neither lost nor repeated; a RandomSampler draws one more seed), and
-# keeps the fastest; TCAUDIT_INPUT=dali|nvjpeg|cpu forces one. Batches stay (images, target): images
-# [B, 3, H, W] as the transform made them, target int64 [B] (on the decoding device). nhwc=True: the
-# images are channels_last in memory, for a model converted to channels_last. device: where to
-# decode (by default the current GPU when there is one; without DALI and a GPU, the loader is kept).
+# keeps the fastest (under DDP, rank 0's pick); TCAUDIT_INPUT=dali|nvjpeg|cpu forces one. Batches
+# stay (images, target): images [B, 3, H, W] as the transform made them, target int64 [B] (on the
+# decoding device). nhwc=True: the images are channels_last in memory, for a model converted to
+# channels_last. device: where to decode (by default the current GPU when there is one; without DALI
+# and a GPU, the loader is kept).
 # probe: time the candidates (by default only when decoding on a GPU, where speed is the question).
 
 
@@ -378,8 +379,13 @@ def tcaudit_dali_loader(loader, nhwc=False, device=None, probe=None):
         rates[name] = images / (time.perf_counter() - start)
         del batches, built
     best = max(rates, key=rates.get)
+    if distributed:  # every rank must run the same pipeline, or their batch counts could differ
+        chosen = [best]
+        torch.distributed.broadcast_object_list(chosen, src=0)
+        best = chosen[0] if chosen[0] in rates else best
     measured = ", ".join(f"{name} {rate:.0f}" for name, rate in sorted(rates.items(), key=lambda kv: -kv[1]))
     skipped = "".join(f"; no {name}: {why}" for name, why in why_not.items())
-    say(f"{candidates[best][1]}: the fastest of {measured} images/s over {count} batches each "
+    which = "rank 0's pick" if distributed else "the fastest"
+    say(f"{candidates[best][1]}: {which} of {measured} images/s over {count} batches each "
         f"(timed before the first epoch{skipped}; TCAUDIT_INPUT=dali|nvjpeg|cpu forces one)")
     return candidates[best][0]()
