@@ -262,12 +262,11 @@ def tcaudit_dali_loader(loader, nhwc=False, device=None, probe=None):
         )
         mean_on = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         std_on = torch.tensor(std, device=device).view(1, -1, 1, 1)
-        epochs = itertools.count()
 
-        def decoded_batches(throwaway=False):
+        def decoded_batches(epochs):
             """A thread decodes and augments up to two batches ahead of the loop, on a side stream
             when on a GPU; an event tells the loop's stream when a batch is ready."""
-            if files_sampler is not sampler and not throwaway:
+            if files_sampler is not sampler:
                 files_sampler.set_epoch(next(epochs))  # a sampler of ours: the script reseeds only its own
             batches = iter(files)  # here, so that the sampler draws its order in the script's thread
             seed = torch.empty((), dtype=torch.int64).random_().item()
@@ -330,8 +329,9 @@ def tcaudit_dali_loader(loader, nhwc=False, device=None, probe=None):
                     except queue.Empty:
                         pass
 
-        def nvjpeg_loader():
-            return TcauditGpuLoader(loader, decoded_batches, len(files), candidates["nvjpeg"][1])
+        def nvjpeg_loader():  # its own count of epochs: the probe's throwaway loader does not advance it
+            epochs = itertools.count()
+            return TcauditGpuLoader(loader, lambda: decoded_batches(epochs), len(files), candidates["nvjpeg"][1])
 
         candidates["nvjpeg"] = (nvjpeg_loader, f"torchvision, decoding on {device} (the workers read the files)")
     candidates["cpu"] = (lambda: loader, "the DataLoader as written")
