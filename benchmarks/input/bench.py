@@ -8,7 +8,7 @@ fresh process per pipeline: ``synthetic`` (a batch made once on the GPU: what th
 allows), ``cpu`` (the DataLoader as ``tcaudit fix`` leaves it: 16 workers, pinned memory, persistent
 workers), ``nvjpeg`` and ``dali`` (forced with TCAUDIT_INPUT), and ``auto`` (what ``fix --dali``
 does unforced: the start-up probe picks; its probe runs before the first step, outside the timing). The loaders come from the very function ``fix --dali``
-inserts (tcaudit/fix/tc405_dali_runtime.py). Training: bf16 autocast, channels_last, SGD; the
+inserts (tcaudit/rewrite/dali_runtime.py). Training: bf16 autocast, channels_last, SGD; the
 timed steps follow the warm-up steps inside the first epoch. Rows go to OUT/results.json.
 """
 
@@ -67,7 +67,7 @@ def train(args) -> dict:
     import torchvision.transforms as transforms
 
     sys.path.insert(0, str(ROOT))
-    from tcaudit.fix.tc405_dali_runtime import tcaudit_dali_loader
+    from tcaudit.rewrite.dali_runtime import tcaudit_dali_loader
 
     torch.manual_seed(0)
     device = torch.device(args.device)
