@@ -87,7 +87,7 @@ def test_tf32_finding_is_info_for_a_convnet_and_anchored_after_the_imports(tmp_p
     assert finding.severity == Severity.INFO
     assert finding.location.line == 8
     assert finding.fix.fix_class == FixClass.NUMERICS
-    assert finding.fix.anchor == {
+    assert finding.fix.plan.to_dict() == {
         "kind": "insert-statement",
         "after_line": 2,
         "code": 'torch.set_float32_matmul_precision("high")',

@@ -29,6 +29,7 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.findings import FixPlan
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -1178,8 +1179,18 @@ def import_block_end(facts: ScriptFacts) -> cst.CSTNode | None:
     return last
 
 
-def insertion_anchor(facts: ScriptFacts, code: str) -> dict:
-    """An anchor for a statement inserted after the leading imports."""
+@dataclass(frozen=True, eq=False)
+class InsertSetting(FixPlan):
+    """A global setting inserted after the leading imports (``insert_setting`` in rewrite/edits.py picks
+    the exact statement: after a later ``import torch`` too, beside settings already inserted)."""
+
+    kind = "insert-statement"
+    after_line: int  # the last line of the leading import block (0: none)
+    code: str
+    imports: tuple[str, ...] = ("torch",)
+
+
+def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
+    """The plan for inserting ``code`` as a module-level statement after the leading imports."""
     last = import_block_end(facts)
-    line = facts.position(last).end.line if last is not None else 0
-    return {"kind": "insert-statement", "after_line": line, "code": code, "imports": ["torch"]}
+    return InsertSetting(facts.position(last).end.line if last is not None else 0, code)
