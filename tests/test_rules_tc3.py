@@ -141,7 +141,7 @@ def test_compile_fix_compiles_in_place_when_the_builtin_is_shadowed():
     (finding,) = [f for f in _findings("tc3_fp32_gpt_debug.py") if f.rule == "TC305"]
     assert finding.severity == Severity.INFO
     assert finding.fix.fix_class == FixClass.STRUCTURAL
-    assert finding.fix.anchor["code"] == "model.compile()"
+    assert finding.fix.plan.code == "model.compile()"
 
 
 def test_unfused_optimizer_is_info_and_adds_fused(tmp_path):
