@@ -64,11 +64,13 @@ _EVAL_WORDS = frozenset(
 )
 _NAME_SUFFIXES = ("dataloader", "loader", "dataset", "data", "set", "ds", "dl", "iter")
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|local_rank|^rank$|gpu_id|^cuda)", re.IGNORECASE)
-_WRAPPERS = (
+# Calls that wrap a model and return the wrapper (the model is their first positional argument).
+MODEL_WRAPPERS = (
     "torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel", "torch.compile", "torch.jit.script",
 )
-_MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
+# Methods that return the model they are called on (``Net().cuda().train()``).
+MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
 _BUILTINS = frozenset(
     {"range", "len", "min", "max", "int", "float", "bool", "list", "tuple", "dict", "zip", "enumerate", "iter",
      "next", "super", "isinstance", "sorted", "reversed", "sum", "abs", "round"}
@@ -416,18 +418,18 @@ class PipelineFacts:
                 continue
             seen.add(id(value))
             func = value.func
-            if isinstance(func, cst.Attribute) and func.attr.value in _MODEL_CHAIN:
+            if isinstance(func, cst.Attribute) and func.attr.value in MODEL_CHAIN:
                 yield from self.constructions(func.value, depth + 1, seen)
                 continue
             qual = facts.qualname(func) or ""
-            if qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
+            if qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
                 if value.args:
                     yield from self.constructions(value.args[0].value, depth + 1, seen)
                 continue
             dotted = get_full_name_for_node(func)
             if not qual and dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in self.class_names:
                 for fn in facts.functions_by_name[dotted]:
-                    for returned in _returns(fn):
+                    for returned in returned_values(fn):
                         yield from self.constructions(returned, depth + 1, seen)
                 continue
             yield value
@@ -862,7 +864,7 @@ class PipelineFacts:
             return None
         sites: list[LoaderSite] = []
         for fn in functions:
-            returned = _returns(fn)
+            returned = returned_values(fn)
             if not returned:
                 return None
             for expr in returned:
@@ -1036,7 +1038,7 @@ def _prefixes(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
-def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
+def returned_values(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     out: list[cst.BaseExpression] = []
 
     class _V(cst.CSTVisitor):
@@ -1049,6 +1051,9 @@ def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
 
     fn.visit(_V())
     return out
+
+
+_returns = returned_values  # TRANSITIONAL: TC504 still imports the old name
 
 
 def _param_names(fn: cst.FunctionDef) -> set[str]:
