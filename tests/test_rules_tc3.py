@@ -133,8 +133,8 @@ def test_channels_last_fix_names_the_model_line(tmp_path):
     )
     (finding,) = result.findings
     assert finding.location.line == 3
-    assert finding.fix.anchor["line"] == 5
-    assert finding.fix.anchor["code"] == "net = net.to(memory_format=torch.channels_last)"
+    assert finding.fix.plan.line == 5
+    assert finding.fix.plan.code == "net = net.to(memory_format=torch.channels_last)"
 
 
 def test_compile_fix_compiles_in_place_when_the_builtin_is_shadowed():
@@ -161,7 +161,7 @@ def test_unfused_optimizer_is_info_and_adds_fused(tmp_path):
     (finding,) = result.findings
     assert finding.severity == Severity.INFO
     assert "fused=True" in finding.message
-    assert finding.fix.anchor == {"kind": "add-kwarg", "key": "fused", "value": "True"}
+    assert finding.fix.plan.to_dict() == {"kind": "add-kwarg", "key": "fused", "value": "True"}
 
 
 @pytest.mark.parametrize(
