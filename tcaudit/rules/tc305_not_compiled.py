@@ -130,7 +130,7 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
     functions = {id(b.ctx.function) for b in builds}
     if len(functions) != 1:
         raise DeclineFix(f"`{name}` is built in several functions; compile it by hand where it is used")
-    anchor, block = _common_statement(facts, [b.statement.node for b in builds])
+    after, block = _common_statement(facts, [b.statement.node for b in builds])
     in_wrap = [b for b in builds if _classify(facts, b, name)[0] == "wrap-build"]
     if in_wrap:
         if len(builds) != 1:
@@ -138,8 +138,8 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         target = f"{name}.module"
     else:
         target = name
-        anchor = _after_prep(facts, block, anchor, name)
-    return target, anchor, _device_condition(facts, name, builds, block, anchor, torch_name)
+        after = _after_prep(facts, block, after, name)
+    return target, after, _device_condition(facts, name, builds, block, after, torch_name)
 
 
 # -- what each binding does ------------------------------------------------------------------------------
@@ -339,8 +339,8 @@ def _common_statement(facts: ScriptFacts, statements: list[cst.CSTNode]) -> tupl
         depth += 1
     if depth == 0:
         raise DeclineFix("the model is built in unrelated places; compile it by hand")
-    block, anchor = chains[last][depth - 1]
-    return anchor, list(block.body)
+    block, after = chains[last][depth - 1]
+    return after, list(block.body)
 
 
 def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
@@ -361,20 +361,20 @@ def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
     return parents
 
 
-def _after_prep(facts: ScriptFacts, block: list, anchor: cst.CSTNode, name: str) -> cst.CSTNode:
-    """The last statement after ``anchor`` in its block that still prepares the model (``model.cuda()``,
+def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) -> cst.CSTNode:
+    """The last statement after ``after`` in its block that still prepares the model (``model.cuda()``,
     ``model = model.to(device)``, ``model.load_state_dict(...)``), stopping at the first statement
     that uses the model otherwise (an optimizer, a DDP wrap, the training loop)."""
-    index = next(i for i, item in enumerate(block) if item is anchor)
+    index = next(i for i, item in enumerate(block) if item is after)
     for statement in block[index + 1:]:
         mentions = name in _dotted_names(statement)
         if not mentions:
             continue
         if _is_prep(statement, name):
-            anchor = statement
+            after = statement
             continue
         break
-    return anchor
+    return after
 
 
 def _is_prep(statement: cst.CSTNode, name: str) -> bool:
@@ -418,13 +418,13 @@ def _dotted_names(node: cst.CSTNode) -> set[str]:
 
 
 def _device_condition(
-    facts: ScriptFacts, name: str, builds: list[Binding], block: list, anchor: cst.CSTNode, torch_name: str
+    facts: ScriptFacts, name: str, builds: list[Binding], block: list, after: cst.CSTNode, torch_name: str
 ) -> str:
     """``device.type == "cuda"`` when the model is moved with ``.to(device)`` and ``device`` is a
     ``torch.device`` (or a plain "cuda"/"cpu" string); ``torch.cuda.is_available()`` otherwise."""
     statements = [b.statement.node for b in builds]
     first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
-    last = next(i for i, item in enumerate(block) if item is anchor)
+    last = next(i for i, item in enumerate(block) if item is after)
     moves: list[cst.BaseExpression] = []
     for statement in [*statements, *block[first:last + 1]]:
         for call in _calls(statement):
