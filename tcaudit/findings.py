@@ -90,6 +90,18 @@ def _plain(value: Any) -> Any:
     return _NOT_PLAIN
 
 
+@dataclass(frozen=True, eq=False)
+class FollowsFix(FixPlan):
+    """A fix that becomes possible once another rule's fix has been made (``TC504``'s set_epoch after
+    ``TC503`` adds the DistributedSampler). Scan reports it as available, worded for the script as it
+    stands; the fix engine makes the enabling fix first, and this rule's own fix in the next round,
+    with a plan made from the text as it then is."""
+
+    after: str  # the rule whose fix enables this one
+
+    kind = "after-fix"
+
+
 class RenderedPlan(FixPlan):
     """A plan read back from its rendering (the cache): it describes the edit, it cannot make it."""
 

@@ -24,7 +24,7 @@ EXPECTED = {
     "tc5_fsdp_helper.py": [],  # FSDP through a helper, sampler reseeded in train_epoch()
     "tc5_hogwild.py": [],  # shared model + torch.multiprocessing: not single-process, not DDP
     "tc5_imagenet_distributed.py": [("TC502", 39), ("TC504", 53)],  # DataParallel fallback is fine
-    "tc5_mp_spawn_ddp.py": [("TC503", 38), ("TC506", 32), ("TC507", 50)],
+    "tc5_mp_spawn_ddp.py": [("TC503", 38), ("TC504", 38), ("TC506", 32), ("TC507", 50)],  # TC504 follows TC503's fix
     "tc5_nanogpt_ddp.py": [("TC502", 53)],  # require_backward_grad_sync; no DataLoader
     "tc5_rl_actor_critic.py": [],  # env.step is no optimizer; data from the environment
     "tc5_single_gpu.py": [("TC505", 21)],
@@ -72,25 +72,28 @@ def test_dataparallel_alias_fix_is_declined_with_a_reason():
     assert "torch.nn.DataParallel" in finding.message
     assert finding.fix is not None and not finding.fix.available
     assert "DDP" in finding.fix.reason
-    assert finding.fix.anchor["kind"] == "convert-dataparallel"
+    assert finding.fix.plan is None and "renamed by hand" in finding.fix.reason
 
 
 def test_fixes_record_where_they_go():
     mp = _by_rule("tc5_mp_spawn_ddp.py")
-    assert mp["TC503"].fix.anchor == {
+    assert mp["TC503"].fix.plan.to_dict() == {
         "kind": "add-distributed-sampler",
         "line": 38,
         "dataset": "train_set",
         "shuffle": None,
         "loader": "train_loader",
+        "sampler": "DistributedSampler(train_set, shuffle=True)",
+        "import_sampler": True,
     }
-    assert mp["TC506"].fix.anchor["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
-    assert mp["TC507"].fix.anchor == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
+    assert mp["TC506"].fix.plan.to_dict()["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
+    no_sync = mp["TC507"].fix.plan.to_dict()
+    assert {k: no_sync[k] for k in ("kind", "line", "model")} == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
     imagenet = _by_rule("tc5_imagenet_distributed.py")
     assert imagenet["TC504"].fix.available
-    assert imagenet["TC504"].fix.anchor["sampler"] == "train_sampler"
-    assert imagenet["TC504"].fix.anchor["epoch"] == "epoch"
-    assert imagenet["TC502"].fix.anchor == {
+    assert imagenet["TC504"].fix.plan.to_dict()["sampler"] == "train_sampler"
+    assert imagenet["TC504"].fix.plan.to_dict()["epoch"] == "epoch"
+    assert imagenet["TC502"].fix.plan.to_dict() == {
         "kind": "add-keyword", "line": 39, "keyword": "gradient_as_bucket_view", "value": "True"
     }
     single = _by_rule("tc5_single_gpu.py")["TC505"]
@@ -167,4 +170,13 @@ def test_unit_tests_that_exercise_ddp_are_not_training_jobs(tmp_path):
 def test_counts_by_rule_across_fixtures():
     """A summary that changes when any rule's precision does."""
     counts = Counter(rule for name in EXPECTED for rule, _ in findings(SCRIPTS / name))
-    assert counts == Counter({"TC505": 6, "TC502": 3, "TC501": 1, "TC503": 1, "TC504": 1, "TC506": 1, "TC507": 1})
+    assert counts == Counter({"TC505": 6, "TC502": 3, "TC501": 1, "TC503": 1, "TC504": 2, "TC506": 1, "TC507": 1})
+
+
+def test_set_epoch_is_reported_with_the_sampler_tc503_will_add():
+    """Scan says what fix will do: TC503 adds a shuffling DistributedSampler, and set_epoch (TC504)
+    then follows in the next fix round, so scan reports both now."""
+    mp = _by_rule("tc5_mp_spawn_ddp.py")
+    follow = mp["TC504"]
+    assert follow.fix.available and follow.fix.plan.to_dict() == {"kind": "after-fix", "after": "TC503"}
+    assert "TC503" in follow.message

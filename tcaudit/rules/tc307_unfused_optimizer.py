@@ -29,8 +29,8 @@ from tcaudit.script.pipeline import (
     keyword_arg,
     literal,
     moves_to_device,
+    function_returns,
     pipeline_facts,
-    returned_values,
 )
 
 _SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
@@ -196,7 +196,7 @@ def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExp
             return any(
                 _value_moves(facts, pipeline, returned, depth + 1)
                 for fn in facts.functions_by_name.get(dotted, [])
-                for returned in returned_values(fn)
+                for returned in function_returns(fn)
             )
         return False
     return False

@@ -429,7 +429,7 @@ class PipelineFacts:
             dotted = get_full_name_for_node(func)
             if not qual and dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in self.class_names:
                 for fn in facts.functions_by_name[dotted]:
-                    for returned in returned_values(fn):
+                    for returned in _returns(fn):
                         yield from self.constructions(returned, depth + 1, seen)
                 continue
             yield value
@@ -864,7 +864,7 @@ class PipelineFacts:
             return None
         sites: list[LoaderSite] = []
         for fn in functions:
-            returned = returned_values(fn)
+            returned = _returns(fn)
             if not returned:
                 return None
             for expr in returned:
@@ -1038,7 +1038,7 @@ def _prefixes(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
-def returned_values(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
+def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     out: list[cst.BaseExpression] = []
 
     class _V(cst.CSTVisitor):
@@ -1053,7 +1053,7 @@ def returned_values(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     return out
 
 
-_returns = returned_values  # TRANSITIONAL: TC504 still imports the old name
+function_returns = _returns  # public: the expressions a function's own ``return`` statements give
 
 
 def _param_names(fn: cst.FunctionDef) -> set[str]:
