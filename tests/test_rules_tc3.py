@@ -87,7 +87,7 @@ def test_tf32_finding_is_info_for_a_convnet_and_anchored_after_the_imports(tmp_p
     assert finding.severity == Severity.INFO
     assert finding.location.line == 8
     assert finding.fix.fix_class == FixClass.NUMERICS
-    assert finding.fix.anchor == {
+    assert finding.fix.plan.to_dict() == {
         "kind": "insert-statement",
         "after_line": 2,
         "code": 'torch.set_float32_matmul_precision("high")',
@@ -133,15 +133,15 @@ def test_channels_last_fix_names_the_model_line(tmp_path):
     )
     (finding,) = result.findings
     assert finding.location.line == 3
-    assert finding.fix.anchor["line"] == 5
-    assert finding.fix.anchor["code"] == "net = net.to(memory_format=torch.channels_last)"
+    assert finding.fix.plan.line == 5
+    assert finding.fix.plan.code == "net = net.to(memory_format=torch.channels_last)"
 
 
 def test_compile_fix_compiles_in_place_when_the_builtin_is_shadowed():
     (finding,) = [f for f in _findings("tc3_fp32_gpt_debug.py") if f.rule == "TC305"]
     assert finding.severity == Severity.INFO
     assert finding.fix.fix_class == FixClass.STRUCTURAL
-    assert finding.fix.anchor["code"] == "model.compile()"
+    assert finding.fix.plan.code == "model.compile()"
 
 
 def test_unfused_optimizer_is_info_and_adds_fused(tmp_path):
@@ -161,7 +161,7 @@ def test_unfused_optimizer_is_info_and_adds_fused(tmp_path):
     (finding,) = result.findings
     assert finding.severity == Severity.INFO
     assert "fused=True" in finding.message
-    assert finding.fix.anchor == {"kind": "add-kwarg", "key": "fused", "value": "True"}
+    assert finding.fix.plan.to_dict() == {"kind": "add-kwarg", "key": "fused", "value": "True"}
 
 
 @pytest.mark.parametrize(
@@ -195,3 +195,49 @@ def test_debug_mode_under_the_main_guard_is_still_on(tmp_path):
     result = scan_code(tmp_path, code, select=("TC306",))
     assert [(f.rule, f.location.line) for f in result.findings] == [("TC306", 10)]
     assert result.findings[0].fix.fix_class == FixClass.SAFE
+
+
+RESNET50 = Path(__file__).resolve().parent.parent / "fixtures" / "resnet50" / "train.py"
+
+
+def test_channels_last_is_offered_before_autocast_when_tc201_will_add_it():
+    """Issue 13 item 4: the naive ResNet50 has no autocast yet; TC201's fix adds fp16 autocast, so
+    channels_last (its largest single win on Hopper) shows in scan, fixable, and fix applies it."""
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+
+    result = scan_paths([str(RESNET50)], select=("TC201", "TC303", "TC307"))
+    by_rule = {f.rule: f for f in result.findings}
+    tc303 = by_rule["TC303"]
+    assert tc303.message.startswith("with autocast (TC201), also channels_last:")
+    assert tc303.fix.available and tc303.fix.plan.code == "model = model.to(memory_format=torch.channels_last)"
+    # Fused SGD under the GradScaler that TC201's fix adds is declined at detection, not by the fix.
+    assert not by_rule["TC307"].fix.available and "GradScaler" in by_rule["TC307"].fix.reason
+    fixed = fix_file(RESNET50, Settings(select=("TC201", "TC303")))
+    assert "TC303" in fixed.applied
+    assert "model = model.to(memory_format=torch.channels_last)" in fixed.fixed
+
+
+def test_channels_last_waits_for_autocast_when_tc201_is_off(tmp_path):
+    result = scan_paths([str(RESNET50)], select=("TC303",))
+    assert not result.findings
+
+
+def test_a_legacy_jit_flag_that_tc304_deletes_does_not_silence_tc305(tmp_path):
+    code = """
+        import torch
+        torch._C._jit_set_profiling_executor(False)
+        model = Net().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+        for x, y in loader:
+            loss = model(x.cuda()).mean()
+            loss.backward()
+            opt.step()
+        """
+    result = scan_code(tmp_path, code, select=("TC304", "TC305"))
+    assert sorted(f.rule for f in result.findings) == ["TC304", "TC305"]
+    # A flag whose result is used stays (TC304 declines it), and it still counts as deliberate.
+    used = code.replace("torch._C._jit_set_profiling_executor(False)", "old = torch._C._jit_set_profiling_executor(False)")
+    result = scan_code(tmp_path, used, select=("TC304", "TC305"))
+    (finding,) = result.findings
+    assert finding.rule == "TC304" and not finding.fix.available

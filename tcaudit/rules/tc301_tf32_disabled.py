@@ -1,22 +1,23 @@
-"""TC301 tf32-disabled: CUDA training in fp32 matmul precision without TF32."""
+"""TC301 tf32-disabled: CUDA training in fp32 matmul precision without TF32.
+
+Detects a script that trains on CUDA in fp32 (no autocast, no float64) and never decides about TF32.
+Fix (numerics): insert ``torch.set_float32_matmul_precision("high")`` after the imports.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, Severity
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, insertion_anchor, pipeline_facts, strip_comments
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod
+from tcaudit.findings import Finding, FixClass, Severity
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan, strip_comments
 
 # Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =
 # False``, ``"highest"``, ``"ieee"``) — either way there is nothing to report.
@@ -63,10 +64,10 @@ class Tf32Disabled(ScriptRule):
             step.backward.node,
             message,
             severity=severity,
-            fix=Fix(
+            fix=self.planned_fix(
                 FixClass.NUMERICS,
                 "enable TF32 for fp32 matmuls after the imports",
-                anchor=insertion_anchor(facts, FIX_CODE),
+                lambda: setting_plan(facts, FIX_CODE),
             ),
         )
 
@@ -109,8 +110,5 @@ class Tf32DisabledFix(Codemod):
     order = -1
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        codes = {finding.fix.anchor.get("code") for finding in findings}
-        codes.discard(None)
-        if len(codes) != 1:
-            raise DeclineFix("the finding does not say which setting to insert")
-        return insert_setting(module, context.facts, codes.pop())
+        plan: InsertSetting = findings[0].fix.plan  # one finding per file
+        return insert_setting(module, context.facts, plan.code)

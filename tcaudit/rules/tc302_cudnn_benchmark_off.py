@@ -1,19 +1,21 @@
-"""TC302 cudnn-benchmark-off: a convnet trained on CUDA without ``cudnn.benchmark = True``."""
+"""TC302 cudnn-benchmark-off: a convnet trained on CUDA without ``cudnn.benchmark = True``.
+
+Detects a CUDA convnet training script that never sets ``cudnn.benchmark``/``deterministic``.
+Fix (numerics): insert ``torch.backends.cudnn.benchmark = True`` after the imports.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, insertion_anchor, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod
+
+from tcaudit.findings import Finding, FixClass
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan
 
 FIX_CODE = "torch.backends.cudnn.benchmark = True"
 
@@ -35,10 +37,10 @@ class CudnnBenchmarkOff(ScriptRule):
             model.construction,
             f"convnet `{model.name}` trains on CUDA without `{FIX_CODE}`: cuDNN picks its convolution "
             "algorithms by heuristics instead of timing them for these fixed input shapes",
-            fix=Fix(
+            fix=self.planned_fix(
                 FixClass.NUMERICS,
                 "let cuDNN time and choose its convolution algorithms",
-                anchor=insertion_anchor(facts, FIX_CODE),
+                lambda: setting_plan(facts, FIX_CODE),
             ),
         )
 
@@ -65,8 +67,5 @@ class CudnnBenchmarkOffFix(Codemod):
     rule = "TC302"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        codes = {finding.fix.anchor.get("code") for finding in findings}
-        codes.discard(None)
-        if len(codes) != 1:
-            raise DeclineFix("the finding does not say which setting to insert")
-        return insert_setting(module, context.facts, codes.pop())
+        plan: InsertSetting = findings[0].fix.plan  # one finding per file
+        return insert_setting(module, context.facts, plan.code)

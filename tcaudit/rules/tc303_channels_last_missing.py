@@ -1,69 +1,41 @@
-"""TC303 channels-last-missing: a convnet trained under autocast in NCHW memory format."""
+"""TC303 channels-last-missing: a convnet trained in half precision in NCHW memory format.
+
+Detects a 2-D convnet trained on CUDA under autocast (or one that TC201's fix will put under
+autocast) while nothing in the script mentions channels_last. Fix (numerics): convert the model to
+channels_last where it is built or moved to the device, and the image batches where the training
+loop copies them to the device; declined for 3-D convolutions and ``.view()`` on the model's
+activations or outputs.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence, Union
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, pipeline_facts, strip_comments
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
+
+from tcaudit.config import Settings
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.rules.base import Codemod
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc201_missing_autocast import MissingAutocast
+from tcaudit.script.amp import amp_facts
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import (
-    _MODEL_CHAIN,
-    _WRAPPERS,
     CONV2D_LAYERS,
+    CUDA_TEXT,
+    MODEL_CHAIN,
+    MODEL_WRAPPERS,
     BatchLoop,
     ModelSite,
     PipelineFacts,
+    all_of,
     moves_to_device,
     pipeline_facts,
+    strip_comments,
 )
-
-
-class ChannelsLastMissing(ScriptRule):
-    id = "TC303"
-    triggers = (all_of(r"autocast", r"backward", CUDA_TEXT),)
-
-    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        pipeline = pipeline_facts(facts)
-        if not pipeline.owns_cuda_training or not pipeline.trains_under_autocast:
-            return
-        if "channels_last" in strip_comments(facts.source.text):
-            return  # any use (model, inputs, a --channels-last flag) is the user's decision
-        reported: set[str] = set()
-        for model in pipeline.conv_models:
-            if model.name in reported:
-                continue
-            reported.add(model.name)
-            code = f"{model.name} = {model.name}.to(memory_format=torch.channels_last)"
-            yield self.finding(
-                facts,
-                model.construction,
-                f"convnet `{model.name}` trains under autocast in NCHW layout: half-precision convolutions "
-                "run on tensor cores in channels_last (NHWC); NCHW adds a transpose around every conv "
-                f"(ResNet50 on H200: 2414 → 4695 img/s). Add `{code}`",
-                fix=Fix(
-                    FixClass.NUMERICS,
-                    "convert the model to channels_last after it is built",
-                    anchor={
-                        "kind": "insert-after",
-                        "line": facts.position(model.construction).end.line,
-                        "target": model.name,
-                        "code": code,
-                    },
-                ),
-            )
-
-
-# -- the fix ------------------------------------------------------------------------------------
 
 CONV3D_LAYERS = frozenset(
     f"torch.nn.{prefix}{name}"
@@ -73,36 +45,117 @@ CONV3D_LAYERS = frozenset(
 _KNOWN_FACTORIES = ("torchvision.models.", "timm.")
 
 
-class ChannelsLastFix(Codemod):
-    rule = "TC303"
+def autocast_planned(facts: ScriptFacts, settings: Settings | None) -> str | None:
+    """The dtype (``"float16"``/``"bfloat16"``) TC201's fix will put this script's training under, or
+    None when it adds no autocast (TC201 off, nothing to fix, or its fix declined).
 
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
+    Asks TC201's own check for now; to be replaced by TC201's ``planned_autocast(facts, settings)``."""
+    settings = settings or Settings()
+    if "TC201" not in settings.enabled_rules():
+        return None
+    context = RuleContext(settings)
+    if not any(f.fix is not None and f.fix.available for f in MissingAutocast().check(facts, context)):
+        return None
+    return amp_facts(facts).recommended_precision(settings.precision)[0]
+
+
+# -- the plan: which calls and statements change ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddMemoryFormat:
+    """``call`` gains ``memory_format=<channels_last>`` (``model.to(device)``, ``images.cuda()``)."""
+
+    call: cst.Call
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """``call`` becomes ``call.to(memory_format=<channels_last>)`` (the model inside a wrapper)."""
+
+    call: cst.Call
+
+
+@dataclass(frozen=True)
+class InsertAfter:
+    statement: cst.SimpleStatementLine
+    code: str
+
+
+Edit = Union[AddMemoryFormat, ConvertResult, InsertAfter]
+
+
+@dataclass(frozen=True, eq=False)
+class ChannelsLastPlan(FixPlan):
+    kind = "insert-after"
+    line: int  # the last line of the model's construction
+    target: str  # the model's name
+    code: str  # the conversion, as the message says
+    edits: tuple[Edit, ...]
+    channels_last: str  # ``torch.channels_last`` under the file's torch name
+
+
+class ChannelsLastMissing(ScriptRule):
+    id = "TC303"
+    triggers = (all_of(r"backward", CUDA_TEXT),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        editor = CallEditor()
-        editor.converted = set()
-        torch_name = torch_import_name(facts) or "torch"
-        channels_last = f"{torch_name}.channels_last"
-        planned: set[int] = set()
-        for finding in findings:
-            target = finding.fix.anchor.get("target")
-            sites = [site for site in pipeline.conv_models if site.name == target]
-            if not sites:
-                raise DeclineFix("the model could not be located; run fix again")
-            for site in sites:
-                _check_model(facts, pipeline, site)
-            for site in sites:
-                binding = _construction_binding(facts, pipeline, site)
-                if id(binding.statement.node) in planned:
-                    continue  # one statement builds the model in both branches of a factory
-                planned.add(id(binding.statement.node))
-                _plan_model(facts, editor, binding, site.name, channels_last, module)
-            if all(_takes_images(facts, pipeline, site) for site in sites):
-                _plan_inputs(facts, pipeline, editor, target, channels_last, module)
-        new = module.visit(editor)
-        if torch_import_name(facts) is None:
-            new = ensure_import(new, "import torch")
-        return new
+        if not pipeline.owns_cuda_training:
+            return
+        if "channels_last" in strip_comments(facts.source.text):
+            return  # any use (model, inputs, a --channels-last flag) is the user's decision
+        if not pipeline.conv_models:
+            return
+        if pipeline.trains_under_autocast:
+            before_autocast = False
+        elif autocast_planned(facts, context.settings) is not None:
+            before_autocast = True  # TC201's fix adds autocast: the conversion belongs to the same recipe
+        else:
+            return
+        reported: set[str] = set()
+        for model in pipeline.conv_models:
+            if model.name in reported:
+                continue
+            reported.add(model.name)
+            code = f"{model.name} = {model.name}.to(memory_format=torch.channels_last)"
+            line = facts.position(model.construction).end.line
+            why = (
+                "half-precision convolutions run on tensor cores in channels_last (NHWC); NCHW adds a transpose "
+                f"around every conv (ResNet50 on H200: 2414 → 4695 img/s). Add `{code}`"
+            )
+            if before_autocast:
+                message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout; {why}"
+            else:
+                message = f"convnet `{model.name}` trains under autocast in NCHW layout: {why}"
+            yield self.finding(
+                facts,
+                model.construction,
+                message,
+                fix=self.planned_fix(
+                    FixClass.NUMERICS,
+                    "convert the model to channels_last after it is built",
+                    lambda name=model.name, code=code, line=line: _channels_last_plan(facts, pipeline, name, code, line),
+                ),
+            )
+
+
+def _channels_last_plan(facts: ScriptFacts, pipeline: PipelineFacts, name: str, code: str, line: int) -> ChannelsLastPlan:
+    channels_last = f"{torch_import_name(facts) or 'torch'}.channels_last"
+    sites = [site for site in pipeline.conv_models if site.name == name]
+    for site in sites:
+        _check_model(facts, pipeline, site)
+    edits: list[Edit] = []
+    planned: set[int] = set()
+    for site in sites:
+        binding = _construction_binding(facts, pipeline, site)
+        if id(binding.statement.node) in planned:
+            continue  # one statement builds the model in both branches of a factory
+        planned.add(id(binding.statement.node))
+        edits.append(_model_edit(facts, binding, site.name, channels_last))
+    if all(_takes_images(facts, pipeline, site) for site in sites):
+        edits.extend(_input_edits(facts, pipeline, name, channels_last))
+    return ChannelsLastPlan(line, name, code, tuple(edits), channels_last)
 
 
 # -- the model ------------------------------------------------------------------------------------------
@@ -187,7 +240,7 @@ def _construction_binding(facts: ScriptFacts, pipeline: PipelineFacts, site: Mod
 def _direct_constructions(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExpression) -> list[cst.Call]:
     """What this expression itself builds (names are not followed: ``model = model.cuda()`` builds nothing)."""
     expr = _strip_wrappers(facts, value)[0]
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MODEL_CHAIN:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MODEL_CHAIN:
         expr = expr.func.value
     if not isinstance(expr, cst.Call):
         return []
@@ -202,7 +255,7 @@ def _strip_wrappers(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[cst.
     expr, wrapped = value, False
     while isinstance(expr, cst.Call):
         qual = facts.qualname(expr.func) or ""
-        if not (qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel"))):
+        if not (qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel"))):
             break
         positional = [a for a in expr.args if a.keyword is None and not a.star]
         if not positional:
@@ -211,27 +264,19 @@ def _strip_wrappers(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[cst.
     return expr, wrapped
 
 
-def _plan_model(
-    facts: ScriptFacts, editor: CallEditor, binding: Binding, name: str, channels_last: str, module: cst.Module
-) -> None:
+def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: str) -> Edit:
     inner, wrapped = _strip_wrappers(facts, binding.value)
     following = _next_device_move(facts, binding, name)
     if following is not None and not wrapped:
         # ``model = Net()`` then ``model = model.to(device)``: convert in that move.
-        editor.rewrite_call(following, lambda node: add_keyword(node, "memory_format", parse_expression(channels_last, module)))
-    elif isinstance(inner, cst.Call) and _plain_device_to(facts, inner):
-        editor.rewrite_call(inner, lambda node: add_keyword(node, "memory_format", parse_expression(channels_last, module)))
-    elif not wrapped:
-        code = f"{name} = {name}.to(memory_format={channels_last})"
-        editor.insert_after(binding.statement.node, [parse_statement(code, module)])
-    elif isinstance(inner, cst.Call):
-        editor.rewrite_call(inner, lambda node: cst.Call(
-            func=cst.Attribute(value=node, attr=cst.Name("to")),
-            args=[cst.Arg(parse_expression(channels_last, module), keyword=cst.Name("memory_format"),
-                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
-        ))
-    else:
-        raise DeclineFix(f"`{name}` is wrapped around a name; convert the model before it is wrapped")
+        return AddMemoryFormat(following)
+    if isinstance(inner, cst.Call) and _plain_device_to(facts, inner):
+        return AddMemoryFormat(inner)
+    if not wrapped:
+        return InsertAfter(binding.statement.node, f"{name} = {name}.to(memory_format={channels_last})")
+    if isinstance(inner, cst.Call):
+        return ConvertResult(inner)
+    raise DeclineFix(f"`{name}` is wrapped around a name; convert the model before it is wrapped")
 
 
 def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Call | None:
@@ -340,10 +385,10 @@ def _init_value(facts: ScriptFacts, cls: cst.ClassDef, attribute: str) -> cst.Ba
     return values[0] if len(values) == 1 else None
 
 
-def _plan_inputs(
-    facts: ScriptFacts, pipeline: PipelineFacts, editor: CallEditor, model: str, channels_last: str, module: cst.Module
-) -> None:
+def _input_edits(facts: ScriptFacts, pipeline: PipelineFacts, model: str, channels_last: str) -> list[Edit]:
     """Convert what the training loops pass to the model where it is copied to the device."""
+    edits: list[Edit] = []
+    converted: set[int] = set()  # a GAN's discriminator sees the same batch twice
     for batch in pipeline.batch_loops:
         if not pipeline.is_training_loop(batch):
             continue
@@ -357,7 +402,7 @@ def _plan_inputs(
             if isinstance(argument, cst.Call):
                 move = pipeline.call_site(argument)
                 if move is not None and _moves_batch(facts, move, batch):
-                    _convert_move(facts, editor, move, None, channels_last, module)
+                    edits.extend(_move_edit(move, None, channels_last, converted))
                 continue
             name = get_full_name_for_node(argument) if isinstance(argument, cst.Name) else None
             if name is None or _viewed_in_loop(facts, name, batch):
@@ -371,7 +416,8 @@ def _plan_inputs(
                     continue
                 move = pipeline.call_site(binding.value)
                 if move is not None and _moves_batch(facts, move, batch):
-                    _convert_move(facts, editor, move, binding, channels_last, module)
+                    edits.extend(_move_edit(move, binding, channels_last, converted))
+    return edits
 
 
 def _in_loop(call: CallSite, batch: BatchLoop) -> bool:
@@ -394,25 +440,20 @@ def _viewed_in_loop(facts: ScriptFacts, name: str, batch: BatchLoop) -> bool:
     return any(c.method == "view" and c.receiver_name == name and _in_loop(c, batch) for c in facts.calls)
 
 
-def _convert_move(
-    facts: ScriptFacts, editor: CallEditor, move: CallSite, binding: Binding | None, channels_last: str, module: cst.Module
-) -> None:
+def _move_edit(move: CallSite, binding: Binding | None, channels_last: str, converted: set[int]) -> list[Edit]:
     node = move.node
-    if keyword(node, "memory_format") is not None or id(node) in editor.converted:
-        return
-    editor.converted.add(id(node))  # a GAN's discriminator sees the same batch twice
+    if keyword(node, "memory_format") is not None or id(node) in converted:
+        return []
+    converted.add(id(node))
     if move.method == "to":
         if len([a for a in node.args if a.keyword is None]) > 1 or any(a.star for a in node.args):
-            return  # .to(device, dtype): leave it
-        editor.rewrite_call(node, lambda n: add_keyword(n, "memory_format", parse_expression(channels_last, module)))
-        return
+            return []  # .to(device, dtype): leave it
+        return [AddMemoryFormat(node)]
     statement = binding.statement.node if binding is not None and binding.statement else None
     if binding is None or not isinstance(statement, cst.SimpleStatementLine):
-        editor.rewrite_call(node, lambda n: add_keyword(n, "memory_format", parse_expression(channels_last, module)))
-        return
+        return [AddMemoryFormat(node)]
     name = binding.target
-    code = f"{name} = {name}.contiguous(memory_format={channels_last})"
-    editor.insert_after(statement, [parse_statement(code, module)])
+    return [InsertAfter(statement, f"{name} = {name}.contiguous(memory_format={channels_last})")]
 
 
 def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
@@ -428,3 +469,43 @@ def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
 
 def _calls_within(node: cst.CSTNode) -> set[int]:
     return {id(n) for n in _call_nodes(node)}
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class ChannelsLastFix(Codemod):
+    rule = "TC303"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = CallEditor()
+        done: set[tuple[int, str]] = set()  # two models' plans may convert the same batch
+        for finding in findings:
+            plan: ChannelsLastPlan = finding.fix.plan
+            channels_last = parse_expression(plan.channels_last, module)
+            for edit in plan.edits:
+                if isinstance(edit, InsertAfter):
+                    key = (id(edit.statement), edit.code)
+                    if key not in done:
+                        editor.insert_after(edit.statement, [parse_statement(edit.code, module)])
+                elif isinstance(edit, AddMemoryFormat):
+                    key = (id(edit.call), "memory_format")
+                    if key not in done:
+                        editor.rewrite_call(edit.call, lambda node, v=channels_last: add_keyword(node, "memory_format", v))
+                else:
+                    key = (id(edit.call), "to")
+                    if key not in done:
+                        editor.rewrite_call(edit.call, lambda node, v=channels_last: _to_memory_format(node, v))
+                done.add(key)
+        new = module.visit(editor)
+        if torch_import_name(context.facts) is None:
+            new = ensure_import(new, "import torch")
+        return new
+
+
+def _to_memory_format(node: cst.BaseExpression, channels_last: cst.BaseExpression) -> cst.Call:
+    return cst.Call(
+        func=cst.Attribute(value=node, attr=cst.Name("to")),
+        args=[cst.Arg(channels_last, keyword=cst.Name("memory_format"),
+                      equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
+    )

@@ -1,17 +1,21 @@
-"""TC304 legacy-jit-flags: private TorchScript executor flags set in an eager training script."""
+"""TC304 legacy-jit-flags: private TorchScript executor flags set in an eager training script.
+
+Detects calls such as ``torch._C._jit_set_profiling_executor(False)`` in a training script that does
+not use TorchScript. Fix (safe): delete the call's statement (the other statements of a
+``a(); b()`` line stay).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
-from tcaudit.rules.base import Codemod
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import CallSite, ScriptFacts
 
 JIT_FLAGS = (
     "torch._C._jit_set_profiling_executor",
@@ -26,49 +30,74 @@ JIT_FLAGS = (
 )
 
 
+@dataclass(frozen=True, eq=False)
+class DeleteFlagCall(FixPlan):
+    kind = "delete-statement"
+    statement: cst.SimpleStatementLine  # the line holding the call
+    call: cst.Call
+    line: int
+
+
+def reported_flag_calls(facts: ScriptFacts) -> list[CallSite]:
+    """The flag calls TC304 reports: in a training script that does not use TorchScript."""
+    if not (facts.training_steps or facts.optimizer_steps):
+        return []  # a training-script rule: library code that implements the fusers is not its target
+    if any((r.qualname or "").startswith("torch.jit.") for r in facts.references):
+        return []  # the script does use TorchScript: the flags are deliberate
+    return [call for call in facts.calls if (call.qualname or "") in JIT_FLAGS]
+
+
+def deletion_plan(facts: ScriptFacts, call: CallSite) -> DeleteFlagCall:
+    """How TC304's fix deletes this flag call, or :class:`DeclineFix` when it cannot."""
+    statement = call.statement.node if call.statement is not None else None
+    if not isinstance(statement, cst.SimpleStatementLine):
+        raise DeclineFix("the flag call is part of a larger statement")
+    if not any(isinstance(s, cst.Expr) and s.value is call.node for s in statement.body):
+        raise DeclineFix("the flag call's result is used; remove it by hand")
+    if len(call.statement.block) == 1 and len(statement.body) == 1:
+        raise DeclineFix("the flag call is the only statement of its block; remove the block by hand")
+    return DeleteFlagCall(statement, call.node, facts.line_of(statement))
+
+
+def flags_the_fix_deletes(facts: ScriptFacts) -> list[CallSite]:
+    """The flag calls TC304's fix removes (TC305 does not count them as the script's own compiling)."""
+    deleted = []
+    for call in reported_flag_calls(facts):
+        try:
+            deletion_plan(facts, call)
+        except DeclineFix:
+            continue
+        deleted.append(call)
+    return deleted
+
+
 class LegacyJitFlags(ScriptRule):
     id = "TC304"
     triggers = (r"_jit_|graph_executor_optimize",)  # and a training step, checked below
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if not (facts.training_steps or facts.optimizer_steps):
-            return  # a training-script rule: library code that implements the fusers is not its target
-        if any((r.qualname or "").startswith("torch.jit.") for r in facts.references):
-            return  # the script does use TorchScript: the flags are deliberate
-        for call in facts.calls:
+        for call in reported_flag_calls(facts):
             qual = call.qualname or ""
-            if qual not in JIT_FLAGS:
-                continue
-            statement = call.statement.node if call.statement else call.node
             yield self.finding(
                 facts,
                 call.node,
                 f"`{qual.removeprefix('torch._C.')}` is a private TorchScript executor flag: it does nothing "
                 "for an eager or torch.compile training step and may vanish in any release; remove it",
-                fix=Fix(FixClass.SAFE, "delete the call", anchor={"kind": "delete-statement",
-                                                                  "line": facts.line_of(statement)}),
+                fix=self.planned_fix(FixClass.SAFE, "delete the call", lambda call=call: deletion_plan(facts, call)),
             )
 
-
-# -- the fix ------------------------------------------------------------------------------------
 
 class LegacyJitFlagsFix(Codemod):
     rule = "TC304"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        lines = {(f.location.line, f.location.column) for f in findings}
+        by_statement: dict[int, tuple[cst.SimpleStatementLine, set[int]]] = {}
+        for finding in findings:
+            plan: DeleteFlagCall = finding.fix.plan
+            by_statement.setdefault(id(plan.statement), (plan.statement, set()))[1].add(id(plan.call))
         editor = StatementEditor()
-        for call in facts.calls:
-            pos = facts.position(call.node)
-            if (pos.start.line, pos.start.column + 1) not in lines or call.statement is None:
-                continue
-            statement = call.statement.node
-            if not isinstance(statement, cst.SimpleStatementLine):
-                raise DeclineFix("the flag call is part of a larger statement")
-            kept = [s for s in statement.body if not (isinstance(s, cst.Expr) and s.value is call.node)]
-            if len(kept) == len(statement.body):
-                raise DeclineFix("the flag call's result is used; remove it by hand")
+        for statement, calls in by_statement.values():
+            kept = [s for s in statement.body if not (isinstance(s, cst.Expr) and id(s.value) in calls)]
             if kept:
                 kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
                 editor.replace_with(statement, [statement.with_changes(body=kept)])

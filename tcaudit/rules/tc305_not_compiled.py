@@ -1,23 +1,27 @@
-"""TC305 not-compiled: the trained model never goes through ``torch.compile`` (info)."""
+"""TC305 not-compiled: the trained model never goes through ``torch.compile`` (info).
+
+Detects a CUDA training script that compiles, scripts or exports nothing (a legacy TorchScript flag
+that TC304's fix deletes does not count). Fix (structural, ``fix --compile``): ``model.compile()``
+in place, on CUDA only, after the statements that build and prepare the model; declined for a model
+whose forward is torch.nn's own, one built in a loop, a TorchScript module, DataParallel or FSDP.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
-from tcaudit.rules.base import Codemod
 from tcaudit.rewrite.edits import contains
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
-from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.pipeline import CUDA_TEXT, all_of, pipeline_facts
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
 COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "torch.export", "torch._inductor")
@@ -46,17 +50,39 @@ class NotCompiled(ScriptRule):
             f"the trained model is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
             "fuses its elementwise ops and cuts Python overhead (ResNet50 on H200: 4695 → 6801 img/s on "
             "top of bf16 + channels_last)",
-            fix=Fix(
+            fix=self.planned_fix(
                 FixClass.STRUCTURAL,
                 "compile the model in place on CUDA (tcaudit fix --compile)",
+                lambda: _compile_plan(facts, name, code, facts.position(node).end.line),
                 option="compile",
-                anchor={"kind": "insert-after", "line": facts.position(node).end.line, "target": name, "code": code},
             ),
         )
 
 
+@dataclass(frozen=True, eq=False)
+class CompileInPlace(FixPlan):
+    kind = "insert-after"
+    after: cst.CSTNode  # the statement the compile goes after
+    line: int
+    target: str  # the trained model's name
+    code: str  # ``model.compile()``, as the message says
+    statement: str  # what is inserted: the compile under its device condition
+
+
+def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> CompileInPlace:
+    torch_name = torch_import_name(facts) or "torch"
+    compiled, after, condition = _plan(facts, name, torch_name)
+    if isinstance(after, cst.If) and facts.module.code_for_node(after.test) == condition:
+        # ``if device == "cuda": model = model.cuda()`` gains the compile in the same block.
+        return CompileInPlace(after.body.body[-1], line, name, code, f"{compiled}.compile()\n")
+    return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n")
+
+
 def _compiles(facts: ScriptFacts, pipeline) -> bool:
-    if any(ref.qualname and ref.qualname.startswith(COMPILERS) for ref in facts.references):
+    deleted = {id(call.node.func) for call in flags_the_fix_deletes(facts)}
+    if any(
+        ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
+    ):
         return True
     models = set(pipeline.trained_model_names) | facts.model_names
     # ``model.compile()`` (nn.Module.compile, in place), also on the module inside a DDP wrapper.
@@ -66,7 +92,7 @@ def _compiles(facts: ScriptFacts, pipeline) -> bool:
     )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+# -- the plan -------------------------------------------------------------------------------------------
 
 # Methods that prepare a built model without changing what it is: the compile goes after them.
 _PREP = frozenset(
@@ -74,29 +100,6 @@ _PREP = frozenset(
      "to_empty", "load_state_dict", "share_memory"}
 )
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-
-
-class NotCompiledFix(Codemod):
-    rule = "TC305"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        torch_name = torch_import_name(facts) or "torch"
-        name = findings[0].fix.anchor.get("target")
-        if not name:
-            raise DeclineFix("the trained model has no name to compile")
-        target, after, condition = _plan(facts, name, torch_name)
-        editor = StatementEditor()
-        if isinstance(after, cst.If) and module.code_for_node(after.test) == condition:
-            # ``if device == "cuda": model = model.cuda()`` gains the compile in the same block.
-            editor.insert_after(after.body.body[-1], [parse_statement(f"{target}.compile()\n", module)])
-        else:
-            code = f"if {condition}:\n    {target}.compile()\n"
-            editor.insert_after(after, [parse_statement(code, module)])
-        new = module.visit(editor)
-        if torch_import_name(facts) is None:
-            new = ensure_import(new, "import torch")
-        return new
 
 
 def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tuple[str, cst.CSTNode, str]:
@@ -127,7 +130,7 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
     functions = {id(b.ctx.function) for b in builds}
     if len(functions) != 1:
         raise DeclineFix(f"`{name}` is built in several functions; compile it by hand where it is used")
-    anchor, block = _common_statement(facts, [b.statement.node for b in builds])
+    after, block = _common_statement(facts, [b.statement.node for b in builds])
     in_wrap = [b for b in builds if _classify(facts, b, name)[0] == "wrap-build"]
     if in_wrap:
         if len(builds) != 1:
@@ -135,8 +138,8 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         target = f"{name}.module"
     else:
         target = name
-        anchor = _after_prep(facts, block, anchor, name)
-    return target, anchor, _device_condition(facts, name, builds, block, anchor, torch_name)
+        after = _after_prep(facts, block, after, name)
+    return target, after, _device_condition(facts, name, builds, block, after, torch_name)
 
 
 # -- what each binding does ------------------------------------------------------------------------------
@@ -336,8 +339,8 @@ def _common_statement(facts: ScriptFacts, statements: list[cst.CSTNode]) -> tupl
         depth += 1
     if depth == 0:
         raise DeclineFix("the model is built in unrelated places; compile it by hand")
-    block, anchor = chains[last][depth - 1]
-    return anchor, list(block.body)
+    block, after = chains[last][depth - 1]
+    return after, list(block.body)
 
 
 def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
@@ -358,20 +361,20 @@ def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
     return parents
 
 
-def _after_prep(facts: ScriptFacts, block: list, anchor: cst.CSTNode, name: str) -> cst.CSTNode:
-    """The last statement after ``anchor`` in its block that still prepares the model (``model.cuda()``,
+def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) -> cst.CSTNode:
+    """The last statement after ``after`` in its block that still prepares the model (``model.cuda()``,
     ``model = model.to(device)``, ``model.load_state_dict(...)``), stopping at the first statement
     that uses the model otherwise (an optimizer, a DDP wrap, the training loop)."""
-    index = next(i for i, item in enumerate(block) if item is anchor)
+    index = next(i for i, item in enumerate(block) if item is after)
     for statement in block[index + 1:]:
         mentions = name in _dotted_names(statement)
         if not mentions:
             continue
         if _is_prep(statement, name):
-            anchor = statement
+            after = statement
             continue
         break
-    return anchor
+    return after
 
 
 def _is_prep(statement: cst.CSTNode, name: str) -> bool:
@@ -415,13 +418,13 @@ def _dotted_names(node: cst.CSTNode) -> set[str]:
 
 
 def _device_condition(
-    facts: ScriptFacts, name: str, builds: list[Binding], block: list, anchor: cst.CSTNode, torch_name: str
+    facts: ScriptFacts, name: str, builds: list[Binding], block: list, after: cst.CSTNode, torch_name: str
 ) -> str:
     """``device.type == "cuda"`` when the model is moved with ``.to(device)`` and ``device`` is a
     ``torch.device`` (or a plain "cuda"/"cpu" string); ``torch.cuda.is_available()`` otherwise."""
     statements = [b.statement.node for b in builds]
     first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
-    last = next(i for i, item in enumerate(block) if item is anchor)
+    last = next(i for i, item in enumerate(block) if item is after)
     moves: list[cst.BaseExpression] = []
     for statement in [*statements, *block[first:last + 1]]:
         for call in _calls(statement):
@@ -475,3 +478,19 @@ def _condition_for(facts: ScriptFacts, device: cst.BaseExpression, torch_name: s
             return f'{dotted} == "cuda"'
         return f'{torch_name}.device({dotted}).type == "cuda"'
     return None
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class NotCompiledFix(Codemod):
+    rule = "TC305"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        plan: CompileInPlace = findings[0].fix.plan  # one finding per file
+        editor = StatementEditor()
+        editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+        new = module.visit(editor)
+        if torch_import_name(context.facts) is None:
+            new = ensure_import(new, "import torch")
+        return new

@@ -1,18 +1,26 @@
 """TC306 debug-mode-on: anomaly detection, an always-on profiler, NVTX emission, gradcheck or
-``CUDA_LAUNCH_BLOCKING=1`` left on around training."""
+``CUDA_LAUNCH_BLOCKING=1`` left on around training.
+
+Fix (safe): remove ``torch.autograd.set_detect_anomaly(True)`` and the ``CUDA_LAUNCH_BLOCKING=1``
+setting, and unwrap ``with torch.autograd.detect_anomaly():`` / ``emit_nvtx()`` / ``emit_itt()``
+(the body stays). A profiler (whose handle the body often uses) and gradcheck get no fix: the message
+says what to do.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import Frame, ScriptFacts
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import Frame, ScriptFacts, Statement
 from tcaudit.script.pipeline import PipelineFacts, keyword_arg, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
 
 SET_ANOMALY = frozenset(
     {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly", "torch.set_anomaly_enabled"}
@@ -70,8 +78,9 @@ class DebugModeOn(ScriptRule):
                 call.node,
                 "autograd anomaly detection is on for every step: each backward op records a traceback "
                 "and checks its outputs for NaN, several times slower; enable it only behind a debug flag",
-                fix=Fix(FixClass.SAFE, "remove the call (or put it behind a --debug flag)",
-                        anchor={"kind": "remove-statement", "line": facts.position(call.node).start.line}),
+                fix=self.planned_fix(
+                    FixClass.SAFE, "remove the call", lambda call=call: _removal(facts, call.statement, call.node)
+                ),
             )
 
     def _debug_contexts(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
@@ -97,13 +106,17 @@ class DebugModeOn(ScriptRule):
                     continue
                 if self._deliberate(pipeline, ctx) or not pipeline.body_trains(node):
                     continue
+                fix = None  # a profiler's handle (``as prof``) is often used in the body and after it
+                if qual not in PROFILERS or qual.endswith(("emit_nvtx", "emit_itt")):
+                    fix = self.planned_fix(
+                        FixClass.SAFE, "unwrap the block", lambda node=node, item=item: _unwrap(facts, node, item)
+                    )
                 yield self.finding(
                     facts,
                     item.item,
                     f"{what}; keep it behind a debug flag (a profiler: `schedule=torch.profiler.schedule(...)` "
                     "over a few steps)",
-                    fix=Fix(FixClass.SAFE, "unwrap the block (or put it behind a flag)",
-                            anchor={"kind": "unwrap-with", "line": facts.position(node).start.line}),
+                        fix=fix,
                 )
 
     @staticmethod
@@ -138,8 +151,7 @@ class DebugModeOn(ScriptRule):
                 call.node,
                 f"`{call.qualname.split('.')[-1]}` runs inside the training loop: it evaluates the function "
                 "once per input element in float64; run it once in a test, not every step",
-                fix=Fix(FixClass.SAFE, "move the check out of the training loop",
-                        anchor={"kind": "remove-statement", "line": facts.position(call.node).start.line}),
+                fix=None,  # where the check belongs (a test) is the user's decision
             )
 
     def _launch_blocking(self, facts: ScriptFacts, pipeline: PipelineFacts) -> Iterator[Finding]:
@@ -151,21 +163,109 @@ class DebugModeOn(ScriptRule):
                 continue
             if str(literal(binding.value)) != "1" or self._deliberate(pipeline, binding.ctx):
                 continue
-            yield self._blocking_finding(facts, statement)
+            yield self._blocking_finding(facts, statement, binding.statement, binding.value)
         for call in facts.calls:
             if call.method != "setdefault" or (facts.resolve(call.receiver_name) or call.receiver_name) not in ENVIRON:
                 continue
             args = call.node.args
             if len(args) == 2 and literal(args[0].value) == "CUDA_LAUNCH_BLOCKING" and str(literal(args[1].value)) == "1":
                 if not self._deliberate(pipeline, call.ctx):
-                    yield self._blocking_finding(facts, call.node)
+                    yield self._blocking_finding(facts, call.node, call.statement, call.node)
 
-    def _blocking_finding(self, facts: ScriptFacts, node: cst.CSTNode) -> Finding:
+    def _blocking_finding(
+        self, facts: ScriptFacts, node: cst.CSTNode, statement: Statement | None, value: cst.BaseExpression
+    ) -> Finding:
         return self.finding(
             facts,
             node,
             "`CUDA_LAUNCH_BLOCKING=1` makes every kernel launch wait for the GPU to finish: the host "
             "can no longer run ahead; use it only to locate a CUDA error",
-            fix=Fix(FixClass.SAFE, "remove the setting",
-                    anchor={"kind": "remove-statement", "line": facts.position(node).start.line}),
+            fix=self.planned_fix(FixClass.SAFE, "remove the setting", lambda: _removal(facts, statement, value)),
         )
+
+
+# -- the plans ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RemoveStatement(FixPlan):
+    kind = "remove-statement"
+    statement: cst.SimpleStatementLine
+    line: int
+
+
+@dataclass(frozen=True, eq=False)
+class UnwrapWith(FixPlan):
+    kind = "unwrap-with"
+    node: cst.With
+    line: int
+
+
+def _removal(facts: ScriptFacts, statement: Statement | None, value: cst.BaseExpression) -> RemoveStatement:
+    """Remove the statement whose only work is ``value`` (an expression statement or one assignment)."""
+    line = statement.node if statement is not None else None
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        raise DeclineFix("the setting shares its line with other statements; remove it by hand")
+    small = line.body[0]
+    if not (isinstance(small, (cst.Expr, cst.Assign)) and small.value is value):
+        raise DeclineFix("the setting is part of a larger statement; remove it by hand")
+    return RemoveStatement(line, facts.line_of(line))
+
+
+def _unwrap(facts: ScriptFacts, node: cst.With, item: cst.WithItem) -> UnwrapWith:
+    if len(node.items) != 1 or item.asname is not None or node.asynchronous is not None:
+        raise DeclineFix("the `with` holds other context managers or names the debug context; edit it by hand")
+    if not isinstance(item.item, cst.Call):
+        raise DeclineFix("the debug context is bound to a name before the `with`; edit it by hand")
+    if not isinstance(node.body, cst.IndentedBlock):
+        raise DeclineFix("the `with` body is on its line; split the line first")
+    return UnwrapWith(node, facts.line_of(node))
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class DebugModeOffFix(Codemod):
+    rule = "TC306"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = _DebugEditor()
+        for finding in findings:
+            plan = finding.fix.plan
+            if isinstance(plan, UnwrapWith):
+                editor.unwrap.add(id(plan.node))
+            else:
+                editor.remove.add(id(plan.statement))
+        return module.visit(editor)
+
+
+class _DebugEditor(cst.CSTTransformer):
+    """Removes statements and unwraps ``with`` blocks found by identity, keeping the blank lines and
+    comments above them; a block left empty gets ``pass``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.remove: set[int] = set()
+        self.unwrap: set[int] = set()
+
+    def _rebuild(self, original_body, updated_body) -> list:
+        out: list = []
+        carried: list[cst.EmptyLine] = []
+        for original, updated in zip(original_body, updated_body):
+            if id(original) in self.remove:
+                carried.extend(updated.leading_lines)
+                continue
+            produced = list(updated.body.body) if id(original) in self.unwrap else [updated]
+            lead = [*carried, *(updated.leading_lines if id(original) in self.unwrap else [])]
+            if lead:
+                produced[0] = produced[0].with_changes(leading_lines=[*lead, *produced[0].leading_lines])
+                carried = []
+            out.extend(produced)
+        return out
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._rebuild(original_node.body, updated_node.body))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        body = self._rebuild(original_node.body, updated_node.body)
+        return updated_node.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])])

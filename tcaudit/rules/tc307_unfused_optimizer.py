@@ -1,23 +1,39 @@
-"""TC307 unfused-optimizer: Adam/AdamW/SGD on CUDA without ``fused=True`` (info)."""
+"""TC307 unfused-optimizer: Adam/AdamW/SGD on CUDA without ``fused=True`` (info).
+
+Detects a torch.optim Adam, AdamW or SGD built for CUDA training without ``fused=``/``foreach=``.
+Fix (numerics): pass ``fused=True``; declined where the fused kernel would fail or misbehave (sparse
+gradients, SGD under a GradScaler present or added by TC201's fix, parameters not on the GPU yet).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
-
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, keyword_arg, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
 import re
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at
+from tcaudit.rewrite.edits import CallEditor, add_keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc303_channels_last_missing import autocast_planned
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import _MODEL_CHAIN, _WRAPPERS, PipelineFacts, _returns, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import (
+    CUDA_TEXT,
+    MODEL_CHAIN,
+    MODEL_WRAPPERS,
+    PipelineFacts,
+    all_of,
+    keyword_arg,
+    literal,
+    moves_to_device,
+    function_returns,
+    pipeline_facts,
+)
+
+_SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
 
 FUSABLE = {
     "torch.optim.Adam": "Adam",
@@ -55,51 +71,41 @@ class UnfusedOptimizer(ScriptRule):
                 f"`{kind}` on CUDA without `fused=True`: PyTorch defaults to the foreach (multi-tensor) "
                 f"implementation; the fused kernel does the whole {kind} update in one pass per "
                 "parameter group, fewer launches and memory passes",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.NUMERICS,
                     "pass fused=True (every parameter must be a floating-point CUDA tensor)",
-                    anchor={"kind": "add-kwarg", "key": "fused", "value": "True"},
+                    lambda call=call: _fused_plan(facts, pipeline, call, context),
                 ),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
-
-_SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
-
-
-class UnfusedOptimizerFix(Codemod):
-    rule = "TC307"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        pipeline = pipeline_facts(facts)
-        if _SPARSE.search(facts.source.text):
-            raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
-        editor = CallEditor()
-        reasons: list[str] = []
-        for finding in findings:
-            call = call_at(facts, finding)
-            if call is None:
-                raise DeclineFix("the optimizer call moved; run fix again")
-            reason = _why_not(facts, pipeline, call)
-            if reason is not None:
-                reasons.append(reason)
-                continue
-            value = finding.fix.anchor.get("value", "True")
-            editor.rewrite_call(call.node, lambda node, v=value: add_keyword(node, "fused", parse_expression(v, module)))
-        if not editor.calls:
-            raise DeclineFix(reasons[0])
-        # Optimizers that could not be fused keep their finding; the next round declines them with the reason.
-        return module.visit(editor)
+@dataclass(frozen=True, eq=False)
+class AddFused(FixPlan):
+    kind = "add-kwarg"
+    call: cst.Call  # the optimizer's construction
+    key: str = "fused"
+    value: str = "True"
 
 
-def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> str | None:
-    if (call.qualname or "").endswith(".SGD") and facts.mentions_gradscaler:
+def _fused_plan(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, context: RuleContext) -> AddFused:
+    if _SPARSE.search(facts.source.text):
+        raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
+    reason = _why_not(facts, pipeline, call, context)
+    if reason is not None:
+        raise DeclineFix(reason)
+    return AddFused(call.node)
+
+
+def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, context: RuleContext) -> str | None:
+    if (call.qualname or "").endswith(".SGD"):
         # Measured on an H200 with torch 2.11 (benchmarks/results/h200): the naive ResNet50 patched with
         # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
-        return ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
-                "keeping the default foreach SGD")
+        if facts.mentions_gradscaler:
+            return ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
+                    "keeping the default foreach SGD")
+        if autocast_planned(facts, context.settings) == "float16":
+            return ("TC201's fix adds fp16 autocast with a GradScaler, and fused SGD under a GradScaler turned "
+                    "ResNet50's loss into NaN on an H200 (torch 2.11); keeping the default foreach SGD")
     owners = _parameter_owners(facts, call)
     if not owners:
         return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"
@@ -176,10 +182,10 @@ def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExp
         if site.method in ("cuda", "to") and moves_to_device(site):
             return True
         qual = facts.qualname(expr.func) or ""
-        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MODEL_CHAIN:
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MODEL_CHAIN:
             expr = expr.func.value
             continue
-        if qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
+        if qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
             positional = [a for a in expr.args if a.keyword is None and not a.star]
             if not positional:
                 return False
@@ -190,7 +196,7 @@ def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExp
             return any(
                 _value_moves(facts, pipeline, returned, depth + 1)
                 for fn in facts.functions_by_name.get(dotted, [])
-                for returned in _returns(fn)
+                for returned in function_returns(fn)
             )
         return False
     return False
@@ -205,3 +211,18 @@ def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
 
     node.visit(_V())
     return found
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class UnfusedOptimizerFix(Codemod):
+    rule = "TC307"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = CallEditor()
+        for finding in findings:
+            plan: AddFused = finding.fix.plan
+            value = parse_expression(plan.value, module)
+            editor.rewrite_call(plan.call, lambda node, k=plan.key, v=value: add_keyword(node, k, v))
+        return module.visit(editor)

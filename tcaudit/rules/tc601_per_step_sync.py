@@ -1,4 +1,9 @@
-"""TC601 per-step-sync: a device-to-host sync in the body of the training loop, every step."""
+"""TC601 per-step-sync: a device-to-host sync in the body of the training loop, every step.
+
+No automatic fix (each finding says why): how often to log is the user's decision, and an
+accumulator (``running_loss += loss.item()``) kept on the device changes the type every later use of
+it sees, so the change is left to the user, with the recipe in the reason.
+"""
 
 from __future__ import annotations
 
@@ -223,7 +228,7 @@ class PerStepSync(ScriptRule):
                 node,
                 f"{what} in the training loop makes the host wait for the GPU every step; keep values on "
                 "the device and sync under a logging interval (`if step % log_interval == 0:`)",
-                fix=self._fix(facts, call, what),
+                fix=self._fix(facts, call),
             )
 
     def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
@@ -267,22 +272,22 @@ class PerStepSync(ScriptRule):
                 return f"`{call.name}(...)` of a tensor", node
         return None
 
-    def _fix(self, facts: ScriptFacts, call: CallSite, what: str) -> Fix:
-        anchor = {"kind": "defer-sync", "line": facts.line_of(call.node), "sync": what}
+    @staticmethod
+    def _fix(facts: ScriptFacts, call: CallSite) -> Fix:
         statement = call.statement
         small = statement.node.body[0] if statement is not None and isinstance(statement.node, cst.SimpleStatementLine) and len(statement.node.body) == 1 else None
         if call.method == "item" and isinstance(small, cst.AugAssign) and small.value is call.node:
             target = facts.module.code_for_node(small.target)
-            anchor.update(kind="accumulate-on-device", accumulator=target)
             return Fix(
                 FixClass.SAFE,
                 f"accumulate `{target}` as a tensor (`.detach()` instead of `.item()`) and call `.item()` where it is logged",
-                anchor=anchor,
+                available=False,
+                reason=f"`{target}` would then hold a tensor wherever it is read later (formatting, JSON, "
+                "comparisons); accumulate `.detach()` and call `.item()` where it is logged, by hand",
             )
         return Fix(
             FixClass.SAFE,
             "move the sync under a logging interval",
             available=False,
             reason="how often to log is the user's decision; the value must be kept on the device or logged less often by hand",
-            anchor=anchor,
         )

@@ -1,21 +1,24 @@
-"""TC602 zero-grad-not-none: ``zero_grad(set_to_none=False)`` writes zeros into every gradient each step."""
+"""TC602 zero-grad-not-none: ``zero_grad(set_to_none=False)`` writes zeros into every gradient each step.
+
+Fix (safe): drop ``set_to_none=False`` (``True`` is the default since PyTorch 2.0), or write
+``set_to_none=True`` where dropping it would change more than the argument (other arguments, a
+comment inside the call, a ``zero_grad`` of the file's own); declined when the script uses ``.grad``
+in place.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, in_test_code, literal_value
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod
 from tcaudit.rewrite.edits import CallEditor, replace_argument
-from tcaudit.script.distributed import literal_value
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts
 
 # Code that reads or updates .grad in place after zero_grad, expecting a tensor: with None gradients
@@ -33,19 +36,11 @@ class ZeroGradNotNone(ScriptRule):
             value = call.arg("set_to_none", 0)
             if value is None or literal_value(value) is not False or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
-            anchor = {"kind": "replace-argument", "line": facts.line_of(value), "old": "False", "new": "True"}
             grad_use = _READS_GRAD.search(info.text)
-            if grad_use:
-                fix = Fix(
-                    FixClass.SAFE,
-                    "drop set_to_none=False",
-                    available=False,
-                    reason=f"the script uses .grad in place (`{grad_use.group(0)}`); with set_to_none=True a "
-                    "parameter without a gradient this step has grad None",
-                    anchor=anchor,
-                )
-            else:
-                fix = Fix(FixClass.SAFE, "drop set_to_none=False (None is the default since PyTorch 2.0)", anchor=anchor)
+            description = "drop set_to_none=False" if grad_use else "drop set_to_none=False (None is the default since PyTorch 2.0)"
+            fix = self.planned_fix(
+                FixClass.SAFE, description, lambda call=call, value=value: _argument_plan(facts, info, call, value)
+            )
             yield self.finding(
                 facts,
                 value,
@@ -55,17 +50,31 @@ class ZeroGradNotNone(ScriptRule):
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class SetToNoneTrue(FixPlan):
+    kind = "replace-argument"
+    call: cst.Call  # the zero_grad call
+    index: int  # of the set_to_none argument in the call's arguments
+    drop: bool  # drop the argument; else write True
+    line: int
+    old: str = "False"
+    new: str = "True"
 
-def _argument_at(facts: ScriptFacts, finding: Finding) -> tuple[CallSite, int] | None:
-    loc = finding.location
-    wanted = (loc.line, loc.column, loc.end_line, loc.end_column)
-    for call in facts.method_calls("zero_grad"):
-        for index, arg in enumerate(call.node.args):
-            pos = facts.position(arg.value)
-            if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == wanted:
-                return call, index
-    return None
+
+def _argument_plan(facts: ScriptFacts, info: DistributedFacts, call: CallSite, value: cst.BaseExpression) -> SetToNoneTrue:
+    grad_use = _READS_GRAD.search(info.text)
+    if grad_use:
+        raise DeclineFix(
+            f"the script uses .grad in place (`{grad_use.group(0)}`); with set_to_none=True a "
+            "parameter without a gradient this step has grad None"
+        )
+    index = next((i for i, arg in enumerate(call.node.args) if arg.value is value), None)
+    if index is None or call.node.args[index].star:
+        raise DeclineFix("set_to_none is not a literal False")
+    own_zero_grad = "zero_grad" in facts.functions_by_name
+    has_comment = any(isinstance(n, cst.Comment) for n in _walk(call.node))
+    drop = not (own_zero_grad or has_comment or len(call.node.args) > 1)
+    return SetToNoneTrue(call.node, index, drop, facts.line_of(value))
 
 
 def _drop_argument(call: cst.Call, index: int) -> cst.Call:
@@ -80,31 +89,24 @@ def _drop_argument(call: cst.Call, index: int) -> cst.Call:
     return call.with_changes(args=args)
 
 
-class ZeroGradNotNoneFix(Codemod):
-    rule = "TC602"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        own_zero_grad = "zero_grad" in facts.functions_by_name
-        editor = CallEditor()
-        for finding in findings:
-            found = _argument_at(facts, finding)
-            if found is None:
-                raise DeclineFix("the zero_grad call could not be located")
-            call, index = found
-            arg = call.node.args[index]
-            if arg.star or literal_value(arg.value) is not False:
-                raise DeclineFix("set_to_none is not a literal False")
-            has_comment = any(isinstance(n, cst.Comment) for n in _walk(call.node))
-            if own_zero_grad or has_comment or len(call.node.args) > 1:
-                true = cst.Name("True")
-                editor.rewrite_call(call.node, lambda node, i=index, v=true: replace_argument(node, i, v))
-            else:
-                editor.rewrite_call(call.node, lambda node, i=index: _drop_argument(node, i))
-        return module.visit(editor)
-
-
 def _walk(node: cst.CSTNode):
     yield node
     for child in node.children:
         yield from _walk(child)
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class ZeroGradNotNoneFix(Codemod):
+    rule = "TC602"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = CallEditor()
+        for finding in findings:
+            plan: SetToNoneTrue = finding.fix.plan
+            if plan.drop:
+                editor.rewrite_call(plan.call, lambda node, i=plan.index: _drop_argument(node, i))
+            else:
+                editor.rewrite_call(plan.call, lambda node, i=plan.index: replace_argument(node, i, cst.Name("True")))
+        return module.visit(editor)

@@ -1,17 +1,25 @@
-"""TC603 loader-relisted: ``len(list(loader))`` / ``for batch in list(loader)`` runs the whole pipeline."""
+"""TC603 loader-relisted: ``len(list(loader))`` / ``for batch in list(loader)`` runs the whole pipeline.
+
+Fix (safe): ``len(list(loader))`` → ``len(loader)`` (declined when the file defines an
+IterableDataset, or when nothing shows the name is a DataLoader: a generator has no ``len()``), and
+``for b in list(loader)`` → ``for b in loader``.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.edits import CallEditor
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
 
 # ``loader``, ``trainloader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).
 _LOADER_NAME = re.compile(r"loader$|(^|_)dl$", re.IGNORECASE)
@@ -88,22 +96,47 @@ class LoaderRelisted(ScriptRule):
                 call.node,
                 f"`list({loader})` loads every batch of the epoch into memory before the loop starts and "
                 "stops the workers from overlapping loading with compute; iterate the loader directly",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.SAFE,
                     f"iterate `{loader}` directly",
-                    anchor={"kind": "unwrap-list", "line": facts.line_of(call.node), "loader": loader},
+                    lambda call=call, loader=loader: ReplaceCall(
+                        "unwrap-list", call.node, call.node.args[0].value, facts.line_of(call.node), loader
+                    ),
                 ),
             )
 
-    @staticmethod
-    def _len_fix(facts: ScriptFacts, info: DistributedFacts, node: cst.Call, loader: str) -> Fix:
-        anchor = {"kind": "replace-expression", "line": facts.line_of(node), "new": f"len({loader})"}
-        if info.iterable_dataset_defined:
-            return Fix(
-                FixClass.SAFE,
-                f"use len({loader})",
-                available=False,
-                reason="the file defines an IterableDataset; a loader over it may have no len()",
-                anchor=anchor,
-            )
-        return Fix(FixClass.SAFE, f"use len({loader})", anchor=anchor)
+    def _len_fix(self, facts: ScriptFacts, info: DistributedFacts, node: cst.Call, loader: str) -> Fix:
+        def plan() -> ReplaceCall:
+            if info.iterable_dataset_defined:
+                raise DeclineFix("the file defines an IterableDataset; a loader over it may have no len()")
+            inner = node.args[0].value.args[0].value  # type: ignore[attr-defined]
+            while isinstance(inner, cst.Call) and get_full_name_for_node(inner.func) in _WRAPPERS and inner.args:
+                inner = inner.args[0].value
+            loader_ids = {id(c.node) for c in info.dataloaders}
+            if not any(id(value) in loader_ids for value in facts.binding_values(inner)):
+                raise DeclineFix(f"nothing in this file shows `{loader}` is a DataLoader; a generator has no len()")
+            return ReplaceCall("replace-expression", node.args[0].value, inner, facts.line_of(node), loader)
+
+        return self.planned_fix(FixClass.SAFE, f"use len({loader})", plan)
+
+
+@dataclass(frozen=True, eq=False)
+class ReplaceCall(FixPlan):
+    """``list(loader)`` (or ``list(enumerate(loader))`` under ``len``) becomes the expression inside."""
+
+    kind: str  # ``replace-expression`` (the len) or ``unwrap-list`` (the loop)
+    call: cst.Call  # the list(...) call
+    replacement: cst.BaseExpression  # what it becomes
+    line: int
+    loader: str
+
+
+class LoaderRelistedFix(Codemod):
+    rule = "TC603"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = CallEditor()
+        for finding in findings:
+            plan: ReplaceCall = finding.fix.plan
+            editor.rewrite_call(plan.call, lambda node, new=plan.replacement: new)
+        return module.visit(editor)

@@ -1,4 +1,8 @@
-"""TC604 batch-size-unaligned: a literal training batch size that is not a multiple of 8 (info)."""
+"""TC604 batch-size-unaligned: a literal training batch size that is not a multiple of 8 (info).
+
+No automatic fix: the finding names the two aligned sizes, and the fix is declined because the batch
+size changes the optimisation.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +57,6 @@ class BatchSizeUnaligned(ScriptRule):
                     available=False,
                     reason="the batch size changes the optimisation (learning-rate scaling, steps per epoch); "
                     "choose it by hand",
-                    anchor={"kind": "replace-literal", "line": facts.line_of(node), "old": value,
-                            "candidates": [lower, upper]},
                 ),
             )
 

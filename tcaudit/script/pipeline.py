@@ -29,6 +29,7 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.findings import FixPlan
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -63,11 +64,13 @@ _EVAL_WORDS = frozenset(
 )
 _NAME_SUFFIXES = ("dataloader", "loader", "dataset", "data", "set", "ds", "dl", "iter")
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|local_rank|^rank$|gpu_id|^cuda)", re.IGNORECASE)
-_WRAPPERS = (
+# Calls that wrap a model and return the wrapper (the model is their first positional argument).
+MODEL_WRAPPERS = (
     "torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel", "torch.compile", "torch.jit.script",
 )
-_MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
+# Methods that return the model they are called on (``Net().cuda().train()``).
+MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
 _BUILTINS = frozenset(
     {"range", "len", "min", "max", "int", "float", "bool", "list", "tuple", "dict", "zip", "enumerate", "iter",
      "next", "super", "isinstance", "sorted", "reversed", "sum", "abs", "round"}
@@ -415,11 +418,11 @@ class PipelineFacts:
                 continue
             seen.add(id(value))
             func = value.func
-            if isinstance(func, cst.Attribute) and func.attr.value in _MODEL_CHAIN:
+            if isinstance(func, cst.Attribute) and func.attr.value in MODEL_CHAIN:
                 yield from self.constructions(func.value, depth + 1, seen)
                 continue
             qual = facts.qualname(func) or ""
-            if qual in _WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
+            if qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
                 if value.args:
                     yield from self.constructions(value.args[0].value, depth + 1, seen)
                 continue
@@ -1181,8 +1184,18 @@ def import_block_end(facts: ScriptFacts) -> cst.CSTNode | None:
     return last
 
 
-def insertion_anchor(facts: ScriptFacts, code: str) -> dict:
-    """An anchor for a statement inserted after the leading imports."""
+@dataclass(frozen=True, eq=False)
+class InsertSetting(FixPlan):
+    """A global setting inserted after the leading imports (``insert_setting`` in rewrite/edits.py picks
+    the exact statement: after a later ``import torch`` too, beside settings already inserted)."""
+
+    kind = "insert-statement"
+    after_line: int  # the last line of the leading import block (0: none)
+    code: str
+    imports: tuple[str, ...] = ("torch",)
+
+
+def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
+    """The plan for inserting ``code`` as a module-level statement after the leading imports."""
     last = import_block_end(facts)
-    line = facts.position(last).end.line if last is not None else 0
-    return {"kind": "insert-statement", "after_line": line, "code": code, "imports": ["torch"]}
+    return InsertSetting(facts.position(last).end.line if last is not None else 0, code)
