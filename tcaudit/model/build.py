@@ -205,11 +205,66 @@ def cpu_only_patches() -> Iterator[None]:
     autocast_mode.autocast.__init__ = autocast_init
     saved.append((nn.Module, "_apply", nn.Module._apply))
     nn.Module._apply = _fake_aware_apply(nn.Module._apply)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "current_accelerator"):
+        # The script runs on a GPU; without one here the call answers None and `.type` would fail.
+        saved.append((accelerator, "current_accelerator", accelerator.current_accelerator))
+        accelerator.current_accelerator = lambda *args, **kwargs: torch.device("cuda")
     try:
-        yield
+        with fake_device():
+            yield
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+def audit_device(device: Any) -> Any:
+    """The device the audit puts everything on for a device the script names: every accelerator
+    (``torch.device("cuda")``, ``"cuda:0"``, ``0``, ``torch.device("cuda", 0)``, ``"mps"``) is the
+    CPU, so the parameters, the buffers and the inputs of a fake build all meet on one device."""
+    import torch
+
+    if isinstance(device, bool):
+        return device
+    if isinstance(device, int):
+        return torch.device("cpu")
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError):
+            return device  # not a device: a memory format or a dtype name travels on unchanged
+        return torch.device("cpu") if parsed.type not in {"cpu", "meta"} else device
+    if isinstance(device, torch.device) and device.type not in {"cpu", "meta"}:
+        return torch.device("cpu")
+    return device
+
+
+@contextmanager
+def fake_device() -> Iterator[None]:
+    """Every ``device=`` argument and every ``tensor.to(device)`` goes to :func:`audit_device`.
+
+    A model moved with ``model.to(torch.device("cuda"))`` would otherwise hold fake CUDA parameters
+    while its inputs are fake CPU tensors ("Expected all tensors to be on the same device"); the same
+    holds for a buffer made with ``torch.zeros(n, device=args.device)`` or a mask built in ``forward``
+    on ``self.device``. ``.cuda()`` is a no-op already (see :func:`cpu_only_patches`).
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    tensor_to = torch.Tensor.to
+
+    class FakeDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": audit_device(kwargs["device"])}
+            if func is tensor_to and len(args) > 1:
+                # tensor.to(device[, dtype]) / tensor.to(0); .to(dtype) and .to(other) pass unchanged
+                args = (args[0], audit_device(args[1]), *args[2:])
+            return func(*args, **kwargs)
+
+    with FakeDevice():
+        yield
 
 
 @contextmanager
