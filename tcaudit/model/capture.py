@@ -1260,9 +1260,23 @@ def _expand_mha(fact: OpFact, module: nn.MultiheadAttention, node, values: list[
 # -- the whole audit of one built model ----------------------------------------------------------
 
 
+def unwrap(model: Any) -> Any:
+    """The model inside DataParallel, DistributedDataParallel and torch.compile's wrapper: the
+    wrapper adds no layers, and its forward scatters or compiles, which a fake trace cannot follow."""
+    for _ in range(8):
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
 def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], precision: str, fake_mode,
                 user_files: UserFiles) -> ModelFacts:
     started = time.perf_counter()
+    model = unwrap(model)
     if not isinstance(model, nn.Module):
         facts.status = "failed"
         facts.reason = f"the construction returned {type(model).__name__}, not an nn.Module"

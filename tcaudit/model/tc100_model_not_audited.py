@@ -18,7 +18,9 @@ _UNDEFINED = re.compile(r"name '([^']+)' is not defined")
 _METHOD = re.compile(r"^(export|dynamo|fx): ")
 SHORT_REASON = 200
 FACTORY_HELP = "give a factory that builds it with [[tool.tcaudit.models]] or --model pkg.mod:factory"
-INPUT_HELP = "give the input shape with --model pkg.mod:factory --input 8x3x224x224 or input = in [[tool.tcaudit.models]]"
+INPUT_HELP = (
+    'give the input shape: input = "8x3x224x224" in [[tool.tcaudit.models]] or --model pkg.mod:factory --input 8x3x224x224'
+)
 
 
 def one_line(text: str, limit: int = SHORT_REASON) -> str:
