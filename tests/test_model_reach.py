@@ -200,3 +200,19 @@ def test_editing_a_sibling_module_rebuilds_only_its_model(scans, project):
     again = run_model_audit(sources_of(_entries(project)), settings, scan_cache=cache)
     assert again.cached == len(cold.facts) - 1
     assert tc100(again) == []
+
+
+def test_transformers_from_pretrained_is_built_from_its_config():
+    """A hub name maps to construction from a config (never a download); without transformers the
+    TC100 reason says so in one line."""
+    import importlib.util
+
+    [(target, failure, _)] = discover_file(read_source(BENCH / "h01_hf_causal_lm.py", "h01_hf_causal_lm.py"))
+    assert target["label"] == "AutoModelForCausalLM.from_pretrained(args.model_name)"
+    if importlib.util.find_spec("transformers") is None:
+        assert failure == ("it needs transformers, which is not installed here, so the model cannot be "
+                           "resolved offline")
+    else:
+        assert failure is None
+        [model_item] = [item for item in target["program"] if item["t"] == "model"]
+        assert model_item["from_config"] is True

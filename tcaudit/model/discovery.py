@@ -581,7 +581,7 @@ class Candidate:
     """One model construction in the script."""
 
     call: cst.Call  # the expression that builds the model
-    kind: str  # class | torchvision | create_model | sequential | imported | factory
+    kind: str  # class | torchvision | create_model | sequential | imported | factory | hf_pretrained
     label: str  # what to call it in messages: "GPT(gptconf)"
     target_name: str | None  # the variable it is assigned to, if any
     casts: list[str] = field(default_factory=list)  # dtype casts applied to it: ".half()", ".to(torch.bfloat16)"
@@ -750,7 +750,8 @@ def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> s
     reported as not buildable offline), or a class from a third-party package (``Mamba(...)``)."""
     last = qualified.rsplit(".", 1)[-1]
     if last == "from_pretrained":
-        return "pretrained"
+        # transformers' classes build from a config (a local one, or the architecture the name says)
+        return "hf_pretrained" if qualified.split(".")[0] == "transformers" else "pretrained"
     if qualified in {"torch.load", "torch.jit.load", "torch.hub.load"}:
         return "loaded"
     root = qualified.split(".")[0]

@@ -575,6 +575,8 @@ class Slicer:
         model_item = index.chunk(call, "model")
         if candidate.kind in {"torchvision", "create_model", "imported", "factory", "external"}:
             model_item["drop_keywords"] = sorted(WEIGHT_KEYWORDS)
+        if candidate.kind == "hf_pretrained":
+            model_item["from_config"] = True
         needed = self.with_dynamic_lookups(used_names(call))
         cast_items = []
         for cast in candidate.casts:
