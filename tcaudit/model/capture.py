@@ -223,6 +223,8 @@ def _input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str)
         dtype = hints.get("input_dtype") or ("int64" if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else float_dtype)
         return [InputCandidate([list(s) for s in explicit], [dtype] * len(explicit), "given")], ""
     needed = required_inputs(model)
+    if needed == 0 and isinstance(getattr(model, "main_input_name", None), str):
+        needed = 1  # transformers: forward(input_ids=None, ...) takes its main input first
     if needed is not None and needed != 1:
         return [], f"forward() takes {needed} inputs; give the input shapes with [[tool.tcaudit.models]] or --input"
     if first is None:

@@ -65,7 +65,7 @@ class ModelNotAudited(ModelRule):
         if verbose:
             why = "; ".join(_flat(item) for item in chain)
         else:
-            why = one_line(_METHOD.sub("", chain[0]), 160)
+            why = one_line(_METHOD.sub("", chain[0]).split("; give ")[0], 160)  # the help comes once, below
         message = f"could not trace `{label}` ({why}); only the checks on layer parameters ran; {INPUT_HELP}"
         yield self.finding(
             context,
