@@ -10,8 +10,9 @@ everything those findings depend on:
   Python version (``ast.parse`` decides TC000) and LibCST's, the enabled rule set, and every
   setting a rule may read.
 
-The model audit (TC1) is never cached: it depends on the user's model code, installed packages and
-the cost table, not only on the scanned file, so it runs whenever it is enabled.
+The model audit (TC1) is not cached here: it depends on the user's model code and installed packages,
+not only on the scanned file; :mod:`tcaudit.model.model_cache` keeps its results in this folder,
+keyed by the slice that builds each model and checked against the files the build imported.
 
 Writes go to a temporary file in the entry's folder and are renamed over the entry
 (``os.replace``), so concurrent scans never see half an entry. Anything unreadable (a truncated or
@@ -47,7 +48,7 @@ CACHEDIR_TAG = (
 # locating files; every other field is part of the key, so a new setting is keyed by default.
 _SETTINGS_NOT_KEYED = frozenset(
     {"select", "extend_select", "ignore", "per_file_ignores", "exclude", "force_exclude", "fail_on",
-     "config_path", "root", "cache_dir"}
+     "config_path", "root", "cache_dir", "model_budget", "verbose"}
 )
 
 
@@ -212,7 +213,7 @@ class ScanCache:
             for name, text in (("CACHEDIR.TAG", CACHEDIR_TAG), (".gitignore", "# Created by tcaudit.\n*\n")):
                 marker = directory / name
                 if not marker.is_file():
-                    _write_atomic(marker, text.encode("utf-8"))
+                    write_atomic(marker, text.encode("utf-8"))
             probe = tempfile.NamedTemporaryFile(dir=cache.entries, prefix=".probe-", delete=True)
             probe.close()
         except OSError as exc:
@@ -248,7 +249,7 @@ class ScanCache:
             payload = json.dumps({"format": FORMAT, "key": key, "parsed": parsed, "findings": encoded})
             if [_finding_from_json(f) for f in json.loads(payload)["findings"]] != findings:
                 return False
-            _write_atomic(self._entry(key), payload.encode("utf-8"))
+            write_atomic(self._entry(key), payload.encode("utf-8"))
         except (_NotCacheable, OSError, ValueError, TypeError):
             return False
         return True
@@ -265,7 +266,7 @@ def _umask() -> int:
     return _UMASK
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside ``path`` and rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
     try:

@@ -23,6 +23,16 @@ def _codes(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (got {value!r})") from None
+    if seconds < 0 or seconds != seconds:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value!r})")
+    return seconds
+
+
 def _jobs(value: str) -> int:
     try:
         jobs = int(value)
@@ -81,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
              "working folder; config key cache-dir)",
     )
     speed.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
+    speed.add_argument(
+        "--model-budget", type=_seconds, metavar="SECONDS",
+        help="time the model audit may spend building models in one scan (default 300; config: model-budget)",
+    )
+    scan.add_argument("--verbose", "-v", action="store_true", help="say in full why a model could not be audited")
     _add_selection(scan)
 
     rules = sub.add_parser("rules", help="list the rule catalog")
@@ -121,6 +136,8 @@ def _overrides(args: argparse.Namespace) -> dict:
         overrides["fail-on"] = args.fail_on
     if getattr(args, "no_exec", False):
         overrides["exec-models"] = False
+    if getattr(args, "model_budget", None) is not None:
+        overrides["model-budget"] = args.model_budget
     if getattr(args, "model", None):
         overrides["models"] = [{"factory": args.model, **({"input": args.input} if args.input else {})}]
     return overrides
@@ -173,6 +190,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
+    if args.verbose or _debug():
+        settings = dataclasses.replace(settings, verbose=True)
     if args.baseline:
         try:
             known = load_baseline(args.baseline)
@@ -287,6 +306,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
+    if args.verbose or _debug():
+        settings = dataclasses.replace(settings, verbose=True)
     try:
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:

@@ -32,6 +32,7 @@ KNOWN_KEYS = {
     "models",
     "structural-fixes",
     "cache-dir",
+    "model-budget",
 }
 # The structural conversions ``tcaudit fix`` makes only on request (tcaudit/structural.py).
 STRUCTURAL_OPTIONS = structural.NAMES
@@ -67,6 +68,11 @@ class Settings:
     # Where ``scan`` keeps its result cache (``cache-dir``, relative to the config file's folder);
     # None: ``.tcaudit_cache`` beside the config file, or in the working folder without one.
     cache_dir: Path | None = None
+    # Seconds the model audit may spend building and tracing models in one scan (``model-budget``,
+    # ``--model-budget``); a model left over gets a TC100 info that names the budget.
+    model_budget: float = 300.0
+    # ``--verbose``: TC100 messages carry the full chain of what was tried.
+    verbose: bool = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 
@@ -208,6 +214,11 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
                 f"{_label('structural-fixes', where)} must be a list of {', '.join(STRUCTURAL_OPTIONS)} (got {raw!r})"
             )
         updates["structural_fixes"] = tuple(dict.fromkeys(raw))
+    if "model-budget" in table:
+        raw = table["model-budget"]
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:
+            raise ConfigError(f"{_label('model-budget', where)} must be a number of seconds, 0 or more (got {raw!r})")
+        updates["model_budget"] = float(raw)
     if "cache-dir" in table:
         raw = table["cache-dir"]
         if not isinstance(raw, str) or not raw.strip():

@@ -292,7 +292,7 @@ def scan(
         from tcaudit.model import run_model_audit  # imports no torch itself
 
         sources = [source for source in map(source_of, range(len(results))) if source is not None]
-        audit = run_model_audit(sources, settings)
+        audit = run_model_audit(sources, settings, scan_cache=cache)
         findings.extend(audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)

@@ -387,9 +387,9 @@ def test_models_the_audit_cannot_build_offline_are_named(tmp_path):
     path = tmp_path / "finetune.py"
     path.write_text(textwrap.dedent("""
         import torch
-        from transformers import AutoModelForCausalLM
+        from diffusers import UNet2DModel
 
-        model = AutoModelForCausalLM.from_pretrained("gpt2")
+        model = UNet2DModel.from_pretrained("google/ddpm-cat-256")
         teacher = torch.load("teacher.pt")
     """).lstrip(), encoding="utf-8")
     found = discover_file(read_source(path))
@@ -397,6 +397,7 @@ def test_models_the_audit_cannot_build_offline_are_named(tmp_path):
         (4, "it is loaded with from_pretrained()"),
         (5, "it is unpickled from a file with torch.load()"),
     ]
+    # transformers' from_pretrained is built from a config instead (tests/test_model_reach.py)
 
 
 def test_a_third_party_model_class(tmp_path):

@@ -29,7 +29,6 @@ TORCH_MISSING_NOTE = (
     "model checks (TC1) skipped: torch is not installed here (pip install 'tcaudit[torch]')"
 )
 MAX_MODELS_PER_FILE = 4
-MAX_MODELS = 16
 # A file can only build a model if it mentions one of these.
 _MODEL_HINT = re.compile(r"\btorch\b|\btimm\b|\bnn\.|create_model|\bModule\b")
 _DTYPES = {
@@ -55,13 +54,17 @@ class ModelAuditResult:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    facts: "list[ModelFacts]" = field(default_factory=list)  # one per model found, in discovery order
+    cached: int = 0  # how many of them came from the model cache
 
 
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits=None) -> ModelAuditResult:
+def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits=None, scan_cache=None) -> ModelAuditResult:
+    """Audit every model the sources build, within ``settings.model_budget`` seconds of building and
+    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache)."""
     result = ModelAuditResult()
     if not settings.exec_models:
         return result
@@ -81,17 +84,59 @@ def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits
     jobs, static, preload = collect_jobs(sources, settings, precision, limits, result)
     facts_list: list[ModelFacts] = list(static)
     if jobs:
+        from tcaudit.model.model_cache import open_model_cache
+
+        cache = open_model_cache(scan_cache.directory, scan_cache.namespace) if scan_cache is not None else None
         try:
-            facts_list.extend(shared_sandbox().run(jobs, limits, preload))
+            facts_list.extend(_run_within_budget(jobs, settings.model_budget, cache, limits, preload, result))
         except StartupError as exc:
             result.notes.append(f"model checks (TC1) skipped: {exc}")
             return result
+    result.facts = facts_list
     report(facts_list, rules, settings, sources, result)
     if facts_list:
         from tcaudit.model.cost import table_notes
 
         result.notes.extend(f"model audit: {note}" for note in table_notes())
     return result
+
+
+def budget_reason(budget: float, spent: float, audited: int) -> str:
+    return (
+        f"the scan's model-audit budget of {budget:g} s was spent ({spent:.0f} s on {audited} other "
+        f"model{'s' if audited != 1 else ''}); raise it with --model-budget or model-budget in the config"
+    )
+
+
+def _run_within_budget(jobs, budget: float, cache, limits, preload, result: ModelAuditResult) -> "list[ModelFacts]":
+    """Cached results first (they cost nothing), then each remaining model while the budget lasts;
+    the models left over are not dropped: each becomes a ``budget`` result (a TC100 info)."""
+    import time
+
+    from tcaudit.model.facts import ModelFacts
+    from tcaudit.model.sandbox import shared_sandbox
+
+    found: dict[int, ModelFacts] = {}
+    for number, job in enumerate(jobs):
+        hit = cache.load(job) if cache is not None else None
+        if hit is not None:
+            found[number] = hit
+            result.cached += 1
+    spent, audited = 0.0, 0
+    for number, job in enumerate(jobs):
+        if number in found:
+            continue
+        if spent >= budget:
+            found[number] = ModelFacts.failed(job["target"], budget_reason(budget, spent, audited), "budget")
+            continue
+        started = time.perf_counter()
+        facts = shared_sandbox().run([job], limits, preload)[0]
+        spent += time.perf_counter() - started
+        audited += 1
+        if cache is not None:
+            cache.store(job, facts)
+        found[number] = facts
+    return [found[number] for number in range(len(jobs))]
 
 
 def _precision(settings: "Settings") -> str:
@@ -133,11 +178,6 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
             static.append(ModelFacts.failed(target, failure))
         else:
             jobs.append({"target": target, "precision": precision, "limits": job_limits})
-    if len(jobs) > MAX_MODELS:
-        result.notes.append(
-            f"model audit: {len(jobs)} model constructions found; audited the first {MAX_MODELS}"
-        )
-        jobs = jobs[:MAX_MODELS]
     preload = {name for name in preload if importlib.util.find_spec(name) is not None}
     return jobs, static, sorted(preload)
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from tcaudit.model.facts import Site
 
 MODEL_VAR = "__tcaudit_model__"
+FROM_CONFIG = "__tcaudit_from_config__"
 SLICE_MODULE = "__tcaudit_slice__"
 
 
@@ -205,11 +206,66 @@ def cpu_only_patches() -> Iterator[None]:
     autocast_mode.autocast.__init__ = autocast_init
     saved.append((nn.Module, "_apply", nn.Module._apply))
     nn.Module._apply = _fake_aware_apply(nn.Module._apply)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "current_accelerator"):
+        # The script runs on a GPU; without one here the call answers None and `.type` would fail.
+        saved.append((accelerator, "current_accelerator", accelerator.current_accelerator))
+        accelerator.current_accelerator = lambda *args, **kwargs: torch.device("cuda")
     try:
-        yield
+        with fake_device():
+            yield
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+def audit_device(device: Any) -> Any:
+    """The device the audit puts everything on for a device the script names: every accelerator
+    (``torch.device("cuda")``, ``"cuda:0"``, ``0``, ``torch.device("cuda", 0)``, ``"mps"``) is the
+    CPU, so the parameters, the buffers and the inputs of a fake build all meet on one device."""
+    import torch
+
+    if isinstance(device, bool):
+        return device
+    if isinstance(device, int):
+        return torch.device("cpu")
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError):
+            return device  # not a device: a memory format or a dtype name travels on unchanged
+        return torch.device("cpu") if parsed.type not in {"cpu", "meta"} else device
+    if isinstance(device, torch.device) and device.type not in {"cpu", "meta"}:
+        return torch.device("cpu")
+    return device
+
+
+@contextmanager
+def fake_device() -> Iterator[None]:
+    """Every ``device=`` argument and every ``tensor.to(device)`` goes to :func:`audit_device`.
+
+    A model moved with ``model.to(torch.device("cuda"))`` would otherwise hold fake CUDA parameters
+    while its inputs are fake CPU tensors ("Expected all tensors to be on the same device"); the same
+    holds for a buffer made with ``torch.zeros(n, device=args.device)`` or a mask built in ``forward``
+    on ``self.device``. ``.cuda()`` is a no-op already (see :func:`cpu_only_patches`).
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    tensor_to = torch.Tensor.to
+
+    class FakeDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": audit_device(kwargs["device"])}
+            if func is tensor_to and len(args) > 1:
+                # tensor.to(device[, dtype]) / tensor.to(0); .to(dtype) and .to(other) pass unchanged
+                args = (args[0], audit_device(args[1]), *args[2:])
+            return func(*args, **kwargs)
+
+    with FakeDevice():
+        yield
 
 
 @contextmanager
@@ -399,6 +455,10 @@ def compile_items(items: list[dict[str, Any]], filename: str) -> list[ast.stmt]:
             body.append(node)
         elif kind == "model":
             value = _parse_expression(item, filename)
+            if item.get("from_config") and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                # X.from_pretrained(name, ...) → the offline builder with X first (see from_config_offline)
+                value.args = [value.func.value, *value.args]
+                value.func = ast.copy_location(ast.Name(id=FROM_CONFIG, ctx=ast.Load()), value.func)
             dropped = set(item.get("drop_keywords", ()))
             if dropped and isinstance(value, ast.Call):
                 # Weights are not architecture: never download them (weights=, pretrained=).
@@ -459,6 +519,52 @@ class _Namespace:
         return {name: getattr(self, name) for name in defaults} | object.__getattribute__(self, "_values")
 
 
+def _hf_config(name: Any):
+    """The config for ``from_pretrained(name)`` without the network: a local folder's config.json,
+    the Hugging Face cache, or the default config of the architecture the name says (``gpt2``,
+    ``bert-base-uncased`` → bert, ``meta-llama/Llama-3.2-1B`` → llama; the longest match wins)."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if isinstance(name, PretrainedConfig):
+        return name
+    text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None
+    if text is None:
+        raise BuildError(f"from_pretrained() got {type(name).__name__}, not a model name or folder")
+    try:
+        return AutoConfig.from_pretrained(text, local_files_only=True)
+    except Exception:  # noqa: BLE001 - neither a local folder nor cached: guess from the name below
+        pass
+    key = text.lower().rstrip("/").rsplit("/", 1)[-1].replace("_", "-")
+    matches = [kind for kind in CONFIG_MAPPING.keys() if kind.replace("_", "-") in key]
+    if not matches:
+        raise BuildError(
+            f"from_pretrained({text!r}) needs the model's config.json, which is not in a local folder or the "
+            "Hugging Face cache, and the name names no architecture transformers knows"
+        )
+    return AutoConfig.for_model(max(matches, key=len))
+
+
+def from_config_offline(model_class: Any, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``X.from_pretrained(name, ...)`` built from its config with random weights, offline."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be fetched while scanning
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch
+
+    config = _hf_config(kwargs.pop("config", None) or name)
+    for key, value in kwargs.items():  # from_pretrained passes the config's own keys on to it (num_labels=3)
+        if hasattr(config, key) and not key.startswith("_"):
+            setattr(config, key, value)
+    if hasattr(model_class, "from_config"):  # AutoModel* classes
+        model = model_class.from_config(config)
+    else:
+        model = model_class._from_config(config)
+    dtype = kwargs.get("torch_dtype", kwargs.get("dtype"))
+    if isinstance(dtype, torch.dtype):
+        model = model.to(dtype)
+    return model
+
+
 @dataclass
 class BuiltModel:
     model: Any
@@ -495,6 +601,7 @@ def build_from_plan(target: dict[str, Any], fake_mode, user_files: UserFiles) ->
     namespace["__tcaudit_not_selected__"] = _not_selected
     namespace["__tcaudit_namespace__"] = _Namespace
     namespace["__tcaudit_self__"] = types.SimpleNamespace  # `self` of a trainer class's __init__
+    namespace[FROM_CONFIG] = from_config_offline
     body = compile_items(target["program"], filename)
     tree = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(tree)

@@ -223,6 +223,8 @@ def _input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str)
         dtype = hints.get("input_dtype") or ("int64" if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else float_dtype)
         return [InputCandidate([list(s) for s in explicit], [dtype] * len(explicit), "given")], ""
     needed = required_inputs(model)
+    if needed == 0 and isinstance(getattr(model, "main_input_name", None), str):
+        needed = 1  # transformers: forward(input_ids=None, ...) takes its main input first
     if needed is not None and needed != 1:
         return [], f"forward() takes {needed} inputs; give the input shapes with [[tool.tcaudit.models]] or --input"
     if first is None:
@@ -1260,9 +1262,23 @@ def _expand_mha(fact: OpFact, module: nn.MultiheadAttention, node, values: list[
 # -- the whole audit of one built model ----------------------------------------------------------
 
 
+def unwrap(model: Any) -> Any:
+    """The model inside DataParallel, DistributedDataParallel and torch.compile's wrapper: the
+    wrapper adds no layers, and its forward scatters or compiles, which a fake trace cannot follow."""
+    for _ in range(8):
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
 def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], precision: str, fake_mode,
                 user_files: UserFiles) -> ModelFacts:
     started = time.perf_counter()
+    model = unwrap(model)
     if not isinstance(model, nn.Module):
         facts.status = "failed"
         facts.reason = f"the construction returned {type(model).__name__}, not an nn.Module"

@@ -581,7 +581,7 @@ class Candidate:
     """One model construction in the script."""
 
     call: cst.Call  # the expression that builds the model
-    kind: str  # class | torchvision | create_model | sequential | imported | factory
+    kind: str  # class | torchvision | create_model | sequential | imported | factory | hf_pretrained
     label: str  # what to call it in messages: "GPT(gptconf)"
     target_name: str | None  # the variable it is assigned to, if any
     casts: list[str] = field(default_factory=list)  # dtype casts applied to it: ".half()", ".to(torch.bfloat16)"
@@ -605,6 +605,69 @@ def _assigned_name(index: ScriptIndex, node: cst.CSTNode) -> str | None:
         return dotted(statement.targets[0].target)
     if isinstance(statement, cst.AnnAssign):
         return dotted(statement.target)
+    return None
+
+
+def _passes_name(call: cst.Call, name: str) -> bool:
+    """Whether an argument mentions ``name``: ``model = prepare(model)`` transforms a model that
+    exists already, it does not build one."""
+    if not name:
+        return False
+    head = name.split(".")[0]
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal found
+            found = found or node.value == head
+
+    for arg in call.args:
+        arg.visit(Finder())
+    return found
+
+
+def _module_classmethod(index: ScriptIndex, call: cst.Call) -> bool:
+    """``Net.from_config(cfg)``, ``Net.build(...)``: a classmethod of a local nn.Module subclass
+    (``from_pretrained`` is reported as not buildable offline elsewhere)."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+        return False
+    owner, method = func.value.value, func.attr.value
+    if method == "from_pretrained" or owner not in index.classes or not index.is_module_class(owner):
+        return False
+    info = index.classes[owner]
+    for statement in info.node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
+            return any(dotted(d.decorator) in {"classmethod", "staticmethod"} for d in statement.decorators)
+    return False
+
+
+def _registry_lookup(index: ScriptIndex, call: cst.Call) -> bool:
+    """``MODELS[args.model](...)``: a call of an entry of a module-level dict literal whose values
+    are this file's model classes, factories or lambdas that build them."""
+    func = call.func
+    if not (isinstance(func, cst.Subscript) and isinstance(func.value, cst.Name)):
+        return False
+    registry = _module_dict(index, func.value.value)
+    if registry is None:
+        return False
+    for element in registry.elements:
+        value = getattr(element, "value", None)
+        if isinstance(value, cst.Lambda):
+            value = value.body.func if isinstance(value.body, cst.Call) else None
+        name = dotted(value)
+        if name and ((name in index.classes and index.is_module_class(name)) or name in index.functions
+                     or index.is_local_import(name)):
+            return True
+    return False
+
+
+def _module_dict(index: ScriptIndex, name: str) -> cst.Dict | None:
+    for statement in index.module.body:
+        for small in _small_statements(statement):
+            if isinstance(small, cst.Assign) and isinstance(small.value, cst.Dict):
+                if any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets):
+                    return small.value
     return None
 
 
@@ -687,7 +750,8 @@ def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> s
     reported as not buildable offline), or a class from a third-party package (``Mamba(...)``)."""
     last = qualified.rsplit(".", 1)[-1]
     if last == "from_pretrained":
-        return "pretrained"
+        # transformers' classes build from a config (a local one, or the architecture the name says)
+        return "hf_pretrained" if qualified.split(".")[0] == "transformers" else "pretrained"
     if qualified in {"torch.load", "torch.jit.load", "torch.hub.load"}:
         return "loaded"
     root = qualified.split(".")[0]
@@ -710,8 +774,8 @@ def _local_functions_with_candidates(index: ScriptIndex, calls: list[cst.Call]) 
 def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
     direct: list[tuple[cst.Call, str]] = []
     for call in index.calls:
-        if _inside_model_code(index, call):
-            continue
+        if _inside_model_code(index, call) or any(isinstance(p, cst.Lambda) for p in index.ancestors(call)):
+            continue  # a lambda's body runs when a registry lookup calls it: that lookup is the construction
         name = dotted(call.func)
         qualified = index.resolve(name) or ""
         kind = None
@@ -728,6 +792,10 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
             target = _assigned_name(index, call) or ""
             if symbol == "module" or (symbol in {"function", None} and MODEL_NAME.match(target)):
                 kind = "imported"
+        elif _module_classmethod(index, call):
+            kind = "class"  # Net.from_config(cfg): an alternate constructor of a local model class
+        elif _registry_lookup(index, call):
+            kind = "factory"  # MODELS[args.model](...), ARCHS[name]()
         elif MODEL_NAME.match(_assigned_name(index, call) or ""):
             kind = _other_model_source(index, call, qualified)
         if kind is not None:
@@ -736,13 +804,14 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
     owners = _local_functions_with_candidates(index, [call for call, _ in direct])
     for call in index.calls:
         name = dotted(call.func)
+        target = _assigned_name(index, call) or ""
         if (
             name
             and name in index.functions
             and name not in owners
-            and FACTORY_FUNCTION.match(name)
+            and (FACTORY_FUNCTION.match(name) or not _passes_name(call, target))
             and not _inside_model_code(index, call)
-            and MODEL_NAME.match(_assigned_name(index, call) or "")
+            and MODEL_NAME.match(target)
         ):
             direct.append((call, "factory"))
     # Drop constructions nested inside another construction's arguments (nn.Sequential(Net(), Head())).

@@ -111,7 +111,7 @@ class ModelFacts:
     """Everything the rules know about one audited model, or why it could not be audited."""
 
     target: dict[str, Any]  # the discovery record: label, path, line, column, ...
-    status: str = "ok"  # ok | failed | skipped
+    status: str = "ok"  # ok | failed | skipped | budget (not run: the scan's model budget was spent)
     reason: str = ""
     model_class: str = ""
     param_count: int = 0
@@ -126,6 +126,9 @@ class ModelFacts:
     ops: list[OpFact] = field(default_factory=list)
     construction: Site | None = None  # the model's construction expression
     timings: dict[str, float] = field(default_factory=dict)
+    # The user's files the build imported (sibling modules, the factory's module): a cached result
+    # stays valid while none of them changes.
+    depends_on: list[str] = field(default_factory=list)
 
     # -- queries the rules share -------------------------------------------------------------
     def ops_of(self, *kinds: str) -> list[OpFact]:
@@ -177,6 +180,7 @@ class ModelFacts:
             "ops": [{**asdict(op), "site": op.site.to_json() if op.site else None} for op in self.ops],
             "construction": self.construction.to_json() if self.construction else None,
             "timings": self.timings,
+            "depends_on": self.depends_on,
         }
         return data
 
@@ -209,6 +213,7 @@ class ModelFacts:
             ops=ops,
             construction=Site.from_json(data.get("construction")),
             timings=data.get("timings", {}),
+            depends_on=list(data.get("depends_on", [])),
         )
 
     @classmethod

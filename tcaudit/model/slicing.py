@@ -368,6 +368,13 @@ class Slicer:
             needed = (needed - full) | uses
         return items, needed
 
+    def with_dynamic_lookups(self, uses: set[str]) -> set[str]:
+        """Code that looks a class up by name in its own module (``getattr(sys.modules[__name__],
+        name)``, ``globals()[name]``) may reach any of the file's model classes: keep them all."""
+        if "globals" in uses or "vars" in uses or {"sys", "__name__"} <= uses:
+            uses = uses | {name for name in self.index.classes if self.index.is_module_class(name)}
+        return uses
+
     def consider(self, statement: cst.CSTNode, needed: set[str], scope_is_module: bool,
                  late: set[str]) -> tuple[list[dict], set[str]]:
         """Items for a statement before the construction, and what is still needed before it."""
@@ -376,7 +383,7 @@ class Slicer:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             if statement.name.value not in needed and not self._registers(statement, needed):
                 return [], needed
-            uses = used_names(statement)
+            uses = self.with_dynamic_lookups(used_names(statement))
             if scope_is_module:
                 late |= uses  # a function body may use globals bound after it
             return [self.index.chunk(statement)], (needed - {statement.name.value}) | uses
@@ -568,7 +575,9 @@ class Slicer:
         model_item = index.chunk(call, "model")
         if candidate.kind in {"torchvision", "create_model", "imported", "factory", "external"}:
             model_item["drop_keywords"] = sorted(WEIGHT_KEYWORDS)
-        needed = used_names(call)
+        if candidate.kind == "hf_pretrained":
+            model_item["from_config"] = True
+        needed = self.with_dynamic_lookups(used_names(call))
         cast_items = []
         for cast in candidate.casts:
             cast_items.append({"t": "synthetic", "code": f"__tcaudit_model__ = __tcaudit_model__{cast}",

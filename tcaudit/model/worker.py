@@ -108,10 +108,12 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
     except NotSelected:
         facts.status = "skipped"
         facts.reason = "this construction is not reached with the script's default flags"
+        facts.depends_on = imported_user_files(user_files, target.get("path", ""))
         return facts.to_json()
     except BuildError as exc:
         facts.status = "failed"
         facts.reason = str(exc)
+        facts.depends_on = imported_user_files(user_files, target.get("path", ""))
         return facts.to_json()
     facts.construction = built.construction
     facts.timings["build_s"] = round(time.perf_counter() - started, 3)
@@ -123,6 +125,7 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - an internal failure is reported, never raised
         facts.status = "error"
         facts.reason = f"internal error while auditing the model: {exc!r}\n{traceback.format_exc()}"
+    facts.depends_on = imported_user_files(user_files, target.get("path", ""))
     facts.timings["total_s"] = round(time.perf_counter() - started, 3)
     try:
         import resource
@@ -134,6 +137,16 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - Windows
         pass
     return facts.to_json()
+
+
+def imported_user_files(user_files, script: str) -> list[str]:
+    """The user's files this process imported (the zygote imported none of them before forking)."""
+    files = {os.path.realpath(script)} if script and os.path.isfile(script) else set()
+    for module in list(sys.modules.values()):
+        filename = getattr(module, "__file__", None)
+        if filename and user_files(filename):
+            files.add(os.path.realpath(filename))
+    return sorted(files)
 
 
 def _write_result(path: str, data: dict[str, Any]) -> None:

@@ -1,0 +1,2 @@
+from .factory import build_model
+from .preact import PreActNet

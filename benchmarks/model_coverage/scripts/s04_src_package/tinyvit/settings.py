@@ -1,0 +1,1 @@
+DEFAULTS = {"variant": "tiny", "batch_size": 64, "device": "cuda"}

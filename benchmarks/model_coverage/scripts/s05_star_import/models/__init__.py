@@ -1,0 +1,1 @@
+from .mini import *
