@@ -252,6 +252,10 @@ def test_declined_with_reason(tmp_path, code, reason):
     reasons = [why for finding, why in result.declined if finding.rule == "TC405"]
     assert len(reasons) == 1 and reason in reasons[0], reasons
     assert [f.rule for f in result.remaining] == ["TC405"]
+    # scan said so before: the fix is declined at detection, with the same reason.
+    (finding,) = scan_paths([str(path)], select=("TC405",), root=path.parent).findings
+    assert finding.fix.available is False and finding.fix.plan is None
+    assert finding.fix.reason == reasons[0]
 
 
 def test_custom_dataset_finding_says_it_has_no_fix(tmp_path):
