@@ -186,8 +186,6 @@ def training_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite)
     conversion reproduces."""
     qual = call.qualname or ""
     short = qual.split(".")[-1]
-    if qual not in FOLDER_DATASETS:
-        raise DeclineFix(f"`{call.name}` is not an ImageFolder; convert its decoding by hand")
     if any(arg.star for arg in call.node.args):
         raise DeclineFix(f"`{short}` gets `*args`/`**kwargs`: its transform cannot be read")
     for key in ("loader", "target_transform"):
