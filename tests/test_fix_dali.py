@@ -252,15 +252,21 @@ def test_declined_with_reason(tmp_path, code, reason):
     reasons = [why for finding, why in result.declined if finding.rule == "TC405"]
     assert len(reasons) == 1 and reason in reasons[0], reasons
     assert [f.rule for f in result.remaining] == ["TC405"]
+    # scan said so before: the fix is declined at detection, with the same reason.
+    (finding,) = scan_paths([str(path)], select=("TC405",), root=path.parent).findings
+    assert finding.fix.available is False and finding.fix.plan is None
+    assert finding.fix.reason == reasons[0]
 
 
-def test_custom_dataset_finding_says_it_has_no_fix(tmp_path):
+def test_scan_says_which_findings_have_no_fix(tmp_path):
     fixture = FIX_FIXTURES / "dali_declined.in.py"
     result = scan_paths([str(fixture)], select=("TC405",), root=fixture.parent)
     by_line = {f.location.line: f for f in result.findings}
     assert sorted(by_line) == [17, 35]
     assert not by_line[17].fix.available and "Image.open" in by_line[17].message
-    assert by_line[35].fix.available and by_line[35].fix.option == "dali"
+    # The ImageFolder's conversion is declined at scan, as fix declines it: ColorJitter has no DALI step.
+    assert by_line[35].fix.option == "dali" and not by_line[35].fix.available
+    assert "`transforms.ColorJitter` in the training transform has no counterpart" in by_line[35].fix.reason
 
 
 # -- the converted scripts train ---------------------------------------------------------------------------

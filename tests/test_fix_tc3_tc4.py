@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from tcaudit.config import Settings
+from tcaudit.engine import analyse_source, instantiate_rules
 from tcaudit.findings import FixClass, Severity
 from tcaudit.fix.engine import fix_file
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.tc401_dataloader_no_workers import WORKERS
+from tcaudit.rules.tc404_workers_not_persistent import WorkersNotPersistentFix
+from tcaudit.source.parsing import read_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET50 = ROOT / "fixtures" / "resnet50" / "train.py"
@@ -463,6 +467,56 @@ def test_persistent_workers_declined_when_workers_may_be_zero(tmp_path):
         """, ("TC404",))
     assert not result.changed
     assert "ValueError" in _declined(result, "TC404")[0]
+
+
+def test_persistent_workers_follow_the_workers_fix_that_scan_reported(tmp_path):
+    """F9: scan reports TC404 on a loader TC401's fix gives workers; fix makes both edits in one run."""
+    result, _ = _fix(tmp_path, """
+        import torch
+
+
+        def main():
+            loader = torch.utils.data.DataLoader(ds, batch_size=64, pin_memory=True)
+            for epoch in range(10):
+                for x, y in loader:
+                    loss = model(x.cuda(non_blocking=True)).mean()
+                    loss.backward()
+                    opt.step()
+
+
+        if __name__ == "__main__":
+            main()
+        """, ("TC401", "TC404"))
+    assert result.applied == ["TC401", "TC404"] and result.declined == []
+    assert f"DataLoader(ds, batch_size=64, pin_memory=True, num_workers={WORKERS}, persistent_workers=True)\n" in result.fixed
+
+
+def test_persistent_workers_alone_are_declined_if_the_workers_fix_did_not_run(tmp_path):
+    """The plan that waits for TC401 reaches TC404's fix only when TC401's fix did not add workers:
+    persistent_workers=True alone would be a ValueError."""
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+
+        def main():
+            loader = torch.utils.data.DataLoader(ds, batch_size=64)
+            for epoch in range(10):
+                for x, y in loader:
+                    loss = model(x.cuda()).mean()
+                    loss.backward()
+                    opt.step()
+
+        if __name__ == "__main__":
+            main()
+        """), encoding="utf-8")
+    settings = Settings(select=("TC401", "TC404"))
+    facts, findings, errors = analyse_source(read_source(path, "train.py"), instantiate_rules(settings), settings)
+    assert not errors
+    waiting = [f for f in findings if f.rule == "TC404"]
+    assert [f.fix.plan.after for f in waiting] == ["TC401"]
+    with pytest.raises(DeclineFix, match="ValueError"):
+        WorkersNotPersistentFix().apply(facts.module, waiting, FixContext(facts, settings))
 
 
 def test_non_blocking_is_not_added_to_a_nested_tensor_to(tmp_path):

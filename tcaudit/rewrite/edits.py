@@ -1,15 +1,17 @@
-"""Small edits shared by the backend (TC3) and input-pipeline (TC4) codemods: find the call a finding
-points at, add or replace a keyword argument without disturbing the call's layout, and insert a
-global setting after the imports."""
+"""Small edits shared by the backend (TC3) and input-pipeline (TC4) fixes: find the call a finding
+points at (for the fixes that do not hold their nodes yet), add or replace a keyword argument without disturbing the call's layout (with the typed plans of the keyword fixes), insert a
+global setting after the imports, add an import where isort would put it."""
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
+from typing import Iterable
 
 import libcst as cst
 
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, FixPlan
 from tcaudit.rewrite.codemod import (
     DeclineFix,
     StatementEditor,
@@ -19,7 +21,7 @@ from tcaudit.rewrite.codemod import (
     torch_import_name,
 )
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import import_block_end, pipeline_facts
+from tcaudit.script.pipeline import LoaderSite, import_block_end
 
 
 def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
@@ -154,6 +156,12 @@ def insert_setting(module: cst.Module, facts: ScriptFacts, code: str) -> cst.Mod
     return module.visit(editor)
 
 
+def index_after_imports(facts: ScriptFacts) -> int:
+    """The index in the module body right after the leading imports (or the docstring and
+    ``__future__`` lines when the file starts with code): where module-level code is inserted."""
+    return _index_of(list(facts.module.body), import_block_end(facts)) + 1
+
+
 def _is_import_line(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
 
@@ -189,41 +197,71 @@ def _top_level_index(facts: ScriptFacts, body: list, node: cst.CSTNode) -> int:
     return -1
 
 
-# -- DataLoader keywords ------------------------------------------------------------------------------
+# -- keyword arguments of one call (the DataLoader fixes, TC401/TC402/TC404, and TC403) ---------------
 
 
-def loader_keyword_fix(
-    module: cst.Module, facts: ScriptFacts, findings, rename: dict[str, str] | None = None
-) -> cst.Module:
-    """Apply ``add-kwarg`` / ``replace-arg`` anchors to the DataLoader calls the findings point at. The
-    value is the anchor's code (``rename`` maps module names to the file's aliases: ``os`` → ``_os``)."""
-    pipeline = pipeline_facts(facts)
+@dataclass(frozen=True, eq=False)
+class AddKeyword(FixPlan):
+    """Pass ``key=value`` to ``call``, which does not pass ``key`` yet."""
+
+    kind = "add-kwarg"
+    call: cst.Call
+    key: str
+    value: str  # the code written, aliases already applied (``min(16, _os.cpu_count() or 1)``)
+    imports: tuple[str, ...] = ()  # standard-library modules the fix imports for the value
+
+
+@dataclass(frozen=True, eq=False)
+class ReplaceArgument(FixPlan):
+    """Give the argument ``call`` writes for ``key`` (by keyword or position) a new value."""
+
+    kind = "replace-arg"
+    call: cst.Call
+    argument: cst.Arg
+    key: str
+    value: str
+    imports: tuple[str, ...] = ()
+
+
+KeywordPlan = AddKeyword | ReplaceArgument
+
+
+def decline_key_in_dict(site: LoaderSite, key: str) -> None:
+    """DeclineFix when the DataLoader gets ``key`` from a ``**kwargs`` dict: a keyword beside it is a TypeError."""
+    in_dict = site.in_dict(key)
+    if in_dict is not None:
+        raise DeclineFix(
+            f"{key} comes from the `{in_dict.source}` dict passed as **{in_dict.source}; a second {key}= "
+            "beside it would raise TypeError (edit the dict instead)"
+        )
+
+
+def plan_loader_keyword(site: LoaderSite, key: str, value: str, imports: tuple[str, ...] = ()) -> KeywordPlan:
+    """How ``key=value`` gets onto a DataLoader call: replace the argument it writes, or add a keyword
+    when nothing (not even a followed ``**kwargs`` dict) passes the key. DeclineFix when the key comes
+    from a dict or may come from somewhere the analysis cannot see."""
+    decline_key_in_dict(site, key)
+    call = site.call.node
+    written = [kv for kv in site.keys.get(key, []) if kv.source in ("keyword", "positional")]
+    if written:
+        if len(written) != 1 or not isinstance(written[0].node, cst.Arg):
+            raise DeclineFix(f"could not find the {key} argument to replace")
+        return ReplaceArgument(call, written[0].node, key, value, imports)
+    if keyword(call, key) is not None or not site.complete or site.has(key):
+        raise DeclineFix(f"the call may already pass {key}=; a second one would be a TypeError")
+    return AddKeyword(call, key, value, imports)
+
+
+def apply_keyword_edits(module: cst.Module, plans: Iterable[KeywordPlan]) -> cst.Module:
+    """Make the keyword edits the plans describe, each on the call node its plan holds."""
     editor = CallEditor()
-    for finding in findings:
-        anchor = finding.fix.anchor
-        call = call_at(facts, finding)
-        if call is None:
-            raise DeclineFix("the call moved; run fix again")
-        key, code = anchor["key"], anchor["value"]
-        for name, local in (rename or {}).items():
-            if local != name:
-                code = re.sub(rf"\b{re.escape(name)}\.", f"{local}.", code)
-        value = parse_expression(code, module)
-        if anchor["kind"] == "add-kwarg":
-            # Beside ``**kwargs`` only when the rule followed the dict and found no such key in it.
-            site = pipeline.loader_for(call.node)
-            if keyword(call.node, key) is not None or site is None or not site.complete or site.has(key):
-                raise DeclineFix(f"the call may already pass {key}=; a second one would be a TypeError")
-            editor.rewrite_call(call.node, lambda node, k=key, v=value: add_keyword(node, k, v))
-        elif anchor["kind"] == "replace-arg":
-            site = pipeline.loader_for(call.node)
-            written = [kv for kv in (site.keys.get(key, []) if site else []) if kv.source in ("keyword", "positional")]
-            if len(written) != 1 or not isinstance(written[0].node, cst.Arg):
-                raise DeclineFix(f"could not find the {key} argument to replace")
-            index = next(i for i, a in enumerate(call.node.args) if a is written[0].node)
-            editor.rewrite_call(call.node, lambda node, i=index, v=value: replace_argument(node, i, v))
+    for plan in plans:
+        value = parse_expression(plan.value, module)
+        if isinstance(plan, ReplaceArgument):
+            index = next(i for i, arg in enumerate(plan.call.args) if arg is plan.argument)
+            editor.rewrite_call(plan.call, lambda node, i=index, v=value: replace_argument(node, i, v))
         else:
-            raise DeclineFix(f"no edit for a `{anchor['kind']}` anchor")
+            editor.rewrite_call(plan.call, lambda node, k=plan.key, v=value: add_keyword(node, k, v))
     return module.visit(editor)
 
 

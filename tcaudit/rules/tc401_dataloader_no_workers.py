@@ -1,19 +1,29 @@
-"""TC401 dataloader-no-workers: a training DataLoader that loads in the main process."""
+"""TC401 dataloader-no-workers: a training DataLoader that loads in the main process.
+
+Fix (numerics: the order of random augmentations changes): pass ``num_workers=min(16, os.cpu_count()
+or 1)`` (replacing a written ``num_workers=0``), importing ``os`` when the file does not. Declined
+when the key comes from a ``**kwargs`` dict, or when the script has no ``__main__`` guard (worker
+processes started with spawn would re-run it).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, LoaderSite, PipelineFacts, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import add_stdlib_import, loader_keyword_fix
+from tcaudit.rewrite.edits import (
+    KeywordPlan,
+    add_stdlib_import,
+    apply_keyword_edits,
+    decline_key_in_dict,
+    plan_loader_keyword,
+)
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import ACCELERATOR_TEXT, LoaderSite, PipelineFacts, all_of, literal, pipeline_facts
 
 WORKERS = "min(16, os.cpu_count() or 1)"
 
@@ -24,79 +34,59 @@ class DataLoaderNoWorkers(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        if not (facts.uses_accelerator or pipeline.uses_cuda):
-            return
-        for site in pipeline.training_loaders:
-            if site.has("num_workers"):
-                if not all(literal(v) == 0 for v in site.values("num_workers")):
-                    continue  # workers, or a value the user controls (num_workers=args.workers)
-            elif not site.complete:
-                continue  # an untraceable **kwargs may set it
-            if pipeline.dataset_kind(site) != "other":
-                # Tensors already on the GPU cannot go through workers; an in-memory TensorDataset
-                # gains nothing from them; an IterableDataset that does not shard by worker would
-                # yield every sample once per worker.
-                continue
+        for site in loaders_without_workers(pipeline):
             yield self.finding(
                 facts,
                 site.call.node,
                 "this training DataLoader loads and augments every batch in the main process "
                 "(num_workers=0), so the GPU waits for it each step; use worker processes "
                 f"(`num_workers={WORKERS}`; ImageNet-style JPEGs on 16 cores: 299 img/s with 0 workers, 2153 with 16)",
-                fix=_fix(pipeline, site),
+                fix=self.planned_fix(
+                    FixClass.NUMERICS, f"set num_workers={WORKERS}", lambda site=site: plan_workers(pipeline, site)
+                ),
             )
 
 
-def _fix(pipeline: PipelineFacts, site: LoaderSite) -> Fix:
-    description = f"set num_workers={WORKERS}"
-    in_dict = site.in_dict("num_workers")
-    if in_dict is not None:
-        return Fix(
-            FixClass.NUMERICS, description, available=False,
-            reason=f"num_workers comes from the `{in_dict.source}` dict passed as **{in_dict.source}; "
-                   "a second num_workers= beside it would raise TypeError (edit the dict instead)",
-            anchor=_dict_anchor(pipeline, in_dict, "num_workers", WORKERS),
-        )
+def loaders_without_workers(pipeline: PipelineFacts) -> list[LoaderSite]:
+    """The training DataLoaders this rule reports: no worker processes, on a dataset that gains from them."""
+    facts = pipeline.facts
+    if not (facts.uses_accelerator or pipeline.uses_cuda):
+        return []
+    out = []
+    for site in pipeline.training_loaders:
+        if site.has("num_workers"):
+            if not all(literal(v) == 0 for v in site.values("num_workers")):
+                continue  # workers, or a value the user controls (num_workers=args.workers)
+        elif not site.complete:
+            continue  # an untraceable **kwargs may set it
+        if pipeline.dataset_kind(site) != "other":
+            # Tensors already on the GPU cannot go through workers; an in-memory TensorDataset
+            # gains nothing from them; an IterableDataset that does not shard by worker would
+            # yield every sample once per worker.
+            continue
+        out.append(site)
+    return out
+
+
+def plan_workers(pipeline: PipelineFacts, site: LoaderSite) -> KeywordPlan:
+    """The edit that gives this DataLoader workers; DeclineFix when it cannot be made safely."""
+    facts = pipeline.facts
+    decline_key_in_dict(site, "num_workers")
     ctx = site.call.ctx
     guard = pipeline.main_guard
     if guard is None or (ctx.function is None and not ctx.inside(guard)):
-        return Fix(
-            FixClass.NUMERICS, description, available=False,
-            reason="the script has no `if __name__ == \"__main__\":` guard around its training code: worker "
-                   "processes started with spawn/forkserver (Windows, macOS, Linux from Python 3.14) would "
-                   "re-run the whole script",
+        raise DeclineFix(
+            "the script has no `if __name__ == \"__main__\":` guard around its training code: worker "
+            "processes started with spawn/forkserver (Windows, macOS, Linux from Python 3.14) would "
+            "re-run the whole script"
         )
-    existing = site.keys.get("num_workers")
-    anchor = (
-        {"kind": "replace-arg", "key": "num_workers", "value": WORKERS, "imports": ["os"]}
-        if existing
-        else {"kind": "add-kwarg", "key": "num_workers", "value": WORKERS, "imports": ["os"]}
-    )
-    return Fix(FixClass.NUMERICS, description, anchor=anchor)
+    os_name = _os_name(facts)
+    value = WORKERS.replace("os.", f"{os_name}.")
+    imports = ("os",) if os_name == "os" and not _imports_os(facts) else ()
+    return plan_loader_keyword(site, "num_workers", value, imports)
 
 
-def _dict_anchor(pipeline: PipelineFacts, in_dict, key: str, value: str) -> dict:
-    return {
-        "kind": "edit-dict", "dict": in_dict.source, "key": key, "value": value,
-        "line": pipeline.facts.position(in_dict.node).start.line,
-    }
-
-
-# -- the fix ------------------------------------------------------------------------------------
-
-class DataLoaderNoWorkersFix(Codemod):
-    rule = "TC401"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        os_name = _os_name(facts)
-        new = loader_keyword_fix(module, facts, findings, rename={"os": os_name})
-        if os_name == "os" and not _imports_os(facts):
-            new = add_stdlib_import(new, "os")
-        return new
-
-
-def _os_name(facts) -> str:
+def _os_name(facts: ScriptFacts) -> str:
     for site in facts.imports:
         if site.qualname == "os" and site.ctx is facts.module_frame:
             return site.local
@@ -105,5 +95,19 @@ def _os_name(facts) -> str:
     return "os"
 
 
-def _imports_os(facts) -> bool:
+def _imports_os(facts: ScriptFacts) -> bool:
     return any(site.qualname == "os" and site.local == "os" and site.ctx is facts.module_frame for site in facts.imports)
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+
+class DataLoaderNoWorkersFix(Codemod):
+    rule = "TC401"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        plans: list[KeywordPlan] = [finding.fix.plan for finding in findings]
+        new = apply_keyword_edits(module, plans)
+        if any("os" in plan.imports for plan in plans):
+            new = add_stdlib_import(new, "os")
+        return new

@@ -1,19 +1,21 @@
-"""TC402 dataloader-no-pin-memory: a CUDA training DataLoader that returns pageable host memory."""
+"""TC402 dataloader-no-pin-memory: a CUDA training DataLoader that returns pageable host memory.
+
+Fix (numerics, by the fix classes' convention for loader settings): pass ``pin_memory=True``, or
+replace a written ``pin_memory=False``. Declined when the key comes from a ``**kwargs`` dict.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import loader_keyword_fix
+from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import CUDA_TEXT, all_of, literal, pipeline_facts
 
 
 class DataLoaderNoPinMemory(ScriptRule):
@@ -32,33 +34,24 @@ class DataLoaderNoPinMemory(ScriptRule):
                 continue
             if pipeline.dataset_kind(site) == "device":
                 continue  # CUDA tensors cannot be pinned
-            in_dict = site.in_dict("pin_memory")
-            if in_dict is not None:
-                fix = Fix(
-                    FixClass.NUMERICS, "set pin_memory=True", available=False,
-                    reason=f"pin_memory comes from the `{in_dict.source}` dict passed as **{in_dict.source}; a second "
-                           "pin_memory= beside it would raise TypeError (edit the dict instead)",
-                    anchor={"kind": "edit-dict", "dict": in_dict.source, "key": "pin_memory", "value": "True",
-                            "line": facts.position(in_dict.node).start.line},
-                )
-            else:
-                kind = "replace-arg" if site.has("pin_memory") else "add-kwarg"
-                fix = Fix(FixClass.NUMERICS, "set pin_memory=True",
-                          anchor={"kind": kind, "key": "pin_memory", "value": "True"})
             yield self.finding(
                 facts,
                 site.call.node,
                 "this DataLoader feeds CUDA training from pageable memory: every host-to-device copy "
                 "is staged through a bounce buffer and cannot overlap compute; pass `pin_memory=True` "
                 "(and copy with `non_blocking=True`)",
-                fix=fix,
+                fix=self.planned_fix(
+                    FixClass.NUMERICS, "set pin_memory=True",
+                    lambda site=site: plan_loader_keyword(site, "pin_memory", "True"),
+                ),
             )
 
 
 # -- the fix ------------------------------------------------------------------------------------
 
+
 class DataLoaderNoPinMemoryFix(Codemod):
     rule = "TC402"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        return loader_keyword_fix(module, context.facts, findings)
+        return apply_keyword_edits(module, [finding.fix.plan for finding in findings])

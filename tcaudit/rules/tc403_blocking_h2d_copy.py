@@ -1,21 +1,22 @@
-"""TC403 blocking-h2d-copy: a batch from a DataLoader copied to the GPU without ``non_blocking``."""
+"""TC403 blocking-h2d-copy: a batch from a DataLoader copied to the GPU without ``non_blocking``.
+
+Fix (safe): pass ``non_blocking=True`` to the ``.cuda()``/``.to()`` call. Declined when the call
+passes ``*args``/``**kwargs`` (it may already pass ``non_blocking``).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, FixClass
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, BatchLoop, PipelineFacts, literal, moves_to_device, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+from tcaudit.script.pipeline import CUDA_TEXT, BatchLoop, PipelineFacts, all_of, literal, moves_to_device, pipeline_facts
 
 
 class BlockingH2DCopy(ScriptRule):
@@ -45,9 +46,14 @@ class BlockingH2DCopy(ScriptRule):
                     call.node,
                     f"`{call.method}()` copies a batch to the GPU synchronously: the host waits for the copy "
                     f"instead of queueing the forward pass; pass `non_blocking=True`{hint}",
-                    fix=Fix(FixClass.SAFE, "pass non_blocking=True",
-                            anchor={"kind": "add-kwarg", "key": "non_blocking", "value": "True"}),
+                    fix=self.planned_fix(FixClass.SAFE, "pass non_blocking=True", lambda call=call: _plan(call)),
                 )
+
+
+def _plan(call: CallSite) -> AddKeyword:
+    if any(arg.star for arg in call.node.args):
+        raise DeclineFix("the call may already pass non_blocking=")
+    return AddKeyword(call.node, "non_blocking", "True")
 
 
 def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
@@ -91,13 +97,4 @@ class BlockingH2DCopyFix(Codemod):
     rule = "TC403"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        editor = CallEditor()
-        for finding in findings:
-            call = call_at(facts, finding)
-            if call is None:
-                raise DeclineFix("the copy moved; run fix again")
-            if keyword(call.node, "non_blocking") is not None or any(a.star for a in call.node.args):
-                raise DeclineFix("the call may already pass non_blocking=")
-            editor.rewrite_call(call.node, lambda node: add_keyword(node, "non_blocking", parse_expression("True", module)))
-        return module.visit(editor)
+        return apply_keyword_edits(module, [finding.fix.plan for finding in findings])

@@ -1,20 +1,46 @@
-"""TC404 workers-not-persistent: DataLoader workers re-spawned every epoch."""
+"""TC404 workers-not-persistent: DataLoader workers re-spawned every epoch.
+
+Also reported, with its fix, on a DataLoader without workers that TC401's fix gives workers in the
+same run (so ``scan`` shows what ``fix`` will do). Fix (numerics): pass ``persistent_workers=True``
+(``persistent_workers=<expr> > 0`` when the worker count is a flag that may be 0); declined when
+``num_workers`` may be 0 on some path, which would make ``persistent_workers=True`` a ValueError.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.catalog import matches_selector
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits, plan_loader_keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc401_dataloader_no_workers import loaders_without_workers, plan_workers
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, LoaderSite, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import loader_keyword_fix
+from tcaudit.script.pipeline import ACCELERATOR_TEXT, LoaderSite, PipelineFacts, all_of, literal, pipeline_facts
+
+MESSAGE = (
+    "this DataLoader's worker processes are started again at every epoch (each re-imports "
+    "the script's modules, re-pickles the dataset and refills its prefetch queue); pass "
+    "`persistent_workers=True` to keep them"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class AddAfterWorkers(FixPlan):
+    """``persistent_workers=True`` on a DataLoader that TC401's fix gives workers first. The fix engine
+    runs TC401's fix before this one and re-analyses the file in between, so this rule's fix then
+    sees the workers and gets a plain :class:`AddKeyword`; this plan reaches the fix only when TC401's
+    fix did not run, and is then declined (``persistent_workers=True`` alone would be a ValueError)."""
+
+    kind = "add-kwarg"
+    call: cst.Call
+    key: str
+    value: str
+    after: str = "TC401"  # the fix that must run first
 
 
 class WorkersNotPersistent(ScriptRule):
@@ -25,9 +51,11 @@ class WorkersNotPersistent(ScriptRule):
         pipeline = pipeline_facts(facts)
         if not (facts.uses_accelerator or pipeline.uses_cuda):
             return
+        gaining_workers = {id(site.call.node) for site in _gaining_workers(pipeline, context)}
         for site in pipeline.training_loaders:
             workers = site.keys.get("num_workers", [])
-            if not workers or all(literal(kv.value) == 0 for kv in workers):
+            companion = id(site.call.node) in gaining_workers
+            if not companion and (not workers or all(literal(kv.value) == 0 for kv in workers)):
                 continue
             if site.has("persistent_workers") or not site.complete:
                 continue
@@ -35,34 +63,62 @@ class WorkersNotPersistent(ScriptRule):
                 continue  # one pass (or iterated where this file cannot see): nothing to keep alive
             if pipeline.repeats(site.call.ctx):
                 continue  # a new DataLoader each epoch: persistent workers would not outlive it
-            yield self.finding(
-                facts,
-                site.call.node,
-                "this DataLoader's worker processes are started again at every epoch (each re-imports "
-                "the script's modules, re-pickles the dataset and refills its prefetch queue); pass "
-                "`persistent_workers=True` to keep them",
-                fix=_fix(site),
-            )
+            if companion:
+                yield self.finding(
+                    facts,
+                    site.call.node,
+                    "TC401's fix gives this DataLoader worker processes, which would be started again at every "
+                    "epoch (each re-imports the script's modules, re-pickles the dataset and refills its prefetch "
+                    "queue); with workers (TC401), also pass `persistent_workers=True`",
+                    fix=Fix(
+                        FixClass.NUMERICS, "with workers (TC401), also pass persistent_workers=True",
+                        plan=AddAfterWorkers(site.call.node, "persistent_workers", "True"),
+                    ),
+                )
+                continue
+            value = _persistent_value(site)
+            yield self.finding(facts, site.call.node, MESSAGE, fix=self.planned_fix(
+                FixClass.NUMERICS, f"pass persistent_workers={value or 'True'}", lambda site=site, value=value: _plan(site, value),
+            ))
 
 
-def _fix(site: LoaderSite) -> Fix:
+def _gaining_workers(pipeline: PipelineFacts, context: RuleContext) -> list[LoaderSite]:
+    """The DataLoaders that TC401 reports with a fix it can make, when TC401 runs on this file."""
+    settings = context.settings
+    if settings is not None and (
+        "TC401" not in settings.enabled_rules()
+        or any(matches_selector("TC401", s) for s in settings.ignored_for(pipeline.facts.source.display_path))
+    ):
+        return []
+    out = []
+    for site in loaders_without_workers(pipeline):
+        try:
+            plan_workers(pipeline, site)
+        except DeclineFix:
+            continue
+        out.append(site)
+    return out
+
+
+def _persistent_value(site: LoaderSite) -> str | None:
+    """``True`` when the worker count is at least 1 on every path; ``<flag> > 0`` for
+    ``num_workers=args.workers`` (which may be 0: persistent_workers=True with 0 workers is a
+    ValueError); None when it may be 0 on some path this file shows."""
     workers = site.keys["num_workers"]
-    description = "pass persistent_workers=True"
-    values = [literal(kv.value) for kv in workers]
     if all(_positive(kv.value) for kv in workers) and not any(kv.conditional for kv in workers):
-        return Fix(FixClass.NUMERICS, description, anchor={"kind": "add-kwarg", "key": "persistent_workers", "value": "True"})
-    if len(workers) == 1 and workers[0].source == "keyword" and values[0] is ...:
-        # num_workers=args.workers may be 0, and persistent_workers=True with 0 workers is a ValueError.
-        expr = cst.Module([]).code_for_node(workers[0].value)
-        return Fix(
-            FixClass.NUMERICS, f"pass persistent_workers={expr} > 0",
-            anchor={"kind": "add-kwarg", "key": "persistent_workers", "value": f"{expr} > 0"},
+        return "True"
+    if len(workers) == 1 and workers[0].source == "keyword" and literal(workers[0].value) is ...:
+        return f"{cst.Module([]).code_for_node(workers[0].value)} > 0"
+    return None
+
+
+def _plan(site: LoaderSite, value: str | None) -> AddKeyword:
+    if value is None:
+        raise DeclineFix(
+            "num_workers may be 0 on some paths (it is set conditionally or in a kwargs dict), and "
+            "persistent_workers=True with num_workers=0 raises ValueError"
         )
-    return Fix(
-        FixClass.NUMERICS, description, available=False,
-        reason="num_workers may be 0 on some paths (it is set conditionally or in a kwargs dict), and "
-               "persistent_workers=True with num_workers=0 raises ValueError",
-    )
+    return plan_loader_keyword(site, "persistent_workers", value)
 
 
 def _positive(expr: cst.BaseExpression) -> bool:
@@ -86,8 +142,16 @@ def _positive(expr: cst.BaseExpression) -> bool:
 
 # -- the fix ------------------------------------------------------------------------------------
 
+
 class WorkersNotPersistentFix(Codemod):
     rule = "TC404"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        return loader_keyword_fix(module, context.facts, findings)
+        plans = [finding.fix.plan for finding in findings]
+        ready = [plan for plan in plans if not isinstance(plan, AddAfterWorkers)]
+        if not ready:
+            raise DeclineFix(
+                "TC401's fix did not give this DataLoader workers, and persistent_workers=True without "
+                "workers raises ValueError"
+            )
+        return apply_keyword_edits(module, ready)

@@ -1,28 +1,39 @@
 """TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info).
 
-An ImageFolder's finding carries the structural ``dali`` fix (below);
-once its training DataLoader is handed to ``tcaudit_dali_loader`` the rule is silent. A decoder in a
-Dataset or loader function of the file is reported without a fix."""
+An ImageFolder's finding carries the structural ``dali`` fix (``tcaudit fix --dali``): the training
+DataLoader over it is handed to ``tcaudit_dali_loader`` (GPU decode with DALI, falling back to nvjpeg
+and to the original loader; the runtime in tcaudit/rewrite/dali_runtime.py is inserted after the
+imports). Scan declines it, with the reason, for a pipeline the conversion would not reproduce. Once
+converted the rule is silent. A decoder in a Dataset or loader function of the file is reported
+without a fix.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, parse_statement
+from tcaudit.rewrite.edits import CallEditor, index_after_imports
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, CUDA_TEXT, DALI_LOADER, LoaderSite, PipelineFacts, assigned_name, is_eval_name, keyword_arg, literal, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from pathlib import Path
-from typing import Sequence
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, _after_docstring, parse_expression, parse_statement
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, call_at
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import DALI_LOADER, LoaderSite, assigned_name, import_block_end, keyword_arg, literal, pipeline_facts
+from tcaudit.script.pipeline import (
+    CUDA_TEXT,
+    DALI_LOADER,
+    LoaderSite,
+    PipelineFacts,
+    all_of,
+    assigned_name,
+    is_eval_name,
+    keyword_arg,
+    literal,
+    pipeline_facts,
+)
 
 FOLDER_DATASETS = frozenset(
     {"torchvision.datasets.ImageFolder", "torchvision.datasets.folder.ImageFolder",
@@ -58,8 +69,10 @@ class CpuImageDecode(ScriptRule):
                 if loaders and all(_converted(facts, site) for site in loaders):
                     continue  # ``fix --dali`` converted it
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
-                fix = Fix(FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)", option="dali",
-                          anchor={"kind": "gpu-decode", "call": qual, "line": facts.position(call.node).start.line})
+                fix = self.planned_fix(
+                    FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)",
+                    lambda call=call: plan_conversion(facts, pipeline, call), option="dali",
+                )
             elif qual in DECODERS:
                 device = keyword_arg(call.node, "device")
                 if device is not None and literal(device.value) != "cpu":
@@ -133,7 +146,7 @@ def _in_dataset_class(cls: cst.ClassDef | None) -> bool:
     return bool(methods & {"__getitem__", "__getitems__", "__iter__"})
 
 
-# -- the fix ------------------------------------------------------------------------------------
+# -- the plan ------------------------------------------------------------------------------------
 
 RUNTIME = Path(__file__).parent.parent / "rewrite" / "dali_runtime.py"
 BLOCK_START = "# -- tcaudit fix --dali"
@@ -143,34 +156,36 @@ STEPS = ("RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "PILToTensor",
 SAMPLERS = ("DistributedSampler", "RandomSampler", "SequentialSampler")
 
 
-class CpuImageDecodeFix(Codemod):
-    rule = "TC405"
-    order = 10  # after TC303 in the same round: its channels_last decides the layout DALI writes
+@dataclass(frozen=True, eq=False)
+class DaliConversion(FixPlan):
+    """Hand the training DataLoader over an ImageFolder to ``tcaudit_dali_loader``: after
+    ``target = DataLoader(...)`` as ``target = tcaudit_dali_loader(target)`` (``statement`` set), or
+    around the call where it is built inside an expression (``return DataLoader(...)``)."""
 
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        channels_last = bool(facts.references_to("torch.channels_last"))
-        editor = CallEditor()
-        for finding in findings:
-            _plan_wrap(facts, editor, training_loader(facts, finding), channels_last, module)
-        if _defines_helper(module):
-            return module.visit(editor)
-        # Where the block goes, counted before the edits: they all come after the imports.
-        last = import_block_end(facts)
-        index = next(i for i, s in enumerate(module.body) if s is last) + 1 if last is not None else _after_docstring(module)
-        return _insert_helper(module.visit(editor), index)
+    kind = "gpu-decode"
+    loader: cst.Call  # the DataLoader call
+    statement: cst.SimpleStatementLine | None  # ``target = DataLoader(...)``, followed by the wrap
+    target: str | None
+    call: str  # the dataset class, qualified
+    line: int  # the dataset call's line
 
 
-def training_loader(facts: ScriptFacts, finding: Finding) -> LoaderSite:
-    """The training DataLoader over the finding's ImageFolder, once every step of the pipeline has been
-    checked to be one the conversion reproduces; DeclineFix with the reason otherwise."""
-    call = call_at(facts, finding)
-    if call is None:
-        raise DeclineFix("the dataset call moved; run fix again")
+def plan_conversion(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> DaliConversion:
+    """The conversion of the training DataLoader over this ImageFolder, once every step of the pipeline
+    has been checked to be one the conversion reproduces; DeclineFix with the reason otherwise."""
+    site = training_loader(facts, pipeline, call)
+    target = assigned_name(site.call)
+    statement = site.call.statement.node if site.call.statement else None
+    if target is None or not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        target, statement = None, None
+    return DaliConversion(site.call.node, statement, target, call.qualname or "", facts.position(call.node).start.line)
+
+
+def training_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> LoaderSite:
+    """The training DataLoader over this ImageFolder call; DeclineFix when the pipeline is not one the
+    conversion reproduces."""
     qual = call.qualname or ""
     short = qual.split(".")[-1]
-    if qual not in FOLDER_DATASETS:
-        raise DeclineFix(f"`{call.name}` is not an ImageFolder; convert its decoding by hand")
     if any(arg.star for arg in call.node.args):
         raise DeclineFix(f"`{short}` gets `*args`/`**kwargs`: its transform cannot be read")
     for key in ("loader", "target_transform"):
@@ -185,7 +200,6 @@ def training_loader(facts: ScriptFacts, finding: Finding) -> LoaderSite:
     if transform is None:
         raise DeclineFix(f"`{short}` has no transform: its samples are PIL images, not tensors")
     _check_transform(facts, transform.value)
-    pipeline = pipeline_facts(facts)
     loaders = [site for site in dataset_loaders(facts, pipeline, call.node) if site.training]
     if not loaders:
         raise DeclineFix(f"no training DataLoader over this `{short}` was found; convert by hand")
@@ -266,22 +280,32 @@ def _short(code: str) -> str:
     return code if len(code) <= 60 else code[:57] + "..."
 
 
-# -- the edits --------------------------------------------------------------------------------------------
+# -- the fix ---------------------------------------------------------------------------------------------
 
 
-def _plan_wrap(facts: ScriptFacts, editor: CallEditor, site: LoaderSite, channels_last: bool, module: cst.Module) -> None:
-    """``loader = DataLoader(...)`` is followed by ``loader = tcaudit_dali_loader(loader)``; a DataLoader
-    built inside an expression (``return DataLoader(...)``, ``for x, y in DataLoader(...)``) is wrapped there."""
-    extra = ", nhwc=True" if channels_last else ""
-    target = assigned_name(site.call)
-    statement = site.call.statement.node if site.call.statement else None
-    if target is not None and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        editor.insert_after(statement, [parse_statement(f"{target} = {DALI_LOADER}({target}{extra})", module)])
-        return
-    wrapper = parse_expression(f"{DALI_LOADER}(loader{extra})", module)
-    editor.rewrite_call(
-        site.call.node, lambda node: wrapper.with_changes(args=[wrapper.args[0].with_changes(value=node), *wrapper.args[1:]])
-    )
+class CpuImageDecodeFix(Codemod):
+    rule = "TC405"
+    order = 10  # after TC303 in the same round: its channels_last decides the layout DALI writes
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        # Read from the text this fix gets (after TC303's fix in the same round), not from the plan.
+        extra = ", nhwc=True" if facts.references_to("torch.channels_last") else ""
+        editor = CallEditor()
+        for finding in findings:
+            plan: DaliConversion = finding.fix.plan
+            if plan.statement is not None:
+                editor.insert_after(plan.statement, [parse_statement(f"{plan.target} = {DALI_LOADER}({plan.target}{extra})", module)])
+                continue
+            wrapper = parse_expression(f"{DALI_LOADER}(loader{extra})", module)
+            editor.rewrite_call(
+                plan.loader,
+                lambda node, wrapper=wrapper: wrapper.with_changes(args=[wrapper.args[0].with_changes(value=node), *wrapper.args[1:]]),
+            )
+        if _defines_helper(module):
+            return module.visit(editor)
+        # Where the block goes, counted before the edits: they all come after the imports.
+        return _insert_helper(module.visit(editor), index_after_imports(facts))
 
 
 def _defines_helper(module: cst.Module) -> bool:

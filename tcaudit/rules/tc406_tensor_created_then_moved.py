@@ -1,20 +1,23 @@
-"""TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``."""
+"""TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``.
+
+Fix (safe; numerics for the random factories, whose CPU and CUDA generators differ): pass the device
+to the factory and drop the ``.cuda()``/``.to()`` call. Declined when the move also changes the dtype
+or layout, or the tensor requires grad (created on the device it becomes a leaf).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass, Severity
-from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, ACCELERATOR_TEXT, PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import ACCELERATOR_TEXT, PipelineFacts, all_of, keyword_arg, moves_to_device, pipeline_facts
 
 # Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
 FACTORIES = frozenset(
@@ -25,6 +28,19 @@ FACTORIES = frozenset(
         "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
     )
 )
+
+
+_MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
+
+
+@dataclass(frozen=True, eq=False)
+class FoldDevice(FixPlan):
+    """``factory(...).method(device)`` becomes ``factory(..., device=device)``."""
+
+    kind = "move-device-into-factory"
+    move: cst.Call  # the ``.cuda()``/``.to()`` call on the factory call, replaced by the latter
+    device: str
+    method: str
 
 
 class TensorCreatedThenMoved(ScriptRule):
@@ -56,12 +72,29 @@ class TensorCreatedThenMoved(ScriptRule):
                 f"`torch.{name}(...)` builds the tensor in host memory and then copies it to the device"
                 f"{' on every step' if per_step else ''}; create it there: `torch.{name}(..., device={target})`",
                 severity=None if per_step else Severity.INFO,
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
                     f"pass device={target} to torch.{name} and drop the .{call.method}() call",
-                    anchor={"kind": "move-device-into-factory", "device": target, "method": call.method},
+                    lambda call=call, target=target: _plan(call, target),
                 ),
             )
+
+
+def _plan(call: CallSite, device: str) -> FoldDevice:
+    factory: cst.Call = call.receiver  # type: ignore[assignment]  # a factory call, by detection
+    method = call.method or ""
+    allowed = _MOVE_ARGUMENTS.get(method, ())
+    positional = [a for a in call.node.args if a.keyword is None]
+    if any(a.star for a in call.node.args) or len(positional) > 1:
+        raise DeclineFix(f"`.{method}()` passes more than the device; fold it by hand")
+    if any(a.keyword is not None and a.keyword.value not in allowed for a in call.node.args):
+        raise DeclineFix(f"`.{method}()` also changes the dtype or layout; fold it by hand")
+    if keyword(factory, "requires_grad") is not None:
+        raise DeclineFix(
+            "the tensor requires grad: created on the device it becomes a leaf, and in-place writes "
+            "that work on the moved copy would raise"
+        )
+    return FoldDevice(call.node, device, method)
 
 
 def _device_text(facts: ScriptFacts, call: CallSite) -> str:
@@ -84,46 +117,19 @@ def _per_step(pipeline: PipelineFacts, call: CallSite) -> bool:
 
 # -- the fix ------------------------------------------------------------------------------------
 
-_MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
-
 
 class TensorCreatedThenMovedFix(Codemod):
     rule = "TC406"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
         editor = CallEditor()
-        reasons: list[str] = []
         for finding in findings:
-            call = call_at(facts, finding)
-            factory = call.receiver if call is not None else None
-            if call is None or not isinstance(factory, cst.Call):
-                raise DeclineFix("the call moved; run fix again")
-            reason = _why_not(call.node, factory, call.method or "")
-            if reason is not None:
-                reasons.append(reason)
-                continue
-            device = parse_expression(finding.fix.anchor["device"], module)
+            plan: FoldDevice = finding.fix.plan
+            device = parse_expression(plan.device, module)
 
             def fold(node: cst.Call, device=device) -> cst.BaseExpression:
-                inner = node.func.value  # type: ignore[attr-defined]
+                inner = node.func.value  # type: ignore[attr-defined]  # the factory call, as updated
                 return add_keyword(inner, "device", device).with_changes(lpar=node.lpar, rpar=node.rpar)
 
-            editor.rewrite_call(call.node, fold)
-        if not editor.calls:
-            raise DeclineFix(reasons[0])
+            editor.rewrite_call(plan.move, fold)
         return module.visit(editor)
-
-
-def _why_not(move: cst.Call, factory: cst.Call, method: str) -> str | None:
-    allowed = _MOVE_ARGUMENTS.get(method, ())
-    positional = [a for a in move.args if a.keyword is None]
-    if any(a.star for a in move.args) or len(positional) > 1:
-        return f"`.{method}()` passes more than the device; fold it by hand"
-    if any(a.keyword is not None and a.keyword.value not in allowed for a in move.args):
-        return f"`.{method}()` also changes the dtype or layout; fold it by hand"
-    requires_grad = keyword(factory, "requires_grad")
-    if requires_grad is not None:
-        return ("the tensor requires grad: created on the device it becomes a leaf, and in-place writes "
-                "that work on the moved copy would raise")
-    return None
