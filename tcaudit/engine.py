@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import traceback
@@ -28,6 +27,7 @@ from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
 from tcaudit.source.discovery import discover
 from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_source
+from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
@@ -40,11 +40,6 @@ PARALLEL_MIN_FILES = 16
 # None: ``fork`` where it exists on Linux (cheap: the workers inherit the imported rules), the
 # platform's default elsewhere. Tests set "spawn" to check the other road.
 START_METHOD: str | None = None
-
-# ``ignore`` must end the word: ``# tcaudit: ignore-file`` and ``# tcaudit: ignored`` are not line suppressions.
-_SUPPRESS_LINE = re.compile(r"#\s*tcaudit:\s*ignore(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
-_SUPPRESS_FILE = re.compile(r"#\s*tcaudit:\s*ignore-file(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
-
 
 @dataclass
 class FileResult:
@@ -74,35 +69,6 @@ class ScanResult:
 
     def max_severity(self) -> Severity | None:
         return max((f.severity for f in self.findings), default=None)
-
-
-def _parse_codes(group: str | None) -> tuple[str, ...] | None:
-    """None means every rule (a bare ``# tcaudit: ignore``)."""
-    if group is None:
-        return None
-    codes = tuple(c.strip().upper() for c in group.split(",") if c.strip())
-    return codes or None
-
-
-def _suppressed(finding: Finding, source: SourceFile | None, file_codes: list[tuple[str, ...] | None]) -> bool:
-    for codes in file_codes:
-        if codes is None or any(matches_selector(finding.rule, c) for c in codes):
-            return True
-    if source is None:
-        return False
-    for line_no in {finding.location.line, finding.location.end_line}:
-        match = _SUPPRESS_LINE.search(source.line_text(line_no))
-        if match:
-            codes = _parse_codes(match.group(1))
-            if codes is None or any(matches_selector(finding.rule, c) for c in codes):
-                return True
-    return False
-
-
-def file_suppressions(source: SourceFile | None) -> list[tuple[str, ...] | None]:
-    if source is None or "tcaudit:" not in source.text:
-        return []
-    return [_parse_codes(m.group(1)) for m in _SUPPRESS_FILE.finditer(source.text)]
 
 
 def tc000(path: str, error: SourceError) -> Finding:
@@ -283,7 +249,7 @@ def scan(
 
     kept: list[Finding] = []
     suppressed = 0
-    file_codes_cache: dict[str, list[tuple[str, ...] | None]] = {}
+    directives_of: dict[str, Directives] = {}
     for finding in findings:
         path = finding.location.path
         if finding.rule not in enabled:
@@ -293,9 +259,9 @@ def scan(
             continue
         index = index_of.get(path)
         source = source_of(index) if index is not None else None
-        if path not in file_codes_cache:
-            file_codes_cache[path] = file_suppressions(source)
-        if _suppressed(finding, source, file_codes_cache[path]):
+        if path not in directives_of:
+            directives_of[path] = directives(source.text) if source is not None else Directives()
+        if directives_of[path].suppresses(finding):
             suppressed += 1
             continue
         kept.append(finding)

@@ -21,6 +21,7 @@ from tcaudit.fix.codemod import Codemod, DeclineFix, FixContext, discover_codemo
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.parsing import SourceError, SourceFile
+from tcaudit.source.suppressions import directives
 
 MAX_ROUNDS = 6
 
@@ -57,7 +58,6 @@ def _source_file(path: Path, display: str, text: str, source: SourceText) -> Sou
 
 def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings):
     """(facts, findings) for one version of the file's text; facts is None when no rule can match."""
-    from tcaudit.engine import _suppressed, file_suppressions  # filtering is the engine's
     from tcaudit.script.rule import RuleContext
 
     candidates = [rule for rule in rules if rule.may_match(text)]
@@ -69,8 +69,8 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     findings = []
     for rule in candidates:
         findings.extend(rule.check(facts, RuleContext(settings)))
-    codes = file_suppressions(sf)
-    return facts, [f for f in findings if not _suppressed(f, sf, codes)]
+    found = directives(text)
+    return facts, [f for f in findings if not found.suppresses(f)]
 
 
 # The DDP conversion (TC505/TC501) leaves the sampler, set_epoch, no_sync and bucket-view edits to
