@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
-from tcaudit.source.discovery import discover
-from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_source
+from tcaudit.source.deep import call_with_deep_stack
+from tcaudit.source.discovery import discover, identity
+from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import trigger
 
@@ -168,9 +169,12 @@ def scan_file(
 
 def _display_path(path: Path) -> str:
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        display = Path(identity(path)).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return path.as_posix()
+        display = path.as_posix()
+    # A file name that is not valid UTF-8 (kept by Python as lone surrogates) is shown with its
+    # bytes escaped (``name_\xff.py``): every report format can encode that.
+    return os.fsencode(display).decode("utf-8", "backslashreplace")
 
 
 def default_jobs() -> int:
@@ -205,8 +209,8 @@ def scan(
     if cache is not None:
         for index, path in enumerate(files):
             try:
-                raw = path.read_bytes()
-            except OSError:
+                raw = read_file_bytes(path)
+            except SourceError:
                 continue  # scan_file reports it
             hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw))
             if hit is not None:
@@ -219,7 +223,7 @@ def scan(
             file_results[index] = fr
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
-    notes: list[str] = []
+    notes: list[str] = list(discovered.warnings)
     findings: list[Finding] = []
     errors: list[str] = []
     for fr in results:
@@ -242,7 +246,7 @@ def scan(
         from tcaudit.model import run_model_audit  # imports no torch itself
 
         sources = [source for source in map(source_of, range(len(results))) if source is not None]
-        audit = run_model_audit(sources, settings)
+        audit = call_with_deep_stack(run_model_audit, sources, settings)
         findings.extend(audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
@@ -288,7 +292,14 @@ def _scan_one(
     check_syntax: bool,
     cache: "ScanCache | None",
 ) -> FileResult:
-    result = scan_file(path, rules, settings, display, check_syntax)
+    try:
+        # Deeply nested code (which Python accepts up to 200 brackets) needs a deep stack to analyse.
+        result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax)
+    except (RecursionError, MemoryError) as exc:
+        reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
+        result = FileResult(display)
+        result.findings.append(tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})")))
+        return result
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.
     if cache is not None and result.source is not None and not result.errors:
