@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     for path in discovered.files:
         display = _display_path(path)
         target = real_path(Path(path))
-        if not getattr(args, "follow_external_symlinks", False) and not target.is_relative_to(root):
+        inside = Path(os.path.abspath(path)).is_relative_to(root)
+        if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
             err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
                       "(--follow-external-symlinks fixes such files too)")
             continue

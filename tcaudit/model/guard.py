@@ -89,12 +89,21 @@ class Guard:
             if pid not in (os.getpid(), 0):
                 self._refuse(f"sending a signal to process {pid} ({event})")
         elif event in _PATH_EVENTS:
+            if event == "os.mkdir" and args and _is_dir(args[0]):
+                return  # ``os.makedirs(..., exist_ok=True)`` of a folder that exists changes nothing
             if args and not self._private(args[0]):
                 self._refuse(f"changing {os.fsdecode(args[0])} ({event})")
         elif event in _TWO_PATH_EVENTS:
             for path in args[:2]:
                 if isinstance(path, (str, bytes, os.PathLike)) and not self._private(path):
                     self._refuse(f"changing {os.fsdecode(path)} ({event})")
+
+
+def _is_dir(path: object) -> bool:
+    try:
+        return os.path.isdir(path)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
 def _short(value: object) -> str:

@@ -104,6 +104,7 @@ def _kill_group(pgid: int) -> None:
 
 
 def child_environment() -> dict[str, str]:
+    """The audit process's environment, without credentials."""
     env = {name: value for name, value in os.environ.items() if not is_credential_name(name)}
     env["TCAUDIT_SANDBOX_LEVEL"] = isolation_level()
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -115,6 +116,13 @@ def child_environment() -> dict[str, str]:
     # The child must import this very tcaudit, wherever the parent found it.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _private_environment(workdir: str) -> dict[str, str]:
+    """With a temporary folder of its own: what torch caches "in /tmp" stays where the guard allows."""
+    env = child_environment()
+    env["TMPDIR"] = workdir
     return env
 
 
@@ -192,7 +200,7 @@ class Zygote:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=child_environment(),
+                env=_private_environment(self.workdir),
                 cwd=self.workdir,
                 start_new_session=True,
             )
@@ -283,7 +291,7 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             child_command(["run", job_path, result_path]),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_environment(), cwd=workdir,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_private_environment(workdir), cwd=workdir,
             **({"start_new_session": True} if hasattr(os, "killpg") else {}),
         )
         try:
