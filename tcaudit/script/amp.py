@@ -202,13 +202,15 @@ class AmpFacts:
         return self._forward_runs_under_autocast
 
     @functools.cached_property
-    def _functions_around_autocast(self) -> set[cst.FunctionDef]:
-        """Every function that holds an autocast ``with`` (outside eval paths), at any depth.
-        Computed once: checking each step against each ``with`` made files of many steps quadratic."""
-        out: set[cst.FunctionDef] = set()
+    def _functions_around_autocast(self) -> set[cst.FunctionDef | None]:
+        """Every function that holds an autocast ``with`` (outside eval paths), at any depth; None
+        when one is at module level. Computed once: checking each step against each ``with`` made
+        files of many steps quadratic."""
+        out: set[cst.FunctionDef | None] = set()
         for _node, ctx in self.facts.autocast_withs:
             if self.facts.in_eval(ctx):
                 continue
+            out.add(ctx.function)
             out.update(frame.node for frame in ctx.chain() if frame.kind == "def")  # type: ignore[misc]
         return out
 
