@@ -128,7 +128,6 @@ def test_a_hostile_constructor_leaves_nothing_behind(tmp_path, listener):
         assert refused in message, (refused, message)
     assert "sandbox (audit hook" in message
     assert code in (0, 1), err  # TC100 is an info finding
-    print(message)
 
 
 def test_credentials_do_not_reach_the_model(monkeypatch):
