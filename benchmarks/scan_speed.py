@@ -32,6 +32,12 @@ the same ``tcaudit scan`` command run directly from the hook's environment, whic
 pre-commit itself adds. Installing the hook's environment needs the package index; it is timed
 apart and not counted.
 
+One large file: ``scan`` (``--jobs 1``, no cache) and ``fix`` (the diff) of one generated file of
+training-step functions at 2,000 and 20,000 lines (``--large-file-lines``), with ``ruff check`` of
+the same file for scale; the CPU ratio largest/smallest shows whether time grows linearly with the
+file. ``--large-file-only`` times just this case (into ``results/scan_speed_large_file.json``);
+``--tcaudit-code DIR`` runs another checkout's tcaudit for before/after numbers.
+
 Prints tables and writes ``benchmarks/results/scan_speed.json`` (CPU timings: no GPU is involved).
 """
 
@@ -185,6 +191,82 @@ def measure_target(target: Path, repeat: int, torchfix: str | None, scratch: Pat
     return {name: summarize(commands[name], runs[name]) for name in commands}
 
 
+# -- one large file ---------------------------------------------------------------------------------------
+TRAINING_STEP = """
+def train_step_{index}(model, batch, optimizer, scaler):
+    images, labels = batch
+    images = images.cuda()
+    labels = labels.cuda()
+    optimizer.zero_grad()
+    with torch.cuda.amp.autocast():
+        out = model(images)
+        loss = F.cross_entropy(out, labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+"""
+
+
+def training_steps_file(dest: Path, lines: int) -> Path:
+    """A file of ``lines`` lines, all training-step functions (a TC202 finding and fix in each)."""
+    parts = ["import torch\nimport torch.nn.functional as F\n\nscaler = torch.cuda.amp.GradScaler()\n"]
+    count = parts[0].count("\n")
+    index = 0
+    while count < lines:
+        step = TRAINING_STEP.format(index=index)
+        parts.append(step)
+        count += step.count("\n")
+        index += 1
+    path = dest / f"steps_{lines}.py"
+    path.write_text("".join(parts), encoding="utf-8")
+    return path
+
+
+def measure_large_file(sizes: list[int], repeat: int, scratch: Path, code: Path) -> dict:
+    """scan and fix (diff only) of one file of training steps per size, in-process (--jobs 1, no
+    cache), with ruff on the same file for scale; the ratio largest/smallest says whether the time
+    grows linearly with the file."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).is_file() and not shutil.which(ruff):
+        ruff = None
+    out: dict = {"sizes": sizes, "tools": {}}
+    for lines in sizes:
+        path = training_steps_file(scratch, lines)
+        commands = {
+            "tcaudit scan": [sys.executable, "-m", "tcaudit", "scan", str(path), "--no-exec", "--no-cache",
+                             "--isolated", "--jobs", "1", "--format", "concise"],
+            "tcaudit fix": [sys.executable, "-m", "tcaudit", "fix", str(path), "--isolated", "--color", "never"],
+        }
+        if ruff:
+            commands["ruff check"] = [ruff, "check", "--no-cache", "--isolated", "--quiet", str(path)]
+        for name, command in commands.items():
+            runs = []
+            for index in range(repeat):
+                run = time_once(command, code if name.startswith("tcaudit") else REPO)
+                runs.append(run)
+                print(f"  steps_{lines}.py: {name} run {index + 1}/{repeat}: {run['wall_s']:.2f} s wall, "
+                      f"{run['cpu_s']:.2f} s CPU, exit {run['exit_code']}", file=sys.stderr)
+            out["tools"].setdefault(name, {})[str(lines)] = summarize(command, runs)
+    small, large = str(min(sizes)), str(max(sizes))
+    out["cpu_ratio_largest_to_smallest"] = {
+        name: round(data[large]["median_cpu_s"] / max(data[small]["median_cpu_s"], 1e-9), 2)
+        for name, data in out["tools"].items()
+    }
+    return out
+
+
+def large_file_table(data: dict) -> list[str]:
+    sizes = [str(size) for size in data["sizes"]]
+    lines = ["\nOne file of training-step functions (CPU seconds, median):\n",
+             "| command | " + " | ".join(f"{size} lines" for size in sizes) + " | ratio |",
+             "|---|" + "---|" * (len(sizes) + 1)]
+    for name, per_size in data["tools"].items():
+        cells = " | ".join(f"{per_size[size]['median_cpu_s']:.2f}" for size in sizes)
+        lines.append(f"| {name} | {cells} | {data['cpu_ratio_largest_to_smallest'][name]:.1f}x |")
+    return lines
+
+
 # -- pre-commit -------------------------------------------------------------------------------------------
 def git(*args: str, cwd: Path, env: dict) -> None:
     subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
@@ -294,7 +376,16 @@ def main() -> int:
     parser.add_argument("--corpus-size", type=int, default=200, help="generated training scripts (default 200)")
     parser.add_argument("--skip-precommit", action="store_true", help="leave out the pre-commit timing")
     parser.add_argument("--output", metavar="FILE", default=str(RESULTS), help="where to write the JSON results")
+    parser.add_argument("--large-file-lines", default="2000,20000", metavar="N,N",
+                        help="sizes of the one-large-file case (default 2000,20000)")
+    parser.add_argument("--large-file-only", action="store_true",
+                        help="time only the one-large-file case (scan, fix, ruff); writes scan_speed_large_file.json")
+    parser.add_argument("--tcaudit-code", metavar="DIR",
+                        help="run tcaudit from this checkout instead of this one (for before/after numbers)")
     args = parser.parse_args()
+    sizes = sorted(int(size) for size in args.large_file_lines.split(","))
+    if args.large_file_only:
+        return main_large_file(args, sizes)
 
     torchfix = find_torchfix(args.torchfix)
     versions = {"tcaudit": version_of("tcaudit"), "libcst": version_of("libcst")}
@@ -327,6 +418,7 @@ def main() -> int:
             (scratch / name).mkdir(exist_ok=True)
             tools = measure_target(target, args.repeat, torchfix, scratch / name, code)
             targets[name] = {"target": info, "tools": tools}
+        large_file = measure_large_file(sizes, args.repeat, scratch, code)
         precommit = {"skipped": "--skip-precommit"} if args.skip_precommit else measure_precommit(args.repeat, scratch)
     load_after = os.getloadavg()
 
@@ -353,6 +445,7 @@ def main() -> int:
         "command": " ".join([".venv/bin/python", "benchmarks/scan_speed.py", *sys.argv[1:]]),
         "tcaudit_code": code_version(),
         "targets": targets,
+        "large_file": large_file,
         "pre_commit": precommit,
     }
     output = Path(args.output)
@@ -363,6 +456,7 @@ def main() -> int:
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     for name, data in targets.items():
         print("\n".join(table(name, data["target"], data["tools"])))
+    print("\n".join(large_file_table(large_file)))
     if "skipped" in precommit:
         print(f"\npre-commit: skipped ({precommit['skipped']})")
     else:
@@ -374,6 +468,32 @@ def main() -> int:
                 print(f"| {name} | {precommit[name]['median_wall_s']:.2f} | {precommit[name]['median_cpu_s']:.2f} |")
     shown = output.relative_to(REPO) if output.is_relative_to(REPO) else output
     print(f"\nwrote {shown}")
+    return 0
+
+
+def main_large_file(args, sizes: list[int]) -> int:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="tcaudit-bench-") as tmp:
+        scratch = Path(tmp)
+        code = Path(args.tcaudit_code).resolve() if args.tcaudit_code else snapshot_code(scratch / "code")
+        data = measure_large_file(sizes, args.repeat, scratch, code)
+    load_after = os.getloadavg()
+    data.update({
+        "benchmark": "scan_speed large file",
+        "timings": "CPU only: CPU seconds of whole processes (--jobs 1); no GPU involved",
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before": round(load_before[0], 2),
+        "loadavg_1m_after": round(load_after[0], 2),
+        "tcaudit_code": args.tcaudit_code or code_version(),
+        "command": " ".join([".venv/bin/python", "benchmarks/scan_speed.py", *sys.argv[1:]]),
+    })
+    output = Path(args.output) if args.output != str(RESULTS) else RESULTS.with_name("scan_speed_large_file.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print("\n".join(large_file_table(data)))
+    print(f"\nload average {load_before[0]:.2f} before, {load_after[0]:.2f} after; wrote {output}")
     return 0
 
 

@@ -178,6 +178,48 @@ def _open_cache(args: argparse.Namespace, settings):
         return None
 
 
+def _module_findable(module: str, roots: list[str]) -> bool:
+    """Whether ``module`` can be imported from ``roots`` or the installed packages, found without
+    importing anything: a package's ``__init__`` is the user's code and runs only in the sandbox."""
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    parts = module.split(".")
+    for root in roots:
+        base = Path(root, *parts)
+        if base.with_suffix(".py").is_file() or base.is_dir():  # a module, a package or a namespace package
+            return True
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level lookup runs no code
+    except (ImportError, ValueError):
+        return False
+    for depth in range(1, len(parts)):
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), list(locations))
+    return spec is not None
+
+
+def _check_model_option(args: argparse.Namespace, root) -> None:
+    """``--model`` names an importable ``pkg.mod:factory`` and ``--input`` parses, or a usage error."""
+    if not args.model:
+        return
+    module, _, factory = args.model.partition(":")
+    if not module or not factory or not all(part.isidentifier() for part in (*module.split("."), *factory.split("."))):
+        raise UsageError(f"--model must look like PKG.MOD:FACTORY (got {args.model!r})")
+    if not _module_findable(module, [str(root), os.getcwd()]):
+        raise UsageError(f"--model {args.model}: cannot find module {module!r} (from {root} or the installed packages)")
+    if args.input:
+        from tcaudit.model import parse_input  # imports no torch
+
+        try:
+            parse_input(args.input)
+        except ValueError as exc:
+            raise UsageError(f"--input: {exc}") from None
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
     from tcaudit.catalog import load_catalog
@@ -188,6 +230,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.input and not args.model:
         raise UsageError("--input needs --model (the factory whose input it describes)")
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    _check_model_option(args, settings.root)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
     if args.verbose or _debug():

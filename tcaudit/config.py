@@ -89,7 +89,7 @@ class Settings:
         """Selectors that per-file-ignores turns off for this path (relative to the config's folder)."""
         try:
             rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
-        except ValueError:
+        except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
             rel = Path(path).as_posix()
         out: list[str] = []
         for pattern, selectors in self.per_file_ignores:

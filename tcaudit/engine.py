@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import traceback
@@ -26,8 +25,10 @@ from typing import TYPE_CHECKING
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
-from tcaudit.source.discovery import discover
-from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_source
+from tcaudit.source.deep import call_with_deep_stack
+from tcaudit.source.discovery import discover, identity
+from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
+from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
@@ -41,11 +42,6 @@ PARALLEL_MIN_FILES = 16
 # None: ``fork`` where it exists on Linux (cheap: the workers inherit the imported rules), the
 # platform's default elsewhere. Tests set "spawn" to check the other road.
 START_METHOD: str | None = None
-
-# ``ignore`` must end the word: ``# tcaudit: ignore-file`` and ``# tcaudit: ignored`` are not line suppressions.
-_SUPPRESS_LINE = re.compile(r"#\s*tcaudit:\s*ignore(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
-_SUPPRESS_FILE = re.compile(r"#\s*tcaudit:\s*ignore-file(?![-\w])(?:\[([^\]]*)\])?", re.IGNORECASE)
-
 
 @dataclass
 class FileResult:
@@ -75,35 +71,6 @@ class ScanResult:
 
     def max_severity(self) -> Severity | None:
         return max((f.severity for f in self.findings), default=None)
-
-
-def _parse_codes(group: str | None) -> tuple[str, ...] | None:
-    """None means every rule (a bare ``# tcaudit: ignore``)."""
-    if group is None:
-        return None
-    codes = tuple(c.strip().upper() for c in group.split(",") if c.strip())
-    return codes or None
-
-
-def is_suppressed(finding: Finding, source: SourceFile | None, file_codes: list[tuple[str, ...] | None]) -> bool:
-    for codes in file_codes:
-        if codes is None or any(matches_selector(finding.rule, c) for c in codes):
-            return True
-    if source is None:
-        return False
-    for line_no in {finding.location.line, finding.location.end_line}:
-        match = _SUPPRESS_LINE.search(source.line_text(line_no))
-        if match:
-            codes = _parse_codes(match.group(1))
-            if codes is None or any(matches_selector(finding.rule, c) for c in codes):
-                return True
-    return False
-
-
-def file_suppressions(source: SourceFile | None) -> list[tuple[str, ...] | None]:
-    if source is None or "tcaudit:" not in source.text:
-        return []
-    return [_parse_codes(m.group(1)) for m in _SUPPRESS_FILE.finditer(source.text)]
 
 
 def tc000(path: str, error: SourceError) -> Finding:
@@ -218,9 +185,12 @@ def analyse_source(
 def display_path(path: Path) -> str:
     """``path`` relative to the working folder where it lies under it, as reports show it."""
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        display = Path(identity(path)).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return path.as_posix()
+        display = path.as_posix()
+    # A file name that is not valid UTF-8 (kept by Python as lone surrogates) is shown with its
+    # bytes escaped (``name_\xff.py``): every report format can encode that.
+    return os.fsencode(display).decode("utf-8", "backslashreplace")
 
 
 def default_jobs() -> int:
@@ -255,8 +225,8 @@ def scan(
     if cache is not None:
         for index, path in enumerate(files):
             try:
-                raw = path.read_bytes()
-            except OSError:
+                raw = read_file_bytes(path)
+            except SourceError:
                 continue  # scan_file reports it
             hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw))
             if hit is not None:
@@ -269,7 +239,7 @@ def scan(
             file_results[index] = fr
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
-    notes: list[str] = []
+    notes: list[str] = list(discovered.warnings)
     findings: list[Finding] = []
     errors: list[str] = []
     for fr in results:
@@ -292,14 +262,14 @@ def scan(
         from tcaudit.model import run_model_audit  # imports no torch itself
 
         sources = [source for source in map(source_of, range(len(results))) if source is not None]
-        audit = run_model_audit(sources, settings, scan_cache=cache)
+        audit = call_with_deep_stack(run_model_audit, sources, settings, scan_cache=cache)
         findings.extend(audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
     kept: list[Finding] = []
     suppressed = 0
-    file_codes_cache: dict[str, list[tuple[str, ...] | None]] = {}
+    directives_of: dict[str, Directives] = {}
     for finding in findings:
         path = finding.location.path
         if finding.rule not in enabled:
@@ -309,9 +279,9 @@ def scan(
             continue
         index = index_of.get(path)
         source = source_of(index) if index is not None else None
-        if path not in file_codes_cache:
-            file_codes_cache[path] = file_suppressions(source)
-        if is_suppressed(finding, source, file_codes_cache[path]):
+        if path not in directives_of:
+            directives_of[path] = directives(source.text) if source is not None else Directives()
+        if directives_of[path].suppresses(finding):
             suppressed += 1
             continue
         kept.append(finding)
@@ -338,7 +308,14 @@ def _scan_one(
     check_syntax: bool,
     cache: "ScanCache | None",
 ) -> FileResult:
-    result = scan_file(path, rules, settings, display, check_syntax)
+    try:
+        # Deeply nested code (which Python accepts up to 200 brackets) needs a deep stack to analyse.
+        result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax)
+    except (RecursionError, MemoryError) as exc:
+        reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
+        result = FileResult(display)
+        result.findings.append(tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})")))
+        return result
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.
     if cache is not None and result.source is not None and not result.errors:

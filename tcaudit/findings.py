@@ -207,7 +207,7 @@ def _path_key(path: str, root: "Path | None") -> str:
         return path
     try:
         return Path(path).resolve().relative_to(root.resolve()).as_posix()
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def add_fix_parser(sub, add_selection) -> None:
     )
     fix.add_argument("paths", nargs="*", default=["."], metavar="PATH")
     fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
+    fix.add_argument(
+        "--follow-external-symlinks", action="store_true",
+        help="also fix files that symlinks inside the project point to outside the project root "
+        "(by default those are left alone, with a message)",
+    )
     fix.add_argument(
         "--classes",
         default=DEFAULT_CLASSES,
@@ -77,6 +83,8 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
     from tcaudit.engine import display_path
     from tcaudit.fix.engine import fix_file, write_fix
+    from tcaudit.fix.textio import NotWritable, real_path
+    from tcaudit.source.deep import call_with_deep_stack
     from tcaudit.source.discovery import discover
 
     classes = parse_classes(args.classes)
@@ -91,9 +99,20 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     would_change = 0
     fixed_findings = 0
     errors = 0
+    root = real_path(Path(settings.root))
     for path in discovered.files:
         display = display_path(path)
-        result = fix_file(Path(path), settings, classes, display)
+        target = real_path(Path(path))
+        inside = Path(os.path.abspath(path)).is_relative_to(root)
+        if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
+            err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
+                      "(--follow-external-symlinks fixes such files too)")
+            continue
+        try:
+            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display)
+        except (RecursionError, MemoryError) as exc:
+            err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
+            continue
         if result.error:
             if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):
                 err.print(f"{display}: {result.error}")
@@ -108,7 +127,16 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
         would_change += 1
         fixed_findings += len(result.applied)
         if args.apply:
-            write_fix(result, Path(path))
+            try:
+                write_fix(result, Path(path))
+            except NotWritable as exc:
+                err.print(f"{display}: not fixed: {exc}")
+                errors += 1
+                continue
+            except OSError as exc:
+                err.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
+                errors += 1
+                continue
             err.print(f"fixed {display} ({', '.join(result.applied)})")
         else:
             console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))

@@ -15,12 +15,14 @@ from pathlib import Path
 import libcst as cst
 
 from tcaudit.config import Settings
-from tcaudit.engine import analyse_source, candidate_rules, file_suppressions, instantiate_rules, is_suppressed
+from tcaudit.catalog import matches_selector
+from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
 from tcaudit.source.parsing import SourceError, SourceFile
+from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
 
 MAX_ROUNDS = 6
@@ -53,8 +55,9 @@ class FileFix:
 
 
 def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings):
-    """(facts, findings) for one version of the file's text, suppressions applied; facts is None
-    when no rule can match. Raises SourceError when the text does not parse."""
+    """(facts, findings) for one version of the file's text, filtered as scan filters them (per-file
+    ignores, suppression comments); facts is None when no rule can match. Raises SourceError when
+    the text does not parse."""
     candidates = candidate_rules(rules, text)
     if not candidates:
         return None, []
@@ -62,8 +65,12 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     facts, findings, errors = analyse_source(sf, candidates, settings)
     if errors:
         raise FixAnalysisError(errors[0].splitlines()[0])
-    codes = file_suppressions(sf)
-    return facts, [f for f in findings if not is_suppressed(f, sf, codes)]
+    ignored = settings.ignored_for(display)
+    found = directives(text)
+    return facts, [
+        f for f in findings
+        if not found.suppresses(f) and not any(matches_selector(f.rule, s) for s in ignored)
+    ]
 
 
 class FixAnalysisError(Exception):

@@ -34,22 +34,60 @@ def read_text(path: Path) -> SourceText:
     return SourceText(path=path, raw=source.raw, text=source.text, encoding=source.encoding, bom=bom)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside the target, keep the mode, then rename over it: a reader
-    never sees a half-written file and a crash leaves the original intact."""
+class NotWritable(Exception):
+    """A file ``fix --apply`` must not or cannot write; the message says why (one line)."""
+
+
+def real_path(path: Path) -> Path:
+    """The file a path stands for, through every symlink: the one to write."""
+    return Path(os.path.realpath(path))
+
+
+def check_writable(path: Path) -> os.stat_result:
+    """The real file's status, or NotWritable when it may not be rewritten: no write bit for its
+    owner (a 0444 file stays as it is, even for root, who could write it) or no write access."""
+    target = real_path(path)
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tcaudit-tmp")
+        status = os.stat(target)
+    except OSError as exc:
+        raise NotWritable(f"cannot read its status: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise NotWritable("not a regular file")
+    mode = stat.S_IMODE(status.st_mode)
+    if not mode & stat.S_IWUSR or not os.access(target, os.W_OK):
+        raise NotWritable(f"the file is read-only (mode {mode:04o})")
+    return status
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to the file ``path`` stands for (through symlinks: a link stays a link).
+
+    A temporary file beside the target, given the target's mode and owner, is renamed over it: a
+    reader never sees a half-written file and a crash leaves the original intact. Where the rename
+    would change the file's identity in a way that shows (another owner this process cannot give
+    the new file, or hard links that would keep the old text), the file is rewritten in place.
+    """
+    target = real_path(path)
+    status = check_writable(target)
+    if status.st_nlink > 1:
+        _write_in_place(target, data)
+        return
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
+            os.chmod(tmp, stat.S_IMODE(status.st_mode))
+            if hasattr(os, "fchown") and (status.st_uid, status.st_gid) != (os.geteuid(), os.getegid()):
+                try:
+                    os.fchown(out.fileno(), status.st_uid, status.st_gid)
+                except PermissionError:
+                    raise _KeepInode from None
             os.fsync(out.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
+    except _KeepInode:
+        os.unlink(tmp)
+        _write_in_place(target, data)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -58,4 +96,16 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-__all__ = ["SourceText", "SourceError", "read_text", "write_atomically"]
+class _KeepInode(Exception):
+    """The new file could not be given the old one's owner: rewrite the old one instead."""
+
+
+def _write_in_place(target: Path, data: bytes) -> None:
+    with open(target, "r+b") as out:
+        out.write(data)
+        out.truncate()
+        out.flush()
+        os.fsync(out.fileno())
+
+
+__all__ = ["NotWritable", "SourceText", "SourceError", "check_writable", "read_text", "real_path", "write_atomically"]

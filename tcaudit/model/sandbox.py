@@ -10,9 +10,12 @@ only, and the outcome is a :class:`ModelFacts` whose ``reason`` says what happen
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,8 +56,58 @@ class StartupError(Exception):
     """The audit child could not import torch; the model checks are skipped with a note."""
 
 
+# Environment variables that look like credentials never reach the user's model code.
+_CREDENTIAL_NAME = re.compile(
+    r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|_)KEY($|_)"
+    r"|(^|_)AUTH|SESSION|COOKIE|^AWS_|^AZURE_|^GCP_|^GOOGLE_|^ACTIONS_|^SSH_AUTH_SOCK$|^NETRC$|_PAT$",
+    re.IGNORECASE,
+)
+
+
+def is_credential_name(name: str) -> bool:
+    return bool(_CREDENTIAL_NAME.search(name))
+
+
+@functools.lru_cache(maxsize=1)
+def isolation_level() -> str:
+    """What contains the model's code besides the limits: always the audit hook; a network
+    namespace too where an unprivileged user may create one (``unshare --user --net``)."""
+    unshare = shutil.which("unshare")
+    if sys.platform.startswith("linux") and unshare and os.environ.get("TCAUDIT_SANDBOX_NAMESPACES", "1") != "0":
+        try:
+            probe = subprocess.run([unshare, *_UNSHARE_FLAGS, "true"], capture_output=True, timeout=10)
+            if probe.returncode == 0:
+                return NAMESPACE_LEVEL
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return HOOK_LEVEL
+
+
+HOOK_LEVEL = "audit hook"
+NAMESPACE_LEVEL = "audit hook; no network: user and network namespaces"
+_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--")
+
+
+def child_command(arguments: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "tcaudit.model.worker", *arguments]
+    if isolation_level() == NAMESPACE_LEVEL:
+        return [shutil.which("unshare") or "unshare", *_UNSHARE_FLAGS, *command]
+    return command
+
+
+def _kill_group(pgid: int) -> None:
+    """Kill what is left of a process group the audit started (its own session)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
 def child_environment() -> dict[str, str]:
-    env = dict(os.environ)
+    """The audit process's environment, without credentials."""
+    env = {name: value for name, value in os.environ.items() if not is_credential_name(name)}
+    env["TCAUDIT_SANDBOX_LEVEL"] = isolation_level()
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -63,6 +116,13 @@ def child_environment() -> dict[str, str]:
     # The child must import this very tcaudit, wherever the parent found it.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _private_environment(workdir: str) -> dict[str, str]:
+    """With a temporary folder of its own: what torch caches "in /tmp" stays where the guard allows."""
+    env = child_environment()
+    env["TMPDIR"] = workdir
     return env
 
 
@@ -136,11 +196,11 @@ class Zygote:
         log = open(self.log_path, "wb")
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tcaudit.model.worker", "serve", *preload],
+                child_command(["serve", *preload]),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=child_environment(),
+                env=_private_environment(self.workdir),
                 cwd=self.workdir,
                 start_new_session=True,
             )
@@ -198,8 +258,8 @@ class Zygote:
             except (OSError, subprocess.TimeoutExpired):
                 process.kill()
                 process.wait()
-        import shutil
-
+        if process is not None:
+            _kill_group(process.pid)  # its own session: nothing it started outlives the audit
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -230,8 +290,9 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     timed_out = False
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tcaudit.model.worker", "run", job_path, result_path],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_environment(), cwd=workdir,
+            child_command(["run", job_path, result_path]),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_private_environment(workdir), cwd=workdir,
+            **({"start_new_session": True} if hasattr(os, "killpg") else {}),
         )
         try:
             process.wait(timeout=limits.time_limit + STARTUP_LIMIT)
@@ -239,13 +300,13 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
             timed_out = True
             process.kill()
             process.wait()
+        if hasattr(os, "killpg"):
+            _kill_group(process.pid)
     status = None
     if process.returncode is not None and not timed_out:
         code = process.returncode
         status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
     facts = _read_result(job["target"], result_path, log_path, status, timed_out, limits)
-    import shutil
-
     shutil.rmtree(workdir, ignore_errors=True)
     return facts
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -173,15 +174,32 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
+def guarded_run(job: dict[str, Any], private_dir: str) -> dict[str, Any]:
+    """``run_target`` behind the guard rail (:mod:`tcaudit.model.guard`); a model whose code tried
+    something refused is reported as not audited, naming what was refused, even if it went on."""
+    from tcaudit.model import guard
+
+    installed = guard.install(private_dir)
+    result = run_target(job)
+    if installed.refused:
+        from tcaudit.model.facts import ModelFacts
+
+        level = os.environ.get("TCAUDIT_SANDBOX_LEVEL", "audit hook")
+        result = ModelFacts.failed(job["target"], guard.describe(installed, level)).to_json()
+    return result
+
+
 def _child(request: dict[str, Any]) -> None:
-    """In the forked process: limits, run, write, exit without running the zygote's cleanup."""
+    """In the forked process: its own process group (killed as a whole when it ends), limits, the
+    guard rail, run, write, exit without running the zygote's cleanup."""
     code = 0
     try:
+        os.setpgid(0, 0)
         _redirect_output(request["log"])
         job = _load_job(request["job"])
         limits = job.get("limits", {})
         apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-        _write_result(request["result"], run_target(job))
+        _write_result(request["result"], guarded_run(job, os.path.dirname(os.path.abspath(request["result"]))))
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         code = 3
@@ -250,8 +268,16 @@ def serve(preload: list[str]) -> int:
             _child(request)
         protocol.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
+        _kill_group(pid)  # whatever the model's process left behind
         protocol.write(json.dumps({"pid": pid, "status": status}) + "\n")
     return 0
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_once(job_path: str, result_path: str) -> int:
@@ -260,7 +286,7 @@ def run_once(job_path: str, result_path: str) -> int:
 
     limits = job.get("limits", {})
     apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-    _write_result(result_path, run_target(job))
+    _write_result(result_path, guarded_run(job, os.path.dirname(os.path.abspath(result_path))))
     return 0
 
 

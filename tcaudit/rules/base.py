@@ -100,18 +100,8 @@ class ScriptRule:
             fix=fix,
             details=details or {},
             source_line=facts.source.line_text(location.line),
-            scope=_scope_name(facts, node),
+            scope=facts.scope_name(node),
         )
-
-
-def _scope_name(facts: "ScriptFacts", node: cst.CSTNode) -> str:
-    names = []
-    for fn, ctx in facts.functions:
-        pos = facts.position(fn)
-        here = facts.position(node)
-        if pos.start.line <= here.start.line <= pos.end.line:
-            names.append((pos.start.line, fn.name.value))
-    return ".".join(name for _, name in sorted(names))
 
 
 class Codemod:

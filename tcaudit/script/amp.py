@@ -194,16 +194,30 @@ class AmpFacts:
                             seen.add(outer)
                             nxt.append(outer)
                 frontier = nxt
-        for node, ctx in facts.autocast_withs:
-            if facts.in_eval(ctx):
-                continue
-            if ctx.function in related or any(ctx.inside(fn) for fn in related if fn is not None):
-                return True
+        if any(fn in self._functions_around_autocast for fn in related):
+            return True
         for fn in related:
             if fn is not None and facts.function_has_autocast_decorator(fn):
                 return True
-        # A model whose own forward runs under autocast covers every step that calls it.
-        for node, ctx in facts.autocast_withs:
+        return self._forward_runs_under_autocast
+
+    @functools.cached_property
+    def _functions_around_autocast(self) -> set[cst.FunctionDef | None]:
+        """Every function that holds an autocast ``with`` (outside eval paths), at any depth; None
+        when one is at module level. Computed once: checking each step against each ``with`` made
+        files of many steps quadratic."""
+        out: set[cst.FunctionDef | None] = set()
+        for _node, ctx in self.facts.autocast_withs:
+            if self.facts.in_eval(ctx):
+                continue
+            out.add(ctx.function)
+            out.update(frame.node for frame in ctx.chain() if frame.kind == "def")  # type: ignore[misc]
+        return out
+
+    @functools.cached_property
+    def _forward_runs_under_autocast(self) -> bool:
+        """A model whose own forward runs under autocast covers every step that calls it."""
+        for _node, ctx in self.facts.autocast_withs:
             outer = ctx.function
             if outer is not None and outer.name.value == "forward":
                 return True

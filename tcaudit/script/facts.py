@@ -591,6 +591,36 @@ class ScriptFacts:
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position(node).start.line
 
+    def scope_name(self, node: cst.CSTNode) -> str:
+        """The names of the functions whose lines hold ``node``'s first line, outermost first,
+        dotted (``Trainer.fit.step`` without the class: ``fit.step``)."""
+        owner_of_line, parent, names = self._function_lines
+        index = owner_of_line.get(self.line_of(node))
+        chain = []
+        while index is not None:
+            chain.append(names[index])
+            index = parent[index]
+        return ".".join(reversed(chain))
+
+    @functools.cached_property
+    def _function_lines(self) -> tuple[dict[int, int], list[int | None], list[str]]:
+        """Line → innermost function holding it, each function's enclosing function, their names.
+        Function spans nest, so painting them outermost first leaves each line to its innermost
+        function; each finding then finds its scope without a pass over every function."""
+        spans = sorted(
+            (position.start.line, -position.end.line, fn.name.value)
+            for position, fn in ((self.position(fn), fn) for fn, _ in self.functions)
+        )
+        owner_of_line: dict[int, int] = {}
+        parent: list[int | None] = []
+        names: list[str] = []
+        for index, (start, negative_end, name) in enumerate(spans):
+            parent.append(owner_of_line.get(start))
+            names.append(name)
+            for line in range(start, -negative_end + 1):
+                owner_of_line[line] = index
+        return owner_of_line, parent, names
+
     # -- calls --------------------------------------------------------------------------------------
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         wanted = set(qualnames)
@@ -604,7 +634,16 @@ class ScriptFacts:
         return [c for c in self.calls if c.method in wanted]
 
     def calls_in(self, function: cst.FunctionDef | None) -> list[CallSite]:
-        return [c for c in self.calls if c.ctx.function is function]
+        return self._calls_by_function.get(id(function), [])
+
+    @functools.cached_property
+    def _calls_by_function(self) -> dict[int, list[CallSite]]:
+        # Indexed once: rules ask for the calls of every training step's function, and a scan over
+        # all calls each time made files of many steps quadratic.
+        table: dict[int, list[CallSite]] = {}
+        for call in self.calls:
+            table.setdefault(id(call.ctx.function), []).append(call)
+        return table
 
     @functools.cached_property
     def functions_by_name(self) -> dict[str, list[cst.FunctionDef]]:
@@ -640,12 +679,22 @@ class ScriptFacts:
         return seen
 
     def callers(self, function: cst.FunctionDef) -> list[CallSite]:
-        name = function.name.value
-        return [
-            c
-            for c in self.calls
-            if c.name in (name, f"self.{name}") or (c.method == name and c.name and c.name.endswith("." + name))
-        ]
+        """Calls by the function's name: ``name(...)``, ``self.name(...)``, ``anything.name(...)``."""
+        return self._calls_by_callee_name.get(function.name.value, [])
+
+    @functools.cached_property
+    def _calls_by_callee_name(self) -> dict[str, list[CallSite]]:
+        table: dict[str, list[CallSite]] = {}
+        for call in self.calls:
+            if not call.name:
+                continue
+            keys = {call.name}
+            method = call.method
+            if method and call.name.endswith("." + method):
+                keys.add(method)
+            for key in keys:
+                table.setdefault(key, []).append(call)
+        return table
 
     # -- classification -----------------------------------------------------------------------------
     def is_autocast_expr(self, expr: cst.BaseExpression) -> bool:
