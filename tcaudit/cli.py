@@ -349,8 +349,6 @@ def cmd_fix(args: argparse.Namespace) -> int:
     settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
-    if args.verbose or _debug():
-        settings = dataclasses.replace(settings, verbose=True)
     try:
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:
