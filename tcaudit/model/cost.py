@@ -1,7 +1,8 @@
 """Alignment rules and the cost model that turns a finding into an estimated time lost.
 
 The numbers come from a cost table: the packaged ``cost_table.json`` (the H200 entry measured by
-``tcaudit calibrate``, the rest from PERF.md), with the user's own table merged over it when there is
+``tcaudit calibrate``, the rest from the team's H200 measurements with PyTorch 2.11, quoted in
+BENCHMARKS.md), with the user's own table merged over it when there is
 one: ``$TCAUDIT_COST_TABLE`` when set, else ``tcaudit calibrate``'s default output
 (``$XDG_CACHE_HOME/tcaudit/cost_table.json``, ``~/.cache`` without XDG_CACHE_HOME). A GEMM's stride-1
 dimensions (K and N) must be multiples of 16 bytes for the Tensor Core fast path: 8 elements in

@@ -6,7 +6,7 @@ list of frames, so that a snapshot costs nothing. Everything else (what is autoc
 eval path, where the training steps are) is derived lazily from those records.
 
 Names are resolved through the file's imports and simple assignments, not through LibCST's
-QualifiedNameProvider: scope metadata costs several times the parse (PERF.md), while training
+QualifiedNameProvider: scope metadata costs several times the parse (benchmarks/cst_costs.py), while training
 scripts rarely shadow the names that matter here. Positions come from LibCST's PositionProvider,
 resolved only when a rule reports something.
 """

@@ -2,7 +2,7 @@
 it as the cost table the model audit reads (``tcaudit/model/cost_table.json``'s format).
 
 Each case is timed with CUDA events over repeated launches after a warm-up; the GEMM cases are
-PERF.md's (GPT-2 LM head 8192×50257×768 against 50304, odd K, N a multiple of 4 only, odd M), the
+the team's first H200 measurements (GPT-2 LM head 8192×50257×768 against 50304, odd K, N a multiple of 4 only, odd M), the
 conv case compares 30 and 32 channels under channels_last, and the attention case a head dim of 60
 (no flash kernel) against 64.
 """
