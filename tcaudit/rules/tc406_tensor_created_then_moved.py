@@ -1,8 +1,10 @@
 """TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``.
 
-Fix (safe; numerics for the random factories, whose CPU and CUDA generators differ): pass the device
-to the factory and drop the ``.cuda()``/``.to()`` call. Declined when the move also changes the dtype
-or layout, or the tensor requires grad (created on the device it becomes a leaf).
+Fix (safe; numerics for random factories in the training step, whose CPU and CUDA generators draw
+different numbers from one seed): pass the device to the factory and drop the ``.cuda()``/``.to()``
+call. Declined when the move also changes the dtype or layout, when the tensor requires grad (created
+on the device it becomes a leaf), and for a random factory outside the training step (a seeded split
+or initialisation would change).
 """
 
 from __future__ import annotations
@@ -75,13 +77,21 @@ class TensorCreatedThenMoved(ScriptRule):
                 fix=self.planned_fix(
                     FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
                     f"pass device={target} to torch.{name} and drop the .{call.method}() call",
-                    lambda call=call, target=target: _plan(call, target),
+                    lambda call=call, target=target, name=name, per_step=per_step: _plan(call, target, name, per_step),
                 ),
             )
 
 
-def _plan(call: CallSite, device: str) -> FoldDevice:
+def _plan(call: CallSite, device: str, name: str, per_step: bool) -> FoldDevice:
     factory: cst.Call = call.receiver  # type: ignore[assignment]  # a factory call, by detection
+    if name.startswith("rand") and not per_step:
+        # Outside the step loop a random factory usually draws something the run depends on: a
+        # seeded train/val split (randperm), an initialisation. The CUDA generator draws other
+        # numbers than the CPU one from the same seed, so the run would change, not just its speed.
+        raise DeclineFix(
+            f"torch.{name} draws from the CPU generator here; on the device the same seed gives other "
+            "numbers (a different split or initialisation), so the values the script computes would change"
+        )
     method = call.method or ""
     allowed = _MOVE_ARGUMENTS.get(method, ())
     positional = [a for a in call.node.args if a.keyword is None]
