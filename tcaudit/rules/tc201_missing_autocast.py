@@ -85,6 +85,15 @@ class WrapAutocast(FixPlan):
     device_variable: DeviceVariable | None
     grad_scaler: GradScalerPlan | None
 
+    def to_dict(self) -> dict:
+        # The nested plans hold syntax nodes; render the code they insert instead (and nothing for None).
+        data = {k: v for k, v in super().to_dict().items() if k not in ("device_variable", "grad_scaler")}
+        if self.device_variable is not None:
+            data["device_variable"] = f"{self.device_variable.name} = {self.device_variable.code}"
+        if self.grad_scaler is not None:
+            data["grad_scaler"] = self.grad_scaler.create
+        return data
+
 
 # -- detection ----------------------------------------------------------------------------------
 
