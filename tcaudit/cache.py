@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tcaudit import __version__
+from tcaudit import __version__, runtime_facts
 from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity
 
 if TYPE_CHECKING:
@@ -108,6 +108,8 @@ def namespace(settings: "Settings", enabled_rules: list[str]) -> str:
         "libcst": _libcst_version(),
         "rules": sorted(enabled_rules),
         "settings": _settings_key(settings),
+        # Rules that read what a verify run measured (TC508) must not be answered from before it.
+        "verify-results": runtime_facts.fingerprint(settings.root),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tcaudit import structural
 from tcaudit.catalog import is_known_selector, matches_selector, rule_ids
 from tcaudit.findings import Severity
 
@@ -32,8 +33,8 @@ KNOWN_KEYS = {
     "structural-fixes",
     "cache-dir",
 }
-# The structural conversions ``tcaudit fix`` makes only on request (``--ddp``, ``--dali``, ``--compile``).
-STRUCTURAL_OPTIONS = ("ddp", "dali", "compile")
+# The structural conversions ``tcaudit fix`` makes only on request (tcaudit/structural.py).
+STRUCTURAL_OPTIONS = structural.NAMES
 
 
 class ConfigError(Exception):
@@ -61,7 +62,7 @@ class Settings:
     models: tuple[ModelSpec, ...] = ()
     # Apply ``exclude`` to files named on the command line too (pre-commit passes every changed file).
     force_exclude: bool = False
-    # Structural conversions ``fix`` may make: any of STRUCTURAL_OPTIONS.
+    # Structural conversions ``fix`` may make, by name (tcaudit/structural.py).
     structural_fixes: tuple[str, ...] = ()
     # Where ``scan`` keeps its result cache (``cache-dir``, relative to the config file's folder);
     # None: ``.tcaudit_cache`` beside the config file, or in the working folder without one.

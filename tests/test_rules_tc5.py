@@ -72,25 +72,28 @@ def test_dataparallel_alias_fix_is_declined_with_a_reason():
     assert "torch.nn.DataParallel" in finding.message
     assert finding.fix is not None and not finding.fix.available
     assert "DDP" in finding.fix.reason
-    assert finding.fix.anchor["kind"] == "convert-dataparallel"
+    assert finding.fix.plan is None and "renamed by hand" in finding.fix.reason
 
 
 def test_fixes_record_where_they_go():
     mp = _by_rule("tc5_mp_spawn_ddp.py")
-    assert mp["TC503"].fix.anchor == {
+    assert mp["TC503"].fix.plan.to_dict() == {
         "kind": "add-distributed-sampler",
         "line": 38,
         "dataset": "train_set",
         "shuffle": None,
         "loader": "train_loader",
+        "sampler": "DistributedSampler(train_set, shuffle=True)",
+        "import_sampler": True,
     }
-    assert mp["TC506"].fix.anchor["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
-    assert mp["TC507"].fix.anchor == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
+    assert mp["TC506"].fix.plan.to_dict()["new"] == '"nccl" if torch.cuda.is_available() else "gloo"'
+    no_sync = mp["TC507"].fix.plan.to_dict()
+    assert {k: no_sync[k] for k in ("kind", "line", "model")} == {"kind": "wrap-no-sync", "line": 50, "model": "model"}
     imagenet = _by_rule("tc5_imagenet_distributed.py")
     assert imagenet["TC504"].fix.available
-    assert imagenet["TC504"].fix.anchor["sampler"] == "train_sampler"
-    assert imagenet["TC504"].fix.anchor["epoch"] == "epoch"
-    assert imagenet["TC502"].fix.anchor == {
+    assert imagenet["TC504"].fix.plan.to_dict()["sampler"] == "train_sampler"
+    assert imagenet["TC504"].fix.plan.to_dict()["epoch"] == "epoch"
+    assert imagenet["TC502"].fix.plan.to_dict() == {
         "kind": "add-keyword", "line": 39, "keyword": "gradient_as_bucket_view", "value": "True"
     }
     single = _by_rule("tc5_single_gpu.py")["TC505"]

@@ -33,23 +33,20 @@ def add_fix_parser(sub, add_selection) -> None:
 
 def add_structural_flags(parser) -> None:
     """``--ddp``, ``--dali``, ``--compile``: the structural conversions, each only on request."""
+    from tcaudit.structural import CONVERSIONS
+
     group = parser.add_argument_group("structural conversions (only on request; always shown as a diff first)")
-    group.add_argument("--ddp", action="store_true",
-                       help="make a single-process script torchrun-ready: process group, DistributedSampler, "
-                       "DDP, rank-0 logging and checkpoints (TC505, TC501)")
-    group.add_argument("--dali", action="store_true",
-                       help="replace an ImageFolder/PIL training pipeline by a DALI pipeline, with a GPU-decode "
-                       "fallback when DALI is not installed (TC405)")
-    group.add_argument("--compile", action="store_true", help="wrap the trained model in torch.compile (TC305)")
+    for conversion in CONVERSIONS:
+        group.add_argument(conversion.flag, dest=conversion.name, action="store_true", help=conversion.help)
 
 
 def with_structural_flags(settings, args: argparse.Namespace):
     """Settings with the structural options the command line asked for added to the config's."""
     import dataclasses
 
-    from tcaudit.config import STRUCTURAL_OPTIONS
+    from tcaudit.structural import NAMES
 
-    asked = [name for name in STRUCTURAL_OPTIONS if getattr(args, name, False)]
+    asked = [name for name in NAMES if getattr(args, name, False)]
     if not asked:
         return settings
     return dataclasses.replace(settings, structural_fixes=tuple(dict.fromkeys((*settings.structural_fixes, *asked))))

@@ -21,6 +21,7 @@ from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
 from tcaudit.source.parsing import SourceError, SourceFile
+from tcaudit.structural import companion_enabled
 
 MAX_ROUNDS = 6
 
@@ -69,16 +70,14 @@ class FixAnalysisError(Exception):
     """The analysis of one version of the file failed inside tcaudit: nothing is written."""
 
 
-# The DDP conversion (TC505/TC501) leaves the sampler, set_epoch, no_sync and bucket-view edits to
-# these rules' own fixes in the next round; with ``--ddp`` they run whatever ``--classes`` says.
-DDP_COMPANIONS = frozenset({"TC502", "TC503", "TC504", "TC507"})
-
-
-def _enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[str, ...]) -> bool:
+def fix_enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[str, ...]) -> bool:
+    """Whether a fix run with these classes and structural options edits ``finding``."""
     fix = finding.fix
     if fix is None:
         return False
-    if "ddp" in options and finding.rule in DDP_COMPANIONS:
+    # A conversion leaves parts of its job to companion rules' fixes in the next round (the DDP
+    # conversion: sampler, set_epoch, no_sync, bucket view); they run whatever ``--classes`` says.
+    if companion_enabled(finding.rule, options):
         return True
     return fix.enabled(classes, options)
 
@@ -137,7 +136,7 @@ def fix_file(
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
-            if fix is None or not _enabled(finding, classes, settings.structural_fixes):
+            if fix is None or not fix_enabled(finding, classes, settings.structural_fixes):
                 continue
             if not fix.available:
                 declined[_decline_key(finding)] = (finding, fix.reason or "")

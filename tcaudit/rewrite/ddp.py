@@ -23,6 +23,10 @@ rank is ``dist.get_rank()`` wherever it is needed. Declined, with the reason, wh
 change what the script means: several trained models, a model built in a loop, a GPU picked by number
 (``torch.cuda.set_device(0)``, ``CUDA_VISIBLE_DEVICES``), DataParallel behind a condition other than a
 GPU count.
+
+The conversion is planned when the finding is made (:func:`plan_conversion`, from TC505's and TC501's
+detection): every decline above is raised there, so ``scan`` says ``no fix: <reason>``, and the plan
+(:class:`DdpLayout`) holds the nodes the rewrite edits. :func:`apply_conversion` performs it.
 """
 
 from __future__ import annotations
@@ -86,13 +90,22 @@ def _single_call(statement: cst.CSTNode) -> cst.Call | None:
 
 
 @dataclass
-class _Plan:
+class DdpLayout:
+    """Where the conversion edits one parse of the file: its nodes, found when the finding was made."""
+
     model: str  # ``model`` or ``self.model``
+    dist: str = "dist"  # the name ``torch.distributed`` is imported as
+    torch: str = "torch"
     wrap_before: cst.CSTNode | None = None
     wrap_after: cst.CSTNode | None = None
     wrap_function: cst.FunctionDef | None = None
     wrap_line: int = 0
     guard: cst.If | None = None  # init at the top of the main guard, destroy at its end
+    init_after: cst.CSTNode | None = None  # without a guard: the init goes after the imports (None: first)
+    last: cst.CSTNode | None = None  # without a guard: the destroy goes after this module statement
+    backend: str = '"nccl"'  # the CUDA backend
+    dataparallel: Wrap | None = None  # the DataParallel call that becomes the DDP wrap (TC501)
+    dataparallel_outer: cst.Call | None = None  # ``DataParallel(net).cuda()``: the call whose result is bound
     rank_zero_statements: set[int] = field(default_factory=set)
     rank_zero_ifs: set[int] = field(default_factory=set)
     module_calls: set[int] = field(default_factory=set)  # ``model.state_dict()`` → ``model.module.state_dict()``
@@ -101,9 +114,20 @@ class _Plan:
     device_calls: set[int] = field(default_factory=set)  # .cuda(0) → .cuda()
 
 
+def plan_conversion(facts: ScriptFacts, dataparallel: list[Wrap] | None = None) -> DdpLayout:
+    """Plan the conversion of this parse of the file (replacing ``dataparallel``'s one call, if given),
+    or raise :class:`DeclineFix` with the reason it would change what the script means."""
+    return DdpConversion(facts).plan(dataparallel)
+
+
+def apply_conversion(module: cst.Module, facts: ScriptFacts, layout: DdpLayout) -> cst.Module:
+    """Rewrite ``module`` (the parse ``layout`` was planned on) as planned."""
+    return DdpConversion(facts).rewrite(module, layout)
+
+
 class DdpConversion:
-    def __init__(self, module: cst.Module, facts: ScriptFacts) -> None:
-        self.module = module
+    def __init__(self, facts: ScriptFacts) -> None:
+        self.module = facts.module
         self.facts = facts
         self.info = distributed_facts(facts)
         self.pipeline = pipeline_facts(facts)
@@ -168,7 +192,7 @@ class DdpConversion:
             return list(guard.body.body) if isinstance(guard.body, cst.IndentedBlock) else []
         return list(self.module.body)
 
-    def _place_wrap(self, plan: _Plan) -> None:
+    def _place_wrap(self, plan: DdpLayout) -> None:
         facts = self.facts
         bindings = [b for b in facts.bindings_of(plan.model) if b.statement is not None]
         if not bindings:
@@ -202,7 +226,7 @@ class DdpConversion:
         return any(contains(statement, step.backward.node) for step in facts.training_steps)
 
     # -- what runs on rank 0 and what reads the wrapped module --------------------------------------------
-    def _before_init(self, ctx_function: cst.FunctionDef | None, node: cst.CSTNode, plan: _Plan) -> bool:
+    def _before_init(self, ctx_function: cst.FunctionDef | None, node: cst.CSTNode, plan: DdpLayout) -> bool:
         """Code that may run before the process group exists: module level outside the main guard (or
         before the inserted init), and functions called from there."""
         if plan.guard is not None:
@@ -213,11 +237,11 @@ class DdpConversion:
                 for c in self.pipeline.direct_callers(ctx_function)
             )
         if ctx_function is None:
-            anchor = import_block_end(self.facts)
-            return anchor is not None and self.facts.line_of(node) <= self.facts.position(anchor).end.line
+            imports_end = import_block_end(self.facts)
+            return imports_end is not None and self.facts.line_of(node) <= self.facts.position(imports_end).end.line
         return False
 
-    def _collect_rank_zero(self, plan: _Plan) -> None:
+    def _collect_rank_zero(self, plan: DdpLayout) -> None:
         facts = self.facts
         for call in facts.calls:
             statement = call.statement
@@ -269,7 +293,7 @@ class DdpConversion:
         self.module.visit(_Ifs())
         return out
 
-    def _collect_module_reads(self, plan: _Plan) -> None:
+    def _collect_module_reads(self, plan: DdpLayout) -> None:
         """``model.state_dict()`` and custom attributes of the wrapped model → ``model.module...``: after the
         wrap in its own function (a resume before the wrap loads into the bare model), anywhere else in the
         file for ``state_dict()`` and, for ``self.model``, in the class's other methods."""
@@ -309,7 +333,7 @@ class DdpConversion:
             plan.module_calls.clear()
             plan.module_attributes.clear()
 
-    def _collect_devices(self, plan: _Plan) -> None:
+    def _collect_devices(self, plan: DdpLayout) -> None:
         facts = self.facts
 
         class _Devices(cst.CSTVisitor):
@@ -330,10 +354,10 @@ class DdpConversion:
                 plan.device_calls.add(id(call.node))
 
     # -- the rewrite -------------------------------------------------------------------------------------
-    def convert(self, dataparallel: list[Wrap] | None = None) -> cst.Module:
+    def plan(self, dataparallel: list[Wrap] | None = None) -> DdpLayout:
         self._declines()
         facts = self.facts
-        plan = _Plan(self._model())
+        plan = DdpLayout(self._model(), dist=self.dist, torch=self.torch)
         guard = self.pipeline.main_guard
         if guard is not None and isinstance(guard.body, cst.IndentedBlock):
             bindings = facts.bindings_of(plan.model)
@@ -342,6 +366,12 @@ class DdpConversion:
             )
             if not at_module_level:
                 plan.guard = guard
+        if plan.guard is None:
+            plan.init_after = import_block_end(facts)
+            plan.last = self.module.body[-1]
+        if DEVICE_SWITCH.search(self.info.text):
+            # A --no-cuda switch: on a GPU machine the model may stay on the CPU, so gloo serves CPU tensors.
+            plan.backend = '"cpu:gloo,cuda:nccl"'
         if dataparallel:
             self._plan_dataparallel(plan, dataparallel)
         else:
@@ -349,9 +379,9 @@ class DdpConversion:
         self._collect_rank_zero(plan)
         self._collect_module_reads(plan)
         self._collect_devices(plan)
-        return self._rewrite(plan, dataparallel or [])
+        return plan
 
-    def _plan_dataparallel(self, plan: _Plan, wraps: list[Wrap]) -> None:
+    def _plan_dataparallel(self, plan: DdpLayout, wraps: list[Wrap]) -> None:
         facts = self.facts
         if len(wraps) > 1:
             raise DeclineFix("DataParallel is used more than once; convert by hand")
@@ -361,6 +391,8 @@ class DdpConversion:
         call = wrap.call
         if not call.node.args or call.node.args[0].keyword is not None:
             raise DeclineFix("the DataParallel call has no positional module argument")
+        plan.dataparallel = wrap
+        plan.dataparallel_outer = self._chain_outer(call.node)
         plan.wrap_function = call.ctx.function
         plan.wrap_line = facts.line_of(call.node)
         for frame in call.ctx.chain():
@@ -386,18 +418,17 @@ class DdpConversion:
         assert isinstance(call, cst.Call)
         return call.with_changes(args=[call.args[0].with_changes(value=module_expr), *call.args[1:]])
 
-    def _rewrite(self, plan: _Plan, dataparallel: list[Wrap]) -> cst.Module:
-        module = self.module
+    def rewrite(self, module: cst.Module, plan: DdpLayout) -> cst.Module:
         facts = self.facts
-        dist = self.dist
+        dist = plan.dist
         rank_zero = RANK_ZERO.format(dist=dist)
         editor = _DdpEditor(plan, rank_zero, parse_expression(rank_zero, module))
 
-        if dataparallel:
-            call = dataparallel[0].call.node
-            outer = self._chain_outer(call)
+        if plan.dataparallel is not None:
+            call = plan.dataparallel.call.node
+            outer = plan.dataparallel_outer or call
             editor.rewrite_call(outer, lambda node, c=call, o=outer: self._replace_dataparallel(node, c, o))
-            editor.isinstance_names = self._dataparallel_names(dataparallel[0])
+            editor.isinstance_names = self._dataparallel_names(plan.dataparallel)
             if plan.wrap_before is not None and isinstance(plan.wrap_before, cst.If):
                 editor.unwrap_if = id(plan.wrap_before)
         else:
@@ -407,20 +438,19 @@ class DdpConversion:
             else:
                 editor.insert_after(plan.wrap_after, [wrap])
 
-        init = self._init_statements(module)
+        init = self._init_statements(module, plan)
         destroy = parse_statement(f"{dist}.destroy_process_group()", module)
         if plan.guard is not None:
             body = list(plan.guard.body.body)  # type: ignore[union-attr]
             editor.insert_before(body[0], init)
             self._insert_destroy(editor, body[-1], destroy)
         else:
-            anchor = import_block_end(facts)
             init[0] = init[0].with_changes(leading_lines=[cst.EmptyLine(), *init[0].leading_lines])
-            if anchor is None:
+            if plan.init_after is None:
                 editor.prepend = init
             else:
-                editor.insert_after(anchor, init)
-            self._insert_destroy(editor, module.body[-1], destroy)
+                editor.insert_after(plan.init_after, init)
+            self._insert_destroy(editor, plan.last, destroy)
         new = module.visit(editor)
 
         if torch_import_name(facts) is None:
@@ -463,12 +493,8 @@ class DdpConversion:
         name = wrap.call.name
         return {name} if name else set()
 
-    def _init_statements(self, module: cst.Module) -> list[cst.BaseStatement]:
-        torch, dist = self.torch, self.dist
-        backend = '"nccl"'
-        if DEVICE_SWITCH.search(self.info.text):
-            # A --no-cuda switch: on a GPU machine the model may stay on the CPU, so gloo serves CPU tensors.
-            backend = '"cpu:gloo,cuda:nccl"'
+    def _init_statements(self, module: cst.Module, plan: DdpLayout) -> list[cst.BaseStatement]:
+        torch, dist, backend = plan.torch, plan.dist, plan.backend
         cuda = f"{torch}.cuda.is_available()"
         code = (
             "pass\n"
@@ -487,7 +513,7 @@ class DdpConversion:
 
 
 class _DdpEditor(CallEditor):
-    def __init__(self, plan: _Plan, rank_zero_code: str, rank_zero: cst.BaseExpression) -> None:
+    def __init__(self, plan: DdpLayout, rank_zero_code: str, rank_zero: cst.BaseExpression) -> None:
         super().__init__()
         self.plan = plan
         self.rank_zero = rank_zero

@@ -1,20 +1,33 @@
-"""TC501 dataparallel: ``torch.nn.DataParallel``, recognised by type (an alias named ``DDP`` too)."""
+"""TC501 dataparallel: ``torch.nn.DataParallel``, recognised by type (an alias named ``DDP`` too).
+
+Fix (structural, ``fix --ddp``): the DDP conversion of :mod:`tcaudit.rewrite.ddp`, with the
+``DataParallel(...)`` call replaced by the DistributedDataParallel wrap. Declined for an alias (the
+name would change meaning at every use) and for every reason the conversion itself declines,
+planned here so that ``scan`` shows it.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
+import libcst as cst
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-import libcst as cst
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.ddp import DdpConversion
-from tcaudit.script.distributed import distributed_facts
+
+
+@dataclass(frozen=True, eq=False)
+class ConvertDataParallel(FixPlan):
+    kind = "convert-dataparallel"
+    layout: DdpLayout  # where the conversion edits this parse
+    line: int
+    callee: str
+    target: str | None
 
 
 class DataParallelUsed(ScriptRule):
@@ -27,34 +40,23 @@ class DataParallelUsed(ScriptRule):
             # The script already offers DDP/FSDP; DataParallel is its fallback for a plain launch
             # (the PyTorch ImageNet example's shape). TRAPS 8: add only what is missing.
             return
-        for wrap in info.wraps_of("dataparallel"):
+        wraps = info.wraps_of("dataparallel")
+        for wrap in wraps:
             call = wrap.call
             if in_test_code(call.ctx):
                 continue
             written = call.name or "DataParallel"
             alias = written.split(".")[-1] != "DataParallel"
-            if alias:
-                fix = Fix(
-                    FixClass.STRUCTURAL,
-                    "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
-                    option="ddp",
-                    available=False,
-                    reason=f"`{written}` is DataParallel under another name; converting it would change what "
-                    "that name means at every use, so the import and the calls must be renamed by hand first",
-                    anchor={"kind": "convert-dataparallel", "line": facts.line_of(call.node), "callee": written},
-                )
-            else:
-                fix = Fix(
-                    FixClass.STRUCTURAL,
-                    "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
-                    option="ddp",
-                    anchor={
-                        "kind": "convert-dataparallel",
-                        "line": facts.line_of(call.node),
-                        "callee": written,
-                        "target": wrap.target,
-                    },
-                )
+
+            def plan(wrap=wrap, written=written, alias=alias) -> ConvertDataParallel:
+                if alias:
+                    raise DeclineFix(
+                        f"`{written}` is DataParallel under another name; converting it would change what "
+                        "that name means at every use, so the import and the calls must be renamed by hand first"
+                    )
+                layout = plan_conversion(facts, dataparallel=wraps)
+                return ConvertDataParallel(layout, facts.line_of(wrap.call.node), written, wrap.target)
+
             shown = f"`{written}` (torch.nn.DataParallel)" if alias else f"`{written}`"
             yield self.finding(
                 facts,
@@ -62,17 +64,18 @@ class DataParallelUsed(ScriptRule):
                 f"{shown} runs one process that scatters each batch and gathers the outputs every step "
                 "and replicates the model every forward; DistributedDataParallel with one process per GPU "
                 "is faster even on one machine",
-                fix=fix,
+                fix=self.planned_fix(
+                    FixClass.STRUCTURAL,
+                    "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
+                    plan,
+                    option="ddp",
+                ),
             )
 
-
-# -- the fix ------------------------------------------------------------------------------------
 
 class DataParallelFix(Codemod):
     rule = "TC501"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        wraps = distributed_facts(context.facts).wraps_of("dataparallel")
-        if not wraps:
-            raise DeclineFix("the DataParallel call could not be located")
-        return DdpConversion(module, context.facts).convert(dataparallel=wraps)
+        plan: ConvertDataParallel = findings[0].fix.plan  # DataParallel used more than once is declined
+        return apply_conversion(module, context.facts, plan.layout)

@@ -1,26 +1,45 @@
-"""TC502 ddp-bucket-view: ``DistributedDataParallel(...)`` without ``gradient_as_bucket_view=True``."""
+"""TC502 ddp-bucket-view: ``DistributedDataParallel(...)`` without ``gradient_as_bucket_view=True``.
+
+Fix (safe): pass ``gradient_as_bucket_view=True`` to the call. Declined when the script manipulates
+``.grad`` in place (bucket views do not allow it) or when a ``*args`` or a long positional list may
+already reach the keyword.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, in_test_code, passes_keyword
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at, keyword
+from tcaudit.rewrite.edits import CallEditor, add_keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.distributed import distributed_facts, in_test_code, passes_keyword
+from tcaudit.script.facts import CallSite, ScriptFacts
 
 KWARG = "gradient_as_bucket_view"
 
 # Code that replaces or detaches a parameter's .grad in place: with bucket views the gradient is a view
 # into DDP's communication bucket, and these break it (documented DDP caveat).
 _GRAD_SURGERY = re.compile(r"\.grad\.detach_\(|\.grad\.requires_grad_\(|\.grad\s*=(?!=)")
+
+# DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, [init_sync,]
+# process_group, bucket_cap_mb, find_unused_parameters, check_reduction, gradient_as_bucket_view, ...):
+# from this many positional arguments on, one of them may be gradient_as_bucket_view (PyTorch < 2.6
+# has no init_sync, so it is the tenth there).
+_POSITIONAL_LIMIT = 10
+
+
+@dataclass(frozen=True, eq=False)
+class AddKeyword(FixPlan):
+    kind = "add-keyword"
+    call: cst.Call  # the DistributedDataParallel(...) call
+    line: int
+    keyword: str
+    value: str
 
 
 class DdpBucketView(ScriptRule):
@@ -36,54 +55,40 @@ class DdpBucketView(ScriptRule):
             if passes_keyword(facts, call, KWARG) is not False:
                 continue  # set on purpose (to True or to False), or hidden in a **kwargs dict
             surgery = _GRAD_SURGERY.search(info.text)
-            anchor = {"kind": "add-keyword", "line": facts.line_of(call.node), "keyword": KWARG, "value": "True"}
-            if surgery:
-                fix = Fix(
-                    FixClass.SAFE,
-                    f"pass {KWARG}=True",
-                    available=False,
-                    reason=f"the script manipulates .grad in place (`{surgery.group(0).strip()}`), which bucket "
-                    "views do not allow",
-                    anchor=anchor,
-                )
-            else:
-                fix = Fix(FixClass.SAFE, f"pass {KWARG}=True", anchor=anchor)
+
+            def plan(call=call, surgery=surgery) -> AddKeyword:
+                return _plan(facts, call, surgery)
+
             yield self.finding(
                 facts,
                 call.node,
                 f"DistributedDataParallel without {KWARG}=True copies every gradient into its "
                 "communication buckets and back each step and keeps both copies in memory; bucket views "
                 "make the gradients alias the buckets",
-                fix=fix,
+                fix=self.planned_fix(FixClass.SAFE, f"pass {KWARG}=True", plan),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
-
-# DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, [init_sync,]
-# process_group, bucket_cap_mb, find_unused_parameters, check_reduction, gradient_as_bucket_view, ...):
-# from this many positional arguments on, one of them may be gradient_as_bucket_view (PyTorch < 2.6
-# has no init_sync, so it is the tenth there).
-_POSITIONAL_LIMIT = 10
+def _plan(facts: ScriptFacts, call: CallSite, surgery: re.Match | None) -> AddKeyword:
+    if surgery:
+        raise DeclineFix(
+            f"the script manipulates .grad in place (`{surgery.group(0).strip()}`), which bucket views do not allow"
+        )
+    node = call.node
+    if any(a.star == "*" for a in node.args):
+        raise DeclineFix(f"the call passes *args, which may already reach {KWARG}")
+    if sum(1 for a in node.args if a.keyword is None and not a.star) >= _POSITIONAL_LIMIT:
+        raise DeclineFix(f"the call passes so many positional arguments that one may be {KWARG}")
+    return AddKeyword(node, facts.line_of(node), KWARG, "True")
 
 
 class DdpBucketViewFix(Codemod):
     rule = "TC502"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
         editor = CallEditor()
         for finding in findings:
-            call = call_at(facts, finding)
-            if call is None:
-                raise DeclineFix("the DistributedDataParallel call could not be located")
-            node = call.node
-            if keyword(node, KWARG) is not None:
-                raise DeclineFix(f"the call already passes {KWARG}=")
-            if any(a.star == "*" for a in node.args):
-                raise DeclineFix(f"the call passes *args, which may already reach {KWARG}")
-            if sum(1 for a in node.args if a.keyword is None and not a.star) >= _POSITIONAL_LIMIT:
-                raise DeclineFix(f"the call passes so many positional arguments that one may be {KWARG}")
-            value = parse_expression(finding.fix.anchor.get("value", "True"), module)
-            editor.rewrite_call(node, lambda n, v=value: add_keyword(n, KWARG, v))
+            plan: AddKeyword = finding.fix.plan
+            value = parse_expression(plan.value, module)
+            editor.rewrite_call(plan.call, lambda n, v=value: add_keyword(n, KWARG, v))
         return module.visit(editor)

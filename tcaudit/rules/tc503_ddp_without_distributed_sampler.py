@@ -1,14 +1,25 @@
-"""TC503 ddp-without-distributed-sampler: a DDP script whose training DataLoader has no sampler."""
+"""TC503 ddp-without-distributed-sampler: a DDP script whose training DataLoader has no sampler.
+
+Fix (safe): ``sampler=DistributedSampler(dataset, shuffle=<the loader's shuffle>)`` in place of the
+loader's ``shuffle=`` (shuffle beside a sampler is a ValueError), importing DistributedSampler where
+needed; a dataset built inside the DataLoader call is bound to a name on the line before. Declined
+for a batch_sampler, a sampler already given, an IterableDataset, a loader built before
+``init_process_group`` or ``shuffle=`` set where it cannot be moved safely.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
+from tcaudit.rewrite.edits import CallEditor, add_keyword
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
@@ -20,13 +31,6 @@ from tcaudit.script.distributed import (
     passes_keyword,
 )
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import CallEditor, add_keyword, call_at
-from tcaudit.script.distributed import distributed_facts, literal_value
 from tcaudit.script.pipeline import KeyValue, LoaderSite, pipeline_facts
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
@@ -85,6 +89,31 @@ def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSi
     return False
 
 
+@dataclass
+class _SamplerEdits:
+    """The edits of one DataLoader call (nodes of the analysed module)."""
+
+    sampler: cst.BaseExpression  # ``DistributedSampler(dataset, shuffle=...)``, as written at the call
+    import_sampler: bool = False
+    hoist: tuple[cst.SimpleStatementLine, cst.BaseExpression, str] | None = None  # (statement, dataset, new name)
+    shuffle_keyword: cst.Arg | None = None  # replaced by sampler= in place
+    shuffle_positional: cst.Arg | None = None  # becomes False
+    removed: list[cst.CSTNode] = field(default_factory=list)  # shuffle entries of a ``**`` dict
+
+
+@dataclass(frozen=True, eq=False)
+class AddSampler(FixPlan):
+    kind = "add-distributed-sampler"
+    call: cst.Call  # the DataLoader(...) call
+    edits: _SamplerEdits
+    line: int
+    dataset: str | None
+    shuffle: str | None  # the loader's shuffle= as written, None when it has none
+    loader: str | None
+    sampler: str  # the sampler expression written
+    import_sampler: bool
+
+
 class DdpWithoutDistributedSampler(ScriptRule):
     id = "TC503"
     triggers = (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",)
@@ -116,53 +145,65 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 continue
             dataset = _dataset_expr(call)
             shuffle = call.arg("shuffle", 2)
+
+            def plan(call=call, name=name, dataset=dataset, shuffle=shuffle) -> AddSampler:
+                edits = _plan(facts, call)
+                return AddSampler(
+                    call.node,
+                    edits,
+                    facts.line_of(call.node),
+                    code(facts, dataset) if dataset is not None else None,
+                    code(facts, shuffle) if shuffle is not None else None,
+                    name,
+                    code(facts, edits.sampler),
+                    edits.import_sampler,
+                )
+
             yield self.finding(
                 facts,
                 call.node,
                 f"the model is wrapped in DDP but the training DataLoader{f' `{name}`' if name else ''} has no "
                 "DistributedSampler: every process iterates the whole dataset in the same order, so each "
                 "epoch does the work of one GPU N times",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.SAFE,
                     "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
                     "(shuffle with a sampler is a ValueError)",
-                    anchor={
-                        "kind": "add-distributed-sampler",
-                        "line": facts.line_of(call.node),
-                        "dataset": code(facts, dataset) if dataset is not None else None,
-                        "shuffle": code(facts, shuffle) if shuffle is not None else None,
-                        "loader": name,
-                    },
+                    plan,
                 ),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+# -- the plan for one DataLoader ---------------------------------------------------------------------------
 
 SAMPLER_QUALNAMES = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
+
+
+def _plan(facts: ScriptFacts, call: CallSite) -> _SamplerEdits:
+    site = pipeline_facts(facts).loader_for(call.node)
+    if site is None:
+        raise DeclineFix("the DataLoader call could not be located")
+    _check_loader(facts, call, site)
+    hoist: list = []
+    dataset = _dataset(facts, call, hoist)
+    callee, imported = _sampler_callee(facts, call)
+    edits = _SamplerEdits(sampler=cst.Name("None"), import_sampler=not imported, hoist=hoist[0] if hoist else None)
+    shuffle = _plan_shuffle(facts, call, site, edits)
+    edits.sampler = parse_expression(f"{callee}({dataset}, shuffle={shuffle})", facts.module)
+    return edits
 
 
 class DdpDistributedSamplerFix(Codemod):
     rule = "TC503"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        pipeline = pipeline_facts(facts)
         editor = _SamplerEditor()
         needs_import = False
         for finding in findings:
-            call = call_at(facts, finding)
-            site = pipeline.loader_for(call.node) if call is not None else None
-            if call is None or site is None:
-                raise DeclineFix("the DataLoader call could not be located")
-            _check_loader(facts, call, site)
-            dataset = _dataset(facts, call, editor)
-            callee, imported = _sampler_callee(facts, call)
-            needs_import |= not imported
-            shuffle = _plan_shuffle(facts, call, site, editor)
-            sampler = parse_expression(f"{callee}({dataset}, shuffle={shuffle})", module)
-            _plan_sampler(call.node, sampler, editor)
+            plan: AddSampler = finding.fix.plan
+            editor.take(plan.call, plan.edits)
+            needs_import |= plan.import_sampler
         new = module.visit(editor)
         if needs_import:
             new = ensure_import(new, SAMPLER_IMPORT)
@@ -194,7 +235,7 @@ def _check_loader(facts: ScriptFacts, call: CallSite, site: LoaderSite) -> None:
 _HOIST_NAMES = ("train_dataset", "train_set", "dataset")
 
 
-def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, editor: "_SamplerEditor") -> str:
+def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, hoist: list) -> str:
     """``DataLoader(Numbers(48), ...)``: bind the dataset to a new name on the line before, so the
     sampler and the loader share one dataset (naming the expression twice would build it twice)."""
     refusal = ("the dataset is built in the DataLoader call where it cannot be bound to a name first "
@@ -215,13 +256,7 @@ def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, edit
     name = next((n for n in _HOIST_NAMES if n not in taken), None)
     if name is None:
         raise DeclineFix(refusal)
-    assign = cst.SimpleStatementLine(
-        body=[cst.Assign(targets=[cst.AssignTarget(target=cst.Name(name))], value=dataset)],
-        leading_lines=statement.node.leading_lines,
-    )
-    editor.insert_before(statement.node, [assign])
-    editor.leading_moved.add(id(statement.node))
-    editor.hoisted[id(call.node)] = (dataset, name)
+    hoist.append((statement.node, dataset, name))
     return name
 
 
@@ -248,7 +283,7 @@ def _ancestors_within(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNod
     return found
 
 
-def _dataset(facts: ScriptFacts, call: CallSite, editor: "_SamplerEditor") -> str:
+def _dataset(facts: ScriptFacts, call: CallSite, hoist: list) -> str:
     dataset = call.arg("dataset", 0)
     if dataset is None:
         raise DeclineFix("the DataLoader's dataset could not be found")
@@ -257,7 +292,7 @@ def _dataset(facts: ScriptFacts, call: CallSite, editor: "_SamplerEditor") -> st
             callee = facts.qualname(dataset.func) or get_full_name_for_node(dataset.func) or ""
             if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
                 raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
-        return _hoist(facts, call, dataset, editor)
+        return _hoist(facts, call, dataset, hoist)
     for value in facts.binding_values(dataset):
         if isinstance(value, cst.Call):
             callee = facts.qualname(value.func) or get_full_name_for_node(value.func) or ""
@@ -283,7 +318,7 @@ def _sampler_callee(facts: ScriptFacts, call: CallSite) -> tuple[str, bool]:
 # -- shuffle ---------------------------------------------------------------------------------------------
 
 
-def _plan_shuffle(facts: ScriptFacts, call: CallSite, site: LoaderSite, editor: "_SamplerEditor") -> str:
+def _plan_shuffle(facts: ScriptFacts, call: CallSite, site: LoaderSite, edits: _SamplerEdits) -> str:
     """Take ``shuffle`` off the loader (planning the edit) and return the code it had (``False`` if none)."""
     written = site.keys.get("shuffle", [])
     if not written:
@@ -293,15 +328,15 @@ def _plan_shuffle(facts: ScriptFacts, call: CallSite, site: LoaderSite, editor: 
     kv = written[0]
     code = facts.module.code_for_node(kv.value)
     if kv.source == "keyword":
-        editor.shuffle_keyword[id(call.node)] = kv.node  # replaced by sampler= in place
+        edits.shuffle_keyword = kv.node
     elif kv.source == "positional":
-        editor.shuffle_positional[id(call.node)] = kv.node
+        edits.shuffle_positional = kv.node
     else:
-        _plan_dict_removal(facts, call, kv, editor)
+        _plan_dict_removal(facts, call, kv, edits)
     return code
 
 
-def _plan_dict_removal(facts: ScriptFacts, call: CallSite, kv: KeyValue, editor: "_SamplerEditor") -> None:
+def _plan_dict_removal(facts: ScriptFacts, call: CallSite, kv: KeyValue, edits: _SamplerEdits) -> None:
     name = kv.source
     if not isinstance(kv.node, (cst.DictElement, cst.Arg)):
         raise DeclineFix(f"shuffle is set on `{name}` by assignment; move it into the sampler by hand")
@@ -313,7 +348,7 @@ def _plan_dict_removal(facts: ScriptFacts, call: CallSite, kv: KeyValue, editor:
     if _occurrences(scope, name) != 2:  # the assignment and the ``**`` at this call
         raise DeclineFix(f"the `{name}` dict that holds shuffle= is used elsewhere too; a sampler beside "
                          "shuffle=True is a ValueError")
-    editor.removed.add(id(kv.node))
+    edits.removed.append(kv.node)
 
 
 def _occurrences(node: cst.CSTNode, dotted: str) -> int:
@@ -341,10 +376,6 @@ def _occurrences(node: cst.CSTNode, dotted: str) -> int:
 # -- the edit --------------------------------------------------------------------------------------------
 
 
-def _plan_sampler(call: cst.Call, sampler: cst.BaseExpression, editor: "_SamplerEditor") -> None:
-    editor.samplers[id(call)] = sampler
-
-
 class _SamplerEditor(CallEditor):
     def __init__(self) -> None:
         super().__init__()
@@ -354,6 +385,23 @@ class _SamplerEditor(CallEditor):
         self.removed: set[int] = set()  # dict entries and dict(...) keywords
         self.hoisted: dict[int, tuple[cst.BaseExpression, str]] = {}  # loader call → (dataset expression, new name)
         self.leading_moved: set[int] = set()  # statements whose comments moved to the hoisted line
+
+    def take(self, call: cst.Call, edits: _SamplerEdits) -> None:
+        self.samplers[id(call)] = edits.sampler
+        if edits.hoist is not None:
+            statement, dataset, name = edits.hoist
+            assign = cst.SimpleStatementLine(
+                body=[cst.Assign(targets=[cst.AssignTarget(target=cst.Name(name))], value=dataset)],
+                leading_lines=statement.leading_lines,
+            )
+            self.insert_before(statement, [assign])
+            self.leading_moved.add(id(statement))
+            self.hoisted[id(call)] = (dataset, name)
+        if edits.shuffle_keyword is not None:
+            self.shuffle_keyword[id(call)] = edits.shuffle_keyword
+        if edits.shuffle_positional is not None:
+            self.shuffle_positional[id(call)] = edits.shuffle_positional
+        self.removed.update(id(node) for node in edits.removed)
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine

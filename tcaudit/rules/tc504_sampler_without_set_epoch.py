@@ -1,34 +1,38 @@
-"""TC504 sampler-without-set-epoch: a shuffling DistributedSampler over several epochs, never reseeded."""
+"""TC504 sampler-without-set-epoch: a shuffling DistributedSampler over several epochs, never reseeded.
+
+Fix (safe): ``sampler.set_epoch(epoch)`` as the first statement of the epoch loop, through the name
+the loop can see (the sampler's, a parameter it is passed through, or ``loader.sampler``), guarded
+where the sampler may be None or the loader something else on some paths. Declined where the loop
+has no counter, the sampler or its loader is built inside the loop, or it is not a
+DistributedSampler on every path.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
+    callee_type,
     distributed_facts,
     in_test_code,
     innermost_loop,
+    is_dataloader,
     is_distributed_sampler,
-    callee_type,
     literal_value,
     loops_of,
 )
-from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
-from tcaudit.rules.base import Codemod
-from tcaudit.script.distributed import callee_type, distributed_facts, is_dataloader, is_distributed_sampler
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
-from tcaudit.script.pipeline import _returns
+from tcaudit.script.pipeline import function_returns
 
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
 
@@ -104,6 +108,17 @@ def _shuffles(call: CallSite) -> bool:
     return shuffle is None or literal_value(shuffle) is True
 
 
+@dataclass(frozen=True, eq=False)
+class InsertSetEpoch(FixPlan):
+    kind = "insert-set-epoch"
+    loop: cst.CSTNode  # the epoch loop (``for``/``while``) whose body gets the call first
+    line: int  # the DistributedSampler call
+    sampler: str  # the expression set_epoch is called on, as the loop sees it
+    epoch_loop_line: int
+    epoch: str
+    code: str  # the statement(s) written first in the loop
+
+
 class SamplerWithoutSetEpoch(ScriptRule):
     id = "TC504"
     triggers = (r"DistributedSampler",)
@@ -127,40 +142,41 @@ class SamplerWithoutSetEpoch(ScriptRule):
             if not _shuffles(call) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
                 continue
             name = info.target_of(call.node) or _conditional_target(facts, call)
-            owner = name or _loader_holding(info, call)
+            owner = name or _loader_owning(info, call)
             if owner and EVAL_NAME.search(owner):
                 continue
             receiver = name or (f"{owner}.sampler" if owner else None)
-            anchor = {
-                "kind": "insert-set-epoch",
-                "line": facts.line_of(call.node),
-                "sampler": receiver,
-                "epoch_loop_line": facts.line_of(loop.node),
-                "epoch": epoch_var,
-            }
-            if receiver and epoch_var and re.fullmatch(r"\w+", epoch_var) and epoch_var != "_":
-                fix = Fix(FixClass.SAFE, f"call {receiver}.set_epoch({epoch_var}) at the start of each epoch", anchor=anchor)
-            else:
-                if epoch_var == "_":
-                    reason = "the epoch loop has no counter (`for _ in ...`); name it and pass it to set_epoch"
-                elif not epoch_var and isinstance(loop.node, cst.While):
-                    reason = "the epoch loop is a `while` loop without an epoch counter to pass to set_epoch"
-                else:
-                    reason = "the sampler or the epoch counter has no name to call it with"
-                fix = Fix(
-                    FixClass.SAFE,
-                    "call sampler.set_epoch(epoch) at the start of each epoch",
-                    available=False,
-                    reason=reason,
-                    anchor=anchor,
-                )
+
+            def plan(call=call, receiver=receiver) -> InsertSetEpoch:
+                return _plan(facts, call, loop, receiver, epoch_var)
+
+            described = (
+                f"call {receiver}.set_epoch({epoch_var}) at the start of each epoch"
+                if receiver and epoch_var and re.fullmatch(r"\w+", epoch_var) and epoch_var != "_"
+                else "call sampler.set_epoch(epoch) at the start of each epoch"
+            )
             yield self.finding(
                 facts,
                 call.node,
                 "DistributedSampler shuffles with the same seed every epoch unless `set_epoch(epoch)` is "
                 "called: each epoch visits the data in the same order",
-                fix=fix,
+                fix=self.planned_fix(FixClass.SAFE, described, plan),
             )
+
+
+def _plan(facts: ScriptFacts, sampler: CallSite, loop: Frame, receiver: str | None, epoch: str | None) -> InsertSetEpoch:
+    if epoch == "_":
+        raise DeclineFix("the epoch loop has no counter (`for _ in ...`); name it and pass it to set_epoch")
+    if not epoch and isinstance(loop.node, cst.While):
+        raise DeclineFix("the epoch loop is a `while` loop without an epoch counter to pass to set_epoch")
+    if not receiver or not epoch or not re.fullmatch(r"\w+", epoch):
+        raise DeclineFix("the sampler or the epoch counter has no name to call it with")
+    seen, guard = _receiver(facts, sampler, loop)
+    if guard:
+        code = f"if {guard}:\n    {seen}.set_epoch({epoch})\n"
+    else:
+        code = f"{seen}.set_epoch({epoch})\n"
+    return InsertSetEpoch(loop.node, facts.line_of(sampler.node), seen, facts.line_of(loop.node), epoch, code)
 
 
 def _conditional_target(facts: ScriptFacts, sampler: CallSite) -> str | None:
@@ -174,66 +190,13 @@ def _conditional_target(facts: ScriptFacts, sampler: CallSite) -> str | None:
     return None
 
 
-def _loader_holding(info: DistributedFacts, sampler: CallSite) -> str | None:
+def _loader_owning(info: DistributedFacts, sampler: CallSite) -> str | None:
     """``loader = DataLoader(ds, sampler=DistributedSampler(ds))`` → ``loader``."""
     for call in info.dataloaders:
         value = call.arg("sampler")
         if value is sampler.node:
             return info.dataloader_name(call)
     return None
-
-
-# -- the fix ------------------------------------------------------------------------------------
-
-class SamplerSetEpochFix(Codemod):
-    rule = "TC504"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        editor = _FirstStatementEditor()
-        declined: list[DeclineFix] = []
-        for finding in findings:
-            try:
-                loop, code = _plan(facts, finding.fix.anchor)
-            except DeclineFix as exc:
-                declined.append(exc)
-                continue
-            editor.prepend(loop.node, parse_statement(code, module))
-        if not editor.first:
-            raise declined[0]
-        # Declined findings stay; the next round declines them alone, with their reason.
-        return module.visit(editor)
-
-
-def _plan(facts: ScriptFacts, anchor: dict) -> tuple[Frame, str]:
-    epoch = anchor.get("epoch")
-    if not epoch or epoch == "_":
-        raise DeclineFix("the epoch loop has no counter to pass to set_epoch")
-    loop = _loop_at(facts, anchor["epoch_loop_line"])
-    sampler = _sampler_call(facts, anchor["line"])
-    receiver, guard = _receiver(facts, sampler, loop)
-    if guard:
-        return loop, f"if {guard}:\n    {receiver}.set_epoch({epoch})\n"
-    return loop, f"{receiver}.set_epoch({epoch})\n"
-
-
-# -- where things are ------------------------------------------------------------------------------------
-
-
-def _loop_at(facts: ScriptFacts, line: int) -> Frame:
-    """The frame of the ``for``/``while`` loop that starts on ``line``."""
-    for call in facts.calls:
-        for frame in call.ctx.chain():
-            if frame.kind == "loop" and facts.line_of(frame.node) == line:
-                return frame
-    raise DeclineFix("the epoch loop could not be located")
-
-
-def _sampler_call(facts: ScriptFacts, line: int) -> CallSite:
-    for call in facts.calls:
-        if facts.line_of(call.node) == line and is_distributed_sampler(callee_type(facts, call)):
-            return call
-    raise DeclineFix("the DistributedSampler call could not be located")
 
 
 # -- a name for the sampler at the loop --------------------------------------------------------------------
@@ -468,7 +431,7 @@ def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Bindin
     if fn is None:
         return out
     targets = set(out)
-    returned = _returns(fn)
+    returned = function_returns(fn)
     if not any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
         return out
     for binding in facts.bindings:
@@ -478,6 +441,17 @@ def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Bindin
             if callee.removeprefix("self.") == fn.name.value:
                 out.setdefault(binding.target, []).append(binding)
     return out
+
+
+class SamplerSetEpochFix(Codemod):
+    rule = "TC504"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = _FirstStatementEditor()
+        for finding in findings:
+            plan: InsertSetEpoch = finding.fix.plan
+            editor.prepend(plan.loop, parse_statement(plan.code, module))
+        return module.visit(editor)
 
 
 # -- the edit --------------------------------------------------------------------------------------------

@@ -1,19 +1,35 @@
-"""TC505 single-process-training: a CUDA training script that can only ever use one GPU (info)."""
+"""TC505 single-process-training: a CUDA training script that can only ever use one GPU (info).
+
+Fix (structural, ``fix --ddp``): the DDP conversion of :mod:`tcaudit.rewrite.ddp` (process group from
+the torchrun environment, the trained model wrapped in DistributedDataParallel, rank-0-only logging and
+saving); the next round adds the DistributedSampler, ``set_epoch`` and ``no_sync`` (TC503/TC504/TC507).
+Planned here, so every reason the conversion is declined shows in ``scan``.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
+import libcst as cst
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code, loop_header_end
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-import libcst as cst
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.ddp import DdpConversion
+
+
+@dataclass(frozen=True, eq=False)
+class ConvertToDdp(FixPlan):
+    kind = "convert-ddp"
+    layout: DdpLayout  # where the conversion edits this parse
+    loop_line: int
+    model: str  # the trained model that gets the DDP wrap
+    models: tuple[str, ...]
+    loaders: tuple[str | None, ...]
+    launch: str
 
 
 class SingleProcessTraining(ScriptRule):
@@ -30,44 +46,38 @@ class SingleProcessTraining(ScriptRule):
         loop = info.first_training_loop()
         if loop is None or in_test_code(loop):
             return
-        anchor = {
-            "kind": "convert-ddp",
-            "loop_line": facts.line_of(loop.node),
-            "models": sorted(facts.model_names),
-            "loaders": [info.dataloader_name(c) for c in info.dataloaders],
-            "launch": "torchrun --nproc_per_node=N",
-        }
-        if not info.dataloaders:
-            fix = Fix(
-                FixClass.STRUCTURAL,
-                "wrap the model in DDP and launch with torchrun (fix --ddp)",
-                option="ddp",
-                available=False,
-                reason="no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
-                "across ranks by hand",
-                anchor=anchor,
+
+        def plan() -> ConvertToDdp:
+            if not info.dataloaders:
+                raise DeclineFix(
+                    "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
+                    "across ranks by hand"
+                )
+            layout = plan_conversion(facts)
+            return ConvertToDdp(
+                layout,
+                facts.line_of(loop.node),
+                layout.model,
+                tuple(sorted(facts.model_names)),
+                tuple(info.dataloader_name(c) for c in info.dataloaders),
+                "torchrun --nproc_per_node=N",
             )
-        else:
-            fix = Fix(
-                FixClass.STRUCTURAL,
-                "wrap the model in DDP and launch with torchrun (fix --ddp)",
-                option="ddp",
-                anchor=anchor,
-            )
+
         yield self.finding(
             facts,
             loop.node,
             "this CUDA training loop runs in a single process on one GPU; DistributedDataParallel under "
             "torchrun scales it across the GPUs of the machine",
             end_node=loop_header_end(loop.node),
-            fix=fix,
+            fix=self.planned_fix(
+                FixClass.STRUCTURAL, "wrap the model in DDP and launch with torchrun (fix --ddp)", plan, option="ddp"
+            ),
         )
 
-
-# -- the fix ------------------------------------------------------------------------------------
 
 class SingleProcessTrainingFix(Codemod):
     rule = "TC505"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        return DdpConversion(module, context.facts).convert()
+        plan: ConvertToDdp = findings[0].fix.plan  # one finding per file: the first training loop
+        return apply_conversion(module, context.facts, plan.layout)

@@ -1,21 +1,23 @@
-"""TC506 gloo-on-cuda: ``init_process_group(backend="gloo")`` in a script that trains on CUDA."""
+"""TC506 gloo-on-cuda: ``init_process_group(backend="gloo")`` in a script that trains on CUDA.
+
+Fix (safe): the backend becomes ``"nccl" if torch.cuda.is_available() else "gloo"`` (the literal or
+the name that held ``"gloo"`` stays as the fallback). Declined when a device switch may keep a GPU
+machine's run on the CPU, or a collective is handed a host tensor (NCCL cannot reduce those).
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.distributed import distributed_facts, in_test_code, literal_value
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.rules.base import Codemod
-from tcaudit.script.distributed import DEVICE_SWITCH, distributed_facts, literal_value
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
+from tcaudit.script.facts import ScriptFacts
 
 # The script puts its model or tensors on a GPU (not just mentions CUDA in a check).
 _CUDA_TRAINING = re.compile(
@@ -36,6 +38,19 @@ def _always_gloo(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
     return bool(leaves) and all(literal_value(v) == "gloo" for v in leaves)
 
 
+@dataclass(frozen=True, eq=False)
+class ReplaceBackend(FixPlan):
+    kind = "replace-expression"
+    backend: cst.BaseExpression  # the "gloo" literal, or the name bound only to it
+    line: int
+    old: str
+    new: str
+    quote: str  # the quote the new "nccl" literal is written with
+
+
+_NEW_BACKEND = '"nccl" if torch.cuda.is_available() else "gloo"'
+
+
 class GlooOnCuda(ScriptRule):
     id = "TC506"
     triggers = (r"gloo",)
@@ -52,22 +67,39 @@ class GlooOnCuda(ScriptRule):
             backend = call.arg("backend", 0)
             if backend is None or not _always_gloo(facts, backend):
                 continue
+
+            def plan(backend=backend) -> ReplaceBackend:
+                return _plan(facts, info, backend)
+
             yield self.finding(
                 facts,
                 backend,
                 'init_process_group(backend="gloo") in a CUDA script: gloo all-reduces GPU gradients '
                 "through host memory, NCCL keeps them on the GPUs and uses NVLink",
-                fix=Fix(
-                    FixClass.SAFE,
-                    'backend="nccl" if torch.cuda.is_available() else "gloo"',
-                    anchor={"kind": "replace-expression", "line": facts.line_of(backend),
-                            "old": facts.module.code_for_node(backend),
-                            "new": '"nccl" if torch.cuda.is_available() else "gloo"'},
-                ),
+                fix=self.planned_fix(FixClass.SAFE, 'backend="nccl" if torch.cuda.is_available() else "gloo"', plan),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+def _plan(facts: ScriptFacts, info: DistributedFacts, backend: cst.BaseExpression) -> ReplaceBackend:
+    switch = DEVICE_SWITCH.search(info.text)
+    if switch:
+        raise DeclineFix(
+            f"the device is chosen by a switch (`{switch.group(0).strip()}`): a CPU run on a machine "
+            "with a GPU would hand CPU tensors to NCCL"
+        )
+    host = _host_collective(facts)
+    if host:
+        raise DeclineFix(f"`{host}` is handed a tensor on the host, which NCCL cannot reduce")
+    if isinstance(backend, cst.SimpleString) and literal_value(backend) == "gloo":
+        quote = backend.quote  # the literal stays as written, as the fallback
+    elif isinstance(backend, (cst.Name, cst.Attribute)):
+        quote = '"'  # a name bound to "gloo" only: keep using it
+    else:
+        raise DeclineFix("the backend is not a plain string or name")
+    return ReplaceBackend(backend, facts.line_of(backend), facts.module.code_for_node(backend), _NEW_BACKEND, quote)
+
+
+# -- what the fix checks and writes ------------------------------------------------------------
 
 _COLLECTIVES = frozenset(
     {
@@ -158,52 +190,17 @@ class GlooOnCudaFix(Codemod):
     rule = "TC506"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        info = distributed_facts(facts)
-        switch = DEVICE_SWITCH.search(info.text)
-        if switch:
-            raise DeclineFix(
-                f"the device is chosen by a switch (`{switch.group(0).strip()}`): a CPU run on a machine "
-                "with a GPU would hand CPU tensors to NCCL"
-            )
-        host = _host_collective(facts)
-        if host:
-            raise DeclineFix(f"`{host}` is handed a tensor on the host, which NCCL cannot reduce")
-        torch_name = torch_import_name(facts)
+        torch_name = torch_import_name(context.facts)
+        test = f"{torch_name or 'torch'}.cuda.is_available()"
         replacements: dict[int, cst.BaseExpression] = {}
         for finding in findings:
-            backend = self._backend_at(facts, info, finding)
-            if backend is None:
-                raise DeclineFix("the backend argument could not be located")
-            if isinstance(backend, cst.SimpleString) and literal_value(backend) == "gloo":
-                quote = backend.quote
-                fallback: cst.BaseExpression = backend  # keeps the literal as written
-            elif isinstance(backend, (cst.Name, cst.Attribute)):
-                quote = '"'
-                fallback = backend  # a name bound to "gloo" only: keep using it
-            else:
-                raise DeclineFix("the backend is not a plain string or name")
-            test = parse_expression(f"{torch_name or 'torch'}.cuda.is_available()", module)
-            replacements[id(backend)] = cst.IfExp(
-                test=test,
-                body=cst.SimpleString(f"{quote}nccl{quote}"),
-                orelse=fallback,
+            plan: ReplaceBackend = finding.fix.plan
+            replacements[id(plan.backend)] = cst.IfExp(
+                test=parse_expression(test, module),
+                body=cst.SimpleString(f"{plan.quote}nccl{plan.quote}"),
+                orelse=plan.backend,
             )
         new = module.visit(_Replace(replacements))
         if torch_name is None:
             new = _import_torch(new)
         return new
-
-    @staticmethod
-    def _backend_at(facts: ScriptFacts, info, finding: Finding) -> cst.BaseExpression | None:
-        loc = finding.location
-        for call in info.init_process_group_calls:
-            backend = call.arg("backend", 0)
-            if backend is None:
-                continue
-            pos = facts.position(backend)
-            if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == (
-                loc.line, loc.column, loc.end_line, loc.end_column
-            ):
-                return backend
-        return None

@@ -1,13 +1,25 @@
-"""TC507 ddp-accumulation-sync: gradient accumulation on a DDP model that all-reduces every micro-step."""
+"""TC507 ddp-accumulation-sync: gradient accumulation on a DDP model that all-reduces every micro-step.
+
+Fix (safe): the statements from the micro-step's forward to its backward go under
+``with (model.no_sync() if <not the step's condition> else contextlib.nullcontext()):`` (for a
+micro-step loop, ``if i != n - 1``). Declined where the condition cannot be tested before the
+forward, the forward is elsewhere, or the model is DDP only on some paths.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
+from tcaudit.rewrite.edits import add_stdlib_import, contains
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc504_sampler_without_set_epoch import direct_callers, param_names, parameter_receiving
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
@@ -17,16 +29,6 @@ from tcaudit.script.distributed import (
     loops_of,
     names_in,
 )
-from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
-from tcaudit.rules.base import Codemod
-from tcaudit.rewrite.edits import add_stdlib_import, contains
-from tcaudit.rules.tc504_sampler_without_set_epoch import direct_callers, param_names, parameter_receiving
-from tcaudit.script.distributed import distributed_facts, innermost_loop, loops_of, names_in
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import flag_frames, pipeline_facts
 
@@ -93,6 +95,16 @@ def accumulating_backwards(facts: ScriptFacts, info: DistributedFacts) -> list[t
     return list(found.values())
 
 
+@dataclass(frozen=True, eq=False)
+class WrapNoSync(FixPlan):
+    kind = "wrap-no-sync"
+    statements: tuple[cst.BaseStatement, ...]  # the forward-to-backward run of one block
+    line: int  # the backward
+    model: str
+    context: str  # the ``with`` item: ``(model.no_sync() if ... else contextlib.nullcontext())``
+    import_contextlib: bool
+
+
 class DdpAccumulationSync(ScriptRule):
     id = "TC507"
     triggers = (r"DistributedDataParallel",)
@@ -103,31 +115,35 @@ class DdpAccumulationSync(ScriptRule):
         if not ddp or facts.frameworks or _SYNC_CONTROL.search(info.text):
             return
         model = next((w.target for w in ddp if w.target), None)
+        wrapped: set[int] = set()  # statements an earlier finding's fix wraps
         for backward, how in accumulating_backwards(facts, info):
             if in_test_code(backward.ctx):
                 continue
-            anchor = {"kind": "wrap-no-sync", "line": facts.line_of(backward.node), "model": model}
-            if model:
-                fix = Fix(FixClass.SAFE, f"run the forward and backward of non-final micro-steps under `{model}.no_sync()`", anchor=anchor)
-            else:
-                fix = Fix(
-                    FixClass.SAFE,
-                    "run the forward and backward of non-final micro-steps under `model.no_sync()`",
-                    available=False,
-                    reason="the DDP-wrapped model is not bound to a name",
-                    anchor=anchor,
-                )
+
+            def plan(backward=backward) -> WrapNoSync:
+                if not model:
+                    raise DeclineFix("the DDP-wrapped model is not bound to a name")
+                made = _plan(facts, backward)
+                if any(id(s) in wrapped for s in made.statements):
+                    raise DeclineFix("two backward calls share these statements; add no_sync by hand")
+                wrapped.update(id(s) for s in made.statements)
+                return made
+
             yield self.finding(
                 facts,
                 backward.node,
                 f"gradient accumulation on a DDP model ({how}), but every backward all-reduces the "
                 "gradients; skip the sync on non-final micro-steps with `no_sync()` (or "
                 "`require_backward_grad_sync = False`)",
-                fix=fix,
+                fix=self.planned_fix(
+                    FixClass.SAFE,
+                    f"run the forward and backward of non-final micro-steps under `{model or 'model'}.no_sync()`",
+                    plan,
+                ),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+# -- the plan for one backward --------------------------------------------------------------------------
 
 # A ``with`` header longer than this is split over several lines.
 _LINE_LENGTH = 100
@@ -140,46 +156,8 @@ _NEGATED = {
 }
 
 
-class DdpAccumulationSyncFix(Codemod):
-    rule = "TC507"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        nullcontext, import_contextlib = _nullcontext(facts)
-        editor = _WrapEditor()
-        declined: list[DeclineFix] = []
-        for finding in findings:
-            try:
-                statements, model, skip_sync, sync = _plan(facts, finding.fix.anchor["line"])
-                if any(id(s) in editor.wrapped for s in statements):
-                    raise DeclineFix("two backward calls share these statements; add no_sync by hand")
-            except DeclineFix as exc:
-                declined.append(exc)
-                continue
-            if skip_sync is not None:
-                first, test, second = f"{model}.no_sync()", skip_sync, nullcontext
-            else:
-                first, test, second = nullcontext, sync, f"{model}.no_sync()"
-            code = f"({first} if {test} else {second})"
-            if facts.position(statements[0]).start.column + len(code) + len("with :") > _LINE_LENGTH:
-                indent = module.default_indent
-                code = f"(\n{indent}{first}\n{indent}if {test}\n{indent}else {second}\n)"
-            editor.wrap(statements, parse_expression(code, module))
-        if not editor.plans:
-            raise declined[0]
-        # Declined findings stay; the next round declines them alone, with their reason.
-        new = module.visit(editor)
-        if import_contextlib:
-            new = add_stdlib_import(new, "contextlib")
-        return new
-
-
-# -- the plan for one backward --------------------------------------------------------------------------
-
-
-def _plan(facts: ScriptFacts, backward_line: int) -> tuple[list[cst.CSTNode], str, str | None, str | None]:
-    """(statements to wrap, the DDP model's name there, the no-sync condition or None, the sync condition)."""
-    step = next((s for s in facts.training_steps if facts.line_of(s.backward.node) == backward_line), None)
+def _plan(facts: ScriptFacts, backward: CallSite) -> WrapNoSync:
+    step = next((s for s in facts.training_steps if s.backward.node is backward.node), None)
     if step is None:
         raise DeclineFix("the backward call could not be located")
     site, loop = _site(facts, step)
@@ -188,12 +166,21 @@ def _plan(facts: ScriptFacts, backward_line: int) -> tuple[list[cst.CSTNode], st
         raise DeclineFix("the backward is not a statement of its own block")
     block, index = statement.block, statement.index
     model, start = _forward(facts, block, index, site.ctx)
-    statements = list(block[start:index + 1])
+    statements = tuple(block[start:index + 1])
     for call in facts.optimizer_steps:
         if any(contains(s, call.node) for s in statements):
             raise DeclineFix("an optimizer step sits between the forward and the backward")
-    skip_sync, sync = _condition(facts, loop, site, statements)
-    return statements, model, skip_sync, sync
+    skip_sync, sync = _condition(facts, loop, site, list(statements))
+    nullcontext, import_contextlib = _nullcontext(facts)
+    if skip_sync is not None:
+        first, test, second = f"{model}.no_sync()", skip_sync, nullcontext
+    else:
+        first, test, second = nullcontext, sync, f"{model}.no_sync()"
+    code = f"({first} if {test} else {second})"
+    if facts.position(statements[0]).start.column + len(code) + len("with :") > _LINE_LENGTH:
+        indent = facts.module.default_indent
+        code = f"(\n{indent}{first}\n{indent}if {test}\n{indent}else {second}\n)"
+    return WrapNoSync(statements, facts.line_of(backward.node), model, code, import_contextlib)
 
 
 def _site(facts: ScriptFacts, step: TrainingStep) -> tuple[CallSite, Frame]:
@@ -503,6 +490,22 @@ def _nullcontext(facts: ScriptFacts) -> tuple[str, bool]:
     if facts.bindings_of("contextlib") or any(site.local == "contextlib" for site in facts.imports):
         raise DeclineFix("the name `contextlib` is bound to something else in this file")
     return "contextlib.nullcontext()", True
+
+
+class DdpAccumulationSyncFix(Codemod):
+    rule = "TC507"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = _WrapEditor()
+        import_contextlib = False
+        for finding in findings:
+            plan: WrapNoSync = finding.fix.plan
+            editor.wrap(list(plan.statements), parse_expression(plan.context, module))
+            import_contextlib |= plan.import_contextlib
+        new = module.visit(editor)
+        if import_contextlib:
+            new = add_stdlib_import(new, "contextlib")
+        return new
 
 
 # -- the edit ---------------------------------------------------------------------------------------------

@@ -1050,6 +1050,9 @@ def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     return out
 
 
+function_returns = _returns  # public: the expressions a function's own ``return`` statements give
+
+
 def _param_names(fn: cst.FunctionDef) -> set[str]:
     params = fn.params
     names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
