@@ -176,10 +176,18 @@ class MissingAutocast(ScriptRule):
 
 
 def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode]:
-    """The step's forward and loss statements, or the backward's statement when they are elsewhere."""
+    """The step's forward and loss statements, or the backward's statement when they are elsewhere.
+
+    A forward shared with an earlier step of the block (a GAN's ``fake``, used by the discriminator's
+    loss and then the generator's) belongs to that step: only the statements after the last other
+    backward before this one are this step's, so no wrap takes in another step's backward."""
     statements = loss_statements(facts, step)
     if statements:
-        return [s.node for s in statements]
+        here = step.backward.statement
+        others = {id(s.backward.statement.node) for s in facts.training_steps if s is not step and s.backward.statement}
+        cut = max((i for i in range(here.index) if id(here.block[i]) in others), default=-1)
+        own = [s.node for s in statements if s.index > cut]
+        return own or [s.node for s in statements]
     return [step.backward.statement.node if step.backward.statement else step.backward.node]
 
 
@@ -205,6 +213,9 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
         device_type, enabled = device.at(step)
         statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
         planned.append(AutocastStep(tuple(statements), step.backward.node, device_type, enabled))
+    wrapped = [id(node) for step in planned for node in step.statements]
+    if len(set(wrapped)) < len(wrapped) or any(id(s.backward.statement.node) in wrapped for s in steps):
+        raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
     grad_scaler = plan_grad_scaler(facts, steps, device) if decision.scaler else None
     return WrapAutocast(ranges, decision.dtype, decision.scaler, tuple(planned), device.variable, grad_scaler)
 
