@@ -325,7 +325,9 @@ def _unique_name(facts: ScriptFacts, base: str) -> str:
     return name
 
 
-def plan_grad_scaler(facts: ScriptFacts, steps: list[TrainingStep], device: "_DevicePlanner | None" = None) -> GradScalerPlan:
+def plan_grad_scaler(
+    facts: ScriptFacts, steps: list[TrainingStep], device: "_DevicePlanner | None" = None
+) -> GradScalerPlan:
     """One GradScaler for these steps of one function (before their outermost loop, or in
     ``__init__`` when the step is a method without a loop); raises DeclineFix when the optimizer
     steps cannot be driven by it."""

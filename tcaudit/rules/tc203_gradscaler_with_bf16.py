@@ -68,8 +68,7 @@ class GradScalerWithBf16(ScriptRule):
 def _plan(facts: ScriptFacts, call: CallSite) -> RemoveScaler:
     statement = call.statement.node if call.statement is not None else None
     binding = next(
-        (b for b in facts.bindings if b.statement is not None and statement is not None and b.statement.node is statement),
-        None,
+        (b for b in facts.bindings if statement is not None and b.statement and b.statement.node is statement), None
     )
     if binding is None:
         raise DeclineFix("the GradScaler is not assigned to a name; remove it by hand")

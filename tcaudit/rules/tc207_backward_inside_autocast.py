@@ -75,6 +75,7 @@ class BackwardInsideAutocastFix(Codemod):
                 continue  # a second backward in the same block moves out with the first
             body = plan.with_node.body
             kept, moved = list(body.body[: plan.index]), list(body.body[plan.index:])
-            editor.replace_with(plan.with_node, [plan.with_node.with_changes(body=body.with_changes(body=kept)), *moved])
+            shortened = plan.with_node.with_changes(body=body.with_changes(body=kept))
+            editor.replace_with(plan.with_node, [shortened, *moved])
             done.add(id(plan.with_node))
         return module.visit(editor)
