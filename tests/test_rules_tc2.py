@@ -30,14 +30,11 @@ def test_resnet50_fixture_mixed_precision():
     assert [f.rule for f in result.findings] == ["TC201"]
     finding = result.findings[0]
     assert "output = model(images)" in path.read_text().splitlines()[finding.location.line - 1]
-    assert finding.fix.anchor["dtype"] == "float16" and finding.fix.anchor["scaler"] is True
+    assert finding.fix.plan.dtype == "float16" and finding.fix.plan.scaler is True
 
 
 def test_precision_setting_changes_the_recipe():
     path = FIXTURES.parent / "resnet50" / "train.py"
     result = scan_paths([str(path)], select=("TC201",), precision="bf16")
-    assert result.findings[0].fix.anchor == {
-        **result.findings[0].fix.anchor,
-        "dtype": "bfloat16",
-        "scaler": False,
-    }
+    plan = result.findings[0].fix.plan
+    assert (plan.dtype, plan.scaler, plan.grad_scaler) == ("bfloat16", False, None)

@@ -1,19 +1,145 @@
-"""TC201 missing-autocast: a training step whose forward and loss run in fp32 on a GPU."""
+"""TC201 missing-autocast: a training step whose forward and loss run in fp32 on a GPU.
+
+Detects each function (or the module level) holding training steps that no autocast covers, in a
+script that runs on an accelerator and updates its parameters, and recommends bf16 autocast or fp16
+autocast with a GradScaler (``precision`` in the configuration, else by model and optimizer).
+
+Fix (numerics): wrap each step's forward and loss statements in ``torch.autocast(device_type,
+dtype=..., enabled=...)``; for fp16 also create a ``torch.amp.GradScaler`` (before the step's
+outermost loop, or in ``__init__`` for a method without a loop), scale each backward, route each
+``optimizer.step()`` through the scaler and call ``scaler.update()`` after the last one. Everything
+the fix edits is found at detection and held in a :class:`WrapAutocast` plan.
+
+Other rules ask :func:`planned_autocast` whether this fix will add autocast to a file, and in which
+dtype (TC303 reports channels_last on the naive fp32 script because autocast comes with it).
+:class:`GradScalerPlan`, :func:`plan_grad_scaler` and :class:`AutocastEditor` are shared with TC204.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.amp import amp_facts
-from tcaudit.script.facts import ScriptFacts, loss_statements
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.rules.base import Codemod
-from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import (
+    DeclineFix,
+    FixContext,
+    StatementEditor,
+    ensure_import,
+    parse_expression,
+    parse_statement,
+    torch_import_name,
+)
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.amp import AmpFacts, amp_facts
+from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
+
+if TYPE_CHECKING:
+    from tcaudit.config import Settings
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class AutocastStep:
+    """One training step under the fix: the statements to wrap and the backward to scale."""
+
+    statements: tuple[cst.BaseStatement, ...]  # forward and loss: contiguous statements of one block
+    backward: cst.Call
+    device_type: str  # device-type expression at the step (``"cuda"``, ``device.type``, ``amp_device``)
+    enabled: str
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceVariable:
+    """``name = code`` inserted before ``loop``, so a long device-type expression is computed once."""
+
+    name: str
+    code: str
+    loop: cst.CSTNode
+
+
+@dataclass(frozen=True, eq=False)
+class GradScalerPlan:
+    """Create one GradScaler, scale these backwards, step these optimizers through it, update it."""
+
+    name: str  # ``scaler`` or ``self.scaler``
+    create: str  # the statement creating it
+    before: cst.CSTNode | None  # the outermost loop it is created before, or
+    after: cst.CSTNode | None  # the last statement of ``__init__`` it is created after
+    backwards: tuple[cst.Call, ...]
+    optimizer_steps: tuple[cst.Call, ...]
+    last_step: cst.BaseStatement  # ``scaler.update()`` goes after it
+
+
+@dataclass(frozen=True, eq=False)
+class WrapAutocast(FixPlan):
+    kind = "wrap-autocast"
+    ranges: tuple[dict, ...]  # per step: start_line, end_line, backward_line
+    dtype: str
+    scaler: bool
+    steps: tuple[AutocastStep, ...]
+    device_variable: DeviceVariable | None
+    grad_scaler: GradScalerPlan | None
+
+    def to_dict(self) -> dict:
+        # The nested plans hold syntax nodes; render the code they insert instead (and nothing for None).
+        data = {k: v for k, v in super().to_dict().items() if k not in ("device_variable", "grad_scaler")}
+        if self.device_variable is not None:
+            data["device_variable"] = f"{self.device_variable.name} = {self.device_variable.code}"
+        if self.grad_scaler is not None:
+            data["grad_scaler"] = self.grad_scaler.create
+        return data
+
+
+# -- detection ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Decision:
+    amp: AmpFacts
+    uncovered: dict  # function (or None) -> its uncovered training steps
+    dtype: str
+    scaler: bool
+    why: str
+
+
+def _decide(facts: ScriptFacts, precision: str) -> _Decision | None:
+    """Whether TC201 reports this file, and with which recipe; None when it does not."""
+    if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
+        return None  # a framework owns precision; a CPU-only script gets no AMP advice
+    amp = amp_facts(facts)
+    if amp.half_model_casts or amp.double_model:
+        return None  # TC206 covers a model cast to half; float64 models ignore autocast on purpose
+    uncovered: dict[object, list[TrainingStep]] = {}
+    for step in facts.training_steps:
+        if not amp.step_is_covered(step):
+            uncovered.setdefault(step.function, []).append(step)
+    if not uncovered:
+        return None
+    dtype, scaler, why = amp.recommended_precision(precision)
+    return _Decision(amp, uncovered, dtype, scaler, why)
+
+
+def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
+    """The dtype (``"float16"`` or ``"bfloat16"``) in which TC201's fix will run this file's
+    forward under autocast, or None when TC201 reports nothing here or declines every fix.
+
+    The same decision the rule makes (``settings.precision`` included), without building findings;
+    whether TC201 is selected and numerics fixes are enabled is the caller's to check."""
+    decision = _decide(facts, settings.precision)
+    if decision is None:
+        return None
+    for steps in decision.uncovered.values():
+        try:
+            _plan(facts, decision, steps)
+        except DeclineFix:
+            continue
+        return decision.dtype
+    return None
 
 
 class MissingAutocast(ScriptRule):
@@ -21,60 +147,78 @@ class MissingAutocast(ScriptRule):
     triggers = (r"\.backward\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
-            return  # a framework owns precision; a CPU-only script gets no AMP advice
-        amp = amp_facts(facts)
-        if amp.half_model_casts or amp.double_model:
-            return  # TC206 covers a model cast to half; float64 models ignore autocast on purpose
-        uncovered: dict[object, list] = {}
-        for step in facts.training_steps:
-            if not amp.step_is_covered(step):
-                uncovered.setdefault(step.function, []).append(step)
-        dtype, scaler, why = amp.recommended_precision(context.settings.precision)
-        recipe = "bf16 autocast" if dtype == "bfloat16" else "fp16 autocast with a GradScaler"
-        for function, steps in uncovered.items():
-            ranges = []
-            first_node = None
-            for step in steps:
-                statements = loss_statements(facts, step)
-                if statements:
-                    start = facts.line_of(statements[0].node)
-                    end = facts.position(statements[-1].node).end.line
-                    node = statements[0].node
-                else:
-                    node = step.backward.statement.node if step.backward.statement else step.backward.node
-                    start = end = facts.line_of(node)
-                ranges.append({"start_line": start, "end_line": end, "backward_line": facts.line_of(step.backward.node)})
-                if first_node is None:
-                    first_node = node
+        decision = _decide(facts, context.settings.precision)
+        if decision is None:
+            return
+        recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
+        for function, steps in decision.uncovered.items():
+            first_node = _step_statements(facts, steps[0])[0]
             where = f"in `{function.name.value}`" if function is not None else "at module level"
             lines = ", ".join(
                 f"{r['start_line']}" if r["start_line"] == r["end_line"] else f"{r['start_line']}-{r['end_line']}"
-                for r in ranges
+                for r in _ranges(facts, steps)
             )
             message = (
                 f"training step {where} runs forward and loss in fp32 (line {lines}): "
-                f"wrap them in torch.autocast; {recipe} ({why})"
+                f"wrap them in torch.autocast; {recipe} ({decision.why})"
             )
-            reason = None
-            if amp.uses_lbfgs and scaler:
-                reason = "LBFGS closures cannot use GradScaler"
             yield self.finding(
                 facts,
                 first_node,
                 message,
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.NUMERICS,
-                    f"wrap forward and loss in torch.autocast(device_type, dtype=torch.{dtype})"
-                    + (" and scale the loss with torch.amp.GradScaler" if scaler else ""),
-                    available=reason is None,
-                    reason=reason,
-                    anchor={"kind": "wrap-autocast", "ranges": ranges, "dtype": dtype, "scaler": scaler},
+                    f"wrap forward and loss in torch.autocast(device_type, dtype=torch.{decision.dtype})"
+                    + (" and scale the loss with torch.amp.GradScaler" if decision.scaler else ""),
+                    lambda steps=steps: _plan(facts, decision, steps),
                 ),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode]:
+    """The step's forward and loss statements, or the backward's statement when they are elsewhere.
+
+    A forward shared with an earlier step of the block (a GAN's ``fake``, used by the discriminator's
+    loss and then the generator's) belongs to that step: only the statements after the last other
+    backward before this one are this step's, so no wrap takes in another step's backward."""
+    statements = loss_statements(facts, step)
+    if statements:
+        here = step.backward.statement
+        others = {id(s.backward.statement.node) for s in facts.training_steps if s is not step and s.backward.statement}
+        cut = max((i for i in range(here.index) if id(here.block[i]) in others), default=-1)
+        own = [s.node for s in statements if s.index > cut]
+        return own or [s.node for s in statements]
+    return [step.backward.statement.node if step.backward.statement else step.backward.node]
+
+
+def _ranges(facts: ScriptFacts, steps: list[TrainingStep]) -> tuple[dict, ...]:
+    out = []
+    for step in steps:
+        nodes = _step_statements(facts, step)
+        out.append({
+            "start_line": facts.line_of(nodes[0]),
+            "end_line": facts.position(nodes[-1]).end.line,
+            "backward_line": facts.line_of(step.backward.node),
+        })
+    return tuple(out)
+
+
+def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) -> WrapAutocast:
+    if decision.amp.uses_lbfgs and decision.scaler:
+        raise DeclineFix("LBFGS closures cannot use GradScaler")
+    device = _DevicePlanner(facts)
+    ranges = _ranges(facts, steps)
+    planned = []
+    for step, step_range in zip(steps, ranges):
+        device_type, enabled = device.at(step)
+        statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
+        planned.append(AutocastStep(tuple(statements), step.backward.node, device_type, enabled))
+    wrapped = [id(node) for step in planned for node in step.statements]
+    if len(set(wrapped)) < len(wrapped) or any(id(s.backward.statement.node) in wrapped for s in steps):
+        raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+    grad_scaler = plan_grad_scaler(facts, steps, device) if decision.scaler else None
+    return WrapAutocast(ranges, decision.dtype, decision.scaler, tuple(planned), device.variable, grad_scaler)
+
 
 _DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
 
@@ -124,8 +268,30 @@ def _plain_device_type_strings(facts: ScriptFacts, value: cst.BaseExpression) ->
     )
 
 
-def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int):
-    """The statements of the step's block whose lines fall in [start, end], and the block."""
+class _DevicePlanner:
+    """The device-type expression of each step of one function; a long one (a call) is named once,
+    before the function's outermost loop, and that name is used from then on."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        self.facts = facts
+        self.torch_name = torch_import_name(facts) or "torch"
+        self.variable: DeviceVariable | None = None
+
+    def at(self, step: TrainingStep) -> tuple[str, str]:
+        device_type, enabled = _device_expr(self.facts, step, self.torch_name)
+        if "(" not in device_type:
+            return device_type, enabled
+        if self.variable is not None:
+            return self.variable.name, f'{self.variable.name} == "cuda"'
+        loop = _outermost_loop(step.ctx, step.function)
+        if loop is None:
+            return device_type, enabled
+        self.variable = DeviceVariable(_unique_name(self.facts, "amp_device"), device_type, loop)
+        return self.variable.name, f'{self.variable.name} == "cuda"'
+
+
+def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int) -> list[cst.CSTNode]:
+    """The statements of the step's block whose lines fall in [start, end]."""
     statement = step.backward.statement
     if statement is None:
         raise DeclineFix("the backward call is not a plain statement")
@@ -141,7 +307,7 @@ def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: i
     return chosen
 
 
-def _outermost_loop(facts: ScriptFacts, ctx: Frame, function) -> cst.CSTNode | None:
+def _outermost_loop(ctx: Frame, function) -> cst.CSTNode | None:
     loop = None
     for frame in ctx.chain():
         if frame.kind == "def" and frame.node is function:
@@ -159,65 +325,12 @@ def _unique_name(facts: ScriptFacts, base: str) -> str:
     return name
 
 
-class MissingAutocastFix(Codemod):
-    rule = "TC201"
-
-    def __init__(self) -> None:
-        self._device_vars: dict[int, tuple[str, str]] = {}
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        torch_name = torch_import_name(facts) or "torch"
-        editor = _AutocastEditor()
-        self._device_vars: dict[int, tuple[str, str]] = {}
-        for finding in findings:
-            anchor = finding.fix.anchor
-            dtype = anchor["dtype"]
-            for step_range in anchor["ranges"]:
-                step = next(
-                    (s for s in facts.training_steps if facts.line_of(s.backward.node) == step_range["backward_line"]),
-                    None,
-                )
-                if step is None:
-                    raise DeclineFix("the training step moved; run fix again")
-                device_type, enabled = self._device(facts, step, torch_name, editor)
-                statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
-                editor.wrap(statements, f"{torch_name}.autocast(device_type={device_type}, "
-                                        f"dtype={torch_name}.{dtype}, enabled={enabled})")
-            if anchor.get("scaler"):
-                steps = [
-                    s for s in facts.training_steps
-                    if any(facts.line_of(s.backward.node) == r["backward_line"] for r in anchor["ranges"])
-                ]
-                add_grad_scaler(self, facts, steps, editor, torch_name)
-        new = module.visit(editor)
-        if torch_import_name(facts) is None:
-            new = ensure_import(new, "import torch")
-        return new
-
-    def _device(self, facts: ScriptFacts, step: TrainingStep, torch_name: str, editor: "_AutocastEditor"):
-        """The device-type expression; a long one is named once, before the step's outermost loop."""
-        device_type, enabled = _device_expr(facts, step, torch_name)
-        if "(" not in device_type:
-            return device_type, enabled
-        key = id(step.function)
-        if key in self._device_vars:
-            return self._device_vars[key]
-        loop = _outermost_loop(facts, step.ctx, step.function)
-        if loop is None:
-            return device_type, enabled
-        name = _unique_name(facts, "amp_device")
-        editor.insert_before(loop, [parse_statement(f"{name} = {device_type}", facts.module)])
-        self._device_vars[key] = (name, f'{name} == "cuda"')
-        return self._device_vars[key]
-
-def add_grad_scaler(
-    codemod: "MissingAutocastFix", facts: ScriptFacts, steps: list[TrainingStep], editor: "_AutocastEditor",
-    torch_name: str,
-) -> None:
-    """Create one GradScaler for these steps (before their outermost loop, or in ``__init__`` when the
-    step is a method without a loop), scale each backward, route each optimizer step through the
-    scaler and update it once after the last step."""
+def plan_grad_scaler(
+    facts: ScriptFacts, steps: list[TrainingStep], device: "_DevicePlanner | None" = None
+) -> GradScalerPlan:
+    """One GradScaler for these steps of one function (before their outermost loop, or in
+    ``__init__`` when the step is a method without a loop); raises DeclineFix when the optimizer
+    steps cannot be driven by it."""
     function = steps[0].function
     opt_steps = [c for c in facts.optimizer_steps if c.ctx.function is function]
     if not opt_steps:
@@ -227,12 +340,14 @@ def add_grad_scaler(
         raise DeclineFix("a GradScaler already drives this optimizer")
     if any(len(c.node.args) for c in opt_steps):
         raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
-    device_type, enabled = codemod._device(facts, steps[0], torch_name, editor)
-    loop = _outermost_loop(facts, steps[0].ctx, function)
+    device = device or _DevicePlanner(facts)
+    torch_name = device.torch_name
+    device_type, enabled = device.at(steps[0])
+    loop = _outermost_loop(steps[0].ctx, function)
     create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
+    init_last = None
     if loop is not None:
         name = _unique_name(facts, "scaler")
-        editor.insert_before(loop, [parse_statement(f"{name} = {create}", facts.module)])
     else:
         cls = steps[0].ctx.class_def
         init = _init_of(cls) if cls is not None else None
@@ -244,15 +359,19 @@ def add_grad_scaler(
             device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
             create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
         name = "self." + _unique_name(facts, "scaler")
-        editor.insert_after(init.body.body[-1], [parse_statement(f"{name} = {create}", facts.module)])
-    for step in steps:
-        editor.scale_backward(step, name)
-    for call in opt_steps:
-        editor.scaler_step(call, name)
+        init_last = init.body.body[-1]
     last = max(opt_steps, key=lambda c: facts.line_of(c.node))
     if last.statement is None:
         raise DeclineFix("optimizer.step() is not a plain statement")
-    editor.insert_after(last.statement.node, [parse_statement(f"{name}.update()", facts.module)])
+    return GradScalerPlan(
+        name=name,
+        create=f"{name} = {create}",
+        before=loop,
+        after=init_last,
+        backwards=tuple(step.backward.node for step in steps),
+        optimizer_steps=tuple(c.node for c in opt_steps),
+        last_step=last.statement.node,
+    )
 
 
 def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
@@ -264,7 +383,36 @@ def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
     return None
 
 
-class _AutocastEditor(StatementEditor):
+# -- the fix ------------------------------------------------------------------------------------
+
+
+class MissingAutocastFix(Codemod):
+    rule = "TC201"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        torch_name = torch_import_name(facts) or "torch"
+        editor = AutocastEditor()
+        for finding in findings:
+            plan: WrapAutocast = finding.fix.plan
+            if plan.device_variable is not None:
+                variable = plan.device_variable
+                editor.insert_before(variable.loop, [parse_statement(f"{variable.name} = {variable.code}", module)])
+            for step in plan.steps:
+                editor.wrap(list(step.statements), f"{torch_name}.autocast(device_type={step.device_type}, "
+                                                   f"dtype={torch_name}.{plan.dtype}, enabled={step.enabled})")
+            if plan.grad_scaler is not None:
+                editor.add_grad_scaler(plan.grad_scaler, module)
+        new = module.visit(editor)
+        if torch_import_name(facts) is None:
+            new = ensure_import(new, "import torch")
+        return new
+
+
+class AutocastEditor(StatementEditor):
+    """Statement edits plus wrapping statements in a ``with`` and routing backwards and optimizer
+    steps through a GradScaler, all by node identity."""
+
     def __init__(self) -> None:
         super().__init__()
         self.wraps: dict[int, tuple[list[int], str]] = {}
@@ -274,11 +422,17 @@ class _AutocastEditor(StatementEditor):
     def wrap(self, statements: list[cst.CSTNode], context_expr: str) -> None:
         self.wraps[id(statements[0])] = ([id(s) for s in statements], context_expr)
 
-    def scale_backward(self, step: TrainingStep, scaler: str) -> None:
-        self.backwards[id(step.backward.node)] = scaler
-
-    def scaler_step(self, call: CallSite, scaler: str) -> None:
-        self.steps[id(call.node)] = scaler
+    def add_grad_scaler(self, plan: GradScalerPlan, module: cst.Module) -> None:
+        create = [parse_statement(plan.create, module)]
+        if plan.before is not None:
+            self.insert_before(plan.before, create)
+        else:
+            self.insert_after(plan.after, create)
+        for backward in plan.backwards:
+            self.backwards[id(backward)] = plan.name
+        for call in plan.optimizer_steps:
+            self.steps[id(call)] = plan.name
+        self.insert_after(plan.last_step, [parse_statement(f"{plan.name}.update()", module)])
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         scaler = self.backwards.get(id(original_node))
@@ -308,13 +462,13 @@ class _AutocastEditor(StatementEditor):
         index = 0
         while index < len(originals):
             node = originals[index]
-            plan = self.wraps.get(id(node))
-            if plan is None:
+            wrap = self.wraps.get(id(node))
+            if wrap is None:
                 out_original.append(node)
                 out_updated.append(updated[index])
                 index += 1
                 continue
-            ids, context_expr = plan
+            ids, context_expr = wrap
             count = len(ids)
             inner = updated[index: index + count]
             first = inner[0]

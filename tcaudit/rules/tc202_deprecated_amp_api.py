@@ -1,18 +1,27 @@
-"""TC202 deprecated-amp-api: ``torch.cuda.amp.*`` / ``torch.cpu.amp.*`` → ``torch.amp.*``."""
+"""TC202 deprecated-amp-api: ``torch.cuda.amp.*`` / ``torch.cpu.amp.*`` → ``torch.amp.*``.
+
+Detects imports from the deprecated device-specific AMP modules (a ``try/except ImportError``
+compatibility shim is left alone) and references to their members written out in full.
+
+Fix (safe): import from ``torch.amp`` instead and rewrite each reference, passing the device type
+where the new API needs it: ``autocast("cuda", ...)`` (old positional ``enabled, dtype,
+cache_enabled`` become keywords), ``GradScaler("cuda", ...)``, ``custom_fwd(device_type="cuda")``.
+Each finding's plan holds the import statement or reference it rewrites and the calls and decorators
+that go through it.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.facts import Frame, Reference, ScriptFacts
 
 DEPRECATED_MODULES = ("torch.cuda.amp", "torch.cpu.amp")
 # The public names those modules re-export from torch.amp and that warn when used.
@@ -43,6 +52,37 @@ def replacement(qualname: str) -> tuple[str, str]:
     return f"torch.amp{rest}", device
 
 
+@dataclass(frozen=True, eq=False)
+class ReplaceImport(FixPlan):
+    kind = "replace-import"
+    names: tuple[str, ...]  # the deprecated names the statement imports
+    statement: cst.Import | cst.ImportFrom
+    # Calls and decorators through the imported names, each with the deprecated name it reaches.
+    calls: tuple[tuple[cst.Call, str], ...]
+    decorators: tuple[tuple[cst.Decorator, str], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ReplaceName(FixPlan):
+    kind = "replace-name"
+    old: str
+    new: str
+    device: str
+    attribute: cst.Attribute  # ``torch.cuda.amp.X`` as written
+    call: cst.Call | None  # the call whose callee it is
+    decorator: cst.Decorator | None  # the decorator it is
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        data.pop("call", None)  # syntax nodes, rendered as nothing even when None
+        data.pop("decorator", None)
+        return data
+
+
+def _in_shim(ctx: Frame) -> bool:
+    return any(frame.kind == "except" for frame in ctx.chain())
+
+
 class DeprecatedAmpApi(ScriptRule):
     id = "TC202"
     triggers = (r"\bamp\b",)
@@ -65,10 +105,10 @@ class DeprecatedAmpApi(ScriptRule):
                 site.node,
                 f"`{', '.join(names)}` is deprecated; import from torch.amp instead ({new}) and pass "
                 f'the device type ("{replacement(names[0])[1]}") to autocast and GradScaler',
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.SAFE,
                     "import from torch.amp and pass the device type at each call",
-                    anchor={"kind": "replace-import", "names": names},
+                    lambda site=site, names=names: _plan_import(facts, site.node, names),
                 ),
             )
         for ref in facts.references:
@@ -77,21 +117,55 @@ class DeprecatedAmpApi(ScriptRule):
                 continue
             if ref.qualname == module:
                 continue  # the bare module (``torch.cuda.amp``) without a member is harmless
-            if facts.module_frame is not ref.ctx and any(
-                frame.kind == "except" for frame in ref.ctx.chain()
-            ):
+            if facts.module_frame is not ref.ctx and _in_shim(ref.ctx):
                 continue
             new, device = replacement(ref.qualname)
             yield self.finding(
                 facts,
                 ref.node,
                 f"`{ref.dotted}` is deprecated; use `{new}` with device type \"{device}\"",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.SAFE,
                     f'replace with {new}("{device}", ...)' if new.endswith("autocast") else f"replace with {new}",
-                    anchor={"kind": "replace-name", "old": ref.qualname, "new": new, "device": device},
+                    lambda ref=ref, new=new, device=device: _plan_name(facts, ref, new, device),
                 ),
             )
+
+
+def _plan_import(facts: ScriptFacts, statement: cst.Import | cst.ImportFrom, names: list[str]) -> ReplaceImport:
+    local_names = {s.local for s in facts.imports if s.node is statement}
+    calls = tuple(
+        (call.node, call.qualname) for call in facts.calls
+        if deprecated_module(call.qualname) and not _in_shim(call.ctx)
+        and (call.name or "").split(".")[0] in local_names
+    )
+    decorators = tuple(
+        (dec, qual) for dec, qual in _custom_decorators(facts)
+        if (get_full_name_for_node(dec.decorator) or "").split(".")[0] in local_names
+    )
+    return ReplaceImport(tuple(names), statement, calls, decorators)
+
+
+def _plan_name(facts: ScriptFacts, ref: Reference, new: str, device: str) -> ReplaceName:
+    if not isinstance(ref.node, cst.Attribute) or not any(old in ref.dotted for old in (".cuda.amp", ".cpu.amp")):
+        raise DeclineFix(f"`{ref.dotted}` reaches {deprecated_module(ref.qualname)} through another name; "
+                         "rewrite it by hand")
+    call = next((c.node for c in facts.calls if c.node.func is ref.node), None)
+    decorator = next((dec for dec, _ in _custom_decorators(facts) if dec.decorator is ref.node), None)
+    return ReplaceName(ref.qualname, new, device, ref.node, call, decorator)
+
+
+def _custom_decorators(facts: ScriptFacts) -> list[tuple[cst.Decorator, str]]:
+    """``@custom_fwd`` / ``@custom_bwd`` of a deprecated module, written without a call."""
+    out = []
+    for fn, _ in facts.functions:
+        for dec in fn.decorators:
+            if isinstance(dec.decorator, cst.Call):
+                continue  # ``@custom_fwd(cast_inputs=...)`` is a call: rewritten as one
+            qual = facts.qualname(dec.decorator)
+            if qual and deprecated_module(qual) and qual.split(".")[-1] in ("custom_fwd", "custom_bwd"):
+                out.append((dec, qual))
+    return out
 
 
 # -- the fix ------------------------------------------------------------------------------------
@@ -104,38 +178,39 @@ def _device_of(qualname: str) -> str:
     return (deprecated_module(qualname) or "torch.cuda.amp").split(".")[1]
 
 
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(value, keyword=cst.Name(name), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+
+
 class _Rewriter(cst.CSTTransformer):
-    def __init__(self, facts, flagged_imports: set[int]) -> None:
+    """The planned imports, attributes, calls and decorators, each found by identity."""
+
+    def __init__(self, findings: Sequence[Finding]) -> None:
         super().__init__()
-        self.facts = facts
-        self.flagged_imports = flagged_imports
+        self.imports: set[int] = set()
+        self.attributes: set[int] = set()
         self.calls: dict[int, str] = {}  # call node → deprecated qualname of its callee
         self.decorators: dict[int, str] = {}
-        self.attributes: set[int] = set()
-        for call in facts.calls:
-            if deprecated_module(call.qualname) and not self._in_shim(call.ctx):
-                self.calls[id(call.node)] = call.qualname
-        for fn, _ in facts.functions:
-            for dec in fn.decorators:
-                qual = facts.qualname(dec.decorator)
-                if qual and deprecated_module(qual) and qual.split(".")[-1] in ("custom_fwd", "custom_bwd"):
-                    self.decorators[id(dec)] = qual
-        local_deprecated = {s.local for s in facts.imports if deprecated_module(s.qualname) and not s.in_import_error_fallback}
-        for ref in facts.references:
-            if deprecated_module(ref.qualname) and ref.dotted.split(".")[0] not in local_deprecated:
-                if isinstance(ref.node, cst.Attribute) and not self._in_shim(ref.ctx):
-                    self.attributes.add(id(ref.node))
-
-    @staticmethod
-    def _in_shim(ctx) -> bool:
-        return any(frame.kind == "except" for frame in ctx.chain())
+        for finding in findings:
+            plan = finding.fix.plan
+            if isinstance(plan, ReplaceImport):
+                self.imports.add(id(plan.statement))
+                self.calls.update((id(call), qual) for call, qual in plan.calls)
+                self.decorators.update((id(dec), qual) for dec, qual in plan.decorators)
+            elif isinstance(plan, ReplaceName):
+                self.attributes.add(id(plan.attribute))
+                if plan.call is not None:
+                    self.calls[id(plan.call)] = plan.old
+                if plan.decorator is not None:
+                    self.decorators[id(plan.decorator)] = plan.old
 
     # imports -------------------------------------------------------------------------------------
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        if id(original_node) not in self.flagged_imports or original_node.module is None:
+        if id(original_node) not in self.imports or original_node.module is None:
             return updated_node
         module = get_full_name_for_node(original_node.module) or ""
-        for old in ("torch.cuda.amp", "torch.cpu.amp"):
+        for old in DEPRECATED_MODULES:
             if module == old or module.startswith(old + "."):
                 new = "torch.amp" + module[len(old):]
                 return updated_node.with_changes(module=cst.parse_expression(new))
@@ -144,12 +219,12 @@ class _Rewriter(cst.CSTTransformer):
         return updated_node
 
     def leave_Import(self, original_node: cst.Import, updated_node: cst.Import) -> cst.Import:
-        if id(original_node) not in self.flagged_imports:
+        if id(original_node) not in self.imports:
             return updated_node
         names = []
         for alias in updated_node.names:
             full = get_full_name_for_node(alias.name) or ""
-            for old in ("torch.cuda.amp", "torch.cpu.amp"):
+            for old in DEPRECATED_MODULES:
                 if full == old or full.startswith(old + "."):
                     alias = alias.with_changes(name=cst.parse_expression("torch.amp" + full[len(old):]))
             names.append(alias)
@@ -187,8 +262,7 @@ class _Rewriter(cst.CSTTransformer):
         elif name == "GradScaler":
             new_args = [cst.Arg(device)] + args
         elif name in ("custom_fwd", "custom_bwd"):
-            new_args = args + [cst.Arg(device, keyword=cst.Name("device_type"), equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))]
+            new_args = args + [_keyword("device_type", device)]
         else:
             return updated_node
         fixed = []
@@ -204,12 +278,9 @@ class _Rewriter(cst.CSTTransformer):
         qual = self.decorators.get(id(original_node))
         if qual is None or isinstance(original_node.decorator, cst.Call):
             return updated_node
-        device = _device_of(qual)
+        device = cst.SimpleString(f'"{_device_of(qual)}"')
         return updated_node.with_changes(
-            decorator=cst.Call(func=updated_node.decorator, args=[cst.Arg(
-                cst.SimpleString(f'"{device}"'), keyword=cst.Name("device_type"),
-                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                      whitespace_after=cst.SimpleWhitespace("")))])
+            decorator=cst.Call(func=updated_node.decorator, args=[_keyword("device_type", device)])
         )
 
 
@@ -217,10 +288,4 @@ class DeprecatedAmpApiFix(Codemod):
     rule = "TC202"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        flagged = {
-            id(site.node)
-            for site in facts.imports
-            if deprecated_module(site.qualname) and not site.in_import_error_fallback
-        }
-        return module.visit(_Rewriter(facts, flagged))
+        return module.visit(_Rewriter(findings))

@@ -1,20 +1,37 @@
-"""TC203 gradscaler-with-bf16: a GradScaler beside bf16 autocast scales for nothing."""
+"""TC203 gradscaler-with-bf16: a GradScaler beside bf16 autocast scales for nothing.
+
+Detects a GradScaler (not disabled) in a file whose every training autocast is bf16.
+
+Fix (safe): remove the scaler: its creation, ``scaler.update()`` and ``scaler.unscale_(opt)``
+statements go, ``scaler.scale(loss)`` becomes ``loss`` and ``scaler.step(opt)`` becomes
+``opt.step()``. Declined when the scaler is created conditionally, not assigned to a name, used for
+anything else (``state_dict`` for a checkpoint), passed around, or shares a line with other code.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.amp import BF16, amp_facts
-from tcaudit.script.facts import GRADSCALER_SUFFIXES, ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
-from tcaudit.rules.base import Codemod
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.amp import BF16, amp_facts
+from tcaudit.script.facts import GRADSCALER_SUFFIXES, CallSite, ScriptFacts
+
+_SCALER_METHODS = frozenset({"scale", "step", "update", "unscale_"})
+
+
+@dataclass(frozen=True, eq=False)
+class RemoveScaler(FixPlan):
+    kind = "remove-scaler"
+    line: int
+    scaler: str  # the name the scaler is bound to
+    creation: cst.CSTNode  # the statement creating it, removed
+    calls: tuple[cst.Call, ...]  # ``scaler.scale(loss)`` → ``loss``, ``scaler.step(opt)`` → ``opt.step()``
+    removed: tuple[cst.SimpleStatementLine, ...]  # the ``update()`` and ``unscale_()`` statements
 
 
 class GradScalerWithBf16(ScriptRule):
@@ -40,27 +57,54 @@ class GradScalerWithBf16(ScriptRule):
                 call.node,
                 "GradScaler with bf16 autocast: bf16 has fp32's exponent range, so loss scaling only "
                 "adds a scale, an unscale and an inf check to every step; remove the scaler",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.SAFE,
                     "remove the GradScaler and call backward/step directly",
-                    anchor={"kind": "remove-scaler", "line": facts.line_of(call.node)},
+                    lambda call=call: _plan(facts, call),
                 ),
             )
 
 
-# -- the fix ------------------------------------------------------------------------------------
+def _plan(facts: ScriptFacts, call: CallSite) -> RemoveScaler:
+    statement = call.statement.node if call.statement is not None else None
+    binding = next(
+        (b for b in facts.bindings if statement is not None and b.statement and b.statement.node is statement), None
+    )
+    if binding is None:
+        raise DeclineFix("the GradScaler is not assigned to a name; remove it by hand")
+    if not isinstance(binding.value, cst.Call):
+        raise DeclineFix("the scaler is created conditionally; remove it by hand")
+    scaler = binding.target
+    uses = [c for c in facts.calls if c.receiver_name == scaler]
+    other = sorted({c.method for c in uses} - _SCALER_METHODS)
+    if other:
+        raise DeclineFix(f"the scaler is also used for {', '.join(other)} (e.g. a checkpoint)")
+    if facts.mentions(scaler) > len(uses) + 1:
+        raise DeclineFix("the scaler is passed around or tested; remove it by hand")
+    removed = []
+    for use in uses:
+        if use.method in ("update", "unscale_"):
+            use_statement = use.statement.node if use.statement else None
+            if not isinstance(use_statement, cst.SimpleStatementLine) or len(use_statement.body) != 1:
+                raise DeclineFix(f"`{scaler}.{use.method}()` shares its line with other code")
+            removed.append(use_statement)
+    calls = tuple(use.node for use in uses if use.method in ("scale", "step"))
+    return RemoveScaler(facts.line_of(call.node), scaler, statement, calls, tuple(removed))
 
-_SCALER_METHODS = frozenset({"scale", "step", "update", "unscale_"})
+
+# -- the fix ------------------------------------------------------------------------------------
 
 
 class _Unscale(StatementEditor):
-    def __init__(self, scaler: str) -> None:
+    """Statement removals, and the scaler's ``scale``/``step`` calls replaced by what they wrap."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.scaler = scaler
+        self.calls: set[int] = set()
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = updated_node.func
-        if not isinstance(func, cst.Attribute) or get_full_name_for_node(func.value) != self.scaler:
+        if id(original_node) not in self.calls or not isinstance(func, cst.Attribute):
             return updated_node
         if func.attr.value == "scale" and len(updated_node.args) == 1:
             return updated_node.args[0].value  # scaler.scale(loss) → loss
@@ -75,33 +119,11 @@ class GradScalerWithBf16Fix(Codemod):
     rule = "TC203"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        lines = {f.fix.anchor["line"] for f in findings}
-        result = module
-        for binding in facts.bindings:
-            if binding.statement is None or facts.line_of(binding.statement.node) not in lines:
-                continue
-            if not isinstance(binding.value, cst.Call):
-                raise DeclineFix("the scaler is created conditionally; remove it by hand")
-            scaler = binding.target
-            uses = [c for c in facts.calls if c.receiver_name == scaler]
-            other = sorted({c.method for c in uses} - _SCALER_METHODS)
-            if other:
-                raise DeclineFix(f"the scaler is also used for {', '.join(other)} (e.g. a checkpoint)")
-            if "." in scaler:  # self.scaler: count attribute chains that start with it
-                mentions = [r for _, r, _ in facts._raw_references if r == scaler or r.startswith(scaler + ".")]
-            else:  # every use of a plain name shows up as one Name node
-                mentions = [r for _, r, _ in facts._raw_references if r == scaler]
-            if len(mentions) > len(uses) + 1:
-                raise DeclineFix("the scaler is passed around or tested; remove it by hand")
-            editor = _Unscale(scaler)
-            editor.remove(binding.statement.node)
-            for call in uses:
-                if call.method in ("update", "unscale_"):
-                    statement = call.statement.node if call.statement else None
-                    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-                        raise DeclineFix(f"`{scaler}.{call.method}()` shares its line with other code")
-                    editor.remove(statement)
-            result = result.visit(editor)
-            break
-        return result
+        editor = _Unscale()
+        for finding in findings:
+            plan: RemoveScaler = finding.fix.plan
+            editor.remove(plan.creation)
+            for statement in plan.removed:
+                editor.remove(statement)
+            editor.calls.update(id(call) for call in plan.calls)
+        return module.visit(editor)

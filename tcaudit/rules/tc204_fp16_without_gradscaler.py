@@ -1,20 +1,33 @@
-"""TC204 fp16-without-gradscaler: fp16 training without loss scaling loses small gradients."""
+"""TC204 fp16-without-gradscaler: fp16 training without loss scaling loses small gradients.
+
+Detects fp16 autocast in a training script with no GradScaler anywhere, and a model cast to fp16
+and trained (which TC206 rewrites first).
+
+Fix (numerics), for fp16 autocast: create one ``torch.amp.GradScaler`` per function holding the
+autocast's training steps, scale their backwards, route ``optimizer.step()`` through it and update it
+after the last step (the same edit as TC201's GradScaler, held in an :class:`AddScaler` plan).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
+import libcst as cst
+
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, torch_import_name
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc201_missing_autocast import AutocastEditor, GradScalerPlan, plan_grad_scaler
 from tcaudit.script.amp import HALF, amp_facts, cast_dtype
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-import libcst as cst
-from tcaudit.findings import Finding
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, torch_import_name
-from tcaudit.rules.base import Codemod
-from tcaudit.rules.tc201_missing_autocast import MissingAutocastFix, _AutocastEditor, add_grad_scaler
-from tcaudit.script.amp import amp_facts
+
+
+@dataclass(frozen=True, eq=False)
+class AddScaler(FixPlan):
+    kind = "add-scaler"
+    function: cst.FunctionDef | None  # the function whose steps get the scaler (None: module level)
+    grad_scaler: GradScalerPlan
 
 
 class Fp16WithoutGradScaler(ScriptRule):
@@ -25,18 +38,7 @@ class Fp16WithoutGradScaler(ScriptRule):
         if facts.frameworks or not facts.training_steps or facts.mentions_gradscaler:
             return
         amp = amp_facts(facts)
-        reason = None
-        if amp.uses_lbfgs:
-            reason = "GradScaler cannot drive an LBFGS closure (use bf16 instead)"
-        elif not amp.has_optimizer:
-            reason = "no torch.optim optimizer: GradScaler.step needs one (use bf16 instead)"
-        fix = Fix(
-            FixClass.NUMERICS,
-            "add torch.amp.GradScaler: scaler.scale(loss).backward(), scaler.step(opt), scaler.update()",
-            available=reason is None,
-            reason=reason,
-            anchor={"kind": "add-scaler"},
-        )
+        description = "add torch.amp.GradScaler: scaler.scale(loss).backward(), scaler.step(opt), scaler.update()"
         for site in amp.training_autocast_sites:
             if site.dtypes == frozenset({HALF}):
                 yield self.finding(
@@ -44,7 +46,9 @@ class Fp16WithoutGradScaler(ScriptRule):
                     site.call.node,
                     "fp16 autocast without a GradScaler: gradients below 6e-8 flush to zero and large "
                     "ones overflow; scale the loss with torch.amp.GradScaler, or use bf16",
-                    fix=fix,
+                    fix=self.planned_fix(
+                        FixClass.NUMERICS, description, lambda site=site: self._plan(facts, amp, site.call.ctx.function)
+                    ),
                 )
         for call in amp.half_model_casts:
             if cast_dtype(facts, call) != HALF:
@@ -62,31 +66,31 @@ class Fp16WithoutGradScaler(ScriptRule):
                 ),
             )
 
+    @staticmethod
+    def _plan(facts: ScriptFacts, amp, function) -> AddScaler:
+        if amp.uses_lbfgs:
+            raise DeclineFix("GradScaler cannot drive an LBFGS closure (use bf16 instead)")
+        if not amp.has_optimizer:
+            raise DeclineFix("no torch.optim optimizer: GradScaler.step needs one (use bf16 instead)")
+        steps = [s for s in facts.training_steps if s.function is function and not s.scaler]
+        if not steps:
+            raise DeclineFix("the backward is not in the function that opens the fp16 autocast")
+        return AddScaler(function, plan_grad_scaler(facts, steps))
 
-# -- the fix ------------------------------------------------------------------------------------
 
 class Fp16WithoutGradScalerFix(Codemod):
     rule = "TC204"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        torch_name = torch_import_name(facts) or "torch"
-        helper = MissingAutocastFix()
-        editor = _AutocastEditor()
-        done: set = set()
-        lines = {f.location.line for f in findings}
-        for site in amp_facts(facts).training_autocast_sites:
-            if facts.line_of(site.call.node) not in lines:
-                continue
-            function = site.call.ctx.function
-            if function in done:
-                continue
-            steps = [s for s in facts.training_steps if s.function is function and not s.scaler]
-            if not steps:
-                raise DeclineFix("the backward is not in the function that opens the fp16 autocast")
-            add_grad_scaler(helper, facts, steps, editor, torch_name)
-            done.add(function)
+        editor = AutocastEditor()
+        done: set[int] = set()
+        for finding in findings:
+            plan: AddScaler = finding.fix.plan
+            if id(plan.function) in done:
+                continue  # two fp16 autocasts in one function: one scaler
+            editor.add_grad_scaler(plan.grad_scaler, module)
+            done.add(id(plan.function))
         new = module.visit(editor)
-        if torch_import_name(facts) is None:
+        if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")
         return new

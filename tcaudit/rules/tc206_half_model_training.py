@@ -1,20 +1,40 @@
-"""TC206 half-model-training: the whole model cast to fp16/bf16 and trained that way."""
+"""TC206 half-model-training: the whole model cast to fp16/bf16 and trained that way.
+
+Detects ``model.half()``, ``model.bfloat16()`` and ``model.to(torch.float16)`` (and alike) in a
+training script.
+
+Fix (numerics): drop the cast (a statement that only casts the model is removed); TC201 then
+reports the fp32 training step and its fix wraps forward and loss in ``torch.autocast``. Declined
+when the inputs are cast to half precision too.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.amp import amp_facts, cast_dtype
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from tcaudit.findings import Finding
+
+from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
-from tcaudit.rules.base import Codemod
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, amp_facts, cast_dtype, dtypes_of
+from tcaudit.script.facts import CallSite, ScriptFacts
+
+
+@dataclass(frozen=True, eq=False)
+class ReplaceModelCast(FixPlan):
+    kind = "replace-model-cast"
+    line: int
+    dtype: str
+    call: cst.Call  # the cast
+    statement: cst.SimpleStatementLine | None  # removed whole when it does nothing but the cast
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        data.pop("statement", None)  # a syntax node, rendered as nothing even when None
+        return data
 
 
 class HalfModelTraining(ScriptRule):
@@ -25,26 +45,64 @@ class HalfModelTraining(ScriptRule):
         if facts.frameworks or not facts.training_steps:
             return  # inference in half precision is the right thing to do
         amp = amp_facts(facts)
+        inputs_cast = None
         for call in amp.half_model_casts:
             dtype = cast_dtype(facts, call)
+            if inputs_cast is None:
+                inputs_cast = _inputs_cast_to_half(facts, amp)
+
+            def plan(call=call, dtype=dtype) -> ReplaceModelCast:
+                if inputs_cast:
+                    raise DeclineFix("the inputs are cast to half precision too; drop those casts together with "
+                                     "the model cast and use autocast")
+                return ReplaceModelCast(facts.line_of(call.node), dtype, call.node, _cast_only_statement(call))
+
             yield self.finding(
                 facts,
                 call.node,
                 f"the whole model is cast to {dtype} and trained that way: weights, gradients and "
                 "optimizer state lose small updates (an fp16 weight of 1.0 ignores any step below "
                 "0.0005); keep fp32 weights and run the forward under torch.autocast",
-                fix=Fix(
+                fix=self.planned_fix(
                     FixClass.NUMERICS,
                     f"drop the cast and wrap forward and loss in torch.autocast(dtype=torch.{dtype})",
-                    anchor={"kind": "replace-model-cast", "line": facts.line_of(call.node), "dtype": dtype},
+                    plan,
                 ),
             )
 
 
+def _inputs_cast_to_half(facts: ScriptFacts, amp) -> bool:
+    """Whether something other than the model is cast to fp16/bf16 outside evaluation."""
+    model_casts = {id(c.node) for c in amp.half_model_casts}
+    return any(
+        id(call.node) not in model_casts and not facts.in_eval(call.ctx) and cast_dtype(facts, call) in (HALF, BF16)
+        for call in facts.calls
+    )
+
+
+def _cast_only_statement(call: CallSite) -> cst.SimpleStatementLine | None:
+    """The statement when it does nothing but cast the model: ``model.half()`` or ``model = model.half()``."""
+    statement = call.statement.node if call.statement else None
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    if value is not call.node:
+        return None
+    receiver = get_full_name_for_node(call.receiver) if call.receiver is not None else None
+    if isinstance(small, cst.Expr) or (
+        isinstance(small, cst.Assign) and len(small.targets) == 1
+        and get_full_name_for_node(small.targets[0].target) == receiver
+    ):
+        return statement
+    return None
+
+
 # -- the fix ------------------------------------------------------------------------------------
 
+
 class _DropCast(StatementEditor):
-    def __init__(self, facts, calls: set[int]) -> None:
+    def __init__(self, facts: ScriptFacts, calls: set[int]) -> None:
         super().__init__()
         self.facts = facts
         self.calls = calls
@@ -73,30 +131,9 @@ class HalfModelTrainingFix(Codemod):
     rule = "TC206"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        amp = amp_facts(facts)
-        lines = {f.fix.anchor["line"] for f in findings}
-        casts = [c for c in amp.half_model_casts if facts.line_of(c.node) in lines]
-        model_casts = {id(c.node) for c in amp.half_model_casts}
-        for call in facts.calls:
-            if id(call.node) in model_casts or facts.in_eval(call.ctx):
-                continue
-            if cast_dtype(facts, call) in (HALF, BF16):
-                raise DeclineFix("the inputs are cast to half precision too; drop those casts together with the "
-                                 "model cast and use autocast")
-        editor = _DropCast(facts, {id(c.node) for c in casts})
-        for call in casts:
-            statement = call.statement.node if call.statement else None
-            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-                continue
-            small = statement.body[0]
-            value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-            if value is not call.node:
-                continue
-            receiver = get_full_name_for_node(call.receiver) if call.receiver is not None else None
-            if isinstance(small, cst.Expr) or (
-                isinstance(small, cst.Assign) and len(small.targets) == 1
-                and get_full_name_for_node(small.targets[0].target) == receiver
-            ):
-                editor.remove(statement)  # ``model.half()`` or ``model = model.half()``: nothing left to do
+        plans: list[ReplaceModelCast] = [f.fix.plan for f in findings]
+        editor = _DropCast(context.facts, {id(p.call) for p in plans})
+        for plan in plans:
+            if plan.statement is not None:
+                editor.remove(plan.statement)
         return module.visit(editor)

@@ -1,25 +1,41 @@
-"""TC208 autocast-unsafe-op: ops that raise or misbehave under autocast."""
+"""TC208 autocast-unsafe-op: ops that raise or misbehave under autocast.
+
+Detects binary cross-entropy on probabilities (``F.binary_cross_entropy``, ``nn.BCELoss``), which
+raises under autocast, and sparse matrix multiplies under fp16 autocast (no fp16 kernel), in an
+autocast block or in a function called from one.
+
+Fix (numerics), for BCE in an autocast ``with`` block: cast its two inputs to float32 and put its
+statement under ``torch.autocast(device_type=..., enabled=False)``. Declined when the loss is
+computed in a helper, the autocast context is a variable or the loss is part of a compound
+statement. The sparse multiply has no fix (which inputs are sparse is not visible statically).
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.script.amp import BF16, amp_facts
-from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
-from typing import Sequence
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
-from tcaudit.rules.base import Codemod
-from tcaudit.script.amp import amp_facts
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.amp import BF16, AmpFacts, amp_facts
+from tcaudit.script.facts import CallSite, ScriptFacts
 
 BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
 BCE_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
 SPARSE_MM = frozenset({"torch.sparse.mm", "torch.sparse.addmm", "torch.sspaddmm", "torch.sparse.sampled_addmm"})
+
+
+@dataclass(frozen=True, eq=False)
+class BceOutsideAutocast(FixPlan):
+    kind = "bce-outside-autocast"
+    line: int
+    device: str  # device-type expression of the enclosing autocast
+    call: cst.Call  # the loss call whose inputs become float32
+    statement: cst.SimpleStatementLine  # wrapped in autocast(enabled=False)
 
 
 class AutocastUnsafeOp(ScriptRule):
@@ -42,11 +58,11 @@ class AutocastUnsafeOp(ScriptRule):
                     "binary cross-entropy on probabilities raises a RuntimeError under autocast (fp16 and "
                     "bf16); use BCEWithLogitsLoss on the logits (drop the sigmoid), or compute this loss "
                     "outside autocast on .float() inputs",
-                    fix=Fix(
+                    fix=self.planned_fix(
                         FixClass.NUMERICS,
                         "compute the loss outside autocast in float32, or BCEWithLogits when the sigmoid "
                         "is the model's last op",
-                        anchor={"kind": "bce-outside-autocast", "line": facts.line_of(call.node)},
+                        lambda call=call: _plan(facts, amp, call),
                     ),
                 )
             elif kind == "sparse" and amp.autocast_dtypes != frozenset({BF16}):
@@ -88,7 +104,35 @@ class AutocastUnsafeOp(ScriptRule):
         return out
 
 
+def _plan(facts: ScriptFacts, amp: AmpFacts, call: CallSite) -> BceOutsideAutocast:
+    frame = facts.autocast_frame(call.ctx)
+    if frame is None or frame.kind != "with":
+        raise DeclineFix("the loss is computed in a helper called under autocast; move it out by hand")
+    sites = {id(s.call.node): s for s in amp.autocast_sites}
+    site = next((sites[id(item.item)] for item in frame.node.items if id(item.item) in sites), None)
+    if site is None:
+        raise DeclineFix("the autocast context is a variable; its device type is not known here")
+    device_expr = site.call.arg("device_type", 0)
+    if (site.call.qualname or "").startswith(("torch.cuda.", "torch.cpu.")) or device_expr is None:
+        device_code = f'"{site.device or "cuda"}"'
+    else:
+        device_code = facts.module.code_for_node(device_expr)
+    statement = call.statement.node if call.statement is not None else None
+    if not isinstance(statement, cst.SimpleStatementLine):
+        raise DeclineFix("the loss is part of a compound statement")
+    return BceOutsideAutocast(facts.line_of(call.node), device_code, call.node, statement)
+
+
 # -- the fix ------------------------------------------------------------------------------------
+
+
+class AutocastUnsafeOpFix(Codemod):
+    rule = "TC208"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        torch_name = torch_import_name(context.facts) or "torch"
+        return module.visit(_Wrap(module, [f.fix.plan for f in findings], torch_name))
+
 
 def _float_args(call: cst.Call) -> cst.Call:
     args = []
@@ -99,45 +143,14 @@ def _float_args(call: cst.Call) -> cst.Call:
     return call.with_changes(args=args)
 
 
-class AutocastUnsafeOpFix(Codemod):
-    rule = "TC208"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        facts = context.facts
-        torch_name = torch_import_name(facts) or "torch"
-        lines = {f.location.line for f in findings}
-        sites = {id(s.call.node): s for s in amp_facts(facts).autocast_sites}
-        targets = []
-        for call in facts.calls:
-            if facts.line_of(call.node) not in lines or call.statement is None:
-                continue
-            frame = facts.autocast_frame(call.ctx)
-            if frame is None or frame.kind != "with":
-                raise DeclineFix("the loss is computed in a helper called under autocast; move it out by hand")
-            with_node = frame.node
-            site = next((sites[id(item.item)] for item in with_node.items if id(item.item) in sites), None)
-            if site is None:
-                raise DeclineFix("the autocast context is a variable; its device type is not known here")
-            device_expr = site.call.arg("device_type", 0)
-            if (site.call.qualname or "").startswith(("torch.cuda.", "torch.cpu.")) or device_expr is None:
-                device_code = f'"{site.device or "cuda"}"'
-            else:
-                device_code = facts.module.code_for_node(device_expr)
-            targets.append((call, device_code))
-        for call, _ in targets:
-            if not isinstance(call.statement.node, cst.SimpleStatementLine):
-                raise DeclineFix("the loss is part of a compound statement")
-        return module.visit(_Wrap(module, targets, torch_name))
-
-
 class _Wrap(cst.CSTTransformer):
     """Cast the BCE inputs to float32 and put their statement under ``autocast(enabled=False)``."""
 
-    def __init__(self, module: cst.Module, targets, torch_name: str) -> None:
+    def __init__(self, module: cst.Module, plans: list[BceOutsideAutocast], torch_name: str) -> None:
         super().__init__()
         self.module = module
-        self.calls = {id(call.node) for call, _ in targets}
-        self.wrap = {id(call.statement.node): device for call, device in targets}
+        self.calls = {id(plan.call) for plan in plans}
+        self.wrap = {id(plan.statement): plan.device for plan in plans}
         self.torch_name = torch_name
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

@@ -559,6 +559,13 @@ class ScriptFacts:
     def bindings_of(self, target: str) -> list[Binding]:
         return self._bindings_by_target.get(target, [])
 
+    def mentions(self, dotted: str) -> int:
+        """How often ``dotted`` is written: each Name node of a plain name; for a dotted name
+        (``self.scaler``), each attribute chain that is it or starts with it (``self.scaler.step``)."""
+        if "." in dotted:
+            return sum(1 for _, r, _ in self._raw_references if r == dotted or r.startswith(dotted + "."))
+        return sum(1 for _, r, _ in self._raw_references if r == dotted)
+
     def binding_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
         """The expressions a name may stand for (itself included), following simple assignments
         and both branches of conditional expressions (``a if c else b``, ``a or b``)."""
