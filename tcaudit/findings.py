@@ -61,7 +61,10 @@ class FixPlan:
         for f in dataclasses.fields(self) if dataclasses.is_dataclass(self) else ():
             if f.name == "kind":
                 continue
-            value = _plain(getattr(self, f.name))
+            raw = getattr(self, f.name)
+            if raw is None and "cst." in str(f.type):
+                continue  # an optional syntax node: left out whether or not it is there
+            value = _plain(raw)
             if value is not _NOT_PLAIN:
                 data[f.name] = value
         return data
@@ -125,8 +128,6 @@ class Fix:
     available: bool = True
     reason: str | None = None
     plan: FixPlan | None = None
-    # TRANSITIONAL: the old untyped anchor, until every rule makes a FixPlan; removed after that.
-    anchor: dict[str, Any] = field(default_factory=dict, compare=False)
     # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
     # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
     option: str | None = None

@@ -72,12 +72,6 @@ class ReplaceName(FixPlan):
     call: cst.Call | None  # the call whose callee it is
     decorator: cst.Decorator | None  # the decorator it is
 
-    def to_dict(self) -> dict:
-        data = super().to_dict()
-        data.pop("call", None)  # syntax nodes, rendered as nothing even when None
-        data.pop("decorator", None)
-        return data
-
 
 def _in_shim(ctx: Frame) -> bool:
     return any(frame.kind == "except" for frame in ctx.chain())

@@ -31,11 +31,6 @@ class ReplaceModelCast(FixPlan):
     call: cst.Call  # the cast
     statement: cst.SimpleStatementLine | None  # removed whole when it does nothing but the cast
 
-    def to_dict(self) -> dict:
-        data = super().to_dict()
-        data.pop("statement", None)  # a syntax node, rendered as nothing even when None
-        return data
-
 
 class HalfModelTraining(ScriptRule):
     id = "TC206"
