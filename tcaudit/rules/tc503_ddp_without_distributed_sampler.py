@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -27,6 +27,7 @@ from tcaudit.script.distributed import (
     code,
     distributed_facts,
     in_test_code,
+    is_dataloader,
     literal_value,
     passes_keyword,
 )
@@ -66,7 +67,85 @@ def _is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> b
     return False
 
 
+_ITERATION_WRAPPERS = re.compile(r"(^|\.)(enumerate|iter|tqdm|trange|track|islice|zip|progress\w*|Progress\w*)$")
+
+
+def _iterated(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What a loop header iterates, through ``enumerate``/``tqdm``/``zip``/``iter`` wrappers."""
+    if isinstance(expr, cst.Call) and _ITERATION_WRAPPERS.search(get_full_name_for_node(expr.func) or ""):
+        out: list[cst.BaseExpression] = []
+        for arg in expr.args:
+            if arg.keyword is None and not arg.star:
+                out += _iterated(facts, arg.value)
+        return out
+    return [expr]
+
+
+def _step_loop_sources(facts: ScriptFacts, info: DistributedFacts) -> list[cst.BaseExpression]:
+    """Every value the iterables of the training step loops may hold (``for x, y in loader`` → the
+    expressions ``loader`` is bound to, a ``next(it)`` loop's ``iter(loader)`` argument's values)."""
+    out: list[cst.BaseExpression] = []
+    for frame in info.step_loops.values():
+        node = frame.node
+        heads: list[cst.BaseExpression] = []
+        if isinstance(node, cst.For):
+            heads = _iterated(facts, node.iter)
+        for call in facts.calls:
+            if call.name == "next" and call.node.args and call.ctx.inside(node):
+                for value in facts.binding_values(call.node.args[0].value):
+                    if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "iter" and value.args:
+                        heads.append(value.args[0].value)
+        for head in heads:
+            out += facts.binding_values(head)
+    return out
+
+
+def _feeds_training(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bool | None:
+    """Whether this DataLoader's batches reach a training step, by data flow (no names): True when a
+    loop that trains iterates it (directly, through a helper that returns it, a parameter, a lambda),
+    False when only loops that do not train do, None when its batches cannot be followed."""
+    pipeline = pipeline_facts(facts)
+    site = pipeline.loader_for(call.node)
+    reached = [b for b in pipeline.batch_loops if any(s is site for s in b.loaders)] if site is not None else []
+    if any(pipeline.is_training_loop(b) or id(b.loop) in info.step_loops for b in reached):
+        return True
+    made = _made_by(facts, call)
+    if made:
+        sources = {id(v) for v in _step_loop_sources(facts, info)}
+        if any(id(node) in sources for node in made):
+            return True
+    if reached:
+        return False
+    return None
+
+
+def _also_feeds_other_loops(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> str | None:
+    """The helper's name when the DataLoader is built in a helper whose loaders also feed a loop that
+    does not train (``holdout = build_loader(ds)`` evaluated under no_grad)."""
+    pipeline = pipeline_facts(facts)
+    site = pipeline.loader_for(call.node)
+    if site is None or call.ctx.function is None:
+        return None
+    for batch in pipeline.batch_loops:
+        if any(s is site for s in batch.loaders) and not (
+            pipeline.is_training_loop(batch) or id(batch.loop) in info.step_loops
+        ):
+            return call.ctx.function.name.value
+    return None
+
+
+def _made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
+    """The calls whose value is this DataLoader when it is built by a lambda bound to a name
+    (``make = lambda ds: DataLoader(ds, ...)``; ``loader = make(train_set)``)."""
+    lambdas = [f.node for f in call.ctx.chain() if f.kind == "lambda"]
+    if not lambdas or lambdas[0].body is not call.node:  # type: ignore[attr-defined]
+        return []
+    names = [b.target for b in facts.bindings if b.value is lambdas[0]]
+    return [c.node for c in facts.calls if c.name in names]
+
+
 def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:
+    """The fallback where data flow cannot follow the loader (handed to code outside this file)."""
     if facts.in_eval(call.ctx):
         return False
     dataset = _dataset_expr(call)
@@ -138,8 +217,9 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 continue
             if batch_sampler and literal_value(call.arg("batch_sampler")) is not None:
                 continue
-            name = info.dataloader_name(call)
-            if not _is_training_loader(facts, info, call, name):
+            name = info.target_of(call.node)
+            flow = _feeds_training(facts, info, call)
+            if flow is False or (flow is None and not _is_training_loader(facts, info, call, name)):
                 continue
             if _is_sharded(facts, info, call):
                 continue
@@ -147,6 +227,13 @@ class DdpWithoutDistributedSampler(ScriptRule):
             shuffle = call.arg("shuffle", 2)
 
             def plan(call=call, name=name, dataset=dataset, shuffle=shuffle) -> AddSampler:
+                shared = _also_feeds_other_loops(facts, info, call)
+                if shared:
+                    raise DeclineFix(
+                        f"`{shared}` builds this DataLoader for a loop that does not train too; a sampler "
+                        "there would split that loop's data across ranks as well: add it where training "
+                        "builds its loader, by hand"
+                    )
                 edits = _plan(facts, call)
                 return AddSampler(
                     call.node,
@@ -162,9 +249,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"the model is wrapped in DDP but the training DataLoader{f' `{name}`' if name else ''} has no "
-                "DistributedSampler: every process iterates the whole dataset in the same order, so each "
-                "epoch does the work of one GPU N times",
+                _message(name),
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
@@ -172,6 +257,50 @@ class DdpWithoutDistributedSampler(ScriptRule):
                     plan,
                 ),
             )
+        yield from self._partial_loaders(facts, info)
+
+    def _partial_loaders(self, facts: ScriptFacts, info: DistributedFacts) -> Iterator[Finding]:
+        """``make = functools.partial(DataLoader, batch_size=64, shuffle=True)``; ``loader = make(train_set)``
+        iterated by the training loop: reported at the call that builds the loader, fix declined."""
+        sources = None
+        for partial in facts.calls:
+            if not (partial.qualname or "").endswith("functools.partial") or not partial.node.args:
+                continue
+            inner = partial.node.args[0].value
+            if not is_dataloader(facts.qualname(inner)) or in_test_code(partial.ctx):
+                continue
+            if any(a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler") for a in partial.node.args):
+                continue
+            names = [b.target for b in facts.bindings if b.value is partial.node]
+            if sources is None:
+                sources = {id(v) for v in _step_loop_sources(facts, info)}
+            for made in facts.calls:
+                if made.name not in names or id(made.node) not in sources:
+                    continue
+                if any(a.star or (a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler")) for a in made.node.args):
+                    continue
+                dataset = made.arg("dataset", 0)
+                if dataset is not None and _SHARDED_TEXT.search(code(facts, dataset)):
+                    continue
+                yield self.finding(
+                    facts,
+                    made.node,
+                    _message(info.target_of(made.node)),
+                    fix=Fix(
+                        FixClass.SAFE,
+                        "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle=",
+                        available=False,
+                        reason=f"the DataLoader is built through `functools.partial` (`{made.name}`); its "
+                        "shuffle= and the sampler must be changed where the partial is made, by hand",
+                    ),
+                )
+
+
+def _message(name: str | None) -> str:
+    return (
+        f"the training DataLoader{f' `{name}`' if name else ''} of this DDP job has no DistributedSampler; "
+        "every rank iterates the whole dataset, so N GPUs do the work of one"
+    )
 
 
 # -- the plan for one DataLoader ---------------------------------------------------------------------------
