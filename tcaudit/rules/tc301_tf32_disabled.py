@@ -15,6 +15,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rules.costs import cost_note
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan, strip_comments
@@ -46,17 +47,16 @@ class Tf32Disabled(ScriptRule):
         models = pipeline.trained_models
         convnet = bool(models) and all(pipeline.is_conv_construction(m.construction) for m in models)
         if convnet:
+            cost = cost_note(self.spec, context.settings.gpu, "convnet")
             message = (
-                "training runs in fp32 on CUDA without TF32 matmuls; this convnet gains little (cuDNN "
-                "already runs fp32 convolutions in TF32 by default), only its linear layers would: "
-                f"`{FIX_CODE}` after the imports"
+                f"fp32 training without TF32 matmuls; this convnet gains little{cost}, only its linear "
+                f"layers would: `{FIX_CODE}` after the imports"
             )
             severity = Severity.INFO
         else:
             message = (
-                "training runs its fp32 matmuls on CUDA at full FP32 precision: TF32 tensor cores "
-                f"(Ampere and newer) run them several times faster; add `{FIX_CODE}` after the imports, "
-                "or train under autocast"
+                "fp32 matmuls run at full FP32 precision without TF32; TF32 tensor cores (Ampere and newer) "
+                f"run them several times faster: add `{FIX_CODE}` after the imports, or train under autocast"
             )
             severity = None
         yield self.finding(
