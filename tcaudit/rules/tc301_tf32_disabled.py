@@ -86,7 +86,7 @@ def _trained_dtype(facts: ScriptFacts, pipeline) -> str | None:
                 return "half"
     casts: list[str] = []
     for call in facts.calls:
-        if call.receiver_name in models and call.statement is not None:
+        if isinstance(call.receiver, (cst.Name, cst.Attribute)) and call.receiver_name in models:
             cast = _cast_of(facts, call.node)
             if cast:
                 casts.append(cast)

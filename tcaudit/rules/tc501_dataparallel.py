@@ -20,6 +20,7 @@ from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import flag_frames
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,15 +38,15 @@ class DataParallelUsed(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if info.is_ddp_script:
-            # The script already offers DDP/FSDP; DataParallel is its fallback for a plain launch
-            # (the PyTorch ImageNet example's shape). TRAPS 8: add only what is missing.
-            return
         wraps = info.wraps_of("dataparallel")
         launched = _multi_process_launch(info) if wraps else None
         for wrap in wraps:
             call = wrap.call
             if in_test_code(call.ctx):
+                continue
+            if info.is_ddp_script and not (launched and not flag_frames(call.ctx)):
+                # The script already offers DDP/FSDP; DataParallel behind a branch is its fallback for
+                # a plain launch (the PyTorch ImageNet example's shape). TRAPS 8: add only what is missing.
                 continue
             written = call.name or "DataParallel"
             alias = written.split(".")[-1] != "DataParallel"

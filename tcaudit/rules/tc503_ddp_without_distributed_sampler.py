@@ -96,7 +96,31 @@ def _step_loop_sources(facts: ScriptFacts, info: DistributedFacts) -> list[cst.B
                     if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "iter" and value.args:
                         heads.append(value.args[0].value)
         for head in heads:
-            out += facts.binding_values(head)
+            out += _values(facts, head, frame.function)
+    return out
+
+
+def _values(facts: ScriptFacts, expr: cst.BaseExpression, fn: cst.FunctionDef | None, depth: int = 0) -> list[cst.BaseExpression]:
+    """The values ``expr`` may hold, following assignments and, for a parameter of ``fn``, the
+    arguments its callers in this file pass (``train_epoch(model, opt, loader)``), two calls deep."""
+    out: list[cst.BaseExpression] = []
+    for value in facts.binding_values(expr):
+        out.append(value)
+        if depth >= 2 or fn is None or not isinstance(value, cst.Name) or facts.bindings_of(value.value):
+            continue
+        params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+        if value.value not in params and value.value not in {p.name.value for p in fn.params.kwonly_params}:
+            continue
+        index = params.index(value.value) if value.value in params else None
+        for caller in facts.callers(fn):
+            if caller.ctx.inside(fn):
+                continue
+            position = index
+            if position is not None and params[:1] in (["self"], ["cls"]) and caller.method is not None:
+                position -= 1
+            arg = caller.arg(value.value, position)
+            if arg is not None:
+                out += _values(facts, arg, caller.ctx.function, depth + 1)
     return out
 
 
@@ -120,28 +144,34 @@ def _feeds_training(facts: ScriptFacts, info: DistributedFacts, call: CallSite) 
 
 
 def _also_feeds_other_loops(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> str | None:
-    """The helper's name when the DataLoader is built in a helper whose loaders also feed a loop that
-    does not train (``holdout = build_loader(ds)`` evaluated under no_grad)."""
-    pipeline = pipeline_facts(facts)
-    site = pipeline.loader_for(call.node)
-    if site is None or call.ctx.function is None:
+    """The helper's name when the DataLoader is built in a helper (a function or a lambda) that also
+    builds loaders no training loop iterates (``holdout = build_loader(ds)`` evaluated under no_grad):
+    a sampler in the helper would split those too."""
+    made = _made_by(facts, call)
+    if not made:
         return None
-    for batch in pipeline.batch_loops:
-        if any(s is site for s in batch.loaders) and not (
-            pipeline.is_training_loop(batch) or id(batch.loop) in info.step_loops
-        ):
-            return call.ctx.function.name.value
+    sources = {id(v) for v in _step_loop_sources(facts, info)}
+    for node in made:
+        if id(node) not in sources:
+            return get_full_name_for_node(node.func) or "the helper"
     return None
 
 
 def _made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
-    """The calls whose value is this DataLoader when it is built by a lambda bound to a name
-    (``make = lambda ds: DataLoader(ds, ...)``; ``loader = make(train_set)``)."""
+    """The calls whose value is this DataLoader when a helper returns it (``def build_loader(ds):
+    return DataLoader(ds, ...)``) or a lambda bound to a name builds it (``make = lambda ds:
+    DataLoader(ds, ...)``): the helper's calls in this file."""
     lambdas = [f.node for f in call.ctx.chain() if f.kind == "lambda"]
-    if not lambdas or lambdas[0].body is not call.node:  # type: ignore[attr-defined]
+    if lambdas and lambdas[0].body is call.node:  # type: ignore[attr-defined]
+        names = [b.target for b in facts.bindings if b.value is lambdas[0]]
+        return [c.node for c in facts.calls if c.name in names]
+    fn = call.ctx.function
+    statement = call.statement
+    if lambdas or fn is None or statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
         return []
-    names = [b.target for b in facts.bindings if b.value is lambdas[0]]
-    return [c.node for c in facts.calls if c.name in names]
+    if not any(isinstance(s, cst.Return) and s.value is call.node for s in statement.node.body):
+        return []
+    return [c.node for c in facts.callers(fn) if not c.ctx.inside(fn)]
 
 
 def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:
@@ -230,9 +260,8 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 shared = _also_feeds_other_loops(facts, info, call)
                 if shared:
                     raise DeclineFix(
-                        f"`{shared}` builds this DataLoader for a loop that does not train too; a sampler "
-                        "there would split that loop's data across ranks as well: add it where training "
-                        "builds its loader, by hand"
+                        f"`{shared}` also builds loaders that no training loop iterates; a sampler there "
+                        "would split them across ranks too: add it where training builds its loader, by hand"
                     )
                 edits = _plan(facts, call)
                 return AddSampler(
