@@ -272,3 +272,22 @@ def test_every_format_writes_to_an_output_file(project, fmt):
     assert out == ""
     written = (project / "report.out").read_text(encoding="utf-8")
     assert "TC202" in written
+
+
+def test_text_orders_a_file_by_severity_then_line():
+    def finding(line: int, severity: Severity, rule: str) -> Finding:
+        return Finding(rule=rule, name="x", severity=severity, location=Location("t.py", line, 1, line, 2), message=f"m{line}")
+
+    result = ScanResult(
+        findings=[
+            finding(1, Severity.INFO, "TC305"),
+            finding(2, Severity.WARNING, "TC601"),
+            finding(3, Severity.ERROR, "TC501"),
+            finding(4, Severity.WARNING, "TC402"),
+            finding(5, Severity.ERROR, "TC208"),
+        ],
+        files_scanned=1,
+        files_parsed=1,
+    )
+    heads = [line for line in render("text", result).splitlines() if line.startswith("t.py:")]
+    assert [h.split(":")[1] for h in heads] == ["3", "5", "2", "4", "1"]

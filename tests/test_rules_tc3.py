@@ -18,6 +18,8 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
 MY_RULES = ("TC301", "TC302", "TC303", "TC305", "TC306", "TC307")
 
 EXPECTED = {
+    # model.half() training on GPU 0 by number: no TF32 advice (TC301); never compiled (TC305)
+    "tc3_half_model.py": [("TC305", 7)],
     # torchvision ResNet under bf16 autocast (behind --amp), NCHW, SGD, eager; TF32 not reported (AMP).
     "tc3_resnet_amp_nchw.py": [("TC302", 51), ("TC303", 51), ("TC305", 51), ("TC307", 54)],
     # fp32 GPT, anomaly detection and an unscheduled profiler left on; `compile = True` compiles nothing.

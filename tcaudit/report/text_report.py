@@ -1,4 +1,5 @@
-"""The default human format: grouped by file, each finding with a code frame, then a summary line."""
+"""The default human format: grouped by file, errors first (then warnings, then info, each in line
+order), each finding with a code frame, then a summary line."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def _source_lines(path: str) -> list[str]:
     return raw.decode(encoding, errors="replace").splitlines()
 
 
+def by_severity(findings) -> list:
+    """A file's findings, errors first, then warnings, then info; in line order within a severity."""
+    return sorted(findings, key=lambda f: (-int(f.severity), f.sort_key))
+
+
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
     cache: dict[str, list[str]] = {}
@@ -57,7 +63,7 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
         console.print(Text(path, style="bold underline"))
         if path not in cache:
             cache[path] = _source_lines(path)
-        for f in group:
+        for f in by_severity(group):
             loc = f.location
             head = Text()
             head.append(f"{path}:{loc.line}:{loc.column}: ", style="bold")

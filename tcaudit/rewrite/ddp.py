@@ -112,6 +112,8 @@ class DdpLayout:
     module_attributes: set[int] = field(default_factory=set)  # ``model.fc`` → ``model.module.fc``
     device_strings: set[int] = field(default_factory=set)  # "cuda:0" → "cuda"
     device_calls: set[int] = field(default_factory=set)  # .cuda(0) → .cuda()
+    device_ints: set[int] = field(default_factory=set)  # ``device = 0``, ``.to(0)`` → "cuda"
+    device_ordinals: set[int] = field(default_factory=set)  # torch.device("cuda", 0) → torch.device("cuda")
 
 
 def plan_conversion(facts: ScriptFacts, dataparallel: list[Wrap] | None = None) -> DdpLayout:
@@ -352,6 +354,19 @@ class DdpConversion:
                 if literal_value(args[0].value) != 0:
                     raise DeclineFix(f"the script names GPU {literal_value(args[0].value)} (`.cuda(N)`)")
                 plan.device_calls.add(id(call.node))
+        # GPU 0 by number: ``device = 0``, ``.to(0)``, ``torch.device("cuda", 0)``. Under torchrun each
+        # process's current device (set from LOCAL_RANK) is what "cuda" means.
+        for node in _integer_devices(facts):
+            if literal_value(node) != 0:
+                raise DeclineFix(f"the script names GPU {literal_value(node)} by number; under torchrun each "
+                                 "process uses the GPU of its LOCAL_RANK")
+            plan.device_ints.add(id(node))
+        for call in facts.calls:
+            if call.qualname == "torch.device" and len(call.node.args) == 2 and literal_value(call.node.args[0].value) == "cuda":
+                ordinal = literal_value(call.node.args[1].value)
+                if ordinal != 0:
+                    raise DeclineFix(f"the script names GPU {ordinal} (`torch.device(\"cuda\", {ordinal})`)")
+                plan.device_ordinals.add(id(call.node))
 
     # -- the rewrite -------------------------------------------------------------------------------------
     def plan(self, dataparallel: list[Wrap] | None = None) -> DdpLayout:
@@ -532,9 +547,17 @@ class _DdpEditor(CallEditor):
             return updated_node.with_changes(value=f"{updated_node.prefix}{quote}cuda{quote}")
         return updated_node
 
+    def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.BaseExpression:
+        if id(original_node) in self.plan.device_ints:
+            return cst.SimpleString('"cuda"')
+        return updated_node
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.plan.device_calls:
             updated_node = updated_node.with_changes(args=[])
+        if id(original_node) in self.plan.device_ordinals:
+            first = updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            updated_node = updated_node.with_changes(args=[first])
         if self.isinstance_names and get_full_name_for_node(updated_node.func) == "isinstance" and len(updated_node.args) == 2:
             second = updated_node.args[1]
             if get_full_name_for_node(second.value) in self.isinstance_names:
@@ -598,3 +621,20 @@ class _DdpEditor(CallEditor):
         if self.prepend:
             body = [*self.prepend, *body]
         return updated_node.with_changes(body=body)
+
+
+_DEVICE_TARGET = re.compile(r"(^|[._])(device|dev|gpu|gpu_id|cuda_device)$", re.IGNORECASE)
+
+
+def _integer_devices(facts: ScriptFacts) -> list[cst.Integer]:
+    """Integer literals used as a device: bound to a device name (``device = 0``, ``args.gpu = 0``) or
+    passed to ``.to(0)`` / ``.to(device=0)``."""
+    out: list[cst.Integer] = []
+    for binding in facts.bindings:
+        if isinstance(binding.value, cst.Integer) and _DEVICE_TARGET.search(binding.target):
+            out.append(binding.value)
+    for call in facts.method_calls("to"):
+        device = call.arg("device", 0)
+        if isinstance(device, cst.Integer):
+            out.append(device)
+    return out

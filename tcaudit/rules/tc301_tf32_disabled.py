@@ -15,6 +15,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rules.costs import cost_note
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan, strip_comments
@@ -40,23 +41,22 @@ class Tf32Disabled(ScriptRule):
             return
         # Under autocast the GEMMs run in fp16/bf16 already; TF32 would only touch the few fp32 ops
         # left, so a script with AMP (even behind a flag) gets no finding.
-        if pipeline.trains_under_autocast or _trains_in_float64(facts, pipeline):
-            return
+        if pipeline.trains_under_autocast or _trained_dtype(facts, pipeline) in ("float64", "half"):
+            return  # fp64 never uses TF32; a model cast to fp16/bf16 runs its GEMMs on tensor cores already
         step = facts.training_steps[0]
         models = pipeline.trained_models
         convnet = bool(models) and all(pipeline.is_conv_construction(m.construction) for m in models)
         if convnet:
+            cost = cost_note(self.spec, context.settings.gpu, "convnet")
             message = (
-                "training runs in fp32 on CUDA without TF32 matmuls; this convnet gains little (cuDNN "
-                "already runs fp32 convolutions in TF32 by default), only its linear layers would: "
-                f"`{FIX_CODE}` after the imports"
+                f"fp32 training without TF32 matmuls; this convnet gains little{cost}, only its linear "
+                f"layers would: `{FIX_CODE}` after the imports"
             )
             severity = Severity.INFO
         else:
             message = (
-                "training runs its fp32 matmuls on CUDA at full FP32 precision: TF32 tensor cores "
-                f"(Ampere and newer) run them several times faster; add `{FIX_CODE}` after the imports, "
-                "or train under autocast"
+                "fp32 matmuls run at full FP32 precision without TF32; TF32 tensor cores (Ampere and newer) "
+                f"run them several times faster: add `{FIX_CODE}` after the imports, or train under autocast"
             )
             severity = None
         yield self.finding(
@@ -72,33 +72,62 @@ class Tf32Disabled(ScriptRule):
         )
 
 
-def _trains_in_float64(facts: ScriptFacts, pipeline) -> bool:
-    """fp64 training (``model.double()``, ``.to(torch.float64)``, ``set_default_dtype(torch.float64)``)
-    never uses TF32."""
+def _trained_dtype(facts: ScriptFacts, pipeline) -> str | None:
+    """``"float64"`` for fp64 training (``model.double()``, ``.to(torch.float64)``,
+    ``set_default_dtype(torch.float64)``), ``"half"`` for a model cast to fp16/bf16 as a whole
+    (``model.half()``, ``.to(torch.bfloat16)``) and not cast back (``model.half().float()``); None for fp32."""
     models = set(pipeline.trained_model_names) | facts.model_names
     for call in facts.calls:
         if (call.qualname or "") == "torch.set_default_dtype" and call.node.args:
-            if facts.resolve(get_full_name_for_node(call.node.args[0].value)) in FLOAT64:
-                return True
-        if call.receiver_name in models and _casts_to_float64(facts, call.node):
-            return True
+            dtype = facts.resolve(get_full_name_for_node(call.node.args[0].value))
+            if dtype in FLOAT64:
+                return "float64"
+            if dtype in HALF:
+                return "half"
+    casts: list[str] = []
+    for call in facts.calls:
+        if isinstance(call.receiver, (cst.Name, cst.Attribute)) and call.receiver_name in models:
+            cast = _cast_of(facts, call.node)
+            if cast:
+                casts.append(cast)
     for name in models:
         for binding in facts.bindings_of(name):
             value = binding.value
             while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
-                if _casts_to_float64(facts, value):
-                    return True
+                cast = _cast_of(facts, value)
+                if cast:
+                    casts.append(cast)
+                    break  # the outermost cast is the one that stays
                 value = value.func.value
-    return False
+    if "float64" in casts:
+        return "float64"
+    if casts and all(c == "half" for c in casts):
+        return "half"
+    return None
 
 
-def _casts_to_float64(facts: ScriptFacts, call: cst.Call) -> bool:
+HALF = ("torch.float16", "torch.half", "torch.bfloat16")
+
+
+def _cast_of(facts: ScriptFacts, call: cst.Call) -> str | None:
     if not isinstance(call.func, cst.Attribute):
-        return False
+        return None
     method = call.func.attr.value
     if method == "double":
-        return True
-    return method == "to" and any(facts.resolve(get_full_name_for_node(a.value)) in FLOAT64 for a in call.args)
+        return "float64"
+    if method in ("half", "bfloat16"):
+        return "half"
+    if method == "float":
+        return "float32"
+    if method == "to":
+        dtypes = {facts.resolve(get_full_name_for_node(a.value)) for a in call.args}
+        if dtypes & set(FLOAT64):
+            return "float64"
+        if dtypes & set(HALF):
+            return "half"
+        if dtypes & {"torch.float32", "torch.float"}:
+            return "float32"
+    return None
 
 
 # -- the fix ------------------------------------------------------------------------------------

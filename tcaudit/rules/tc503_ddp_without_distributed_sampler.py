@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -27,6 +27,7 @@ from tcaudit.script.distributed import (
     code,
     distributed_facts,
     in_test_code,
+    is_dataloader,
     literal_value,
     passes_keyword,
 )
@@ -66,7 +67,115 @@ def _is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> b
     return False
 
 
+_ITERATION_WRAPPERS = re.compile(r"(^|\.)(enumerate|iter|tqdm|trange|track|islice|zip|progress\w*|Progress\w*)$")
+
+
+def _iterated(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What a loop header iterates, through ``enumerate``/``tqdm``/``zip``/``iter`` wrappers."""
+    if isinstance(expr, cst.Call) and _ITERATION_WRAPPERS.search(get_full_name_for_node(expr.func) or ""):
+        out: list[cst.BaseExpression] = []
+        for arg in expr.args:
+            if arg.keyword is None and not arg.star:
+                out += _iterated(facts, arg.value)
+        return out
+    return [expr]
+
+
+def _step_loop_sources(facts: ScriptFacts, info: DistributedFacts) -> list[cst.BaseExpression]:
+    """Every value the iterables of the training step loops may hold (``for x, y in loader`` → the
+    expressions ``loader`` is bound to, a ``next(it)`` loop's ``iter(loader)`` argument's values)."""
+    out: list[cst.BaseExpression] = []
+    for frame in info.step_loops.values():
+        node = frame.node
+        heads: list[cst.BaseExpression] = []
+        if isinstance(node, cst.For):
+            heads = _iterated(facts, node.iter)
+        for call in facts.calls:
+            if call.name == "next" and call.node.args and call.ctx.inside(node):
+                for value in facts.binding_values(call.node.args[0].value):
+                    if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "iter" and value.args:
+                        heads.append(value.args[0].value)
+        for head in heads:
+            out += _values(facts, head, frame.function)
+    return out
+
+
+def _values(facts: ScriptFacts, expr: cst.BaseExpression, fn: cst.FunctionDef | None, depth: int = 0) -> list[cst.BaseExpression]:
+    """The values ``expr`` may hold, following assignments and, for a parameter of ``fn``, the
+    arguments its callers in this file pass (``train_epoch(model, opt, loader)``), two calls deep."""
+    out: list[cst.BaseExpression] = []
+    for value in facts.binding_values(expr):
+        out.append(value)
+        if depth >= 2 or fn is None or not isinstance(value, cst.Name) or facts.bindings_of(value.value):
+            continue
+        params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+        if value.value not in params and value.value not in {p.name.value for p in fn.params.kwonly_params}:
+            continue
+        index = params.index(value.value) if value.value in params else None
+        for caller in facts.callers(fn):
+            if caller.ctx.inside(fn):
+                continue
+            position = index
+            if position is not None and params[:1] in (["self"], ["cls"]) and caller.method is not None:
+                position -= 1
+            arg = caller.arg(value.value, position)
+            if arg is not None:
+                out += _values(facts, arg, caller.ctx.function, depth + 1)
+    return out
+
+
+def _feeds_training(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bool | None:
+    """Whether this DataLoader's batches reach a training step, by data flow (no names): True when a
+    loop that trains iterates it (directly, through a helper that returns it, a parameter, a lambda),
+    False when only loops that do not train do, None when its batches cannot be followed."""
+    pipeline = pipeline_facts(facts)
+    site = pipeline.loader_for(call.node)
+    reached = [b for b in pipeline.batch_loops if any(s is site for s in b.loaders)] if site is not None else []
+    if any(pipeline.is_training_loop(b) or id(b.loop) in info.step_loops for b in reached):
+        return True
+    made = _made_by(facts, call)
+    if made:
+        sources = {id(v) for v in _step_loop_sources(facts, info)}
+        if any(id(node) in sources for node in made):
+            return True
+    if reached:
+        return False
+    return None
+
+
+def _also_feeds_other_loops(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> str | None:
+    """The helper's name when the DataLoader is built in a helper (a function or a lambda) that also
+    builds loaders no training loop iterates (``holdout = build_loader(ds)`` evaluated under no_grad):
+    a sampler in the helper would split those too."""
+    made = _made_by(facts, call)
+    if not made:
+        return None
+    sources = {id(v) for v in _step_loop_sources(facts, info)}
+    for node in made:
+        if id(node) not in sources:
+            return get_full_name_for_node(node.func) or "the helper"
+    return None
+
+
+def _made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
+    """The calls whose value is this DataLoader when a helper returns it (``def build_loader(ds):
+    return DataLoader(ds, ...)``) or a lambda bound to a name builds it (``make = lambda ds:
+    DataLoader(ds, ...)``): the helper's calls in this file."""
+    lambdas = [f.node for f in call.ctx.chain() if f.kind == "lambda"]
+    if lambdas and lambdas[0].body is call.node:  # type: ignore[attr-defined]
+        names = [b.target for b in facts.bindings if b.value is lambdas[0]]
+        return [c.node for c in facts.calls if c.name in names]
+    fn = call.ctx.function
+    statement = call.statement
+    if lambdas or fn is None or statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
+        return []
+    if not any(isinstance(s, cst.Return) and s.value is call.node for s in statement.node.body):
+        return []
+    return [c.node for c in facts.callers(fn) if not c.ctx.inside(fn)]
+
+
 def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:
+    """The fallback where data flow cannot follow the loader (handed to code outside this file)."""
     if facts.in_eval(call.ctx):
         return False
     dataset = _dataset_expr(call)
@@ -138,8 +247,9 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 continue
             if batch_sampler and literal_value(call.arg("batch_sampler")) is not None:
                 continue
-            name = info.dataloader_name(call)
-            if not _is_training_loader(facts, info, call, name):
+            name = info.target_of(call.node)
+            flow = _feeds_training(facts, info, call)
+            if flow is False or (flow is None and not _is_training_loader(facts, info, call, name)):
                 continue
             if _is_sharded(facts, info, call):
                 continue
@@ -147,6 +257,12 @@ class DdpWithoutDistributedSampler(ScriptRule):
             shuffle = call.arg("shuffle", 2)
 
             def plan(call=call, name=name, dataset=dataset, shuffle=shuffle) -> AddSampler:
+                shared = _also_feeds_other_loops(facts, info, call)
+                if shared:
+                    raise DeclineFix(
+                        f"`{shared}` also builds loaders that no training loop iterates; a sampler there "
+                        "would split them across ranks too: add it where training builds its loader, by hand"
+                    )
                 edits = _plan(facts, call)
                 return AddSampler(
                     call.node,
@@ -162,9 +278,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"the model is wrapped in DDP but the training DataLoader{f' `{name}`' if name else ''} has no "
-                "DistributedSampler: every process iterates the whole dataset in the same order, so each "
-                "epoch does the work of one GPU N times",
+                _message(name),
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
@@ -172,6 +286,50 @@ class DdpWithoutDistributedSampler(ScriptRule):
                     plan,
                 ),
             )
+        yield from self._partial_loaders(facts, info)
+
+    def _partial_loaders(self, facts: ScriptFacts, info: DistributedFacts) -> Iterator[Finding]:
+        """``make = functools.partial(DataLoader, batch_size=64, shuffle=True)``; ``loader = make(train_set)``
+        iterated by the training loop: reported at the call that builds the loader, fix declined."""
+        sources = None
+        for partial in facts.calls:
+            if not (partial.qualname or "").endswith("functools.partial") or not partial.node.args:
+                continue
+            inner = partial.node.args[0].value
+            if not is_dataloader(facts.qualname(inner)) or in_test_code(partial.ctx):
+                continue
+            if any(a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler") for a in partial.node.args):
+                continue
+            names = [b.target for b in facts.bindings if b.value is partial.node]
+            if sources is None:
+                sources = {id(v) for v in _step_loop_sources(facts, info)}
+            for made in facts.calls:
+                if made.name not in names or id(made.node) not in sources:
+                    continue
+                if any(a.star or (a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler")) for a in made.node.args):
+                    continue
+                dataset = made.arg("dataset", 0)
+                if dataset is not None and _SHARDED_TEXT.search(code(facts, dataset)):
+                    continue
+                yield self.finding(
+                    facts,
+                    made.node,
+                    _message(info.target_of(made.node)),
+                    fix=Fix(
+                        FixClass.SAFE,
+                        "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle=",
+                        available=False,
+                        reason=f"the DataLoader is built through `functools.partial` (`{made.name}`); its "
+                        "shuffle= and the sampler must be changed where the partial is made, by hand",
+                    ),
+                )
+
+
+def _message(name: str | None) -> str:
+    return (
+        f"the training DataLoader{f' `{name}`' if name else ''} of this DDP job has no DistributedSampler; "
+        "every rank iterates the whole dataset, so N GPUs do the work of one"
+    )
 
 
 # -- the plan for one DataLoader ---------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code, loop_header_end
-from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, ScriptFacts
+from tcaudit.script.pipeline import all_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,8 +35,8 @@ class ConvertToDdp(FixPlan):
 
 class SingleProcessTraining(ScriptRule):
     id = "TC505"
-    # Necessary: the text names CUDA and has a training step (a backward or an optimizer step).
-    triggers = (r"(?s)\A(?=.*\bcuda\b).*(?:\.backward\(|\.step\()",)
+    # Necessary: CUDA evidence (ScriptFacts.uses_cuda) and a training step (a backward or an optimizer step).
+    triggers = (all_of(CUDA_EVIDENCE_TEXT, r"\.backward\(|\.step\("),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

@@ -17,7 +17,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
-from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.facts import Frame, ScriptFacts
 
 # The script puts its model or tensors on a GPU (not just mentions CUDA in a check).
 _CUDA_TRAINING = re.compile(
@@ -36,6 +36,44 @@ def _always_gloo(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
             continue  # an assigned name: its values are in the list
         leaves.append(value)
     return bool(leaves) and all(literal_value(v) == "gloo" for v in leaves)
+
+
+# ``platform.system() == "Windows"``, ``sys.platform == "win32"``, ``sys.platform.startswith("win")``,
+# ``os.name == "nt"``, ``IS_WINDOWS``: a test that picks the Windows path.
+_WINDOWS_TEST = re.compile(
+    r"""platform\.system\(\)|sys\.platform|os\.name|platform\.platform\(\)|\bis_?windows\b|\bon_windows\b|\bwin32\b|IS_WINDOWS""",
+    re.IGNORECASE,
+)
+_WINDOWS_VALUE = re.compile(r"""["'](?:windows|win32|win|nt|cygwin)["']|is_?windows|on_windows""", re.IGNORECASE)
+
+
+def _is_windows_test(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
+    text = facts.module.code_for_node(test)
+    return bool(_WINDOWS_TEST.search(text)) and bool(_WINDOWS_VALUE.search(text) or re.search(r"(?i)is_?windows|IS_WINDOWS", text))
+
+
+def _negated(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
+    text = facts.module.code_for_node(test)
+    return isinstance(test, cst.UnaryOperation) or "!=" in text or " not in " in text
+
+
+def _windows_only(facts: ScriptFacts, ctx: Frame) -> bool:
+    """Code that runs on Windows only: the body of ``if <windows test>:`` or the ``else`` of
+    ``if <not windows>:``."""
+    for frame in ctx.chain():
+        if frame.kind == "if" and isinstance(frame.node, cst.If) and _is_windows_test(facts, frame.node.test):
+            return not _negated(facts, frame.node.test)
+        if frame.kind == "else" and isinstance(frame.node, cst.If) and _is_windows_test(facts, frame.node.test):
+            return _negated(facts, frame.node.test)
+    return False
+
+
+def _gloo_only_on_windows(facts: ScriptFacts, backend: cst.BaseExpression) -> bool:
+    """``backend = "gloo"`` bound only in a Windows branch, or ``"gloo" if <windows> else "nccl"``."""
+    name = facts.module.code_for_node(backend)
+    bindings = facts.bindings_of(name) if isinstance(backend, (cst.Name, cst.Attribute)) else []
+    gloo = [b for b in bindings if literal_value(b.value) == "gloo"]
+    return bool(gloo) and all(_windows_only(facts, b.ctx) for b in gloo)
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +105,8 @@ class GlooOnCuda(ScriptRule):
             backend = call.arg("backend", 0)
             if backend is None or not _always_gloo(facts, backend):
                 continue
+            if _windows_only(facts, call.ctx) or _gloo_only_on_windows(facts, backend):
+                continue  # Windows has no NCCL: gloo is the only backend there
 
             def plan(backend=backend) -> ReplaceBackend:
                 return _plan(facts, info, backend)

@@ -13,7 +13,7 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, Fix, FixClass, Severity
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
@@ -24,6 +24,7 @@ from tcaudit.script.distributed import (
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
 
 SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
 SYNCHRONIZE = re.compile(r"^torch\.(cuda|accelerator|xpu|mps)\.synchronize$")
@@ -154,11 +155,49 @@ class _StepScope:
                         return True
         return False
 
+    def is_opt_in_flag(self, test: cst.BaseExpression) -> bool:
+        """``if args.debug:``, ``if self.verbose:``, ``if verbose and step > 0:``: a switch that is off
+        unless the user turns it on (an argparse ``store_true``, a ``False``/``0``/``None`` default,
+        a parameter defaulting to one). ``if master_process:`` (true on rank 0 every step) is not."""
+        for flag in _flag_operands(test):
+            dotted = get_full_name_for_node(flag)
+            if dotted and self._off_by_default(dotted):
+                return True
+        return False
+
+    def _off_by_default(self, dotted: str) -> bool:
+        facts = self.facts
+        last = dotted.split(".")[-1]
+        values = [b.value for b in facts.bindings_of(dotted)]
+        if "." in dotted and not dotted.startswith("self."):
+            # ``args.debug``: the option that defines it, as ``store_true`` or with a falsy default.
+            option = _argparse_option(facts, last)
+            if option is not None:
+                return option
+            return not values and bool(_OPT_IN_WORDS.search(last))
+        if dotted.startswith("self."):
+            values = values or []
+            resolved = []
+            for value in values:
+                name = get_full_name_for_node(value) if isinstance(value, cst.Name) else None
+                default = _parameter_default(facts, name) if name else None
+                resolved.append(default if default is not None else value)
+            values = resolved
+        else:
+            default = _parameter_default(facts, dotted)
+            if default is not None:
+                values = values + [default]
+        if values:
+            return all(literal_value(v) in (False, None, 0) and literal_value(v) is not ... for v in values)
+        return bool(_OPT_IN_WORDS.search(last))
+
     def runs_every_step(self, ctx: Frame, depth: int = _MAX_CALL_DEPTH) -> bool:
         facts, info = self.facts, self.info
         for frame in ctx.chain():
             kind = frame.kind
             if kind == "if" and self.is_interval_guard(frame.node.test):  # type: ignore[attr-defined]
+                return False
+            if kind == "if" and self.is_opt_in_flag(frame.node.test):  # type: ignore[attr-defined]
                 return False
             if kind == "except":
                 return False
@@ -190,6 +229,98 @@ def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.
     return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
 
 
+_OPT_IN_WORDS = re.compile(r"debug|verbose|dry_?run|profil|trace|sanity|detect_anomaly|log_every_step|print_every_step", re.IGNORECASE)
+
+
+def _flag_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The plain names and attributes an ``if`` test ands together (``a and b.c`` → ``a``, ``b.c``)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _flag_operands(test.left) + _flag_operands(test.right)
+    if isinstance(test, (cst.Name, cst.Attribute)):
+        return [test]
+    return []
+
+
+def _argparse_option(facts: ScriptFacts, dest: str) -> bool | None:
+    """For ``args.<dest>``: True when its ``add_argument`` is ``store_true`` or defaults to False/0/None,
+    False when it defaults to something true, None when no such option is in the file."""
+    for call in facts.method_calls("add_argument"):
+        flags = [literal_value(a.value) for a in call.node.args if a.keyword is None]
+        names = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]
+        explicit = call.arg("dest")
+        if literal_value(explicit) != dest and dest not in names:
+            continue
+        action = literal_value(call.arg("action"))
+        if action == "store_true":
+            return True
+        default = call.arg("default")
+        if default is None:
+            return action not in ("store_false",)
+        return literal_value(default) in (False, None, 0) and literal_value(default) is not ...
+    return None
+
+
+def _parameter_default(facts: ScriptFacts, name: str | None) -> cst.BaseExpression | None:
+    """The default of a parameter ``name`` of a function of this file (``def __init__(self, verbose=False)``)."""
+    if not name:
+        return None
+    for fn, _ in facts.functions:
+        for param in (*fn.params.params, *fn.params.kwonly_params):
+            if param.name.value == name and param.default is not None:
+                return param.default
+    return None
+
+
+# tqdm / rich progress bars and loggers that turn what they are handed into text at once.
+_PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_description", "set_description_str", "log_metrics"})
+# Calls that take a tensor as a tensor (the step itself, tensorboard's own check).
+_PASSES_TENSORS = frozenset({"str"})
+
+
+def _is_formatting(expr: cst.BaseExpression) -> bool:
+    """An f-string, ``"...".format(...)`` or ``"..." % (...)``: text made from its values now."""
+    if isinstance(expr, (cst.FormattedString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+        return isinstance(expr.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
+    return (
+        isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format"
+        and isinstance(expr.func.value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _dict_uses(tensors: "_Tensors", expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """Tensor values of a dict literal (``wandb.log({"loss": loss})``, ``set_postfix({"loss": loss})``)."""
+    out: list[cst.BaseExpression] = []
+    if isinstance(expr, cst.Dict):
+        for element in expr.elements:
+            if isinstance(element, cst.DictElement):
+                out += tensors.raw_uses(element.value)
+    return out
+
+
+def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -> str | None:
+    """How many micro-steps a gradient-accumulation loop runs before the sync at ``ctx``: the sync sits
+    in the optimizer-step loop, after an inner loop that holds the backward (nanoGPT's
+    ``for micro_step in range(gradient_accumulation_steps): ... loss.backward()``). None otherwise."""
+    loops = [f for f in ctx.chain() if f.kind == "loop"]
+    if not loops:
+        return None
+    outer = loops[0]
+    for step in facts.training_steps:
+        if step.ctx.inside(outer.node) and not ctx.inside(step.ctx.nearest("loop").node if step.ctx.nearest("loop") else outer.node):
+            inner = step.ctx.nearest("loop")
+            if inner is None or inner.node is outer.node or not any(
+                c.ctx.inside(outer.node) and not c.ctx.inside(inner.node) for c in facts.optimizer_steps
+            ):
+                continue
+            node = inner.node
+            if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and get_full_name_for_node(node.iter.func) == "range" and node.iter.args:
+                return f"`{facts.module.code_for_node(node.iter.args[-1].value)}`"
+            return "several"
+    return None
+
+
 def _comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
     out: list[cst.Comparison] = []
 
@@ -203,10 +334,8 @@ def _comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
 
 class PerStepSync(ScriptRule):
     id = "TC601"
-    # Necessary: a training step and something that can sync.
-    triggers = (
-        r"(?s)\A(?=.*(?:\.backward\(|\.step\()).*(?:\.item\(|\.cpu\(|\.numpy\(|\.tolist\(|synchronize|print|add_scalar|add_histogram)",
-    )
+    # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
+    triggers = (r"\.backward\(|\.step\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
@@ -214,8 +343,11 @@ class PerStepSync(ScriptRule):
             # RL: every environment step already brings the action to the host, so the GPU waits on
             # the environment, not on a loss.item() in the update.
             return
+        if not (facts.uses_cuda or facts.uses_accelerator):
+            return  # a CPU-only script: the host is the device, there is nothing to wait for
         scope = _StepScope(facts, info)
         tensors = _Tensors(facts)
+        cost = cost_note(self.spec, context.settings.gpu, "per_step")
         for call in facts.calls:
             described = self._sync(facts, info, tensors, call)
             if described is None or in_test_code(call.ctx):
@@ -223,11 +355,22 @@ class PerStepSync(ScriptRule):
             what, node = described
             if not scope.runs_every_step(call.ctx):
                 continue
+            micro = _after_micro_steps(facts, info, call.ctx)
+            if micro is not None:
+                yield self.finding(
+                    facts,
+                    node,
+                    f"{what} syncs once per optimizer step, after {micro} accumulation micro-steps: "
+                    "a small cost, worth moving under a logging interval",
+                    severity=Severity.INFO,
+                    fix=self._fix(facts, call),
+                )
+                continue
             yield self.finding(
                 facts,
                 node,
-                f"{what} in the training loop makes the host wait for the GPU every step; keep values on "
-                "the device and sync under a logging interval (`if step % log_interval == 0:`)",
+                f"{what} makes the host wait for the GPU every training step{cost}; sync under a logging "
+                "interval (`if step % log_interval == 0:`)",
                 fix=self._fix(facts, call),
             )
 
@@ -259,6 +402,18 @@ class PerStepSync(ScriptRule):
             return f"`{short}.{method}()`", node
         if call.qualname and SYNCHRONIZE.match(call.qualname):
             return f"`{call.name}()`", node
+        if method in _PROGRESS_METHODS or (method == "log" and call.receiver_name in ("wandb", "run", "mlflow")):
+            for arg in node.args:
+                uses = _not_parameters(call, tensors.raw_uses(arg.value) + _dict_uses(tensors, arg.value))
+                if uses:
+                    return f"`{call.name}(...)` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+            return None
+        if call.name != "print" and call.name not in _PASSES_TENSORS:
+            for arg in node.args:
+                if _is_formatting(arg.value):
+                    uses = _not_parameters(call, tensors.raw_uses(arg.value))
+                    if uses:
+                        return f"formatting the tensor `{facts.module.code_for_node(uses[0])}`", node
         if call.name == "print" and not call.method:
             for arg in node.args:
                 uses = _not_parameters(call, tensors.raw_uses(arg.value))

@@ -14,6 +14,7 @@ import libcst as cst
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.rules.costs import cost_note
 from tcaudit.rules.base import RuleContext, ScriptRule
 
 ALIGNMENT = 8
@@ -39,6 +40,7 @@ class BatchSizeUnaligned(ScriptRule):
         info = distributed_facts(facts)
         if not facts.uses_accelerator or not info.step_calls or _SEQUENCE_MODEL.search(info.text):
             return
+        cost = cost_note(self.spec, context.settings.gpu, "batch")
         for node, where in self._literals(facts, info):
             value = literal_value(node)
             if not _unaligned(value):
@@ -48,9 +50,8 @@ class BatchSizeUnaligned(ScriptRule):
             yield self.finding(
                 facts,
                 node,
-                f"training batch size {value} ({where}) is not a multiple of {ALIGNMENT}: GEMMs whose M "
-                f"dimension is the batch (linear layers, classifier heads) pad to Tensor Core tiles; "
-                f"{lower} or {upper} would align",
+                f"training batch size {value} ({where}) is not a multiple of {ALIGNMENT}; {lower} or {upper} "
+                f"would align the GEMMs whose M dimension is the batch{cost}",
                 fix=Fix(
                     FixClass.NUMERICS,
                     f"use a batch size of {lower} or {upper}",

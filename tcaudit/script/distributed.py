@@ -368,7 +368,9 @@ class DistributedFacts:
 
     @functools.cached_property
     def uses_cuda(self) -> bool:
-        return bool(re.search(r"\bcuda\b", self.text))
+        """``ScriptFacts.uses_cuda``: ``device = 0``, ``torch.device("cuda", 0)`` and a device handed in
+        as a parameter are CUDA too."""
+        return self.facts.uses_cuda
 
     # -- loaders -----------------------------------------------------------------------------------
     @functools.cached_property

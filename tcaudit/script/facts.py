@@ -56,6 +56,12 @@ _SCHEDULER_NAME = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|generator|discriminator|encoder|decoder)$")
 _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|sample\w*|generate\w*)$")
 _ACCELERATOR_TEXT = re.compile(r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor")
+_CUDA_TEXT = re.compile(r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']")
+# A necessary condition for ``ScriptFacts.uses_cuda`` (rule triggers): CUDA named, or a device that is
+# an integer, a parameter or a setting (``device = 0``, ``.to(gpu_id)``, ``.to(args.local_rank)``).
+CUDA_EVIDENCE_TEXT = r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']|device|gpu|rank|\.to\(\s*\d"
+_DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
+_HOST_DEVICES = ("cpu", "mps", "xpu", "meta")
 
 # Frameworks that own the loop and/or precision when these names are referenced.
 _FRAMEWORK_ROOTS = {
@@ -852,6 +858,85 @@ class ScriptFacts:
         return bool(_ACCELERATOR_TEXT.search(_strip_comments(self.source.text)))
 
     @functools.cached_property
+    def uses_cuda(self) -> bool:
+        """Whether the script may put its work on a CUDA GPU: CUDA named in the code (``"cuda:0"``,
+        ``torch.device("cuda", 0)``, ``.cuda()``), or a device that can only be a GPU or is chosen
+        outside this file: ``device = 0`` / ``.to(1)`` (an integer device is a CUDA ordinal), ``.to(device)``
+        with ``device`` a parameter (``def train(model, device, loader)``, ``Trainer(gpu_id)``) or a
+        command-line setting (``args.gpu``). A script whose every device is visibly ``"cpu"`` (or that
+        has none) is CPU-only and gets no GPU advice."""
+        if _CUDA_TEXT.search(_strip_comments(self.source.text)):
+            return True
+        for call in self.calls:
+            if call.method in ("to", "cuda") or call.qualname == "torch.device":
+                device = call.arg("device", 0)
+                if device is not None and self.device_may_be_cuda(device, call.ctx.function):
+                    return True
+        return False
+
+    def device_may_be_cuda(self, expr: cst.BaseExpression, fn: cst.FunctionDef | None = None, depth: int = 0) -> bool:
+        """Whether a device expression may name a CUDA device: an integer, a ``cuda`` string, or a
+        device-named value this file does not fix (a parameter whose callers are not all known, an
+        ``args.*`` setting). ``"cpu"``, dtypes and other tensors are not."""
+        if depth > 3:
+            return False
+        for value in self.binding_values(expr):
+            if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+                continue
+            if isinstance(value, cst.Integer):
+                return True
+            if isinstance(value, cst.SimpleString):
+                text = str(value.evaluated_value)
+                if text.split(":")[0] == "cuda" or text.isdigit():
+                    return True
+                continue
+            if isinstance(value, cst.Call):
+                if self.qualname(value.func) == "torch.device" and value.args:
+                    if self.device_may_be_cuda(value.args[0].value, fn, depth + 1):
+                        return True
+                continue
+            if not isinstance(value, (cst.Name, cst.Attribute)):
+                continue
+            dotted = get_full_name_for_node(value)
+            if not dotted or self.bindings_of(dotted):
+                continue  # followed by binding_values
+            last = dotted.split(".")[-1]
+            if not _DEVICE_NAME.search(last):
+                continue  # a dtype, a tensor, a module: not a device
+            if "." in dotted and not dotted.startswith("self."):
+                return True  # ``args.gpu``, ``cfg.device``: chosen on the command line or in a config
+            if self._parameter_may_be_cuda(last, depth):
+                return True
+        return False
+
+    def _parameter_may_be_cuda(self, name: str, depth: int) -> bool:
+        """A device-named parameter: CUDA-capable unless every caller in this file passes a host device."""
+        functions = [
+            fn for fn, _ in self.functions
+            if name in {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+        ]
+        if not functions:
+            return True  # a global set outside this file (``exec``, a star import)
+        for fn in functions:
+            positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+            index = positional.index(name) if name in positional else None
+            callers = [c for c in self.callers(fn) if not c.ctx.inside(fn)]
+            if not callers and fn.name.value == "__init__":
+                cls = next((c for c, _ in self.classes if _defines(c, fn)), None)
+                if cls is not None:
+                    callers = [c for c in self.calls if c.name == cls.name.value]
+                    index = index - 1 if index is not None and positional[:1] == ["self"] else index
+            elif index is not None and positional[:1] in (["self"], ["cls"]):
+                index -= 1
+            if not callers:
+                return True
+            for caller in callers:
+                arg = caller.arg(name, index)
+                if arg is None or self.device_may_be_cuda(arg, caller.ctx.function, depth + 1):
+                    return True
+        return False
+
+    @functools.cached_property
     def autograd_function_classes(self) -> set[cst.ClassDef]:
         out = set()
         for node, _ in self.classes:
@@ -1068,3 +1153,8 @@ def _assigned_names(node: cst.CSTNode) -> set[str]:
                     if dotted:
                         out.add(dotted)
     return out
+
+
+def _defines(cls: cst.ClassDef, fn: cst.FunctionDef) -> bool:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return any(statement is fn for statement in body)

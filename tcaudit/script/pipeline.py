@@ -30,7 +30,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import FixPlan
-from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, CallSite, Frame, ScriptFacts
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.
@@ -54,10 +54,10 @@ _CONV_ARCH = re.compile(
 # torchvision model packages whose inputs change shape from batch to batch, or that are not 2-D.
 _NOT_FIXED_2D = (".detection.", ".video.", ".optical_flow.", ".quantization.")
 
-CUDA_TEXT = r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']"
+# Necessary for ScriptFacts.uses_cuda (rule triggers): CUDA named, or an integer/parameter device.
+CUDA_TEXT = CUDA_EVIDENCE_TEXT
 # facts.uses_accelerator's text, and the CUDA text: necessary for any advice about devices.
-ACCELERATOR_TEXT = r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor|[\"']gpu[\"']"
-_CUDA_TEXT = re.compile(CUDA_TEXT)
+ACCELERATOR_TEXT = r"mps\b|\bxpu\b|FloatTensor|HalfTensor|" + CUDA_EVIDENCE_TEXT
 _EVAL_WORDS = frozenset(
     {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "evaluate", "inference", "infer",
      "predict", "prediction", "dev", "holdout"}
@@ -241,9 +241,10 @@ class PipelineFacts:
     # -- the script --------------------------------------------------------------------------------
     @functools.cached_property
     def uses_cuda(self) -> bool:
-        """CUDA-specific advice (TF32, cuDNN, pinned memory, fused optimizers) needs CUDA text: an
-        MPS- or CPU-only script gets none."""
-        return bool(_CUDA_TEXT.search(strip_comments(self.facts.source.text)))
+        """CUDA-specific advice (TF32, cuDNN, pinned memory, fused optimizers) needs a script that may
+        run on CUDA (``ScriptFacts.uses_cuda``: ``device = 0`` and a device parameter count): an MPS- or
+        CPU-only script gets none."""
+        return self.facts.uses_cuda
 
     @functools.cached_property
     def framework_owned(self) -> bool:
