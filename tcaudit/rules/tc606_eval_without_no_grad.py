@@ -64,7 +64,9 @@ class EvalWithoutNoGrad(ScriptRule):
                 continue
             inside = [c for c in facts.calls if c.ctx.inside(frame.node)]
             gradient = next((c for c in inside if self._computes_gradients(facts, c)), None)
-            if gradient is not None and why == "after-eval":
+            if why == "after-eval" and any(
+                c.method == "backward" or (c.method == "step" and facts.is_optimizer_name(c.receiver_name)) for c in inside
+            ):
                 continue  # ``model.eval()`` then a step: fine-tuning with frozen batch norm, not evaluation
             loop = frame.node
             where = "an evaluation function" if why == "eval-function" else "a loop after `.eval()`"
@@ -83,7 +85,7 @@ class EvalWithoutNoGrad(ScriptRule):
     def _plan(facts: ScriptFacts, loop: cst.CSTNode, gradient: CallSite | None) -> WrapInNoGrad:
         if gradient is not None:
             raise DeclineFix(
-                f"the loop computes gradients (`{gradient.name}(...)`, line {facts.line_of(gradient.node)}); "
+                f"the loop computes gradients (`{gradient.qualname or '.' + str(gradient.method)}(...)`, line {facts.line_of(gradient.node)}); "
                 "no_grad would break it"
             )
         torch = torch_import_name(facts)
