@@ -1,0 +1,211 @@
+"""TC606 eval-without-no-grad: an evaluation loop that runs the model with autograd on.
+
+Without ``torch.no_grad()`` every forward of the evaluation records its autograd graph and keeps
+the activations it would need for a backward that never comes: memory grows with the model's depth
+and the batch (it can run out of memory where training does not, with a larger eval batch) and the
+recording costs host time per op. An evaluation loop is a loop that calls the model inside a function
+the facts call eval (``evaluate``, ``validate``, ``test`` without a backward), or a loop after
+``model.eval()`` in the same block with no backward or optimizer step in it. ``model.eval()`` alone
+switches dropout and batch norm, not autograd.
+
+Fix (numerics): wrap the loop in ``with torch.no_grad():``. Not ``inference_mode``: tensors created
+under it can never be used in autograd later, which would change behaviour where a result of the
+loop is reused. Declined where the loop computes gradients (``backward``, an optimizer step,
+``requires_grad_``, ``torch.autograd.grad``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
+from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
+
+_MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|encoder|decoder|classifier|backbone)$")
+_GRADIENT_METHODS = frozenset({"backward", "requires_grad_"})
+_GRADIENT_CALLS = frozenset({"torch.autograd.grad", "torch.autograd.backward"})
+
+
+@dataclass(frozen=True, eq=False)
+class WrapInNoGrad(FixPlan):
+    kind = "wrap-no-grad"
+    loop: cst.For | cst.While
+    context_expr: str  # ``torch.no_grad()`` with the file's name for torch
+
+
+class EvalWithoutNoGrad(ScriptRule):
+    id = "TC606"
+    triggers = (r"eval|valid|test|infer|predict|sample|generate",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if self._grad_disabled_globally(facts):
+            return
+        eval_receivers = {c.receiver_name for c in facts.method_calls("eval") if not c.node.args}
+        loops: dict[int, Frame] = {}
+        for call in facts.calls:
+            if call.method is not None or not self._is_model(facts, call.name, eval_receivers):
+                continue
+            if self._grad_off(facts, call.ctx) or in_test_code(call.ctx):
+                continue
+            enclosing = loops_of(call.ctx)
+            if enclosing:
+                loops.setdefault(id(enclosing[-1].node), enclosing[-1])
+        for frame in loops.values():
+            why = self._evaluation(facts, frame, eval_receivers)
+            if why is None:
+                continue
+            inside = [c for c in facts.calls if c.ctx.inside(frame.node)]
+            gradient = next((c for c in inside if self._computes_gradients(facts, c)), None)
+            if why == "after-eval" and any(
+                c.method == "backward" or (c.method == "step" and facts.is_optimizer_name(c.receiver_name)) for c in inside
+            ):
+                continue  # ``model.eval()`` then a step: fine-tuning with frozen batch norm, not evaluation
+            loop = frame.node
+            where = "an evaluation function" if why == "eval-function" else "a loop after `.eval()`"
+            yield self.finding(
+                facts, loop,
+                f"{where} runs the model with autograd on: every forward records its graph and keeps its "
+                "activations for a backward that never comes; wrap it in `with torch.no_grad():`",
+                end_node=loop_header_end(loop),
+                fix=self.planned_fix(
+                    FixClass.NUMERICS, "wrap the loop in `with torch.no_grad():`",
+                    lambda loop=loop, gradient=gradient: self._plan(facts, loop, gradient),
+                ),
+            )
+
+    @staticmethod
+    def _plan(facts: ScriptFacts, loop: cst.CSTNode, gradient: CallSite | None) -> WrapInNoGrad:
+        if gradient is not None:
+            raise DeclineFix(
+                f"the loop computes gradients (`{gradient.qualname or '.' + str(gradient.method)}(...)`, line {facts.line_of(gradient.node)}); "
+                "no_grad would break it"
+            )
+        torch = torch_import_name(facts)
+        if torch is None:
+            raise DeclineFix("the file does not `import torch`")
+        assert isinstance(loop, (cst.For, cst.While))
+        return WrapInNoGrad(loop, f"{torch}.no_grad()")
+
+    @staticmethod
+    def _is_model(facts: ScriptFacts, name: str | None, eval_receivers: set) -> bool:
+        if not name:
+            return False
+        return name in facts.model_names or name in eval_receivers or bool(_MODEL_NAME.search(name))
+
+    @staticmethod
+    def _computes_gradients(facts: ScriptFacts, call: CallSite) -> bool:
+        if call.method in _GRADIENT_METHODS or call.qualname in _GRADIENT_CALLS:
+            return True
+        return call.method == "step" and facts.is_optimizer_name(call.receiver_name)
+
+    @staticmethod
+    def _no_grad_decorated(facts: ScriptFacts, fn: cst.FunctionDef) -> bool:
+        for decorator in fn.decorators:
+            dec = decorator.decorator
+            if facts.qualname(dec.func if isinstance(dec, cst.Call) else dec) in NO_GRAD_QUALNAMES:
+                return True
+        return False
+
+    def _grad_off(self, facts: ScriptFacts, ctx: Frame) -> bool:
+        for frame in ctx.chain():
+            if frame.kind == "with" and "eval" in facts.with_kinds(frame.node):  # type: ignore[arg-type]
+                return True
+            if frame.kind == "def" and self._no_grad_decorated(facts, frame.node):  # type: ignore[arg-type]
+                return True
+        return False
+
+    @staticmethod
+    def _grad_disabled_globally(facts: ScriptFacts) -> bool:
+        """``torch.set_grad_enabled(False)`` as a statement: an inference script that turned autograd off."""
+        for call in facts.calls_to("torch.set_grad_enabled", "torch.autograd.set_grad_enabled"):
+            statement = call.statement.node if call.statement is not None else None
+            if isinstance(statement, cst.SimpleStatementLine) and call.node.args:
+                value = call.node.args[0].value
+                if isinstance(value, cst.Name) and value.value == "False":
+                    return True
+        return False
+
+    def _evaluation(self, facts: ScriptFacts, frame: Frame, eval_receivers: set) -> str | None:
+        """Why the loop is an evaluation ("eval-function" or "after-eval"), or None."""
+        loop = frame.node
+        fn = frame.function
+        if fn is not None and facts.function_is_eval(fn):
+            callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+            if callers and all(self._grad_off(facts, c.ctx) for c in callers):
+                return None  # ``with torch.no_grad(): evaluate(model)``
+            return "eval-function"
+        statement = self._statement_of(facts, loop)
+        if statement is None:
+            return None
+        block, index = statement
+        for previous in reversed(block[:index]):
+            text = facts.module.code_for_node(previous)
+            if re.search(r"\.train\(", text):
+                return None
+            if isinstance(previous, cst.SimpleStatementLine) and any(
+                isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Attribute)
+                and s.value.func.attr.value == "eval" and not s.value.args
+                and get_full_name_for_node(s.value.func.value) in eval_receivers
+                for s in previous.body
+            ):
+                return "after-eval"
+        return None
+
+    @staticmethod
+    def _statement_of(facts: ScriptFacts, loop: cst.CSTNode) -> tuple[tuple, int] | None:
+        """The block holding the loop statement and its index there."""
+        found: list[tuple[tuple, int]] = []
+
+        class _Blocks(cst.CSTVisitor):
+            def _look(self, body) -> None:
+                for index, item in enumerate(body):
+                    if item is loop:
+                        found.append((tuple(body), index))
+
+            def visit_Module(self, node: cst.Module) -> None:
+                self._look(node.body)
+
+            def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+                self._look(node.body)
+                return not found
+
+        facts.module.visit(_Blocks())
+        return found[0] if found else None
+
+
+class EvalWithoutNoGradFix(Codemod):
+    rule = "TC606"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        plans: list[WrapInNoGrad] = [f.fix.plan for f in findings]
+        return module.visit(_WrapLoops({id(p.loop): parse_expression(p.context_expr, module) for p in plans}))
+
+
+class _WrapLoops(cst.CSTTransformer):
+    def __init__(self, targets: dict[int, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.BaseStatement:
+        return self._wrap(original_node, updated_node)
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.BaseStatement:
+        return self._wrap(original_node, updated_node)
+
+    def _wrap(self, original_node, updated_node):
+        context_expr = self.targets.get(id(original_node))
+        if context_expr is None:
+            return updated_node
+        return cst.With(
+            items=[cst.WithItem(context_expr)],
+            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+            leading_lines=updated_node.leading_lines,
+        )
