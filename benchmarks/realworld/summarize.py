@@ -1,0 +1,119 @@
+"""Collect run.sh's verify.json files into results.json and print the Markdown table.
+
+    python3 benchmarks/realworld/summarize.py OUT [--output benchmarks/realworld/results.json]
+
+Per script, from OUT/<script>/{fix,compile,ceiling}/verify.json: the naive script's samples/s (from the
+fix run; each verify measures the naive side again, and those figures are kept too), the patch's, the
+patch with --compile, and the hand-tuned ceiling's. ``fraction_of_ceiling`` is the best patch's speedup
+over the ceiling's speedup, each measured against the naive side of its own interleaved runs, so a
+drift of the machine between two verify calls does not enter it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SCRIPTS = ("imagenet_style", "gpt_manual_attention", "word_lm", "dcgan", "unet_seg", "vit_classifier")
+PARTS = ("fix", "compile", "ceiling")
+# What the harness counts as one sample: the leading dimension of the model's first tensor input.
+UNITS = {
+    "imagenet_style": "images",
+    "gpt_manual_attention": "sequences of 1024 tokens",
+    "word_lm": "bptt time steps (input is sequence-first)",
+    "dcgan": "discriminator images (3 per real image: real, fake for D, fake for G)",
+    "unet_seg": "images",
+    "vit_classifier": "images",
+}
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
+
+
+def load(out: Path, script: str, part: str) -> dict | None:
+    path = out / script / part / "verify.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def row(out: Path, script: str) -> dict | None:
+    runs = {part: load(out, script, part) for part in PARTS}
+    present = [run for run in runs.values() if run is not None]
+    if not present:
+        return None
+
+    def side(part: str, label: str) -> float | None:
+        run = runs[part]
+        return None if run is None else run[label]["samples_per_s"]
+
+    def speedup(part: str) -> float | None:
+        run = runs[part]
+        return None if run is None else run["speedup"]
+
+    naive = next((side(part, "original") for part in PARTS if runs[part] is not None), None)
+    patched_speedups = [s for s in (speedup("fix"), speedup("compile")) if s is not None]
+    ceiling_speedup = speedup("ceiling")
+    fraction = (max(patched_speedups) / ceiling_speedup
+                if patched_speedups and ceiling_speedup else None)
+    first = present[0]
+    return {
+        "script": f"benchmarks/realworld/{script}.py",
+        "unit": UNITS.get(script, "samples"),
+        "naive": naive,
+        "patched": side("fix", "patched"),
+        "patched_compile": side("compile", "patched"),
+        "ceiling": side("ceiling", "patched"),
+        "speedup": {part: speedup(part) for part in PARTS},
+        "speedup_ci": {part: None if runs[part] is None else runs[part]["speedup_ci"] for part in PARTS},
+        "naive_per_run": {part: side(part, "original") for part in PARTS},
+        "fraction_of_ceiling": fraction,
+        "loss_parity": {part: None if runs[part] is None else runs[part]["loss_parity"] for part in PARTS},
+        "fixes_applied": {part: None if runs[part] is None else runs[part]["fixes_applied"]
+                          for part in ("fix", "compile")},
+        "gpu": first["gpu"],
+        "device": first["device"],
+        "cpu_timings": first["cpu_timings"],
+        "torch": first["torch"],
+        "steps": first["steps"],
+        "command": {part: None if runs[part] is None else runs[part]["command"] for part in PARTS},
+    }
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _times(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| script | naive | fix | fix --compile | ceiling | fix × | compile × | ceiling × | best / ceiling | parity fix/compile/ceiling |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        parity = "/".join({True: "ok", False: "FAIL", None: "–"}[r["loss_parity"][part]] for part in PARTS)
+        fraction = "–" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}"
+        lines.append(f"| {Path(r['script']).stem} | {_num(r['naive'])} | {_num(r['patched'])} | "
+                     f"{_num(r['patched_compile'])} | {_num(r['ceiling'])} | {_times(r['speedup']['fix'])} | "
+                     f"{_times(r['speedup']['compile'])} | {_times(r['speedup']['ceiling'])} | {fraction} | {parity} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="run.sh's output folder")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"default {DEFAULT_OUTPUT}")
+    args = parser.parse_args(argv)
+    rows = [r for r in (row(args.out, script) for script in SCRIPTS) if r is not None]
+    args.output.write_text(json.dumps(rows, indent=2) + "\n")
+    if rows:
+        devices = sorted({r["device"] for r in rows})
+        torches = sorted({r["torch"] for r in rows})
+        print(f"samples/s (units per script in {args.output.name}); {', '.join(devices)}; torch {', '.join(torches)}")
+        if any(r["cpu_timings"] for r in rows):
+            print("CPU timings: a smoke test, not a benchmark")
+    print(table(rows))
+    print(f"wrote {args.output} ({len(rows)} scripts)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
