@@ -111,7 +111,6 @@ def test_every_fixable_rule_shows_its_fix():
     assert not missing, f"rules with a codemod but no `fixed` example: {missing}"
 
 
-@pytest.mark.parametrize("spec,example", FIXABLE)
 def _expanded(fixed: str) -> str:
     """A fixed form with TC405's one-line stand-in for the inserted DALI helper block, expanded."""
     from tcaudit.rules.tc405_cpu_image_decode import HELPER_PLACEHOLDER, helper_block
@@ -119,6 +118,7 @@ def _expanded(fixed: str) -> str:
     return fixed.replace(HELPER_PLACEHOLDER + "\n", helper_block())
 
 
+@pytest.mark.parametrize("spec,example", FIXABLE)
 def test_bad_example_turns_into_its_fixed_form(spec, example, tmp_path):
     from tcaudit.config import STRUCTURAL_OPTIONS, Settings
     from tcaudit.fix.engine import fix_file

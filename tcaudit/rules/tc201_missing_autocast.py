@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import (
     DeclineFix,
     FixContext,
@@ -142,6 +142,22 @@ def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
     return None
 
 
+def statements_planned_for_autocast(facts: ScriptFacts, settings: "Settings") -> set[int]:
+    """ids of the statements TC201's fix will put under autocast in this file (TC208 asks, to say
+    now what it will do once they are)."""
+    decision = _decide(facts, settings.precision)
+    out: set[int] = set()
+    if decision is None:
+        return out
+    for steps in decision.uncovered.values():
+        try:
+            plan = _plan(facts, decision, steps)
+        except DeclineFix:
+            continue
+        out.update(id(node) for step in plan.steps for node in step.statements)
+    return out
+
+
 class MissingAutocast(ScriptRule):
     id = "TC201"
     triggers = (r"\.backward\(",)
@@ -149,6 +165,7 @@ class MissingAutocast(ScriptRule):
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         decision = _decide(facts, context.settings.precision)
         if decision is None:
+            yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
         for function, steps in decision.uncovered.items():
@@ -173,6 +190,31 @@ class MissingAutocast(ScriptRule):
                     lambda steps=steps: _plan(facts, decision, steps),
                 ),
             )
+
+
+    def _after_cast_removal(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """A model cast to half precision is TC206's: its fix drops the cast, and this rule's fix wraps
+        the step in autocast in the round after. Scan reports that second step now."""
+        amp = amp_facts(facts)
+        if not amp.half_model_casts or amp.double_model or facts.frameworks or not facts.uses_accelerator:
+            return
+        from tcaudit.rules.tc206_half_model_training import HalfModelTraining
+
+        casts = list(HalfModelTraining().check(facts, context))
+        if not casts or not all(f.fix is not None and f.fix.available for f in casts):
+            return
+        for step in facts.training_steps:
+            if amp.step_is_covered(step):
+                continue
+            yield self.finding(
+                facts,
+                _step_statements(facts, step)[0],
+                "with the half-precision model cast removed (TC206), the step runs in fp32: wrap forward and "
+                "loss in torch.autocast",
+                fix=Fix(FixClass.NUMERICS, "wrap forward and loss in torch.autocast, once TC206's fix has "
+                        "removed the model cast", plan=FollowsFix("TC206")),
+            )
+            return  # one finding: the recipe is decided on the script as TC206 leaves it
 
 
 def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode]:
@@ -216,8 +258,33 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
     wrapped = [id(node) for step in planned for node in step.statements]
     if len(set(wrapped)) < len(wrapped) or any(id(s.backward.statement.node) in wrapped for s in steps):
         raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+    _refuse_unsafe_ops(facts, set(wrapped))
     grad_scaler = plan_grad_scaler(facts, steps, device) if decision.scaler else None
     return WrapAutocast(ranges, decision.dtype, decision.scaler, tuple(planned), device.variable, grad_scaler)
+
+
+def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
+    """Decline where the wrap would put binary cross-entropy on probabilities under autocast in a way
+    TC208's fix cannot undo: in a compound statement, or inside a helper the wrapped code calls (it
+    raises on CUDA). A BCE in a plain wrapped statement is TC208's to take out, in the next round."""
+    from tcaudit.rules.tc208_autocast_unsafe_op import unsafe_kind
+
+    for call in facts.calls:
+        if call.statement is None or id(call.statement.node) not in wrapped:
+            continue
+        if unsafe_kind(facts, call) == "bce":
+            if not isinstance(call.statement.node, cst.SimpleStatementLine):
+                raise DeclineFix("binary cross-entropy in a compound statement would run under autocast, "
+                                 "where it raises; use BCEWithLogitsLoss, or wrap by hand")
+            continue
+        name = (call.name or "").removeprefix("self.")
+        for helper in facts.functions_by_name.get(name, []) if name and "." not in name else []:
+            if any(unsafe_kind(facts, inner) == "bce" for inner in facts.calls_in(helper)):
+                raise DeclineFix(
+                    f"`{name}` computes binary cross-entropy on probabilities, which raises under autocast, "
+                    "and TC208 cannot move it out of a helper; use BCEWithLogitsLoss on the logits, or wrap "
+                    "the forward by hand"
+                )
 
 
 _DEVICE_NAMES = ("device", "dev", "self.device", "args.device")

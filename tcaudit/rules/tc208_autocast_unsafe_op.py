@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts
@@ -45,12 +45,13 @@ class AutocastUnsafeOp(ScriptRule):
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         amp = amp_facts(facts)
         if not amp.autocast_sites and not facts.autocast_withs:
+            yield from self._after_autocast_fix(facts, context)
             return
         under = self._functions_called_under_autocast(facts)
         for call in facts.calls:
             if not (facts.in_autocast(call.ctx) or call.ctx.function in under):
                 continue
-            kind = self._unsafe_kind(facts, call)
+            kind = unsafe_kind(facts, call)
             if kind == "bce":
                 yield self.finding(
                     facts,
@@ -75,23 +76,27 @@ class AutocastUnsafeOp(ScriptRule):
                             reason="which inputs are sparse is not visible statically"),
                 )
 
-    @staticmethod
-    def _unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
-        qual = call.qualname or ""
-        if qual in BCE_FUNCTIONS:
-            return "bce"
-        if qual in SPARSE_MM:
-            return "sparse"
-        func = call.node.func
-        if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
-            return "bce"  # nn.BCELoss()(p, y)
-        if isinstance(func, (cst.Name, cst.Attribute)):
-            name = get_full_name_for_node(func)
-            if name and facts.bindings_of(name):
-                for value in facts.binding_values(func):
-                    if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:
-                        return "bce"
-        return None
+    def _after_autocast_fix(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """No autocast yet, but TC201's fix will wrap a statement computing BCE: this rule's fix then
+        takes the loss out of autocast, in the next round; scan says so now. (A BCE that TC201's
+        wrap would reach through a helper makes TC201 decline instead.)"""
+        bce = [c for c in facts.calls if unsafe_kind(facts, c) == "bce"]
+        if not bce:
+            return
+        from tcaudit.rules.tc201_missing_autocast import statements_planned_for_autocast
+
+        wrapped = statements_planned_for_autocast(facts, context.settings)
+        for call in bce:
+            if call.statement is None or id(call.statement.node) not in wrapped:
+                continue
+            yield self.finding(
+                facts,
+                call.node,
+                "with autocast (TC201), this binary cross-entropy on probabilities would raise a RuntimeError "
+                "(fp16 and bf16); it is computed outside autocast on .float() inputs",
+                fix=Fix(FixClass.NUMERICS, "compute the loss outside autocast in float32, once TC201's autocast "
+                        "is in place", plan=FollowsFix("TC201")),
+            )
 
     @staticmethod
     def _functions_called_under_autocast(facts: ScriptFacts) -> set:
@@ -102,6 +107,25 @@ class AutocastUnsafeOp(ScriptRule):
                 if name and "." not in name:
                     out.update(facts.functions_by_name.get(name, []))
         return out
+
+
+def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
+    """"bce" or "sparse" for a call autocast cannot run (TC208), else None."""
+    qual = call.qualname or ""
+    if qual in BCE_FUNCTIONS:
+        return "bce"
+    if qual in SPARSE_MM:
+        return "sparse"
+    func = call.node.func
+    if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
+        return "bce"  # nn.BCELoss()(p, y)
+    if isinstance(func, (cst.Name, cst.Attribute)):
+        name = get_full_name_for_node(func)
+        if name and facts.bindings_of(name):
+            for value in facts.binding_values(func):
+                if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:
+                    return "bce"
+    return None
 
 
 def _plan(facts: ScriptFacts, amp: AmpFacts, call: CallSite) -> BceOutsideAutocast:
