@@ -2,8 +2,9 @@
 
 Detects a CUDA training script that compiles, scripts or exports nothing (a legacy TorchScript flag
 that TC304's fix deletes does not count). Fix (structural, ``fix --compile``): ``model.compile()``
-in place, on CUDA only, after the statements that build and prepare the model; declined for a model
-whose forward is torch.nn's own, one built in a loop, a TorchScript module, DataParallel or FSDP.
+in place, on CUDA only, after the statements that build and prepare the model, before a DDP or
+DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
+torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
 """
 
 from __future__ import annotations
