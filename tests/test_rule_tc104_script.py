@@ -148,3 +148,16 @@ def test_same_seed_runs_agree_within_a_percent(tmp_path):
     assert len(before) == len(after) == 3
     for a, b in zip(before, after):
         assert abs(a - b) / a < 0.01, (before, after)
+
+
+def test_a_declined_literal_leaves_the_model_audits_finding_with_the_reason(tmp_path):
+    """gpt_vocab.py draws its tokens with ``torch.randint(0, cfg.vocab_size, ...)``: no fix; the model
+    audit's finding (at the head, with its cost) is the one reported, and says why there is no fix."""
+    pytest.importorskip("torch")
+    source = FIXTURE.parent.parent / "models" / "gpt_vocab.py"
+    target = tmp_path / "gpt_vocab.py"
+    target.write_bytes(source.read_bytes())
+    result = scan_paths([str(target)], select=("TC104",), model_audit=True)
+    [finding] = [f for f in result.findings if f.rule == "TC104"]
+    assert finding.details["heads"] == ["lm_head"]  # the model audit's
+    assert not finding.fix.available and "torch.randint" in finding.fix.reason

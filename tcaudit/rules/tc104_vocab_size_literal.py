@@ -171,12 +171,16 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
                     found.append(VocabLiteral(default, dest, "argparse"))
 
     facts.module.visit(_V())
-    # A Linear's out_features is a vocabulary only when an embedding of the same literal size is built.
+    # Literals in the layers are a vocabulary only as a pair: an embedding and a head of the same size
+    # (``nn.Embedding(10_000, 128)`` before an LSTM classifier is a lookup with no GEMM behind it).
     embedding_sizes = {_value(lit) for lit in found if lit.name == "num_embeddings"}
+    head_sizes = {_value(lit) for lit in found if lit.name == "out_features"}
     named_sizes = {_value(lit) for lit in found if lit.where != "layer"}
     return [
         lit for lit in found
-        if lit.name != "out_features" or _value(lit) in embedding_sizes | named_sizes
+        if lit.where != "layer"
+        or (lit.name == "num_embeddings" and _value(lit) in head_sizes)
+        or (lit.name == "out_features" and _value(lit) in embedding_sizes | named_sizes)
     ]
 
 
