@@ -26,7 +26,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, literal
+from tcaudit.script.pipeline import all_of, flag_dest, literal
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
@@ -165,7 +165,7 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
                 if _integer(out) is not None:
                     found.append(VocabLiteral(out, "out_features", "layer"))
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
-                dest = _flag_dest(node)
+                dest = flag_dest(node)
                 default = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"), None)
                 if _integer(default) is not None and is_vocab_name(dest):
                     found.append(VocabLiteral(default, dest, "argparse"))
@@ -182,18 +182,6 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
         or (lit.name == "num_embeddings" and _value(lit) in head_sizes)
         or (lit.name == "out_features" and _value(lit) in embedding_sizes | named_sizes)
     ]
-
-
-def _flag_dest(call: cst.Call) -> str | None:
-    dest = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "dest"), None)
-    if dest is not None:
-        value = literal(dest)
-        return value if isinstance(value, str) else None
-    options = [literal(a.value) for a in call.args if a.keyword is None and not a.star]
-    options = [o for o in options if isinstance(o, str)]
-    longs = [o for o in options if o.startswith("--")]
-    first = (longs or options or [None])[0]
-    return first.lstrip("-").replace("-", "_") if first else None
 
 
 # -- the plan ---------------------------------------------------------------------------------------------

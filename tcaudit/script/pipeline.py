@@ -555,19 +555,7 @@ class PipelineFacts:
         (``"--arch"``, ``"-a", "--arch"``, ``dest="arch"``); ``...`` when there is none or several."""
         found = []
         for call in self.facts.calls:
-            if call.method != "add_argument":
-                continue
-            options = [literal(a.value) for a in call.node.args if a.keyword is None and not a.star]
-            named = keyword_arg(call.node, "dest")
-            if named is not None:
-                target = literal(named.value)
-            else:
-                longs = [o for o in options if isinstance(o, str) and o.startswith("--")]
-                plain = [o for o in options if isinstance(o, str) and not o.startswith("-")]
-                shorts = [o for o in options if isinstance(o, str) and o.startswith("-")]
-                first = (longs or plain or shorts or [None])[0]
-                target = first.lstrip("-").replace("-", "_") if isinstance(first, str) else None
-            if target == dest:
+            if call.method == "add_argument" and flag_dest(call.node) == dest:
                 default = keyword_arg(call.node, "default")
                 found.append(literal(default.value) if default is not None else ...)
         return found[0] if len(found) == 1 else ...
@@ -1102,6 +1090,20 @@ def _call_ids_within(container: cst.CSTNode) -> set[int]:
 
     container.visit(_V())
     return found
+
+
+def flag_dest(call: cst.Call) -> str | None:
+    """The attribute an ``add_argument(...)`` call sets: ``dest=``, else the first long option
+    (``"-a", "--arch"`` → ``arch``, ``--vocab-size`` → ``vocab_size``), else the positional name."""
+    named = keyword_arg(call, "dest")
+    if named is not None:
+        value = literal(named.value)
+        return value if isinstance(value, str) else None
+    options = [o for o in (literal(a.value) for a in call.args if a.keyword is None and not a.star) if isinstance(o, str)]
+    longs = [o for o in options if o.startswith("--")]
+    plain = [o for o in options if not o.startswith("-")]
+    first = (longs or plain or options or [None])[0]
+    return first.lstrip("-").replace("-", "_") if first else None
 
 
 def _model_namespace(qualname: str | None) -> bool:
