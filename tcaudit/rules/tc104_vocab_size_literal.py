@@ -9,8 +9,9 @@ in a file that builds the embedding (or passes ``vocab_size=``) and trains. Fix 
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
 where the size is also set from a tokenizer at run time, where the file samples from the logits, and
 where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
-then draw the padded ids as data). The engine keeps this finding and drops the model audit's for the
-same vocabulary of the same file.
+then draw the padded ids as data). One finding per vocabulary size (``engine.one_vocab_finding``): a
+fixable literal stands for the model audit's finding; a declined one gives its reason to the model
+audit's finding, which keeps its location and measured cost.
 """
 
 from __future__ import annotations
