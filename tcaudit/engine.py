@@ -263,7 +263,7 @@ def scan(
 
         sources = [source for source in map(source_of, range(len(results))) if source is not None]
         audit = call_with_deep_stack(run_model_audit, sources, settings, scan_cache=cache)
-        findings.extend(audit.findings)
+        findings = one_vocab_finding(findings, audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
@@ -297,6 +297,24 @@ def scan(
         suppressed=suppressed,
         files_cached=cached,
     )
+
+
+def one_vocab_finding(script: list[Finding], model: list[Finding]) -> list[Finding]:
+    """One TC104 per unaligned vocabulary size. Where the script's literal can be padded, its finding
+    (at the literal, with the fix) stands for the model audit's; where that fix is declined, the model
+    audit's (at the head, with its measured cost) stays and carries the script's reason
+    (tcaudit/rules/tc104_vocab_size_literal.py)."""
+    literals = {f.details.get("vocab_size"): f for f in script if f.rule == "TC104"}
+    out = list(script)
+    for finding in model:
+        twin = literals.get(finding.details.get("vocab_size")) if finding.rule == "TC104" else None
+        if twin is None:
+            out.append(finding)
+        elif twin.fix is not None and not twin.fix.available:
+            out.remove(twin)
+            finding.fix = twin.fix
+            out.append(finding)
+    return out
 
 
 # -- analysing the files: in-process or in workers --------------------------------------------------

@@ -322,7 +322,7 @@ def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, 
     that starts with a Conv2d, or a class of this file whose ``forward`` passes its input straight to a
     Conv2d (or to such a class)."""
     qual = facts.qualname(site.construction.func) or ""
-    if qual.startswith(_KNOWN_FACTORIES):
+    if qual.startswith(_KNOWN_FACTORIES) or pipeline.arch_by_name(site.construction) is not None:
         return True
     dotted = get_full_name_for_node(site.construction.func) or ""
     by_name = {node.name.value: node for node, _ in facts.classes}

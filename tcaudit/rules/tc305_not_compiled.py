@@ -2,8 +2,9 @@
 
 Detects a CUDA training script that compiles, scripts or exports nothing (a legacy TorchScript flag
 that TC304's fix deletes does not count). Fix (structural, ``fix --compile``): ``model.compile()``
-in place, on CUDA only, after the statements that build and prepare the model; declined for a model
-whose forward is torch.nn's own, one built in a loop, a TorchScript module, DataParallel or FSDP.
+in place, on CUDA only, after the statements that build and prepare the model, before a DDP or
+DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
+torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
     bindings = [b for b in facts.bindings_of(name) if not facts.in_eval(b.ctx)]
     if not bindings:
         raise DeclineFix(f"could not find where the trained model `{name}` is built")
-    _check_wraps(facts, name)
+    replicated = _check_wraps(facts, name)
     builds, wraps_of_other = [], []
     for binding in bindings:
         kind, inner = _classify(facts, binding, name)
@@ -122,7 +123,10 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         inners = {inner for _, inner in wraps_of_other}
         if len(inners) != 1 or depth > 2:
             raise DeclineFix(f"`{name}` wraps different models on different paths; compile it by hand")
-        return _plan(facts, inners.pop(), torch_name, depth + 1)
+        compiled, after, condition = _plan(facts, inners.pop(), torch_name, depth + 1)
+        if replicated and not condition.endswith(_ONE_DEVICE.format(torch=torch_name)):
+            condition += _ONE_DEVICE.format(torch=torch_name)
+        return compiled, after, condition
     if not builds:
         raise DeclineFix(f"could not find the statement that builds `{name}`")
     for binding in builds:
@@ -139,7 +143,10 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
     else:
         target = name
         after = _after_prep(facts, block, after, name)
-    return target, after, _device_condition(facts, name, builds, block, after, torch_name)
+    condition = _device_condition(facts, name, builds, block, after, torch_name)
+    if replicated:
+        condition += _ONE_DEVICE.format(torch=torch_name)
+    return target, after, condition
 
 
 # -- what each binding does ------------------------------------------------------------------------------
@@ -170,8 +177,8 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
     (``model = DDP(Net().cuda())``), ``other``."""
     expr = _strip_chain(binding.value)
     kind = _wrap_kind(facts, expr) if isinstance(expr, cst.Call) else None
-    if kind in ("dataparallel", "fsdp"):
-        _decline_wrap(kind)
+    if kind == "fsdp":
+        _decline_fsdp()
     if kind is not None:
         positional = [a.value for a in expr.args if a.keyword is None and not a.star]
         if not positional:
@@ -191,23 +198,28 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
     return "build", None
 
 
-def _check_wraps(facts: ScriptFacts, name: str) -> None:
-    info = distributed_facts(facts)
-    for wrap in info.wraps:
+def _check_wraps(facts: ScriptFacts, name: str) -> bool:
+    """Declines FSDP; True when DataParallel wraps the model (or a part of it, ``model.features``)."""
+    replicated = False
+    for wrap in distributed_facts(facts).wraps:
         if wrap.kind == "ddp":
             continue
         args = [a.value for a in wrap.call.node.args if a.keyword is None and not a.star]
         inner = get_full_name_for_node(_strip_chain(args[0])) if args else None
-        if wrap.target == name or inner == name:
-            _decline_wrap(wrap.kind)
+        if wrap.target == name or inner == name or (inner or "").startswith(f"{name}."):
+            if wrap.kind == "fsdp":
+                _decline_fsdp()
+            replicated = True
+    return replicated
 
 
-def _decline_wrap(kind: str) -> None:
-    if kind == "dataparallel":
-        raise DeclineFix(
-            "the model is wrapped in DataParallel, which torch.compile does not support "
-            "(it replicates the module every step); convert it to DDP first (TC501)"
-        )
+# ``nn.Module.compile()`` stores the compiled ``_call_impl`` bound to this module, and DataParallel's
+# replicas copy it: on more than one GPU every replica would run the original's parameters. With one
+# visible GPU DataParallel calls the module itself, so the compile is guarded by the device count.
+_ONE_DEVICE = " and {torch}.cuda.device_count() == 1"
+
+
+def _decline_fsdp() -> None:
     raise DeclineFix("the model is sharded with FSDP: compile its blocks before sharding, by hand")
 
 

@@ -51,6 +51,9 @@ _CONV_ARCH = re.compile(
     r"|dpn|ghostnet|hrnet|res2net|resnest|rexnet|seresnet|senet|tresnet|xception|nfnet|dm_nfnet|ecaresnet)",
     re.IGNORECASE,
 )
+# Factories that build a model from its architecture's name, and the image data APIs of the same libraries.
+_NAMED_FACTORIES = ("torchvision.models.get_model", "timm.create_model", "timm.models.create_model")
+_IMAGE_DATA = ("torchvision.datasets.", "torchvision.transforms", "timm.data")
 # torchvision model packages whose inputs change shape from batch to batch, or that are not 2-D.
 _NOT_FIXED_2D = (".detection.", ".video.", ".optical_flow.", ".quantization.")
 
@@ -499,13 +502,69 @@ class PipelineFacts:
         qual = facts.qualname(call.func) or ""
         if self._is_conv_factory(qual):
             return True
-        if qual in ("torchvision.models.get_model", "timm.create_model", "timm.models.create_model"):
-            arch = literal(call.args[0].value) if call.args else ...
-            return isinstance(arch, str) and bool(_CONV_ARCH.match(arch))
+        picked = self.arch_by_name(call)
+        if picked is not None:
+            return self._picked_arch_is_conv(picked)
         if qual in ("torch.nn.Sequential", "torch.nn.ModuleList"):
             return any(self._expr_builds_conv(arg.value) for arg in call.args)
         dotted = get_full_name_for_node(call.func)
         return bool(dotted) and dotted.split(".")[-1] in self.conv_classes and not qual
+
+    def arch_by_name(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The name expression of a torchvision/timm classification model picked by name:
+        ``models.__dict__[args.arch]()``, ``getattr(models, name)()``, ``torchvision.models.get_model(name)``,
+        ``timm.create_model(name)``; None for any other call."""
+        facts = self.facts
+        func = call.func
+        if isinstance(func, cst.Subscript) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "__dict__":
+            index = func.slice[0].slice if len(func.slice) == 1 else None
+            if isinstance(index, cst.Index) and _model_namespace(facts.qualname(func.value.value)):
+                return index.value
+            return None
+        if isinstance(func, cst.Call) and get_full_name_for_node(func.func) == "getattr" and not facts.bindings_of("getattr"):
+            args = [a.value for a in func.args if a.keyword is None and not a.star]
+            if len(args) == 2 and _model_namespace(facts.qualname(args[0])):
+                return args[1]
+            return None
+        if (facts.qualname(func) or "") in _NAMED_FACTORIES:
+            named = keyword_arg(call, "model_name") or keyword_arg(call, "name")
+            if named is not None:
+                return named.value
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            return positional[0] if positional else None
+        return None
+
+    def _picked_arch_is_conv(self, name: cst.BaseExpression) -> bool:
+        """A model picked by name is a convnet when every literal the name may hold (a string, the
+        argparse default of ``args.arch``) names a convnet family; with no literal to read, when the
+        script feeds it images (torchvision datasets or transforms, timm data)."""
+        archs = self.string_values(name)
+        if archs:
+            return all(_CONV_ARCH.match(arch) for arch in archs)
+        return self.image_pipeline
+
+    def string_values(self, expr: cst.BaseExpression) -> list[str]:
+        """The string literals ``expr`` may hold: assigned values, and for ``args.name`` the default of
+        the argparse flag whose destination is ``name``."""
+        values = [literal(v) for v in self.facts.binding_values(expr)]
+        if isinstance(expr, cst.Attribute):
+            values.append(self.flag_default(expr.attr.value))
+        return [v for v in values if isinstance(v, str)]
+
+    def flag_default(self, dest: str) -> object:
+        """The literal ``default=`` of the ``add_argument`` call whose destination is ``dest``
+        (``"--arch"``, ``"-a", "--arch"``, ``dest="arch"``); ``...`` when there is none or several."""
+        found = []
+        for call in self.facts.calls:
+            if call.method == "add_argument" and flag_dest(call.node) == dest:
+                default = keyword_arg(call.node, "default")
+                found.append(literal(default.value) if default is not None else ...)
+        return found[0] if len(found) == 1 else ...
+
+    @functools.cached_property
+    def image_pipeline(self) -> bool:
+        """Whether the script loads images the torchvision or timm way (4-D batches)."""
+        return bool(self.facts.references_to(*_IMAGE_DATA))
 
     def _expr_builds_conv(self, expr: cst.BaseExpression) -> bool:
         found = False
@@ -1032,6 +1091,25 @@ def _call_ids_within(container: cst.CSTNode) -> set[int]:
 
     container.visit(_V())
     return found
+
+
+def flag_dest(call: cst.Call) -> str | None:
+    """The attribute an ``add_argument(...)`` call sets: ``dest=``, else the first long option
+    (``"-a", "--arch"`` → ``arch``, ``--vocab-size`` → ``vocab_size``), else the positional name."""
+    named = keyword_arg(call, "dest")
+    if named is not None:
+        value = literal(named.value)
+        return value if isinstance(value, str) else None
+    options = [o for o in (literal(a.value) for a in call.args if a.keyword is None and not a.star) if isinstance(o, str)]
+    longs = [o for o in options if o.startswith("--")]
+    plain = [o for o in options if not o.startswith("-")]
+    first = (longs or plain or options or [None])[0]
+    return first.lstrip("-").replace("-", "_") if first else None
+
+
+def _model_namespace(qualname: str | None) -> bool:
+    """torchvision's classification models (not detection, video, ...) or timm's."""
+    return qualname in ("torchvision.models", "timm", "timm.models")
 
 
 def _prefixes(name: str) -> list[str]:

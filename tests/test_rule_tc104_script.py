@@ -1,0 +1,163 @@
+"""TC104 at script level: the vocabulary literal, its declines, one finding per vocabulary with the
+model audit, and the CPU oracle for what padding changes in the loss."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import run_training, scan_code, scan_paths
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "fix" / "tc104_nanogpt.in.py"
+PADDED = FIXTURE.with_name("tc104_nanogpt.out.py")
+
+TRAIN = '''
+import torch
+import torch.nn as nn
+{head}
+VOCAB_SIZE = 50257
+model = nn.Sequential(nn.Embedding(VOCAB_SIZE, 64), nn.Linear(64, VOCAB_SIZE))
+optimizer = torch.optim.AdamW(model.parameters())
+for x, y in batches:
+    logits = model(x)
+    loss = nn.functional.cross_entropy(logits.view(-1, VOCAB_SIZE), y.view(-1))
+    loss.backward()
+    optimizer.step()
+{tail}
+'''
+
+
+def _tc104(tmp_path, head="", tail=""):
+    result = scan_code(tmp_path, TRAIN.format(head=head, tail=tail), select=("TC104",))
+    return [f for f in result.findings if f.rule == "TC104"]
+
+
+def test_module_constant_is_fixable(tmp_path):
+    [finding] = _tc104(tmp_path)
+    assert finding.location.line == 4
+    assert finding.fix.available and finding.fix.plan.padded == 50304
+
+
+@pytest.mark.parametrize(
+    "tail,reason",
+    [
+        ("model.load_state_dict(torch.load('ckpt.pt'))", "loads weights"),
+        ("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)", "samples from the logits"),
+        ("VOCAB_SIZE = len(tokenizer)", "set at run time"),
+        ("noise = torch.randint(0, VOCAB_SIZE, (8,))", "also feeds `torch.randint"),
+    ],
+)
+def test_declines_with_the_reason(tmp_path, tail, reason):
+    [finding] = _tc104(tmp_path, tail=tail)
+    assert not finding.fix.available
+    assert reason in finding.fix.reason
+
+
+def test_argparse_default_and_aligned_sizes(tmp_path):
+    code = '''
+    import argparse
+    import torch
+    import torch.nn as nn
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab-size", type=int, default=32001)
+    parser.add_argument("--classes", type=int, default=1000)
+    args = parser.parse_args()
+    model = nn.Sequential(nn.Embedding(args.vocab_size, 64), nn.Linear(64, args.vocab_size), nn.Linear(64, 1000))
+    optimizer = torch.optim.AdamW(model.parameters())
+    for x, y in batches:
+        loss = model(x).sum()
+        loss.backward()
+        optimizer.step()
+    '''
+    result = scan_code(tmp_path, code, select=("TC104",))
+    [finding] = result.findings
+    assert finding.details == {"vocab_size": 32001, "suggested": 32064}
+    assert finding.fix.available
+
+
+def test_one_finding_per_vocabulary_with_the_model_audit(tmp_path):
+    pytest.importorskip("torch")
+    target = tmp_path / "train.py"
+    target.write_bytes(FIXTURE.read_bytes())
+    result = scan_paths([str(target)], select=("TC104",), model_audit=True)
+    findings = [f for f in result.findings if f.rule == "TC104"]
+    assert len(findings) == 1, [f.message for f in findings]
+    assert findings[0].fix is not None and findings[0].fix.available
+
+
+def _load(path: Path):
+    return runpy.run_path(str(path), run_name="tc104_fixture")
+
+
+def test_padding_changes_only_the_never_targeted_logits():
+    """The oracle: the padded model with the original's weights (padding rows zero) gives the original's
+    logits on every real id; masking the padded logits gives exactly the original loss, and without the
+    mask the loss differs only by the 47 extra softmax terms."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    original, patched = _load(FIXTURE), _load(PADDED)
+    torch.manual_seed(0)
+    small = original["GPT"](original["GPTConfig"]()).eval()
+    large = patched["GPT"](patched["GPTConfig"]()).eval()
+    vocab, padded = small.config.vocab_size, large.config.vocab_size
+    assert (vocab, padded) == (50257, 50304)
+    with torch.no_grad():
+        state = large.state_dict()
+        for key, value in small.state_dict().items():
+            if value.shape == state[key].shape:
+                state[key].copy_(value)
+            else:
+                state[key].zero_()
+                state[key][:vocab].copy_(value)
+        large.load_state_dict(state)
+        corpus = torch.randint(0, vocab, (512,), generator=torch.Generator().manual_seed(0))
+        x, y = original["get_batch"](corpus, small.config, 4, torch.Generator().manual_seed(1))
+        logits_small, loss_small = small(x, y)
+        logits_large, loss_large = large(x, y)
+    assert int(y.max()) < vocab  # no target is a padded id
+    torch.testing.assert_close(logits_large[..., :vocab], logits_small, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(logits_large[..., vocab:]) == 0
+    masked = logits_large.clone()
+    masked[..., vocab:] = float("-inf")
+    masked_loss = F.cross_entropy(masked.view(-1, padded), y.view(-1))
+    torch.testing.assert_close(masked_loss, loss_small, rtol=1e-6, atol=1e-6)
+    extra = F.cross_entropy(torch.cat([logits_small, torch.zeros(*logits_small.shape[:-1], padded - vocab)], -1).view(-1, padded), y.view(-1))
+    torch.testing.assert_close(loss_large, extra, rtol=1e-5, atol=1e-5)
+    assert 0 < float(loss_large - loss_small) < math.log(padded / vocab) * 1.5
+
+
+def _losses(path: Path, tmp_path: Path) -> list[float]:
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    proc = run_training([sys.executable, str(copy), "--max-iters", "3"], tmp_path, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [float(x) for x in re.findall(r"loss (\d+\.\d+)", proc.stdout)]
+
+
+@pytest.mark.slow
+def test_same_seed_runs_agree_within_a_percent(tmp_path):
+    """Original and patched with one seed: not bit-equal (the larger embedding draws more random numbers
+    at initialisation, and the softmax has 47 more terms), but the same training to within 1%."""
+    before, after = _losses(FIXTURE, tmp_path), _losses(PADDED, tmp_path)
+    assert len(before) == len(after) == 3
+    for a, b in zip(before, after):
+        assert abs(a - b) / a < 0.01, (before, after)
+
+
+def test_a_declined_literal_leaves_the_model_audits_finding_with_the_reason(tmp_path):
+    """gpt_vocab.py draws its tokens with ``torch.randint(0, cfg.vocab_size, ...)``: no fix; the model
+    audit's finding (at the head, with its cost) is the one reported, and says why there is no fix."""
+    pytest.importorskip("torch")
+    source = FIXTURE.parent.parent / "models" / "gpt_vocab.py"
+    target = tmp_path / "gpt_vocab.py"
+    target.write_bytes(source.read_bytes())
+    result = scan_paths([str(target)], select=("TC104",), model_audit=True)
+    [finding] = [f for f in result.findings if f.rule == "TC104"]
+    assert finding.details["heads"] == ["lm_head"]  # the model audit's
+    assert not finding.fix.available and "torch.randint" in finding.fix.reason
