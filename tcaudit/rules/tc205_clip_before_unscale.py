@@ -1,6 +1,9 @@
 """TC205 clip-before-unscale: clipping gradients that are still multiplied by the loss scale.
 
-Fix (safe): insert ``scaler.unscale_(optimizer)`` as the statement right before the clip.
+Fix (safe): insert ``scaler.unscale_(optimizer)`` as the statement right before the clip; where the
+loss is scaled only on one arm of an ``if`` (``if args.amp:``) and the clip runs on both, under that
+arm's condition. A clip on the arm without a scaler is not reported; a clip after the optimizer step
+is TC213's (it clips nothing the step used), not a place for ``unscale_``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import libcst as cst
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.tc213_clip_after_step import clipped_after_step
 from tcaudit.script.facts import CLIP_FUNCTIONS, ScriptFacts
+from tcaudit.script.guards import condition_code, exclusive, extra_conditions
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,30 +44,54 @@ class ClipBeforeUnscale(ScriptRule):
                 continue
             function = call.ctx.function
             line = facts.line_of(call.node)
+            conditions: list = []
             same_function_steps = [s for s in scaled if s.function is function]
             if same_function_steps:
-                if not any(facts.line_of(s.backward.node) < line for s in same_function_steps):
-                    continue  # clipping before the scaled backward of this function: not scaled yet
-                if any(u.ctx.function is function and facts.line_of(u.node) < line for u in unscales):
+                # Only a scaled backward that runs on the clip's path counts: the plain (non-AMP) arm
+                # of ``if args.amp: ... else: ...`` clips unscaled gradients.
+                on_path = [s for s in same_function_steps
+                           if facts.line_of(s.backward.node) < line and not exclusive(s.backward.ctx, call.ctx)]
+                if not on_path:
+                    continue  # before the scaled backward, or on the arm without a scaler
+                if any(u.ctx.function is function and facts.line_of(u.node) < line
+                       and not exclusive(u.ctx, call.ctx) for u in unscales):
                     continue
+                if clipped_after_step(facts, call) is not None:
+                    continue  # the step already used the gradients: TC213 says so
+                step = on_path[-1]
+                conditions = extra_conditions(step.backward.ctx, call.ctx)
             elif unscales:
                 continue  # backward and clip in different functions, and an unscale_ somewhere: trust it
-            scaler = same_function_steps[0].scaler if same_function_steps else scaled[0].scaler
+            else:
+                step = scaled[0]
+            scaler = step.scaler
             optimizer = self._optimizer_for(facts, function)
-            code = f"{scaler}.unscale_({optimizer})"
+            unscale = f"{scaler}.unscale_({optimizer})"
+            guard = condition_code(facts.module, conditions) if conditions else ""
+            code = unscale if not conditions or guard is None else f"if {guard}:\n    {unscale}\n"
 
-            def plan(call=call, line=line, code=code) -> InsertUnscale:
+            def plan(call=call, line=line, code=code, guard=guard) -> InsertUnscale:
+                if guard is None:
+                    raise DeclineFix(
+                        "the loss is scaled only under a condition that calls something, which the fix "
+                        "would have to evaluate again before the clip; unscale by hand on that path"
+                    )
                 statement = call.statement.node if call.statement is not None else None
                 if not isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
                     raise DeclineFix("the clip sits in a one-line suite; split the line first")
                 return InsertUnscale(statement, line, code)
 
+            where = f" (the loss is scaled only where `{guard}`)" if guard else ""
             yield self.finding(
                 facts,
                 call.node,
                 f"gradients are clipped while still scaled by `{scaler}` (65536x at the default initial "
-                f"scale), so the clip crushes every update; call `{code}` first",
-                fix=self.planned_fix(FixClass.SAFE, f"insert {code} before the clip", plan),
+                f"scale), so the clip crushes every update; call `{unscale}` first{where}",
+                fix=self.planned_fix(
+                    FixClass.SAFE,
+                    f"insert {unscale} before the clip" + (f", under `if {guard}:`" if guard else ""),
+                    plan,
+                ),
             )
 
     @staticmethod

@@ -1,0 +1,82 @@
+"""Which branches a place in the file runs under, for fixes that must land on the right path.
+
+A training script's AMP path and its plain path are often two arms of one ``if`` (``if args.amp:``,
+``if self.scaler is not None:``, ``if use_amp: ... else: ...``). A fix anchored in one arm must not
+put code in the other, and code after both arms runs on either: an edit there that names an object
+of one arm (the GradScaler) needs that arm's condition around it. This module answers those
+questions from the frames ScriptFacts records (``if`` for a body, ``else`` for an orelse, both
+holding the ``If`` node), within one function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from tcaudit.script.facts import Frame
+
+
+@dataclass(frozen=True)
+class Branch:
+    test: cst.If  # the ``if`` statement
+    taken: bool  # True: its body; False: its else (or elif chain)
+
+
+def branches(ctx: Frame) -> list[Branch]:
+    """The arms enclosing ``ctx``, outermost first, up to its function."""
+    out: list[Branch] = []
+    for frame in ctx.chain():
+        if frame.kind in ("def", "class", "lambda"):
+            break
+        if frame.kind == "if":
+            out.append(Branch(frame.node, True))  # type: ignore[arg-type]
+        elif frame.kind == "else":
+            out.append(Branch(frame.node, False))  # type: ignore[arg-type]
+    return out[::-1]
+
+
+def exclusive(a: Frame, b: Frame) -> bool:
+    """Whether two places never run in the same pass: they sit on opposite arms of one ``if``."""
+    arms = {id(branch.test): branch.taken for branch in branches(a)}
+    return any(id(branch.test) in arms and arms[id(branch.test)] != branch.taken for branch in branches(b))
+
+
+def extra_conditions(inner: Frame, outer: Frame) -> list[Branch]:
+    """The arms ``inner`` runs under that ``outer`` does not: what code placed at ``outer`` must
+    test to run only where ``inner`` runs."""
+    shared = {(id(b.test), b.taken) for b in branches(outer)}
+    return [b for b in branches(inner) if (id(b.test), b.taken) not in shared]
+
+
+_PURE = (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString)
+
+
+def is_pure_test(node: cst.BaseExpression) -> bool:
+    """A condition that can be evaluated a second time with the same result and no side effect:
+    names, attributes, literals, comparisons and boolean operators over them (no calls)."""
+    if isinstance(node, _PURE):
+        return not isinstance(node, cst.Attribute) or is_pure_test(node.value)
+    if isinstance(node, cst.UnaryOperation):
+        return is_pure_test(node.expression)
+    if isinstance(node, cst.BooleanOperation):
+        return is_pure_test(node.left) and is_pure_test(node.right)
+    if isinstance(node, cst.Comparison):
+        return is_pure_test(node.left) and all(is_pure_test(c.comparator) for c in node.comparisons)
+    return False
+
+
+def condition_code(module: cst.Module, conditions: list[Branch]) -> str | None:
+    """One expression true exactly where all ``conditions`` hold, or None when one of them cannot be
+    re-evaluated safely (it calls something) or is an ``elif`` arm whose earlier tests matter."""
+    parts: list[tuple[str, bool]] = []
+    for branch in conditions:
+        if not is_pure_test(branch.test.test):
+            return None
+        parts.append((module.code_for_node(branch.test.test), branch.taken))
+    if len(parts) == 1:
+        code, taken = parts[0]
+        return code if taken else f"not ({code})"
+    return " and ".join(
+        (f"({code})" if " " in code else code) if taken else f"not ({code})" for code, taken in parts
+    )

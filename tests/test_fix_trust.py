@@ -1,0 +1,114 @@
+"""Fixes that never break or mis-train a real script: the failure classes seen on public training
+scripts (F1-F8), each in a shape of our own. Exact before/after pairs live in fixtures/fix
+(tc205_amp_flag, tc205_trainer_branches); these tests pin the decisions."""
+
+from __future__ import annotations
+
+from helpers import scan_code
+from tcaudit.config import Settings
+from tcaudit.fix.engine import fix_file
+
+F1_CLIP_AFTER_STEP = '''
+import argparse
+import torch
+from torch.nn.utils import clip_grad_norm_
+
+def train(args, model, loader, optimizer):
+    scaler = torch.amp.GradScaler("cuda") if args.amp else None
+    for x, y in loader:
+        with torch.autocast("cuda", enabled=args.amp):
+            loss = model(x.cuda()).sum()
+        if args.amp:
+            scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
+        else:
+            loss.backward(); optimizer.step()
+        if args.clip > 0:
+            clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.zero_grad()
+'''
+
+
+def test_f1_a_clip_after_the_step_gets_no_unscale_but_a_finding_of_its_own(tmp_path):
+    """Inserting scaler.unscale_ there would raise on the plain path (scaler is None) and, with
+    --amp, unscale the next step's gradients a second time: the divergence seen in the field."""
+    result = scan_code(tmp_path, F1_CLIP_AFTER_STEP, select=("TC205", "TC213"))
+    assert [f.rule for f in result.findings] == ["TC213"]
+    assert "optimizer.step()" in result.findings[0].message or "scaler.step" in result.findings[0].message
+    fixed = fix_file(tmp_path / "train.py", Settings(select=("TC205", "TC213"), root=tmp_path))
+    assert not fixed.changed
+
+
+def test_f1_the_plain_arm_of_the_amp_flag_is_never_edited(tmp_path):
+    result = scan_code(tmp_path, '''
+        import torch
+        def step(self, loss):
+            if self.use_amp:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.optimizer.step()
+    ''', select=("TC205",))
+    assert result.findings == []
+
+
+def test_f1_a_scaled_backward_under_a_condition_that_calls_something_is_declined(tmp_path):
+    result = scan_code(tmp_path, '''
+        import torch
+        def step(self, loss):
+            if self.amp_enabled():
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+    ''', select=("TC205",))
+    (finding,) = result.findings
+    assert not finding.fix.available and "condition that calls something" in finding.fix.reason
+
+
+F2_BCE_HELPER = '''
+import torch
+import torch.nn as nn
+
+criterion = nn.BCELoss()
+
+def compute_loss(output, target):
+    return criterion(torch.sigmoid(output), target)
+
+def train(model, loader, optimizer):
+    model.cuda()
+    for x, y in loader:
+        output = model(x.cuda())
+        loss = compute_loss(output, y.cuda())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_f2_autocast_is_not_wrapped_around_a_bce_helper_that_tc208_cannot_move(tmp_path):
+    """TC208 cannot take BCE out of a helper; TC201 wrapping the helper's call in autocast would make
+    the script raise on the GPU, so TC201's fix is declined with that reason."""
+    result = scan_code(tmp_path, F2_BCE_HELPER, select=("TC201", "TC208"))
+    autocast = [f for f in result.findings if f.rule == "TC201"]
+    assert autocast and not autocast[0].fix.available
+    assert "compute_loss" in autocast[0].fix.reason and "binary cross-entropy" in autocast[0].fix.reason
+    fixed = fix_file(tmp_path / "train.py", Settings(select=("TC201", "TC208"), root=tmp_path))
+    assert "autocast" not in fixed.fixed
+
+
+def test_f7_a_seeded_split_keeps_the_cpu_generator(tmp_path):
+    result = scan_code(tmp_path, '''
+        import torch
+        torch.manual_seed(0)
+        perm = torch.randperm(1000).cuda()
+        train_idx, val_idx = perm[:900], perm[900:]
+        for x, y in loader:
+            loss = model(x.cuda()).sum()
+            loss.backward()
+            optimizer.step()
+    ''', select=("TC406",))
+    (finding,) = result.findings
+    assert not finding.fix.available and "other numbers" in finding.fix.reason
