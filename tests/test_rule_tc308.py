@@ -149,3 +149,17 @@ def test_reassigned_key_between_scores_and_product_is_not_matched(tmp_path):
             return att @ v
     ''', select=("TC308",))
     assert result.findings == []
+
+
+def test_parenthesised_tuples_do_not_break_the_analysis(tmp_path):
+    """``x = (a, b) * 2`` and ``x = () + y`` once raised inside the rule (a zero-length tuple cannot
+    lose its parentheses); found scanning torch itself."""
+    from helpers import scan_code
+
+    result = scan_code(tmp_path, '''
+        def f(a, b, y):
+            x = () + y
+            z = (a, b) * 2
+            return x, z
+    ''', select=("TC308",))
+    assert result.findings == []

@@ -304,7 +304,10 @@ def _suites(statement: cst.CSTNode) -> Iterator[cst.BaseSuite]:
 
 
 def _unparen(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    """The expression without its own parentheses (a tuple keeps them: ``()`` needs them)."""
+    if not getattr(node, "lpar", None) or isinstance(node, cst.Tuple):
+        return node
+    return node.with_changes(lpar=[], rpar=[])
 
 
 def _matmul_parts(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
