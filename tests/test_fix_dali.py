@@ -123,7 +123,7 @@ def test_helper_block_has_no_words_other_rules_read_in_the_text():
     """Some rules read the file's text, comments stripped (TC303: ``channels_last`` anywhere means the
     script has it; TC505: ``LOCAL_RANK`` means it is launched multi-process; TC301: TF32 settings).
     The inserted code must not say them, or it would silence those rules on the user's code."""
-    from tcaudit.script.pipeline import strip_comments
+    from tcaudit.source.syntax import strip_comments
 
     code = strip_comments(helper_block())
     words = r"channels_last|LOCAL_RANK|local_rank|world_size|allow_tf32|set_float32_matmul_precision|torchrun"
@@ -164,7 +164,7 @@ def test_full_fix_with_dali_keeps_the_other_fixes(tmp_path):
     assert code in (0, 1), err
     text = path.read_text(encoding="utf-8")
     for expected in (
-        "loader = tcaudit_dali_loader(loader)",
+        "loader = tcaudit_dali_loader(loader, nhwc=True)",  # channels_last batches: TC303 made the model NHWC
         "persistent_workers=True",
         "model = model.to(memory_format=torch.channels_last)",
         "images = images.contiguous(memory_format=torch.channels_last)",

@@ -25,6 +25,7 @@ from typing import Sequence
 import libcst as cst
 
 from tcaudit.model.discovery import Candidate, ScriptIndex, dotted
+from tcaudit.source.syntax import is_main_guard, param_names
 
 MUTATING_METHODS = {
     "update", "append", "extend", "insert", "setdefault", "pop", "add", "remove", "clear", "__setitem__",
@@ -245,21 +246,6 @@ def _mutated_globals(function: cst.FunctionDef) -> set[str]:
 
     function.body.visit(Finder())
     return names
-
-
-def is_main_guard(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
-        return False
-    test = node.test
-    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
-        return False
-    sides = {dotted(test.left), dotted(test.comparisons[0].comparator)}
-    strings = {
-        s.evaluated_value
-        for s in (test.left, test.comparisons[0].comparator)
-        if isinstance(s, cst.SimpleString)
-    }
-    return "__name__" in sides and "__main__" in strings
 
 
 def _block(node: cst.BaseSuite) -> Sequence[cst.CSTNode]:
@@ -595,7 +581,7 @@ class Slicer:
                 break
             late: set[str] = set()
             items, residual = self.slice_scope(scope, target, needed, late)
-            params = _param_names(scope)
+            params = set(param_names(scope))
             defaults = _params_with_defaults(scope)
             to_bind = {n.split(".")[0] for n in residual} & params
             global_needs |= {n for n in residual | late if n.split(".")[0] not in params}
@@ -660,15 +646,6 @@ def _uncovered_params(function: cst.FunctionDef, call: cst.Call, wanted: set[str
     passed = set(positional[:given]) | {a.keyword.value for a in call.args if a.keyword is not None}
     defaults = _params_with_defaults(function)
     return sorted(name for name in wanted if name not in passed and name not in defaults)
-
-
-def _param_names(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            names.add(star.name.value)
-    return names
 
 
 def _params_with_defaults(function: cst.FunctionDef) -> set[str]:

@@ -41,7 +41,8 @@ from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statemen
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import import_block_end, is_main_guard, pipeline_facts
+from tcaudit.script.pipeline import import_block_end, pipeline_facts
+from tcaudit.source.syntax import is_main_guard
 
 DDP_NAME = "DistributedDataParallel"
 RANK_ZERO = "{dist}.get_rank() == 0"

@@ -18,7 +18,8 @@ from tcaudit.rewrite.edits import insert_setting
 from tcaudit.rules.costs import cost_note
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan, strip_comments
+from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan
+from tcaudit.source.syntax import strip_comments
 
 # Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =
 # False``, ``"highest"``, ``"ieee"``) — either way there is nothing to report.

@@ -34,8 +34,8 @@ from tcaudit.script.pipeline import (
     all_of,
     moves_to_device,
     pipeline_facts,
-    strip_comments,
 )
+from tcaudit.source.syntax import call_nodes, strip_comments
 
 CONV3D_LAYERS = frozenset(
     f"torch.nn.{prefix}{name}"
@@ -193,7 +193,7 @@ def _model_classes(facts: ScriptFacts, pipeline: PipelineFacts, construction: cs
     """The classes of this file the model is built from: those called in the construction, their base
     classes, and the classes they build in turn."""
     by_name = {node.name.value: node for node, _ in facts.classes}
-    names = {get_full_name_for_node(c.func) for c in _call_nodes(construction)}
+    names = {get_full_name_for_node(c.func) for c in call_nodes(construction)}
     pending = [by_name[n.split(".")[-1]] for n in names if n and n.split(".")[-1] in by_name]
     found: set[cst.ClassDef] = set()
     while pending:
@@ -456,19 +456,8 @@ def _move_edit(move: CallSite, binding: Binding | None, channels_last: str, conv
     return [InsertAfter(statement, f"{name} = {name}.contiguous(memory_format={channels_last})")]
 
 
-def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_V())
-    return found
-
-
 def _calls_within(node: cst.CSTNode) -> set[int]:
-    return {id(n) for n in _call_nodes(node)}
+    return {id(n) for n in call_nodes(node)}
 
 
 # -- the fix ------------------------------------------------------------------------------------------

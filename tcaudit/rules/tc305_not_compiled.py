@@ -23,6 +23,7 @@ from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import CUDA_TEXT, all_of, pipeline_facts
+from tcaudit.source.syntax import call_nodes
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
 COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "torch.export", "torch._inductor")
@@ -232,7 +233,7 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
     if _from_loop_or_comprehension(facts, binding.value):
         raise DeclineFix(f"`{name}` is one of several models built in a loop or a comprehension; "
                          "compile each by hand")
-    for call in _calls(binding.value):
+    for call in call_nodes(binding.value):
         qual = facts.qualname(call.func) or ""
         if qual.startswith("torch.jit"):
             raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
@@ -312,17 +313,6 @@ def _has_comprehension(node: cst.CSTNode) -> bool:
             nonlocal found
             found |= isinstance(n, _COMPREHENSIONS)
             return not found
-
-    node.visit(_V())
-    return found
-
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
 
     node.visit(_V())
     return found
@@ -439,7 +429,7 @@ def _device_condition(
     last = next(i for i, item in enumerate(block) if item is after)
     moves: list[cst.BaseExpression] = []
     for statement in [*statements, *block[first:last + 1]]:
-        for call in _calls(statement):
+        for call in call_nodes(statement):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to":
                 device = _device_argument(call)
                 if device is not None:
@@ -453,7 +443,7 @@ def _device_condition(
         facts.module.code_for_node(item.test)
         for item in block[first:last + 1]
         if isinstance(item, cst.If) and _is_prep(item, name)
-        and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in _calls(item.body))
+        and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in call_nodes(item.body))
     }
     if len(tests) == 1 and "\n" not in next(iter(tests)):
         return tests.pop()

@@ -32,6 +32,7 @@ from tcaudit.script.pipeline import (
     function_returns,
     pipeline_facts,
 )
+from tcaudit.source.syntax import call_nodes
 
 _SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
 
@@ -126,7 +127,7 @@ def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:
             expressions += [v for v in facts.binding_values(arg.value) if v is not arg.value]
     owners: list[str] = []
     for expression in expressions:
-        for node in _call_nodes(expression):
+        for node in call_nodes(expression):
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("parameters", "named_parameters"):
                 name = get_full_name_for_node(node.func.value)
                 if name is None:
@@ -200,17 +201,6 @@ def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExp
             )
         return False
     return False
-
-
-def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_V())
-    return found
 
 
 # -- the fix ------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from tcaudit.script.distributed import (
 )
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
 from tcaudit.script.pipeline import function_returns
+from tcaudit.source.syntax import param_names
 
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
 
@@ -364,7 +365,7 @@ def _visible_at(facts: ScriptFacts, dotted: str, ctx: Frame, line: int, depth: i
                 return dotted
         return None
     bindings = facts.bindings_of(head)
-    if fn is not None and head in param_names(fn):
+    if fn is not None and head in param_names(fn, stars=False):
         pass  # a parameter shadows any global of the same name: follow the callers below
     elif any(
         b.ctx.function is fn and b.ctx.class_def is ctx.class_def and facts.line_of(b.value) < line for b in bindings
@@ -398,11 +399,6 @@ def direct_callers(facts: ScriptFacts, fn: cst.FunctionDef) -> list[CallSite]:
     method = any(other is fn and ctx.kind == "class" for other, ctx in facts.functions)
     wanted = f"self.{fn.name.value}" if method else fn.name.value
     return [c for c in facts.calls if c.name == wanted and not c.ctx.inside(fn)]
-
-
-def param_names(fn: cst.FunctionDef) -> list[str]:
-    p = fn.params
-    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
 
 
 def parameter_receiving(fn: cst.FunctionDef, call: cst.Call, dotted: str) -> str | None:

@@ -19,7 +19,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
 from tcaudit.rewrite.edits import add_stdlib_import, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc504_sampler_without_set_epoch import direct_callers, param_names, parameter_receiving
+from tcaudit.rules.tc504_sampler_without_set_epoch import direct_callers, parameter_receiving
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
@@ -31,6 +31,7 @@ from tcaudit.script.distributed import (
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import flag_frames, pipeline_facts
+from tcaudit.source.syntax import call_nodes, param_names
 
 _ACCUMULATION_NAME = re.compile(r"accum|update_freq|grad_acc|micro", re.IGNORECASE)
 _SYNC_CONTROL = re.compile(r"no_sync|require_backward_grad_sync|set_requires_gradient_sync")
@@ -248,7 +249,7 @@ def _forward_model(facts: ScriptFacts, call: CallSite, ddp_names: dict[str, str]
             found = _forward_model(facts, inner, inner_names, depth + 1)
             if found is None:
                 continue
-            if found in param_names(fn):  # the helper's parameter: the caller's name for it
+            if found in param_names(fn, stars=False):  # the helper's parameter: the caller's name for it
                 found = _argument_for(fn, call.node, found, ddp_names)
             if found is not None:
                 return found
@@ -280,7 +281,7 @@ def _ddp_names(facts: ScriptFacts, ctx: Frame, depth: int = 0) -> dict[str, str]
     fn, cls = ctx.function, ctx.class_def
     out: dict[str, str] = {}
     conditional: list[str] = []
-    params = param_names(fn) if fn is not None else []
+    params = param_names(fn, stars=False) if fn is not None else []
     for wrap in info.wraps_of("ddp"):
         name, where = wrap.target, wrap.call.ctx
         if not name:
@@ -371,7 +372,7 @@ def _check_stable(
     facts: ScriptFacts, test: cst.BaseExpression, loop: Frame, statements: list, guard: cst.CSTNode
 ) -> None:
     """The step's condition must mean the same before the forward as at the step."""
-    for call in _call_nodes(test):
+    for call in call_nodes(test):
         name = get_full_name_for_node(call.func)
         if name not in _PURE_CALLS:
             raise DeclineFix(
@@ -411,17 +412,6 @@ def _negate(test: cst.BaseExpression) -> cst.BaseExpression | None:
 
 def _atomic(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
-
-
-def _call_nodes(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_V())
-    return found
 
 
 def _assigns(node: cst.CSTNode, names: set[str]) -> bool:

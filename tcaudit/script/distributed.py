@@ -26,6 +26,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.source.syntax import strip_comments
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -47,10 +48,6 @@ DEVICE_SWITCH = re.compile(
     r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
     r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
 )
-
-
-def _strip_comments(text: str) -> str:
-    return re.sub(r"#[^\n]*", "", text)
 
 
 # -- types of constructions -----------------------------------------------------------------------
@@ -285,7 +282,7 @@ class DistributedFacts:
 
     def __init__(self, facts: ScriptFacts) -> None:
         self.facts = facts
-        self.text = _strip_comments(facts.source.text)
+        self.text = strip_comments(facts.source.text)
         self._target_by_value = {id(b.value): b.target for b in facts.bindings}
 
     # -- bindings --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from libcst.metadata import CodeRange
 
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.walk import code_positions, walk
+from tcaudit.source.syntax import strip_comments
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {
@@ -855,7 +856,7 @@ class ScriptFacts:
     @functools.cached_property
     def uses_accelerator(self) -> bool:
         """Whether the script can run on a GPU at all; a CPU-only script gets no AMP advice."""
-        return bool(_ACCELERATOR_TEXT.search(_strip_comments(self.source.text)))
+        return bool(_ACCELERATOR_TEXT.search(strip_comments(self.source.text)))
 
     @functools.cached_property
     def uses_cuda(self) -> bool:
@@ -865,7 +866,7 @@ class ScriptFacts:
         with ``device`` a parameter (``def train(model, device, loader)``, ``Trainer(gpu_id)``) or a
         command-line setting (``args.gpu``). A script whose every device is visibly ``"cpu"`` (or that
         has none) is CPU-only and gets no GPU advice."""
-        if _CUDA_TEXT.search(_strip_comments(self.source.text)):
+        if _CUDA_TEXT.search(strip_comments(self.source.text)):
             return True
         for call in self.calls:
             if call.method in ("to", "cuda") or call.qualname == "torch.device":
@@ -1060,10 +1061,6 @@ class ScriptFacts:
             if _MODEL_NAME.search(binding.target) and isinstance(binding.value, cst.Call):
                 out.add(binding.target)
         return out
-
-
-def _strip_comments(text: str) -> str:
-    return re.sub(r"#[^\n]*", "", text)
 
 
 def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:

@@ -31,6 +31,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import FixPlan
 from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, CallSite, Frame, ScriptFacts
+from tcaudit.source.syntax import is_main_guard, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.
@@ -89,10 +90,6 @@ def all_of(*patterns: str) -> str:
     return r"(?s)\A" + "".join(f"(?=.*?(?:{p}))" for p in patterns)
 
 
-def strip_comments(text: str) -> str:
-    return re.sub(r"#[^\n]*", "", text)
-
-
 def literal(expr: cst.BaseExpression | None) -> object:
     """The value of a literal expression (True/False/None, numbers, strings); ``...`` otherwise."""
     if expr is None:
@@ -128,18 +125,6 @@ def is_eval_name(name: str | None) -> bool:
             if token.endswith(suffix) and token[: -len(suffix)] in _EVAL_WORDS:
                 return True
     return False
-
-
-def is_main_guard(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
-        return False
-    test = node.test
-    if len(test.comparisons) != 1:
-        return False
-    sides = (test.left, test.comparisons[0].comparator)
-    names = {get_full_name_for_node(side) for side in sides}
-    strings = {literal(side) for side in sides}
-    return "__name__" in names and "__main__" in strings
 
 
 def flag_frames(ctx: Frame) -> list[Frame]:
@@ -708,7 +693,7 @@ class PipelineFacts:
         if not name:
             return False
         fn = ctx.function
-        if fn is not None and name in _param_names(fn):
+        if fn is not None and name in param_names(fn):
             return False  # filled by the caller
         bindings = [b for b in facts.bindings_of(name) if b.ctx.function is fn]
         if not bindings and fn is not None:
@@ -839,7 +824,7 @@ class PipelineFacts:
             return None
         facts = self.facts
         name = get_full_name_for_node(expr)
-        if name and fn is not None and name in _param_names(fn):
+        if name and fn is not None and name in param_names(fn):
             return self._param_loaders(name, fn, depth)
         sites: list[LoaderSite] = []
         leaves = 0
@@ -857,7 +842,7 @@ class PipelineFacts:
                 dotted = get_full_name_for_node(value)
                 if dotted and facts.bindings_of(dotted):
                     continue  # followed by binding_values
-                if dotted and fn is not None and dotted in _param_names(fn):
+                if dotted and fn is not None and dotted in param_names(fn):
                     more = self._param_loaders(dotted, fn, depth)
                     if more is None:
                         return None
@@ -1133,15 +1118,6 @@ def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
 
 
 function_returns = _returns  # public: the expressions a function's own ``return`` statements give
-
-
-def _param_names(fn: cst.FunctionDef) -> set[str]:
-    params = fn.params
-    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            names.add(star.name.value)
-    return names
 
 
 def _positional_params(fn: cst.FunctionDef) -> list[str]:

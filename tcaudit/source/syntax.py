@@ -1,0 +1,46 @@
+"""Small questions about LibCST syntax trees and source text that several layers ask (the script
+analysis, the rules, the model audit's slicing): one home for each."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.helpers import get_full_name_for_node
+
+_COMMENT = re.compile(r"#[^\n]*")
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without ``#`` comments (a cheap pre-filter for text searches, not a tokenizer: a
+    ``#`` inside a string also ends the line's text)."""
+    return _COMMENT.sub("", text)
+
+
+def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call under ``node`` (itself included), outermost first."""
+    return list(m.findall(node, m.Call()))
+
+
+def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
+    """The function's parameter names in order: positional-only, ordinary, keyword-only, then (with
+    ``stars``) the ``*args`` and ``**kwargs`` names."""
+    params = function.params
+    names = [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+    if stars:
+        names += [s.name.value for s in (params.star_arg, params.star_kwarg) if isinstance(s, cst.Param)]
+    return names
+
+
+def is_main_guard(node: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":`` (either side first)."""
+    if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
+        return False
+    test = node.test
+    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    names = {get_full_name_for_node(side) for side in sides}
+    strings = {side.evaluated_value for side in sides if isinstance(side, cst.SimpleString)}
+    return "__name__" in names and "__main__" in strings
