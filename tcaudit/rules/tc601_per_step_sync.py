@@ -17,23 +17,20 @@ from tcaudit.findings import Finding, Fix, FixClass, Severity
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
-    has_modulo,
     in_test_code,
     literal_value,
-    names_in,
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
+from tcaudit.script.steps import runs_every_step
 
 SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
 SYNCHRONIZE = re.compile(r"^torch\.(cuda|accelerator|xpu|mps)\.synchronize$")
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
-_TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
 _PACKING = re.compile(r"pack_padded_sequence|pack_sequence")
 _NUMPY_CHAIN = re.compile(r"\bnp\.|\bnumpy\.")
-_MAX_CALL_DEPTH = 2
 
 
 def _receiver_chain(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
@@ -127,97 +124,6 @@ class _Tensors:
             self._collect(expr.args[0].value, out)
 
 
-class _StepScope:
-    """Decides whether a place in the file runs on every training step, unguarded."""
-
-    def __init__(self, facts: ScriptFacts, info: DistributedFacts) -> None:
-        self.facts = facts
-        self.info = info
-
-    def is_interval_guard(self, test: cst.BaseExpression) -> bool:
-        """``i % log_interval == 0``, ``it % eval_interval == 0 and master_process``, ``log_now`` bound
-        to a modulo, ``i == 0``, ``i == len(loader) - 1``, a time-based ``time.time() - t0 > 10``."""
-        if has_modulo(test):
-            return True
-        for name in names_in(test):
-            if _TIME_CALL.search(name):
-                return True
-            for binding in self.facts.bindings_of(name):
-                if has_modulo(binding.value):
-                    return True
-        for node in _comparisons(test):
-            for target in node.comparisons:
-                if isinstance(target.operator, cst.Equal):
-                    sides = (node.left, target.comparator)
-                    if any(isinstance(s, cst.Integer) for s in sides) or any(
-                        "len(" in self.facts.module.code_for_node(s) for s in sides
-                    ):
-                        return True
-        return False
-
-    def is_opt_in_flag(self, test: cst.BaseExpression) -> bool:
-        """``if args.debug:``, ``if self.verbose:``, ``if verbose and step > 0:``: a switch that is off
-        unless the user turns it on (an argparse ``store_true``, a ``False``/``0``/``None`` default,
-        a parameter defaulting to one). ``if master_process:`` (true on rank 0 every step) is not."""
-        for flag in _flag_operands(test):
-            dotted = get_full_name_for_node(flag)
-            if dotted and self._off_by_default(dotted):
-                return True
-        return False
-
-    def _off_by_default(self, dotted: str) -> bool:
-        facts = self.facts
-        last = dotted.split(".")[-1]
-        values = [b.value for b in facts.bindings_of(dotted)]
-        if "." in dotted and not dotted.startswith("self."):
-            # ``args.debug``: the option that defines it, as ``store_true`` or with a falsy default.
-            option = _argparse_option(facts, last)
-            if option is not None:
-                return option
-            return not values and bool(_OPT_IN_WORDS.search(last))
-        if dotted.startswith("self."):
-            values = values or []
-            resolved = []
-            for value in values:
-                name = get_full_name_for_node(value) if isinstance(value, cst.Name) else None
-                default = _parameter_default(facts, name) if name else None
-                resolved.append(default if default is not None else value)
-            values = resolved
-        else:
-            default = _parameter_default(facts, dotted)
-            if default is not None:
-                values = values + [default]
-        if values:
-            return all(literal_value(v) in (False, None, 0) and literal_value(v) is not ... for v in values)
-        return bool(_OPT_IN_WORDS.search(last))
-
-    def runs_every_step(self, ctx: Frame, depth: int = _MAX_CALL_DEPTH) -> bool:
-        facts, info = self.facts, self.info
-        for frame in ctx.chain():
-            kind = frame.kind
-            if kind == "if" and self.is_interval_guard(frame.node.test):  # type: ignore[attr-defined]
-                return False
-            if kind == "if" and self.is_opt_in_flag(frame.node.test):  # type: ignore[attr-defined]
-                return False
-            if kind == "except":
-                return False
-            if kind == "loop":
-                if id(frame.node) in info.env_step_loops:
-                    return False  # RL interaction: the environment needs host values
-                if info.is_step_loop(frame):
-                    return True
-            if kind == "def":
-                fn = frame.node
-                assert isinstance(fn, cst.FunctionDef)
-                if facts.function_is_eval(fn) or depth <= 0:
-                    return False
-                callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
-                return any(self.runs_every_step(c.ctx, depth - 1) for c in callers)
-            if kind in ("class", "lambda"):
-                return False
-        return False
-
-
 def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
     """Drop names that are parameters of the enclosing function: ``def log(loss): print(loss)`` is
     often handed ``loss.item()``, a float (and that ``.item()`` is reported where it is called)."""
@@ -227,48 +133,6 @@ def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
     params -= {"self", "cls"}
     return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
-
-
-_OPT_IN_WORDS = re.compile(r"debug|verbose|dry_?run|profil|trace|sanity|detect_anomaly|log_every_step|print_every_step", re.IGNORECASE)
-
-
-def _flag_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The plain names and attributes an ``if`` test ands together (``a and b.c`` → ``a``, ``b.c``)."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _flag_operands(test.left) + _flag_operands(test.right)
-    if isinstance(test, (cst.Name, cst.Attribute)):
-        return [test]
-    return []
-
-
-def _argparse_option(facts: ScriptFacts, dest: str) -> bool | None:
-    """For ``args.<dest>``: True when its ``add_argument`` is ``store_true`` or defaults to False/0/None,
-    False when it defaults to something true, None when no such option is in the file."""
-    for call in facts.method_calls("add_argument"):
-        flags = [literal_value(a.value) for a in call.node.args if a.keyword is None]
-        names = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]
-        explicit = call.arg("dest")
-        if literal_value(explicit) != dest and dest not in names:
-            continue
-        action = literal_value(call.arg("action"))
-        if action == "store_true":
-            return True
-        default = call.arg("default")
-        if default is None:
-            return action not in ("store_false",)
-        return literal_value(default) in (False, None, 0) and literal_value(default) is not ...
-    return None
-
-
-def _parameter_default(facts: ScriptFacts, name: str | None) -> cst.BaseExpression | None:
-    """The default of a parameter ``name`` of a function of this file (``def __init__(self, verbose=False)``)."""
-    if not name:
-        return None
-    for fn, _ in facts.functions:
-        for param in (*fn.params.params, *fn.params.kwonly_params):
-            if param.name.value == name and param.default is not None:
-                return param.default
-    return None
 
 
 # tqdm / rich progress bars and loggers that turn what they are handed into text at once.
@@ -321,17 +185,6 @@ def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -
     return None
 
 
-def _comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
-    out: list[cst.Comparison] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Comparison(self, node: cst.Comparison) -> None:
-            out.append(node)
-
-    test.visit(_V())
-    return out
-
-
 class PerStepSync(ScriptRule):
     id = "TC601"
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
@@ -345,7 +198,6 @@ class PerStepSync(ScriptRule):
             return
         if not (facts.uses_cuda or facts.uses_accelerator):
             return  # a CPU-only script: the host is the device, there is nothing to wait for
-        scope = _StepScope(facts, info)
         tensors = _Tensors(facts)
         cost = cost_note(self.spec, context.settings.gpu, "per_step")
         for call in facts.calls:
@@ -353,7 +205,7 @@ class PerStepSync(ScriptRule):
             if described is None or in_test_code(call.ctx):
                 continue
             what, node = described
-            if not scope.runs_every_step(call.ctx):
+            if not runs_every_step(facts, call.ctx):
                 continue
             micro = _after_micro_steps(facts, info, call.ctx)
             if micro is not None:

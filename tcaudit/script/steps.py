@@ -1,10 +1,9 @@
 """Whether a place in a training script runs on every training step, or only now and then.
 
-The idea is TC601's (tcaudit/rules/tc601_per_step_sync.py, ``_StepScope``): walk out from a call
-through its frames; an ``if`` on an interval (``step % 100 == 0``, ``i == 0``, a time check) or an
-``except`` means "not every step", a step loop means "every step", and a function is followed to its
-callers (not through eval functions) a couple of levels up. Kept here as public functions so rules
-other than TC601 can ask the same question.
+Walk out from a call through its frames: an ``if`` on an interval (``step % 100 == 0``, ``i == 0``, a
+time check), an opt-in switch (``if args.debug:``, ``if self.verbose:``) or an ``except`` means "not
+every step", a step loop means "every step", and a function is followed to its callers (not through
+eval functions) a couple of levels up. TC601, TC605 and TC212 ask it.
 """
 
 from __future__ import annotations
@@ -12,8 +11,9 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.distributed import distributed_facts, has_modulo, names_in
+from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value, names_in
 from tcaudit.script.facts import Frame, ScriptFacts
 
 _TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
@@ -52,6 +52,84 @@ def is_interval_guard(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
     return False
 
 
+OPT_IN_WORDS = re.compile(r"debug|verbose|dry_?run|profil|trace|sanity|detect_anomaly|log_every_step|print_every_step", re.IGNORECASE)
+
+
+def flag_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The plain names and attributes an ``if`` test ands together (``a and b.c`` → ``a``, ``b.c``)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return flag_operands(test.left) + flag_operands(test.right)
+    if isinstance(test, (cst.Name, cst.Attribute)):
+        return [test]
+    return []
+
+
+def argparse_option(facts: ScriptFacts, dest: str) -> bool | None:
+    """For ``args.<dest>``: True when its ``add_argument`` is ``store_true`` or defaults to False/0/None,
+    False when it defaults to something true, None when no such option is in the file."""
+    for call in facts.method_calls("add_argument"):
+        flags = [literal_value(a.value) for a in call.node.args if a.keyword is None]
+        names = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]
+        explicit = call.arg("dest")
+        if literal_value(explicit) != dest and dest not in names:
+            continue
+        action = literal_value(call.arg("action"))
+        if action == "store_true":
+            return True
+        default = call.arg("default")
+        if default is None:
+            return action not in ("store_false",)
+        return literal_value(default) in (False, None, 0) and literal_value(default) is not ...
+    return None
+
+
+def parameter_default(facts: ScriptFacts, name: str | None) -> cst.BaseExpression | None:
+    """The default of a parameter ``name`` of a function of this file (``def __init__(self, verbose=False)``)."""
+    if not name:
+        return None
+    for fn, _ in facts.functions:
+        for param in (*fn.params.params, *fn.params.kwonly_params):
+            if param.name.value == name and param.default is not None:
+                return param.default
+    return None
+
+
+def is_opt_in_flag(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
+    """``if args.debug:``, ``if self.verbose:``, ``if verbose and step > 0:``: a switch that is off
+    unless the user turns it on (an argparse ``store_true``, a ``False``/``0``/``None`` default,
+    a parameter defaulting to one). ``if master_process:`` (true on rank 0 every step) is not."""
+    for flag in flag_operands(test):
+        dotted = get_full_name_for_node(flag)
+        if dotted and _off_by_default(facts, dotted):
+            return True
+    return False
+
+def _off_by_default(facts: ScriptFacts, dotted: str) -> bool:
+    last = dotted.split(".")[-1]
+    values = [b.value for b in facts.bindings_of(dotted)]
+    if "." in dotted and not dotted.startswith("self."):
+        # ``args.debug``: the option that defines it, as ``store_true`` or with a falsy default.
+        option = argparse_option(facts, last)
+        if option is not None:
+            return option
+        return not values and bool(OPT_IN_WORDS.search(last))
+    if dotted.startswith("self."):
+        values = values or []
+        resolved = []
+        for value in values:
+            name = get_full_name_for_node(value) if isinstance(value, cst.Name) else None
+            default = parameter_default(facts, name) if name else None
+            resolved.append(default if default is not None else value)
+        values = resolved
+    else:
+        default = parameter_default(facts, dotted)
+        if default is not None:
+            values = values + [default]
+    if values:
+        return all(literal_value(v) in (False, None, 0) and literal_value(v) is not ... for v in values)
+    return bool(OPT_IN_WORDS.search(last))
+
+
 def runs_every_step(facts: ScriptFacts, ctx: Frame, depth: int = MAX_CALL_DEPTH) -> bool:
     """True when code at ``ctx`` runs once per training step: inside a step loop (or a function
     called from one), under no interval guard, ``except`` handler or eval function."""
@@ -60,6 +138,8 @@ def runs_every_step(facts: ScriptFacts, ctx: Frame, depth: int = MAX_CALL_DEPTH)
         kind = frame.kind
         if kind == "if" and is_interval_guard(facts, frame.node.test):  # type: ignore[attr-defined]
             return False
+        if kind == "if" and is_opt_in_flag(facts, frame.node.test):  # type: ignore[attr-defined]
+            return False  # ``if args.debug:``: off unless the user asks
         if kind == "except":
             return False
         if kind == "loop":
