@@ -253,14 +253,16 @@ class ScriptIndex:
 
     # -- names ---------------------------------------------------------------------------
     def resolve(self, name: str | None) -> str | None:
-        """Qualified name of a dotted name through this file's imports (``nn.Linear`` → ``torch.nn.Linear``)."""
+        """Qualified name of a dotted name through this file's imports (``nn.Linear`` → ``torch.nn.Linear``);
+        None when its first part is not imported (a local definition, a builtin), as
+        ``ScriptFacts.resolve`` answers."""
         if not name:
             return None
         head, _, rest = name.partition(".")
         if head in self.imports:
             base = self.imports[head]
             return f"{base}.{rest}" if rest else base
-        return name
+        return None
 
     def is_module_class(self, name: str) -> bool:
         return _is_module_class(self.classes, self.imports, self.path.parent, self.path, name, 0)
