@@ -88,7 +88,10 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
     from tcaudit.rules.base import discover_script_rules
 
     enabled = set(settings.enabled_rules())
-    return [cls() for rule_id, cls in sorted(discover_script_rules().items()) if rule_id in enabled]
+    rules = [cls() for rule_id, cls in sorted(discover_script_rules().items()) if rule_id in enabled]
+    for rule in rules:
+        rule.configure(settings)
+    return rules
 
 
 def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:

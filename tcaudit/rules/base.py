@@ -47,10 +47,13 @@ class ScriptRule:
 
     def __init__(self) -> None:
         self.spec: RuleSpec = load_catalog()[self.id]
-        self._trigger_res = [re.compile(t) for t in self.triggers]
+
+    def configure(self, settings: "Settings") -> None:
+        """Adjust the rule to the settings it will run under, before any file is read (a rule whose
+        necessary text depends on a structural option sets its ``triggers`` here)."""
 
     def may_match(self, text: str) -> bool:
-        return not self._trigger_res or any(t.search(text) for t in self._trigger_res)
+        return not self.triggers or any(re.search(t, text) for t in self.triggers)
 
     def check(self, facts: "ScriptFacts", context: RuleContext) -> Iterator[Finding]:
         raise NotImplementedError

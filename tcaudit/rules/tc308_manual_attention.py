@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import all_of
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -96,7 +96,7 @@ def _transposed_key(node: cst.BaseExpression) -> cst.BaseExpression | None:
 
 class ManualAttention(ScriptRule):
     id = "TC308"
-    triggers = (r"softmax",)
+    triggers = (all_of(r"softmax", r"@|matmul"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         for function, _ in facts.functions:
@@ -215,6 +215,7 @@ class ManualAttention(ScriptRule):
         return None
 
     def _mask(self, facts, function, chain: _Chain, expr: cst.BaseExpression) -> bool:
+        import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
         code = facts.module.code_for_node
         weights = chain.weights
         if m.matches(expr, m.Call(func=m.Attribute(value=m.Name(weights), attr=m.Name("masked_fill")))):
@@ -311,6 +312,7 @@ def _unparen(node: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _matmul_parts(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     node = _unparen(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
         return node.left, node.right
@@ -376,6 +378,7 @@ def _mentions(node: cst.CSTNode, name: str) -> bool:
 
 
 def _assigns_any(statement: cst.BaseStatement, names: set[str]) -> bool:
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     assigned = _assigned(statement)
     if assigned is not None:
         return assigned[0] in names
@@ -417,6 +420,7 @@ def _kept_positions(code, cond: cst.BaseExpression) -> str:
 def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.BaseExpression) -> bool:
     """``self.bias[:, :, :T, :T] == 0`` where ``bias`` is a ``torch.tril(torch.ones(...))`` buffer of
     the same class: exactly the top-left causal mask that ``is_causal=True`` applies."""
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     cond = _unparen(cond)
     if not (isinstance(cond, cst.Comparison) and len(cond.comparisons) == 1
             and isinstance(cond.comparisons[0].operator, cst.Equal)
@@ -458,6 +462,7 @@ def _init_calls(facts: ScriptFacts, function: cst.FunctionDef):
 
 
 def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bool:
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     for call in _init_calls(facts, function):
         if call.method != "register_buffer" or len(call.node.args) < 2:
             continue
@@ -471,6 +476,7 @@ def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bo
 
 
 def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str) -> bool:
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     for call in _init_calls(facts, function):
         if call.qualname in DROPOUT_MODULES and call.statement is not None:
             assigned = call.statement.node
@@ -489,6 +495,7 @@ def _argument(args: Sequence[cst.Arg], keyword: str, position: int) -> cst.BaseE
 
 
 def _last_dim(args: Sequence[cst.Arg], position: int) -> bool:
+    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     dim = _argument(args, "dim", position)
     return _minus_one(dim) or (dim is not None and m.matches(dim, m.Integer("3")))
 

@@ -34,7 +34,7 @@ CALLS = {
 
 class DeterministicKernels(ScriptRule):
     id = "TC309"
-    triggers = (r"deterministic|benchmark",)
+    triggers = (r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not pipeline_facts(facts).owns_cuda_training:

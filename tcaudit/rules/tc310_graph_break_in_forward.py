@@ -20,6 +20,7 @@ from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import all_of
 
 HOST_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
 # Methods whose result is a tensor of the values: branching on it reads the value on the host.
@@ -32,7 +33,13 @@ STATIC_TORCH = ("torch.is_tensor", "torch.is_grad_enabled", "torch.is_autocast_e
 
 class GraphBreakInForward(ScriptRule):
     id = "TC310"
-    triggers = (r"def forward",)
+    # The rule speaks only where the model is compiled: by the file (its text says "compile"), or by
+    # `fix --compile` when the config asks for it (configure() then drops that condition).
+    triggers = (all_of(r"def forward", r"compile"),)
+
+    def configure(self, settings) -> None:
+        if "compile" in settings.structural_fixes:
+            self.triggers = (r"def forward",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         compiles = any(self._is_compile(call) for call in facts.calls)

@@ -14,13 +14,14 @@ from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, loops_of
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import all_of
 
 COMPILE = {"torch.compile"}
 
 
 class CompileInLoop(ScriptRule):
     id = "TC311"
-    triggers = (r"compile",)
+    triggers = (all_of(r"compile\(", r"\.backward\("),)  # it needs a training step
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

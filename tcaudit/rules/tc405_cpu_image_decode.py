@@ -54,7 +54,9 @@ ADVICE = (
 
 class CpuImageDecode(ScriptRule):
     id = "TC405"
-    triggers = (all_of(r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage", CUDA_TEXT),)
+    # It needs images, CUDA and a file that trains (a step, or a framework that owns the loop).
+    triggers = (all_of(r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage",
+                       CUDA_TEXT, r"\.backward\(|\.step\(|lightning|accelerate|deepspeed|Trainer"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

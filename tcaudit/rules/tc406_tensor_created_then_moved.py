@@ -47,7 +47,10 @@ class FoldDevice(FixPlan):
 
 class TensorCreatedThenMoved(ScriptRule):
     id = "TC406"
-    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_TEXT),)
+    # It needs a move, an accelerator and one of the factories by name (an alias still spells it).
+    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_TEXT,
+                       r"\b(?:zeros|ones|empty|full|rand\w*|arange|linspace|logspace|eye|tensor|as_tensor|\w+_like"
+                       r"|tril_indices|triu_indices)\("),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not facts.uses_accelerator:

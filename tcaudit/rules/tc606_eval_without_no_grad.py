@@ -43,7 +43,8 @@ class WrapInNoGrad(FixPlan):
 
 class EvalWithoutNoGrad(ScriptRule):
     id = "TC606"
-    triggers = (r"eval|valid|test|infer|predict|sample|generate",)
+    # Necessary: an eval function by name (facts' eval-function pattern) or a bare ``.eval()`` call.
+    triggers = (r"\.eval\(\)|def _*(?:eval|valid|test|infer|predict|sample|generate)",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if self._grad_disabled_globally(facts):

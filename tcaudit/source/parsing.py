@@ -6,6 +6,7 @@ import ast
 import errno
 import io
 import os
+import re
 import stat
 import tokenize
 import warnings
@@ -63,15 +64,19 @@ class SourceFile:
         if self._module is None:
             import libcst as cst  # here, not at the top: a scan answered from the cache never parses
 
-            # Python's own parser first: it refuses what Python cannot run (brackets nested beyond
-            # 200 levels, expressions too complex), which LibCST's native parser would recurse on
-            # until the process's stack overflows. It costs about a tenth of LibCST's parse.
-            error = python_syntax_error(self.text, self.display_path)
-            if error is not None:
-                raise error
+            # Deeply nested brackets go to Python's own parser first: it refuses what Python cannot
+            # run (brackets nested beyond 200 levels), which LibCST's native parser would recurse on
+            # until the process's stack overflows. Other files skip that second parse.
+            if max_bracket_depth(self.text) >= DEEP_NESTING:
+                error = python_syntax_error(self.text, self.display_path)
+                if error is not None:
+                    raise error
             try:
                 self._module = cst.parse_module(self.text)
             except cst.ParserSyntaxError as exc:
+                error = python_syntax_error(self.text, self.display_path)
+                if error is not None:
+                    raise error from None  # Python's own message (a Python 2 file says so)
                 raise SourceError(
                     f"cannot parse with LibCST (Python itself accepts this file): {exc.message}",
                     line=max(exc.raw_line, 1),
@@ -82,6 +87,24 @@ class SourceFile:
             except MemoryError:
                 raise SourceError("cannot parse: out of memory while parsing") from None
         return self._module
+
+
+# Bracket depth from which a file is checked by Python's parser before LibCST's (Python stops at 200).
+DEEP_NESTING = 100
+_NOT_BRACKETS = re.compile(r"[^()\[\]{}]+")
+
+
+def max_bracket_depth(text: str) -> int:
+    """The deepest bracket nesting in ``text``, counting brackets in strings and comments too (an
+    over-estimate at worst, which only costs the extra check)."""
+    depth = deepest = 0
+    for char in _NOT_BRACKETS.sub("", text):
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
 
 
 def python_syntax_error(text: str, filename: str = "<unknown>") -> SourceError | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 _COMMENT = re.compile(r"#[^\n]*")
@@ -20,7 +19,14 @@ def strip_comments(text: str) -> str:
 
 def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
     """Every call under ``node`` (itself included), outermost first."""
-    return list(m.findall(node, m.Call()))
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
 
 
 def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
