@@ -1,0 +1,85 @@
+"""Run many training scripts from one process that imported torch once (a fork server).
+
+    python runner.py jobs.json results.json PARALLEL
+
+Each job is forked from this process, so torch's ~3 s import is paid once and no script sees what
+another changed (backend flags, default dtype, globals). The shim (shim/sitecustomize.py, on
+PYTHONPATH) is already installed here; each child starts a fresh record with the same seed and runs
+the script as ``__main__`` with its own argv, working directory, environment and output files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+
+import sitecustomize as shim  # the oracle shim, installed at interpreter start
+
+
+def _child(job: dict) -> int:
+    os.chdir(job["cwd"])
+    os.environ.update(job["env"])
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        target = os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = [job["script"], *job["argv"]]
+    sys.path[0] = os.path.dirname(job["script"])
+    shim.begin()
+    code = 0
+    try:
+        runpy.run_path(job["script"], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the script's failure is the result
+        traceback.print_exc()
+        code = 1
+    shim.dump()
+    return code
+
+
+def main(jobs_path: str, results_path: str, parallel: int) -> None:
+    jobs = json.loads(open(jobs_path).read())
+    pending, running, results = list(jobs), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = _child(job)
+                finally:
+                    try:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(code & 0xFF)
+            running[pid] = (job, time.monotonic())
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            for pid, (job, started) in list(running.items()):
+                if time.monotonic() - started > job["timeout"]:
+                    os.kill(pid, signal.SIGKILL)
+                    results[job["id"]] = {"rc": 124, "seconds": job["timeout"]}
+            time.sleep(0.05)
+            continue
+        if pid in running:
+            job, started = running.pop(pid)
+            rc = os.waitstatus_to_exitcode(status)
+            results.setdefault(job["id"], {"rc": rc, "seconds": round(time.monotonic() - started, 2)})
+    with open(results_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
