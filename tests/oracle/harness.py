@@ -33,6 +33,7 @@ class RunResult:
     id: str
     rc: int
     seconds: float
+    cpu_seconds: float
     stdout: str
     stderr: str
     losses: list[float] = field(default_factory=list)  # what backward() saw, in order, all processes
@@ -104,6 +105,7 @@ def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: i
             id=job["id"],
             rc=status[job["id"]]["rc"],
             seconds=status[job["id"]]["seconds"],
+            cpu_seconds=status[job["id"]].get("cpu_seconds", 0.0),
             stdout=Path(job["stdout"]).read_text(errors="replace"),
             stderr=Path(job["stderr"]).read_text(errors="replace"),
             losses=losses,

@@ -16,7 +16,8 @@ CUDA-semantics mode (``TCAUDIT_ORACLE_MODE=cuda``), for the F1/F2/F7 failure cla
     ``init_scale``), unless its ``enabled=`` is false for a reason other than the device (a flag).
     A correct script computes the same values under any power-of-two scale; unscaling twice or
     clipping scaled gradients diverges. Recorded losses are divided by the scale they were
-    multiplied with, so they stay comparable with the original's.
+    multiplied with, so they stay comparable with the original's. ``TCAUDIT_ORACLE_SCALER=off`` keeps
+    every scaler disabled: the reference run, what a correct script computes under any scale.
 (c) a random factory given ``device=`` (``torch.randn(n, device=device)``) draws from a second
     generator, as CUDA tensors draw from the CUDA generator and not the CPU one (F7).
 Not done: ``torch.cuda.is_available()`` stays False. Making it True while tensors stay on the CPU
@@ -182,7 +183,8 @@ def _install_cuda_semantics(torch) -> None:
 
     def scaler_init(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
         if _state["mode"] == "cuda":
-            enabled, device = _on_gpu(enabled), "cpu"
+            # TCAUDIT_ORACLE_SCALER=off gives the reference run: the math a scaler must not change.
+            enabled, device = _on_gpu(enabled) and os.environ.get("TCAUDIT_ORACLE_SCALER") != "off", "cpu"
         original_scaler_init(self, device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
 
     def scale(self, outputs):
