@@ -58,9 +58,10 @@ def _losses(out: Path) -> tuple[list[float], int]:
     return [x for r in records for x in r["losses"]], len(records)
 
 
-def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: int = 0, parallel: int = 2):
+def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: int = 0, parallel: int = 2, gpu: bool = False):
     """Run every script in a fresh folder of ``workdir`` (forked from one process), in CPU or
-    CUDA-semantics mode; returns {id: RunResult}."""
+    CUDA-semantics mode; returns {id: RunResult}. ``gpu``: leave the GPUs visible (the runner
+    imports torch but never initialises CUDA before it forks)."""
     assert mode in ("cpu", "cuda")
     jobs = []
     for run in runs:
@@ -87,11 +88,12 @@ def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: i
         "TCAUDIT_ORACLE_OUT": str(workdir / "runner"),
         "TCAUDIT_ORACLE_MODE": mode,
         "TCAUDIT_ORACLE_SEED": str(seed),
-        "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
         "PYTHONHASHSEED": "0",
         "MASTER_ADDR": "127.0.0.1",
     }
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     subprocess.run(
         [sys.executable, str(ORACLE / "runner.py"), str(workdir / "jobs.json"), str(workdir / "results.json"), str(parallel)],
         env=env, cwd=workdir, check=True, timeout=sum(j["timeout"] for j in jobs) + 60,
