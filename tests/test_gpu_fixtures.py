@@ -3,17 +3,20 @@ with ``tcaudit fix`` and run before and after (losses finite, no crash, no blow-
 summary for the record. Skipped without CUDA; run with
 
     TCAUDIT_GPU_SUMMARY=/path/gpu_summary.json python -m pytest -q -m gpu tests/test_gpu_fixtures.py
+
+With two or more GPUs the DDP conversions also run as two ranks (NCCL), one GPU each.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 
 import pytest
 
-from oracle.cases import all_cases, patch
+from oracle.cases import DDP_CONVERSIONS, all_cases, patch
 from oracle.harness import ScriptRun, run_scripts
 
 pytestmark = [
@@ -30,6 +33,7 @@ GPU_FINDINGS = {
     "gen03_cpu_only_trainer_none": "[F2] TC201's autocast around a BCE helper TC208 declined: raises on CUDA",
     "gen04_index0_helpers_flag_clip_after_step": "[F1] TC205's scaler.unscale_ where the scaler is None (no --amp)",
 }
+GPU_FINDINGS.update({f"{case_id}+ddp": reason for case_id, reason in GPU_FINDINGS.items()})
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +48,17 @@ def gpu_runs(tmp_path_factory):
         for case_id, p in patched.items()
         for side, text in (("original", p.case.text), ("patched", p.fixed))
     ]
+    if torch.cuda.device_count() >= 2:  # the DDP conversions as torchrun starts them on two GPUs
+        runs += [
+            ScriptRun(f"{case_id}--ranks2", p.fixed, p.case.argv, timeout=420, world_size=2)
+            for case_id, p in patched.items()
+            if any(rule in p.applied for rule in DDP_CONVERSIONS)
+        ]
     parallel = int(os.environ.get("TCAUDIT_GPU_PARALLEL", "8"))
     results = run_scripts(runs, workdir / "runs", parallel=parallel, gpu=True)
     summary = {
         "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cases": [
@@ -67,6 +78,13 @@ def gpu_runs(tmp_path_factory):
                     }
                     for side in ("original", "patched")
                 },
+                "ranks2": {
+                    "exit_code": results[f"{case_id}--ranks2"].rc,
+                    "losses_by_rank": results[f"{case_id}--ranks2"].by_rank,
+                    "error": results[f"{case_id}--ranks2"].stderr.strip().splitlines()[-1:] if results[f"{case_id}--ranks2"].rc else [],
+                }
+                if f"{case_id}--ranks2" in results
+                else None,
             }
             for case_id, p in patched.items()
         ],
@@ -95,3 +113,29 @@ def test_patched_fixture_trains_on_the_gpu(gpu_runs, case_id):
         assert max(fixed.losses) <= BLOW_UP * max(abs(x) for x in original.losses), (
             f"patched ({applied}) diverged: original {original.losses}, patched {fixed.losses}"
         )
+
+
+# Found by the CPU oracle's two-rank runs (tests/test_oracle.py): no DistributedSampler.
+RANK_FINDINGS = {
+    "gen00_object_trainer_flag_clip_after_step+ddp": "[F4] lambda loader: no DistributedSampler",
+    "gen03_cpu_only_trainer_none+ddp": "[F2, F4] BCE under autocast; build_loader(): no DistributedSampler",
+    "gen04_index0_helpers_flag_clip_after_step+ddp": "[F1, F4] scaler None; lambda loader: no DistributedSampler",
+    "gen07_auto_helpers_none+ddp": "[F4] build_loader(): no DistributedSampler",
+}
+DDP_CASES = [c.id for c in CASES if c.id.startswith("ddp_") or c.id.endswith("+ddp")]
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=RANK_FINDINGS[c])) if c in RANK_FINDINGS else c for c in DDP_CASES],
+)
+def test_ddp_conversion_trains_on_two_gpus(gpu_runs, case_id):
+    """Two ranks, one GPU each (NCCL): both run, and each trains on its own shard of the data."""
+    patched, results = gpu_runs
+    run = results.get(f"{case_id}--ranks2")
+    if run is None:
+        pytest.skip("needs two GPUs and a script the DDP conversion converted")
+    assert run.rc == 0, run.explain()
+    assert sorted(run.by_rank) == [0, 1] and run.by_rank[0] and run.by_rank[1], run.explain()
+    assert all(math.isfinite(x) for losses in run.by_rank.values() for x in losses), run.by_rank
+    assert run.by_rank[0] != run.by_rank[1], f"both ranks computed {run.by_rank[0]}"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from oracle.cases import all_cases, patch, run_cases
+from oracle.cases import DDP_CONVERSIONS, all_cases, patch, run_cases
 from oracle.harness import max_relative_difference
 
 pytestmark = pytest.mark.slow
@@ -68,6 +68,9 @@ EXPECT = {
     "tc503_mp_spawn_kwargs": DDP_ORDER,
     "tc503_torchrun": DDP_ORDER,
     "tc503_trainer": DDP_ORDER,
+    "gen01_cuda0_helpers_flag_clip_both+ddp": DDP_ORDER,
+    "gen05_object_flat_flag_clip_both+ddp": DDP_ORDER,
+    "gen09_index0_trainer_flag_clip_both+ddp": DDP_ORDER,
     "tc206_half_model": HALF_MODEL,
     "tc2_half_model": HALF_MODEL,
 }
@@ -79,17 +82,24 @@ F1_CLIP_AFTER_STEP = (
     "[F1] TC205 inserts scaler.unscale_ before a clip that follows the step, in neither AMP branch: "
     "without --amp the scaler is None (AttributeError)"
 )
-CPU_FINDINGS = {"gen04_index0_helpers_flag_clip_after_step": F1_CLIP_AFTER_STEP}
+F1_UNSCALE_TWICE = (
+    "[F1] TC205 puts self.scaler.unscale_ before a clip after the step: with --amp the next step's "
+    "gradients are used still scaled (loss 1.4 -> 1.8e7 -> 1.8e17)"
+)
+F2_BCE = (
+    "[F2, F8] TC201 adds CUDA autocast around a BCE helper that TC208 declined to fix: the patched "
+    "script raises on the GPU (and the script is CPU-only: TC201/TC301/TC302/TC303/TC402/TC403 apply)"
+)
+CPU_FINDINGS = {
+    "gen04_index0_helpers_flag_clip_after_step": F1_CLIP_AFTER_STEP,
+    "gen04_index0_helpers_flag_clip_after_step+ddp": F1_CLIP_AFTER_STEP,
+}
 CUDA_FINDINGS = {
     **CPU_FINDINGS,
-    "gen00_object_trainer_flag_clip_after_step": (
-        "[F1] TC205 puts self.scaler.unscale_ before a clip after the step: with --amp the next step's "
-        "gradients are used still scaled (loss 1.4 -> 1.8e7 -> 1.8e17)"
-    ),
-    "gen03_cpu_only_trainer_none": (
-        "[F2, F8] TC201 adds CUDA autocast around a BCE helper that TC208 declined to fix: the patched "
-        "script raises on the GPU (and the script is CPU-only: TC201/TC301/TC302/TC303/TC402/TC403 apply)"
-    ),
+    "gen00_object_trainer_flag_clip_after_step": F1_UNSCALE_TWICE,
+    "gen00_object_trainer_flag_clip_after_step+ddp": F1_UNSCALE_TWICE,
+    "gen03_cpu_only_trainer_none": F2_BCE,
+    "gen03_cpu_only_trainer_none+ddp": F2_BCE,
     "tc406_factories": (
         "[F7] TC406 turns torch.randn(...).to(device) into torch.randn(..., device=device): on CUDA the "
         "values come from the CUDA generator, so a seeded script computes other numbers"
@@ -143,6 +153,33 @@ def test_fix_keeps_the_losses_on_cpu(oracle, case_id):
 @pytest.mark.parametrize("case_id", _params(CUDA_FINDINGS))
 def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
     _check(oracle, case_id, "cuda", CUDA_EXPECT.get(case_id, Expect()))
+
+
+F4_NO_SAMPLER = "[F4] the DDP conversion adds no DistributedSampler to a loader built {how}: every rank trains on all the data"
+RANK_FINDINGS = {
+    "gen00_object_trainer_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda"),
+    "gen03_cpu_only_trainer_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()") + " [F8: a CPU-only script]",
+    "gen04_index0_helpers_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda") + "; [F1] crashes too",
+    "gen07_auto_helpers_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()"),
+}
+DDP_CASES = [case.id for case in CASES if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=RANK_FINDINGS[c])) if c in RANK_FINDINGS else c for c in DDP_CASES],
+)
+def test_ddp_conversion_gives_each_rank_its_own_data(oracle, case_id):
+    """The converted script, started as two ranks: each must train on its own shard. Ranks that
+    compute identical losses read identical batches: the conversion did not shard the data."""
+    patched, runs = oracle
+    if not any(rule in patched[case_id].applied for rule in DDP_CONVERSIONS):
+        pytest.skip(f"not converted to DDP ({'; '.join(patched[case_id].declined) or 'nothing to convert'})")
+    run = runs[("ranks2", case_id, "patched")]
+    assert run.rc == 0, run.explain()
+    assert sorted(run.by_rank) == [0, 1], run.explain()
+    assert run.by_rank[0] and run.by_rank[1]
+    assert run.by_rank[0] != run.by_rank[1], f"both ranks computed {run.by_rank[0]}"
 
 
 def test_corpus_covers_every_realworld_shape():

@@ -52,8 +52,15 @@ def fixture_cases() -> list[OracleCase]:
     return cases
 
 
+# The structural conversions too (F4, F5): every corpus script once more with ``--ddp --compile``.
+STRUCTURAL = Settings(select=("ALL",), structural_fixes=("ddp", "compile"))
+DDP_CONVERSIONS = ("TC501", "TC505")  # the rules whose fix turns a script into a DDP script
+
+
 def corpus_cases() -> list[OracleCase]:
-    return [OracleCase(s.name, None, s.text, s.argv, Settings(select=("ALL",))) for s in build_corpus()]
+    plain = [OracleCase(s.name, None, s.text, s.argv, Settings(select=("ALL",))) for s in build_corpus()]
+    structural = [OracleCase(f"{s.name}+ddp", None, s.text, s.argv, STRUCTURAL) for s in build_corpus()]
+    return plain + structural
 
 
 def all_cases() -> list[OracleCase]:
@@ -71,7 +78,7 @@ class Patched:
 def patch(case: OracleCase, workdir: Path) -> Patched:
     path = case.path
     if path is None:
-        path = workdir / f"{case.id}.py"
+        path = workdir / f"{case.id.replace('+', '_')}.py"
         path.write_text(case.text, encoding="utf-8")
     result = fix_file(path, case.settings)
     assert result.error is None, result.error
@@ -94,5 +101,10 @@ def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("
                 scaler = "off" if side == "original" else "real"
                 env = (("TCAUDIT_ORACLE_MODE", mode), ("TCAUDIT_ORACLE_SCALER", scaler))
                 runs.append(ScriptRun(f"{mode}--{p.case.id}--{side}", text, p.case.argv, env))
+    for p in patched:
+        if any(rule in p.applied for rule in DDP_CONVERSIONS):
+            # The converted script as torchrun would start it on two GPUs (here: two CPU ranks, gloo).
+            env = (("TCAUDIT_ORACLE_MODE", "cpu"),)
+            runs.append(ScriptRun(f"ranks2--{p.case.id}--patched", p.fixed, p.case.argv, env, world_size=2))
     results = run_scripts(runs, workdir, parallel=parallel)
     return {tuple(key.split("--")): value for key, value in results.items()}

@@ -26,6 +26,7 @@ class ScriptRun:
     argv: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = 240
+    world_size: int = 1  # >1: run as that many ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RunResult:
     stderr: str
     losses: list[float] = field(default_factory=list)  # what backward() saw, in order, all processes
     processes: int = 0
+    by_rank: dict = field(default_factory=dict)  # {rank: losses} for the processes that had a rank
 
     @property
     def printed(self) -> list[float]:
@@ -51,11 +53,12 @@ class RunResult:
         return f"{self.id}: rc {self.rc}, {len(self.losses)} losses\n{self.stderr[-2500:]}"
 
 
-def _losses(out: Path) -> tuple[list[float], int]:
+def _losses(out: Path) -> tuple[list[float], int, dict]:
     records = [json.loads(p.read_text()) for p in out.glob("losses-*.json")]
     # Processes with a rank in rank order, then the others (one process in nearly every script).
     records.sort(key=lambda r: (r["rank"] is None, int(r["rank"]) if r["rank"] is not None else 0, r["pid"]))
-    return [x for r in records for x in r["losses"]], len(records)
+    by_rank = {int(r["rank"]): r["losses"] for r in records if r["rank"] is not None}
+    return [x for r in records for x in r["losses"]], len(records), by_rank
 
 
 def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: int = 0, parallel: int = 2, gpu: bool = False):
@@ -79,6 +82,7 @@ def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: i
                 "stdout": str(folder / "stdout.txt"),
                 "stderr": str(folder / "stderr.txt"),
                 "timeout": run.timeout,
+                "world_size": run.world_size,
             }
         )
     (workdir / "jobs.json").write_text(json.dumps(jobs))
@@ -102,16 +106,21 @@ def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: i
     results = {}
     for job in jobs:
         folder = Path(job["cwd"])
-        losses, processes = _losses(folder / "oracle")
+        losses, processes, by_rank = _losses(folder / "oracle")
+        stdout, stderr = (
+            "".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"{name}.txt*")))
+            for name in ("stdout", "stderr")
+        )
         results[job["id"]] = RunResult(
             id=job["id"],
             rc=status[job["id"]]["rc"],
             seconds=status[job["id"]]["seconds"],
             cpu_seconds=status[job["id"]].get("cpu_seconds", 0.0),
-            stdout=Path(job["stdout"]).read_text(errors="replace"),
-            stderr=Path(job["stderr"]).read_text(errors="replace"),
+            stdout=stdout,
+            stderr=stderr,
             losses=losses,
             processes=processes,
+            by_rank=by_rank,
         )
     return results
 

@@ -57,41 +57,67 @@ def _warm_imports() -> None:
             pass
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ranks(job: dict) -> list[dict]:
+    """A job with ``world_size`` N runs as N forked ranks, as torchrun would start them."""
+    world = job.get("world_size", 1)
+    if world == 1:
+        return [job]
+    port = str(_free_port())
+    ranks = []
+    for rank in range(world):
+        env = {**job["env"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        ranks.append({**job, "env": env, "stdout": f"{job['stdout']}.rank{rank}", "stderr": f"{job['stderr']}.rank{rank}"})
+    return ranks
+
+
 def main(jobs_path: str, results_path: str, parallel: int) -> None:
     jobs = json.loads(open(jobs_path).read())
     if os.environ.get("TCAUDIT_ORACLE_WARM", "1") == "1":
         _warm_imports()
     pending, running, results = list(jobs), {}, {}
     while pending or running:
-        while pending and len(running) < parallel:
+        # All ranks of a job start together (they meet at a rendezvous), even past ``parallel``.
+        while pending and (not running or len(running) + pending[0].get("world_size", 1) <= parallel):
             job = pending.pop(0)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    code = _child(job)
-                finally:
+            for rank_job in _ranks(job):
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    code = 1
                     try:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
+                        code = _child(rank_job)
                     finally:
-                        os._exit(code & 0xFF)
-            running[pid] = (job, time.monotonic())
+                        try:
+                            sys.stdout.flush()
+                            sys.stderr.flush()
+                        finally:
+                            os._exit(code & 0xFF)
+                running[pid] = (job, time.monotonic())
         pid, status, usage = os.wait4(-1, os.WNOHANG)
         if pid == 0:
             for pid, (job, started) in list(running.items()):
                 if time.monotonic() - started > job["timeout"]:
                     os.kill(pid, signal.SIGKILL)
-                    results[job["id"]] = {"rc": 124, "seconds": job["timeout"]}
+                    results[job["id"]] = {"rc": 124, "seconds": job["timeout"], "cpu_seconds": 0.0}
             time.sleep(0.05)
             continue
         if pid in running:
             job, started = running.pop(pid)
             rc = os.waitstatus_to_exitcode(status)
-            results.setdefault(job["id"], {"rc": rc, "seconds": round(time.monotonic() - started, 2)})
-            results[job["id"]]["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 2)
+            result = results.setdefault(job["id"], {"rc": 0, "seconds": 0.0, "cpu_seconds": 0.0})
+            result["rc"] = result["rc"] or rc  # a job fails when any of its ranks fails
+            result["seconds"] = max(result["seconds"], round(time.monotonic() - started, 2))
+            result["cpu_seconds"] = round(result["cpu_seconds"] + usage.ru_utime + usage.ru_stime, 2)
     with open(results_path, "w") as f:
         json.dump(results, f)
 
