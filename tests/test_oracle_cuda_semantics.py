@@ -110,7 +110,15 @@ for i in range(4):
 '''
 F7_NAIVE = F7_ORIGINAL.replace("torch.randperm(len(data)).to(device)", "torch.randperm(len(data), device=device)")
 
+# AMP behind a flag: the autocast counts as on only when the flag is (``enabled=`` is replayed with
+# the CUDA tests taken as true), so the plain path of a flag-guarded script is not a false alarm.
+F2_FLAG = F2_NAIVE.replace('enabled=device == "cuda"', 'enabled=AMP and device == "cuda"').replace(
+    "import torch\n", "import sys\nimport torch\n\nAMP = '--amp' in sys.argv\n", 1
+)
+
 SCRIPTS = {
+    "f2_flag_off": (F2_FLAG, ()),
+    "f2_flag_on": (F2_FLAG, ("--amp",)),
     "f1_original": (F1_ORIGINAL, ("--amp", "--clip", "1.0")),
     "f1_naive": (F1_NAIVE, ("--amp", "--clip", "1.0")),
     "f1_naive_no_amp": (F1_NAIVE, ("--clip", "1.0")),
@@ -202,3 +210,8 @@ def test_shim_exposes_the_known_bad_fixture_originals(tmp_path):
     runs = run_scripts(jobs, tmp_path)
     assert runs["tc208_bce-real"].rc != 0 and "unsafe to autocast" in runs["tc208_bce-real"].stderr
     assert _diff(runs, "tc205_clip-off", "tc205_clip-real") > 1e-3
+
+
+def test_an_amp_flag_decides_whether_autocast_counts_as_on(runs):
+    assert runs["f2_flag_off-cuda-real"].rc == 0, runs["f2_flag_off-cuda-real"].explain()
+    assert runs["f2_flag_on-cuda-real"].rc != 0 and "unsafe to autocast" in runs["f2_flag_on-cuda-real"].stderr

@@ -88,8 +88,8 @@ def begin(seed: int | None = None) -> None:
 _TORCH_DIR = None
 
 
-def _caller_keyword_source(keyword: str) -> str | None:
-    """The source text of ``keyword=`` in the user-code call that is running now, or None."""
+def _caller_keyword(keyword: str):
+    """(the ``keyword=`` expression, its frame) of the user-code call that is running now, or None."""
     import ast
     import inspect
     import linecache
@@ -118,16 +118,35 @@ def _caller_keyword_source(keyword: str) -> str | None:
         return None
     for kw in call.keywords:
         if kw.arg == keyword:
-            return ast.unparse(kw.value)
+            return kw.value, frame
     return None
 
 
 def _on_gpu(enabled) -> bool:
-    """Whether an ``enabled=`` argument would be true on a CUDA machine."""
+    """Whether an ``enabled=`` argument would be true on a CUDA machine: the expression is evaluated
+    again in the caller's frame with every test that mentions CUDA (``device == "cuda"``,
+    ``torch.cuda.is_available()``) taken as true, so ``args.amp and device == "cuda"`` stays a flag."""
+    import ast
+
     if enabled is None or bool(enabled):
         return True
-    source = _caller_keyword_source("enabled")
-    return source is not None and "cuda" in source
+    found = _caller_keyword("enabled")
+    if found is None:
+        return False
+    expression, frame = found
+
+    class CudaIsThere(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            return ast.Constant(True) if "cuda" in ast.unparse(node) else self.generic_visit(node)
+
+        def visit_Call(self, node):
+            return ast.Constant(True) if "cuda" in ast.unparse(node) else self.generic_visit(node)
+
+    tree = ast.fix_missing_locations(ast.Expression(CudaIsThere().visit(expression)))
+    try:
+        return bool(eval(compile(tree, "<tcaudit-oracle>", "eval"), frame.f_globals, frame.f_locals))
+    except Exception:  # noqa: BLE001 - an expression we cannot replay: judge by its text
+        return "cuda" in ast.unparse(expression)
 
 
 _autocast_stack: list[bool] = []
