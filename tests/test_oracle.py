@@ -1,0 +1,191 @@
+"""The differential oracle: every runnable fix fixture, the ResNet50 fixture and a generated corpus
+of real-code shapes (tests/oracle/corpus.py) run before and after ``tcaudit fix`` on this CPU, with
+the same seed, and the losses they compute (recorded by tests/oracle/shim/sitecustomize.py at each
+``backward()``, no edit to the scripts) must agree.
+
+Two modes: plain CPU (autocast and GradScaler are off there: a safe or numerics fix must reproduce the
+original's fp32 losses), and CUDA semantics (the shim makes BCE under autocast raise, makes every
+GradScaler real and gives on-device random factories their own generator; the original runs with
+its scalers off as the reference, the patched one with real scalers, and must compute the same).
+
+A fix that changes what a script computes is marked xfail(strict=True) with the finding, so it
+turns into a failure to remove the mark the moment the rule is fixed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from oracle.cases import DDP_CONVERSIONS, all_cases, patch, run_cases
+from oracle.harness import max_relative_difference
+
+pytestmark = pytest.mark.slow
+CASES = all_cases()
+IDS = [case.id for case in CASES]
+RTOL = 1e-5  # fp32 on the CPU, same thread count: a value-keeping fix is exact or within rounding
+
+
+@dataclass(frozen=True)
+class Expect:
+    """How closely a case's patched losses must follow the original's, and why not exactly."""
+
+    rtol: float = RTOL
+    compare: int | None = None  # only the first N losses are compared; the rest: same count, finite
+    why: str = ""
+    original_fails: bool = False  # the original crashes here; the patched script must run
+
+
+# channels_last makes CPU convolutions sum in another order (oneDNN kernels): ~1e-6 per conv. Each
+# SGD step amplifies it, so the first loss (no update yet) is what is bounded.
+CHANNELS_LAST = Expect(rtol=1e-4, compare=1, why="channels_last: other summation order")
+# As above, plus TC301's set_float32_matmul_precision("high"): on CPU it is not a no-op, oneDNN
+# convolutions use it (~1e-6 per conv measured, torch 2.14). 50 layers: 1.5e-5 in the first loss.
+RESNET = Expect(rtol=1e-4, compare=1, why="channels_last and matmul precision 'high' (oneDNN on CPU)")
+# DistributedSampler orders the data by seed + epoch, RandomSampler by the global RNG: same steps
+# and batch sizes, other batches from the first step. Only the count and finiteness are checked.
+DDP_ORDER = Expect(compare=0, why="DistributedSampler shuffles with its own seed")
+# persistent_workers keeps one iterator: the global RNG is not drawn for a new worker seed after the
+# first epoch, so later shuffles differ. The first epoch is exact.
+PERSISTENT = "persistent_workers: later epochs shuffle from another RNG state"
+# set_epoch is the point of TC504: epochs after the first are shuffled differently, as intended.
+SET_EPOCH = "set_epoch reshuffles epochs after the first (the fix's purpose)"
+HALF_MODEL = Expect(original_fails=True, why="the original fails on CPU (mixed dtypes); the fix repairs it")
+
+EXPECT = {
+    "tc303_cuda_branch": CHANNELS_LAST,
+    "all_resnet50": RESNET,
+    "resnet50": RESNET,
+    "tc404_persistent": Expect(compare=6, why=PERSISTENT),
+    "tc4_loader": Expect(compare=3, why=PERSISTENT),
+    "tc504_module_helper": Expect(compare=5, why=SET_EPOCH),
+    "tc504_trainer": Expect(compare=6, why=SET_EPOCH),
+    "ddp_dataparallel": DDP_ORDER,
+    "ddp_module_level": DDP_ORDER,
+    "ddp_trainer": DDP_ORDER,
+    "tc503_mp_spawn_kwargs": DDP_ORDER,
+    "tc503_torchrun": DDP_ORDER,
+    "tc503_trainer": DDP_ORDER,
+    "gen01_cuda0_helpers_flag_clip_both+ddp": DDP_ORDER,
+    "gen05_object_flat_flag_clip_both+ddp": DDP_ORDER,
+    "gen09_index0_trainer_flag_clip_both+ddp": DDP_ORDER,
+    "tc206_half_model": HALF_MODEL,
+    "tc2_half_model": HALF_MODEL,
+}
+# The BCE fixture's original computes BCE under autocast: CUDA raises there (so does the shim).
+CUDA_EXPECT = {**EXPECT, "tc208_bce": Expect(original_fails=True, why="BCE under autocast raises on CUDA")}
+
+# Findings: fixes that change what the script computes (REALWORLD.md class in brackets).
+F1_CLIP_AFTER_STEP = (
+    "[F1] TC205 inserts scaler.unscale_ before a clip that follows the step, in neither AMP branch: "
+    "without --amp the scaler is None (AttributeError)"
+)
+F1_UNSCALE_TWICE = (
+    "[F1] TC205 puts self.scaler.unscale_ before a clip after the step: with --amp the next step's "
+    "gradients are used still scaled (loss 1.4 -> 1.8e7 -> 1.8e17)"
+)
+F2_BCE = (
+    "[F2, F8] TC201 adds CUDA autocast around a BCE helper that TC208 declined to fix: the patched "
+    "script raises on the GPU (and the script is CPU-only: TC201/TC301/TC302/TC303/TC402/TC403 apply)"
+)
+CPU_FINDINGS = {
+    "gen04_index0_helpers_flag_clip_after_step": F1_CLIP_AFTER_STEP,
+    "gen04_index0_helpers_flag_clip_after_step+ddp": F1_CLIP_AFTER_STEP,
+}
+CUDA_FINDINGS = {
+    **CPU_FINDINGS,
+    "gen00_object_trainer_flag_clip_after_step": F1_UNSCALE_TWICE,
+    "gen00_object_trainer_flag_clip_after_step+ddp": F1_UNSCALE_TWICE,
+    "gen03_cpu_only_trainer_none": F2_BCE,
+    "gen03_cpu_only_trainer_none+ddp": F2_BCE,
+    "tc406_factories": (
+        "[F7] TC406 turns torch.randn(...).to(device) into torch.randn(..., device=device): on CUDA the "
+        "values come from the CUDA generator, so a seeded script computes other numbers"
+    ),
+}
+
+
+def _params(findings: dict[str, str]):
+    return [
+        pytest.param(case.id, marks=pytest.mark.xfail(strict=True, reason=findings[case.id])) if case.id in findings else case.id
+        for case in CASES
+    ]
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """Every case patched once and run in both modes from one fork server (one torch import)."""
+    workdir = tmp_path_factory.mktemp("oracle")
+    patched = {case.id: patch(case, workdir) for case in CASES}
+    return patched, run_cases(list(patched.values()), workdir / "runs")
+
+
+def _check(oracle, case_id: str, mode: str, expect: Expect) -> None:
+    patched, runs = oracle
+    original, fixed = runs[(mode, case_id, "original")], runs[(mode, case_id, "patched")]
+    applied = ", ".join(patched[case_id].applied) or "no fix"
+    assert fixed.rc == 0, f"patched script failed ({applied}):\n{fixed.explain()}"
+    if expect.original_fails:
+        assert original.rc != 0, f"{case_id}: the original runs now; update the expectation"
+        assert fixed.finite, fixed.explain()
+        return
+    assert original.rc == 0, original.explain()
+    if not original.losses:  # a script that never calls backward: what it prints must not change
+        assert fixed.stdout == original.stdout
+        return
+    assert len(fixed.losses) == len(original.losses), f"{applied}: {original.losses} vs {fixed.losses}"
+    assert all(math.isfinite(x) for x in fixed.losses), f"{applied}: {fixed.losses}"
+    n = len(original.losses) if expect.compare is None else expect.compare
+    difference = max_relative_difference(original.losses[:n], fixed.losses[:n])
+    assert difference <= expect.rtol, (
+        f"{applied} changed the losses by {difference:.2e} (allowed {expect.rtol:g}{': ' + expect.why if expect.why else ''})\n"
+        f"original {original.losses}\npatched  {fixed.losses}"
+    )
+
+
+@pytest.mark.parametrize("case_id", _params(CPU_FINDINGS))
+def test_fix_keeps_the_losses_on_cpu(oracle, case_id):
+    _check(oracle, case_id, "cpu", EXPECT.get(case_id, Expect()))
+
+
+@pytest.mark.parametrize("case_id", _params(CUDA_FINDINGS))
+def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
+    _check(oracle, case_id, "cuda", CUDA_EXPECT.get(case_id, Expect()))
+
+
+F4_NO_SAMPLER = "[F4] the DDP conversion adds no DistributedSampler to a loader built {how}: every rank trains on all the data"
+RANK_FINDINGS = {
+    "gen00_object_trainer_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda"),
+    "gen03_cpu_only_trainer_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()") + " [F8: a CPU-only script]",
+    "gen04_index0_helpers_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda") + "; [F1] crashes too",
+    "gen07_auto_helpers_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()"),
+}
+DDP_CASES = [case.id for case in CASES if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=RANK_FINDINGS[c])) if c in RANK_FINDINGS else c for c in DDP_CASES],
+)
+def test_ddp_conversion_gives_each_rank_its_own_data(oracle, case_id):
+    """The converted script, started as two ranks: each must train on its own shard. Ranks that
+    compute identical losses read identical batches: the conversion did not shard the data."""
+    patched, runs = oracle
+    if not any(rule in patched[case_id].applied for rule in DDP_CONVERSIONS):
+        pytest.skip(f"not converted to DDP ({'; '.join(patched[case_id].declined) or 'nothing to convert'})")
+    run = runs[("ranks2", case_id, "patched")]
+    assert run.rc == 0, run.explain()
+    assert sorted(run.by_rank) == [0, 1], run.explain()
+    assert run.by_rank[0] and run.by_rank[1]
+    assert run.by_rank[0] != run.by_rank[1], f"both ranks computed {run.by_rank[0]}"
+
+
+def test_corpus_covers_every_realworld_shape():
+    from oracle.corpus import build_corpus
+
+    features = {feature for script in build_corpus() for feature in script.features}
+    assert {"index0", "cuda0", "object", "cpu_only", "trainer", "helpers", "flag_clip_after_step", "flag_clip_both",
+            "build_loader", "lambda", "partial", "windows", "eval_reload", "randperm_split", "bce"} <= features
+    assert [s.text for s in build_corpus()] == [s.text for s in build_corpus()]  # seeded: the same every time
