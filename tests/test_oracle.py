@@ -73,6 +73,20 @@ EXPECT = {
     "gen09_index0_trainer_flag_clip_both+ddp": DDP_ORDER,
     "tc206_half_model": HALF_MODEL,
     "tc2_half_model": HALF_MODEL,
+    # Padding the vocabulary 96 -> 128 draws more rows at initialisation and adds never-targeted
+    # logits to the softmax (tests/test_rule_tc104_script.py checks the exact relation).
+    "tc104_nanogpt": Expect(rtol=1e-2, why="TC104 pads the vocabulary: more init draws, 32 more logits"),
+    # Run with --amp: on the CPU autocast computes in bf16, where channels_last's kernels differ at
+    # bf16 precision from the first forward on.
+    "tc303_imagenet_dataparallel": Expect(rtol=3e-2, compare=1, why="bf16 CPU autocast under channels_last"),
+    # The original imports apex, which is not installed here; the migrated script runs without it.
+    "tc209_apex_trainer": Expect(original_fails=True, why="the original needs apex"),
+    # The DDP conversion now shards these loaders (built by a lambda or in a helper): a
+    # DistributedSampler orders the data by its own seed.
+    "gen00_object_trainer_flag_clip_after_step+ddp": DDP_ORDER,
+    "gen03_cpu_only_trainer_none+ddp": DDP_ORDER,
+    "gen04_index0_helpers_flag_clip_after_step+ddp": DDP_ORDER,
+    "gen07_auto_helpers_none+ddp": DDP_ORDER,
 }
 # The BCE fixture's original computes BCE under autocast: CUDA raises there (so does the shim).
 CUDA_EXPECT = {**EXPECT, "tc208_bce": Expect(original_fails=True, why="BCE under autocast raises on CUDA")}
@@ -90,16 +104,9 @@ F2_BCE = (
     "[F2, F8] TC201 adds CUDA autocast around a BCE helper that TC208 declined to fix: the patched "
     "script raises on the GPU (and the script is CPU-only: TC201/TC301/TC302/TC303/TC402/TC403 apply)"
 )
-CPU_FINDINGS = {
-    "gen04_index0_helpers_flag_clip_after_step": F1_CLIP_AFTER_STEP,
-    "gen04_index0_helpers_flag_clip_after_step+ddp": F1_CLIP_AFTER_STEP,
-}
+CPU_FINDINGS: dict[str, str] = {}  # F1 (clip after the step) is fixed: TC205 leaves it to TC213
 CUDA_FINDINGS = {
     **CPU_FINDINGS,
-    "gen00_object_trainer_flag_clip_after_step": F1_UNSCALE_TWICE,
-    "gen00_object_trainer_flag_clip_after_step+ddp": F1_UNSCALE_TWICE,
-    "gen03_cpu_only_trainer_none": F2_BCE,
-    "gen03_cpu_only_trainer_none+ddp": F2_BCE,
     "tc406_factories": (
         "[F7] TC406 turns torch.randn(...).to(device) into torch.randn(..., device=device): on CUDA the "
         "values come from the CUDA generator, so a seeded script computes other numbers"
@@ -158,9 +165,10 @@ def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
 F4_NO_SAMPLER = "[F4] the DDP conversion adds no DistributedSampler to a loader built {how}: every rank trains on all the data"
 RANK_FINDINGS = {
     "gen00_object_trainer_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda"),
-    "gen03_cpu_only_trainer_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()") + " [F8: a CPU-only script]",
-    "gen04_index0_helpers_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda") + "; [F1] crashes too",
-    "gen07_auto_helpers_none+ddp": F4_NO_SAMPLER.format(how="in build_loader()"),
+    "gen04_index0_helpers_flag_clip_after_step+ddp": (
+        "[F5] the DDP conversion saves the checkpoint on rank 0 only, and the other rank loads it at once "
+        "for evaluation: FileNotFoundError (a dist.barrier() after the rank-0 save is missing)"
+    ),
 }
 DDP_CASES = [case.id for case in CASES if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
 
