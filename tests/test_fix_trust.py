@@ -112,3 +112,36 @@ def test_f7_a_seeded_split_keeps_the_cpu_generator(tmp_path):
     ''', select=("TC406",))
     (finding,) = result.findings
     assert not finding.fix.available and "other numbers" in finding.fix.reason
+
+
+def test_f5_ddp_conversion_waits_for_the_rank0_checkpoint_before_anyone_reloads_it(tmp_path):
+    """Saving on rank 0 only, then reloading the checkpoint on every rank for evaluation, raced:
+    rank 1 opened the file before rank 0 had written it. A barrier follows the save."""
+    path = tmp_path / "train.py"
+    path.write_text('''
+import torch
+from torch import nn
+
+
+def main():
+    model = nn.Linear(4, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    for (x,) in loader:
+        loss = model(x.cuda()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save(model.state_dict(), "checkpoint.pt")
+    best = nn.Linear(4, 1)
+    best.load_state_dict(torch.load("checkpoint.pt"))
+
+
+if __name__ == "__main__":
+    main()
+'''.lstrip(), encoding="utf-8")
+    result = fix_file(path, Settings(select=("TC505",), structural_fixes=("ddp",), root=tmp_path))
+    assert result.applied, result.declined
+    lines = [line.strip() for line in result.fixed.splitlines()]
+    save = lines.index('torch.save(model.module.state_dict(), "checkpoint.pt")')
+    assert lines[save - 1] == "if dist.get_rank() == 0:" and lines[save + 1] == "dist.barrier()"

@@ -165,10 +165,6 @@ def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
 F4_NO_SAMPLER = "[F4] the DDP conversion adds no DistributedSampler to a loader built {how}: every rank trains on all the data"
 RANK_FINDINGS = {
     "gen00_object_trainer_flag_clip_after_step+ddp": F4_NO_SAMPLER.format(how="by a lambda"),
-    "gen04_index0_helpers_flag_clip_after_step+ddp": (
-        "[F5] the DDP conversion saves the checkpoint on rank 0 only, and the other rank loads it at once "
-        "for evaluation: FileNotFoundError (a dist.barrier() after the rank-0 save is missing)"
-    ),
 }
 DDP_CASES = [case.id for case in CASES if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
 

@@ -31,6 +31,8 @@ detection): every decline above is raised there, so ``scan`` says ``no fix: <rea
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass, field
 
@@ -108,6 +110,9 @@ class DdpLayout:
     dataparallel: Wrap | None = None  # the DataParallel call that becomes the DDP wrap (TC501)
     dataparallel_outer: cst.Call | None = None  # ``DataParallel(net).cuda()``: the call whose result is bound
     rank_zero_statements: set[int] = field(default_factory=set)
+    # Rank-0 checkpoint saves in a file that also loads a checkpoint: every rank waits at a barrier
+    # after the save, so no rank reads the file while rank 0 is still writing it.
+    saves_then_barrier: set[int] = field(default_factory=set)
     rank_zero_ifs: set[int] = field(default_factory=set)
     module_calls: set[int] = field(default_factory=set)  # ``model.state_dict()`` → ``model.module.state_dict()``
     module_attributes: set[int] = field(default_factory=set)  # ``model.fc`` → ``model.module.fc``
@@ -263,6 +268,8 @@ class DdpConversion:
             if self._before_init(ctx.function, call.node, plan):
                 continue
             plan.rank_zero_statements.add(id(statement.node))
+            if call.qualname == "torch.save" and self._loads_checkpoints:
+                plan.saves_then_barrier.add(id(statement.node))
         # ``if i % 10 == 0: print(...)``: when everything in an ``if`` (without ``else``) is rank-0 work,
         # the rank joins its test instead of nesting a second ``if``.
         for frame_node in self._ifs():
@@ -284,6 +291,10 @@ class DdpConversion:
                 plan.rank_zero_ifs.add(id(frame_node))
                 for s in statements:
                     plan.rank_zero_statements.discard(id(s))
+
+    @functools.cached_property
+    def _loads_checkpoints(self) -> bool:
+        return any(call.qualname == "torch.load" for call in self.facts.calls)
 
     def _ifs(self) -> list[cst.If]:
         out: list[cst.If] = []
@@ -439,6 +450,7 @@ class DdpConversion:
         dist = plan.dist
         rank_zero = RANK_ZERO.format(dist=dist)
         editor = _DdpEditor(plan, rank_zero, parse_expression(rank_zero, module))
+        editor.barrier = parse_statement(f"{dist}.barrier()", module)
 
         if plan.dataparallel is not None:
             call = plan.dataparallel.call.node
@@ -536,6 +548,7 @@ class _DdpEditor(CallEditor):
         self.isinstance_names: set[str] = set()
         self.unwrap_if: int | None = None
         self.prepend: list[cst.BaseStatement] = []
+        self.barrier: cst.BaseStatement | None = None  # ``dist.barrier()``, after rank-0 checkpoint saves
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if id(original_node) in self.plan.module_calls or id(original_node) in self.plan.module_attributes:
@@ -584,11 +597,14 @@ class _DdpEditor(CallEditor):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         if id(original_node) in self.plan.rank_zero_statements:
-            return cst.If(
+            guarded = cst.If(
                 test=self.rank_zero,
                 body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
                 leading_lines=updated_node.leading_lines,
             )
+            if id(original_node) in self.plan.saves_then_barrier:
+                return cst.FlattenSentinel([guarded, self.barrier])
+            return guarded
         return updated_node
 
     def _merge(self, body: list) -> list:
