@@ -20,7 +20,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ens
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
-from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp
+from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import CUDA_TEXT, all_of, pipeline_facts
 from tcaudit.source.syntax import call_nodes
@@ -369,7 +369,7 @@ def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) 
     that uses the model otherwise (an optimizer, a DDP wrap, the training loop)."""
     index = next(i for i, item in enumerate(block) if item is after)
     for statement in block[index + 1:]:
-        mentions = name in _dotted_names(statement)
+        mentions = name in names_in(statement)
         if not mentions:
             continue
         if _is_prep(statement, name):
@@ -398,22 +398,6 @@ def _is_prep(statement: cst.CSTNode, name: str) -> bool:
         return False
     root = _strip_chain(value)
     return get_full_name_for_node(root) == name
-
-
-def _dotted_names(node: cst.CSTNode) -> set[str]:
-    out: set[str] = set()
-
-    class _V(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            out.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> None:
-            dotted = get_full_name_for_node(n)
-            if dotted:
-                out.add(dotted)
-
-    node.visit(_V())
-    return out
 
 
 # -- on which device -------------------------------------------------------------------------------------
