@@ -378,8 +378,6 @@ def test_tc305_spells_the_files_torch_alias(write):
 @pytest.mark.parametrize(
     "construction, reason",
     [
-        ("model = torch.nn.DataParallel(Net()).cuda()\n", "DataParallel"),
-        ("model = Net().cuda()\nmodel = torch.nn.DataParallel(model)\n", "DataParallel"),
         ("models = [Net().cuda() for _ in range(3)]\nmodel = models[0]\n", "comprehension"),
         ("model = torch.nn.Sequential(torch.nn.Linear(8, 8)).cuda()\n", "`torch.nn.Sequential`, whose forward is torch's own"),
         (
@@ -487,3 +485,19 @@ def test_ddp_and_compile_conversions_compose_and_the_result_runs(tmp_path):
     import torch
 
     assert set(torch.load(tmp_path / "checkpoint.pt")) == {"hidden.weight", "hidden.bias", "out.weight", "out.bias"}
+
+
+@pytest.mark.parametrize(
+    "construction, compiled",
+    [
+        # DataParallel's replicas would copy a compiled call bound to the original module: compile only
+        # where one GPU is visible (DataParallel then calls the module itself).
+        ("model = torch.nn.DataParallel(Net()).cuda()\n",
+         "if torch.cuda.is_available() and torch.cuda.device_count() == 1:\n    model.module.compile()\n"),
+        ("model = Net().cuda()\nmodel = torch.nn.DataParallel(model)\n",
+         "if torch.cuda.is_available() and torch.cuda.device_count() == 1:\n    model.compile()\nmodel = torch.nn.DataParallel(model)"),
+    ],
+)
+def test_tc305_compiles_the_module_inside_dataparallel_on_one_gpu_only(write, construction, compiled):
+    path = write("import torch\n" + construction + TRAIN)
+    assert compiled in _fixed_twice(path, "TC305")

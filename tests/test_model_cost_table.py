@@ -81,7 +81,7 @@ def test_packaged_sm_90_numbers_are_the_committed_h200_calibration():
 def test_packaged_table_says_what_is_measured_and_what_is_estimated():
     table = packaged()
     assert table["source"] == ("tcaudit calibrate on NVIDIA H200, torch 2.11.0+cu130, 2026-11-30; "
-                               "PERF.md H200 PyTorch 2.11 for the rest")
+                               "the team's H200 measurements with PyTorch 2.11 for the rest")
     entry = table["gpus"]["sm_90"]
     measured = " ".join(entry["measured"])
     for item in ("rates.bfloat16", "rates.float16", "rates.float32", "gemm.n_unaligned.2", "gemm.k_unaligned.2",

@@ -91,7 +91,7 @@ def test_alignment_is_sixteen_bytes_per_dtype():
 def test_cost_table_is_the_h200_calibration():
     table = load_table()
     assert table["source"].startswith("tcaudit calibrate on NVIDIA H200, torch 2.11.0+cu130, 2026-11-30")
-    assert "PERF.md" in table["source"]
+    assert "H200 measurements with PyTorch 2.11" in table["source"]
     gemm = table["gpus"]["sm_90"]["gemm"]
     assert round(gemm["k_unaligned"]["2"], 2) == 5.95 and round(gemm["n_unaligned"]["2"], 2) == 5.89
     assert round(gemm["n_unaligned"]["8"], 2) == 2.95

@@ -119,6 +119,8 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
             wraps_of_other.append((binding, inner))
         elif kind == "wrap-build":
             builds.append(binding)
+            # ``model = DataParallel(Net()).cuda()``: replicated as well, though no name goes in.
+            replicated = replicated or _wrap_kind(facts, _strip_chain(binding.value)) == "dataparallel"
     if wraps_of_other and not builds:
         # ``ddp_model = DDP(model)``: compile ``model`` before it is wrapped.
         inners = {inner for _, inner in wraps_of_other}
