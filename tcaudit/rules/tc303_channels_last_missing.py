@@ -49,7 +49,9 @@ def autocast_planned(facts: ScriptFacts, settings: Settings | None) -> str | Non
     """The dtype (``"float16"``/``"bfloat16"``) TC201's fix will put this script's training under, or
     None when it adds no autocast (TC201 off, nothing to fix, or its fix declined).
 
-    Asks TC201's own check for now; to be replaced by TC201's ``planned_autocast(facts, settings)``."""
+    Asks TC201's own check rather than ``tc201.planned_autocast``: the check also counts the autocast
+    TC201 adds in the round after TC206 drops a half-precision model cast, which ``planned_autocast``
+    (the decision on the text as it stands) does not."""
     settings = settings or Settings()
     if "TC201" not in settings.enabled_rules():
         return None
