@@ -169,3 +169,24 @@ def test_explain_keeps_brackets_in_a_figure(monkeypatch):
     explain.print_explanation(spec, stream)
     assert "1.90× [1.86, 1.95]" in stream.getvalue()
     assert "- H200 (sm_90), torch 2.11, batch: 1.90× [1.86, 1.95]" in explain.render_explanation(spec)
+
+
+def test_model_rules_figures_agree_with_the_calibrated_table():
+    """The TC1 tables repeat `tcaudit calibrate`'s H200 numbers: they must not drift from the file."""
+    import json
+
+    entry = json.loads((REPO / "benchmarks/results/h200/calibrate.json").read_text("utf-8"))["gpus"]["sm_90"]
+    gemm = entry["gemm"]
+    expected = {
+        ("TC101", "odd_k"): gemm["k_unaligned"]["2"],
+        ("TC101", "odd_n"): gemm["n_unaligned"]["2"],
+        ("TC101", "n_multiple_of_4"): gemm["n_unaligned"]["8"],
+        ("TC104", "gpt2_head"): gemm["n_unaligned"]["2"],
+        ("TC104", "multiple_of_8"): gemm["not_multiple_of_64"],
+        ("TC105", "odd_m"): gemm["m_unaligned"],
+        ("TC102", "channels"): entry["conv"]["channels_unaligned"],
+        ("TC106", "head_dim"): entry["sdpa"]["head_dim_unsupported"],
+    }
+    for (rule, key), ratio in expected.items():
+        figure = figures(measured_entries(CATALOG[rule])["sm_90"])[key]
+        assert f"{ratio:.2f}×" in figure, (rule, key, figure, ratio)
