@@ -16,6 +16,11 @@ QUOTED = (
     "Messages quote the figure measured on the target GPU (the `gpu` setting; with `auto`, the one GPU "
     "measured) and no figure for a GPU that has none."
 )
+# The model audit's messages read its own cost table (tcaudit/model/cost.py), not these figures.
+QUOTED_BY_THE_AUDIT = (
+    "The model audit's messages quote its cost table for the target GPU (`tcaudit calibrate` writes "
+    "yours); without one for that GPU they quote the H200's and name it."
+)
 
 
 def _code_block(code: str) -> list[str]:
@@ -53,6 +58,10 @@ def _tail(spec: RuleSpec) -> list[str]:
     return lines
 
 
+def _quoted(spec: RuleSpec) -> str:
+    return QUOTED_BY_THE_AUDIT if spec.needs == "model" else QUOTED
+
+
 def _source(spec: RuleSpec) -> str:
     return str(rule_cost(spec).get("source", "")).strip()
 
@@ -69,7 +78,7 @@ def cost_lines(spec: RuleSpec) -> list[str]:
     for arch, entry in entries.items():
         lines += [f"- {_where(arch, entry)}, {key}: {figure}" for key, figure in figures(entry).items()]
     if entries:
-        lines += ["", QUOTED, ""]
+        lines += ["", _quoted(spec), ""]
     else:
         lines += ["No figure measured on a GPU: messages quote none.", ""]
     return lines
@@ -101,5 +110,5 @@ def print_explanation(spec: RuleSpec, stream: TextIO) -> None:
         if not entries:
             table.add_row("none", "", "", "no figure measured on a GPU: messages quote none")
         console.print(table)
-        console.print((QUOTED if entries else "") + "\n", markup=False)
+        console.print((_quoted(spec) if entries else "") + "\n", markup=False)
     console.print("\n".join(_tail(spec)), markup=False)

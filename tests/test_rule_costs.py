@@ -190,3 +190,10 @@ def test_model_rules_figures_agree_with_the_calibrated_table():
     for (rule, key), ratio in expected.items():
         figure = figures(measured_entries(CATALOG[rule])["sm_90"])[key]
         assert f"{ratio:.2f}×" in figure, (rule, key, figure, ratio)
+
+
+def test_explain_of_a_model_rule_says_its_messages_read_the_audits_cost_table():
+    _, out, _ = run_cli("explain", "TC106")
+    section = out.split("## Measured cost\n", 1)[1].split("\n## ", 1)[0]
+    assert "- H200 (sm_90), torch 2.11, head_dim: head dim 60 ran 2.63× slower per FLOP than 64" in section
+    assert "The model audit's messages quote its cost table for the target GPU" in section
