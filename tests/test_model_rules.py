@@ -250,3 +250,18 @@ def test_rule_modules_import_no_torch():
            "import tcaudit.model.cost, tcaudit.model.slicing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_alignment_messages_name_the_gpu_their_penalty_was_measured_on():
+    """TC102 and TC106 quote the cost table's penalty for the target GPU, not a fixed estimate."""
+    conv = OpFact(0, "conv", "conv2d", "c", "Conv2d", 0, "bfloat16", [[8, 64, 32, 32]], 2.0 * 8 * 64 * 30 * 9 * 1024,
+                  None, {"c_in": 64, "c_out": 30, "groups": 1, "bias": False})
+    attention = OpFact(0, "sdpa", "scaled_dot_product_attention", "a", "Attention", 0, "bfloat16",
+                       [[8, 8, 256, 12]], 4.0 * 8 * 8 * 256 * 256 * 12, Site(FILE, 99, 9),
+                       {"head_dim": 12, "head_dim_v": 12, "heads": 8})
+    pairs = [(ModuleFact("c", "Conv2d", True, Site(FILE, 2, 5), {}), conv),
+             (ModuleFact("a", "Attention", False, Site(FILE, 5, 9), {}), attention)]
+    messages = {f.rule: f.message for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
+    assert "(~3.1× slower on NVIDIA H200)" in messages["TC102"]  # calibrate.json: 30 vs 32 channels, 3.06×
+    assert "(~2.6× slower on NVIDIA H200)" in messages["TC106"]  # head dim 60 vs 64, 2.63×
+    assert "estimated" not in messages["TC102"] + messages["TC106"]

@@ -75,7 +75,7 @@ class VocabUnaligned(ModelRule):
         if estimate is not None and heads:
             message += (
                 f"; the {short_dtype(dtype)} LM-head GEMM with N={rows} runs ~{estimate.penalty:.1f}× slower "
-                f"on {cost.entry.get('device', cost.gpu_key)} [{impact_text(estimate)}]"
+                f"on {cost.device_name} [{impact_text(estimate)}]"
             )
         elif estimate is None:
             message += "; the lookup itself is cheap, but any GEMM over this vocabulary will be unaligned"

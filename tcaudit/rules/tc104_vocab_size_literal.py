@@ -26,6 +26,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import all_of, flag_dest, literal
 
@@ -93,6 +94,7 @@ class VocabSizeLiteral(ScriptRule):
             if lit.where == "default" and lit.name in aligned:
                 continue  # ``GPTConfig(vocab_size=50304)`` overrides the dataclass default of 50257
             by_size.setdefault(size, []).append(lit)
+        cost = cost_note(self.spec, context.settings.gpu, "gpt2_head")
         for size, sites in sorted(by_size.items()):
             first = min(sites, key=lambda lit: facts.line_of(lit.node))
             target = padded(size)
@@ -101,7 +103,7 @@ class VocabSizeLiteral(ScriptRule):
                 facts,
                 first.node,
                 f"vocabulary size {size} (`{names[0]}`) is not a multiple of {VOCAB_MULTIPLE}: the LM head's GEMM "
-                f"has N={size} (GPT-2's 50257 runs 5.4× slower than 50304 on an H200); pad it to {target}: "
+                f"has N={size}{cost}; pad it to {target}: "
                 f"the embedding and the output layer get {target - size} rows no token id reaches",
                 fix=self.planned_fix(
                     FixClass.NUMERICS,

@@ -33,6 +33,7 @@ from tcaudit.rewrite.codemod import (
     torch_import_name,
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
 from tcaudit.script.amp import AmpFacts, amp_facts
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
 
@@ -168,6 +169,7 @@ class MissingAutocast(ScriptRule):
             yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
+        cost = cost_note(self.spec, context.settings.gpu, "autocast")
         for function, steps in decision.uncovered.items():
             first_node = _step_statements(facts, steps[0])[0]
             where = f"in `{function.name.value}`" if function is not None else "at module level"
@@ -177,7 +179,7 @@ class MissingAutocast(ScriptRule):
             )
             message = (
                 f"training step {where} runs forward and loss in fp32 (line {lines}): "
-                f"wrap them in torch.autocast; {recipe} ({decision.why})"
+                f"wrap them in torch.autocast{cost}; {recipe} ({decision.why})"
             )
             yield self.finding(
                 facts,

@@ -20,6 +20,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
 from tcaudit.rules.tc201_missing_autocast import MissingAutocast
 from tcaudit.script.amp import amp_facts
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
@@ -116,6 +117,7 @@ class ChannelsLastMissing(ScriptRule):
         else:
             return
         reported: set[str] = set()
+        cost = cost_note(self.spec, context.settings.gpu, "resnet50")
         for model in pipeline.conv_models:
             if model.name in reported:
                 continue
@@ -124,7 +126,7 @@ class ChannelsLastMissing(ScriptRule):
             line = facts.position(model.construction).end.line
             why = (
                 "half-precision convolutions run on tensor cores in channels_last (NHWC); NCHW adds a transpose "
-                f"around every conv (ResNet50 on H200: 2414 → 4695 img/s). Add `{code}`"
+                f"around every conv{cost}. Add `{code}`"
             )
             if before_autocast:
                 message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout; {why}"
