@@ -90,3 +90,60 @@ def test_tc203_not_when_the_autocast_dtype_follows_the_same_test(tmp_path):
             scaler.update()
     """, select=("TC203",))
     assert result.findings == []
+
+
+# -- TC406: through names and slices --------------------------------------------------------------------
+
+
+def test_tc406_through_names_and_slices_fixture():
+    from expectations import expected_findings
+
+    path = SCRIPTS / "tc406_moved_through_names.py"
+    result = scan_paths([str(path)], select=("TC406",))
+    assert {(f.rule, f.location.line) for f in result.findings} == expected_findings(path, ("TC406",))
+    assert all(f.fix.available for f in result.findings)
+
+
+def test_tc406_fix_folds_the_device_through_a_name_and_a_slice(tmp_path):
+    assert _fixed(tmp_path, """
+        import torch
+        for x, y in loader:
+            noise = torch.randn(x.size(0), 100)
+            noise = noise.to(device)
+            pos = torch.arange(1024)[: x.size(1)].cuda()
+            ones = torch.ones(8)
+            w = (ones.cuda())
+            loss = model(x.cuda(), noise, pos, w).mean()
+            loss.backward()
+            optimizer.step()
+    """, "TC406") == textwrap.dedent("""
+        import torch
+        for x, y in loader:
+            noise = torch.randn(x.size(0), 100, device=device)
+            pos = torch.arange(1024, device="cuda")[: x.size(1)]
+            ones = torch.ones(8, device="cuda")
+            w = (ones)
+            loss = model(x.cuda(), noise, pos, w).mean()
+            loss.backward()
+            optimizer.step()
+    """).lstrip("\n")
+
+
+def test_tc406_not_when_the_device_is_chosen_after_the_tensor_or_it_is_read_elsewhere(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        def setup(args):
+            table = torch.zeros(64, 2)
+            device = torch.device("cuda", args.local_rank)
+            table = table.to(device)
+            counts = torch.zeros(10)
+            moved = counts.cuda()
+            print(counts.sum())
+            return table, moved
+        for x, y in loader:
+            ids = torch.tensor(y.tolist())[:4].cuda()
+            loss = model(x.cuda(), ids).mean()
+            loss.backward()
+            optimizer.step()
+    """, select=("TC406",))
+    assert result.findings == []
