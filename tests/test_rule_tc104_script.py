@@ -161,3 +161,44 @@ def test_a_declined_literal_leaves_the_model_audits_finding_with_the_reason(tmp_
     [finding] = [f for f in result.findings if f.rule == "TC104"]
     assert finding.details["heads"] == ["lm_head"]  # the model audit's
     assert not finding.fix.available and "torch.randint" in finding.fix.reason
+
+
+def test_only_a_vocabulary_a_softmax_ranges_over():
+    """tc104_embedding_tables.py: an LM with its own head and one with F.linear over the embedding's weight
+    are reported; a text classifier's token table, a recommender's users, a GAN's class conditioning and
+    positions are not."""
+    from expectations import expected_findings
+
+    path = FIXTURE.parent.parent / "scripts" / "tc104_embedding_tables.py"
+    result = scan_paths([str(path)], select=("TC104",))
+    assert {(f.rule, f.location.line) for f in result.findings} == expected_findings(path, ("TC104",))
+    assert sorted(f.details["vocab_size"] for f in result.findings) == [32001, 50257]
+
+
+def test_a_named_vocabulary_with_no_head_is_not_reported(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        import torch.nn as nn
+        vocab_size = 30522
+        model = nn.Sequential(nn.Embedding(vocab_size, 128), nn.Flatten(), nn.Linear(128 * 64, 4))
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+    """, select=("TC104",))
+    assert result.findings == []
+
+
+def test_a_config_passed_to_a_model_built_elsewhere_is_reported(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        from model import GPT, GPTConfig
+        model = GPT(GPTConfig(vocab_size=50257, n_embd=768))
+        optimizer = torch.optim.AdamW(model.parameters())
+        for x, y in loader:
+            _, loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+    """, select=("TC104",))
+    assert [f.details["vocab_size"] for f in result.findings] == [50257]

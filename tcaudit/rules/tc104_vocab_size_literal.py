@@ -1,11 +1,13 @@
 """TC104 vocab-unaligned, script level: a vocabulary size the script sets as a literal is not a multiple of 64.
 
 The model audit (``tcaudit/model/tc104_vocab_unaligned.py``) measures the built model and reports
-every unaligned vocabulary, with no fix. This half reads the script: a vocabulary size written as a
+every unaligned vocabulary a softmax ranges over, with no fix. This half reads the script: a vocabulary size written as a
 literal the script controls (a config dataclass field ``vocab_size: int = 50257``,
 ``GPTConfig(vocab_size=50257)``, ``dict(vocab_size=...)``, an argparse default, a constant or a
 parameter default used by ``nn.Embedding``, or the literal in ``nn.Embedding``/``nn.Linear`` itself)
-in a file that builds the embedding (or passes ``vocab_size=``) and trains. Fix (numerics): the
+in a file that trains and where a softmax ranges over the vocabulary (an ``nn.Linear(d, V)`` head in
+the class that builds the embedding, tied or not, or ``F.linear(h, emb.weight)``; a size passed as
+``vocab_size=`` to a model built elsewhere counts as one). Fix (numerics): the
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
 where the size is also set from a tokenizer at run time, where the file samples from the logits, and
 where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
@@ -27,7 +29,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import all_of, flag_dest, literal
 
 VOCAB_MULTIPLE = 64
@@ -96,6 +98,8 @@ class VocabSizeLiteral(ScriptRule):
             by_size.setdefault(size, []).append(lit)
         cost = cost_note(self.spec, context.settings.gpu, "gpt2_head")
         for size, sites in sorted(by_size.items()):
+            if not _feeds_a_softmax_over_rows(facts, size, _size_names(facts, {lit.name for lit in sites})):
+                continue
             first = min(sites, key=lambda lit: facts.line_of(lit.node))
             target = padded(size)
             names = sorted({lit.name for lit in sites})
@@ -115,7 +119,7 @@ class VocabSizeLiteral(ScriptRule):
 
 
 def _value(lit: VocabLiteral) -> int:
-    return int(lit.node.value.replace("_", ""), 0)
+    return _literal_int(lit.node)  # type: ignore[return-value]  # an Integer, by construction
 
 
 # -- detection --------------------------------------------------------------------------------------------
@@ -185,6 +189,111 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
         or (lit.name == "num_embeddings" and _value(lit) in head_sizes)
         or (lit.name == "out_features" and _value(lit) in embedding_sizes | named_sizes)
     ]
+
+
+def _feeds_a_softmax_over_rows(facts: ScriptFacts, size: int, names: _SizeNames) -> bool:
+    """Whether the vocabulary is a softmax's: an ``nn.Linear(d, V)`` head (tied or not),
+    ``F.linear(h, emb.weight)`` or ``h @ emb.weight.T`` over an embedding of V rows. A table of V rows
+    with no such head (a recommender's users, positions, a GAN's class conditioning, a text classifier's
+    tokens before an LSTM) is a lookup with no GEMM over its rows. With no embedding of V rows in the
+    file, the size passed as ``vocab_size=`` configures a language model built elsewhere."""
+    embeddings = [c for c in facts.calls if (c.qualname or "") in _EMBEDDING and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c))]
+    if not embeddings:
+        settings = names.own - {"num_embeddings", "out_features"}  # the layers' own arguments are not a config
+        return any(a.keyword is not None and a.keyword.value in settings for c in facts.calls for a in c.node.args)
+    dims = {_literal_int(c.arg("embedding_dim", 1)) for c in embeddings}
+    # A head counts beside an embedding of this size in the same model class (or the same function or
+    # module level): another class's ``vocab_size`` parameter may be another vocabulary.
+    owners = {_owner(c) for c in embeddings}
+    for call in facts.calls:
+        qual = call.qualname or ""
+        if _owner(call) not in owners:
+            continue
+        if qual in _LINEAR and _sizes(call.arg("out_features", 1), size, names, _owner(call)):
+            width = _literal_int(call.arg("in_features", 0))
+            if width is None or None in dims or width in dims:
+                return True  # ``nn.Linear(512, 1000)`` after ``nn.Embedding(1000, 100)`` is another table's size
+        if qual in ("torch.nn.functional.linear", "torch.matmul", "torch.mm") and len(call.node.args) > 1:
+            if _embedding_weight(facts, call.node.args[1].value, size, names):
+                return True
+    return any(
+        _embedding_weight(facts, node.right, size, names) for node in _matmuls(facts.module)
+    )
+
+
+def _owner(call: CallSite) -> cst.CSTNode | None:
+    return call.ctx.class_def or call.ctx.function
+
+
+@dataclass(frozen=True)
+class _SizeNames:
+    """The names one vocabulary size is set under."""
+
+    own: set[str]
+    # Parameters whose default is one of ``own`` (``vocab_size=BPE_VOCAB``), with the class (or
+    # function) that declares them: the same parameter name elsewhere may be another vocabulary.
+    defaults_to_own: set[tuple[cst.CSTNode | None, str]]
+
+
+def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
+    defaults = set()
+    for fn, ctx in facts.functions:
+        for param in (*fn.params.params, *fn.params.kwonly_params):
+            default = get_full_name_for_node(param.default) if param.default is not None else None
+            if default is not None and default.split(".")[-1] in own:
+                defaults.add((ctx.class_def or fn, param.name.value))
+    return _SizeNames(own, defaults)
+
+
+def _sizes(expr: cst.BaseExpression | None, size: int, names: _SizeNames, owner: cst.CSTNode | None) -> bool:
+    """Whether a layer's size argument is this vocabulary: the literal, a name it sets (``vocab_size``,
+    ``config.vocab_size``), or a parameter of the same class whose default is that name."""
+    if expr is None:
+        return False
+    if isinstance(expr, cst.Integer):
+        return _literal_int(expr) == size
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if dotted is None:
+        return False
+    last = dotted.split(".")[-1]
+    return last in names.own or (owner, last) in names.defaults_to_own
+
+
+def _literal_int(expr: cst.BaseExpression | None) -> int | None:
+    return int(expr.value.replace("_", ""), 0) if isinstance(expr, cst.Integer) else None
+
+
+def _embedding_weight(facts: ScriptFacts, expr: cst.BaseExpression, size: int, names: _SizeNames) -> bool:
+    """``emb.weight`` (``.T``, ``.t()``, ``.transpose(0, 1)``) of a name bound to an embedding of this size."""
+    while True:
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("t", "transpose"):
+            expr = expr.func.value
+        elif isinstance(expr, cst.Attribute) and expr.attr.value in ("T", "mT"):
+            expr = expr.value
+        else:
+            break
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value == "weight"):
+        return False
+    table = get_full_name_for_node(expr.value)
+    for binding in facts.bindings_of(table or ""):
+        value = binding.value
+        if isinstance(value, cst.Call) and (facts.qualname(value.func) or "") in _EMBEDDING:
+            first = next((a.value for a in value.args if a.keyword is None or a.keyword.value == "num_embeddings"), None)
+            if _sizes(first, size, names, binding.ctx.class_def or binding.ctx.function):
+                return True
+    return False
+
+
+def _matmuls(module: cst.Module) -> list[cst.BinaryOperation]:
+    found: list[cst.BinaryOperation] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.MatrixMultiply):
+                found.append(node)
+
+    module.visit(_V())
+    return found
 
 
 # -- the plan ---------------------------------------------------------------------------------------------

@@ -234,8 +234,53 @@ class AmpFacts:
                 continue
             if facts.in_eval(call.ctx):
                 continue
-            if is_model_expr(facts, call):
+            if is_model_expr(facts, call) and not self._cast_back_to_fp32(call):
                 out.append(call)
+        return out
+
+    def _cast_back_to_fp32(self, call: CallSite) -> bool:
+        """``model.half().float()``, ``model.bfloat16().to(torch.float32)``, or ``model.half()`` then
+        ``model.float()`` later in the same block: the weights are rounded to 16 bits once and then
+        trained in fp32, which is not half-precision training."""
+        facts = self.facts
+        outer = self._fp32_casts_by_receiver.get(id(call.node))
+        if outer is not None:
+            return True
+        name = _cast_model_name(call)
+        statement = call.statement
+        if name is None or statement is None:
+            return False
+        # Not when training happens in between: ``model.half()``, the loop, then ``model.float()`` to
+        # save the weights trained in fp16.
+        backward_lines = [facts.line_of(step.backward.node) for step in facts.training_steps]
+        for later in self._fp32_casts_by_receiver.values():
+            if later.statement is None or later.statement.block is not statement.block:
+                continue
+            if later.statement.index <= statement.index or _cast_model_name(later) != name:
+                continue
+            first, last = facts.line_of(call.node), facts.line_of(later.node)
+            if not any(first < line < last for line in backward_lines):
+                return True
+        return False
+
+    @functools.cached_property
+    def _fp32_casts_by_receiver(self) -> dict[int, CallSite]:
+        """Casts to fp32 (``.float()``, ``.to(torch.float32)``), by the id of the expression they cast,
+        seen through device moves (``x.half().cuda().float()``)."""
+        out: dict[int, CallSite] = {}
+        for call in self.facts.calls:
+            if not _casts_to_fp32(self.facts, call):
+                continue
+            receiver = call.receiver
+            while True:
+                if receiver is not None:
+                    out[id(receiver)] = call
+                if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) \
+                        and receiver.func.attr.value in ("to", "cuda", "cpu", "train") \
+                        and not any(a.keyword is not None and a.keyword.value == "dtype" for a in receiver.args):
+                    receiver = receiver.func.value
+                    continue
+                break
         return out
 
     @functools.cached_property
@@ -307,6 +352,33 @@ def cast_dtype(facts: ScriptFacts, call: CallSite) -> str | None:
             text = get_full_name_for_node(arg.value) or ""
             if text.endswith("HalfTensor"):
                 return HALF
+    return None
+
+
+def _casts_to_fp32(facts: ScriptFacts, call: CallSite) -> bool:
+    if call.method == "float" and not call.node.args:
+        return True
+    if call.method in ("to", "type"):
+        return any(
+            (arg.keyword is None or arg.keyword.value == "dtype") and dtypes_of(facts, arg.value) == frozenset({"float32"})
+            for arg in call.node.args
+        )
+    return False
+
+
+def _cast_model_name(call: CallSite) -> str | None:
+    """The name a model cast works on: its receiver (``model`` of ``model.cuda().half()``) or, for
+    ``model = Net().half()``, the name it binds."""
+    receiver = call.receiver
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    if isinstance(receiver, (cst.Name, cst.Attribute)):
+        return get_full_name_for_node(receiver)
+    statement = call.statement.node if call.statement else None
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return get_full_name_for_node(small.targets[0].target)
     return None
 
 
