@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.model_profile import ModelProfile
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -38,8 +39,10 @@ class NotCompiled(ScriptRule):
         if not pipeline.owns_cuda_training or _compiles(facts, pipeline):
             return
         models = pipeline.trained_models
+        profile = None
         if models:
             name, node = models[0].name, models[0].construction
+            profile = pipeline.profile_of(models[0], context.models)
         else:
             names = pipeline.trained_model_names
             name, node = (names[0] if names else "model"), facts.training_steps[0].backward.node
@@ -50,8 +53,7 @@ class NotCompiled(ScriptRule):
             facts,
             node,
             f"the trained model is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
-            "fuses its elementwise ops and cuts Python overhead (ResNet50 on H200: 4695 → 6801 img/s on "
-            "top of bf16 + channels_last)",
+            f"fuses its elementwise ops and cuts Python overhead ({_measured_gain(profile)})",
             fix=self.planned_fix(
                 FixClass.STRUCTURAL,
                 "compile the model in place on CUDA (tcaudit fix --compile)",
@@ -59,6 +61,15 @@ class NotCompiled(ScriptRule):
                 option="compile",
             ),
         )
+
+
+def _measured_gain(profile: "ModelProfile | None") -> str:
+    """The measurement that fits the model: a transformer's where the model audit measured one."""
+    if profile is None or profile.is_convnet:
+        gain = "ResNet50 on H200: 4695 → 6801 img/s on top of bf16 + channels_last"
+    else:
+        gain = "a GPT-2 124M on H200: 114 → 311 seq/s on top of tcaudit's other fixes"
+    return gain if profile is None else f"{gain}; {profile.describe()}"
 
 
 @dataclass(frozen=True, eq=False)
