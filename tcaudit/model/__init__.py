@@ -23,6 +23,7 @@ from tcaudit.findings import Finding
 if TYPE_CHECKING:
     from tcaudit.config import ModelSpec, Settings
     from tcaudit.model.facts import ModelFacts
+    from tcaudit.model_profile import AuditedModels
     from tcaudit.source.parsing import SourceFile
 
 TORCH_MISSING_NOTE = (
@@ -185,6 +186,7 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
 def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
     """(target, failure reason or None, imported packages) for each model the file builds."""
     from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints
+    from tcaudit.model_profile import construction_key
     from tcaudit.model.slicing import SliceError, Slicer, missing_packages
     from tcaudit.source.parsing import SourceError
 
@@ -206,6 +208,9 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
         target: dict[str, Any] = {
             "kind": "script",
             "label": candidate.label,
+            # For the script rules (tcaudit/model_profile.py): which construction this model is.
+            "source": construction_key(index.source(candidate.call)),
+            "assigned": candidate.target_name,
             "path": str(path),
             "roots": [str(path.parent)],
             "construction": {"line": start.line, "column": start.column + 1, "end_line": end.line,
@@ -233,6 +238,38 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
             continue
         out.append((target, None, plan.imports))
     return out
+
+
+def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]":
+    """The profiles the script rules read, by the real path of the script that builds each model: only
+    models audited from a script's own construction (not ``--model`` factories), built and captured."""
+    from tcaudit.model_profile import AuditedModels, ModelProfile
+
+    by_path: dict[str, list[ModelProfile]] = {}
+    for facts in facts_list:
+        target = facts.target
+        if facts.status != "ok" or target.get("kind") != "script" or not target.get("source"):
+            continue
+        if facts.capture.method == "parameters" or facts.total_flops <= 0:
+            continue  # nothing ran: no FLOPs to share out
+        conv2d = sum(op.flops for op in facts.ops_of("conv") if len(op.info.get("kernel") or []) == 2)
+        gemm = sum(op.flops for op in facts.ops_of("gemm"))
+        attention = sum(op.flops for op in facts.ops_of("sdpa"))
+        shapes = facts.input.get("shapes") or []
+        dtypes = facts.input.get("dtypes") or []
+        image_input = bool(shapes) and len(shapes[0]) == 4 and not str(dtypes[0] if dtypes else "").startswith("int")
+        profile = ModelProfile(
+            construction=target["source"],
+            assigned=target.get("assigned"),
+            model_class=facts.model_class,
+            conv_share=conv2d / facts.total_flops,
+            gemm_share=gemm / facts.total_flops,
+            attention_share=attention / facts.total_flops,
+            conv3d=any(len(op.info.get("kernel") or []) == 3 for op in facts.ops_of("conv")),
+            image_input=image_input,
+        )
+        by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
+    return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}
 
 
 def parse_input(text: str) -> list[list[int]]:

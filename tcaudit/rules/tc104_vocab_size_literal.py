@@ -11,7 +11,12 @@ the class that builds the embedding, tied or not, or ``F.linear(h, emb.weight)``
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
 where the size is also set from a tokenizer at run time, where the file samples from the logits, and
 where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
-then draw the padded ids as data). One finding per vocabulary size (``engine.one_vocab_finding``): a
+then draw the padded ids as data). In that last case the padding moves to the trained model's
+construction instead: ``GPT(config)`` becomes ``GPT(dataclasses.replace(config, vocab_size=<padded>))``
+and ``GPT(vocab_size=v)`` becomes ``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow
+while the data keeps drawing ids below the real vocabulary (declined when the training code outside
+the model also shapes tensors by the size, e.g. ``logits.view(-1, vocab_size)``). One finding per
+vocabulary size (``engine.one_vocab_finding``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
 """
@@ -26,11 +31,11 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, flag_dest, literal
+from tcaudit.script.pipeline import all_of, flag_dest, literal, pipeline_facts
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
@@ -42,6 +47,8 @@ _SHAPE_METHODS = frozenset({"view", "reshape", "expand", "new_zeros", "new_empty
 _REPORTING = re.compile(r"(^|\.)(print|info|debug|warning|log|add_scalar|write|format)$")
 _CHECKPOINT = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
 _SAMPLING = re.compile(r"(^|\.)(multinomial|argmax|generate)$")
+# Synthetic token draws: below the real vocabulary they stay valid ids of the padded model.
+_TOKEN_DRAWS = re.compile(r"(^|\.)randint$")
 
 
 def is_vocab_name(name: str | None) -> bool:
@@ -70,6 +77,33 @@ class PadVocab(FixPlan):
     lines: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class PaddedArgument:
+    """An argument of the trained model's construction that becomes ``code`` (the size padded)."""
+
+    node: cst.BaseExpression
+    code: str
+
+
+@dataclass(frozen=True, eq=False)
+class PadAtConstruction(FixPlan):
+    """The size stays as the script sets it (its data draws ids below it); the model is built padded."""
+
+    kind = "replace-argument"
+    arguments: tuple[PaddedArgument, ...]
+    vocab_size: int
+    padded: int
+    needs_dataclasses: bool
+
+
+def padded_code(expr: str) -> str:
+    """``expr`` rounded up to the next multiple of VOCAB_MULTIPLE, as Python code."""
+    return f"({expr} + {VOCAB_MULTIPLE - 1}) // {VOCAB_MULTIPLE} * {VOCAB_MULTIPLE}"
+
+
+_PADDED_CODE = re.compile(rf"//\s*{VOCAB_MULTIPLE}\s*\*\s*{VOCAB_MULTIPLE}\b")
+
+
 class VocabSizeLiteral(ScriptRule):
     id = "TC104"
     triggers = (all_of(r"backward", r"vocab|tokens|Embedding"),)
@@ -88,6 +122,7 @@ class VocabSizeLiteral(ScriptRule):
         if not builds_vocab:
             return
         aligned = {lit.name for lit in literals if _value(lit) % VOCAB_MULTIPLE == 0}
+        padded_where_built = _padded_at_construction(facts)
         by_size: dict[int, list[VocabLiteral]] = {}
         for lit in literals:
             size = _value(lit)
@@ -95,6 +130,8 @@ class VocabSizeLiteral(ScriptRule):
                 continue
             if lit.where == "default" and lit.name in aligned:
                 continue  # ``GPTConfig(vocab_size=50304)`` overrides the dataclass default of 50257
+            if lit.name in padded_where_built:
+                continue  # the model is built with the size padded (this fix's construction edit)
             by_size.setdefault(size, []).append(lit)
         cost = cost_note(self.spec, context.settings.gpu, "gpt2_head")
         for size, sites in sorted(by_size.items()):
@@ -120,6 +157,32 @@ class VocabSizeLiteral(ScriptRule):
 
 def _value(lit: VocabLiteral) -> int:
     return _literal_int(lit.node)  # type: ignore[return-value]  # an Integer, by construction
+
+
+def _padded_at_construction(facts: ScriptFacts) -> set[str]:
+    """The names a vocabulary argument already pads (``vocab_size=(vocab + 63) // 64 * 64``, this fix's
+    own edit at the model's construction): ``vocab`` keeps its literal and is not reported again."""
+    out: set[str] = set()
+    for call in facts.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None and is_vocab_name(arg.keyword.value):
+                if _PADDED_CODE.search(facts.module.code_for_node(arg.value)):
+                    out |= _names_in(arg.value)
+    return out
+
+
+def _names_in(expr: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            found.add(node.attr.value)
+
+    expr.visit(_V())
+    return found
 
 
 # -- detection --------------------------------------------------------------------------------------------
@@ -316,9 +379,94 @@ def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int)
             )
     names = {lit.name for lit in sites}
     _check_runtime_sizes(facts, names)
-    _check_uses(facts, names)
+    try:
+        _check_uses(facts, names)
+    except DeclineFix as feeds_data:
+        return _construction_plan(facts, sites, names, size, target, feeds_data)
     literals = tuple(lit.node for lit in sites)
     return PadVocab(literals, size, target, tuple(sorted(facts.line_of(n) for n in literals)))
+
+
+def _construction_plan(
+    facts: ScriptFacts, sites: list[VocabLiteral], names: set[str], size: int, target: int, feeds_data: DeclineFix
+) -> PadAtConstruction:
+    """Pad where the trained model is built, when the size reaches it as a keyword (``GPT(vocab_size=v)``)
+    or through a config dataclass instance of this file (``GPT(config)``); otherwise decline with
+    ``feeds_data``, the reason the literal itself cannot change."""
+    config_classes = _config_classes(facts, sites)
+    arguments: list[PaddedArgument] = []
+    needs_dataclasses = False
+    for site in pipeline_facts(facts).trained_models:
+        call = site.construction
+        if _callee_class(facts, call) in config_classes:
+            continue
+        for arg in call.args:
+            value = arg.value
+            code = facts.module.code_for_node(value).strip()
+            if arg.keyword is not None and is_vocab_name(arg.keyword.value) and _mentions(value, names):
+                arguments.append(PaddedArgument(value, padded_code(code)))
+            elif not arg.star and isinstance(value, cst.Name) and _holds_config(facts, value, config_classes):
+                field = next(lit.name for lit in sites if lit.where == "default")
+                replaced = f"dataclasses.replace({code}, {field}={padded_code(f'{code}.{field}')})"
+                arguments.append(PaddedArgument(value, replaced))
+                needs_dataclasses = True
+    unique = {id(a.node): a for a in arguments}
+    if not unique:
+        raise feeds_data
+    _check_uses_beside_model(facts, names, set(unique))
+    return PadAtConstruction(tuple(unique.values()), size, target, needs_dataclasses)
+
+
+def _config_classes(facts: ScriptFacts, sites: list[VocabLiteral]) -> set[str]:
+    """This file's classes whose body sets the size as a field default (``vocab_size: int = 50257``)."""
+    out: set[str] = set()
+    for node, _ in facts.classes:
+        if not isinstance(node.body, cst.IndentedBlock):
+            continue
+        for statement in node.body.body:
+            if isinstance(statement, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.AnnAssign) and small.value is lit.node
+                for small in statement.body for lit in sites
+            ):
+                out.add(node.name.value)
+    return out
+
+
+def _callee_class(facts: ScriptFacts, call: cst.Call) -> str:
+    return (get_full_name_for_node(call.func) or "").split(".")[-1]
+
+
+def _holds_config(facts: ScriptFacts, name: cst.Name, config_classes: set[str]) -> bool:
+    """Whether every value the name may hold is an instance of one of ``config_classes`` built here."""
+    values = [v for v in facts.binding_values(name) if v is not name]
+    return bool(values) and all(
+        isinstance(v, cst.Call) and _callee_class(facts, v) in config_classes for v in values
+    )
+
+
+def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_arguments: set[int]) -> None:
+    """With the model built padded, its own classes see the padded size and the rest of the script the
+    real one: the rest may draw tokens below it, log it and pass it on, but a shape made from it
+    (``logits.view(-1, vocab_size)``, ``F.one_hot(y, vocab_size)``) would not match the padded logits."""
+    for call in facts.calls:
+        if call.ctx.class_def is not None:
+            continue
+        qual = call.qualname or ""
+        name = call.name or ""
+        reporting = _REPORTING.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
+        if reporting or _TOKEN_DRAWS.search(qual or name):
+            continue
+        if isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value == "add_argument":
+            continue
+        for arg in call.node.args:
+            if (arg.keyword is not None and arg.keyword.value in names) or id(arg.value) in padded_arguments:
+                continue
+            if _mentions(arg.value, names):
+                raise DeclineFix(
+                    f"the vocabulary size feeds the data, so only the model could be built padded, but it "
+                    f"also feeds `{facts.module.code_for_node(call.node).strip()}` (line {facts.line_of(call.node)}) "
+                    "outside the model, which would not match the padded logits; pad by hand"
+                )
 
 
 def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
@@ -410,14 +558,25 @@ class PadVocabFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         replace: dict[int, str] = {}
+        arguments: dict[int, cst.BaseExpression] = {}
+        needs_dataclasses = False
         for finding in findings:
-            plan: PadVocab = finding.fix.plan
+            plan = finding.fix.plan
+            if isinstance(plan, PadAtConstruction):
+                for argument in plan.arguments:
+                    arguments[id(argument.node)] = parse_expression(argument.code, module)
+                needs_dataclasses |= plan.needs_dataclasses
+                continue
             for node in plan.literals:
                 replace[id(node)] = str(plan.padded)
 
         class _T(cst.CSTTransformer):
-            def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.Integer:
-                new = replace.get(id(original_node))
-                return updated_node.with_changes(value=new) if new is not None else updated_node
+            def on_leave(self, original_node, updated_node):
+                if id(original_node) in arguments:
+                    return arguments[id(original_node)]
+                if isinstance(original_node, cst.Integer) and id(original_node) in replace:
+                    return updated_node.with_changes(value=replace[id(original_node)])
+                return updated_node
 
-        return module.visit(_T())
+        new = module.visit(_T())
+        return ensure_import(new, "import dataclasses") if needs_dataclasses else new

@@ -36,6 +36,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.amp import AmpFacts, amp_facts
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
+from tcaudit.script.pipeline import pipeline_facts
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -108,8 +109,9 @@ class _Decision:
     why: str
 
 
-def _decide(facts: ScriptFacts, precision: str) -> _Decision | None:
-    """Whether TC201 reports this file, and with which recipe; None when it does not."""
+def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None) -> _Decision | None:
+    """Whether TC201 reports this file, and with which recipe; None when it does not. ``convnet`` is the
+    model audit's verdict on the trained model (fp16 for a convnet), None to judge from the text."""
     if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
         return None  # a framework owns precision; a CPU-only script gets no AMP advice
     amp = amp_facts(facts)
@@ -121,8 +123,15 @@ def _decide(facts: ScriptFacts, precision: str) -> _Decision | None:
             uncovered.setdefault(step.function, []).append(step)
     if not uncovered:
         return None
-    dtype, scaler, why = amp.recommended_precision(precision)
+    dtype, scaler, why = amp.recommended_precision(precision, convnet)
     return _Decision(amp, uncovered, dtype, scaler, why)
+
+
+def audited_convnet(facts: ScriptFacts, context: RuleContext) -> bool | None:
+    """The model audit's verdict on whether the trained model is a convnet; None without one."""
+    if context.models is None:
+        return None
+    return pipeline_facts(facts).audited_convnet(context.models)
 
 
 def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
@@ -164,7 +173,7 @@ class MissingAutocast(ScriptRule):
     triggers = (r"\.backward\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        decision = _decide(facts, context.settings.precision)
+        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context))
         if decision is None:
             yield from self._after_cast_removal(facts, context)
             return

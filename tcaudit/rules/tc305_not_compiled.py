@@ -39,8 +39,10 @@ class NotCompiled(ScriptRule):
         if not pipeline.owns_cuda_training or _compiles(facts, pipeline):
             return
         models = pipeline.trained_models
+        profile = None
         if models:
             name, node = models[0].name, models[0].construction
+            profile = pipeline.profile_of(models[0], context.models)
         else:
             names = pipeline.trained_model_names
             name, node = (names[0] if names else "model"), facts.training_steps[0].backward.node
@@ -52,7 +54,8 @@ class NotCompiled(ScriptRule):
             node,
             f"the trained model is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
             "fuses its elementwise ops and cuts Python overhead"
-            + cost_note(self.spec, context.settings.gpu, "compiled"),
+            + cost_note(self.spec, context.settings.gpu, "compiled")
+            + (f" ({profile.describe()})" if profile is not None else ""),
             fix=self.planned_fix(
                 FixClass.STRUCTURAL,
                 "compile the model in place on CUDA (tcaudit fix --compile)",

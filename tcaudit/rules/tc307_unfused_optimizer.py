@@ -104,7 +104,7 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         if facts.mentions_gradscaler:
             return ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
                     "keeping the default foreach SGD")
-        if autocast_planned(facts, context.settings) == "float16":
+        if autocast_planned(facts, context) == "float16":
             return ("TC201's fix adds fp16 autocast with a GradScaler, and fused SGD under a GradScaler turned "
                     "ResNet50's loss into NaN on an H200 (torch 2.11); keeping the default foreach SGD")
     owners = _parameter_owners(facts, call)

@@ -316,8 +316,9 @@ class AmpFacts:
             "vit" in (r.qualname or "") or "swin" in (r.qualname or "") for r in facts.references
         )
 
-    def recommended_precision(self, setting: str) -> tuple[str, bool, str]:
-        """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting``."""
+    def recommended_precision(self, setting: str, convnet: bool | None = None) -> tuple[str, bool, str]:
+        """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting``; ``convnet`` is the
+        model audit's verdict on the trained model (None: judge from the script's text)."""
         if setting == "bf16":
             return BF16, False, "precision = bf16 in the configuration"
         if setting == "fp16":
@@ -326,7 +327,7 @@ class AmpFacts:
             return HALF, True, "precision = fp16 in the configuration"
         if self.uses_lbfgs or not self.has_optimizer:
             return BF16, False, "bf16 needs no GradScaler (LBFGS closures and manual updates cannot use one)"
-        if self.is_conv_model:
+        if self.is_conv_model if convnet is None else convnet:
             return HALF, True, (
                 "convnet: eager fp16 + channels_last trained ResNet50 faster than bf16"
             )
