@@ -300,11 +300,23 @@ class _SizeNames:
 
 def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
     defaults = set()
+    classes: dict[str, cst.ClassDef] = {}
     for fn, ctx in facts.functions:
+        if ctx.class_def is not None and fn.name.value == "__init__":
+            classes[ctx.class_def.name.value] = ctx.class_def
         for param in (*fn.params.params, *fn.params.kwonly_params):
             default = get_full_name_for_node(param.default) if param.default is not None else None
             if default is not None and default.split(".")[-1] in own:
                 defaults.add((ctx.class_def or fn, param.name.value))
+    # ``LM(vocab_size=vocab)``: the class's ``vocab_size`` parameter carries this size too.
+    for call in facts.calls:
+        cls = classes.get(call.name or "")
+        if cls is None:
+            continue
+        for arg in call.node.args:
+            value = get_full_name_for_node(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
+            if arg.keyword is not None and value is not None and value.split(".")[-1] in own:
+                defaults.add((cls, arg.keyword.value))
     return _SizeNames(own, defaults)
 
 
