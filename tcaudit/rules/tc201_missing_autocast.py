@@ -297,6 +297,9 @@ def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode
     loss and then the generator's) belongs to that step: only the statements after the last other
     backward before this one are this step's, so no wrap takes in another step's backward."""
     statements = loss_statements(facts, step)
+    caller_forward = _forward_in_caller(facts, step)
+    if not statements and caller_forward:
+        return [s.node for s in caller_forward]
     if statements:
         here = step.backward.statement
         others = {id(s.backward.statement.node) for s in facts.training_steps if s is not step and s.backward.statement}
@@ -304,6 +307,28 @@ def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode
         own = [s.node for s in statements if s.index > cut]
         return own or [s.node for s in statements]
     return [step.backward.statement.node if step.backward.statement else step.backward.node]
+
+
+def _forward_in_caller(facts: ScriptFacts, step: TrainingStep) -> list[ForwardStatement]:
+    """When the loss comes into the step's function as a parameter (``def _backward(self, loss)``),
+    the statements of the one caller that compute it, in the block of the call passing it in: the
+    forward to wrap (never the backward). Empty otherwise."""
+    if loss_statements(facts, step):
+        return []
+    flow = amp_facts(facts).step_coverage(step).flow
+    if flow is None or flow.through is None or flow.through.statement is None or not flow.forwards:
+        return []
+    block = flow.through.statement.block
+    return [s for s in flow.statements if s.block is block]
+
+
+def _wrap_place(facts: ScriptFacts, step: TrainingStep) -> TrainingStep:
+    """The step as seen from where its forward is wrapped: itself, or (the forward in a caller) the
+    call passing the loss in, so the autocast's device type is an expression valid there."""
+    if _forward_in_caller(facts, step):
+        through = amp_facts(facts).step_coverage(step).flow.through  # type: ignore[union-attr]
+        return TrainingStep(through, step.loss, None)  # type: ignore[arg-type]
+    return step
 
 
 def _ranges(facts: ScriptFacts, steps: list[TrainingStep]) -> tuple[dict, ...]:
@@ -324,15 +349,26 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
     device = _DevicePlanner(facts)
     ranges = _ranges(facts, steps)
     planned = []
+    in_caller = any(_forward_in_caller(facts, step) for step in steps)
     for step, step_range in zip(steps, ranges):
-        device_type, enabled = device.at(step)
+        device_type, enabled = device.at(_wrap_place(facts, step))
         statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
         planned.append(AutocastStep(tuple(statements), step.backward.node, device_type, enabled))
     wrapped = [id(node) for step in planned for node in step.statements]
     if len(set(wrapped)) < len(wrapped) or any(id(s.backward.statement.node) in wrapped for s in steps):
-        raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+        if any(loss_statements(facts, s) or _forward_in_caller(facts, s) for s in steps):
+            raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+        raise DeclineFix("the loss comes from outside the backward's function and its forward was not "
+                         "found; wrap the forward (not the backward) in torch.autocast by hand")
     _refuse_unsafe_ops(facts, set(wrapped))
-    grad_scaler = plan_grad_scaler(facts, steps, device) if decision.scaler else None
+    grad_scaler = None
+    if decision.scaler:
+        # The GradScaler belongs where the backward is; the wrap may sit in a caller (another function).
+        scaler_device = _DevicePlanner(facts) if in_caller else device
+        grad_scaler = plan_grad_scaler(facts, steps, scaler_device)
+        if in_caller and scaler_device.variable is not None:
+            raise DeclineFix("the GradScaler's device type would need a variable beside the backward; "
+                             "add the GradScaler by hand or use precision = \"bf16\"")
     return WrapAutocast(ranges, decision.dtype, decision.scaler, tuple(planned), device.variable, grad_scaler)
 
 
@@ -520,15 +556,20 @@ class _DevicePlanner:
 def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int) -> list[cst.CSTNode]:
     """The statements of the step's block whose lines fall in [start, end]."""
     statement = step.backward.statement
-    if statement is None:
+    caller_forward = _forward_in_caller(facts, step)
+    if caller_forward:
+        block = caller_forward[0].block
+    elif statement is None:
         raise DeclineFix("the backward call is not a plain statement")
+    else:
+        block = statement.block
     chosen = [
-        node for node in statement.block
+        node for node in block
         if start <= facts.line_of(node) and facts.position(node).end.line <= end
     ]
     if not chosen:
         raise DeclineFix("the forward and loss are not statements of the backward's block")
-    indices = [next(i for i, n in enumerate(statement.block) if n is node) for node in chosen]
+    indices = [next(i for i, n in enumerate(block) if n is node) for node in chosen]
     if indices != list(range(indices[0], indices[0] + len(indices))):
         raise DeclineFix("the forward and loss statements are not contiguous")
     return chosen

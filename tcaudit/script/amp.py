@@ -359,6 +359,16 @@ class AmpFacts:
         caller_found, _ = self._trace(call.ctx.function, call.statement.node, names_in(argument))  # type: ignore[union-attr]
         return LossFlow(call.ctx.function, call.statement.node, tuple(caller_found), call)  # type: ignore[union-attr]
 
+    def helpers_on_loss_path(self, step: TrainingStep) -> set[cst.FunctionDef]:
+        """The functions of this file that the statements computing the step's loss call (the
+        ``_forward`` of ``loss = self._forward(batch)``), in the step's function or its caller."""
+        flow = self.loss_flow(step)
+        out: set[cst.FunctionDef] = set()
+        for statement in flow.statements if flow is not None else ():
+            for call in self._calls_by_statement.get(id(statement.node), []):
+                out.update(self._helpers(call))
+        return out
+
     def _single_training_caller(self, function: cst.FunctionDef) -> CallSite | None:
         facts = self.facts
         calls = [
