@@ -243,17 +243,18 @@ class MissingAutocast(ScriptRule):
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:
         assert coverage.flow is not None
-        uncovered = [s for s in coverage.flow.forwards if not s.covered]
-        lines = ", ".join(str(facts.line_of(s.node)) for s in uncovered)
+        uncovered = sorted((s for s in coverage.flow.forwards if not s.covered), key=lambda s: facts.line_of(s.node))
+        numbers = [str(facts.line_of(s.node)) for s in uncovered]
+        lines = ("line " if len(numbers) == 1 else "lines ") + ", ".join(numbers)
         if coverage.kind == PARTIAL:
             message = (
-                f"the forward (line {lines}) runs in fp32 outside the autocast block that covers only the loss: "
+                f"the forward ({lines}) runs in fp32 outside the autocast block that covers only the loss: "
                 "its GEMMs and convolutions never reach the Tensor Cores; put the forward under the autocast"
             )
             description = "move the forward into the autocast block"
         else:
             message = (
-                f"autocast covers only some of the model branches: the forward on line {lines} runs in fp32; "
+                f"autocast covers only some of the model branches: the forward on {lines} runs in fp32; "
                 "put every branch's forward under the same autocast"
             )
             description = "wrap the other branches' forward in the same autocast"
@@ -375,7 +376,7 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
 def _plan_partial(facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> WidenAutocast | WrapBranches:
     flow = coverage.flow
     assert flow is not None
-    uncovered = [s for s in flow.forwards if not s.covered]
+    uncovered = sorted((s for s in flow.forwards if not s.covered), key=lambda s: facts.line_of(s.node))
     if coverage.kind == PARTIAL:
         return _plan_widen(facts, flow.statements, uncovered)
     return _plan_branches(facts, [s for s in flow.forwards if s.covered], uncovered)

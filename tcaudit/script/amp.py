@@ -369,6 +369,22 @@ class AmpFacts:
                 out.update(self._helpers(call))
         return out
 
+    def _is_module_name(self, dotted: str | None) -> bool:
+        """A name bound to a torch.nn / torchvision module built in this file (``wide = nn.Sequential(...)``)."""
+        facts = self.facts
+        for binding in facts.bindings_of(dotted or ""):
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in (
+                "to", "cuda", "train", "float"
+            ):
+                value = value.func.value
+            qual = facts.qualname(value.func) if isinstance(value, cst.Call) else None
+            if qual and qual.startswith(("torch.nn.", "torchvision.models.")) and not qual.startswith(
+                "torch.nn.functional."
+            ):
+                return True
+        return False
+
     def _single_training_caller(self, function: cst.FunctionDef) -> CallSite | None:
         facts = self.facts
         calls = [
@@ -468,6 +484,11 @@ class AmpFacts:
     def _calls_model(self, call: CallSite) -> bool:
         models = self.facts.model_names
         if call.name is not None and (call.name in models or call.name.removesuffix(".module") in models):
+            return True
+        func = call.node.func
+        while isinstance(func, cst.Subscript):  # ``layers[0](x)``
+            func = func.value
+        if self._is_module_name(get_full_name_for_node(func)):
             return True
         for helper in self._helpers(call):
             for fn in {helper} | self.facts.reachable_functions(helper, depth=2):
