@@ -317,7 +317,7 @@ def _forward_in_caller(facts: ScriptFacts, step: TrainingStep) -> list[ForwardSt
     if loss_statements(facts, step):
         return []
     flow = amp_facts(facts).step_coverage(step).flow
-    if flow is None or flow.through is None or flow.through.statement is None or not flow.forwards:
+    if flow is None or flow.through is None or flow.through.statement is None:
         return []
     block = flow.through.statement.block
     return [s for s in flow.statements if s.block is block]
