@@ -266,3 +266,28 @@ def test_f6_fp16_with_a_module_level_backward_helper_declines_the_scaler_with_it
     result = scan_code(tmp_path, (tmp_path / "train.py").read_text(), select=("TC201",), precision="fp16")
     (finding,) = result.findings
     assert not finding.fix.available and "GradScaler" in finding.fix.reason
+
+
+def test_f6_an_inline_forward_passed_to_the_backward_helper_is_declined_never_wrapped(tmp_path):
+    """``self._backward(self._forward(x, y))``: wrapping that statement would put the backward under
+    autocast (the field's F6 patch)."""
+    finding = _only(tmp_path, '''
+        import torch
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model = model.cuda()
+                self.optimizer = optimizer
+
+            def _forward(self, x, y):
+                return torch.nn.functional.mse_loss(self.model(x.cuda()), y.cuda())
+
+            def _backward(self, loss):
+                loss.backward()
+                self.optimizer.step()
+
+            def fit(self, loader):
+                for x, y in loader:
+                    self._backward(self._forward(x, y))
+    ''')
+    assert not finding.fix.available and "not the backward" in finding.fix.reason

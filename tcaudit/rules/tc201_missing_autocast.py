@@ -320,7 +320,8 @@ def _forward_in_caller(facts: ScriptFacts, step: TrainingStep) -> list[ForwardSt
     if flow is None or flow.through is None or flow.through.statement is None:
         return []
     block = flow.through.statement.block
-    return [s for s in flow.statements if s.block is block]
+    # The passing statement itself (``self._backward(self._forward(b))``) runs the backward: never wrapped.
+    return [s for s in flow.statements if s.block is block and s.node is not flow.through.statement.node]
 
 
 def _wrap_place(facts: ScriptFacts, step: TrainingStep) -> TrainingStep:

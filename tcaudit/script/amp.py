@@ -357,6 +357,11 @@ class AmpFacts:
         if argument is None:
             return local
         caller_found, _ = self._trace(call.ctx.function, call.statement.node, names_in(argument))  # type: ignore[union-attr]
+        anchor = call.statement.node  # type: ignore[union-attr]
+        if not isinstance(argument, (cst.Name, cst.Attribute)) and isinstance(anchor, cst.SimpleStatementLine):
+            # ``self._backward(self._forward(batch))``: the forward is in the passing statement itself.
+            block, index = call.statement.block, call.statement.index  # type: ignore[union-attr]
+            caller_found.append(self._forward_statement(anchor, block, index, None, False))
         return LossFlow(call.ctx.function, call.statement.node, tuple(caller_found), call)  # type: ignore[union-attr]
 
     def helpers_on_loss_path(self, step: TrainingStep) -> set[cst.FunctionDef]:
