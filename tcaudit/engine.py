@@ -32,6 +32,8 @@ from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
+    from typing import Callable
+
     from tcaudit.cache import ScanCache
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
@@ -239,7 +241,9 @@ def scan(
                 sources.append(read_source(path, displays[index]))
             except SourceError:
                 continue  # scan_file reports it
-        audit = call_with_deep_stack(run_model_audit, sources, settings, scan_cache=cache)
+        audit = call_with_deep_stack(
+            run_model_audit, sources, settings, scan_cache=cache, script_uses_cuda=scripts_using_cuda(sources)
+        )
         models_of = audited_models(audit.facts)
 
     def models_for(path: Path) -> "AuditedModels | None":
@@ -318,6 +322,26 @@ def scan(
         suppressed=suppressed,
         files_cached=cached,
     )
+
+
+def scripts_using_cuda(sources: list[SourceFile]) -> "Callable[[str], bool]":
+    """``uses_cuda(real path)`` for the model audit: whether the script that builds a model may run on
+    CUDA (``ScriptFacts.uses_cuda``); a file it cannot read or parse counts as CUDA (no advice lowered)."""
+    by_path = {os.path.realpath(str(source.path)): source for source in sources}
+    answers: dict[str, bool] = {}
+
+    def uses_cuda(path: str) -> bool:
+        from tcaudit.script.facts import ScriptFacts
+
+        if path not in answers:
+            source = by_path.get(path)
+            try:
+                answers[path] = source is None or ScriptFacts(source).uses_cuda
+            except SourceError:
+                answers[path] = True
+        return answers[path]
+
+    return uses_cuda
 
 
 def model_audit_wanted(settings: Settings) -> bool:

@@ -16,7 +16,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tcaudit.findings import Finding
 
@@ -63,9 +63,18 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits=None, scan_cache=None) -> ModelAuditResult:
+def run_model_audit(
+    sources: "list[SourceFile]",
+    settings: "Settings",
+    *,
+    limits=None,
+    scan_cache=None,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> ModelAuditResult:
     """Audit every model the sources build, within ``settings.model_budget`` seconds of building and
-    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache)."""
+    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache).
+    ``script_uses_cuda(path)`` says whether the script at that real path may run on CUDA (None: assume
+    so); a model built by a CPU-only script gets its advice as info."""
     result = ModelAuditResult()
     if not settings.exec_models:
         return result
@@ -94,7 +103,7 @@ def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits
             result.notes.append(f"model checks (TC1) skipped: {exc}")
             return result
     result.facts = facts_list
-    report(facts_list, rules, settings, sources, result)
+    report(facts_list, rules, settings, sources, result, script_uses_cuda)
     if facts_list:
         from tcaudit.model.cost import table_notes
 
@@ -328,7 +337,14 @@ def _factory_location(spec: "ModelSpec", settings: "Settings") -> tuple[str, int
     return spec.factory, 1
 
 
-def report(facts_list: "list[ModelFacts]", rules, settings: "Settings", sources, result: ModelAuditResult) -> None:
+def report(
+    facts_list: "list[ModelFacts]",
+    rules,
+    settings: "Settings",
+    sources,
+    result: ModelAuditResult,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> None:
     from tcaudit.model.cost import CostModel
     from tcaudit.model.rules import ModelContext
 
@@ -339,6 +355,9 @@ def report(facts_list: "list[ModelFacts]", rules, settings: "Settings", sources,
             result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
             continue
         context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
+        target = facts.target
+        if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
+            context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
         _notes(facts, context, result)
         for rule in rules:
             try:
