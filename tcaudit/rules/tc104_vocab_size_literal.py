@@ -26,8 +26,10 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, flag_dest, literal
+from tcaudit.script.pipeline import flag_dest, literal
+from tcaudit.source.triggers import all_of
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
@@ -69,7 +71,7 @@ class PadVocab(FixPlan):
 
 class VocabSizeLiteral(ScriptRule):
     id = "TC104"
-    triggers = (all_of(r"backward", r"vocab|tokens|Embedding"),)
+    triggers = (all_of(BACKWARD_CALL, r"vocab|tokens|Embedding"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not facts.training_steps:

@@ -22,15 +22,17 @@ from tcaudit.rewrite.edits import (
     plan_loader_keyword,
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import ACCELERATOR_TEXT, LoaderSite, PipelineFacts, all_of, literal, pipeline_facts
+from tcaudit.script.pipeline import LoaderSite, PipelineFacts, literal, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 WORKERS = "min(16, os.cpu_count() or 1)"
 
 
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
-    triggers = (all_of(r"DataLoader", ACCELERATOR_TEXT),)
+    triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -30,7 +30,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import FixPlan
-from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, CallSite, Frame, ScriptFacts
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.source.syntax import is_main_guard, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -58,10 +58,6 @@ _IMAGE_DATA = ("torchvision.datasets.", "torchvision.transforms", "timm.data")
 # torchvision model packages whose inputs change shape from batch to batch, or that are not 2-D.
 _NOT_FIXED_2D = (".detection.", ".video.", ".optical_flow.", ".quantization.")
 
-# Necessary for ScriptFacts.uses_cuda (rule triggers): CUDA named, or an integer/parameter device.
-CUDA_TEXT = CUDA_EVIDENCE_TEXT
-# facts.uses_accelerator's text, and the CUDA text: necessary for any advice about devices.
-ACCELERATOR_TEXT = r"mps\b|\bxpu\b|FloatTensor|HalfTensor|" + CUDA_EVIDENCE_TEXT
 _EVAL_WORDS = frozenset(
     {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "evaluate", "inference", "infer",
      "predict", "prediction", "dev", "holdout"}
@@ -83,11 +79,6 @@ _BUILTINS = frozenset(
 # the DataLoader's, decoded on the GPU): loops over it are loops over that DataLoader.
 DALI_LOADER = "tcaudit_dali_loader"
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
-
-
-def all_of(*patterns: str) -> str:
-    """One trigger regex that needs every pattern somewhere in the file (rule triggers are OR-ed)."""
-    return r"(?s)\A" + "".join(f"(?=.*?(?:{p}))" for p in patterns)
 
 
 def literal(expr: cst.BaseExpression | None) -> object:
