@@ -27,8 +27,8 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL
+from tcaudit.script.expressions import flag_dest, literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import flag_dest, literal
 from tcaudit.source.triggers import all_of
 
 VOCAB_MULTIPLE = 64

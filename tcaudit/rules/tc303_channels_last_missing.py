@@ -22,18 +22,12 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc201_missing_autocast import MissingAutocast
 from tcaudit.script.amp import amp_facts
+from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    CONV2D_LAYERS,
-    MODEL_CHAIN,
-    MODEL_WRAPPERS,
-    BatchLoop,
-    ModelSite,
-    PipelineFacts,
-    moves_to_device,
-    pipeline_facts,
-)
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
 from tcaudit.source.syntax import call_nodes, strip_comments
 from tcaudit.source.triggers import all_of
 

@@ -20,17 +20,10 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc303_channels_last_missing import autocast_planned
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import function_returns, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    MODEL_CHAIN,
-    MODEL_WRAPPERS,
-    PipelineFacts,
-    keyword_arg,
-    literal,
-    moves_to_device,
-    function_returns,
-    pipeline_facts,
-)
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
 from tcaudit.source.syntax import call_nodes
 from tcaudit.source.triggers import all_of
 

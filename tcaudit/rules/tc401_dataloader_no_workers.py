@@ -23,8 +23,10 @@ from tcaudit.rewrite.edits import (
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import LoaderSite, PipelineFacts, literal, pipeline_facts
+from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 
 WORKERS = "min(16, os.cpu_count() or 1)"

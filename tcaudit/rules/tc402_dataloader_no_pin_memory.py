@@ -15,8 +15,9 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import literal, pipeline_facts
+from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
 

@@ -15,9 +15,11 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import BatchLoop, PipelineFacts, literal, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 
 

@@ -22,17 +22,10 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, pa
 from tcaudit.rewrite.edits import CallEditor, index_after_imports
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
+from tcaudit.script.expressions import assigned_name, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    DALI_LOADER,
-    LoaderSite,
-    PipelineFacts,
-    assigned_name,
-    is_eval_name,
-    keyword_arg,
-    literal,
-    pipeline_facts,
-)
+from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite, is_eval_name
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 
 FOLDER_DATASETS = frozenset(

@@ -19,8 +19,9 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import ACCELERATOR_NAMED
+from tcaudit.script.expressions import keyword_arg, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import PipelineFacts, keyword_arg, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 
 # Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.

@@ -33,8 +33,8 @@ from tcaudit.script.distributed import (
     loops_of,
 )
 from tcaudit.script.evidence import STEP_OR_BACKWARD_CALL
+from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
-from tcaudit.script.pipeline import function_returns
 from tcaudit.source.syntax import param_names
 from tcaudit.source.triggers import all_of
 
