@@ -46,14 +46,15 @@ class EvalWithoutNoGrad(ScriptRule):
     id = "TC606"
     # Necessary: ``name.eval()`` as a statement of its own (the loop must follow it in the same block;
     # ``>>> model.eval()`` in a docstring and ``net = Net().eval()`` are not that); or an eval
-    # function by name (facts' eval-function pattern) and a call of a model, which _is_model knows
-    # by a model-like name (its own and facts.model_names'), by ``X.parameters()`` handed to an
-    # optimizer, or by ``X.eval()``.
+    # function by name (facts' eval-function pattern) and a call of a model by its bare name (a
+    # method call is not one), which _is_model knows by a model-like name (its own and
+    # facts.model_names'), by ``X.parameters()`` handed to an optimizer, or by ``X.eval()``.
     triggers = (
         r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)",
         all_of(
             r"def _*(?:eval|valid|test|infer|predict|sample|generate)",
-            r"(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\s*\(|parameters\b|\.eval\(",
+            r"(?<![\w.])\w*(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\)?\s*\("
+            r"|\.\s*(?:named_)?parameters\s*\(|\.eval\(",
         ),
     )
 
