@@ -29,7 +29,7 @@ from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, identity
 from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
 from tcaudit.source.suppressions import Directives, directives
-from tcaudit.source.triggers import trigger
+from tcaudit.source.triggers import Trigger, trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from typing import Callable
@@ -99,10 +99,11 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
 
 def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
     """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
-    each distinct trigger checked once per file, literal text first (tcaudit/source/triggers.py)."""
+    each distinct trigger (and each part of an ``all_of`` trigger) checked once per file, literal text
+    first (tcaudit/source/triggers.py)."""
     from tcaudit.rules.base import ScriptRule
 
-    verdicts: dict[str, bool] = {}
+    verdicts: dict[Trigger, bool] = {}  # triggers and all_of parts already decided for this text
     out = []
     for rule in rules:
         if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
@@ -112,9 +113,10 @@ def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
         else:
             matches = False
             for pattern in rule.triggers:
-                verdict = verdicts.get(pattern)
+                check = trigger(pattern)
+                verdict = verdicts.get(check)
                 if verdict is None:
-                    verdict = verdicts[pattern] = trigger(pattern).search(text)
+                    verdict = verdicts[check] = check.search(text, verdicts)
                 if verdict:
                     matches = True
                     break

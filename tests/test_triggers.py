@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, REPO
-from tcaudit.config import Settings
-from tcaudit.engine import candidate_rules, instantiate_rules
-from tcaudit.source.parsing import SourceError, read_source
-from tcaudit.source.triggers import required_literals, trigger
+from tcaudit.catalog import load_catalog
+from tcaudit.config import STRUCTURAL_OPTIONS, Settings
+from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
+from tcaudit.source.deep import call_with_deep_stack
+from tcaudit.source.parsing import SourceError, SourceFile, read_source
+from tcaudit.source.triggers import all_of, required_literals, trigger
 
 
 def _texts() -> list[str]:
@@ -71,3 +73,57 @@ def test_required_literals(pattern, needs):
 )
 def test_trigger_search_is_the_regex(pattern, text, matches):
     assert trigger(pattern).search(text) is matches
+
+
+def test_all_of_parts_are_searched_once_per_text():
+    shared = r"\.\s*backward\b"
+    first, second = trigger(all_of(shared, r"cuda")), trigger(all_of(r"Adam", shared))
+    assert [part.pattern for part in first.parts] == [shared, "cuda"]
+    verdicts: dict = {}
+    text = "opt = Adam(p)\nloss.backward()\nx.cuda()"
+    assert first.search(text, verdicts) and second.search(text, verdicts)
+    assert verdicts[first.parts[0]] is True and second.parts[1] is first.parts[0]
+    assert not first.search("loss.backward()", {})  # every part is needed
+    assert not trigger(all_of(shared, r"cuda")).search("def backward(ctx): return x.cuda()")
+
+
+def _catalog_examples() -> list[tuple[str, str]]:
+    examples = []
+    for spec in load_catalog().values():
+        for kind, listed in (("bad", spec.bad), ("good", spec.good)):
+            for index, example in enumerate(listed):
+                examples.append((f"{spec.id} {kind}[{index}]", example.code))
+                if example.fixed:
+                    examples.append((f"{spec.id} {kind}[{index}] fixed", example.fixed))
+    return examples
+
+
+# Known, and older than the triggers' rework: TC504's report of the set_epoch due once TC503's fix
+# adds a DistributedSampler needs the text "DistributedSampler", which the script before that fix
+# lacks (the same holds for fixtures/fix/tc503_*.in.py and fixtures/scripts/tc5_loader_helpers.py).
+# Widening TC504's trigger to TC503's would add those findings to scan; left for a decision.
+KNOWN_HIDDEN = ["TC505 bad[0] fixed: TC504 line 19"]
+
+
+@pytest.mark.parametrize("structural", [(), STRUCTURAL_OPTIONS], ids=["default", "structural"])
+def test_triggers_are_necessary_on_the_catalog_examples(structural):
+    """Every rule runs on every example, triggers or not: a finding from a rule whose trigger said
+    no would be a finding that scan never reports."""
+    settings = Settings(structural_fixes=structural)
+    rules = instantiate_rules(settings)
+    examples = _catalog_examples()
+    assert len(examples) > 100
+    hidden = []
+
+    def run() -> None:
+        for name, code in examples:
+            source = SourceFile(Path("example.py"), name, code.encode(), code, "utf-8")
+            candidates = {r.id for r in candidate_rules(rules, code)}
+            try:
+                _, findings, errors = analyse_source(source, rules, settings)
+            except SourceError:
+                continue
+            hidden.extend(f"{name}: {f.rule} line {f.location.line}" for f in findings if f.rule not in candidates)
+
+    call_with_deep_stack(run)
+    assert hidden == KNOWN_HIDDEN

@@ -21,7 +21,8 @@ from tcaudit.rewrite.codemod import (
     torch_import_name,
 )
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import LoaderSite, import_block_end
+from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.pipeline import import_block_end
 
 
 def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:

@@ -34,8 +34,11 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
+from tcaudit.script.evidence import BACKWARD_CALL
+from tcaudit.script.expressions import flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of, flag_dest, literal, pipeline_facts
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.triggers import all_of
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
@@ -106,7 +109,7 @@ _PADDED_CODE = re.compile(rf"//\s*{VOCAB_MULTIPLE}\s*\*\s*{VOCAB_MULTIPLE}\b")
 
 class VocabSizeLiteral(ScriptRule):
     id = "TC104"
-    triggers = (all_of(r"backward", r"vocab|tokens|Embedding"),)
+    triggers = (all_of(BACKWARD_CALL, r"vocab|tokens|Embedding"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not facts.training_steps:

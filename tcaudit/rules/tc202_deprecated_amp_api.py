@@ -79,7 +79,9 @@ def _in_shim(ctx: Frame) -> bool:
 
 class DeprecatedAmpApi(ScriptRule):
     id = "TC202"
-    triggers = (r"\bamp\b",)
+    # The word ``amp``, written literal first (its leading boundary checked behind it) so that the
+    # regex engine scans for the literal.
+    triggers = (r"amp\b(?<!\wamp)",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         flagged_imports: set[int] = set()

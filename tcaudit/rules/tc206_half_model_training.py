@@ -20,7 +20,9 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, amp_facts, cast_dtype, dtypes_of
+from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.triggers import all_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +36,7 @@ class ReplaceModelCast(FixPlan):
 
 class HalfModelTraining(ScriptRule):
     id = "TC206"
-    triggers = (r"half|bfloat16|float16|HalfTensor",)
+    triggers = (all_of(r"half|bfloat16|float16|HalfTensor", BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if facts.frameworks or not facts.training_steps:

@@ -15,7 +15,9 @@ import libcst as cst
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep
+from tcaudit.source.triggers import all_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,7 +31,7 @@ class DedentBackward(FixPlan):
 
 class BackwardInsideAutocast(ScriptRule):
     id = "TC207"
-    triggers = (r"autocast",)
+    triggers = (all_of(r"autocast", BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         for step in facts.training_steps:

@@ -22,7 +22,9 @@ from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts
+from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.triggers import all_of
 
 BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
 BCE_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
@@ -40,7 +42,7 @@ class BceOutsideAutocast(FixPlan):
 
 class AutocastUnsafeOp(ScriptRule):
     id = "TC208"
-    triggers = (r"binary_cross_entropy|BCELoss|sparse",)
+    triggers = (all_of(r"binary_cross_entropy|BCELoss|sparse", r"(?i:autocast)|" + BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         amp = amp_facts(facts)

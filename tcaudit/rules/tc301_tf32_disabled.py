@@ -17,9 +17,11 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
 from tcaudit.rules.costs import cost_note
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan
+from tcaudit.script.pipeline import InsertSetting, pipeline_facts, setting_plan
 from tcaudit.source.syntax import strip_comments
+from tcaudit.source.triggers import all_of
 
 # Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =
 # False``, ``"highest"``, ``"ieee"``) — either way there is nothing to report.
@@ -32,7 +34,7 @@ FIX_CODE = 'torch.set_float32_matmul_precision("high")'
 
 class Tf32Disabled(ScriptRule):
     id = "TC301"
-    triggers = (all_of(r"backward", CUDA_TEXT),)
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

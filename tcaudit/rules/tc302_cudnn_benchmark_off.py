@@ -14,15 +14,17 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, InsertSetting, all_of, pipeline_facts, setting_plan
+from tcaudit.script.pipeline import InsertSetting, pipeline_facts, setting_plan
+from tcaudit.source.triggers import all_of
 
 FIX_CODE = "torch.backends.cudnn.benchmark = True"
 
 
 class CudnnBenchmarkOff(ScriptRule):
     id = "TC302"
-    triggers = (all_of(r"backward", CUDA_TEXT),)
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

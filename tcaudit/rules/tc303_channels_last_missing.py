@@ -23,20 +23,14 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.rules.tc201_missing_autocast import MissingAutocast
 from tcaudit.script.amp import amp_facts
+from tcaudit.script.batch_loops import BatchLoop
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    CONV2D_LAYERS,
-    CUDA_TEXT,
-    MODEL_CHAIN,
-    MODEL_WRAPPERS,
-    BatchLoop,
-    ModelSite,
-    PipelineFacts,
-    all_of,
-    moves_to_device,
-    pipeline_facts,
-)
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
 from tcaudit.source.syntax import call_nodes, strip_comments
+from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(
     f"torch.nn.{prefix}{name}"
@@ -101,7 +95,7 @@ class ChannelsLastPlan(FixPlan):
 
 class ChannelsLastMissing(ScriptRule):
     id = "TC303"
-    triggers = (all_of(r"backward", CUDA_TEXT),)
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -22,9 +22,11 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, all_of, pipeline_facts
+from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import call_nodes
+from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
 COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "torch.export", "torch._inductor")
@@ -32,7 +34,7 @@ COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "to
 
 class NotCompiled(ScriptRule):
     id = "TC305"
-    triggers = (all_of(r"backward", CUDA_TEXT),)
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

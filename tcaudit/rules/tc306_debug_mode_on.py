@@ -19,8 +19,9 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.expressions import keyword_arg, literal
 from tcaudit.script.facts import Frame, ScriptFacts, Statement
-from tcaudit.script.pipeline import PipelineFacts, keyword_arg, literal, pipeline_facts
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 
 SET_ANOMALY = frozenset(
     {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly", "torch.set_anomaly_enabled"}

@@ -19,20 +19,13 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc303_channels_last_missing import autocast_planned
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import function_returns, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    CUDA_TEXT,
-    MODEL_CHAIN,
-    MODEL_WRAPPERS,
-    PipelineFacts,
-    all_of,
-    keyword_arg,
-    literal,
-    moves_to_device,
-    function_returns,
-    pipeline_facts,
-)
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
 from tcaudit.source.syntax import call_nodes
+from tcaudit.source.triggers import all_of
 
 _SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
 
@@ -48,7 +41,7 @@ FUSABLE = {
 
 class UnfusedOptimizer(ScriptRule):
     id = "TC307"
-    triggers = (all_of(r"Adam|SGD", r"backward", CUDA_TEXT),)
+    triggers = (all_of(r"Adam|SGD", BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

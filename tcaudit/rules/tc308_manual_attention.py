@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import libcst as cst
+import libcst as cst  # plain isinstance tests, not libcst.matchers: importing those costs ~0.25 s per worker
 
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of
+from tcaudit.source.triggers import all_of
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -70,6 +70,10 @@ def _is_name(node: cst.CSTNode, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
+def _is_integer(node: cst.CSTNode | None, value: str) -> bool:
+    return isinstance(node, cst.Integer) and node.value == value
+
+
 def _minus_one(node: cst.CSTNode | None) -> bool:
     return (isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
             and isinstance(node.expression, cst.Integer) and node.expression.value == "1")
@@ -96,7 +100,7 @@ def _transposed_key(node: cst.BaseExpression) -> cst.BaseExpression | None:
 
 class ManualAttention(ScriptRule):
     id = "TC308"
-    triggers = (all_of(r"softmax", r"@|matmul"),)
+    triggers = (all_of(r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         for function, _ in facts.functions:
@@ -215,10 +219,10 @@ class ManualAttention(ScriptRule):
         return None
 
     def _mask(self, facts, function, chain: _Chain, expr: cst.BaseExpression) -> bool:
-        import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
         code = facts.module.code_for_node
         weights = chain.weights
-        if m.matches(expr, m.Call(func=m.Attribute(value=m.Name(weights), attr=m.Name("masked_fill")))):
+        func = expr.func if isinstance(expr, cst.Call) else None
+        if isinstance(func, cst.Attribute) and _is_name(func.value, weights) and func.attr.value == "masked_fill":
             args = expr.args
             if len(args) != 2:
                 return False
@@ -312,12 +316,12 @@ def _unparen(node: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _matmul_parts(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     node = _unparen(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
         return node.left, node.right
-    if (isinstance(node, cst.Call) and len(node.args) == 2 and all(a.keyword is None for a in node.args)
-            and m.matches(node.func, m.Attribute(value=m.Name("torch"), attr=m.Name("matmul")))):
+    func = node.func if isinstance(node, cst.Call) else None
+    if (isinstance(func, cst.Attribute) and _is_name(func.value, "torch") and func.attr.value == "matmul"
+            and len(node.args) == 2 and all(a.keyword is None for a in node.args)):
         return node.args[0].value, node.args[1].value
     return None
 
@@ -378,15 +382,22 @@ def _mentions(node: cst.CSTNode, name: str) -> bool:
 
 
 def _assigns_any(statement: cst.BaseStatement, names: set[str]) -> bool:
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     assigned = _assigned(statement)
     if assigned is not None:
         return assigned[0] in names
     targets: set[str] = set()
-    for node in m.findall(statement, m.AssignTarget() | m.AugAssign() | m.AnnAssign()):
-        target = getattr(node, "target", None)
-        if target is not None:
-            targets |= _names(target)
+
+    class Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            targets.update(_names(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            targets.update(_names(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            targets.update(_names(node.target))
+
+    statement.visit(Targets())
     return bool(targets & names)
 
 
@@ -420,11 +431,10 @@ def _kept_positions(code, cond: cst.BaseExpression) -> str:
 def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.BaseExpression) -> bool:
     """``self.bias[:, :, :T, :T] == 0`` where ``bias`` is a ``torch.tril(torch.ones(...))`` buffer of
     the same class: exactly the top-left causal mask that ``is_causal=True`` applies."""
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     cond = _unparen(cond)
     if not (isinstance(cond, cst.Comparison) and len(cond.comparisons) == 1
             and isinstance(cond.comparisons[0].operator, cst.Equal)
-            and m.matches(cond.comparisons[0].comparator, m.Integer("0"))):
+            and _is_integer(cond.comparisons[0].comparator, "0")):
         return False
     subscript = cond.left
     if not (isinstance(subscript, cst.Subscript) and isinstance(subscript.value, cst.Attribute)
@@ -462,11 +472,10 @@ def _init_calls(facts: ScriptFacts, function: cst.FunctionDef):
 
 
 def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bool:
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     for call in _init_calls(facts, function):
         if call.method != "register_buffer" or len(call.node.args) < 2:
             continue
-        if not m.matches(call.node.args[0].value, m.SimpleString()) or \
+        if not isinstance(call.node.args[0].value, cst.SimpleString) or \
                 call.node.args[0].value.evaluated_value != name:
             continue
         value = call.node.args[1].value
@@ -476,12 +485,13 @@ def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bo
 
 
 def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str) -> bool:
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     for call in _init_calls(facts, function):
         if call.qualname in DROPOUT_MODULES and call.statement is not None:
             assigned = call.statement.node
-            if m.matches(assigned, m.SimpleStatementLine(body=[m.Assign(
-                    targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(attr)))])])):
+            body = assigned.body if isinstance(assigned, cst.SimpleStatementLine) else ()
+            if (len(body) == 1 and isinstance(body[0], cst.Assign) and len(body[0].targets) == 1
+                    and isinstance(target := body[0].targets[0].target, cst.Attribute)
+                    and _is_name(target.value, "self") and target.attr.value == attr):
                 return True
     return False
 
@@ -495,9 +505,8 @@ def _argument(args: Sequence[cst.Arg], keyword: str, position: int) -> cst.BaseE
 
 
 def _last_dim(args: Sequence[cst.Arg], position: int) -> bool:
-    import libcst.matchers as m  # imported on use: it costs ~1.5 s at start-up
     dim = _argument(args, "dim", position)
-    return _minus_one(dim) or (dim is not None and m.matches(dim, m.Integer("3")))
+    return _minus_one(dim) or _is_integer(dim, "3")
 
 
 def _fused_alternative(facts: ScriptFacts, function: cst.FunctionDef, block) -> bool:

@@ -14,8 +14,10 @@ import libcst as cst
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.triggers import all_of
 
 SETTINGS = {
     # qualified name of the assigned attribute -> the value that costs speed, and what it does
@@ -34,7 +36,7 @@ CALLS = {
 
 class DeterministicKernels(ScriptRule):
     id = "TC309"
-    triggers = (r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms",)
+    triggers = (all_of(r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms", BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not pipeline_facts(facts).owns_cuda_training:

@@ -20,7 +20,7 @@ from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import all_of
+from tcaudit.source.triggers import all_of
 
 HOST_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
 # Methods whose result is a tensor of the values: branching on it reads the value on the host.
@@ -33,9 +33,10 @@ STATIC_TORCH = ("torch.is_tensor", "torch.is_grad_enabled", "torch.is_autocast_e
 
 class GraphBreakInForward(ScriptRule):
     id = "TC310"
-    # The rule speaks only where the model is compiled: by the file (its text says "compile"), or by
+    # The rule speaks only where the model is compiled: by the file (its text says "compile":
+    # ``torch.compile`` however imported, or ``model.compile()``; ``re.compile`` is neither), or by
     # `fix --compile` when the config asks for it (configure() then drops that condition).
-    triggers = (all_of(r"def forward", r"compile"),)
+    triggers = (all_of(r"def forward", r"(?<!\bre\.)\bcompile\b"),)
 
     def configure(self, settings) -> None:
         if "compile" in settings.structural_fixes:

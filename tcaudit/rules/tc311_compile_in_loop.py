@@ -14,7 +14,7 @@ from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, loops_of
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of
+from tcaudit.source.triggers import all_of
 
 COMPILE = {"torch.compile"}
 

@@ -23,15 +23,19 @@ from tcaudit.rewrite.edits import (
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
+from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import ACCELERATOR_TEXT, LoaderSite, PipelineFacts, all_of, literal, pipeline_facts
+from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 WORKERS = "min(16, os.cpu_count() or 1)"
 
 
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
-    triggers = (all_of(r"DataLoader", ACCELERATOR_TEXT),)
+    triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -14,13 +14,16 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, all_of, literal, pipeline_facts
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.triggers import all_of
 
 
 class DataLoaderNoPinMemory(ScriptRule):
     id = "TC402"
-    triggers = (all_of(r"DataLoader", CUDA_TEXT),)
+    triggers = (all_of(r"DataLoader", CUDA_EVIDENCE, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -15,13 +15,17 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.batch_loops import BatchLoop
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import CUDA_TEXT, BatchLoop, PipelineFacts, all_of, literal, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 
 class BlockingH2DCopy(ScriptRule):
     id = "TC403"
-    triggers = (all_of(r"DataLoader", r"backward", CUDA_TEXT),)
+    triggers = (all_of(r"DataLoader", BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -19,8 +19,12 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc401_dataloader_no_workers import loaders_without_workers, plan_workers
+from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import ACCELERATOR_TEXT, LoaderSite, PipelineFacts, all_of, literal, pipeline_facts
+from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 MESSAGE = (
     "this DataLoader's worker processes are started again at every epoch (each re-imports "
@@ -45,7 +49,7 @@ class AddAfterWorkers(FixPlan):
 
 class WorkersNotPersistent(ScriptRule):
     id = "TC404"
-    triggers = (all_of(r"DataLoader", ACCELERATOR_TEXT),)
+    triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

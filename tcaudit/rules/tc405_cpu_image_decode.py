@@ -22,19 +22,12 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, pa
 from tcaudit.rewrite.edits import CallEditor, index_after_imports
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
+from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
+from tcaudit.script.expressions import assigned_name, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import (
-    CUDA_TEXT,
-    DALI_LOADER,
-    LoaderSite,
-    PipelineFacts,
-    all_of,
-    assigned_name,
-    is_eval_name,
-    keyword_arg,
-    literal,
-    pipeline_facts,
-)
+from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite, is_eval_name
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 FOLDER_DATASETS = frozenset(
     {"torchvision.datasets.ImageFolder", "torchvision.datasets.folder.ImageFolder",
@@ -56,7 +49,7 @@ class CpuImageDecode(ScriptRule):
     id = "TC405"
     # It needs images, CUDA and a file that trains (a step, or a framework that owns the loop).
     triggers = (all_of(r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage",
-                       CUDA_TEXT, r"\.backward\(|\.step\(|lightning|accelerate|deepspeed|Trainer"),)
+                       CUDA_EVIDENCE, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -23,8 +23,11 @@ from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.evidence import ACCELERATOR_NAMED
+from tcaudit.script.expressions import keyword_arg, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import ACCELERATOR_TEXT, PipelineFacts, all_of, keyword_arg, moves_to_device, pipeline_facts
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.triggers import all_of
 
 # Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
 FACTORIES = frozenset(
@@ -57,7 +60,7 @@ class FoldDevice(FixPlan):
 class TensorCreatedThenMoved(ScriptRule):
     id = "TC406"
     # It needs a move, an accelerator and one of the factories by name (an alias still spells it).
-    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_TEXT,
+    triggers = (all_of(r"\.(?:cuda|to)\b", ACCELERATOR_NAMED,
                        r"\b(?:zeros|ones|empty|full|rand\w*|arange|linspace|logspace|eye|tensor|as_tensor|\w+_like"
                        r"|tril_indices|triu_indices)\("),)
 

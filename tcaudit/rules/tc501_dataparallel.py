@@ -20,7 +20,7 @@ from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import flag_frames
+from tcaudit.script.training_code import flag_frames
 
 
 @dataclass(frozen=True, eq=False)

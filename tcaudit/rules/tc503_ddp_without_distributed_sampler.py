@@ -32,7 +32,8 @@ from tcaudit.script.distributed import (
     passes_keyword,
 )
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.pipeline import KeyValue, LoaderSite, pipeline_facts
+from tcaudit.script.loader_construction import KeyValue, LoaderSite
+from tcaudit.script.pipeline import pipeline_facts
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
 # ``shard(...)``) already gives each process its own data; a streaming dataset splits itself.

@@ -32,9 +32,11 @@ from tcaudit.script.distributed import (
     literal_value,
     loops_of,
 )
+from tcaudit.script.evidence import STEP_OR_BACKWARD_CALL
+from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
-from tcaudit.script.pipeline import function_returns
 from tcaudit.source.syntax import param_names
+from tcaudit.source.triggers import all_of
 
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
 
@@ -123,7 +125,7 @@ class InsertSetEpoch(FixPlan):
 
 class SamplerWithoutSetEpoch(ScriptRule):
     id = "TC504"
-    triggers = (r"DistributedSampler",)
+    triggers = (all_of(r"DistributedSampler", STEP_OR_BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

@@ -18,8 +18,9 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code, loop_header_end
-from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, ScriptFacts
-from tcaudit.script.pipeline import all_of
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE, STEP_CALL
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.triggers import all_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,7 +37,7 @@ class ConvertToDdp(FixPlan):
 class SingleProcessTraining(ScriptRule):
     id = "TC505"
     # Necessary: CUDA evidence (ScriptFacts.uses_cuda) and a training step (a backward or an optimizer step).
-    triggers = (all_of(CUDA_EVIDENCE_TEXT, r"\.backward\(|\.step\("),)
+    triggers = (all_of(CUDA_EVIDENCE, BACKWARD_CALL, STEP_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

@@ -30,7 +30,8 @@ from tcaudit.script.distributed import (
     names_in,
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
-from tcaudit.script.pipeline import flag_frames, pipeline_facts
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.training_code import flag_frames
 from tcaudit.source.syntax import call_nodes, param_names
 
 _ACCUMULATION_NAME = re.compile(r"accum|update_freq|grad_acc|micro", re.IGNORECASE)

@@ -20,6 +20,7 @@ from tcaudit.rewrite.edits import CallEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.triggers import all_of
 
 # ``loader``, ``trainloader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).
 _LOADER_NAME = re.compile(r"loader$|(^|_)dl$", re.IGNORECASE)
@@ -50,8 +51,10 @@ def _loader_inside(facts: ScriptFacts, info: DistributedFacts, expr: cst.BaseExp
 
 class LoaderRelisted(ScriptRule):
     id = "TC603"
-    # Necessary: list( around a loader-like name, or list( in a file that builds a DataLoader.
-    triggers = (r"(?i)\blist\s*\([^)]*(?:loader|dl)\b", r"(?s)\A(?=.*DataLoader).*\blist\s*\(")
+    # Necessary: list( around a loader-like name, or list( in a file that builds a DataLoader. The
+    # builtin is spelled in lower case; ``list`` comes first and its word boundary is checked behind
+    # it, so the regex engine scans for the literal instead of trying every position.
+    triggers = (r"list(?<!\wlist)\s*\([^)]*(?i:loader|dl)\b", all_of(r"DataLoader", r"list(?<!\wlist)\s*\("))
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)

@@ -28,6 +28,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, to
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
 from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
+from tcaudit.source.triggers import all_of
 
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|encoder|decoder|classifier|backbone)$")
 _GRADIENT_METHODS = frozenset({"backward", "requires_grad_"})
@@ -43,8 +44,19 @@ class WrapInNoGrad(FixPlan):
 
 class EvalWithoutNoGrad(ScriptRule):
     id = "TC606"
-    # Necessary: an eval function by name (facts' eval-function pattern) or a bare ``.eval()`` call.
-    triggers = (r"\.eval\(\)|def _*(?:eval|valid|test|infer|predict|sample|generate)",)
+    # Necessary: ``name.eval()`` as a statement of its own (the loop must follow it in the same block;
+    # ``>>> model.eval()`` in a docstring and ``net = Net().eval()`` are not that); or an eval
+    # function by name (facts' eval-function pattern) and a call of a model by its bare name (a
+    # method call is not one), which _is_model knows by a model-like name (its own and
+    # facts.model_names'), by ``X.parameters()`` handed to an optimizer, or by ``X.eval()``.
+    triggers = (
+        r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)",
+        all_of(
+            r"def _*(?:eval|valid|test|infer|predict|sample|generate)",
+            r"(?<![\w.])\w*(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\)?\s*\("
+            r"|\.\s*(?:named_)?parameters\s*\(|\.eval\(",
+        ),
+    )
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if self._grad_disabled_globally(facts):

@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange
 
+from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.walk import code_positions, walk
 from tcaudit.source.syntax import strip_comments
@@ -56,11 +57,8 @@ _OPTIMIZER_NAME = re.compile(r"(^|[._])(optim\w*|opt(_\w+)?|optimi[sz]er\w*|opt[
 _SCHEDULER_NAME = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|generator|discriminator|encoder|decoder)$")
 _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|sample\w*|generate\w*)$")
-_ACCELERATOR_TEXT = re.compile(r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor")
-_CUDA_TEXT = re.compile(r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']")
-# A necessary condition for ``ScriptFacts.uses_cuda`` (rule triggers): CUDA named, or a device that is
-# an integer, a parameter or a setting (``device = 0``, ``.to(gpu_id)``, ``.to(args.local_rank)``).
-CUDA_EVIDENCE_TEXT = r"\bcuda\b|torch\.accelerator\b|[\"']gpu[\"']|device|gpu|rank|\.to\(\s*\d"
+_ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
+_CUDA_TEXT = re.compile(CUDA_NAMED)
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
 _HOST_DEVICES = ("cpu", "mps", "xpu", "meta")
 

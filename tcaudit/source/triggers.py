@@ -7,6 +7,10 @@ A trigger such as ``(?s)\\A(?=.*?(?:backward))(?=.*?(?:\\bcuda\\b|torch\\.accele
 engine cannot skip ahead to a literal behind a lookahead or a ``\\b``. The literals come from
 Python's own parse of the pattern and are only ever *necessary* conditions, so the verdict is
 always the regex's own.
+
+A trigger made by :func:`all_of` is checked part by part: each part is searched on its own (a part
+that starts with a literal gets the regex engine's fast literal scan, which a lookahead behind
+``\\A`` never does), and a part several rules share (``\\.\\s*backward\\b``) is decided once per file.
 """
 
 from __future__ import annotations
@@ -85,24 +89,50 @@ def _holds(needs: list[Need], text: str) -> bool:
     return True
 
 
+# The parts of each regex all_of made, so that trigger() can check them one by one.
+_ALL_OF_PARTS: dict[str, tuple[str, ...]] = {}
+
+
+def all_of(*patterns: str) -> str:
+    """One trigger regex that needs every pattern somewhere in the file (a rule's triggers are OR-ed)."""
+    combined = r"(?s)\A" + "".join(f"(?=.*?(?:{p}))" for p in patterns)
+    _ALL_OF_PARTS[combined] = patterns
+    return combined
+
+
 class Trigger:
-    __slots__ = ("pattern", "regex", "needs")
+    __slots__ = ("pattern", "regex", "needs", "parts")
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, flags: int = 0) -> None:
         self.pattern = pattern
-        self.regex = re.compile(pattern)
+        self.regex = re.compile(pattern, flags)
         self.needs = required_literals(pattern)
+        # ``(?s)\A(?=.*?(?:p1))(?=.*?(?:p2))`` matches exactly when each ``p`` is found with DOTALL.
+        self.parts = tuple(trigger(part, re.DOTALL) for part in _ALL_OF_PARTS.get(pattern, ()))
 
-    def search(self, text: str) -> bool:
-        """``self.regex.search(text) is not None``, usually without running the regex."""
-        return _holds(self.needs, text) and self.regex.search(text) is not None
+    def search(self, text: str, verdicts: dict["Trigger", bool] | None = None) -> bool:
+        """``self.regex.search(text) is not None``, usually without running the regex. ``verdicts``
+        remembers the parts already decided for this text."""
+        if not _holds(self.needs, text):
+            return False
+        if not self.parts:
+            return self.regex.search(text) is not None
+        for part in self.parts:
+            verdict = verdicts.get(part) if verdicts is not None else None
+            if verdict is None:
+                verdict = part.search(text)
+                if verdicts is not None:
+                    verdicts[part] = verdict
+            if not verdict:
+                return False
+        return True
 
 
-_TRIGGERS: dict[str, Trigger] = {}
+_TRIGGERS: dict[tuple[str, int], Trigger] = {}
 
 
-def trigger(pattern: str) -> Trigger:
-    found = _TRIGGERS.get(pattern)
+def trigger(pattern: str, flags: int = 0) -> Trigger:
+    found = _TRIGGERS.get((pattern, flags))
     if found is None:
-        found = _TRIGGERS[pattern] = Trigger(pattern)
+        found = _TRIGGERS[(pattern, flags)] = Trigger(pattern, flags)
     return found

@@ -1,0 +1,119 @@
+"""Values read out of syntax, shared by the facts modules: literals, keyword arguments, the
+``return`` values of a function, the names a call's statement assigns, an argparse option's dest,
+and whether an expression names a device (``.to(device)`` moves a tensor, ``.to(torch.float16)`` does not)."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.script.facts import CallSite
+
+_DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|local_rank|^rank$|gpu_id|^cuda)", re.IGNORECASE)
+
+
+def literal(expr: cst.BaseExpression | None) -> object:
+    """The value of a literal expression (True/False/None, numbers, strings); ``...`` otherwise."""
+    if expr is None:
+        return ...
+    if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[expr.value]
+    if isinstance(expr, cst.Integer):
+        return int(expr.value.replace("_", ""), 0)
+    if isinstance(expr, cst.Float):
+        return float(expr.value.replace("_", ""))
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        inner = literal(expr.expression)
+        return -inner if isinstance(inner, (int, float)) else ...
+    return ...
+
+
+def keyword_arg(call: cst.Call, key: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == key:
+            return arg
+    return None
+
+
+def flag_dest(call: cst.Call) -> str | None:
+    """The attribute an ``add_argument(...)`` call sets: ``dest=``, else the first long option
+    (``"-a", "--arch"`` → ``arch``, ``--vocab-size`` → ``vocab_size``), else the positional name."""
+    named = keyword_arg(call, "dest")
+    if named is not None:
+        value = literal(named.value)
+        return value if isinstance(value, str) else None
+    options = [o for o in (literal(a.value) for a in call.args if a.keyword is None and not a.star) if isinstance(o, str)]
+    longs = [o for o in options if o.startswith("--")]
+    plain = [o for o in options if not o.startswith("-")]
+    first = (longs or plain or options or [None])[0]
+    return first.lstrip("-").replace("-", "_") if first else None
+
+
+def function_returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
+    out: list[cst.BaseExpression] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_FunctionDef(inner, node: cst.FunctionDef) -> bool:  # noqa: N805
+            return node is fn
+
+        def visit_Return(inner, node: cst.Return) -> None:  # noqa: N805
+            if node.value is not None:
+                out.append(node.value)
+
+    fn.visit(_V())
+    return out
+
+
+def _small_statements(call: CallSite) -> list[cst.CSTNode]:
+    statement = call.statement.node if call.statement else None
+    if isinstance(statement, cst.SimpleStatementLine):
+        return list(statement.body)
+    return [statement] if statement is not None else []
+
+
+def assigned_name(call: CallSite) -> str | None:
+    for small in _small_statements(call):
+        if isinstance(small, cst.Assign) and small.value is call.node and len(small.targets) == 1:
+            return get_full_name_for_node(small.targets[0].target)
+        if isinstance(small, cst.AnnAssign) and small.value is call.node:
+            return get_full_name_for_node(small.target)
+    return None
+
+
+def assigned_targets(call: CallSite) -> list[cst.BaseExpression]:
+    for small in _small_statements(call):
+        if isinstance(small, cst.Assign) and small.value is call.node:
+            return [t.target for t in small.targets]
+    return []
+
+
+def is_device_expr(expr: cst.BaseExpression) -> bool:
+    """Whether an argument of ``.to(...)`` names a device (not a dtype or another tensor)."""
+    value = literal(expr)
+    if isinstance(value, str):
+        return value.split(":")[0] in ("cuda", "mps", "xpu")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    if isinstance(expr, cst.Call):
+        dotted = get_full_name_for_node(expr.func) or ""
+        return dotted.endswith("device") or dotted.endswith("current_device")
+    if isinstance(expr, cst.Subscript):
+        return is_device_expr(expr.value)
+    dotted = get_full_name_for_node(expr)
+    return bool(dotted) and bool(_DEVICE_NAME.search(dotted.split(".")[-1]))
+
+
+def moves_to_device(call: CallSite) -> bool:
+    """``x.cuda(...)`` or ``x.to(<device>, ...)`` / ``x.to(device=...)``."""
+    if call.method == "cuda":
+        return True
+    if call.method != "to":
+        return False
+    if call.arg("device") is not None:
+        return True
+    first = call.arg("", 0)
+    return first is not None and is_device_expr(first)

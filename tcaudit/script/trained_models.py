@@ -1,0 +1,301 @@
+"""Facts about the models a script trains: which names hold them, the calls that build them (through
+method chains, wrappers and factory functions of the file), and which of them are convnets with
+fixed 2-D inputs (channels_last, cudnn.benchmark).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.model_profile import AuditedModels, ModelProfile
+from tcaudit.script.expressions import flag_dest, function_returns, keyword_arg, literal
+from tcaudit.script.facts import CallSite
+from tcaudit.script.training_code import TrainingCodeFacts
+
+CONV2D_LAYERS = frozenset(
+    f"torch.nn.{prefix}{name}"
+    for prefix in ("", "modules.conv.", "modules.")
+    for name in ("Conv2d", "ConvTranspose2d", "LazyConv2d", "LazyConvTranspose2d")
+)
+# torchvision/timm convnet families (classification and segmentation backbones with fixed input sizes).
+_CONV_ARCH = re.compile(
+    r"^(resnet|resnext|wide_resnet|vgg|efficientnet|mobilenet|densenet|regnet|convnext|mnasnet|shufflenet"
+    r"|squeezenet|googlenet|inception|alexnet|fcn_|deeplabv3|lraspp|unet|cspnet|cspresnet|darknet|dla"
+    r"|dpn|ghostnet|hrnet|res2net|resnest|rexnet|seresnet|senet|tresnet|xception|nfnet|dm_nfnet|ecaresnet)",
+    re.IGNORECASE,
+)
+# Factories that build a model from its architecture's name, and the image data APIs of the same libraries.
+_NAMED_FACTORIES = ("torchvision.models.get_model", "timm.create_model", "timm.models.create_model")
+_IMAGE_DATA = ("torchvision.datasets.", "torchvision.transforms", "timm.data")
+# torchvision model packages whose inputs change shape from batch to batch, or that are not 2-D.
+_NOT_FIXED_2D = (".detection.", ".video.", ".optical_flow.", ".quantization.")
+# Calls that wrap a model and return the wrapper (the model is their first positional argument).
+MODEL_WRAPPERS = (
+    "torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel", "torch.compile", "torch.jit.script",
+)
+# Methods that return the model they are called on (``Net().cuda().train()``).
+MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
+
+
+@dataclass
+class ModelSite:
+    name: str  # the dotted name that holds the trained model
+    construction: cst.Call  # the call that builds it
+
+
+class TrainedModelFacts(TrainingCodeFacts):
+    """The trained models, on top of the training code (which names an optimizer receives)."""
+
+    # -- models ------------------------------------------------------------------------------------
+    @functools.cached_property
+    def trained_model_names(self) -> list[str]:
+        """Names whose parameters an optimizer receives (``SGD(model.parameters())``,
+        ``[{"params": model.fc.parameters()}]`` → ``model``); the file's model-like names otherwise."""
+        facts = self.facts
+        names: list[str] = []
+        for call in facts.calls:
+            qual = call.qualname or ""
+            if not qual.startswith("torch.optim.") or "lr_scheduler" in qual or "swa_utils" in qual:
+                continue
+            inside = _call_ids_within(call.node)
+            for inner in facts.calls:
+                if inner.method in ("parameters", "named_parameters") and id(inner.node) in inside:
+                    owner = inner.receiver_name
+                    if owner:
+                        names.append(owner)
+        if not names:
+            names = sorted(facts.model_names)
+        out: list[str] = []
+        for name in names:
+            for candidate in _prefixes(name):
+                if candidate not in out and self.facts.bindings_of(candidate):
+                    out.append(candidate)
+                    break
+        return out
+
+    def constructions(self, expr: cst.BaseExpression, depth: int = 0, seen: set[int] | None = None) -> Iterator[cst.Call]:
+        """The calls that build what ``expr`` holds, through assignments, method chains
+        (``.cuda()``, ``.to(...)``), wrappers (DataParallel, DDP, ``torch.compile``) and the
+        ``return`` of factory functions of this file."""
+        if depth > 6:
+            return
+        seen = set() if seen is None else seen
+        facts = self.facts
+        for value in facts.binding_values(expr):
+            if not isinstance(value, cst.Call) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            func = value.func
+            if isinstance(func, cst.Attribute) and func.attr.value in MODEL_CHAIN:
+                yield from self.constructions(func.value, depth + 1, seen)
+                continue
+            qual = facts.qualname(func) or ""
+            if qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
+                if value.args:
+                    yield from self.constructions(value.args[0].value, depth + 1, seen)
+                continue
+            dotted = get_full_name_for_node(func)
+            if not qual and dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in self.class_names:
+                for fn in facts.functions_by_name[dotted]:
+                    for returned in function_returns(fn):
+                        yield from self.constructions(returned, depth + 1, seen)
+                continue
+            yield value
+
+    @functools.cached_property
+    def trained_models(self) -> list[ModelSite]:
+        out: list[ModelSite] = []
+        seen: set[int] = set()
+        for name in self.trained_model_names:
+            for binding in self.facts.bindings_of(name):
+                for call in self.constructions(binding.value):
+                    if id(call) not in seen:
+                        seen.add(id(call))
+                        out.append(ModelSite(name, call))
+        return out
+
+    @functools.cached_property
+    def class_names(self) -> set[str]:
+        return {node.name.value for node, _ in self.facts.classes}
+
+    @functools.cached_property
+    def conv_classes(self) -> set[str]:
+        """Classes of this file that build a 2-D convolution (directly, through another such class,
+        a torchvision convnet backbone, or a convnet base class)."""
+        facts = self.facts
+        direct: dict[str, set[str]] = {}
+        conv: set[str] = set()
+        by_class: dict[int, list[CallSite]] = {}
+        for call in facts.calls:
+            owner = call.ctx.class_def
+            if owner is not None:
+                by_class.setdefault(id(owner), []).append(call)
+        for node, _ in facts.classes:
+            name = node.name.value
+            uses: set[str] = set()
+            for base in node.bases:
+                qual = facts.qualname(base.value) or ""
+                if self._is_conv_factory(qual) or qual.startswith("torchvision.models.") and _CONV_ARCH.match(qual.split(".")[-1]):
+                    conv.add(name)
+                dotted = get_full_name_for_node(base.value)
+                if dotted:
+                    uses.add(dotted)
+            for call in by_class.get(id(node), []):
+                qual = call.qualname or ""
+                if qual in CONV2D_LAYERS or self._is_conv_factory(qual):
+                    conv.add(name)
+                elif call.name:
+                    uses.add(call.name)
+            direct[name] = uses
+        changed = True
+        while changed:
+            changed = False
+            for name, uses in direct.items():
+                if name not in conv and uses & conv:
+                    conv.add(name)
+                    changed = True
+        return conv
+
+    def _is_conv_factory(self, qual: str) -> bool:
+        if not qual.startswith("torchvision.models.") or any(part in qual + "." for part in _NOT_FIXED_2D):
+            return False
+        return bool(_CONV_ARCH.match(qual.split(".")[-1]))
+
+    def is_conv_construction(self, call: cst.Call) -> bool:
+        facts = self.facts
+        qual = facts.qualname(call.func) or ""
+        if self._is_conv_factory(qual):
+            return True
+        picked = self.arch_by_name(call)
+        if picked is not None:
+            return self._picked_arch_is_conv(picked)
+        if qual in ("torch.nn.Sequential", "torch.nn.ModuleList"):
+            return any(self._expr_builds_conv(arg.value) for arg in call.args)
+        dotted = get_full_name_for_node(call.func)
+        return bool(dotted) and dotted.split(".")[-1] in self.conv_classes and not qual
+
+    def arch_by_name(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The name expression of a torchvision/timm classification model picked by name:
+        ``models.__dict__[args.arch]()``, ``getattr(models, name)()``, ``torchvision.models.get_model(name)``,
+        ``timm.create_model(name)``; None for any other call."""
+        facts = self.facts
+        func = call.func
+        if isinstance(func, cst.Subscript) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "__dict__":
+            index = func.slice[0].slice if len(func.slice) == 1 else None
+            if isinstance(index, cst.Index) and _model_namespace(facts.qualname(func.value.value)):
+                return index.value
+            return None
+        if isinstance(func, cst.Call) and get_full_name_for_node(func.func) == "getattr" and not facts.bindings_of("getattr"):
+            args = [a.value for a in func.args if a.keyword is None and not a.star]
+            if len(args) == 2 and _model_namespace(facts.qualname(args[0])):
+                return args[1]
+            return None
+        if (facts.qualname(func) or "") in _NAMED_FACTORIES:
+            named = keyword_arg(call, "model_name") or keyword_arg(call, "name")
+            if named is not None:
+                return named.value
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            return positional[0] if positional else None
+        return None
+
+    def _picked_arch_is_conv(self, name: cst.BaseExpression) -> bool:
+        """A model picked by name is a convnet when every literal the name may hold (a string, the
+        argparse default of ``args.arch``) names a convnet family; with no literal to read, when the
+        script feeds it images (torchvision datasets or transforms, timm data)."""
+        archs = self.string_values(name)
+        if archs:
+            return all(_CONV_ARCH.match(arch) for arch in archs)
+        return self.image_pipeline
+
+    def string_values(self, expr: cst.BaseExpression) -> list[str]:
+        """The string literals ``expr`` may hold: assigned values, and for ``args.name`` the default of
+        the argparse flag whose destination is ``name``."""
+        values = [literal(v) for v in self.facts.binding_values(expr)]
+        if isinstance(expr, cst.Attribute):
+            values.append(self.flag_default(expr.attr.value))
+        return [v for v in values if isinstance(v, str)]
+
+    def flag_default(self, dest: str) -> object:
+        """The literal ``default=`` of the ``add_argument`` call whose destination is ``dest``
+        (``"--arch"``, ``"-a", "--arch"``, ``dest="arch"``); ``...`` when there is none or several."""
+        found = []
+        for call in self.facts.calls:
+            if call.method == "add_argument" and flag_dest(call.node) == dest:
+                default = keyword_arg(call.node, "default")
+                found.append(literal(default.value) if default is not None else ...)
+        return found[0] if len(found) == 1 else ...
+
+    @functools.cached_property
+    def image_pipeline(self) -> bool:
+        """Whether the script loads images the torchvision or timm way (4-D batches)."""
+        return bool(self.facts.references_to(*_IMAGE_DATA))
+
+    def _expr_builds_conv(self, expr: cst.BaseExpression) -> bool:
+        found = False
+        facts = self.facts
+
+        class _V(cst.CSTVisitor):
+            def visit_Call(inner, node: cst.Call) -> None:  # noqa: N805
+                nonlocal found
+                qual = facts.qualname(node.func) or ""
+                if qual in CONV2D_LAYERS or self.is_conv_construction(node):
+                    found = True
+
+        expr.visit(_V())
+        return found
+
+    @functools.cached_property
+    def conv_models(self) -> list[ModelSite]:
+        """The trained convnets, as the script's text shows them (see :meth:`convnets`)."""
+        return [site for site in self.trained_models if self.is_conv_construction(site.construction)]
+
+    def profile_of(self, site: ModelSite, models: "AuditedModels | None") -> "ModelProfile | None":
+        """What the model audit measured about this trained model, if it audited it."""
+        if models is None:
+            return None
+        return models.for_site(site.name, self.facts.module.code_for_node(site.construction))
+
+    def is_convnet(self, site: ModelSite, models: "AuditedModels | None") -> bool:
+        """The audit's FLOP shares where it built the model (a factory, a registry, a name picked at run
+        time); the script's text otherwise."""
+        profile = self.profile_of(site, models)
+        return profile.is_convnet if profile is not None else self.is_conv_construction(site.construction)
+
+    def convnets(self, models: "AuditedModels | None") -> list[ModelSite]:
+        """The trained models that are convnets (channels_last, cudnn.benchmark, fp16)."""
+        if models is None:
+            return self.conv_models
+        return [site for site in self.trained_models if self.is_convnet(site, models)]
+
+    def audited_convnet(self, models: "AuditedModels | None") -> bool | None:
+        """Whether the audited trained models include a convnet; None when the audit measured none of them."""
+        profiles = [p for p in (self.profile_of(site, models) for site in self.trained_models) if p is not None]
+        return any(p.is_convnet for p in profiles) if profiles else None
+
+
+def _call_ids_within(container: cst.CSTNode) -> set[int]:
+    found: set[int] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(inner, n: cst.Call) -> None:  # noqa: N805
+            found.add(id(n))
+
+    container.visit(_V())
+    return found
+
+
+def _model_namespace(qualname: str | None) -> bool:
+    """torchvision's classification models (not detection, video, ...) or timm's."""
+    return qualname in ("torchvision.models", "timm", "timm.models")
+
+
+def _prefixes(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
