@@ -21,6 +21,7 @@ from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
+from tcaudit.rules.situations import Protection, instances, protections, refusing
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
@@ -120,6 +121,9 @@ def fix_file(
     text = source.text
     declined: dict[tuple, tuple[Finding, str]] = {}
     analysed: dict[str, tuple] = {}
+    # What declined fixes protect against, from every round so far: a later round's edit may not
+    # bring it about either (the round's own scan already declines fixes that say they would).
+    guarded: dict[tuple, Protection] = {}
 
     def analyse(version: str):
         # Each version of the text is parsed and checked once: the round's first codemod and the
@@ -140,6 +144,8 @@ def fix_file(
             result.error = f"not fixed: {exc}"
             result.fixed = source.text
             return result
+        for protection in protections(findings):
+            guarded.setdefault((protection.situation, protection.rule), protection)
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
@@ -163,6 +169,14 @@ def fix_file(
                 f for f in findings_now
                 if f.rule == rule_id and f.fix is not None and f.fix.available and not isinstance(f.fix.plan, FollowsFix)
             ]
+            kept = []
+            for finding in current:
+                protection = refusing(finding, guarded.values())
+                if protection is not None:
+                    declined[_decline_key(finding)] = (finding, protection.refusal())
+                else:
+                    kept.append(finding)
+            current = kept
             if not current:
                 continue
             context = FixContext(facts, settings)
@@ -187,6 +201,11 @@ def fix_file(
                         f"the rewrite did not compile ({problem}); left unchanged",
                     )
                 continue
+            broken = _brought_about(rule_id, facts, new_text, guarded.values(), analyse)
+            if broken is not None:
+                for finding in current:
+                    declined[_decline_key(finding)] = (finding, broken.refusal())
+                continue
             text = new_text
             changed = True
             if rule_id not in result.applied:
@@ -201,6 +220,24 @@ def fix_file(
     remaining_keys = {_decline_key(f) for f in result.remaining}
     result.declined = [v for k, v in declined.items() if k in remaining_keys]
     return result
+
+
+def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> Protection | None:
+    """The protection (of another rule) that the edit from ``before``'s text to ``new_text`` breaks,
+    counting each protected situation on both sides; None when it breaks none or cannot be told."""
+    others = [p for p in guarded if p.rule != rule_id]
+    if not others:
+        return None
+    try:
+        after, _ = analyse(new_text)
+    except (SourceError, FixAnalysisError):
+        return None
+    if after is None:
+        return None
+    for protection in others:
+        if instances(protection.situation, after) > instances(protection.situation, before):
+            return protection
+    return None
 
 
 def write_fix(result: FileFix, path: Path) -> None:
