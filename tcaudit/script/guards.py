@@ -5,7 +5,8 @@ A training script's AMP path and its plain path are often two arms of one ``if``
 put code in the other, and code after both arms runs on either: an edit there that names an object
 of one arm (the GradScaler) needs that arm's condition around it. This module answers those
 questions from the frames ScriptFacts records (``if`` for a body, ``else`` for an orelse, both
-holding the ``If`` node), within one function.
+holding the ``If`` node), within one function; and where a statement runs relative to its function's
+training loop (a model rebuilt after the loop is an evaluation copy, not the model that trains).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tcaudit.script.facts import Frame
+from tcaudit.script.facts import Frame, ScriptFacts
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,43 @@ def condition_code(module: cst.Module, conditions: list[Branch]) -> str | None:
     return " and ".join(
         (f"({code})" if " " in code else code) if taken else f"not ({code})" for code, taken in parts
     )
+
+
+# -- before, inside or after the training loop ------------------------------------------------------------
+
+
+def training_loops(facts: ScriptFacts, function: cst.FunctionDef | None) -> list[cst.CSTNode]:
+    """The outermost loops of ``function`` (None: the module level) that hold a training step's
+    backward, in the order they appear."""
+    loops: dict[int, cst.CSTNode] = {}
+    for step in facts.training_steps:
+        if step.function is not function:
+            continue
+        outermost = None
+        for frame in step.ctx.chain():
+            if frame.kind in ("def", "class", "lambda"):
+                break
+            if frame.kind == "loop":
+                outermost = frame.node
+        if outermost is not None:
+            loops.setdefault(id(outermost), outermost)
+    return sorted(loops.values(), key=facts.line_of)
+
+
+def training_phase(facts: ScriptFacts, ctx: Frame, node: cst.CSTNode) -> str | None:
+    """Whether ``node`` (at ``ctx``) runs ``"before"``, ``"inside"`` or ``"after"`` its function's
+    training loop, or None when that function has no training loop. Between two training loops is
+    ``"inside"``: the statement still runs before some training. A model rebuilt ``"after"`` is the
+    evaluation model reloaded from a checkpoint, not the one that trains."""
+    loops = training_loops(facts, ctx.function)
+    if not loops:
+        return None
+    for loop in loops:
+        if ctx.inside(loop):
+            return "inside"
+    line = facts.line_of(node)
+    if line < facts.line_of(loops[0]):
+        return "before"
+    if line > facts.position(loops[-1]).end.line:
+        return "after"
+    return "inside"
