@@ -188,3 +188,66 @@ def test_tc307s_scaler_decline_protects_against_fused_sgd_under_a_gradscaler(tmp
     (finding,) = result.findings
     assert not finding.fix.available and "NaN" in finding.fix.reason
     assert finding.fix.protects == (Situation(SituationKind.FUSED_SGD_UNDER_GRADSCALER),)
+
+
+# -- an edit after a return ------------------------------------------------------------------------------
+
+CONVNET_MAIN = '''
+import torch
+import torch.nn as nn
+
+
+def main(loader):
+    model = nn.Conv2d(3, 8, 3).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in loader:
+        loss = model(x.cuda()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+'''
+
+
+def test_an_edit_that_lands_after_a_return_is_not_kept(tmp_path, monkeypatch):
+    """Whatever a codemod plans, the engine refuses an edit that adds statements nobody reaches."""
+    import libcst as cst
+
+    import tcaudit.fix.engine as engine
+    from tcaudit.rules.base import Codemod
+
+    class AfterTheReturn(Codemod):
+        rule = "TC301"
+
+        def apply(self, module, findings, context):
+            main = module.body[-1]
+            body = list(main.body.body) + [cst.parse_statement('torch.set_float32_matmul_precision("high")\n')]
+            return module.with_changes(body=[*module.body[:-1], main.with_changes(body=main.body.with_changes(body=body))])
+
+    monkeypatch.setattr(engine, "discover_codemods", lambda: {"TC301": AfterTheReturn})
+    path = tmp_path / "train.py"
+    path.write_text(CONVNET_MAIN.lstrip(), encoding="utf-8")
+    result = fix_file(path, Settings(select=("TC301",), root=tmp_path))
+    assert not result.changed
+    ((finding, reason),) = result.declined
+    assert finding.rule == "TC301" and reason.startswith("the edit would land after a `return`")
+
+
+def test_unreachable_statements_are_counted_per_block():
+    import libcst as cst
+
+    from tcaudit.script.guards import unreachable_statements
+
+    module = cst.parse_module(textwrap.dedent('''
+        def f(x):
+            for item in x:
+                if item:
+                    continue
+                    print(item)
+                break
+            return x
+            print(x)
+            print(x)
+        raise SystemExit
+    ''').lstrip())
+    assert unreachable_statements(module) == 3

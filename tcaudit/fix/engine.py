@@ -22,6 +22,7 @@ from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
 from tcaudit.rules.situations import Protection, instances, protections, refusing
+from tcaudit.script.guards import unreachable_statements
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
@@ -95,13 +96,14 @@ def _decline_key(finding: Finding) -> tuple[str, str, str]:
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
 
 
-def _valid(code: str, display: str) -> str | None:
+def _parsed(code: str, display: str) -> tuple[cst.Module | None, str | None]:
+    """(the parsed module, None), or (None, why the code does not parse or compile)."""
     try:
-        cst.parse_module(code)
+        module = cst.parse_module(code)
         compile(code, display, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return None
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return module, None
 
 
 def fix_file(
@@ -193,12 +195,20 @@ def fix_file(
             new_text = new_module.code
             if new_text == text:
                 continue
-            problem = _valid(new_text, display)
-            if problem is not None:
+            parsed, problem = _parsed(new_text, display)
+            if parsed is None:
                 for finding in current:
                     declined[_decline_key(finding)] = (
                         finding,
                         f"the rewrite did not compile ({problem}); left unchanged",
+                    )
+                continue
+            if unreachable_statements(parsed) > unreachable_statements(facts.module):
+                for finding in current:
+                    declined[_decline_key(finding)] = (
+                        finding,
+                        "the edit would land after a `return` (or raise, continue, break), where it never runs; "
+                        "left unchanged",
                     )
                 continue
             broken = _brought_about(rule_id, facts, new_text, guarded.values(), analyse)

@@ -121,3 +121,34 @@ def training_phase(facts: ScriptFacts, ctx: Frame, node: cst.CSTNode) -> str | N
     if line > facts.position(loops[-1]).end.line:
         return "after"
     return "inside"
+
+
+# -- reachability ----------------------------------------------------------------------------------------
+
+_TERMINATORS = (cst.Return, cst.Raise, cst.Continue, cst.Break)
+
+
+def unreachable_statements(module: cst.Module) -> int:
+    """How many statements follow a ``return``, ``raise``, ``continue`` or ``break`` in their own
+    block and so never run. A fix whose edit raises this count put code where it does nothing (a
+    wrap or a sampler after the function's ``return``)."""
+    count = 0
+
+    class _Blocks(cst.CSTVisitor):
+        def _block(self, body) -> None:
+            nonlocal count
+            for index, statement in enumerate(body):
+                if isinstance(statement, cst.SimpleStatementLine) and any(
+                    isinstance(small, _TERMINATORS) for small in statement.body
+                ):
+                    count += len(body) - index - 1
+                    return
+
+        def visit_Module(self, node: cst.Module) -> None:
+            self._block(node.body)
+
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            self._block(node.body)
+
+    module.visit(_Blocks())
+    return count
