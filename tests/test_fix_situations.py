@@ -251,3 +251,51 @@ def test_unreachable_statements_are_counted_per_block():
         raise SystemExit
     ''').lstrip())
     assert unreachable_statements(module) == 3
+
+
+# -- a name used before its import -------------------------------------------------------------------------
+
+
+def test_an_edit_that_uses_a_name_before_its_import_is_not_kept(tmp_path, monkeypatch):
+    """A setting written above the line that imports what it names raises NameError at start-up."""
+    import libcst as cst
+
+    import tcaudit.fix.engine as engine
+    from tcaudit.rules.base import Codemod
+
+    class AboveTheImport(Codemod):
+        rule = "TC301"
+
+        def apply(self, module, findings, context):
+            setting = cst.parse_statement('torch.set_float32_matmul_precision("high")\n')
+            return module.with_changes(body=[setting, *module.body])
+
+    monkeypatch.setattr(engine, "discover_codemods", lambda: {"TC301": AboveTheImport})
+    path = tmp_path / "train.py"
+    path.write_text(CONVNET_MAIN.lstrip(), encoding="utf-8")
+    result = fix_file(path, Settings(select=("TC301",), root=tmp_path))
+    assert not result.changed
+    ((finding, reason),) = result.declined
+    assert reason == "the edit would use `torch` before the line that imports it; left unchanged"
+
+
+def test_names_read_before_their_import_at_module_level():
+    import libcst as cst
+
+    from tcaudit.script.guards import used_before_import
+
+    module = cst.parse_module(textwrap.dedent('''
+        torch.backends.cudnn.benchmark = True
+        def rank():
+            return dist.get_rank()  # runs later, after the import
+        import torch
+        import torch.distributed as dist
+        sampler = DistributedSampler(dataset)
+        from torch.utils.data import DistributedSampler
+        class Model(Base):
+            pass
+        Base = object  # bound otherwise too: not judged
+        import os.path
+        print(os.sep)
+    ''').lstrip())
+    assert used_before_import(module) == {"torch", "DistributedSampler"}

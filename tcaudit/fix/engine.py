@@ -22,7 +22,7 @@ from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
 from tcaudit.rules.situations import Protection, instances, protections, refusing
-from tcaudit.script.guards import unreachable_statements
+from tcaudit.script.guards import unreachable_statements, used_before_import
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
@@ -209,6 +209,14 @@ def fix_file(
                         finding,
                         "the edit would land after a `return` (or raise, continue, break), where it never runs; "
                         "left unchanged",
+                    )
+                continue
+            early = sorted(used_before_import(parsed) - used_before_import(facts.module))
+            if early:
+                for finding in current:
+                    declined[_decline_key(finding)] = (
+                        finding,
+                        f"the edit would use `{early[0]}` before the line that imports it; left unchanged",
                     )
                 continue
             broken = _brought_about(rule_id, facts, new_text, guarded.values(), analyse)

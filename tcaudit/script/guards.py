@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import Frame, ScriptFacts
 
@@ -152,3 +153,100 @@ def unreachable_statements(module: cst.Module) -> int:
 
     module.visit(_Blocks())
     return count
+
+
+# -- imports before first use ------------------------------------------------------------------------------
+
+
+def used_before_import(module: cst.Module) -> set[str]:
+    """Names that module-level code reads before the top-level statement that imports them (a
+    NameError when the script starts). Names the module also binds otherwise (an assignment, a
+    ``def``) are left out: which binding runs first is not told here. Function bodies run later and
+    are not read."""
+    first_import: dict[str, int] = {}
+    bound_otherwise: set[str] = set()
+    loads: list[set[str]] = []
+    for index, statement in enumerate(module.body):
+        collector = _TopLevelNames()
+        statement.visit(collector)
+        for name in collector.imported:
+            first_import.setdefault(name, index)
+        bound_otherwise |= collector.bound
+        loads.append(collector.loaded)
+    return {
+        name
+        for index, names in enumerate(loads)
+        for name in names
+        if name in first_import and first_import[name] > index and name not in bound_otherwise
+    }
+
+
+class _TopLevelNames(cst.CSTVisitor):
+    """What one top-level statement imports, binds otherwise and reads when the module runs."""
+
+    def __init__(self) -> None:
+        self.imported: set[str] = set()
+        self.bound: set[str] = set()
+        self.loaded: set[str] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.bound.add(node.name.value)
+        for decorator in node.decorators:
+            decorator.visit(self)
+        return False  # the body runs when called
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bound.add(node.name.value)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            if alias.asname is not None:
+                self.imported.add(get_full_name_for_node(alias.asname.name) or "")
+            else:
+                self.imported.add((get_full_name_for_node(alias.name) or "").split(".")[0])
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                target = alias.asname.name if alias.asname is not None else alias.name
+                self.imported.add(get_full_name_for_node(target) or "")
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.bound.update(_target_names(node.name))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.loaded.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # ``torch.cuda``: only the root is a name read here
+        return False
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
