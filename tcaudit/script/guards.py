@@ -132,27 +132,39 @@ _TERMINATORS = (cst.Return, cst.Raise, cst.Continue, cst.Break)
 def unreachable_statements(module: cst.Module) -> int:
     """How many statements follow a ``return``, ``raise``, ``continue`` or ``break`` in their own
     block and so never run. A fix whose edit raises this count put code where it does nothing (a
-    wrap or a sampler after the function's ``return``)."""
+    wrap or a sampler after the function's ``return``). Walks statements only, not expressions."""
+    return _unreachable_in(module.body)
+
+
+def _unreachable_in(body) -> int:
     count = 0
-
-    class _Blocks(cst.CSTVisitor):
-        def _block(self, body) -> None:
-            nonlocal count
-            for index, statement in enumerate(body):
-                if isinstance(statement, cst.SimpleStatementLine) and any(
-                    isinstance(small, _TERMINATORS) for small in statement.body
-                ):
-                    count += len(body) - index - 1
-                    return
-
-        def visit_Module(self, node: cst.Module) -> None:
-            self._block(node.body)
-
-        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-            self._block(node.body)
-
-    module.visit(_Blocks())
+    for index, statement in enumerate(body):
+        if isinstance(statement, cst.SimpleStatementLine):
+            if any(isinstance(small, _TERMINATORS) for small in statement.body):
+                return count + len(body) - index - 1
+            continue
+        for block in _blocks_of(statement):
+            count += _unreachable_in(block.body)
     return count
+
+
+def _blocks_of(statement: cst.CSTNode):
+    """The indented blocks directly inside a compound statement (bodies, else, except, finally)."""
+    for name in ("body", "orelse", "finalbody"):
+        part = getattr(statement, name, None)
+        if isinstance(part, (cst.Else, cst.Finally)):
+            part = part.body
+        elif isinstance(part, cst.If):  # an ``elif``: its own body and else
+            yield from _blocks_of(part)
+            continue
+        if isinstance(part, cst.IndentedBlock):
+            yield part
+    for handler in getattr(statement, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            yield handler.body
+    for case in getattr(statement, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            yield case.body
 
 
 # -- imports before first use ------------------------------------------------------------------------------
