@@ -220,9 +220,11 @@ class ScanCache:
             raise CacheError(f"cannot use cache folder {directory}: {exc.strerror or exc}") from None
         return cache
 
-    def key(self, absolute_path: str, display_path: str, raw: bytes) -> str:
+    def key(self, absolute_path: str, display_path: str, raw: bytes, facts: str = "") -> str:
+        """``facts``: a digest of what else the rules read for this file (the model audit's profiles)."""
         digest = hashlib.sha256()
         digest.update(self.namespace.encode())
+        digest.update(b"\0" + facts.encode())
         digest.update(b"\0" + absolute_path.encode("utf-8", "surrogateescape"))
         digest.update(b"\0" + display_path.encode("utf-8", "surrogateescape") + b"\0")
         digest.update(raw)

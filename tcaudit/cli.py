@@ -332,13 +332,16 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from tcaudit.catalog import load_catalog
-    from tcaudit.explain import render_explanation
+    from tcaudit.explain import print_explanation, render_explanation
 
     catalog = load_catalog()
     code = args.rule.strip().upper()
     if code not in catalog:
         raise UsageError(f"unknown rule {args.rule!r}; `tcaudit rules` lists them")
-    sys.stdout.write(render_explanation(catalog[code]))
+    if sys.stdout.isatty():
+        print_explanation(catalog[code], sys.stdout)  # the measured costs as a table
+    else:
+        sys.stdout.write(render_explanation(catalog[code]))
     return EXIT_CLEAN
 
 

@@ -32,7 +32,10 @@ from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
+    from typing import Callable
+
     from tcaudit.cache import ScanCache
+    from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
     from tcaudit.script.facts import ScriptFacts
 
@@ -130,8 +133,10 @@ def scan_file(
     settings: Settings,
     display: str | None = None,
     check_syntax: bool = True,
+    models: "AuditedModels | None" = None,
 ) -> FileResult:
-    """Scan one file with the given script rules. Never raises: problems become TC000 or errors."""
+    """Scan one file with the given script rules (``models``: what the model audit measured about the
+    models it builds). Never raises: problems become TC000 or errors."""
     display = display or path.as_posix()
     result = FileResult(display)
     try:
@@ -149,7 +154,7 @@ def scan_file(
                 result.findings.append(tc000(display, error))
         return result
     try:
-        facts, findings, errors = analyse_source(source, candidates, settings)
+        facts, findings, errors = analyse_source(source, candidates, settings, models)
     except SourceError as exc:  # a syntax error is TC000
         result.findings.append(tc000(display, exc))
         return result
@@ -160,7 +165,7 @@ def scan_file(
 
 
 def analyse_source(
-    source: SourceFile, rules: list["ScriptRule"], settings: Settings
+    source: SourceFile, rules: list["ScriptRule"], settings: Settings, models: "AuditedModels | None" = None
 ) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
     """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
     ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
@@ -175,7 +180,7 @@ def analyse_source(
         facts = ScriptFacts(source)
     except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
         return None, [], [f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}"]
-    context = RuleContext(settings)
+    context = RuleContext(settings, models)
     findings: list[Finding] = []
     errors: list[str] = []
     for rule in rules:
@@ -225,6 +230,27 @@ def scan(
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
 
+    # The model audit runs first where it runs at all: the script rules decide channels_last, cuDNN
+    # benchmarking, compile and the precision with what it measured (tcaudit/model_profile.py).
+    audit = None
+    models_of: dict[str, "AuditedModels"] = {}
+    if model_audit and model_audit_wanted(settings):
+        from tcaudit.model import audited_models, run_model_audit  # imports no torch itself
+
+        sources = []
+        for index, path in enumerate(files):
+            try:
+                sources.append(read_source(path, displays[index]))
+            except SourceError:
+                continue  # scan_file reports it
+        audit = call_with_deep_stack(
+            run_model_audit, sources, settings, scan_cache=cache, script_uses_cuda=scripts_using_cuda(sources)
+        )
+        models_of = audited_models(audit.facts)
+
+    def models_for(path: Path) -> "AuditedModels | None":
+        return models_of.get(os.path.realpath(path)) if models_of else None
+
     file_results: list[FileResult | None] = [None] * len(files)
     cached = 0
     if cache is not None:
@@ -233,13 +259,13 @@ def scan(
                 raw = read_file_bytes(path)
             except SourceError:
                 continue  # scan_file reports it
-            hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw))
+            hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw, _models_key(models_for(path))))
             if hit is not None:
                 file_results[index] = FileResult(displays[index], list(hit.findings), parsed=hit.parsed)
                 cached += 1
     todo = [index for index, fr in enumerate(file_results) if fr is None]
     if todo:
-        tasks = [(files[index], displays[index]) for index in todo]
+        tasks = [(files[index], displays[index], models_for(files[index])) for index in todo]
         for index, fr in zip(todo, _scan_files(tasks, settings, check_syntax, cache, jobs)):
             file_results[index] = fr
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
@@ -263,11 +289,7 @@ def scan(
                 fr.source_unreadable = True
         return fr.source
 
-    if model_audit and settings.exec_models and any(rule.startswith("TC1") for rule in enabled):
-        from tcaudit.model import run_model_audit  # imports no torch itself
-
-        sources = [source for source in map(source_of, range(len(results))) if source is not None]
-        audit = call_with_deep_stack(run_model_audit, sources, settings, scan_cache=cache)
+    if audit is not None:
         findings = one_vocab_finding(findings, audit.findings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
@@ -304,6 +326,36 @@ def scan(
     )
 
 
+def scripts_using_cuda(sources: list[SourceFile]) -> "Callable[[str], bool]":
+    """``uses_cuda(real path)`` for the model audit: whether the script that builds a model may run on
+    CUDA (``ScriptFacts.uses_cuda``); a file it cannot read or parse counts as CUDA (no advice lowered)."""
+    by_path = {os.path.realpath(str(source.path)): source for source in sources}
+    answers: dict[str, bool] = {}
+
+    def uses_cuda(path: str) -> bool:
+        from tcaudit.script.facts import ScriptFacts
+
+        if path not in answers:
+            source = by_path.get(path)
+            try:
+                answers[path] = source is None or ScriptFacts(source).uses_cuda
+            except SourceError:
+                answers[path] = True
+        return answers[path]
+
+    return uses_cuda
+
+
+def model_audit_wanted(settings: Settings) -> bool:
+    """Whether scan (and fix, so that both decide alike) builds the scripts' models: allowed to run
+    them, and a TC1 rule enabled."""
+    return settings.exec_models and any(rule.startswith("TC1") for rule in settings.enabled_rules())
+
+
+def _models_key(models: "AuditedModels | None") -> str:
+    return models.digest() if models is not None else ""
+
+
 def one_vocab_finding(script: list[Finding], model: list[Finding]) -> list[Finding]:
     """One TC104 per unaligned vocabulary size. Where the script's literal can be padded, its finding
     (at the literal, with the fix) stands for the model audit's; where that fix is declined, the model
@@ -326,6 +378,7 @@ def one_vocab_finding(script: list[Finding], model: list[Finding]) -> list[Findi
 def _scan_one(
     path: Path,
     display: str,
+    models: "AuditedModels | None",
     rules: list["ScriptRule"],
     settings: Settings,
     check_syntax: bool,
@@ -333,7 +386,7 @@ def _scan_one(
 ) -> FileResult:
     try:
         # Deeply nested code (which Python accepts up to 200 brackets) needs a deep stack to analyse.
-        result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax)
+        result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax, models)
     except (RecursionError, MemoryError) as exc:
         reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
         result = FileResult(display)
@@ -342,12 +395,13 @@ def _scan_one(
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.
     if cache is not None and result.source is not None and not result.errors:
-        cache.store(cache.key(os.path.abspath(path), display, result.source.raw), result.findings, result.parsed)
+        key = cache.key(os.path.abspath(path), display, result.source.raw, _models_key(models))
+        cache.store(key, result.findings, result.parsed)
     return result
 
 
 def _scan_files(
-    tasks: list[tuple[Path, str]],
+    tasks: list[tuple[Path, str, "AuditedModels | None"]],
     settings: Settings,
     check_syntax: bool,
     cache: "ScanCache | None",
@@ -356,7 +410,7 @@ def _scan_files(
     """FileResults in the order of ``tasks``."""
     rules = instantiate_rules(settings)  # before any fork, so that workers inherit the imports
     if jobs <= 1 or len(tasks) < PARALLEL_MIN_FILES:
-        return [_scan_one(path, display, rules, settings, check_syntax, cache) for path, display in tasks]
+        return [_scan_one(*task, rules, settings, check_syntax, cache) for task in tasks]
     return _scan_parallel(tasks, settings, check_syntax, cache, jobs)
 
 
@@ -378,10 +432,10 @@ def _init_worker(settings: Settings, check_syntax: bool, cache: "ScanCache | Non
     _WORKER_STATE = (instantiate_rules(settings), settings, check_syntax, cache)
 
 
-def _scan_in_worker(path: Path, display: str) -> FileResult:
+def _scan_in_worker(path: Path, display: str, models: "AuditedModels | None") -> FileResult:
     assert _WORKER_STATE is not None
     rules, settings, check_syntax, cache = _WORKER_STATE
-    result = _scan_one(path, display, rules, settings, check_syntax, cache)
+    result = _scan_one(path, display, models, rules, settings, check_syntax, cache)
     result.source = None  # the parent reads the text again if it needs it; a parsed tree is heavy to send
     return result
 
@@ -394,7 +448,7 @@ def _file_size(path: Path) -> int:
 
 
 def _scan_parallel(
-    tasks: list[tuple[Path, str]],
+    tasks: list[tuple[Path, str, "AuditedModels | None"]],
     settings: Settings,
     check_syntax: bool,
     cache: "ScanCache | None",
@@ -421,7 +475,7 @@ def _scan_parallel(
 
 
 def _run_pool(
-    tasks: list[tuple[Path, str]],
+    tasks: list[tuple[Path, str, "AuditedModels | None"]],
     indices: list[int],
     results: dict[int, FileResult],
     settings: Settings,

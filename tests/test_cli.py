@@ -235,7 +235,8 @@ def test_explain(code_arg):
     assert code == 0
     assert out.startswith("# deprecated-amp-api (TC202)")
     headings = [line for line in out.splitlines() if line.startswith("## ")]
-    assert headings == ["## What it does", "## Why is this bad?", "## Example", "## Fix safety"]
+    assert headings == ["## What it does", "## Why is this bad?", "## Measured cost", "## Example", "## Fix safety"]
+    assert "Source: no speed claim: a deprecation" in out  # TC202's [cost] table, as plain text when piped
     assert "scaler = torch.cuda.amp.GradScaler()" in out  # the bad example
     assert 'torch.amp.GradScaler("cuda")' in out  # the good one
 

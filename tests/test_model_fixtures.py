@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 MODELS = FIXTURES / "models"
 WELL_BEHAVED = [
     "mlp_4095.py",
+    "cpu_tutorial.py",
     "conv_30ch.py",
     "gpt_vocab.py",
     "nanogpt/train.py",
@@ -85,6 +86,15 @@ def test_mlp_4095_suggests_4096(audit):
     assert hidden.details["modules"] == ["body.2", "body.4"]
     assert hidden.details["flop_share"] > 0.5
     assert hidden.details["est_time_lost"] > 0.3
+
+
+def test_a_cpu_only_script_gets_its_model_advice_as_info(audit):
+    """The CIFAR tutorial trains on the CPU: no Tensor Core runs its 6- and 16-channel convs there, so the
+    alignment advice is info (saying why), not a warning a lint gate fails on."""
+    findings = audit[0]["models/cpu_tutorial.py"]
+    assert findings and {str(f.severity) for f in findings} == {"info"}
+    lowered = [f for f in findings if f.details.get("script_uses_cuda") is False]
+    assert lowered and all("never uses CUDA" in f.message for f in lowered)
 
 
 def test_conv_30_channels_suggests_32(audit):

@@ -250,3 +250,50 @@ def test_rule_modules_import_no_torch():
            "import tcaudit.model.cost, tcaudit.model.slicing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_alignment_messages_name_the_gpu_their_penalty_was_measured_on():
+    """TC102 and TC106 quote the cost table's penalty for the target GPU, not a fixed estimate."""
+    conv = OpFact(0, "conv", "conv2d", "c", "Conv2d", 0, "bfloat16", [[8, 64, 32, 32]], 2.0 * 8 * 64 * 30 * 9 * 1024,
+                  None, {"c_in": 64, "c_out": 30, "groups": 1, "bias": False})
+    attention = OpFact(0, "sdpa", "scaled_dot_product_attention", "a", "Attention", 0, "bfloat16",
+                       [[8, 8, 256, 12]], 4.0 * 8 * 8 * 256 * 256 * 12, Site(FILE, 99, 9),
+                       {"head_dim": 12, "head_dim_v": 12, "heads": 8})
+    pairs = [(ModuleFact("c", "Conv2d", True, Site(FILE, 2, 5), {}), conv),
+             (ModuleFact("a", "Attention", False, Site(FILE, 5, 9), {}), attention)]
+    messages = {f.rule: f.message for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
+    assert "(~3.1× slower on NVIDIA H200)" in messages["TC102"]  # calibrate.json: 30 vs 32 channels, 3.06×
+    assert "(~2.6× slower on NVIDIA H200)" in messages["TC106"]  # head dim 60 vs 64, 2.63×
+    assert "estimated" not in messages["TC102"] + messages["TC106"]
+
+
+def _table(path: str, rows: int, dim: int, line: int) -> tuple:
+    module = ModuleFact(path, "Embedding", True, Site(FILE, line, 20),
+                        {"role": "embedding", "num_embeddings": rows, "embedding_dim": dim})
+    lookup = OpFact(0, "embedding", "embedding", path, "Embedding", 0, "float32", [], 0.0, None,
+                    {"rows": rows, "dim": dim})
+    return module, lookup
+
+
+def test_vocab_only_where_a_softmax_ranges_over_the_rows():
+    """An untied head (or F.linear over the table's weight: a GEMM of N=rows, K=dim) is a vocabulary; a
+    recommender's user table, positions and a GAN's class table (beside an auxiliary classifier of
+    another width) are lookups."""
+    lm = facts_of(_table("tok", 32001, 512, 20), _table("pos", 1000, 512, 21), linear("head", 512, 32001, line=22))
+    assert [(f.rule, f.details["heads"]) for f in run(lm, select=("TC104",))] == [("TC104", ["head"])]
+    functional = facts_of(_table("wte", 50257, 128, 20), (None, linear("", 128, 50257)[1]))
+    assert [f.details["vocab_size"] for f in run(functional, select=("TC104",))] == [50257]
+    recommender = facts_of(_table("users", 6041, 64, 20), _table("items", 3953, 64, 21), linear("mlp", 128, 64))
+    assert run(recommender, select=("TC104",)) == []
+    gan = facts_of(_table("label_emb", 1000, 100, 20), linear("fc", 100, 512), linear("aux", 512, 1000, line=23))
+    assert run(gan, select=("TC104",)) == []
+
+
+def test_vocab_from_parameters_only_needs_a_head_of_the_tables_width():
+    tied_head = ModuleFact("lm_head", "Linear", True, Site(FILE, 21, 9),
+                           {"role": "linear", "in_features": 768, "out_features": 50257, "bias": False, "tied_to": "wte"})
+    table, _ = _table("wte", 50257, 768, 20)
+    parameters = facts_of((table, None), (tied_head, None), capture=CaptureInfo(method="parameters"))
+    assert [f.details["tied"] for f in run(parameters, select=("TC104",))] == [True]
+    users, _ = _table("users", 6041, 64, 20)
+    assert run(facts_of((users, None), capture=CaptureInfo(method="parameters")), select=("TC104",)) == []

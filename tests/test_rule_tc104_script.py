@@ -161,3 +161,116 @@ def test_a_declined_literal_leaves_the_model_audits_finding_with_the_reason(tmp_
     [finding] = [f for f in result.findings if f.rule == "TC104"]
     assert finding.details["heads"] == ["lm_head"]  # the model audit's
     assert not finding.fix.available and "torch.randint" in finding.fix.reason
+
+
+def test_only_a_vocabulary_a_softmax_ranges_over():
+    """tc104_embedding_tables.py: an LM with its own head and one with F.linear over the embedding's weight
+    are reported; a text classifier's token table, a recommender's users, a GAN's class conditioning and
+    positions are not."""
+    from expectations import expected_findings
+
+    path = FIXTURE.parent.parent / "scripts" / "tc104_embedding_tables.py"
+    result = scan_paths([str(path)], select=("TC104",))
+    assert {(f.rule, f.location.line) for f in result.findings} == expected_findings(path, ("TC104",))
+    assert sorted(f.details["vocab_size"] for f in result.findings) == [32001, 50257]
+
+
+def test_a_named_vocabulary_with_no_head_is_not_reported(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        import torch.nn as nn
+        vocab_size = 30522
+        model = nn.Sequential(nn.Embedding(vocab_size, 128), nn.Flatten(), nn.Linear(128 * 64, 4))
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+    """, select=("TC104",))
+    assert result.findings == []
+
+
+def test_a_config_passed_to_a_model_built_elsewhere_is_reported(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        from model import GPT, GPTConfig
+        model = GPT(GPTConfig(vocab_size=50257, n_embd=768))
+        optimizer = torch.optim.AdamW(model.parameters())
+        for x, y in loader:
+            _, loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+    """, select=("TC104",))
+    assert [f.details["vocab_size"] for f in result.findings] == [50257]
+
+KEYWORD_TRAIN = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LM(nn.Module):
+    def __init__(self, vocab_size, dim=64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, x):
+        return self.head(self.embed(x))
+
+
+vocab = 50257
+model = LM(vocab_size=vocab)
+optimizer = torch.optim.AdamW(model.parameters())
+for step in range(3):
+    x = torch.randint(0, vocab, (8, 16))
+    logits = model(x)
+    loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
+    loss.backward()
+    optimizer.step()
+{tail}
+'''
+
+
+def test_a_size_that_feeds_the_data_is_padded_where_the_model_is_built(tmp_path):
+    """``torch.randint(0, vocab, ...)`` keeps the real size; the model gets the padded one."""
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+    from tcaudit.rules.tc104_vocab_size_literal import PadAtConstruction
+
+    result = scan_code(tmp_path, KEYWORD_TRAIN.format(tail=""), select=("TC104",))
+    [finding] = result.findings
+    assert finding.fix.available and isinstance(finding.fix.plan, PadAtConstruction)
+    fixed = fix_file(tmp_path / "train.py", Settings(select=("TC104",), root=tmp_path))
+    assert fixed.applied == ["TC104"]
+    assert "model = LM(vocab_size=(vocab + 63) // 64 * 64)" in fixed.fixed
+    assert "vocab = 50257" in fixed.fixed and "torch.randint(0, vocab, (8, 16))" in fixed.fixed
+    assert not fixed.remaining  # the padded construction is not reported again
+
+
+@pytest.mark.parametrize(
+    "tail,reason",
+    [
+        ("flat = logits.view(-1, vocab)", "outside the model"),
+        ("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)", "samples from the logits"),
+        ("model.load_state_dict(torch.load('ckpt.pt'))", "loads weights"),
+    ],
+)
+def test_padding_at_construction_declines_with_the_reason(tmp_path, tail, reason):
+    result = scan_code(tmp_path, KEYWORD_TRAIN.format(tail=tail), select=("TC104",))
+    [finding] = result.findings
+    assert not finding.fix.available
+    assert reason in finding.fix.reason
+
+
+def test_realworld_gpt_is_padded_at_its_construction():
+    """benchmarks/realworld/gpt_manual_attention.py: ``GPTConfig.vocab_size`` also sizes the random
+    tokens, so ``GPT(config)`` gets a padded copy of the config."""
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+
+    script = FIXTURE.parent.parent.parent / "benchmarks" / "realworld" / "gpt_manual_attention.py"
+    fixed = fix_file(script, Settings(select=("TC104",), root=script.parent))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "model = GPT(dataclasses.replace(config, vocab_size=(config.vocab_size + 63) // 64 * 64)).to(device)" in fixed.fixed
+    assert "torch.randint(0, config.vocab_size, (1_000_000,)" in fixed.fixed

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import scan_code, scan_paths
+from tcaudit.config import Settings
 from tcaudit.findings import FixClass, Severity
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.rules.base import RuleContext, discover_script_rules
@@ -75,7 +76,7 @@ def test_fixture_findings(name):
 def test_triggers_hide_nothing(name):
     source = read_source(SCRIPTS / name, name)
     facts = ScriptFacts(source)
-    context = RuleContext(settings=None)  # type: ignore[arg-type]
+    context = RuleContext(settings=Settings())  # the rules quote figures for settings.gpu
     rules = discover_script_rules()
     for rule_id in TC4_RULES:
         rule = rules[rule_id]()

@@ -32,6 +32,10 @@ def add_fix_parser(sub, add_selection) -> None:
         metavar="CLASSES",
         help="fix classes to apply, comma-separated: safe, numerics (default: safe,numerics)",
     )
+    fix.add_argument(
+        "--no-exec", action="store_true",
+        help="never build the user's models (the fixes then judge the model from the script's text alone)",
+    )
     add_structural_flags(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     add_selection(fix)
@@ -77,6 +81,26 @@ def parse_classes(text: str) -> frozenset[FixClass]:
     return frozenset(out)
 
 
+def audited_models_for(files, settings) -> dict:
+    """What the model audit measures about the models the files build, by real path, when scan would
+    run it (so that fix decides as scan does); empty otherwise."""
+    from tcaudit.engine import display_path, model_audit_wanted
+    from tcaudit.source.deep import call_with_deep_stack
+    from tcaudit.source.parsing import SourceError, read_source
+
+    if not model_audit_wanted(settings):
+        return {}
+    from tcaudit.model import audited_models, run_model_audit
+
+    sources = []
+    for path in files:
+        try:
+            sources.append(read_source(Path(path), display_path(Path(path))))
+        except SourceError:
+            continue  # fix_file reports it
+    return audited_models(call_with_deep_stack(run_model_audit, sources, settings).facts)
+
+
 def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from rich.console import Console
     from rich.syntax import Syntax
@@ -100,6 +124,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     fixed_findings = 0
     errors = 0
     root = real_path(Path(settings.root))
+    models_of = audited_models_for(discovered.files, settings)
     for path in discovered.files:
         display = display_path(path)
         target = real_path(Path(path))
@@ -109,7 +134,8 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
                       "(--follow-external-symlinks fixes such files too)")
             continue
         try:
-            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display)
+            models = models_of.get(os.path.realpath(path))
+            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models)
         except (RecursionError, MemoryError) as exc:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue

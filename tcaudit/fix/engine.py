@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
@@ -26,6 +27,9 @@ from tcaudit.script.guards import unreachable_statements, used_before_import
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
+
+if TYPE_CHECKING:
+    from tcaudit.model_profile import AuditedModels
 
 MAX_ROUNDS = 6
 
@@ -56,7 +60,7 @@ class FileFix:
         )
 
 
-def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings):
+def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings, models=None):
     """(facts, findings) for one version of the file's text, filtered as scan filters them (per-file
     ignores, suppression comments); facts is None when no rule can match. Raises SourceError when
     the text does not parse."""
@@ -64,7 +68,7 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     if not candidates:
         return None, []
     sf = SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
-    facts, findings, errors = analyse_source(sf, candidates, settings)
+    facts, findings, errors = analyse_source(sf, candidates, settings, models)
     if errors:
         raise FixAnalysisError(errors[0].splitlines()[0])
     ignored = settings.ignored_for(display)
@@ -111,7 +115,10 @@ def fix_file(
     settings: Settings,
     classes: frozenset[FixClass] = frozenset({FixClass.SAFE, FixClass.NUMERICS}),
     display: str | None = None,
+    models: "AuditedModels | None" = None,
 ) -> FileFix:
+    """``models``: what the model audit measured about the models the original file builds (scan's
+    ``models_for``); every round decides with it, as scan did."""
     display = display or path.as_posix()
     try:
         source = read_text(path)
@@ -132,7 +139,7 @@ def fix_file(
         # next round's scan reuse what the previous step computed.
         if version not in analysed:
             analysed.clear()
-            analysed[version] = _analyse(path, display, version, source, rules, settings)
+            analysed[version] = _analyse(path, display, version, source, rules, settings, models)
         return analysed[version]
 
     for _ in range(MAX_ROUNDS):

@@ -16,13 +16,14 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tcaudit.findings import Finding
 
 if TYPE_CHECKING:
     from tcaudit.config import ModelSpec, Settings
     from tcaudit.model.facts import ModelFacts
+    from tcaudit.model_profile import AuditedModels
     from tcaudit.source.parsing import SourceFile
 
 TORCH_MISSING_NOTE = (
@@ -62,9 +63,18 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits=None, scan_cache=None) -> ModelAuditResult:
+def run_model_audit(
+    sources: "list[SourceFile]",
+    settings: "Settings",
+    *,
+    limits=None,
+    scan_cache=None,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> ModelAuditResult:
     """Audit every model the sources build, within ``settings.model_budget`` seconds of building and
-    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache)."""
+    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache).
+    ``script_uses_cuda(path)`` says whether the script at that real path may run on CUDA (None: assume
+    so); a model built by a CPU-only script gets its advice as info."""
     result = ModelAuditResult()
     if not settings.exec_models:
         return result
@@ -93,7 +103,7 @@ def run_model_audit(sources: "list[SourceFile]", settings: "Settings", *, limits
             result.notes.append(f"model checks (TC1) skipped: {exc}")
             return result
     result.facts = facts_list
-    report(facts_list, rules, settings, sources, result)
+    report(facts_list, rules, settings, sources, result, script_uses_cuda)
     if facts_list:
         from tcaudit.model.cost import table_notes
 
@@ -185,6 +195,7 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
 def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
     """(target, failure reason or None, imported packages) for each model the file builds."""
     from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints
+    from tcaudit.model_profile import construction_key
     from tcaudit.model.slicing import SliceError, Slicer, missing_packages
     from tcaudit.source.parsing import SourceError
 
@@ -206,6 +217,9 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
         target: dict[str, Any] = {
             "kind": "script",
             "label": candidate.label,
+            # For the script rules (tcaudit/model_profile.py): which construction this model is.
+            "source": construction_key(index.source(candidate.call)),
+            "assigned": candidate.target_name,
             "path": str(path),
             "roots": [str(path.parent)],
             "construction": {"line": start.line, "column": start.column + 1, "end_line": end.line,
@@ -233,6 +247,38 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
             continue
         out.append((target, None, plan.imports))
     return out
+
+
+def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]":
+    """The profiles the script rules read, by the real path of the script that builds each model: only
+    models audited from a script's own construction (not ``--model`` factories), built and captured."""
+    from tcaudit.model_profile import AuditedModels, ModelProfile
+
+    by_path: dict[str, list[ModelProfile]] = {}
+    for facts in facts_list:
+        target = facts.target
+        if facts.status != "ok" or target.get("kind") != "script" or not target.get("source"):
+            continue
+        if facts.capture.method == "parameters" or facts.total_flops <= 0:
+            continue  # nothing ran: no FLOPs to share out
+        conv2d = sum(op.flops for op in facts.ops_of("conv") if len(op.info.get("kernel") or []) == 2)
+        gemm = sum(op.flops for op in facts.ops_of("gemm"))
+        attention = sum(op.flops for op in facts.ops_of("sdpa"))
+        shapes = facts.input.get("shapes") or []
+        dtypes = facts.input.get("dtypes") or []
+        image_input = bool(shapes) and len(shapes[0]) == 4 and not str(dtypes[0] if dtypes else "").startswith("int")
+        profile = ModelProfile(
+            construction=target["source"],
+            assigned=target.get("assigned"),
+            model_class=facts.model_class,
+            conv_share=conv2d / facts.total_flops,
+            gemm_share=gemm / facts.total_flops,
+            attention_share=attention / facts.total_flops,
+            conv3d=any(len(op.info.get("kernel") or []) == 3 for op in facts.ops_of("conv")),
+            image_input=image_input,
+        )
+        by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
+    return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}
 
 
 def parse_input(text: str) -> list[list[int]]:
@@ -291,7 +337,14 @@ def _factory_location(spec: "ModelSpec", settings: "Settings") -> tuple[str, int
     return spec.factory, 1
 
 
-def report(facts_list: "list[ModelFacts]", rules, settings: "Settings", sources, result: ModelAuditResult) -> None:
+def report(
+    facts_list: "list[ModelFacts]",
+    rules,
+    settings: "Settings",
+    sources,
+    result: ModelAuditResult,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> None:
     from tcaudit.model.cost import CostModel
     from tcaudit.model.rules import ModelContext
 
@@ -302,6 +355,9 @@ def report(facts_list: "list[ModelFacts]", rules, settings: "Settings", sources,
             result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
             continue
         context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
+        target = facts.target
+        if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
+            context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
         _notes(facts, context, result)
         for rule in rules:
             try:

@@ -271,6 +271,11 @@ class CostModel:
         memory = 2.0 * self.facts.activation_bytes / float(self.entry["rates"]["hbm_bytes_per_s"])
         self._current = self._ideal + extra + memory
 
+    @property
+    def device_name(self) -> str:
+        """The GPU this table's figures were measured on (``NVIDIA H200``), as messages name it."""
+        return str(self.entry.get("device", self.gpu_key))
+
     # -- dtypes and alignment -------------------------------------------------------------
     def dtype(self, op: OpFact | None = None) -> str:
         if op is not None and op.dtype:

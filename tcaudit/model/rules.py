@@ -37,6 +37,9 @@ class ModelContext:
     facts: ModelFacts
     cost: CostModel
     sources: dict[str, "SourceFile"] = field(default_factory=dict)  # resolved absolute path → file
+    # The script that builds this model never puts work on CUDA: no Tensor Core runs these layers where it
+    # runs, so the alignment and precision advice is info, not a warning.
+    cpu_only: bool = False
 
     def display_path(self, path: str) -> str:
         source = self.sources.get(os.path.realpath(path))
@@ -127,10 +130,15 @@ class ModelRule:
         if cost is not None:
             data.update(cost.details())
             data["cost_source"] = context.cost.source
+        severity = severity if severity is not None else self.severity_for(cost)
+        if context.cpu_only and severity > Severity.INFO:
+            severity = Severity.INFO
+            data["script_uses_cuda"] = False
+            message += " (info: the script that builds this model never uses CUDA, so no GPU runs it there)"
         return Finding(
             rule=self.id,
             name=self.spec.name,
-            severity=severity if severity is not None else self.severity_for(cost),
+            severity=severity,
             location=Location(path, site.line, site.column, end_line, max(end_column, 1)),
             message=message,
             details=data,

@@ -95,7 +95,7 @@ class GemmDimUnaligned(ModelRule):
         dims = " and ".join(f"{name}={dim}" for name, dim in bad)
         pads = ", ".join(f"{name} {dim}→{suggest(dim, dtype)}" for name, dim in bad)
         align = alignment_elements(dtype)
-        device = context.cost.entry.get("device", context.cost.gpu_key)
+        device = context.cost.device_name
         text = (
             f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, not a multiple of {align} "
             f"(16 bytes): it misses the fast Tensor Core kernels (~{penalty:.1f}× slower on {device}); "

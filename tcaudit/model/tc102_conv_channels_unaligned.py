@@ -60,6 +60,6 @@ class ConvChannelsUnaligned(ModelRule):
         text = (
             f"{shown} ({layer} {info['c_in']}→{info['c_out']}) has {counts}, not a multiple of {align}: "
             f"cuDNN cannot use its fast {short_dtype(dtype)} Tensor Core kernels "
-            f"(~{context.cost.conv_penalty():.1f}× slower, estimated); pad {pads}"
+            f"(~{context.cost.conv_penalty():.1f}× slower on {context.cost.device_name}); pad {pads}"
         )
         return text + (f" [{impact}]" if impact else "")

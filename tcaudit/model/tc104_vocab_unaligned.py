@@ -1,5 +1,6 @@
 """TC104 vocab-unaligned: a token embedding (and the LM head that shares its size) whose vocabulary
-is not a multiple of 64."""
+is not a multiple of 64. Only where a softmax ranges over the embedding's rows: a GEMM producing that
+many outputs from vectors of the embedding's width, or a linear layer tied to it."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ class VocabUnaligned(ModelRule):
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
         embeddings: dict[int, list[str]] = {}
+        widths: dict[int, set[int]] = {}  # rows → the embedding dims of the tables of that many rows
         for op in facts.ops_of("embedding"):
             rows = op.info["rows"]
             if rows >= MIN_VOCAB and rows % VOCAB_MULTIPLE and op.module is not None:
                 embeddings.setdefault(rows, [])
+                widths.setdefault(rows, set()).add(op.info["dim"])
                 if op.module not in embeddings[rows]:
                     embeddings[rows].append(op.module)
         reached = {op.module for op in facts.ops}
@@ -30,11 +33,22 @@ class VocabUnaligned(ModelRule):
             if module.attrs.get("role") == "embedding" and rows >= MIN_VOCAB and rows % VOCAB_MULTIPLE:
                 if module.path not in reached or facts.capture.method == "parameters":
                     embeddings.setdefault(rows, [])
+                    widths.setdefault(rows, set()).add(module.attrs.get("embedding_dim"))
                     if module.path not in embeddings[rows]:
                         embeddings[rows].append(module.path)
         for rows, paths in sorted(embeddings.items()):
-            heads = [op for op in facts.ops_of("gemm") if rows in (op.info["n"], op.info["k"])]
-            yield self._report(context, rows, paths, heads)
+            # Only a table whose rows a softmax ranges over: a GEMM that produces `rows` logits from
+            # vectors of the embedding's width (an LM head, tied or not, or F.linear(h, emb.weight)).
+            # A user, position or class table has no GEMM over its rows and nothing to pad.
+            heads = [op for op in facts.ops_of("gemm") if op.info["n"] == rows and op.info["k"] in widths[rows]]
+            tied = [m.path for m in facts.modules.values() if m.attrs.get("tied_to") in paths]
+            untraced = [
+                m.path for m in facts.modules.values()
+                if m.attrs.get("role") == "linear" and m.attrs.get("out_features") == rows
+                and m.attrs.get("in_features") in widths[rows]
+            ] if facts.capture.method == "parameters" or not facts.ops_of("gemm") else []
+            if heads or tied or untraced:
+                yield self._report(context, rows, paths, heads)
 
     def _report(self, context: ModelContext, rows: int, embedding_paths: list[str], heads: list[OpFact]) -> Finding:
         cost = context.cost
@@ -47,7 +61,7 @@ class VocabUnaligned(ModelRule):
                 head_paths.append(op.module)
         if not heads:
             head_paths = [m.path for m in facts.modules.values()
-                          if m.attrs.get("role") == "linear" and rows in (m.attrs["out_features"], m.attrs["in_features"])]
+                          if m.attrs.get("role") == "linear" and m.attrs["out_features"] == rows]
         tied = any(facts.modules.get(path) and facts.modules[path].attrs.get("tied_to") for path in head_paths)
         if heads:
             first = heads[0]
@@ -75,7 +89,7 @@ class VocabUnaligned(ModelRule):
         if estimate is not None and heads:
             message += (
                 f"; the {short_dtype(dtype)} LM-head GEMM with N={rows} runs ~{estimate.penalty:.1f}× slower "
-                f"on {cost.entry.get('device', cost.gpu_key)} [{impact_text(estimate)}]"
+                f"on {cost.device_name} [{impact_text(estimate)}]"
             )
         elif estimate is None:
             message += "; the lookup itself is cheap, but any GEMM over this vocabulary will be unaligned"

@@ -34,7 +34,8 @@ class BatchUnaligned(ModelRule):
             padded = -(-m // align) * align
             message = (
                 f"the model's GEMMs run with M={m} rows (input {', '.join('x'.join(map(str, s)) for s in shapes)}: "
-                f"{origin}), not a multiple of {align}: a small cost (~{estimate.penalty:.2f}× on those GEMMs); "
+                f"{origin}), not a multiple of {align}: a small cost (~{estimate.penalty:.2f}× on those GEMMs "
+                f"on {cost.device_name}); "
                 f"a batch that makes M a multiple of {align} (e.g. M={padded}) avoids it"
             )
             if estimate.flop_share:

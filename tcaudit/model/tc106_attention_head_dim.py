@@ -43,7 +43,7 @@ class AttentionHeadDim(ModelRule):
             yield self.finding(
                 context,
                 self._site(context, first),
-                self._message(shown, head, heads, impact_text(estimate)),
+                self._message(shown, head, heads, context, impact_text(estimate)),
                 cost=estimate,
                 details=details,
             )
@@ -55,7 +55,7 @@ class AttentionHeadDim(ModelRule):
             yield self.finding(
                 context,
                 module.site,
-                self._message(f"`{module.path}`", head, module.attrs["num_heads"], impact_text(estimate))
+                self._message(f"`{module.path}`", head, module.attrs["num_heads"], context, impact_text(estimate))
                 + "; checked from its parameters",
                 cost=estimate,
                 details={"module": module.path, "head_dim": head, "heads": module.attrs["num_heads"],
@@ -72,12 +72,13 @@ class AttentionHeadDim(ModelRule):
         return op.site or context.target_site()
 
     @staticmethod
-    def _message(shown, head, heads, impact) -> str:
+    def _message(shown, head, heads, context, impact) -> str:
         width = f" ({heads} heads × {head})" if heads else ""
         reason = "over 256" if head > MAX_HEAD_DIM else "not a multiple of 8"
         text = (
             f"attention in {shown} has head dim {head}{width}, {reason}: the flash-attention kernels refuse it "
-            f"and scaled_dot_product_attention falls back to a slower kernel (~3× estimated); use a head dim of "
+            f"and scaled_dot_product_attention falls back to a slower kernel "
+            f"(~{context.cost.sdpa_penalty():.1f}× slower on {context.cost.device_name}); use a head dim of "
             f"{suggested_head_dim(head)} (fewer, wider heads, or pad the head dim)"
         )
         return text + (f" [{impact}]" if impact else "")

@@ -33,7 +33,7 @@ class Fp32Gemm(ModelRule):
             message = (
                 f"{shown} runs its {first.op} in {short_dtype(dtype)} although training is set up for "
                 f"{short_dtype(target)}: {why}; ~{estimate.penalty:.1f}× slower than {short_dtype(target)} "
-                f"on {cost.entry.get('device', cost.gpu_key)}"
+                f"on {cost.device_name}"
             )
             impact = impact_text(estimate)
             if impact:

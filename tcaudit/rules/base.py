@@ -24,6 +24,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
+    from tcaudit.model_profile import AuditedModels
     from tcaudit.script.facts import ScriptFacts
 
 _RULE_MODULE = re.compile(r"^tc\d{3}_\w+$")
@@ -32,6 +33,9 @@ _RULE_MODULE = re.compile(r"^tc\d{3}_\w+$")
 @dataclass(frozen=True)
 class RuleContext:
     settings: "Settings"
+    # What the model audit measured about the models this file builds; None where it did not run or
+    # reach them (the rules then infer from the script's text).
+    models: "AuditedModels | None" = None
 
 
 class ScriptRule:

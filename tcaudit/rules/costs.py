@@ -12,6 +12,8 @@ A table looks like::
 A message quotes a figure only for the GPU it was measured on: with ``gpu = "sm_90"`` it reads
 ``(H200, torch 2.11: ...)``; with ``gpu = "auto"`` the one measured GPU is named the same way; for a
 GPU with no measurement the message carries no number (the rule's ``explain`` page has the source).
+A rule whose claim is not a speed figure (a bug, a deprecation) says so in ``source`` and has no
+``[cost.sm_NN]`` entry.
 """
 
 from __future__ import annotations
@@ -45,11 +47,24 @@ def rule_cost(spec: RuleSpec) -> dict:
     return _table(spec.path)
 
 
+# Keys of a ``[cost.sm_NN]`` entry that label the measurement; every other key is a figure.
+ENTRY_LABELS = ("gpu", "torch")
+
+
+def measured_entries(spec: RuleSpec) -> dict[str, dict]:
+    """Every GPU the rule's figures were measured on, by architecture (``{"sm_90": {...}}``)."""
+    return {k: v for k, v in rule_cost(spec).items() if k.startswith("sm_") and isinstance(v, dict)}
+
+
+def figures(entry: dict) -> dict[str, str]:
+    """The figures of one ``[cost.sm_NN]`` entry, by the key a message quotes them under."""
+    return {k: str(v) for k, v in entry.items() if k not in ENTRY_LABELS}
+
+
 def measured(spec: RuleSpec, gpu: str) -> dict | None:
     """The measurements for the target GPU (``sm_90``), or the only measured GPU when ``gpu`` is
     ``auto``; None when there is none for it."""
-    table = rule_cost(spec)
-    entries = {k: v for k, v in table.items() if k.startswith("sm_") and isinstance(v, dict)}
+    entries = measured_entries(spec)
     if gpu in entries:
         return entries[gpu]
     if gpu == "auto" and len(entries) == 1:

@@ -1,15 +1,22 @@
 """TC104 vocab-unaligned, script level: a vocabulary size the script sets as a literal is not a multiple of 64.
 
 The model audit (``tcaudit/model/tc104_vocab_unaligned.py``) measures the built model and reports
-every unaligned vocabulary, with no fix. This half reads the script: a vocabulary size written as a
+every unaligned vocabulary a softmax ranges over, with no fix. This half reads the script: a vocabulary size written as a
 literal the script controls (a config dataclass field ``vocab_size: int = 50257``,
 ``GPTConfig(vocab_size=50257)``, ``dict(vocab_size=...)``, an argparse default, a constant or a
 parameter default used by ``nn.Embedding``, or the literal in ``nn.Embedding``/``nn.Linear`` itself)
-in a file that builds the embedding (or passes ``vocab_size=``) and trains. Fix (numerics): the
+in a file that trains and where a softmax ranges over the vocabulary (an ``nn.Linear(d, V)`` head in
+the class that builds the embedding, tied or not, or ``F.linear(h, emb.weight)``; a size passed as
+``vocab_size=`` to a model built elsewhere counts as one). Fix (numerics): the
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
 where the size is also set from a tokenizer at run time, where the file samples from the logits, and
 where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
-then draw the padded ids as data). One finding per vocabulary size (``engine.one_vocab_finding``): a
+then draw the padded ids as data). In that last case the padding moves to the trained model's
+construction instead: ``GPT(config)`` becomes ``GPT(dataclasses.replace(config, vocab_size=<padded>))``
+and ``GPT(vocab_size=v)`` becomes ``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow
+while the data keeps drawing ids below the real vocabulary (declined when the training code outside
+the model also shapes tensors by the size, e.g. ``logits.view(-1, vocab_size)``). One finding per
+vocabulary size (``engine.one_vocab_finding``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
 """
@@ -24,10 +31,11 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import all_of, flag_dest, literal
+from tcaudit.rules.costs import cost_note
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.pipeline import all_of, flag_dest, literal, pipeline_facts
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
@@ -39,6 +47,8 @@ _SHAPE_METHODS = frozenset({"view", "reshape", "expand", "new_zeros", "new_empty
 _REPORTING = re.compile(r"(^|\.)(print|info|debug|warning|log|add_scalar|write|format)$")
 _CHECKPOINT = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
 _SAMPLING = re.compile(r"(^|\.)(multinomial|argmax|generate)$")
+# Synthetic token draws: below the real vocabulary they stay valid ids of the padded model.
+_TOKEN_DRAWS = re.compile(r"(^|\.)randint$")
 
 
 def is_vocab_name(name: str | None) -> bool:
@@ -67,6 +77,33 @@ class PadVocab(FixPlan):
     lines: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class PaddedArgument:
+    """An argument of the trained model's construction that becomes ``code`` (the size padded)."""
+
+    node: cst.BaseExpression
+    code: str
+
+
+@dataclass(frozen=True, eq=False)
+class PadAtConstruction(FixPlan):
+    """The size stays as the script sets it (its data draws ids below it); the model is built padded."""
+
+    kind = "replace-argument"
+    arguments: tuple[PaddedArgument, ...]
+    vocab_size: int
+    padded: int
+    needs_dataclasses: bool
+
+
+def padded_code(expr: str) -> str:
+    """``expr`` rounded up to the next multiple of VOCAB_MULTIPLE, as Python code."""
+    return f"({expr} + {VOCAB_MULTIPLE - 1}) // {VOCAB_MULTIPLE} * {VOCAB_MULTIPLE}"
+
+
+_PADDED_CODE = re.compile(rf"//\s*{VOCAB_MULTIPLE}\s*\*\s*{VOCAB_MULTIPLE}\b")
+
+
 class VocabSizeLiteral(ScriptRule):
     id = "TC104"
     triggers = (all_of(r"backward", r"vocab|tokens|Embedding"),)
@@ -85,6 +122,7 @@ class VocabSizeLiteral(ScriptRule):
         if not builds_vocab:
             return
         aligned = {lit.name for lit in literals if _value(lit) % VOCAB_MULTIPLE == 0}
+        padded_where_built = _padded_at_construction(facts)
         by_size: dict[int, list[VocabLiteral]] = {}
         for lit in literals:
             size = _value(lit)
@@ -92,8 +130,13 @@ class VocabSizeLiteral(ScriptRule):
                 continue
             if lit.where == "default" and lit.name in aligned:
                 continue  # ``GPTConfig(vocab_size=50304)`` overrides the dataclass default of 50257
+            if lit.name in padded_where_built:
+                continue  # the model is built with the size padded (this fix's construction edit)
             by_size.setdefault(size, []).append(lit)
+        cost = cost_note(self.spec, context.settings.gpu, "gpt2_head")
         for size, sites in sorted(by_size.items()):
+            if not _feeds_a_softmax_over_rows(facts, size, _size_names(facts, {lit.name for lit in sites})):
+                continue
             first = min(sites, key=lambda lit: facts.line_of(lit.node))
             target = padded(size)
             names = sorted({lit.name for lit in sites})
@@ -101,7 +144,7 @@ class VocabSizeLiteral(ScriptRule):
                 facts,
                 first.node,
                 f"vocabulary size {size} (`{names[0]}`) is not a multiple of {VOCAB_MULTIPLE}: the LM head's GEMM "
-                f"has N={size} (GPT-2's 50257 runs 5.4× slower than 50304 on an H200); pad it to {target}: "
+                f"has N={size}{cost}; pad it to {target}: "
                 f"the embedding and the output layer get {target - size} rows no token id reaches",
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
@@ -113,7 +156,33 @@ class VocabSizeLiteral(ScriptRule):
 
 
 def _value(lit: VocabLiteral) -> int:
-    return int(lit.node.value.replace("_", ""), 0)
+    return _literal_int(lit.node)  # type: ignore[return-value]  # an Integer, by construction
+
+
+def _padded_at_construction(facts: ScriptFacts) -> set[str]:
+    """The names a vocabulary argument already pads (``vocab_size=(vocab + 63) // 64 * 64``, this fix's
+    own edit at the model's construction): ``vocab`` keeps its literal and is not reported again."""
+    out: set[str] = set()
+    for call in facts.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None and is_vocab_name(arg.keyword.value):
+                if _PADDED_CODE.search(facts.module.code_for_node(arg.value)):
+                    out |= _names_in(arg.value)
+    return out
+
+
+def _names_in(expr: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            found.add(node.attr.value)
+
+    expr.visit(_V())
+    return found
 
 
 # -- detection --------------------------------------------------------------------------------------------
@@ -185,6 +254,123 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
     ]
 
 
+def _feeds_a_softmax_over_rows(facts: ScriptFacts, size: int, names: _SizeNames) -> bool:
+    """Whether the vocabulary is a softmax's: an ``nn.Linear(d, V)`` head (tied or not),
+    ``F.linear(h, emb.weight)`` or ``h @ emb.weight.T`` over an embedding of V rows. A table of V rows
+    with no such head (a recommender's users, positions, a GAN's class conditioning, a text classifier's
+    tokens before an LSTM) is a lookup with no GEMM over its rows. With no embedding of V rows in the
+    file, the size passed as ``vocab_size=`` configures a language model built elsewhere."""
+    embeddings = [c for c in facts.calls if (c.qualname or "") in _EMBEDDING and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c))]
+    if not embeddings:
+        settings = names.own - {"num_embeddings", "out_features"}  # the layers' own arguments are not a config
+        return any(a.keyword is not None and a.keyword.value in settings for c in facts.calls for a in c.node.args)
+    dims = {_literal_int(c.arg("embedding_dim", 1)) for c in embeddings}
+    # A head counts beside an embedding of this size in the same model class (or the same function or
+    # module level): another class's ``vocab_size`` parameter may be another vocabulary.
+    owners = {_owner(c) for c in embeddings}
+    for call in facts.calls:
+        qual = call.qualname or ""
+        if _owner(call) not in owners:
+            continue
+        if qual in _LINEAR and _sizes(call.arg("out_features", 1), size, names, _owner(call)):
+            width = _literal_int(call.arg("in_features", 0))
+            if width is None or None in dims or width in dims:
+                return True  # ``nn.Linear(512, 1000)`` after ``nn.Embedding(1000, 100)`` is another table's size
+        if qual in ("torch.nn.functional.linear", "torch.matmul", "torch.mm") and len(call.node.args) > 1:
+            if _embedding_weight(facts, call.node.args[1].value, size, names):
+                return True
+    return any(
+        _embedding_weight(facts, node.right, size, names) for node in _matmuls(facts.module)
+    )
+
+
+def _owner(call: CallSite) -> cst.CSTNode | None:
+    return call.ctx.class_def or call.ctx.function
+
+
+@dataclass(frozen=True)
+class _SizeNames:
+    """The names one vocabulary size is set under."""
+
+    own: set[str]
+    # Parameters whose default is one of ``own`` (``vocab_size=BPE_VOCAB``), with the class (or
+    # function) that declares them: the same parameter name elsewhere may be another vocabulary.
+    defaults_to_own: set[tuple[cst.CSTNode | None, str]]
+
+
+def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
+    defaults = set()
+    classes: dict[str, cst.ClassDef] = {}
+    for fn, ctx in facts.functions:
+        if ctx.class_def is not None and fn.name.value == "__init__":
+            classes[ctx.class_def.name.value] = ctx.class_def
+        for param in (*fn.params.params, *fn.params.kwonly_params):
+            default = get_full_name_for_node(param.default) if param.default is not None else None
+            if default is not None and default.split(".")[-1] in own:
+                defaults.add((ctx.class_def or fn, param.name.value))
+    # ``LM(vocab_size=vocab)``: the class's ``vocab_size`` parameter carries this size too.
+    for call in facts.calls:
+        cls = classes.get(call.name or "")
+        if cls is None:
+            continue
+        for arg in call.node.args:
+            value = get_full_name_for_node(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
+            if arg.keyword is not None and value is not None and value.split(".")[-1] in own:
+                defaults.add((cls, arg.keyword.value))
+    return _SizeNames(own, defaults)
+
+
+def _sizes(expr: cst.BaseExpression | None, size: int, names: _SizeNames, owner: cst.CSTNode | None) -> bool:
+    """Whether a layer's size argument is this vocabulary: the literal, a name it sets (``vocab_size``,
+    ``config.vocab_size``), or a parameter of the same class whose default is that name."""
+    if expr is None:
+        return False
+    if isinstance(expr, cst.Integer):
+        return _literal_int(expr) == size
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if dotted is None:
+        return False
+    last = dotted.split(".")[-1]
+    return last in names.own or (owner, last) in names.defaults_to_own
+
+
+def _literal_int(expr: cst.BaseExpression | None) -> int | None:
+    return int(expr.value.replace("_", ""), 0) if isinstance(expr, cst.Integer) else None
+
+
+def _embedding_weight(facts: ScriptFacts, expr: cst.BaseExpression, size: int, names: _SizeNames) -> bool:
+    """``emb.weight`` (``.T``, ``.t()``, ``.transpose(0, 1)``) of a name bound to an embedding of this size."""
+    while True:
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("t", "transpose"):
+            expr = expr.func.value
+        elif isinstance(expr, cst.Attribute) and expr.attr.value in ("T", "mT"):
+            expr = expr.value
+        else:
+            break
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value == "weight"):
+        return False
+    table = get_full_name_for_node(expr.value)
+    for binding in facts.bindings_of(table or ""):
+        value = binding.value
+        if isinstance(value, cst.Call) and (facts.qualname(value.func) or "") in _EMBEDDING:
+            first = next((a.value for a in value.args if a.keyword is None or a.keyword.value == "num_embeddings"), None)
+            if _sizes(first, size, names, binding.ctx.class_def or binding.ctx.function):
+                return True
+    return False
+
+
+def _matmuls(module: cst.Module) -> list[cst.BinaryOperation]:
+    found: list[cst.BinaryOperation] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.MatrixMultiply):
+                found.append(node)
+
+    module.visit(_V())
+    return found
+
+
 # -- the plan ---------------------------------------------------------------------------------------------
 
 
@@ -205,9 +391,94 @@ def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int)
             )
     names = {lit.name for lit in sites}
     _check_runtime_sizes(facts, names)
-    _check_uses(facts, names)
+    try:
+        _check_uses(facts, names)
+    except DeclineFix as feeds_data:
+        return _construction_plan(facts, sites, names, size, target, feeds_data)
     literals = tuple(lit.node for lit in sites)
     return PadVocab(literals, size, target, tuple(sorted(facts.line_of(n) for n in literals)))
+
+
+def _construction_plan(
+    facts: ScriptFacts, sites: list[VocabLiteral], names: set[str], size: int, target: int, feeds_data: DeclineFix
+) -> PadAtConstruction:
+    """Pad where the trained model is built, when the size reaches it as a keyword (``GPT(vocab_size=v)``)
+    or through a config dataclass instance of this file (``GPT(config)``); otherwise decline with
+    ``feeds_data``, the reason the literal itself cannot change."""
+    config_classes = _config_classes(facts, sites)
+    arguments: list[PaddedArgument] = []
+    needs_dataclasses = False
+    for site in pipeline_facts(facts).trained_models:
+        call = site.construction
+        if _callee_class(facts, call) in config_classes:
+            continue
+        for arg in call.args:
+            value = arg.value
+            code = facts.module.code_for_node(value).strip()
+            if arg.keyword is not None and is_vocab_name(arg.keyword.value) and _mentions(value, names):
+                arguments.append(PaddedArgument(value, padded_code(code)))
+            elif not arg.star and isinstance(value, cst.Name) and _holds_config(facts, value, config_classes):
+                field = next(lit.name for lit in sites if lit.where == "default")
+                replaced = f"dataclasses.replace({code}, {field}={padded_code(f'{code}.{field}')})"
+                arguments.append(PaddedArgument(value, replaced))
+                needs_dataclasses = True
+    unique = {id(a.node): a for a in arguments}
+    if not unique:
+        raise feeds_data
+    _check_uses_beside_model(facts, names, set(unique))
+    return PadAtConstruction(tuple(unique.values()), size, target, needs_dataclasses)
+
+
+def _config_classes(facts: ScriptFacts, sites: list[VocabLiteral]) -> set[str]:
+    """This file's classes whose body sets the size as a field default (``vocab_size: int = 50257``)."""
+    out: set[str] = set()
+    for node, _ in facts.classes:
+        if not isinstance(node.body, cst.IndentedBlock):
+            continue
+        for statement in node.body.body:
+            if isinstance(statement, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.AnnAssign) and small.value is lit.node
+                for small in statement.body for lit in sites
+            ):
+                out.add(node.name.value)
+    return out
+
+
+def _callee_class(facts: ScriptFacts, call: cst.Call) -> str:
+    return (get_full_name_for_node(call.func) or "").split(".")[-1]
+
+
+def _holds_config(facts: ScriptFacts, name: cst.Name, config_classes: set[str]) -> bool:
+    """Whether every value the name may hold is an instance of one of ``config_classes`` built here."""
+    values = [v for v in facts.binding_values(name) if v is not name]
+    return bool(values) and all(
+        isinstance(v, cst.Call) and _callee_class(facts, v) in config_classes for v in values
+    )
+
+
+def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_arguments: set[int]) -> None:
+    """With the model built padded, its own classes see the padded size and the rest of the script the
+    real one: the rest may draw tokens below it, log it and pass it on, but a shape made from it
+    (``logits.view(-1, vocab_size)``, ``F.one_hot(y, vocab_size)``) would not match the padded logits."""
+    for call in facts.calls:
+        if call.ctx.class_def is not None:
+            continue
+        qual = call.qualname or ""
+        name = call.name or ""
+        reporting = _REPORTING.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
+        if reporting or _TOKEN_DRAWS.search(qual or name):
+            continue
+        if isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value == "add_argument":
+            continue
+        for arg in call.node.args:
+            if (arg.keyword is not None and arg.keyword.value in names) or id(arg.value) in padded_arguments:
+                continue
+            if _mentions(arg.value, names):
+                raise DeclineFix(
+                    f"the vocabulary size feeds the data, so only the model could be built padded, but it "
+                    f"also feeds `{facts.module.code_for_node(call.node).strip()}` (line {facts.line_of(call.node)}) "
+                    "outside the model, which would not match the padded logits; pad by hand"
+                )
 
 
 def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
@@ -299,14 +570,25 @@ class PadVocabFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         replace: dict[int, str] = {}
+        arguments: dict[int, cst.BaseExpression] = {}
+        needs_dataclasses = False
         for finding in findings:
-            plan: PadVocab = finding.fix.plan
+            plan = finding.fix.plan
+            if isinstance(plan, PadAtConstruction):
+                for argument in plan.arguments:
+                    arguments[id(argument.node)] = parse_expression(argument.code, module)
+                needs_dataclasses |= plan.needs_dataclasses
+                continue
             for node in plan.literals:
                 replace[id(node)] = str(plan.padded)
 
         class _T(cst.CSTTransformer):
-            def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.Integer:
-                new = replace.get(id(original_node))
-                return updated_node.with_changes(value=new) if new is not None else updated_node
+            def on_leave(self, original_node, updated_node):
+                if id(original_node) in arguments:
+                    return arguments[id(original_node)]
+                if isinstance(original_node, cst.Integer) and id(original_node) in replace:
+                    return updated_node.with_changes(value=replace[id(original_node)])
+                return updated_node
 
-        return module.visit(_T())
+        new = module.visit(_T())
+        return ensure_import(new, "import dataclasses") if needs_dataclasses else new

@@ -33,8 +33,12 @@ from tcaudit.rewrite.codemod import (
     torch_import_name,
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.amp import AmpFacts, amp_facts
+from tcaudit.rules.costs import cost_note
+from tcaudit.script.amp import BRANCH, PARTIAL, UNCOVERED, AmpFacts, ForwardStatement, StepCoverage, amp_facts
+from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
+from tcaudit.script.guards import branches
+from tcaudit.script.pipeline import pipeline_facts
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -95,6 +99,33 @@ class WrapAutocast(FixPlan):
         return data
 
 
+@dataclass(frozen=True, eq=False)
+class WidenAutocast(FixPlan):
+    """Move the forward statements that run just before an autocast block (which covers only the
+    loss) to the start of that block."""
+
+    kind = "widen-autocast"
+    lines: tuple[int, ...]  # the forward statements' lines
+    autocast_line: int
+    autocast: cst.With
+    statements: tuple[cst.BaseStatement, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class WrapBranches(FixPlan):
+    """Wrap the forward of each branch that runs without autocast in the autocast another branch
+    uses (its expression copied), so every model path runs in the same precision."""
+
+    kind = "wrap-branches"
+    lines: tuple[int, ...]
+    context: str  # the covered branch's autocast expression
+    groups: tuple[tuple[cst.BaseStatement, ...], ...]  # contiguous statements of one block each
+
+    @property
+    def statements(self) -> tuple[cst.BaseStatement, ...]:
+        return tuple(node for group in self.groups for node in group)
+
+
 # -- detection ----------------------------------------------------------------------------------
 
 
@@ -102,26 +133,39 @@ class WrapAutocast(FixPlan):
 class _Decision:
     amp: AmpFacts
     uncovered: dict  # function (or None) -> its uncovered training steps
+    partly: tuple  # (step, StepCoverage): autocast covers the loss but not the forward, or one model branch
     dtype: str
     scaler: bool
     why: str
 
 
-def _decide(facts: ScriptFacts, precision: str) -> _Decision | None:
-    """Whether TC201 reports this file, and with which recipe; None when it does not."""
+def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None) -> _Decision | None:
+    """Whether TC201 reports this file, and with which recipe; None when it does not. ``convnet`` is the
+    model audit's verdict on the trained model (fp16 for a convnet), None to judge from the text."""
     if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
         return None  # a framework owns precision; a CPU-only script gets no AMP advice
     amp = amp_facts(facts)
     if amp.half_model_casts or amp.double_model:
         return None  # TC206 covers a model cast to half; float64 models ignore autocast on purpose
     uncovered: dict[object, list[TrainingStep]] = {}
+    partly: list[tuple[TrainingStep, StepCoverage]] = []
     for step in facts.training_steps:
-        if not amp.step_is_covered(step):
+        coverage = amp.step_coverage(step)
+        if coverage.kind == UNCOVERED:
             uncovered.setdefault(step.function, []).append(step)
-    if not uncovered:
+        elif coverage.kind in (PARTIAL, BRANCH) and coverage.flow is not None:
+            partly.append((step, coverage))
+    if not uncovered and not partly:
         return None
-    dtype, scaler, why = amp.recommended_precision(precision)
-    return _Decision(amp, uncovered, dtype, scaler, why)
+    dtype, scaler, why = amp.recommended_precision(precision, convnet)
+    return _Decision(amp, uncovered, tuple(partly), dtype, scaler, why)
+
+
+def audited_convnet(facts: ScriptFacts, context: RuleContext) -> bool | None:
+    """The model audit's verdict on whether the trained model is a convnet; None without one."""
+    if context.models is None:
+        return None
+    return pipeline_facts(facts).audited_convnet(context.models)
 
 
 def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
@@ -155,6 +199,12 @@ def statements_planned_for_autocast(facts: ScriptFacts, settings: "Settings") ->
         except DeclineFix:
             continue
         out.update(id(node) for step in plan.steps for node in step.statements)
+    for step, coverage in decision.partly:
+        try:
+            plan = _plan_partial(facts, step, coverage)
+        except DeclineFix:
+            continue
+        out.update(id(node) for node in plan.statements)
     return out
 
 
@@ -163,11 +213,12 @@ class MissingAutocast(ScriptRule):
     triggers = (r"\.backward\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        decision = _decide(facts, context.settings.precision)
+        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context))
         if decision is None:
             yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
+        cost = cost_note(self.spec, context.settings.gpu, "autocast")
         for function, steps in decision.uncovered.items():
             first_node = _step_statements(facts, steps[0])[0]
             where = f"in `{function.name.value}`" if function is not None else "at module level"
@@ -175,10 +226,18 @@ class MissingAutocast(ScriptRule):
                 f"{r['start_line']}" if r["start_line"] == r["end_line"] else f"{r['start_line']}-{r['end_line']}"
                 for r in _ranges(facts, steps)
             )
-            message = (
-                f"training step {where} runs forward and loss in fp32 (line {lines}): "
-                f"wrap them in torch.autocast; {recipe} ({decision.why})"
-            )
+            flow = decision.amp.step_coverage(steps[0]).flow
+            if len(steps) == 1 and _forward_in_caller(facts, steps[0]) and flow is not None:
+                caller = flow.function.name.value if flow.function is not None else "module level"
+                message = (
+                    f"the forward feeding the backward {where} runs in fp32 (line {lines}, in `{caller}`): "
+                    f"wrap it, not the backward, in torch.autocast{cost}; {recipe} ({decision.why})"
+                )
+            else:
+                message = (
+                    f"training step {where} runs forward and loss in fp32 (line {lines}): "
+                    f"wrap them in torch.autocast{cost}; {recipe} ({decision.why})"
+                )
             yield self.finding(
                 facts,
                 first_node,
@@ -190,6 +249,32 @@ class MissingAutocast(ScriptRule):
                     lambda steps=steps: _plan(facts, decision, steps),
                 ),
             )
+        for step, coverage in decision.partly:
+            yield self._partly_covered(facts, step, coverage)
+
+    def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:
+        assert coverage.flow is not None
+        uncovered = sorted((s for s in coverage.flow.forwards if not s.covered), key=lambda s: facts.line_of(s.node))
+        numbers = [str(facts.line_of(s.node)) for s in uncovered]
+        lines = ("line " if len(numbers) == 1 else "lines ") + ", ".join(numbers)
+        if coverage.kind == PARTIAL:
+            message = (
+                f"the forward ({lines}) runs in fp32 outside the autocast block that covers only the loss: "
+                "its GEMMs and convolutions never reach the Tensor Cores; put the forward under the autocast"
+            )
+            description = "move the forward into the autocast block"
+        else:
+            message = (
+                f"autocast covers only some of the model branches: the forward on {lines} runs in fp32; "
+                "put every branch's forward under the same autocast"
+            )
+            description = "wrap the other branches' forward in the same autocast"
+        return self.finding(
+            facts,
+            uncovered[0].node,
+            message,
+            fix=self.planned_fix(FixClass.NUMERICS, description, lambda: _plan_partial(facts, step, coverage)),
+        )
 
 
     def _after_cast_removal(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
@@ -224,6 +309,9 @@ def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode
     loss and then the generator's) belongs to that step: only the statements after the last other
     backward before this one are this step's, so no wrap takes in another step's backward."""
     statements = loss_statements(facts, step)
+    caller_forward = _forward_in_caller(facts, step)
+    if not statements and caller_forward:
+        return [s.node for s in caller_forward]
     if statements:
         here = step.backward.statement
         others = {id(s.backward.statement.node) for s in facts.training_steps if s is not step and s.backward.statement}
@@ -231,6 +319,29 @@ def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode
         own = [s.node for s in statements if s.index > cut]
         return own or [s.node for s in statements]
     return [step.backward.statement.node if step.backward.statement else step.backward.node]
+
+
+def _forward_in_caller(facts: ScriptFacts, step: TrainingStep) -> list[ForwardStatement]:
+    """When the loss comes into the step's function as a parameter (``def _backward(self, loss)``),
+    the statements of the one caller that compute it, in the block of the call passing it in: the
+    forward to wrap (never the backward). Empty otherwise."""
+    if loss_statements(facts, step):
+        return []
+    flow = amp_facts(facts).step_coverage(step).flow
+    if flow is None or flow.through is None or flow.through.statement is None:
+        return []
+    block = flow.through.statement.block
+    # The passing statement itself (``self._backward(self._forward(b))``) runs the backward: never wrapped.
+    return [s for s in flow.statements if s.block is block and s.node is not flow.through.statement.node]
+
+
+def _wrap_place(facts: ScriptFacts, step: TrainingStep) -> TrainingStep:
+    """The step as seen from where its forward is wrapped: itself, or (the forward in a caller) the
+    call passing the loss in, so the autocast's device type is an expression valid there."""
+    if _forward_in_caller(facts, step):
+        through = amp_facts(facts).step_coverage(step).flow.through  # type: ignore[union-attr]
+        return TrainingStep(through, step.loss, None)  # type: ignore[arg-type]
+    return step
 
 
 def _ranges(facts: ScriptFacts, steps: list[TrainingStep]) -> tuple[dict, ...]:
@@ -251,16 +362,114 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
     device = _DevicePlanner(facts)
     ranges = _ranges(facts, steps)
     planned = []
+    in_caller = any(_forward_in_caller(facts, step) for step in steps)
     for step, step_range in zip(steps, ranges):
-        device_type, enabled = device.at(step)
+        device_type, enabled = device.at(_wrap_place(facts, step))
         statements = _block_statements(facts, step, step_range["start_line"], step_range["end_line"])
         planned.append(AutocastStep(tuple(statements), step.backward.node, device_type, enabled))
     wrapped = [id(node) for step in planned for node in step.statements]
     if len(set(wrapped)) < len(wrapped) or any(id(s.backward.statement.node) in wrapped for s in steps):
-        raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+        if any(loss_statements(facts, s) or _forward_in_caller(facts, s) for s in steps):
+            raise DeclineFix("the forward and loss of one step include another step's backward; wrap them by hand")
+        raise DeclineFix("the loss comes from outside the backward's function and its forward was not "
+                         "found; wrap the forward (not the backward) in torch.autocast by hand")
     _refuse_unsafe_ops(facts, set(wrapped))
-    grad_scaler = plan_grad_scaler(facts, steps, device) if decision.scaler else None
+    grad_scaler = None
+    if decision.scaler:
+        # The GradScaler belongs where the backward is; the wrap may sit in a caller (another function).
+        scaler_device = _DevicePlanner(facts) if in_caller else device
+        grad_scaler = plan_grad_scaler(facts, steps, scaler_device)
+        if in_caller and scaler_device.variable is not None:
+            raise DeclineFix("the GradScaler's device type would need a variable beside the backward; "
+                             "add the GradScaler by hand or use precision = \"bf16\"")
     return WrapAutocast(ranges, decision.dtype, decision.scaler, tuple(planned), device.variable, grad_scaler)
+
+
+def _plan_partial(facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> WidenAutocast | WrapBranches:
+    flow = coverage.flow
+    assert flow is not None
+    uncovered = sorted((s for s in flow.forwards if not s.covered), key=lambda s: facts.line_of(s.node))
+    if coverage.kind == PARTIAL:
+        return _plan_widen(facts, flow.statements, uncovered)
+    return _plan_branches(facts, [s for s in flow.forwards if s.covered], uncovered)
+
+
+def _plan_widen(
+    facts: ScriptFacts, statements: Sequence[ForwardStatement], uncovered: list[ForwardStatement]
+) -> WidenAutocast:
+    target = next((s.autocast for s in statements if s.covered and s.autocast is not None), None)
+    if target is None:
+        raise DeclineFix("the loss runs under autocast inside a helper; move the forward into it by hand")
+    block = uncovered[0].block
+    position = next((i for i, node in enumerate(block) if node is target), None)
+    if position is None or any(s.block is not block for s in uncovered):
+        raise DeclineFix("the forward and the autocast block are not in the same block; "
+                         "put the forward under autocast by hand")
+    first = min(s.index for s in uncovered)
+    if first > position:
+        raise DeclineFix("the forward runs after the autocast block; put it under autocast by hand")
+    moved = tuple(block[first:position])
+    _refuse_compound_or_step(facts, moved, "between the forward and the autocast block")
+    if not isinstance(target.body, cst.IndentedBlock):
+        raise DeclineFix("the autocast block is a one-line suite; put the forward under it by hand")
+    _refuse_unsafe_ops(facts, {id(node) for node in moved})
+    return WidenAutocast(
+        tuple(facts.line_of(s.node) for s in uncovered), facts.line_of(target), target, moved  # type: ignore[arg-type]
+    )
+
+
+def _plan_branches(
+    facts: ScriptFacts, covered: list[ForwardStatement], uncovered: list[ForwardStatement]
+) -> WrapBranches:
+    source = next((s for s in covered if s.autocast is not None), None)
+    if source is None or source.ctx is None:
+        raise DeclineFix("the covered branch runs under autocast through a helper; wrap the other branches by hand")
+    autocast = source.autocast
+    assert autocast is not None
+    if len(autocast.items) != 1 or autocast.items[0].asname is not None:
+        raise DeclineFix("the covered branch's autocast block has several items or an `as` name; "
+                         "wrap the other branches by hand")
+    expression = autocast.items[0].item
+    # Only where the names the autocast reads exist on the other branches too.
+    own_arms = {(id(b.test), b.taken) for b in branches(source.ctx)}
+    for forward in uncovered:
+        assert forward.ctx is not None
+        arms = own_arms - {(id(b.test), b.taken) for b in branches(forward.ctx)}
+        for name in {n.split(".")[0] for n in names_in(expression)}:
+            for binding in facts.bindings_of(name):
+                if binding.ctx.function is source.ctx.function and arms & {
+                    (id(b.test), b.taken) for b in branches(binding.ctx)
+                }:
+                    raise DeclineFix(f"`{name}`, which the autocast reads, is set on the covered branch only; "
+                                     "wrap the other branches by hand")
+    groups = []
+    for block in {id(s.block): s.block for s in uncovered}.values():
+        indices = [s.index for s in uncovered if s.block is block]
+        group = tuple(block[min(indices): max(indices) + 1])
+        _refuse_compound_or_step(facts, group, "in an uncovered branch's forward")
+        groups.append(group)
+    _refuse_unsafe_ops(facts, {id(node) for group in groups for node in group})
+    return WrapBranches(
+        tuple(facts.line_of(s.node) for s in uncovered),
+        facts.module.code_for_node(expression),
+        tuple(groups),  # type: ignore[arg-type]
+    )
+
+
+def _refuse_compound_or_step(facts: ScriptFacts, nodes: Sequence[cst.CSTNode], where: str) -> None:
+    for node in nodes:
+        if not isinstance(node, cst.SimpleStatementLine):
+            raise DeclineFix(f"a compound statement {where} (line {facts.line_of(node)}); "
+                             "put the forward under autocast by hand")
+    inside = {id(node) for node in nodes}
+    for call in facts.calls:
+        if call.statement is not None and id(call.statement.node) in inside and call.method == "backward":
+            raise DeclineFix(f"a backward {where} (line {facts.line_of(call.node)}); "
+                             "put the forward under autocast by hand")
+    for call in facts.optimizer_steps:
+        if call.statement is not None and id(call.statement.node) in inside:
+            raise DeclineFix(f"an optimizer step {where} (line {facts.line_of(call.node)}); "
+                             "put the forward under autocast by hand")
 
 
 def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
@@ -360,15 +569,20 @@ class _DevicePlanner:
 def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int) -> list[cst.CSTNode]:
     """The statements of the step's block whose lines fall in [start, end]."""
     statement = step.backward.statement
-    if statement is None:
+    caller_forward = _forward_in_caller(facts, step)
+    if caller_forward:
+        block = caller_forward[0].block
+    elif statement is None:
         raise DeclineFix("the backward call is not a plain statement")
+    else:
+        block = statement.block
     chosen = [
-        node for node in statement.block
+        node for node in block
         if start <= facts.line_of(node) and facts.position(node).end.line <= end
     ]
     if not chosen:
         raise DeclineFix("the forward and loss are not statements of the backward's block")
-    indices = [next(i for i, n in enumerate(statement.block) if n is node) for node in chosen]
+    indices = [next(i for i, n in enumerate(block) if n is node) for node in chosen]
     if indices != list(range(indices[0], indices[0] + len(indices))):
         raise DeclineFix("the forward and loss statements are not contiguous")
     return chosen
@@ -461,7 +675,15 @@ class MissingAutocastFix(Codemod):
         torch_name = torch_import_name(facts) or "torch"
         editor = AutocastEditor()
         for finding in findings:
-            plan: WrapAutocast = finding.fix.plan
+            plan = finding.fix.plan
+            if isinstance(plan, WidenAutocast):
+                editor.widen(plan.autocast, list(plan.statements))
+                continue
+            if isinstance(plan, WrapBranches):
+                for group in plan.groups:
+                    editor.wrap(list(group), plan.context)
+                continue
+            assert isinstance(plan, WrapAutocast)
             if plan.device_variable is not None:
                 variable = plan.device_variable
                 editor.insert_before(variable.loop, [parse_statement(f"{variable.name} = {variable.code}", module)])
@@ -485,6 +707,13 @@ class AutocastEditor(StatementEditor):
         self.wraps: dict[int, tuple[list[int], str]] = {}
         self.backwards: dict[int, str] = {}
         self.steps: dict[int, str] = {}
+        self.widened: dict[int, list[int]] = {}  # an autocast ``with`` -> the statements moved into it
+        self.moved: set[int] = set()
+
+    def widen(self, autocast: cst.With, statements: list[cst.CSTNode]) -> None:
+        """Move ``statements`` (just before ``autocast`` in its block) to the start of its body."""
+        self.widened[id(autocast)] = [id(s) for s in statements]
+        self.moved.update(id(s) for s in statements)
 
     def wrap(self, statements: list[cst.CSTNode], context_expr: str) -> None:
         self.wraps[id(statements[0])] = ([id(s) for s in statements], context_expr)
@@ -520,15 +749,33 @@ class AutocastEditor(StatementEditor):
         return updated_node
 
     def _rebuild(self, original_body, updated_body) -> list:
-        if not self.wraps:
+        if not self.wraps and not self.widened:
             return super()._rebuild(original_body, updated_body)
         originals = list(original_body)
         updated = list(updated_body)
         out_original: list = []
         out_updated: list = []
+        pending: list = []  # moved statements waiting for their autocast block
         index = 0
         while index < len(originals):
             node = originals[index]
+            if id(node) in self.moved:
+                pending.append(updated[index])
+                index += 1
+                continue
+            if id(node) in self.widened and pending:
+                widened = updated[index]
+                leading = [*getattr(pending[0], "leading_lines", ()), *widened.leading_lines]
+                pending[0] = pending[0].with_changes(leading_lines=[])
+                widened = widened.with_changes(
+                    leading_lines=leading,
+                    body=widened.body.with_changes(body=[*pending, *widened.body.body]),
+                )
+                pending = []
+                out_original.append(node)
+                out_updated.append(widened)
+                index += 1
+                continue
             wrap = self.wraps.get(id(node))
             if wrap is None:
                 out_original.append(node)

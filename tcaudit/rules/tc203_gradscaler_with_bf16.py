@@ -1,8 +1,11 @@
 """TC203 gradscaler-with-bf16: a GradScaler beside bf16 autocast scales for nothing.
 
-Detects a GradScaler (not disabled) in a file whose every training autocast is bf16.
+Detects a GradScaler that may run (built enabled, or with ``enabled=`` a flag such as ``args.amp`` or
+``use_fp16``, or a test for fp16 on a dtype that may be fp16) in a file whose every training autocast
+is bf16 for sure. Not reported for ``enabled=False`` or a test that cannot hold
+(``enabled=(dtype == torch.float16)`` with ``dtype = torch.bfloat16``).
 
-Fix (safe): remove the scaler: its creation, ``scaler.update()`` and ``scaler.unscale_(opt)``
+Fix (safe): remove the scaler (what a disabled scaler does, so a flag that enables it changes nothing): its creation, ``scaler.update()`` and ``scaler.unscale_(opt)``
 statements go, ``scaler.scale(loss)`` becomes ``loss`` and ``scaler.step(opt)`` becomes
 ``opt.step()``. Declined when the scaler is created conditionally, not assigned to a name, used for
 anything else (``state_dict`` for a checkpoint), passed around, or shares a line with other code.
@@ -18,7 +21,7 @@ import libcst as cst
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.amp import BF16, amp_facts
+from tcaudit.script.amp import BF16, HALF, UNKNOWN, amp_facts, dtypes_of
 from tcaudit.script.facts import GRADSCALER_SUFFIXES, CallSite, ScriptFacts
 
 _SCALER_METHODS = frozenset({"scale", "step", "update", "unscale_"})
@@ -50,12 +53,15 @@ class GradScalerWithBf16(ScriptRule):
             if not qual.endswith(GRADSCALER_SUFFIXES):
                 continue
             enabled = call.arg("enabled")
+            if enabled is not None and not may_be_true(facts, enabled):
+                continue  # ``enabled=False``, or a test for fp16 on a dtype that is bf16 for sure
+            when = ""
             if enabled is not None and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
-                continue  # ``enabled=(dtype == torch.float16)`` or ``enabled=False``: deliberate
+                when = f" (enabled by `{facts.module.code_for_node(enabled)}`)"
             yield self.finding(
                 facts,
                 call.node,
-                "GradScaler with bf16 autocast: bf16 has fp32's exponent range, so loss scaling only "
+                f"GradScaler{when} with bf16 autocast: bf16 has fp32's exponent range, so loss scaling only "
                 "adds a scale, an unscale and an inf check to every step; remove the scaler",
                 fix=self.planned_fix(
                     FixClass.SAFE,
@@ -63,6 +69,28 @@ class GradScalerWithBf16(ScriptRule):
                     lambda call=call: _plan(facts, call),
                 ),
             )
+
+
+def may_be_true(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
+    """Whether a scaler's ``enabled=`` may hold: anything but ``False`` and a test for fp16 on a dtype
+    that can only be something else (``dtype == torch.float16`` with ``dtype = torch.bfloat16``).
+    A flag (``args.amp``, ``use_fp16``) may be set, so the scaler may run beside the bf16 autocast."""
+    values = [v for v in facts.binding_values(expr) if not isinstance(v, (cst.IfExp, cst.BooleanOperation))]
+    return any(_value_may_be_true(facts, value) for value in values) if values else True
+
+
+def _value_may_be_true(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.Name) and value.value == "False":
+        return False
+    if isinstance(value, cst.Comparison) and len(value.comparisons) == 1:
+        target = value.comparisons[0]
+        if isinstance(target.operator, (cst.Equal, cst.Is)):
+            sides = (value.left, target.comparator)
+            for tested, literal in (sides, sides[::-1]):
+                if dtypes_of(facts, literal) == frozenset({HALF}):
+                    seen = dtypes_of(facts, tested)
+                    return HALF in seen or UNKNOWN in seen
+    return True
 
 
 def _plan(facts: ScriptFacts, call: CallSite) -> RemoveScaler:

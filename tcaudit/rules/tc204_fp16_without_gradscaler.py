@@ -73,6 +73,12 @@ class Fp16WithoutGradScaler(ScriptRule):
         if not amp.has_optimizer:
             raise DeclineFix("no torch.optim optimizer: GradScaler.step needs one (use bf16 instead)")
         steps = [s for s in facts.training_steps if s.function is function and not s.scaler]
+        if not steps and function is not None:
+            # The autocast opens in a forward helper (``_forward``); the scaler goes where the backward
+            # is (``_backward``, or the caller of ``loss = self._forward(batch)``).
+            steps = [s for s in facts.training_steps if not s.scaler and function in amp.helpers_on_loss_path(s)]
+            if len({id(s.function) for s in steps}) > 1:
+                raise DeclineFix("the fp16 forward feeds backwards in several functions; add the GradScaler by hand")
         if not steps:
             raise DeclineFix("the backward is not in the function that opens the fp16 autocast")
         return AddScaler(function, plan_grad_scaler(facts, steps))

@@ -46,7 +46,7 @@ class Tf32Disabled(ScriptRule):
             return  # fp64 never uses TF32; a model cast to fp16/bf16 runs its GEMMs on tensor cores already
         step = facts.training_steps[0]
         models = pipeline.trained_models
-        convnet = bool(models) and all(pipeline.is_conv_construction(m.construction) for m in models)
+        convnet = bool(models) and all(pipeline.is_convnet(m, context.models) for m in models)
         if convnet:
             cost = cost_note(self.spec, context.settings.gpu, "convnet")
             message = (

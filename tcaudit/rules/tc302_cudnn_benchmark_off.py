@@ -28,7 +28,7 @@ class CudnnBenchmarkOff(ScriptRule):
         pipeline = pipeline_facts(facts)
         if not pipeline.owns_cuda_training or _cudnn_configured(facts):
             return
-        models = pipeline.conv_models
+        models = pipeline.convnets(context.models)  # the audit's FLOP shares where it built the model
         if not models:
             return
         model = models[0]

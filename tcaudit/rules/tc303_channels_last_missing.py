@@ -20,6 +20,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
 from tcaudit.rules.tc201_missing_autocast import MissingAutocast
 from tcaudit.script.amp import amp_facts
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
@@ -45,20 +46,21 @@ CONV3D_LAYERS = frozenset(
 _KNOWN_FACTORIES = ("torchvision.models.", "timm.")
 
 
-def autocast_planned(facts: ScriptFacts, settings: Settings | None) -> str | None:
+def autocast_planned(facts: ScriptFacts, context: RuleContext | None) -> str | None:
     """The dtype (``"float16"``/``"bfloat16"``) TC201's fix will put this script's training under, or
     None when it adds no autocast (TC201 off, nothing to fix, or its fix declined).
 
     Asks TC201's own check rather than ``tc201.planned_autocast``: the check also counts the autocast
     TC201 adds in the round after TC206 drops a half-precision model cast, which ``planned_autocast``
     (the decision on the text as it stands) does not."""
-    settings = settings or Settings()
-    if "TC201" not in settings.enabled_rules():
+    if context is None or context.settings is None:
+        context = RuleContext(Settings(), context.models if context is not None else None)
+    if "TC201" not in context.settings.enabled_rules():
         return None
-    context = RuleContext(settings)
     if not any(f.fix is not None and f.fix.available for f in MissingAutocast().check(facts, context)):
         return None
-    return amp_facts(facts).recommended_precision(settings.precision)[0]
+    convnet = pipeline_facts(facts).audited_convnet(context.models)
+    return amp_facts(facts).recommended_precision(context.settings.precision, convnet)[0]
 
 
 # -- the plan: which calls and statements change ------------------------------------------------------
@@ -107,16 +109,20 @@ class ChannelsLastMissing(ScriptRule):
             return
         if "channels_last" in strip_comments(facts.source.text):
             return  # any use (model, inputs, a --channels-last flag) is the user's decision
-        if not pipeline.conv_models:
+        # The model audit's FLOP shares decide where it built the model (a factory, a name picked at run
+        # time, a transformer whose patch embedding is a conv); the script's text decides elsewhere.
+        convnets = pipeline.convnets(context.models)
+        if not convnets:
             return
         if pipeline.trains_under_autocast:
             before_autocast = False
-        elif autocast_planned(facts, context.settings) is not None:
+        elif autocast_planned(facts, context) is not None:
             before_autocast = True  # TC201's fix adds autocast: the conversion belongs to the same recipe
         else:
             return
         reported: set[str] = set()
-        for model in pipeline.conv_models:
+        cost = cost_note(self.spec, context.settings.gpu, "resnet50")
+        for model in convnets:
             if model.name in reported:
                 continue
             reported.add(model.name)
@@ -124,7 +130,7 @@ class ChannelsLastMissing(ScriptRule):
             line = facts.position(model.construction).end.line
             why = (
                 "half-precision convolutions run on tensor cores in channels_last (NHWC); NCHW adds a transpose "
-                f"around every conv (ResNet50 on H200: 2414 → 4695 img/s). Add `{code}`"
+                f"around every conv{cost}. Add `{code}`"
             )
             if before_autocast:
                 message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout; {why}"
@@ -137,14 +143,19 @@ class ChannelsLastMissing(ScriptRule):
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     "convert the model to channels_last after it is built",
-                    lambda name=model.name, code=code, line=line: _channels_last_plan(facts, pipeline, name, code, line),
+                    lambda name=model.name, code=code, line=line: _channels_last_plan(
+                        facts, pipeline, convnets, context, name, code, line
+                    ),
                 ),
             )
 
 
-def _channels_last_plan(facts: ScriptFacts, pipeline: PipelineFacts, name: str, code: str, line: int) -> ChannelsLastPlan:
+def _channels_last_plan(
+    facts: ScriptFacts, pipeline: PipelineFacts, convnets: list[ModelSite], context: RuleContext, name: str, code: str,
+    line: int,
+) -> ChannelsLastPlan:
     channels_last = f"{torch_import_name(facts) or 'torch'}.channels_last"
-    sites = [site for site in pipeline.conv_models if site.name == name]
+    sites = [site for site in convnets if site.name == name]
     for site in sites:
         _check_model(facts, pipeline, site)
     edits: list[Edit] = []
@@ -155,7 +166,7 @@ def _channels_last_plan(facts: ScriptFacts, pipeline: PipelineFacts, name: str, 
             continue  # one statement builds the model in both branches of a factory
         planned.add(id(binding.statement.node))
         edits.append(_model_edit(facts, binding, site.name, channels_last))
-    if all(_takes_images(facts, pipeline, site) for site in sites):
+    if all(_takes_images(facts, pipeline, site) or _audited_image_input(pipeline, site, context) for site in sites):
         edits.extend(_input_edits(facts, pipeline, name, channels_last))
     return ChannelsLastPlan(line, name, code, tuple(edits), channels_last)
 
@@ -332,6 +343,12 @@ def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, 
         return _builds_image_layer(facts, site.construction, by_name, depth)
     cls = by_name.get(dotted.split(".")[-1])
     return cls is not None and _class_takes_images(facts, cls, by_name, depth)
+
+
+def _audited_image_input(pipeline: PipelineFacts, site: ModelSite, context: RuleContext) -> bool:
+    """The model audit fed this model a rank-4 floating batch."""
+    profile = pipeline.profile_of(site, context.models)
+    return profile is not None and profile.image_input
 
 
 def _class_takes_images(facts: ScriptFacts, cls: cst.ClassDef, by_name: dict, depth: int) -> bool:

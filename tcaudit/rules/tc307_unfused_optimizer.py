@@ -108,7 +108,7 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
         if facts.mentions_gradscaler:
             return _FUSED_SGD_NAN
-        if autocast_planned(facts, context.settings) == "float16":
+        if autocast_planned(facts, context) == "float16":
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:

@@ -1,5 +1,9 @@
 """TC406 tensor-created-then-moved: ``torch.zeros(...).cuda()`` instead of ``torch.zeros(..., device=...)``.
 
+Also through a slice (``torch.arange(n)[:k].cuda()``) and through a name bound in the same block and
+not read before the move (``x = torch.randn(...)`` then ``x = x.to(device)``); not for a tensor made
+from host data (``torch.tensor(batch)``), which is copied however it is made.
+
 Fix (safe; numerics for random factories in the training step, whose CPU and CUDA generators draw
 different numbers from one seed): pass the device to the factory and drop the ``.cuda()``/``.to()``
 call. Declined when the move also changes the dtype or layout, when the tensor requires grad (created
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
@@ -37,12 +42,16 @@ _MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blo
 
 @dataclass(frozen=True, eq=False)
 class FoldDevice(FixPlan):
-    """``factory(...).method(device)`` becomes ``factory(..., device=device)``."""
+    """``factory(...).method(device)`` becomes ``factory(..., device=device)``; through a slice
+    (``torch.arange(n)[:k].cuda()``) or a name (``x = torch.randn(...)`` then ``x = x.to(device)``)
+    the factory gets the device and the move gives way to what it moved."""
 
     kind = "move-device-into-factory"
-    move: cst.Call  # the ``.cuda()``/``.to()`` call on the factory call, replaced by the latter
+    move: cst.Call  # the ``.cuda()``/``.to()`` call, replaced by its receiver
     device: str
     method: str
+    factory: cst.Call  # gets ``device=``
+    removed: cst.SimpleStatementLine | None = None  # ``x = x.to(device)``: nothing left to do once folded
 
 
 class TensorCreatedThenMoved(ScriptRule):
@@ -58,11 +67,12 @@ class TensorCreatedThenMoved(ScriptRule):
         pipeline = pipeline_facts(facts)
         by_node = {id(c.node): c for c in facts.calls}
         for call in facts.calls:
-            if call.method not in ("cuda", "to") or not isinstance(call.receiver, cst.Call):
+            if call.method not in ("cuda", "to") or call.receiver is None or not moves_to_device(call):
                 continue
-            factory = by_node.get(id(call.receiver))
-            if factory is None or factory.qualname not in FACTORIES or not moves_to_device(call):
+            created = _created_by_factory(facts, by_node, call)
+            if created is None:
                 continue
+            factory, removed, origin = created
             node = factory.node
             if any(keyword_arg(node, key) is not None for key in ("device", "generator", "pin_memory", "out")):
                 continue  # a CPU generator or pinned staging buffer is deliberate
@@ -74,19 +84,144 @@ class TensorCreatedThenMoved(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`torch.{name}(...)` builds the tensor in host memory and then copies it to the device"
+                f"`torch.{name}(...)`{origin} builds the tensor in host memory and then copies it to the device"
                 f"{' on every step' if per_step else ''}; create it there: `torch.{name}(..., device={target})`",
                 severity=None if per_step else Severity.INFO,
                 fix=self.planned_fix(
                     FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
                     f"pass device={target} to torch.{name} and drop the .{call.method}() call",
-                    lambda call=call, target=target, name=name, per_step=per_step: _plan(call, target, name, per_step),
+                    lambda call=call, target=target, name=name, per_step=per_step, node=node, removed=removed: _plan(
+                        call, node, removed, target, name, per_step),
                 ),
             )
 
 
-def _plan(call: CallSite, device: str, name: str, per_step: bool) -> FoldDevice:
-    factory: cst.Call = call.receiver  # type: ignore[assignment]  # a factory call, by detection
+def _created_by_factory(
+    facts: ScriptFacts, by_node: dict[int, CallSite], move: CallSite
+) -> tuple[CallSite, cst.SimpleStatementLine | None, str] | None:
+    """The factory call whose tensor ``move`` copies to the device, the statement a fold makes empty,
+    and how the tensor got there (for the message): the factory itself (``torch.zeros(n).cuda()``), a
+    slice of it (``torch.arange(n)[:k].cuda()``), or a name bound to either in the same block and read
+    nowhere else before the move (``x = torch.randn(...)`` then ``x = x.to(device)``)."""
+    receiver = move.receiver
+    sliced = receiver
+    while isinstance(sliced, cst.Subscript):
+        sliced = sliced.value
+    if isinstance(sliced, cst.Call):
+        factory = by_node.get(id(sliced))
+        if factory is None or factory.qualname not in FACTORIES:
+            return None
+        if sliced is not receiver and not _builds_from_shape(factory):
+            return None
+        return factory, None, "" if sliced is receiver else " (sliced)"
+    if not isinstance(receiver, cst.Name) or move.statement is None:
+        return None
+    return _created_through_name(facts, by_node, move, receiver.value)
+
+
+def _created_through_name(
+    facts: ScriptFacts, by_node: dict[int, CallSite], move: CallSite, name: str
+) -> tuple[CallSite, cst.SimpleStatementLine | None, str] | None:
+    here = move.statement
+    assert here is not None
+    earlier = [
+        b for b in facts.bindings_of(name)
+        if b.statement is not None and b.statement.block is here.block and b.statement.index < here.index
+    ]
+    if not earlier:
+        return None
+    binding = max(earlier, key=lambda b: b.statement.index)  # type: ignore[union-attr]
+    statement = binding.statement.node  # type: ignore[union-attr]
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not binding.value:
+        return None
+    value = binding.value
+    while isinstance(value, cst.Subscript):
+        value = value.value
+    factory = by_node.get(id(value)) if isinstance(value, cst.Call) else None
+    if factory is None or factory.qualname not in FACTORIES or not _builds_from_shape(factory):
+        return None
+    between = here.block[binding.statement.index + 1:here.index]  # type: ignore[union-attr]
+    if any(_reads(node, name) for node in between):
+        return None  # the host tensor is used on the host too before it moves
+    moved = here.node
+    rebinds = (
+        isinstance(moved, cst.SimpleStatementLine) and len(moved.body) == 1 and isinstance(moved.body[0], cst.Assign)
+        and len(moved.body[0].targets) == 1 and get_full_name_for_node(moved.body[0].targets[0].target) == name
+    )
+    if rebinds:
+        if _reads(moved, name) != 2:  # the target and the moved tensor
+            return None
+    else:
+        scope = move.ctx.function or facts.module
+        if _reads(scope, name) != 2:  # the creation and the move: the host tensor has no other use
+            return None
+    for dependency in _reads_any(move.node.args):
+        if any(b.statement is not None and any(b.statement.node is n or b.ctx.inside(n) for n in between)
+               for b in facts.bindings_of(dependency)):
+            return None  # the device is chosen after the tensor is made
+    removed = moved if rebinds and moved.body[0].value is move.node else None  # type: ignore[union-attr]
+    return factory, removed, f" (`{name}`, line {facts.line_of(statement)})"
+
+
+def _builds_from_shape(factory: CallSite) -> bool:
+    """Not ``torch.tensor(batch)``: a tensor made from host data is copied however it is made; only
+    literal data (``torch.tensor([0.485, 0.456, 0.406])``) or a shape is worth creating on the device."""
+    if factory.qualname not in ("torch.tensor", "torch.as_tensor"):
+        return True
+    data = factory.arg("data", 0)
+    return data is not None and _is_literal(data)
+
+
+def _is_literal(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _is_literal(node.expression)
+    if isinstance(node, (cst.List, cst.Tuple)):
+        return all(isinstance(e, cst.Element) and _is_literal(e.value) for e in node.elements)
+    return False
+
+
+def _reads(node: cst.CSTNode, name: str) -> int:
+    """How often ``name`` is written as a plain name under ``node`` (``obj.name`` does not count)."""
+    count = 0
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal count
+            count += n.value == name
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+    node.visit(_Names())
+    return count
+
+
+def _reads_any(args: Sequence[cst.Arg]) -> set[str]:
+    out: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            out.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+    for arg in args:
+        arg.value.visit(_Names())
+    return out
+
+
+def _plan(
+    call: CallSite, factory: cst.Call, removed: cst.SimpleStatementLine | None,
+    device: str, name: str, per_step: bool,
+) -> FoldDevice:
     if name.startswith("rand") and not per_step:
         # Outside the step loop a random factory usually draws something the run depends on: a
         # seeded train/val split (randperm), an initialisation. The CUDA generator draws other
@@ -107,7 +242,7 @@ def _plan(call: CallSite, device: str, name: str, per_step: bool) -> FoldDevice:
             "the tensor requires grad: created on the device it becomes a leaf, and in-place writes "
             "that work on the moved copy would raise"
         )
-    return FoldDevice(call.node, device, method)
+    return FoldDevice(call.node, device, method, factory, removed)
 
 
 def _device_text(facts: ScriptFacts, call: CallSite) -> str:
@@ -139,10 +274,15 @@ class TensorCreatedThenMovedFix(Codemod):
         for finding in findings:
             plan: FoldDevice = finding.fix.plan
             device = parse_expression(plan.device, module)
-
-            def fold(node: cst.Call, device=device) -> cst.BaseExpression:
-                inner = node.func.value  # type: ignore[attr-defined]  # the factory call, as updated
-                return add_keyword(inner, "device", device).with_changes(lpar=node.lpar, rpar=node.rpar)
-
-            editor.rewrite_call(plan.move, fold)
+            # The factory is inside the move (or earlier in the file), so it is rewritten first.
+            editor.rewrite_call(plan.factory, lambda node, device=device: add_keyword(node, "device", device))
+            editor.rewrite_call(plan.move, _moved_value)
+            if plan.removed is not None:
+                editor.remove(plan.removed)
         return module.visit(editor)
+
+
+def _moved_value(node: cst.Call) -> cst.BaseExpression:
+    """``x.cuda()`` → ``x``, keeping the parentheses written around the call."""
+    inner = node.func.value  # type: ignore[attr-defined]  # a method call, by detection
+    return inner.with_changes(lpar=[*node.lpar, *inner.lpar], rpar=[*inner.rpar, *node.rpar]) if node.lpar else inner

@@ -1077,7 +1077,7 @@ def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
     chosen: list[Statement] = []
     for index in range(statement.index - 1, -1, -1):
         node = statement.block[index]
-        targets = _assigned_names(node)
+        targets = assigned_names(node)
         if not targets or not (targets & wanted):
             continue
         if _is_data_movement(node):
@@ -1134,7 +1134,8 @@ def _names_in(node: cst.CSTNode) -> set[str]:
     return names
 
 
-def _assigned_names(node: cst.CSTNode) -> set[str]:
+def assigned_names(node: cst.CSTNode) -> set[str]:
+    """The dotted names a simple statement assigns (tuple targets unpacked); empty for anything else."""
     out: set[str] = set()
     if isinstance(node, cst.SimpleStatementLine):
         for small in node.body:

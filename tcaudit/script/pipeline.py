@@ -30,6 +30,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import FixPlan
+from tcaudit.model_profile import AuditedModels, ModelProfile
 from tcaudit.script.facts import CUDA_EVIDENCE_TEXT, CallSite, Frame, ScriptFacts
 from tcaudit.source.syntax import is_main_guard, param_names
 
@@ -567,7 +568,31 @@ class PipelineFacts:
 
     @functools.cached_property
     def conv_models(self) -> list[ModelSite]:
+        """The trained convnets, as the script's text shows them (see :meth:`convnets`)."""
         return [site for site in self.trained_models if self.is_conv_construction(site.construction)]
+
+    def profile_of(self, site: ModelSite, models: "AuditedModels | None") -> "ModelProfile | None":
+        """What the model audit measured about this trained model, if it audited it."""
+        if models is None:
+            return None
+        return models.for_site(site.name, self.facts.module.code_for_node(site.construction))
+
+    def is_convnet(self, site: ModelSite, models: "AuditedModels | None") -> bool:
+        """The audit's FLOP shares where it built the model (a factory, a registry, a name picked at run
+        time); the script's text otherwise."""
+        profile = self.profile_of(site, models)
+        return profile.is_convnet if profile is not None else self.is_conv_construction(site.construction)
+
+    def convnets(self, models: "AuditedModels | None") -> list[ModelSite]:
+        """The trained models that are convnets (channels_last, cudnn.benchmark, fp16)."""
+        if models is None:
+            return self.conv_models
+        return [site for site in self.trained_models if self.is_convnet(site, models)]
+
+    def audited_convnet(self, models: "AuditedModels | None") -> bool | None:
+        """Whether the audited trained models include a convnet; None when the audit measured none of them."""
+        profiles = [p for p in (self.profile_of(site, models) for site in self.trained_models) if p is not None]
+        return any(p.is_convnet for p in profiles) if profiles else None
 
     # -- DataLoaders -------------------------------------------------------------------------------
     @functools.cached_property

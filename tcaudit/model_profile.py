@@ -1,0 +1,70 @@
+"""What the model audit measured about the models a script builds, for the script rules.
+
+The audit (``tcaudit/model/``) builds each model on fake tensors and counts its FLOPs by kind; this
+module holds the few numbers the script rules decide with (a convnet gets channels_last, cuDNN
+benchmarking and fp16; a transformer does not, whatever the script imports), as plain frozen data.
+It imports nothing of ``tcaudit.model``: the rules read these facts, never the audit's internals.
+A file the audit did not reach (``--no-exec``, no static construction, a failed build) has no
+profile, and the rules fall back to what they infer from the script's text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+# A model whose 2-D convolutions do at least this share of its forward FLOPs is a convnet: its eager
+# speed follows the conv kernels' memory format. A ViT's patch embedding (one strided conv) stays
+# far below it (ViT-S/16: ~2%); ResNets, U-Nets and DCGAN nets are above 90%.
+CONVNET_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """One audited model of a script: where it is built, and how its forward FLOPs split by kind."""
+
+    construction: str  # the construction's code, whitespace folded (``models.__dict__[args.arch]()``)
+    assigned: str | None  # the name the construction is assigned to (``model``), if any
+    model_class: str  # the class the audit built (``ResNet``)
+    conv_share: float  # 2-D convolutions
+    gemm_share: float  # linear layers and matmuls (hand-written attention included)
+    attention_share: float  # fused scaled_dot_product_attention
+    conv3d: bool  # any 3-D convolution (channels_last cannot take rank-5 weights)
+    image_input: bool  # the forward's first input is a rank-4 floating batch
+
+    @property
+    def is_convnet(self) -> bool:
+        return self.conv_share >= CONVNET_SHARE and not self.conv3d
+
+    def describe(self) -> str:
+        return (f"the model audit measured `{self.model_class}`: {self.conv_share:.0%} of its forward FLOPs "
+                f"in convolutions, {self.gemm_share:.0%} in GEMMs, {self.attention_share:.0%} in attention")
+
+
+def construction_key(code: str) -> str:
+    """A construction's code with its whitespace folded, as both sides compare it."""
+    return " ".join(code.split())
+
+
+@dataclass(frozen=True)
+class AuditedModels:
+    """The audited models of one file, in discovery order."""
+
+    profiles: tuple[ModelProfile, ...] = ()
+
+    def for_site(self, name: str, construction_code: str) -> ModelProfile | None:
+        """The profile of the model a script rule sees as ``name`` built by ``construction_code``:
+        the same construction, else one assigned to that name (a factory the rule follows into its
+        body, or a construction a fix has since edited)."""
+        key = construction_key(construction_code)
+        for profile in self.profiles:
+            if profile.construction == key:
+                return profile
+        named = [p for p in self.profiles if p.assigned is not None and p.assigned == name.split(".")[-1]]
+        return named[0] if len(named) == 1 else None
+
+    def digest(self) -> str:
+        """Changes whenever what the rules may read changes (for the scan cache's key)."""
+        text = json.dumps([asdict(p) for p in self.profiles], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
