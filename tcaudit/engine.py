@@ -174,6 +174,7 @@ def analyse_source(
     rule costs only that part: the other rules still report."""
     source.module
     from tcaudit.rules.base import RuleContext
+    from tcaudit.rules.situations import block_created
     from tcaudit.script.facts import ScriptFacts
 
     display = source.display_path
@@ -189,7 +190,8 @@ def analyse_source(
             findings.extend(rule.check(facts, context))
         except Exception as exc:  # noqa: BLE001
             errors.append(f"{display}: internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}")
-    return facts, findings, errors
+    # A fix that would bring about what another rule's decline protects against is declined too.
+    return facts, block_created(findings), errors
 
 
 def display_path(path: Path) -> str:

@@ -69,6 +69,11 @@ class FixPlan:
                 data[f.name] = value
         return data
 
+    def creates(self) -> "tuple[Situation, ...]":
+        """The situations this edit brings about that a decline elsewhere may protect against
+        (:class:`Situation`); none by default."""
+        return ()
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FixPlan) and self.to_dict() == other.to_dict()
 
@@ -91,6 +96,29 @@ def _plain(value: Any) -> Any:
         items = {str(k): _plain(v) for k, v in value.items()}
         return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items.values()) else items
     return _NOT_PLAIN
+
+
+class SituationKind(str, enum.Enum):
+    """A state of the script that some fix's edit would bring about and that is known to break or
+    mis-train it. A declined fix names the one it protects against; the fix engine then refuses every
+    other edit that would bring it about (see :mod:`tcaudit.rules.situations`)."""
+
+    RUNS_UNDER_AUTOCAST = "runs-under-autocast"  # subject: a function that cannot run under autocast
+    FUSED_SGD_UNDER_GRADSCALER = "fused-sgd-under-gradscaler"  # subject: "" (the file)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Situation:
+    kind: SituationKind
+    subject: str = ""  # the name it concerns (a helper function); "" for the whole file
+
+    def describe(self) -> str:
+        if self.kind is SituationKind.RUNS_UNDER_AUTOCAST:
+            return f"`{self.subject}` running under autocast"
+        return "fused SGD under a GradScaler"
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,6 +159,11 @@ class Fix:
     # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
     # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
     option: str | None = None
+    # What a declined fix protects against (another rule's edit that brings it about is refused), and
+    # what an available fix's edit brings about. Neither is part of the rendered fix: they matter only
+    # while one version of the file is analysed or fixed.
+    protects: tuple["Situation", ...] = field(default=(), compare=False)
+    creates: tuple["Situation", ...] = field(default=(), compare=False)
 
     @property
     def applies_by_default(self) -> bool:
@@ -145,7 +178,7 @@ class Fix:
 
     def declined(self, reason: str) -> "Fix":
         """The same fix, declined with ``reason``."""
-        return dataclasses.replace(self, available=False, reason=reason, plan=None)
+        return dataclasses.replace(self, available=False, reason=reason, plan=None, creates=())
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {

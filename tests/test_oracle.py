@@ -56,6 +56,7 @@ HALF_MODEL = Expect(original_fails=True, why="the original fails on CPU (mixed d
 
 EXPECT = {
     "tc303_cuda_branch": CHANNELS_LAST,
+    "all_eval_reload": CHANNELS_LAST,
     "all_resnet50": RESNET,
     "resnet50": RESNET,
     "tc404_persistent": Expect(compare=6, why=PERSISTENT),

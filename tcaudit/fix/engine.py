@@ -22,6 +22,8 @@ from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, discover_codemods
+from tcaudit.rules.situations import Protection, instances, protections, refusing
+from tcaudit.script.guards import unreachable_statements, used_before_import
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
@@ -98,13 +100,14 @@ def _decline_key(finding: Finding) -> tuple[str, str, str]:
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
 
 
-def _valid(code: str, display: str) -> str | None:
+def _parsed(code: str, display: str) -> tuple[cst.Module | None, str | None]:
+    """(the parsed module, None), or (None, why the code does not parse or compile)."""
     try:
-        cst.parse_module(code)
+        module = cst.parse_module(code)
         compile(code, display, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return None
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return module, None
 
 
 def fix_file(
@@ -127,6 +130,9 @@ def fix_file(
     text = source.text
     declined: dict[tuple, tuple[Finding, str]] = {}
     analysed: dict[str, tuple] = {}
+    # What declined fixes protect against, from every round so far: a later round's edit may not
+    # bring it about either (the round's own scan already declines fixes that say they would).
+    guarded: dict[tuple, Protection] = {}
 
     def analyse(version: str):
         # Each version of the text is parsed and checked once: the round's first codemod and the
@@ -147,6 +153,8 @@ def fix_file(
             result.error = f"not fixed: {exc}"
             result.fixed = source.text
             return result
+        for protection in protections(findings):
+            guarded.setdefault((protection.situation, protection.rule), protection)
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
@@ -170,6 +178,14 @@ def fix_file(
                 f for f in findings_now
                 if f.rule == rule_id and f.fix is not None and f.fix.available and not isinstance(f.fix.plan, FollowsFix)
             ]
+            kept = []
+            for finding in current:
+                protection = refusing(finding, guarded.values())
+                if protection is not None:
+                    declined[_decline_key(finding)] = (finding, protection.refusal())
+                else:
+                    kept.append(finding)
+            current = kept
             if not current:
                 continue
             context = FixContext(facts, settings)
@@ -186,13 +202,34 @@ def fix_file(
             new_text = new_module.code
             if new_text == text:
                 continue
-            problem = _valid(new_text, display)
-            if problem is not None:
+            parsed, problem = _parsed(new_text, display)
+            if parsed is None:
                 for finding in current:
                     declined[_decline_key(finding)] = (
                         finding,
                         f"the rewrite did not compile ({problem}); left unchanged",
                     )
+                continue
+            if unreachable_statements(parsed) > unreachable_statements(facts.module):
+                for finding in current:
+                    declined[_decline_key(finding)] = (
+                        finding,
+                        "the edit would land after a `return` (or raise, continue, break), where it never runs; "
+                        "left unchanged",
+                    )
+                continue
+            early = sorted(used_before_import(parsed) - used_before_import(facts.module))
+            if early:
+                for finding in current:
+                    declined[_decline_key(finding)] = (
+                        finding,
+                        f"the edit would use `{early[0]}` before the line that imports it; left unchanged",
+                    )
+                continue
+            broken = _brought_about(rule_id, facts, new_text, guarded.values(), analyse)
+            if broken is not None:
+                for finding in current:
+                    declined[_decline_key(finding)] = (finding, broken.refusal())
                 continue
             text = new_text
             changed = True
@@ -208,6 +245,24 @@ def fix_file(
     remaining_keys = {_decline_key(f) for f in result.remaining}
     result.declined = [v for k, v in declined.items() if k in remaining_keys]
     return result
+
+
+def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> Protection | None:
+    """The protection (of another rule) that the edit from ``before``'s text to ``new_text`` breaks,
+    counting each protected situation on both sides; None when it breaks none or cannot be told."""
+    others = [p for p in guarded if p.rule != rule_id]
+    if not others:
+        return None
+    try:
+        after, _ = analyse(new_text)
+    except (SourceError, FixAnalysisError):
+        return None
+    if after is None:
+        return None
+    for protection in others:
+        if instances(protection.situation, after) > instances(protection.situation, before):
+            return protection
+    return None
 
 
 def write_fix(result: FileFix, path: Path) -> None:

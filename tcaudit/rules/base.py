@@ -71,12 +71,13 @@ class ScriptRule:
         option: str | None = None,
     ) -> Fix:
         """A fix whose plan is made now: ``plan()`` returns what the fix will edit, or raises
-        :class:`DeclineFix` with the reason it cannot be done safely (then the finding says so)."""
+        :class:`DeclineFix` with the reason it cannot be done safely (then the finding says so, and
+        the situations the decline protects against are kept on the fix)."""
         try:
             made = plan()
         except DeclineFix as exc:
-            return Fix(fix_class, description, available=False, reason=str(exc), option=option)
-        return Fix(fix_class, description, plan=made, option=option)
+            return Fix(fix_class, description, available=False, reason=str(exc), option=option, protects=exc.protects)
+        return Fix(fix_class, description, plan=made, option=option, creates=made.creates())
 
     def finding(
         self,

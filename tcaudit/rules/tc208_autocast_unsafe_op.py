@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts
@@ -75,7 +75,8 @@ class AutocastUnsafeOp(ScriptRule):
                     "sparse matrix multiply under fp16 autocast: there is no fp16 sparse kernel; run it "
                     "outside autocast on float32 inputs",
                     fix=Fix(FixClass.NUMERICS, "move the sparse op out of autocast", available=False,
-                            reason="which inputs are sparse is not visible statically"),
+                            reason="which inputs are sparse is not visible statically",
+                            protects=_helper_under_autocast(facts, call)),
                 )
 
     def _after_autocast_fix(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
@@ -130,10 +131,24 @@ def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
     return None
 
 
+def _helper_under_autocast(facts: ScriptFacts, call: CallSite) -> tuple[Situation, ...]:
+    """The situation an unfixable op in a helper called under autocast is kept out of: more calls of
+    that helper under autocast. None for an op written in the autocast block itself."""
+    helper = call.ctx.function
+    if helper is None or facts.autocast_frame(call.ctx) is not None:
+        return ()
+    return (Situation(SituationKind.RUNS_UNDER_AUTOCAST, helper.name.value),)
+
+
 def _plan(facts: ScriptFacts, amp: AmpFacts, call: CallSite) -> BceOutsideAutocast:
     frame = facts.autocast_frame(call.ctx)
     if frame is None or frame.kind != "with":
-        raise DeclineFix("the loss is computed in a helper called under autocast; move it out by hand")
+        helper = call.ctx.function
+        raise DeclineFix(
+            "the loss is computed in a helper called under autocast; move it out by hand",
+            # No other fix may put more calls of the helper under autocast (TC201 wrapping another step).
+            protects=(Situation(SituationKind.RUNS_UNDER_AUTOCAST, helper.name.value),) if helper is not None else (),
+        )
     sites = {id(s.call.node): s for s in amp.autocast_sites}
     site = next((sites[id(item.item)] for item in frame.node.items if id(item.item) in sites), None)
     if site is None:

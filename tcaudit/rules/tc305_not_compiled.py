@@ -24,6 +24,7 @@ from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
+from tcaudit.script.guards import training_phase
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import call_nodes
 from tcaudit.source.triggers import all_of
@@ -115,6 +116,12 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
     bindings = [b for b in facts.bindings_of(name) if not facts.in_eval(b.ctx)]
     if not bindings:
         raise DeclineFix(f"could not find where the trained model `{name}` is built")
+    # ``model = Net(); model.load_state_dict(torch.load(...))`` after the loop rebuilds the model for
+    # evaluation: compiling there would leave the training uncompiled (and compile after training).
+    training = [b for b in bindings if b.statement is None or training_phase(facts, b.ctx, b.statement.node) != "after"]
+    if not training:
+        raise DeclineFix(f"`{name}` is only built after its training loop here; compile it by hand where it trains")
+    bindings = training
     replicated = _check_wraps(facts, name)
     builds, wraps_of_other = [], []
     for binding in bindings:

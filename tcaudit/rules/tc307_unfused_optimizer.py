@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, FixClass, FixPlan, Situation, SituationKind
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -86,8 +86,13 @@ def _fused_plan(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, con
         raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
     reason = _why_not(facts, pipeline, call, context)
     if reason is not None:
-        raise DeclineFix(reason)
+        under_scaler = _FUSED_SGD_NAN in reason
+        raise DeclineFix(reason, protects=(Situation(SituationKind.FUSED_SGD_UNDER_GRADSCALER),) if under_scaler else ())
     return AddFused(call.node)
+
+
+_FUSED_SGD_NAN = ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
+                  "keeping the default foreach SGD")
 
 
 def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, context: RuleContext) -> str | None:
@@ -95,11 +100,9 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         # Measured on an H200 with torch 2.11 (benchmarks/results/h200): the naive ResNet50 patched with
         # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
         if facts.mentions_gradscaler:
-            return ("fused SGD under a GradScaler turned ResNet50's loss into NaN on an H200 (torch 2.11); "
-                    "keeping the default foreach SGD")
+            return _FUSED_SGD_NAN
         if autocast_planned(facts, context) == "float16":
-            return ("TC201's fix adds fp16 autocast with a GradScaler, and fused SGD under a GradScaler turned "
-                    "ResNet50's loss into NaN on an H200 (torch 2.11); keeping the default foreach SGD")
+            return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:
         return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"

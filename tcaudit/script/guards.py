@@ -5,7 +5,8 @@ A training script's AMP path and its plain path are often two arms of one ``if``
 put code in the other, and code after both arms runs on either: an edit there that names an object
 of one arm (the GradScaler) needs that arm's condition around it. This module answers those
 questions from the frames ScriptFacts records (``if`` for a body, ``else`` for an orelse, both
-holding the ``If`` node), within one function.
+holding the ``If`` node), within one function; and where a statement runs relative to its function's
+training loop (a model rebuilt after the loop is an evaluation copy, not the model that trains).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.facts import Frame
+from tcaudit.script.facts import Frame, ScriptFacts
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,183 @@ def condition_code(module: cst.Module, conditions: list[Branch]) -> str | None:
     return " and ".join(
         (f"({code})" if " " in code else code) if taken else f"not ({code})" for code, taken in parts
     )
+
+
+# -- before, inside or after the training loop ------------------------------------------------------------
+
+
+def training_loops(facts: ScriptFacts, function: cst.FunctionDef | None) -> list[cst.CSTNode]:
+    """The outermost loops of ``function`` (None: the module level) that hold a training step's
+    backward, in the order they appear."""
+    loops: dict[int, cst.CSTNode] = {}
+    for step in facts.training_steps:
+        if step.function is not function:
+            continue
+        outermost = None
+        for frame in step.ctx.chain():
+            if frame.kind in ("def", "class", "lambda"):
+                break
+            if frame.kind == "loop":
+                outermost = frame.node
+        if outermost is not None:
+            loops.setdefault(id(outermost), outermost)
+    return sorted(loops.values(), key=facts.line_of)
+
+
+def training_phase(facts: ScriptFacts, ctx: Frame, node: cst.CSTNode) -> str | None:
+    """Whether ``node`` (at ``ctx``) runs ``"before"``, ``"inside"`` or ``"after"`` its function's
+    training loop, or None when that function has no training loop. Between two training loops is
+    ``"inside"``: the statement still runs before some training. A model rebuilt ``"after"`` is the
+    evaluation model reloaded from a checkpoint, not the one that trains."""
+    loops = training_loops(facts, ctx.function)
+    if not loops:
+        return None
+    for loop in loops:
+        if ctx.inside(loop):
+            return "inside"
+    line = facts.line_of(node)
+    if line < facts.line_of(loops[0]):
+        return "before"
+    if line > facts.position(loops[-1]).end.line:
+        return "after"
+    return "inside"
+
+
+# -- reachability ----------------------------------------------------------------------------------------
+
+_TERMINATORS = (cst.Return, cst.Raise, cst.Continue, cst.Break)
+
+
+def unreachable_statements(module: cst.Module) -> int:
+    """How many statements follow a ``return``, ``raise``, ``continue`` or ``break`` in their own
+    block and so never run. A fix whose edit raises this count put code where it does nothing (a
+    wrap or a sampler after the function's ``return``). Walks statements only, not expressions."""
+    return _unreachable_in(module.body)
+
+
+def _unreachable_in(body) -> int:
+    count = 0
+    for index, statement in enumerate(body):
+        if isinstance(statement, cst.SimpleStatementLine):
+            if any(isinstance(small, _TERMINATORS) for small in statement.body):
+                return count + len(body) - index - 1
+            continue
+        for block in _blocks_of(statement):
+            count += _unreachable_in(block.body)
+    return count
+
+
+def _blocks_of(statement: cst.CSTNode):
+    """The indented blocks directly inside a compound statement (bodies, else, except, finally)."""
+    for name in ("body", "orelse", "finalbody"):
+        part = getattr(statement, name, None)
+        if isinstance(part, (cst.Else, cst.Finally)):
+            part = part.body
+        elif isinstance(part, cst.If):  # an ``elif``: its own body and else
+            yield from _blocks_of(part)
+            continue
+        if isinstance(part, cst.IndentedBlock):
+            yield part
+    for handler in getattr(statement, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            yield handler.body
+    for case in getattr(statement, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            yield case.body
+
+
+# -- imports before first use ------------------------------------------------------------------------------
+
+
+def used_before_import(module: cst.Module) -> set[str]:
+    """Names that module-level code reads before the top-level statement that imports them (a
+    NameError when the script starts). Names the module also binds otherwise (an assignment, a
+    ``def``) are left out: which binding runs first is not told here. Function bodies run later and
+    are not read."""
+    first_import: dict[str, int] = {}
+    bound_otherwise: set[str] = set()
+    loads: list[set[str]] = []
+    for index, statement in enumerate(module.body):
+        collector = _TopLevelNames()
+        statement.visit(collector)
+        for name in collector.imported:
+            first_import.setdefault(name, index)
+        bound_otherwise |= collector.bound
+        loads.append(collector.loaded)
+    return {
+        name
+        for index, names in enumerate(loads)
+        for name in names
+        if name in first_import and first_import[name] > index and name not in bound_otherwise
+    }
+
+
+class _TopLevelNames(cst.CSTVisitor):
+    """What one top-level statement imports, binds otherwise and reads when the module runs."""
+
+    def __init__(self) -> None:
+        self.imported: set[str] = set()
+        self.bound: set[str] = set()
+        self.loaded: set[str] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.bound.add(node.name.value)
+        for decorator in node.decorators:
+            decorator.visit(self)
+        return False  # the body runs when called
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bound.add(node.name.value)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            if alias.asname is not None:
+                self.imported.add(get_full_name_for_node(alias.asname.name) or "")
+            else:
+                self.imported.add((get_full_name_for_node(alias.name) or "").split(".")[0])
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                target = alias.asname.name if alias.asname is not None else alias.name
+                self.imported.add(get_full_name_for_node(target) or "")
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.bound.update(_target_names(node.name))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.loaded.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # ``torch.cuda``: only the root is a name read here
+        return False
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
