@@ -14,7 +14,7 @@ import pytest
 from conftest import SHARED, run_cli
 from tcaudit.catalog import load_catalog
 from tcaudit.engine import ScanResult
-from tcaudit.findings import Finding, Fix, FixClass, Location, Severity
+from tcaudit.findings import Finding, Location, Severity
 from tcaudit.report import FORMATS, get_reporter
 from tcaudit.report.github_report import escape_data, escape_property
 

@@ -18,7 +18,7 @@ from typing import Iterable
 
 from tcaudit.findings import Finding, Situation, SituationKind
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import keyword_arg, literal
+from tcaudit.script.expressions import keyword_arg, literal
 
 
 @dataclass(frozen=True)
