@@ -164,6 +164,15 @@ def test_the_fix_engine_refuses_an_autocast_wrap_that_puts_the_protected_helper_
                                 "to fix (which inputs are sparse is not visible statically)")
 
 
+def test_scan_declines_the_same_wrap_at_detection(tmp_path):
+    """TC201's plan says which functions its wrap puts under autocast, so scan promises what fix does."""
+    result = scan_code(tmp_path, SPARSE_HELPER, select=("TC201", "TC208"))
+    [tc201] = [f for f in result.findings if f.rule == "TC201"]
+    assert not tc201.fix.available
+    assert tc201.fix.reason == ("it would bring about `propagate` running under autocast, which TC208 declined "
+                                "to fix (which inputs are sparse is not visible statically)")
+
+
 def test_without_the_decline_the_same_wrap_is_made(tmp_path):
     """The refusal above comes from TC208's decline, not from TC201: without TC208 the wrap is made."""
     path = tmp_path / "train.py"

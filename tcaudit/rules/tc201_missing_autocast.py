@@ -18,11 +18,11 @@ dtype (TC303 reports channels_last on the naive fp32 script because autocast com
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import (
     DeclineFix,
     FixContext,
@@ -45,6 +45,28 @@ if TYPE_CHECKING:
 
 
 # -- the plan -----------------------------------------------------------------------------------
+
+
+def _called_under(statements: "Iterable[cst.BaseStatement]") -> "tuple[Situation, ...]":
+    """What an autocast wrap around ``statements`` brings about: every function they call by a bare
+    or ``self.`` name runs under autocast (a helper whose BCE TC208 declined to fix, say)."""
+    names: list[str] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if isinstance(func, cst.Name):
+                name = func.value
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                name = func.attr.value
+            else:
+                return
+            if name not in names:
+                names.append(name)
+
+    for statement in statements:
+        statement.visit(_Calls())
+    return tuple(Situation(SituationKind.RUNS_UNDER_AUTOCAST, name) for name in names)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +111,9 @@ class WrapAutocast(FixPlan):
     device_variable: DeviceVariable | None
     grad_scaler: GradScalerPlan | None
 
+    def creates(self) -> "tuple[Situation, ...]":
+        return _called_under(statement for step in self.steps for statement in step.statements)
+
     def to_dict(self) -> dict:
         # The nested plans hold syntax nodes; render the code they insert instead (and nothing for None).
         data = {k: v for k, v in super().to_dict().items() if k not in ("device_variable", "grad_scaler")}
@@ -110,6 +135,9 @@ class WidenAutocast(FixPlan):
     autocast: cst.With
     statements: tuple[cst.BaseStatement, ...]
 
+    def creates(self) -> "tuple[Situation, ...]":
+        return _called_under(self.statements)
+
 
 @dataclass(frozen=True, eq=False)
 class WrapBranches(FixPlan):
@@ -120,6 +148,9 @@ class WrapBranches(FixPlan):
     lines: tuple[int, ...]
     context: str  # the covered branch's autocast expression
     groups: tuple[tuple[cst.BaseStatement, ...], ...]  # contiguous statements of one block each
+
+    def creates(self) -> "tuple[Situation, ...]":
+        return _called_under(statement for group in self.groups for statement in group)
 
     @property
     def statements(self) -> tuple[cst.BaseStatement, ...]:
