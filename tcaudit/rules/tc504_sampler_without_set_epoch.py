@@ -125,7 +125,12 @@ class InsertSetEpoch(FixPlan):
 
 class SamplerWithoutSetEpoch(ScriptRule):
     id = "TC504"
-    triggers = (all_of(r"DistributedSampler", STEP_OR_BACKWARD_CALL),)
+    # A DistributedSampler in the file, or a DDP/FSDP model whose loaders TC503's fix gives one (its
+    # set_epoch is reported as the fix that follows TC503's).
+    triggers = (
+        all_of(r"DistributedSampler", STEP_OR_BACKWARD_CALL),
+        all_of(r"DistributedDataParallel|FullyShardedDataParallel|fully_shard", STEP_OR_BACKWARD_CALL),
+    )
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
@@ -171,24 +176,60 @@ class SamplerWithoutSetEpoch(ScriptRule):
 
     def _after_sampler_fix(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         """No DistributedSampler yet, but TC503's fix will add a shuffling one to a training loader
-        of a script with several epochs: set_epoch is then due too, so scan says so now."""
-        from tcaudit.rules.tc503_ddp_without_distributed_sampler import DdpWithoutDistributedSampler
+        of a script with several epochs: set_epoch is then due too, so scan says so now, and whether
+        the next fix round can place it (this check run on the script with TC503's samplers in place)."""
+        from tcaudit.rules.tc503_ddp_without_distributed_sampler import (
+            DdpDistributedSamplerFix,
+            DdpWithoutDistributedSampler,
+        )
 
-        for pending in DdpWithoutDistributedSampler().check(facts, context):
-            plan = pending.fix.plan if pending.fix is not None and pending.fix.available else None
+        pending = []
+        for finding in DdpWithoutDistributedSampler().check(facts, context):
+            plan = finding.fix.plan if finding.fix is not None and finding.fix.available else None
             # The sampler TC503 writes shuffles unless it passes the loader's shuffle=False on.
-            if plan is None or re.search(r"shuffle\s*=\s*False", str(getattr(plan, "sampler", ""))):
-                continue
+            if plan is not None and not re.search(r"shuffle\s*=\s*False", str(getattr(plan, "sampler", ""))):
+                pending.append(finding)
+        if not pending:
+            return
+        next_round = _next_round(facts, context, DdpDistributedSamplerFix(), pending, self)
+        placed = [f for f in next_round if f.fix is not None and f.fix.available]
+        reasons = [f.fix.reason for f in next_round if f.fix is not None and not f.fix.available and f.fix.reason]
+        for index, finding in enumerate(pending):
+            if index < len(placed):
+                fix = Fix(FixClass.SAFE, "call sampler.set_epoch(epoch) at the start of each epoch, once TC503's "
+                          "sampler is in place", plan=FollowsFix("TC503"))
+            else:
+                reason = reasons[0] if reasons else "the epoch loop cannot reach the sampler TC503 adds here"
+                fix = Fix(FixClass.SAFE, "call sampler.set_epoch(epoch) at the start of each epoch").declined(
+                    f"once TC503's sampler is in place: {reason}; call set_epoch by hand")
             yield dataclasses.replace(
-                pending,
+                finding,
                 rule=self.id,
                 name=self.spec.name,
                 severity=self.spec.severity,
                 message="with the DistributedSampler TC503 adds, also call `set_epoch(epoch)` at the start of "
                 "each epoch: a DistributedSampler shuffles with the same seed every epoch without it",
-                fix=Fix(FixClass.SAFE, "call sampler.set_epoch(epoch) at the start of each epoch, once TC503's "
-                        "sampler is in place", plan=FollowsFix("TC503")),
+                fix=fix,
             )
+
+
+def _next_round(facts: ScriptFacts, context: RuleContext, codemod: Codemod, findings: list[Finding],
+                rule: "SamplerWithoutSetEpoch") -> list[Finding]:
+    """This rule's findings on the script as the next fix round sees it: ``codemod`` applied to
+    ``findings`` first (in memory). None when the edit or its analysis fails."""
+    from tcaudit.source.parsing import SourceError, SourceFile
+
+    try:
+        module = codemod.apply(facts.module, findings, FixContext(facts, context.settings))
+        text = module.code
+        source = facts.source
+        after = ScriptFacts(SourceFile(source.path, source.display_path, text.encode(source.encoding), text,
+                                       source.encoding))
+    except (DeclineFix, SourceError, ValueError):
+        return []
+    if after.method_calls("set_epoch") or not any(is_distributed_sampler(callee_type(after, c)) for c in after.calls):
+        return []  # (no sampler added: this check would only predict again)
+    return [f for f in rule.check(after, context) if f.fix is None or not isinstance(f.fix.plan, FollowsFix)]
 
 
 def _plan(facts: ScriptFacts, sampler: CallSite, loop: Frame, receiver: str | None, epoch: str | None) -> InsertSetEpoch:
