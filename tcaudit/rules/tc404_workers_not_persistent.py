@@ -71,9 +71,9 @@ class WorkersNotPersistent(ScriptRule):
                 yield self.finding(
                     facts,
                     site.call.node,
-                    "TC401's fix gives this DataLoader worker processes, which would be started again at every "
-                    "epoch (each re-imports the script's modules, re-pickles the dataset and refills its prefetch "
-                    "queue); with workers (TC401), also pass `persistent_workers=True`",
+                    "with workers (TC401), also pass `persistent_workers=True`: the worker processes TC401's "
+                    "fix gives this DataLoader would otherwise start again every epoch (re-importing the "
+                    "script's modules, re-pickling the dataset, refilling the prefetch queue)",
                     fix=Fix(
                         FixClass.NUMERICS, "with workers (TC401), also pass persistent_workers=True",
                         plan=AddAfterWorkers(site.call.node, "persistent_workers", "True"),

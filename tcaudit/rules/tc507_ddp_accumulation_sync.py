@@ -134,8 +134,8 @@ class DdpAccumulationSync(ScriptRule):
             yield self.finding(
                 facts,
                 backward.node,
-                f"gradient accumulation on a DDP model ({how}), but every backward all-reduces the "
-                "gradients; skip the sync on non-final micro-steps with `no_sync()` (or "
+                "every micro-step's backward all-reduces the gradients of this DDP model under gradient "
+                f"accumulation ({how}); skip the sync on non-final micro-steps with `no_sync()` (or "
                 "`require_backward_grad_sync = False`)",
                 fix=self.planned_fix(
                     FixClass.SAFE,
