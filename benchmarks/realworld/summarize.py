@@ -109,8 +109,13 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def _times(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
+def _times(value: float | None, interval: list | None = None) -> str:
+    """``2.47×``, with the 95% interval where the verify had rounds enough for one: ``2.47× [2.40, 2.55]``."""
+    if value is None:
+        return "–"
+    if interval and all(v is not None for v in interval):
+        return f"{value:.2f}× [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return f"{value:.2f}×"
 
 
 def table(rows: list[dict]) -> str:
@@ -119,10 +124,11 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         parity = "/".join({True: "ok", False: "FAIL", None: "–"}[r.get("loss_parity", {}).get(part)] for part in PARTS)
         fraction = "–" if r.get("fraction_of_ceiling") is None else f"{r['fraction_of_ceiling']:.0%}"
-        speedup = r.get("speedup", {})
+        speedup, ci = r.get("speedup", {}), r.get("speedup_ci") or {}
         lines.append(f"| {Path(r['script']).stem} | {_num(r.get('naive'))} | {_num(r.get('patched'))} | "
-                     f"{_num(r.get('patched_compile'))} | {_num(r.get('ceiling'))} | {_times(speedup.get('fix'))} | "
-                     f"{_times(speedup.get('compile'))} | {_times(speedup.get('ceiling'))} | {fraction} | {parity} |")
+                     f"{_num(r.get('patched_compile'))} | {_num(r.get('ceiling'))} | "
+                     f"{_times(speedup.get('fix'), ci.get('fix'))} | {_times(speedup.get('compile'), ci.get('compile'))} | "
+                     f"{_times(speedup.get('ceiling'), ci.get('ceiling'))} | {fraction} | {parity} |")
     return "\n".join(lines)
 
 
