@@ -195,12 +195,113 @@ _LENET = """
     """
 
 
-def test_channels_last_declined_for_a_model_that_views_its_activations(tmp_path):
-    """A channels_last activation is not viewable: `x.view(-1, 864)` would raise at the first step."""
+def test_channels_last_turns_the_models_views_of_activations_into_reshapes(tmp_path):
+    """A channels_last activation is not viewable: `x.view(-1, 864)` would raise at the first step, so it
+    becomes `x.reshape(-1, 864)` (same values) and the model is converted."""
     result, path = _fix(tmp_path, _LENET, ("TC303",))
+    assert result.applied == ["TC303"] and result.declined == []
+    assert "        x = x.reshape(-1, 6 * 12 * 12)\n" in result.fixed
+    assert "model = LeNet().to(device, memory_format=torch.channels_last)" in result.fixed
+    assert ".view(" not in result.fixed
+    from helpers import scan_paths
+
+    (finding,) = scan_paths([str(path)], select=("TC303",)).findings
+    assert "`x.view(-1, 6 * 12 * 12)` becomes `.reshape(...)`" in finding.fix.description
+
+
+def _lenet_with(forward: str) -> str:
+    """_LENET with another body for its forward (its lines at the forward's indentation)."""
+    start = _LENET.index("        def forward(self, x):")
+    end = _LENET.index("\n\n\n    def main")
+    body = textwrap.indent(textwrap.dedent(forward).strip("\n"), " " * 12)
+    return _LENET[:start] + "        def forward(self, x):\n" + body + _LENET[end:]
+
+
+@pytest.mark.parametrize("forward,why", [
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        flat.clamp_(min=0)
+        return self.fc1(x.flatten(1))
+        """, "`flat.clamp_(min=0)` writes in place", id="view-written-in-place"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x.view(-1, 6 * 12 * 12)[:, 0] = 0
+        return self.fc1(x.flatten(1))
+        """, "written in place", id="view-assigned-through"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        x.mul_(2)
+        return self.fc1(flat)
+        """, "`x.mul_(2)` writes in place", id="source-written-after"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        flat += 1
+        return self.fc1(flat)
+        """, "`flat += 1` writes in place", id="augmented-assignment"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        torch.relu_(flat)
+        return self.fc1(flat)
+        """, "`torch.relu_(flat)` writes in place", id="in-place-function"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        F.relu(flat, inplace=True)
+        return self.fc1(flat)
+        """, "writes in place", id="inplace-keyword"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        return self.fc1(x.view(torch.float16).float().flatten(1))
+        """, "reinterprets", id="dtype-view"),
+])
+def test_channels_last_declined_where_a_views_storage_sharing_matters(tmp_path, forward, why):
+    """A `.reshape()` copy would not pass a write on to (or from) the viewed tensor: these keep the view
+    and the model is left in NCHW, the file unchanged."""
+    result, _ = _fix(tmp_path, _lenet_with(forward), ("TC303",))
     assert not result.changed
     (reason,) = _declined(result, "TC303")
-    assert "`x.view()`" in reason and ".reshape()" in reason
+    assert why in reason
+
+
+@pytest.mark.parametrize("forward", [
+    pytest.param("""
+        x = self.relu(self.conv1(x))
+        x = x.view(-1, 6 * 12 * 12)
+        return self.fc1(x)
+        """, id="in-place-layer-before-the-view"),
+    pytest.param("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        return self.fc1(x.view(-1, 6 * 12 * 12)).view(-1)
+        """, id="view-of-a-linear-output-stays"),
+])
+def test_channels_last_reshapes_where_no_write_is_shared(tmp_path, forward):
+    """An in-place layer before the view writes nothing the view shares; a view of a Linear's output is
+    off the conv path and stays a view."""
+    code = _lenet_with(forward).replace(
+        "self.conv1 = nn.Conv2d(1, 6, 5)", "self.conv1 = nn.Conv2d(1, 6, 5)\n            self.relu = nn.ReLU(inplace=True)"
+    )
+    result, _ = _fix(tmp_path, code, ("TC303",))
+    assert result.applied == ["TC303"], result.declined
+    assert "x.reshape(-1, 6 * 12 * 12)" in result.fixed
+    assert result.fixed.count(".view(") == forward.count(".view(") - 1
+
+
+def test_channels_last_declined_when_an_in_place_layer_writes_the_view(tmp_path):
+    code = _lenet_with("""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        flat = x.view(-1, 6 * 12 * 12)
+        flat = self.relu(flat)
+        return self.fc1(flat)
+        """).replace(
+        "self.conv1 = nn.Conv2d(1, 6, 5)", "self.conv1 = nn.Conv2d(1, 6, 5)\n            self.relu = nn.ReLU(inplace=True)"
+    )
+    result, _ = _fix(tmp_path, code, ("TC303",))
+    assert not result.changed
+    assert "`self.relu(flat)` writes in place" in _declined(result, "TC303")[0]
 
 
 def test_channels_last_declined_when_the_output_is_viewed(tmp_path):
