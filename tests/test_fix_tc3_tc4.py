@@ -465,6 +465,105 @@ def test_fused_declined_when_the_optimizer_is_built_before_the_move(tmp_path):
     assert "before the optimizer is built" in _declined(result, "TC307")[0]
 
 
+_TRAINER_FUNCTION = """
+    import torch
+    import torch.nn as nn
+
+
+    def train_model(model, loader, lr=1e-3):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        device = torch.device("cuda")
+    {main}
+    """
+
+
+def _trainer(main: str) -> str:
+    return _TRAINER_FUNCTION.replace("    {main}", textwrap.indent(textwrap.dedent(main).strip("\n"), " " * 8))
+
+
+@pytest.mark.parametrize("main", [
+    pytest.param("""
+        model = nn.Linear(4, 2)
+        model.to(device)
+        train_model(model, loader)
+        """, id="moved-then-passed"),
+    pytest.param("""
+        net = nn.Linear(4, 2).cuda()
+        train_model(loader=loader, model=net)
+        """, id="by-keyword"),
+    pytest.param("""
+        def run(m):
+            train_model(m, loader)
+
+        model = nn.Linear(4, 2)
+        model = model.to(device)
+        run(model)
+        """, id="through-a-second-function"),
+])
+def test_fused_follows_the_model_parameter_to_every_caller(tmp_path, main):
+    result, _ = _fix(tmp_path, _trainer(main), ("TC307",))
+    assert result.applied == ["TC307"], result.declined
+    assert "    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)\n" in result.fixed
+
+
+@pytest.mark.parametrize("main,why", [
+    pytest.param("""
+        model = nn.Linear(4, 2)
+        train_model(model, loader)
+        model.to(device)
+        """, "not every call of it", id="moved-after-the-call"),
+    pytest.param("""
+        model = nn.Linear(4, 2).cuda()
+        train_model(model, loader)
+        train_model(nn.Linear(4, 2), loader)
+        """, "not every call of it", id="one-caller-passes-a-cpu-model"),
+    pytest.param("""
+        model = nn.Linear(4, 2).cuda()
+        torch.multiprocessing.spawn(train_model, args=(model, loader))
+        """, "not every call of it", id="used-as-a-callback"),
+    pytest.param("""
+        model = nn.Linear(4, 2).cuda()
+        train_model(*[model, loader])
+        """, "not every call of it", id="star-args"),
+])
+def test_fused_declined_where_a_caller_may_pass_a_model_off_the_gpu(tmp_path, main, why):
+    result, _ = _fix(tmp_path, _trainer(main), ("TC307",))
+    assert not result.changed
+    (reason,) = _declined(result, "TC307")
+    assert why in reason and "`train_model()`" in reason
+
+
+def test_fused_declined_when_the_callee_rebinds_the_model_first(tmp_path):
+    code = _trainer("""
+        model = nn.Linear(4, 2).cuda()
+        train_model(model, loader)
+        """).replace("        optimizer = torch.optim.AdamW(", "        model = nn.Linear(4, 2)\n        optimizer = torch.optim.AdamW(")
+    result, _ = _fix(tmp_path, code, ("TC307",))
+    assert not result.changed
+    assert "not moved to the GPU" in _declined(result, "TC307")[0]
+
+
+def test_fused_sgd_in_a_trainer_function_still_declined_under_a_gradscaler(tmp_path):
+    """Following the model to its callers does not lift the fused-SGD-under-GradScaler NaN trap."""
+    code = _trainer("""
+        model = nn.Linear(4, 2).cuda()
+        train_model(model, loader)
+        """).replace("torch.optim.AdamW(model.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)").replace(
+        "            loss.backward()", "            scaler.scale(loss).backward()"
+    ).replace("    optimizer = torch.optim.SGD", "    scaler = torch.amp.GradScaler()\n        optimizer = torch.optim.SGD")
+    result, _ = _fix(tmp_path, code, ("TC307",))
+    assert not result.changed
+    assert "GradScaler" in _declined(result, "TC307")[0]
+
+
 def test_fused_declined_with_sparse_gradients(tmp_path):
     result, _ = _fix(tmp_path, """
         import torch
