@@ -334,6 +334,36 @@ def test_channels_last_declined_when_the_output_is_viewed(tmp_path):
     assert "views the model's output" in reason
 
 
+def test_channels_last_converts_after_the_models_in_place_init(tmp_path):
+    """DCGAN: `netD.apply(weights_init)` draws into the weights in their memory order; converting first
+    would put the same seeded draws in other places (the verify loss-parity check saw 13% on CPU)."""
+    result, _ = _fix(tmp_path, """
+        import torch
+        import torch.nn as nn
+
+
+        def weights_init(m):
+            if isinstance(m, nn.Conv2d):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+
+
+        netD = nn.Sequential(nn.Conv2d(3, 64, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(64, 1, 4)).to(device)
+        netD.apply(weights_init)
+        nn.init.zeros_(netD[0].bias)
+        optD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+        for real, _ in loader:
+            with torch.autocast("cuda"):
+                errD = netD(real.cuda()).mean()
+            errD.backward()
+            optD.step()
+        """, ("TC303",))
+    assert result.applied == ["TC303"], result.declined
+    assert (
+        "netD.apply(weights_init)\nnn.init.zeros_(netD[0].bias)\n"
+        "netD = netD.to(memory_format=torch.channels_last)\noptD = " in result.fixed
+    )
+
+
 def test_channels_last_declined_for_3d_convolutions(tmp_path):
     result, _ = _fix(tmp_path, """
         import torch

@@ -475,6 +475,12 @@ def _strip_wrappers(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[cst.
 def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: str) -> Edit:
     inner, wrapped = _strip_wrappers(facts, binding.value)
     following = _next_device_move(facts, binding, name)
+    initialised = None if wrapped else _initialised_after(facts, binding, name, following is not None)
+    if initialised is not None:
+        # ``netD = Discriminator().to(device)`` then ``netD.apply(weights_init)``: an in-place random init
+        # fills a channels_last weight in its memory order, so converting first would put the same seeded
+        # draws in other places (a different, if equally distributed, initial model). Convert after it.
+        return InsertAfter(initialised, f"{name} = {name}.to(memory_format={channels_last})")
     if following is not None and not wrapped:
         # ``model = Net()`` then ``model = model.to(device)``: convert in that move.
         return AddMemoryFormat(following)
@@ -485,6 +491,36 @@ def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: 
     if isinstance(inner, cst.Call):
         return ConvertResult(inner)
     raise DeclineFix(f"`{name}` is wrapped around a name; convert the model before it is wrapped")
+
+
+def _initialised_after(
+    facts: ScriptFacts, binding: Binding, name: str, skip_move: bool
+) -> cst.SimpleStatementLine | None:
+    """The last of the statements right after the model's construction (and its device move) that
+    initialise it in place: ``model.apply(init_fn)``, ``torch.nn.init.normal_(model.fc.weight, ...)``."""
+    statement = binding.statement
+    if statement is None:
+        return None
+    index = statement.index + 1 + (1 if skip_move else 0)
+    last = None
+    while index < len(statement.block):
+        line = statement.block[index]
+        if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr)):
+            break
+        call = line.body[0].value
+        if not isinstance(call, cst.Call):
+            break
+        callee = get_full_name_for_node(call.func) or ""
+        first = next((a.value for a in call.args if a.keyword is None), None)
+        target = get_full_name_for_node(first) if first is not None else None
+        if callee == f"{name}.apply" or (
+            (facts.qualname(call.func) or "").startswith("torch.nn.init.")
+            and target is not None and (target == name or target.startswith(name + "."))
+        ):
+            last, index = line, index + 1
+            continue
+        break
+    return last
 
 
 def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Call | None:
