@@ -251,7 +251,8 @@ def test_a_size_that_feeds_the_data_is_padded_where_the_model_is_built(tmp_path)
 @pytest.mark.parametrize(
     "tail,reason",
     [
-        ("flat = logits.view(-1, vocab)", "outside the model"),
+        ("flat = x.view(-1, vocab)", "outside the model"),  # the data, not the model's output
+        ("hot = F.one_hot(x, vocab)", "outside the model"),
         ("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)", "samples from the logits"),
         ("model.load_state_dict(torch.load('ckpt.pt'))", "loads weights"),
     ],
@@ -261,6 +262,62 @@ def test_padding_at_construction_declines_with_the_reason(tmp_path, tail, reason
     [finding] = result.findings
     assert not finding.fix.available
     assert reason in finding.fix.reason
+
+
+def _fixed(tmp_path, code):
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+
+    (tmp_path / "train.py").write_text(code, encoding="utf-8")
+    return fix_file(tmp_path / "train.py", Settings(select=("TC104",), root=tmp_path))
+
+
+def test_the_models_output_flattened_by_the_size_is_flattened_by_the_padded_size(tmp_path):
+    """``logits.view(-1, vocab)`` of the padded model's output: the loss sees the padded logits, targets
+    below the real vocabulary (the padded size is written out: the receiver may be the model call)."""
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="").replace(
+        "    loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())",
+        "    loss = F.cross_entropy(logits.view(-1, vocab), x.flatten())\n"
+        "    loss = loss + F.cross_entropy(model(x).reshape(-1, vocab), x.flatten())",
+    ))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "model = LM(vocab_size=(vocab + 63) // 64 * 64)" in fixed.fixed
+    assert "F.cross_entropy(logits.view(-1, (vocab + 63) // 64 * 64), x.flatten())" in fixed.fixed
+    assert "F.cross_entropy(model(x).reshape(-1, (vocab + 63) // 64 * 64), x.flatten())" in fixed.fixed
+
+
+def test_a_size_passed_positionally_pads_the_known_parameter(tmp_path):
+    """``LM(vocab)``: the parameter of this file's ``LM.__init__`` at that position takes the padded size."""
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="").replace("model = LM(vocab_size=vocab)", "model = LM(vocab, 64)"))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "model = LM((vocab + 63) // 64 * 64, 64)" in fixed.fixed
+    assert "torch.randint(0, vocab, (8, 16))" in fixed.fixed
+
+
+@pytest.mark.parametrize("construction", [
+    pytest.param("model = LM(*[vocab])", id="star-args"),
+    pytest.param("model = LM(vocab, 64, vocab)", id="beyond-the-parameters"),
+])
+def test_a_size_passed_where_the_parameter_is_unknown_is_declined(tmp_path, construction):
+    result = scan_code(tmp_path, KEYWORD_TRAIN.format(tail="").replace("model = LM(vocab_size=vocab)", construction),
+                       select=("TC104",))
+    findings = [f for f in result.findings if f.rule == "TC104"]
+    assert all(not f.fix.available for f in findings)
+
+
+def test_realworld_word_lm_is_padded_at_its_constructions():
+    """benchmarks/realworld/word_lm.py: ``--ntokens`` sizes the corpus and reaches both models
+    positionally; the Transformer branch's ``model(data).view(-1, ntokens)`` follows the padding."""
+    from tcaudit.config import Settings
+    from tcaudit.fix.engine import fix_file
+
+    script = FIXTURE.parent.parent.parent / "benchmarks" / "realworld" / "word_lm.py"
+    fixed = fix_file(script, Settings(select=("TC104",), root=script.parent))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "RNNModel(args.model, (ntokens + 63) // 64 * 64, args.emsize" in fixed.fixed
+    assert "TransformerModel((ntokens + 63) // 64 * 64, args.emsize" in fixed.fixed
+    assert "output = model(data).view(-1, (ntokens + 63) // 64 * 64)" in fixed.fixed
+    assert "torch.randint(0, args.ntokens, (args.corpus_tokens,)" in fixed.fixed
 
 
 def test_realworld_gpt_is_padded_at_its_construction():

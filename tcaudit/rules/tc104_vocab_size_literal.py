@@ -13,9 +13,11 @@ where the size is also set from a tokenizer at run time, where the file samples 
 where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
 then draw the padded ids as data). In that last case the padding moves to the trained model's
 construction instead: ``GPT(config)`` becomes ``GPT(dataclasses.replace(config, vocab_size=<padded>))``
-and ``GPT(vocab_size=v)`` becomes ``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow
-while the data keeps drawing ids below the real vocabulary (declined when the training code outside
-the model also shapes tensors by the size, e.g. ``logits.view(-1, vocab_size)``). One finding per
+and ``GPT(vocab_size=v)`` (or ``RNNModel(kind, v)``, by position to a class of this file) becomes
+``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow while the data keeps drawing ids
+below the real vocabulary; the model's output flattened by the size (``model(x).view(-1, v)``) is
+flattened by the padded size (declined when the training code outside the model shapes anything else
+by the size, e.g. ``F.one_hot(y, vocab_size)``). One finding per
 vocabulary size (``engine.one_vocab_finding``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
@@ -311,16 +313,44 @@ def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
             default = get_full_name_for_node(param.default) if param.default is not None else None
             if default is not None and default.split(".")[-1] in own:
                 defaults.add((ctx.class_def or fn, param.name.value))
-    # ``LM(vocab_size=vocab)``: the class's ``vocab_size`` parameter carries this size too.
+    # ``LM(vocab_size=vocab)``, ``RNNModel(kind, ntokens, ...)``: the class's parameter (by keyword, or the
+    # one at that position of its ``__init__``) carries this size too.
     for call in facts.calls:
         cls = classes.get(call.name or "")
         if cls is None:
             continue
         for arg in call.node.args:
             value = get_full_name_for_node(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
-            if arg.keyword is not None and value is not None and value.split(".")[-1] in own:
-                defaults.add((cls, arg.keyword.value))
+            if value is None or value.split(".")[-1] not in own:
+                continue
+            parameter = arg.keyword.value if arg.keyword is not None else _positional_parameter(facts, call.node, arg)
+            if parameter is not None:
+                defaults.add((cls, parameter))
     return _SizeNames(own, defaults)
+
+
+def _positional_parameter(facts: ScriptFacts, call: cst.Call, arg: cst.Arg) -> str | None:
+    """The ``__init__`` parameter of this file's class that a positional argument of its construction
+    binds (``RNNModel("LSTM", ntokens)`` → ``ntoken``); None for a ``*args``, a star before it, or a class
+    whose ``__init__`` this file does not define once."""
+    if arg.keyword is not None or arg.star:
+        return None
+    positional = []
+    for a in call.args:
+        if a.star:
+            return None
+        if a.keyword is None:
+            positional.append(a)
+    index = next(i for i, a in enumerate(positional) if a is arg)
+    name = (get_full_name_for_node(call.func) or "").split(".")[-1]
+    inits = [
+        fn for fn, ctx in facts.functions
+        if fn.name.value == "__init__" and ctx.class_def is not None and ctx.class_def.name.value == name
+    ]
+    if len(inits) != 1 or len([c for c, _ in facts.classes if c.name.value == name]) != 1:
+        return None
+    parameters = [*inits[0].params.posonly_params, *inits[0].params.params][1:]  # after ``self``
+    return parameters[index].name.value if index < len(parameters) else None
 
 
 def _sizes(expr: cst.BaseExpression | None, size: int, names: _SizeNames, owner: cst.CSTNode | None) -> bool:
@@ -420,6 +450,8 @@ def _construction_plan(
             code = facts.module.code_for_node(value).strip()
             if arg.keyword is not None and is_vocab_name(arg.keyword.value) and _mentions(value, names):
                 arguments.append(PaddedArgument(value, padded_code(code)))
+            elif _names_the_size(value, names) and _positional_parameter(facts, call, arg) is not None:
+                arguments.append(PaddedArgument(value, padded_code(code)))
             elif not arg.star and isinstance(value, cst.Name) and _holds_config(facts, value, config_classes):
                 field = next(lit.name for lit in sites if lit.where == "default")
                 replaced = f"dataclasses.replace({code}, {field}={padded_code(f'{code}.{field}')})"
@@ -428,8 +460,15 @@ def _construction_plan(
     unique = {id(a.node): a for a in arguments}
     if not unique:
         raise feeds_data
-    _check_uses_beside_model(facts, names, set(unique))
+    for view in _check_uses_beside_model(facts, names, set(unique)):
+        unique[id(view.node)] = view
     return PadAtConstruction(tuple(unique.values()), size, target, needs_dataclasses)
+
+
+def _names_the_size(expr: cst.BaseExpression, names: set[str]) -> bool:
+    """``ntokens``, ``args.ntokens``: the size itself, not an expression of it."""
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    return dotted is not None and dotted.split(".")[-1] in names
 
 
 def _config_classes(facts: ScriptFacts, sites: list[VocabLiteral]) -> set[str]:
@@ -459,11 +498,17 @@ def _holds_config(facts: ScriptFacts, name: cst.Name, config_classes: set[str]) 
     )
 
 
-def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_arguments: set[int]) -> None:
+def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_arguments: set[int]) -> list[PaddedArgument]:
     """With the model built padded, its own classes see the padded size and the rest of the script the
-    real one: the rest may draw tokens below it, log it and pass it on, but a shape made from it
-    (``logits.view(-1, vocab_size)``, ``F.one_hot(y, vocab_size)``) would not match the padded logits."""
+    real one: the rest may draw tokens below it, log it and pass it on. The model's output flattened by
+    the size (``model(data).view(-1, ntokens)``, ``logits.view(-1, vocab_size)``) is flattened by the padded
+    size instead (returned, to edit): the loss then sees the padded logits with targets below the real
+    vocabulary, as inside a padded model. Any other shape made from it (``F.one_hot(y, vocab_size)``,
+    ``x.view(-1, vocab_size)`` of something not the model's output) would not match: declined."""
+    output_views = _output_views(facts, names)
     for call in facts.calls:
+        if id(call.node) in output_views:
+            continue
         if call.ctx.class_def is not None:
             continue
         qual = call.qualname or ""
@@ -482,6 +527,36 @@ def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_argumen
                     f"also feeds `{facts.module.code_for_node(call.node).strip()}` (line {facts.line_of(call.node)}) "
                     "outside the model, which would not match the padded logits; pad by hand"
                 )
+    return list(output_views.values())
+
+
+def _output_views(facts: ScriptFacts, names: set[str]) -> dict[int, PaddedArgument]:
+    """``out.view(-1, ntokens)`` / ``.reshape(...)`` outside the model's classes whose last argument is the
+    size itself and whose receiver is the trained model's output (``model(x)``, or a name every assignment
+    of which is ``model(...)``), by the view's node: the size argument becomes the padded size (not
+    ``out.size(-1)``: the receiver may be the model call itself, which must not run twice)."""
+    models = {site.name for site in pipeline_facts(facts).trained_models}
+
+    def model_output(expr: cst.BaseExpression | None) -> bool:
+        if isinstance(expr, cst.Call):
+            return get_full_name_for_node(expr.func) in models
+        if isinstance(expr, cst.Name):
+            values = [b.value for b in facts.bindings_of(expr.value)]
+            return bool(values) and all(model_output(v) for v in values if v is not expr)
+        return False
+
+    out: dict[int, PaddedArgument] = {}
+    for call in facts.calls:
+        if call.ctx.class_def is not None or call.method not in ("view", "reshape"):
+            continue
+        args = call.node.args
+        if not args or any(a.star or a.keyword is not None for a in args) or not model_output(call.receiver):
+            continue
+        last = args[-1].value
+        if _names_the_size(last, names) and not any(_mentions(a.value, names) for a in args[:-1]):
+            code = facts.module.code_for_node(last).strip()
+            out[id(call.node)] = PaddedArgument(last, padded_code(code))
+    return out
 
 
 def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
@@ -494,8 +569,11 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
         if isinstance(value, cst.Integer):
             return
         dotted = get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
-        if dotted is not None and dotted.split(".")[-1] in names and "token" not in dotted:
-            return  # ``vocab_size=vocab_size``, ``vocab_size=config.vocab_size``: the same value passed on
+        owner = dotted.rpartition(".")[0] if dotted is not None else ""
+        if dotted is not None and dotted.split(".")[-1] in names and "token" not in owner:
+            # ``vocab_size=vocab_size``, ``vocab_size=config.vocab_size``, ``ntokens = args.ntokens``: the
+            # same value passed on (``tokenizer.vocab_size`` is the tokenizer's)
+            return
         code = facts.module.code_for_node(node)
         raise DeclineFix(
             f"the vocabulary size is also set at run time (`{code.strip()}`, line {facts.line_of(node)}); "

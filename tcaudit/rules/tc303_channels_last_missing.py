@@ -3,12 +3,14 @@
 Detects a 2-D convnet trained on CUDA under autocast (or one that TC201's fix will put under
 autocast) while nothing in the script mentions channels_last. Fix (numerics): convert the model to
 channels_last where it is built or moved to the device, and the image batches where the training
-loop copies them to the device; declined for 3-D convolutions and ``.view()`` on the model's
-activations or outputs.
+loop copies them to the device, and the ``.view(shape)`` calls of the model's forward code become
+``.reshape(shape)``; declined for 3-D convolutions, a view whose storage sharing matters (written in
+place, or its source written after it) and ``.view()`` on the model's outputs outside its code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
@@ -80,7 +82,15 @@ class InsertAfter:
     code: str
 
 
-Edit = Union[AddMemoryFormat, ConvertResult, InsertAfter]
+@dataclass(frozen=True)
+class ReshapeView:
+    """``x.view(shape)`` in the model's forward code becomes ``x.reshape(shape)``: the same values, a view
+    whenever the strides allow one (every NCHW-contiguous tensor) and a copy where channels_last does not."""
+
+    call: cst.Call
+
+
+Edit = Union[AddMemoryFormat, ConvertResult, InsertAfter, ReshapeView]
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +101,7 @@ class ChannelsLastPlan(FixPlan):
     code: str  # the conversion, as the message says
     edits: tuple[Edit, ...]
     channels_last: str  # ``torch.channels_last`` under the file's torch name
+    reshaped: tuple[str, ...] = ()  # the model's ``.view(...)`` calls that become ``.reshape(...)``, as written
 
 
 class ChannelsLastMissing(ScriptRule):
@@ -130,18 +141,19 @@ class ChannelsLastMissing(ScriptRule):
                 message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout; {why}"
             else:
                 message = f"convnet `{model.name}` trains under autocast in NCHW layout: {why}"
-            yield self.finding(
-                facts,
-                model.construction,
-                message,
-                fix=self.planned_fix(
-                    FixClass.NUMERICS,
-                    "convert the model to channels_last after it is built",
-                    lambda name=model.name, code=code, line=line: _channels_last_plan(
-                        facts, pipeline, convnets, context, name, code, line
-                    ),
+            fix = self.planned_fix(
+                FixClass.NUMERICS,
+                "convert the model to channels_last after it is built",
+                lambda name=model.name, code=code, line=line: _channels_last_plan(
+                    facts, pipeline, convnets, context, name, code, line
                 ),
             )
+            if fix.plan is not None and fix.plan.reshaped:
+                views = ", ".join(f"`{view}`" for view in fix.plan.reshaped)
+                fix = dataclasses.replace(
+                    fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
+                )
+            yield self.finding(facts, model.construction, message, fix=fix)
 
 
 def _channels_last_plan(
@@ -150,8 +162,9 @@ def _channels_last_plan(
 ) -> ChannelsLastPlan:
     channels_last = f"{torch_import_name(facts) or 'torch'}.channels_last"
     sites = [site for site in convnets if site.name == name]
+    views: dict[int, CallSite] = {}
     for site in sites:
-        _check_model(facts, pipeline, site)
+        views.update((id(view.node), view) for view in _check_model(facts, pipeline, site))
     edits: list[Edit] = []
     planned: set[int] = set()
     for site in sites:
@@ -162,26 +175,32 @@ def _channels_last_plan(
         edits.append(_model_edit(facts, binding, site.name, channels_last))
     if all(_takes_images(facts, pipeline, site) or _audited_image_input(pipeline, site, context) for site in sites):
         edits.extend(_input_edits(facts, pipeline, name, channels_last))
-    return ChannelsLastPlan(line, name, code, tuple(edits), channels_last)
+    edits.extend(ReshapeView(view.node) for view in views.values())
+    reshaped = tuple(facts.module.code_for_node(view.node) for view in views.values())
+    return ChannelsLastPlan(line, name, code, tuple(edits), channels_last, reshaped)
 
 
 # -- the model ------------------------------------------------------------------------------------------
 
 
-def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> None:
+def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> list[CallSite]:
+    """Declines what channels_last cannot take; returns the ``.view(...)`` calls of the model's forward code,
+    which the fix turns into ``.reshape(...)``."""
     classes = _model_classes(facts, pipeline, site.construction)
     inside = _calls_within(site.construction)
+    views: list[CallSite] = []
     for call in facts.calls:
         in_model = call.ctx.class_def in classes or id(call.node) in inside
         if not in_model:
             continue
         if (call.qualname or "") in CONV3D_LAYERS:
             raise DeclineFix("the model has 3-D convolutions: their rank-5 weights cannot take channels_last")
-        if call.method == "view" and call.ctx.class_def in classes:
-            raise DeclineFix(
-                f"`{call.name}()` in the model's code: `.view()` fails on channels_last activations; "
-                "use `.reshape()`/`.flatten()` there, then convert the model"
-            )
+        if (
+            call.method == "view" and call.ctx.class_def in classes and _runs_after_conversion(call)
+            and not _views_flat_layer_output(facts, call)
+        ):
+            _check_reshapable(facts, call)
+            views.append(call)
     outputs = _forward_outputs(facts, site.name)
     for call in facts.calls:
         if call.method != "view":
@@ -194,6 +213,182 @@ def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -
                 f"`{facts.module.code_for_node(call.node)}` views the model's output, which channels_last "
                 "may make non-viewable; use `.reshape()` there, then convert the model"
             )
+    return views
+
+
+# ``.view()`` in the model's code: fails on a channels_last activation whose memory is not in the viewed
+# order, where ``.reshape()`` computes the same values (copying only then). A copy differs from a view in
+# one way: writes no longer reach through it. So a view stays (and the fix declines) where a write could
+# be shared: the view or a name bound to it written in place, or the viewed tensor written after it.
+
+
+def _runs_after_conversion(call: CallSite) -> bool:
+    """Code in ``__init__`` runs before the model is converted (on its fresh, contiguous tensors)."""
+    function = call.ctx.function
+    return function is None or function.name.value != "__init__"
+
+
+# Layers whose output is a fresh row-major tensor whatever the layout of their input: a view of it works
+# under channels_last as before, so it stays a view.
+_FLAT_LAYERS = frozenset(
+    f"torch.nn.{name}"
+    for name in ("Linear", "Bilinear", "LazyLinear", "Embedding", "EmbeddingBag", "LSTM", "GRU", "RNN")
+)
+
+
+def _views_flat_layer_output(facts: ScriptFacts, view: CallSite) -> bool:
+    """``self.fc(x).view(-1)``, or ``y.view(-1)`` where every assignment to ``y`` in the method is
+    ``y = self.fc(...)``: a view off the conv path."""
+    cls, function = view.ctx.class_def, view.ctx.function
+
+    def flat(expr: cst.BaseExpression | None) -> bool:
+        if not (isinstance(expr, cst.Call) and (get_full_name_for_node(expr.func) or "").startswith("self.")):
+            return False
+        layer = _init_value(facts, cls, get_full_name_for_node(expr.func))
+        return isinstance(layer, cst.Call) and (facts.qualname(layer.func) or "") in _FLAT_LAYERS
+
+    receiver = view.receiver
+    if isinstance(receiver, cst.Name):
+        values = [b.value for b in facts.bindings_of(receiver.value) if b.ctx.function is function]
+        return bool(values) and all(flat(value) for value in values)
+    return flat(receiver)
+
+
+def _check_reshapable(facts: ScriptFacts, view: CallSite) -> None:
+    written = facts.module.code_for_node(view.node)
+    positional = [a for a in view.node.args if a.keyword is None and not a.star]
+    if keyword(view.node, "dtype") is not None or (
+        len(positional) == 1 and (facts.qualname(positional[0].value) or "") in _TORCH_DTYPES
+    ):
+        raise DeclineFix(
+            f"`{written}` in the model's code reinterprets a tensor's bits as another dtype, which "
+            "`.reshape()` cannot; convert the model by hand"
+        )
+    function = view.ctx.function
+    if _written_through(facts, function, view.node):
+        raise DeclineFix(
+            f"`{written}` in the model's code is written in place: a `.reshape()` copy would not pass the "
+            "write on to the viewed tensor, and `.view()` fails on channels_last activations; convert by hand"
+        )
+    after = facts.position(view.node).start
+    names = {b.target for b in facts.bindings if b.ctx.function is function and _based_on(b.value, view.node)}
+    # The viewed tensor: ``x`` in ``x.view()``, ``x.transpose(1, 2).view()``, ``x[0].view()`` (a layer's
+    # output, ``self.conv(x).view()``, is a fresh tensor nothing else holds).
+    source = _chain_root(view.receiver)
+    if isinstance(source, cst.Name) and source.value != "self":
+        names.add(source.value)
+    for name in sorted(names):
+        mutation = _in_place_write(facts, function, name, after)
+        if mutation is not None:
+            raise DeclineFix(
+                f"`{written}` in the model's code shares its storage with `{name}`, which "
+                f"`{facts.module.code_for_node(mutation)}` writes in place: a `.reshape()` copy would not share "
+                "that write, and `.view()` fails on channels_last activations; convert by hand"
+            )
+
+
+_TORCH_DTYPES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8", "int16",
+        "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128", "float8_e4m3fn",
+        "float8_e5m2",
+    )
+)
+
+
+def _chain(expr: cst.BaseExpression | None) -> Iterator[cst.BaseExpression]:
+    """``a.b(c)[0].d`` → itself, ``a.b(c)[0]``, ``a.b(c)``, ``a.b``, ``a``: what an expression is built on."""
+    while expr is not None:
+        yield expr
+        if isinstance(expr, cst.Call):
+            expr = expr.func
+        elif isinstance(expr, (cst.Attribute, cst.Subscript)):
+            expr = expr.value
+        else:
+            expr = None
+
+
+def _chain_root(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    root = None
+    for root in _chain(expr):
+        pass
+    return root
+
+
+def _based_on(expr: cst.BaseExpression | None, node: cst.CSTNode) -> bool:
+    return any(part is node for part in _chain(expr))
+
+
+def _is_in_place(name: str | None) -> bool:
+    """``add_``, ``masked_fill_``, ``torch.nn.init.normal_`` (not ``__init__``-style names)."""
+    last = (name or "").split(".")[-1]
+    return last.endswith("_") and not last.startswith("_")
+
+
+def _written_through(facts: ScriptFacts, function: cst.FunctionDef | None, node: cst.CSTNode) -> bool:
+    """The expression built on ``node`` is the receiver of an in-place method or an assignment target."""
+    for call in facts.calls_in(function):
+        if _is_in_place(call.method) and _based_on(call.receiver, node):
+            return True
+    return any(_based_on(target, node) for target, _ in _assignment_targets(function))
+
+
+def _assignment_targets(function: cst.FunctionDef | None) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
+    """(target, statement) of ``x[i] = ...``, ``x.data = ...`` and ``x += ...`` in the function (a name
+    rebound by ``=`` is no write to its tensor)."""
+    if function is None:
+        return []
+    targets: list[tuple[cst.BaseExpression, cst.CSTNode]] = []
+
+    class _Targets(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            targets.extend((t.target, node) for t in node.targets if not isinstance(t.target, cst.Name))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            targets.append((node.target, node))
+
+    function.visit(_Targets())
+    return targets
+
+
+def _in_place_write(facts: ScriptFacts, function: cst.FunctionDef | None, name: str, after) -> cst.CSTNode | None:
+    """A write to ``name``'s tensor after position ``after`` in the function: an in-place method or function
+    (``x.add_()``, ``torch.relu_(x)``), ``inplace=True`` or ``out=x``, a layer built with ``inplace=True``
+    (``self.relu(x)``), or ``x[...] = ...`` / ``x += ...``."""
+
+    def later(node: cst.CSTNode) -> bool:
+        start = facts.position(node).start
+        return (start.line, start.column) > (after.line, after.column)
+
+    for call in facts.calls_in(function):
+        if not later(call.node):
+            continue
+        root = _chain_root(call.receiver)
+        if _is_in_place(call.method) and isinstance(root, cst.Name) and root.value == name:
+            return call.node
+        passed = [a for a in call.node.args if get_full_name_for_node(a.value) == name]
+        if not passed:
+            continue
+        if any(a.keyword is not None and a.keyword.value == "out" for a in passed):
+            return call.node
+        if _is_in_place(call.name) or _inplace_keyword(call.node):
+            return call.node
+        cls = call.ctx.class_def
+        if cls is not None and (call.name or "").startswith("self."):
+            layer = _init_value(facts, cls, call.name)
+            if isinstance(layer, cst.Call) and _inplace_keyword(layer):
+                return call.node
+    for target, statement in _assignment_targets(function):
+        root = _chain_root(target)
+        if isinstance(root, cst.Name) and root.value == name and later(target):
+            return statement
+    return None
+
+
+def _inplace_keyword(call: cst.Call) -> bool:
+    arg = keyword(call, "inplace")
+    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"
 
 
 def _model_classes(facts: ScriptFacts, pipeline: PipelineFacts, construction: cst.Call) -> set[cst.ClassDef]:
@@ -274,6 +469,12 @@ def _strip_wrappers(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[cst.
 def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: str) -> Edit:
     inner, wrapped = _strip_wrappers(facts, binding.value)
     following = _next_device_move(facts, binding, name)
+    initialised = None if wrapped else _initialised_after(facts, binding, name, following is not None)
+    if initialised is not None:
+        # ``netD = Discriminator().to(device)`` then ``netD.apply(weights_init)``: an in-place random init
+        # fills a channels_last weight in its memory order, so converting first would put the same seeded
+        # draws in other places (a different, if equally distributed, initial model). Convert after it.
+        return InsertAfter(initialised, f"{name} = {name}.to(memory_format={channels_last})")
     if following is not None and not wrapped:
         # ``model = Net()`` then ``model = model.to(device)``: convert in that move.
         return AddMemoryFormat(following)
@@ -284,6 +485,36 @@ def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: 
     if isinstance(inner, cst.Call):
         return ConvertResult(inner)
     raise DeclineFix(f"`{name}` is wrapped around a name; convert the model before it is wrapped")
+
+
+def _initialised_after(
+    facts: ScriptFacts, binding: Binding, name: str, skip_move: bool
+) -> cst.SimpleStatementLine | None:
+    """The last of the statements right after the model's construction (and its device move) that
+    initialise it in place: ``model.apply(init_fn)``, ``torch.nn.init.normal_(model.fc.weight, ...)``."""
+    statement = binding.statement
+    if statement is None:
+        return None
+    index = statement.index + 1 + (1 if skip_move else 0)
+    last = None
+    while index < len(statement.block):
+        line = statement.block[index]
+        if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr)):
+            break
+        call = line.body[0].value
+        if not isinstance(call, cst.Call):
+            break
+        callee = get_full_name_for_node(call.func) or ""
+        first = next((a.value for a in call.args if a.keyword is None), None)
+        target = get_full_name_for_node(first) if first is not None else None
+        if callee == f"{name}.apply" or (
+            (facts.qualname(call.func) or "").startswith("torch.nn.init.")
+            and target is not None and (target == name or target.startswith(name + "."))
+        ):
+            last, index = line, index + 1
+            continue
+        break
+    return last
 
 
 def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Call | None:
@@ -494,6 +725,10 @@ class ChannelsLastFix(Codemod):
                     key = (id(edit.call), "memory_format")
                     if key not in done:
                         editor.rewrite_call(edit.call, lambda node, v=channels_last: add_keyword(node, "memory_format", v))
+                elif isinstance(edit, ReshapeView):
+                    key = (id(edit.call), "reshape")
+                    if key not in done:
+                        editor.rewrite_call(edit.call, _view_to_reshape)
                 else:
                     key = (id(edit.call), "to")
                     if key not in done:
@@ -503,6 +738,10 @@ class ChannelsLastFix(Codemod):
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")
         return new
+
+
+def _view_to_reshape(node: cst.Call) -> cst.Call:
+    return node.with_changes(func=node.func.with_changes(attr=cst.Name("reshape")))
 
 
 def _to_memory_format(node: cst.BaseExpression, channels_last: cst.BaseExpression) -> cst.Call:

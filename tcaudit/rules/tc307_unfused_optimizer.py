@@ -2,7 +2,8 @@
 
 Detects a torch.optim Adam, AdamW or SGD built for CUDA training without ``fused=``/``foreach=``.
 Fix (numerics): pass ``fused=True``; declined where the fused kernel would fail or misbehave (sparse
-gradients, SGD under a GradScaler present or added by TC201's fix, parameters not on the GPU yet).
+gradients, SGD under a GradScaler present or added by TC201's fix, parameters not on the GPU yet: moved
+earlier in the optimizer's function or, for a model passed in as a parameter, before every call of it).
 """
 
 from __future__ import annotations
@@ -107,7 +108,13 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
     if not owners:
         return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"
     for owner in owners:
-        if not _moved_before(facts, pipeline, owner, call):
+        if not _moved_before(facts, pipeline, owner, call.ctx.function, call.node):
+            if _passed_in(facts, owner, call.ctx.function, call.node):
+                return (
+                    f"`{owner}` is a parameter of `{call.ctx.function.name.value}()`, and not every call of it in "
+                    "this file passes a model moved to the GPU before the call; fused=True checks the parameters' "
+                    "device when the optimizer is built"
+                )
             return (
                 f"`{owner}` is not moved to the GPU before the optimizer is built (as far as this file shows); "
                 "fused=True checks the parameters' device when the optimizer is built"
@@ -128,7 +135,7 @@ def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:
                 name = get_full_name_for_node(node.func.value)
                 if name is None:
                     return []
-                owner = _bound_prefix(facts, name)
+                owner = _bound_prefix(facts, name, call.ctx.function)
                 if owner is None:
                     return []
                 if owner not in owners:
@@ -136,22 +143,27 @@ def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:
     return owners
 
 
-def _bound_prefix(facts: ScriptFacts, name: str) -> str | None:
-    """``model.module.fc`` → ``model`` (the longest prefix the file assigns)."""
+def _bound_prefix(facts: ScriptFacts, name: str, function: cst.FunctionDef | None) -> str | None:
+    """``model.module.fc`` → ``model`` (the longest prefix the file assigns, or a parameter of the function
+    that builds the optimizer)."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
         candidate = ".".join(parts[:end])
         if facts.bindings_of(candidate):
             return candidate
-    return None
+    return parts[0] if _parameter_index(function, parts[0]) is not None else None
 
 
-def _moved_before(facts: ScriptFacts, pipeline: PipelineFacts, owner: str, optimizer: CallSite) -> bool:
-    """A device move of the model earlier in the function that builds the optimizer: ``model.cuda()``,
-    ``model = Net().to(device)``, ``model = DDP(model.cuda())``, ``model = build().cuda()`` or a factory
-    of this file that returns a moved model."""
-    function = optimizer.ctx.function
-    built = _start(facts, optimizer.node)
+def _moved_before(
+    facts: ScriptFacts, pipeline: PipelineFacts, owner: str, function: cst.FunctionDef | None, node: cst.CSTNode,
+    depth: int = 0,
+) -> bool:
+    """A device move of the model earlier in ``function`` than ``node`` (the optimizer's construction):
+    ``model.cuda()``, ``model = Net().to(device)``, ``model = DDP(model.cuda())``, ``model = build().cuda()``
+    or a factory of this file that returns a moved model. Where the model is a parameter of the function
+    (``def train_model(model, ...)``) that nothing rebinds first, every call of the function in this file
+    must pass a model moved before the call (followed through up to three callers)."""
+    built = _start(facts, node)
     for call in facts.calls:
         if call.ctx.function is not function or _start(facts, call.node) >= built:
             continue
@@ -162,7 +174,79 @@ def _moved_before(facts: ScriptFacts, pipeline: PipelineFacts, owner: str, optim
             continue
         if _value_moves(facts, pipeline, binding.value, 0):
             return True
-    return False
+    if depth >= 3 or not _passed_in(facts, owner, function, node):
+        return False
+    passed = _arguments_passed(facts, function, owner)
+    return bool(passed) and all(
+        argument is not None and _moved_before(facts, pipeline, argument, caller.ctx.function, caller.node, depth + 1)
+        for caller, argument in passed
+    )
+
+
+def _passed_in(facts: ScriptFacts, name: str, function: cst.FunctionDef | None, node: cst.CSTNode) -> bool:
+    """``name`` is a parameter of the function that nothing in it rebinds before ``node``."""
+    if _parameter_index(function, name) is None:
+        return False
+    before = _start(facts, node)
+    return not any(
+        b.ctx.function is function and _start(facts, b.value) < before for b in facts.bindings_of(name)
+    )
+
+
+def _parameter_index(function: cst.FunctionDef | None, name: str) -> int | None:
+    """Where ``name`` sits among the function's positional parameters (-1: keyword-only), None if it is
+    none of them."""
+    if function is None:
+        return None
+    positional = [*function.params.posonly_params, *function.params.params]
+    for index, param in enumerate(positional):
+        if param.name.value == name:
+            return index
+    if any(param.name.value == name for param in function.params.kwonly_params):
+        return -1
+    return None
+
+
+def _arguments_passed(
+    facts: ScriptFacts, function: cst.FunctionDef, parameter: str
+) -> list[tuple[CallSite, str | None]]:
+    """Each call of a plain function of this file with the name it passes for ``parameter`` (None where
+    that cannot be read: a ``*args``, an expression). Empty where the callers cannot all be seen: a method,
+    a name defined twice, or the function used other than by calling it (``mp.spawn(train, ...)``)."""
+    name = function.name.value
+    if len(facts.functions_by_name.get(name, [])) != 1 or any(
+        frame.kind == "class" for frame in _frames_of(facts, function)
+    ):
+        return []
+    calls = [c for c in facts.calls if isinstance(c.node.func, cst.Name) and c.node.func.value == name]
+    # Every other mention of the name (a callback, an alias) may call it with anything.
+    if facts.mentions(name) != len(calls) + 1:
+        return []
+    index = _parameter_index(function, parameter)
+    out: list[tuple[CallSite, str | None]] = []
+    for call in calls:
+        if any(arg.star for arg in call.node.args):
+            out.append((call, None))
+            continue
+        positional = [a for a in call.node.args if a.keyword is None]
+        by_keyword = next((a for a in call.node.args if a.keyword is not None and a.keyword.value == parameter), None)
+        if by_keyword is not None:
+            value = by_keyword.value
+        elif index is not None and 0 <= index < len(positional):
+            value = positional[index].value
+        else:
+            value = None  # the parameter's default: no model of the caller's
+        dotted = get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        out.append((call, dotted))
+    return out
+
+
+def _frames_of(facts: ScriptFacts, function: cst.FunctionDef):
+    """The lexical frames around a function's definition (its class, the functions it is nested in)."""
+    for node, ctx in facts.functions:
+        if node is function:
+            return list(ctx.chain())
+    return []
 
 
 def _start(facts: ScriptFacts, node: cst.CSTNode) -> tuple[int, int]:
