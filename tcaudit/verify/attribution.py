@@ -55,10 +55,13 @@ def plan(script: Path, work: Path, settings, classes, applied: list[str], full_t
          original_text: str) -> list[LeaveOut]:
     """One patch per group, each made by the fix engine with that group ignored."""
     from tcaudit.fix.engine import fix_file
+    from tcaudit.verify.runner import audited_models
 
+    models = audited_models(script, settings)
     plans = []
     for rules in groups_for(applied):
-        without = fix_file(script, dataclasses.replace(settings, ignore=(*settings.ignore, *rules)), classes)
+        without = fix_file(script, dataclasses.replace(settings, ignore=(*settings.ignore, *rules)), classes,
+                           models=models)
         entry = LeaveOut(rules, side="")
         if without.error:
             entry.side = "unavailable"

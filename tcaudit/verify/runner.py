@@ -148,12 +148,21 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
                                     fromfile=f"a/{script.name}", tofile=f"b/{script.name}")
         (work / "patch.diff").write_text("".join(diff))
         return original_copy, patched_copy, [], patched_text
-    result = fix_file(script, settings, classes)
+    result = fix_file(script, settings, classes, models=audited_models(script, settings))
     if result.error:
         raise VerifyError(f"{script}: {result.error}")
     patched_copy.write_bytes(result.source.encode(result.fixed))
     (work / "patch.diff").write_text(result.diff())
     return original_copy, patched_copy, result.applied, result.fixed
+
+
+def audited_models(script: Path, settings: Settings):
+    """What the model audit measures about the models ``script`` builds, as ``tcaudit fix`` passes it to
+    its rules (channels_last, cudnn.benchmark, compile and the precision follow the model's FLOP shares),
+    so that verify times the patch ``fix`` writes; None where the audit does not run."""
+    from tcaudit.fix.command import audited_models_for
+
+    return audited_models_for([script], settings).get(os.path.realpath(script))
 
 
 def _torchrun_ready(path: Path) -> bool:
