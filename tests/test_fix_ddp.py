@@ -215,3 +215,43 @@ def test_already_distributed_script_gets_only_what_is_missing(tmp_path):
 def test_ddp_resnet50_fixture_is_the_resnet50_script():
     """The pair must follow fixtures/resnet50/train.py, which verify and the GPU benchmarks convert."""
     assert (FIX / "ddp_resnet50.in.py").read_bytes() == (FIXTURES / "resnet50" / "train.py").read_bytes()
+
+
+# Found by the GPU suite on two H200s (tests/test_gpu_fixtures.py): both ranks on GPU 0 where the device
+# is `0 if torch.cuda.is_available() else "cpu"`, and NCCL given CPU tensors where the device is "cpu".
+DEVICE_SCRIPT = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+print("CUDA available:", torch.cuda.is_available())
+device = {device}
+model = nn.Linear(8, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4, shuffle=True)
+for epoch in range(2):
+    for (x,) in loader:
+        loss = model(x.to(device)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def _convert(tmp_path, device: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(DEVICE_SCRIPT.format(device=device))
+    result = fix_file(path, Settings(select=("TC5",), structural_fixes=("ddp",), root=tmp_path))
+    assert result.error is None and "TC505" in result.applied, result.declined
+    return result.fixed
+
+
+def test_an_index_in_a_conditional_device_becomes_each_ranks_own_gpu(tmp_path):
+    fixed = _convert(tmp_path, '0 if torch.cuda.is_available() else "cpu"')
+    assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in fixed
+
+
+def test_a_cpu_device_keeps_gloo_for_its_tensors_on_a_gpu_machine(tmp_path):
+    fixed = _convert(tmp_path, '"cpu"')
+    assert '"cpu:gloo,cuda:nccl"' in fixed
+    assert '"nccl" if' not in fixed

@@ -104,9 +104,15 @@ def test_patched_fixture_trains_on_the_gpu(gpu_runs, case_id):
     assert fixed.rc == 0, f"patched ({applied}) failed on the GPU:\n{fixed.explain()}"
     if not original.losses and not fixed.losses:
         return  # a script that never calls backward (TC202's API fixtures): running is the test
-    assert fixed.finite, f"patched ({applied}) losses not finite: {fixed.losses}"
+    if original.finite:  # (an original that already trains into NaN, fp16 at a tiny batch, says nothing)
+        assert fixed.finite, f"patched ({applied}) losses not finite: {fixed.losses}"
     if original.rc == 0 and original.losses:
-        assert len(fixed.losses) == len(original.losses), (original.losses, fixed.losses)
+        if any(rule in patched[case_id].applied for rule in ("TC503", *DDP_CONVERSIONS)):
+            # A DistributedSampler shards the data over the processes the script starts (mp.spawn over
+            # every visible GPU): each sees its share of the batches.
+            assert 0 < len(fixed.losses) <= len(original.losses), (original.losses, fixed.losses)
+        else:
+            assert len(fixed.losses) == len(original.losses), (original.losses, fixed.losses)
         assert max(fixed.losses) <= BLOW_UP * max(abs(x) for x in original.losses), (
             f"patched ({applied}) diverged: original {original.losses}, patched {fixed.losses}"
         )

@@ -396,8 +396,9 @@ class DdpConversion:
         if plan.guard is None:
             plan.init_after = import_block_end(facts)
             plan.last = self.module.body[-1]
-        if DEVICE_SWITCH.search(self.info.text):
-            # A --no-cuda switch: on a GPU machine the model may stay on the CPU, so gloo serves CPU tensors.
+        if DEVICE_SWITCH.search(self.info.text) or _cpu_device(facts):
+            # A --no-cuda switch, or a device set to "cpu" outright: on a GPU machine the model may stay on
+            # the CPU, and NCCL has no CPU backend, so gloo serves the CPU tensors.
             plan.backend = '"cpu:gloo,cuda:nccl"'
         if dataparallel:
             self._plan_dataparallel(plan, dataparallel)
@@ -643,13 +644,25 @@ class _DdpEditor(CallEditor):
 _DEVICE_TARGET = re.compile(r"(^|[._])(device|dev|gpu|gpu_id|cuda_device)$", re.IGNORECASE)
 
 
+def _cpu_device(facts: ScriptFacts) -> bool:
+    """Whether a device name is bound to ``"cpu"`` outright (``device = "cpu"``), not as the fallback of
+    a CUDA test."""
+    return any(
+        _DEVICE_TARGET.search(binding.target) and literal_value(binding.value) == "cpu"
+        for binding in facts.bindings
+    )
+
+
 def _integer_devices(facts: ScriptFacts) -> list[cst.Integer]:
     """Integer literals used as a device: bound to a device name (``device = 0``, ``args.gpu = 0``) or
     passed to ``.to(0)`` / ``.to(device=0)``."""
     out: list[cst.Integer] = []
     for binding in facts.bindings:
-        if isinstance(binding.value, cst.Integer) and _DEVICE_TARGET.search(binding.target):
-            out.append(binding.value)
+        if not _DEVICE_TARGET.search(binding.target):
+            continue
+        # ``device = 0`` and ``device = 0 if torch.cuda.is_available() else "cpu"`` alike.
+        values = [binding.value.body, binding.value.orelse] if isinstance(binding.value, cst.IfExp) else [binding.value]
+        out.extend(value for value in values if isinstance(value, cst.Integer))
     for call in facts.method_calls("to"):
         device = call.arg("device", 0)
         if isinstance(device, cst.Integer):
