@@ -269,6 +269,19 @@ def apply_keyword_edits(module: cst.Module, plans: Iterable[KeywordPlan]) -> cst
 # -- imports ---------------------------------------------------------------------------------------------
 
 
+def imported_module(module: cst.Module, item: cst.CSTNode) -> str | None:
+    """The module a one-import line imports (``import a.b as c`` / ``from a.b import c`` → ``a.b``);
+    None for anything else (a relative import, several statements on the line)."""
+    if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
+        return None
+    small = item.body[0]
+    if isinstance(small, cst.Import):
+        return module.code_for_node(small.names[0].name)
+    if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        return module.code_for_node(small.module)
+    return None
+
+
 def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
     """``import os`` where isort would put it: in alphabetical order within the file's first group of
     standard-library imports, or as a group of its own before the first import. The caller checks that
@@ -277,14 +290,8 @@ def add_stdlib_import(module: cst.Module, name: str) -> cst.Module:
     new = parse_statement(f"import {name}", module)
 
     def stdlib_name(item: cst.CSTNode) -> str | None:
-        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
-            return None
-        small = item.body[0]
-        if isinstance(small, cst.Import):
-            dotted = module.code_for_node(small.names[0].name)
-        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-            dotted = module.code_for_node(small.module)
-        else:
+        dotted = imported_module(module, item)
+        if dotted is None:
             return None
         return dotted if dotted.split(".")[0] in sys.stdlib_module_names and dotted != "__future__" else None
 

@@ -31,7 +31,7 @@ from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import call_nodes, strip_comments
+from tcaudit.source.syntax import call_nodes, expression_chain, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(
@@ -297,27 +297,15 @@ _TORCH_DTYPES = frozenset(
 )
 
 
-def _chain(expr: cst.BaseExpression | None) -> Iterator[cst.BaseExpression]:
-    """``a.b(c)[0].d`` → itself, ``a.b(c)[0]``, ``a.b(c)``, ``a.b``, ``a``: what an expression is built on."""
-    while expr is not None:
-        yield expr
-        if isinstance(expr, cst.Call):
-            expr = expr.func
-        elif isinstance(expr, (cst.Attribute, cst.Subscript)):
-            expr = expr.value
-        else:
-            expr = None
-
-
 def _chain_root(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
     root = None
-    for root in _chain(expr):
+    for root in expression_chain(expr):
         pass
     return root
 
 
 def _based_on(expr: cst.BaseExpression | None, node: cst.CSTNode) -> bool:
-    return any(part is node for part in _chain(expr))
+    return any(part is node for part in expression_chain(expr))
 
 
 def _is_in_place(name: str | None) -> bool:

@@ -15,6 +15,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
+from tcaudit.rewrite.edits import imported_module
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import Frame, ScriptFacts
@@ -209,16 +210,8 @@ def _import_torch(module: cst.Module) -> cst.Module:
     dist``), where isort puts it, else after the last import."""
     body = list(module.body)
     for index, item in enumerate(body):
-        if not isinstance(item, cst.SimpleStatementLine) or len(item.body) != 1:
-            continue
-        small = item.body[0]
-        if isinstance(small, cst.Import):
-            dotted = module.code_for_node(small.names[0].name)
-        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-            dotted = module.code_for_node(small.module)
-        else:
-            continue
-        if dotted.split(".")[0] == "torch":
+        dotted = imported_module(module, item)
+        if dotted is not None and dotted.split(".")[0] == "torch":
             new = parse_statement("import torch", module).with_changes(leading_lines=item.leading_lines)
             body[index] = item.with_changes(leading_lines=[])
             body.insert(index, new)

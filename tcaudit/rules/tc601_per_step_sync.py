@@ -24,6 +24,7 @@ from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.steps import runs_every_step
+from tcaudit.source.syntax import expression_chain
 
 SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
 SYNCHRONIZE = re.compile(r"^torch\.(cuda|accelerator|xpu|mps)\.synchronize$")
@@ -31,18 +32,6 @@ TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
 _PACKING = re.compile(r"pack_padded_sequence|pack_sequence")
 _NUMPY_CHAIN = re.compile(r"\bnp\.|\bnumpy\.")
-
-
-def _receiver_chain(node: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
-    """The expressions a method chain is built on: ``a.b().c[0]`` → ``a.b().c[0]``, ``a.b().c``, ``a.b()``, ``a.b``, ``a``."""
-    while True:
-        yield node
-        if isinstance(node, cst.Call):
-            node = node.func
-        elif isinstance(node, (cst.Attribute, cst.Subscript)):
-            node = node.value
-        else:
-            return
 
 
 def _is_sync_method_call(node: cst.BaseExpression) -> bool:
@@ -232,7 +221,7 @@ class PerStepSync(ScriptRule):
         if _is_sync_method_call(node):
             receiver = call.receiver
             assert receiver is not None
-            if any(_is_sync_method_call(inner) for inner in list(_receiver_chain(receiver))):
+            if any(_is_sync_method_call(inner) for inner in list(expression_chain(receiver))):
                 return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
             receiver_text = facts.module.code_for_node(receiver)
             if method == "cpu":
