@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them
     from typing import Callable
 
     from tcaudit.cache import ScanCache
+    from tcaudit.model import ModelAuditResult
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
     from tcaudit.script.facts import ScriptFacts
@@ -234,20 +235,11 @@ def scan(
 
     # The model audit runs first where it runs at all: the script rules decide channels_last, cuDNN
     # benchmarking, compile and the precision with what it measured (tcaudit/model_profile.py).
-    audit = None
+    audit = run_audit(files, displays, settings, cache) if model_audit else None
     models_of: dict[str, "AuditedModels"] = {}
-    if model_audit and model_audit_wanted(settings):
-        from tcaudit.model import audited_models, run_model_audit  # imports no torch itself
+    if audit is not None:
+        from tcaudit.model import audited_models
 
-        sources = []
-        for index, path in enumerate(files):
-            try:
-                sources.append(read_source(path, displays[index]))
-            except SourceError:
-                continue  # scan_file reports it
-        audit = call_with_deep_stack(
-            run_model_audit, sources, settings, scan_cache=cache, script_uses_cuda=scripts_using_cuda(sources)
-        )
         models_of = audited_models(audit.facts)
 
     def models_for(path: Path) -> "AuditedModels | None":
@@ -326,6 +318,38 @@ def scan(
         suppressed=suppressed,
         files_cached=cached,
     )
+
+
+def run_audit(
+    files: list[Path], displays: list[str], settings: Settings, cache: "ScanCache | None" = None
+) -> "ModelAuditResult | None":
+    """The model audit of the models ``files`` build, where scan runs it (``model_audit_wanted``); fix
+    and verify ask the same, so all three decide with the same facts. None where it does not run."""
+    if not model_audit_wanted(settings):
+        return None
+    from tcaudit.model import run_model_audit  # imports no torch itself
+
+    sources = []
+    for path, display in zip(files, displays):
+        try:
+            sources.append(read_source(path, display))
+        except SourceError:
+            continue  # scan_file (or fix_file) reports it
+    return call_with_deep_stack(
+        run_model_audit, sources, settings, scan_cache=cache, script_uses_cuda=scripts_using_cuda(sources)
+    )
+
+
+def audited_models_for(files: list[Path], settings: Settings) -> "dict[str, AuditedModels]":
+    """What the model audit measures about the models the files build, by real path, where scan would
+    run it (so that fix and verify decide as scan does); empty otherwise."""
+    paths = [Path(path) for path in files]
+    audit = run_audit(paths, [display_path(path) for path in paths], settings)
+    if audit is None:
+        return {}
+    from tcaudit.model import audited_models
+
+    return audited_models(audit.facts)
 
 
 def scripts_using_cuda(sources: list[SourceFile]) -> "Callable[[str], bool]":

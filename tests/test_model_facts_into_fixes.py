@@ -12,7 +12,7 @@ import pytest
 from tcaudit.config import Settings
 from tcaudit.engine import scan
 from tcaudit.findings import FixClass
-from tcaudit.fix.command import audited_models_for
+from tcaudit.engine import audited_models_for
 from tcaudit.fix.engine import fix_enabled, fix_file
 
 pytest.importorskip("torch")

@@ -81,31 +81,11 @@ def parse_classes(text: str) -> frozenset[FixClass]:
     return frozenset(out)
 
 
-def audited_models_for(files, settings) -> dict:
-    """What the model audit measures about the models the files build, by real path, when scan would
-    run it (so that fix decides as scan does); empty otherwise."""
-    from tcaudit.engine import display_path, model_audit_wanted
-    from tcaudit.source.deep import call_with_deep_stack
-    from tcaudit.source.parsing import SourceError, read_source
-
-    if not model_audit_wanted(settings):
-        return {}
-    from tcaudit.model import audited_models, run_model_audit
-
-    sources = []
-    for path in files:
-        try:
-            sources.append(read_source(Path(path), display_path(Path(path))))
-        except SourceError:
-            continue  # fix_file reports it
-    return audited_models(call_with_deep_stack(run_model_audit, sources, settings).facts)
-
-
 def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from rich.console import Console
     from rich.syntax import Syntax
 
-    from tcaudit.engine import display_path
+    from tcaudit.engine import audited_models_for, display_path
     from tcaudit.fix.engine import fix_file, write_fix
     from tcaudit.fix.textio import NotWritable, real_path
     from tcaudit.source.deep import call_with_deep_stack

@@ -160,7 +160,7 @@ def audited_models(script: Path, settings: Settings):
     """What the model audit measures about the models ``script`` builds, as ``tcaudit fix`` passes it to
     its rules (channels_last, cudnn.benchmark, compile and the precision follow the model's FLOP shares),
     so that verify times the patch ``fix`` writes; None where the audit does not run."""
-    from tcaudit.fix.command import audited_models_for
+    from tcaudit.engine import audited_models_for
 
     return audited_models_for([script], settings).get(os.path.realpath(script))
 
