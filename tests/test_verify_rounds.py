@@ -77,7 +77,9 @@ def test_aa_run_is_not_significant_and_its_interval_contains_one(aa_run):
     assert data["aa"] is True and data["fixes_applied"] == [] and data["rounds"] == 3
     low, high = data["speedup_ci"]
     assert low <= 1.0 <= high and data["significant"] is False
-    assert "no significant difference" in stdout and "A/A self-check" in stdout and "noise band" in stdout
+    text = " ".join(stdout.split())  # the console wraps long intervals at its width
+    assert "no significant difference" in text and "A/A self-check" in text and "noise band" in text
+    assert "99.9% interval" in text
     assert (out / "work" / "patch.diff").read_text() == ""
 
 
@@ -102,3 +104,37 @@ def test_health_is_off_unless_asked(aa_run):
     assert data["health"] is None and data["health_regressions"] == []
     run = json.loads((out / "runs" / "original.r1.json").read_text())
     assert "health" not in run and len(run["input_waits"]) == 8
+
+
+def _run(losses: list[float], round_index: int = 1):
+    from tcaudit.verify.runner import RunMetrics
+    return RunMetrics(label="x", status="ok", device="cpu", cuda=False, torch="t", world_size=1,
+                      samples_per_s=100.0 + round_index, step_ms_p50=1.0, step_ms_p90=1.0,
+                      peak_memory_gib=0.0, final_loss=losses[-1], mean_loss=sum(losses) / len(losses),
+                      losses=losses, warmup=0, round=round_index)
+
+
+SETTLED = [2.44, 2.45, 2.43, 2.44, 2.45, 2.44, 2.43, 2.45]
+WANDERING = [2.44, 2.45, 3.9, 3.7, 3.6, 3.8, 3.7, 3.6]
+
+
+def test_parity_one_round_in_three_outside_is_spread_two_in_three_is_not():
+    from tcaudit.verify.runner import rounds_parity
+    originals = [_run(SETTLED, i) for i in (1, 2, 3)]
+    ok, detail = rounds_parity(originals, [_run(SETTLED, 1), _run(WANDERING, 2), _run(SETTLED, 3)], 0.1)
+    assert ok and detail.startswith("2 of 3 rounds within; round 2 outside")
+    ok, detail = rounds_parity(originals, [_run(WANDERING, 1), _run(WANDERING, 2), _run(SETTLED, 3)], 0.1)
+    assert not ok and detail.startswith("2 of 3 rounds outside")
+
+
+def test_parity_with_two_rounds_needs_both_and_a_non_finite_loss_always_fails():
+    from tcaudit.verify.runner import rounds_parity
+    originals = [_run(SETTLED, i) for i in (1, 2)]
+    ok, detail = rounds_parity(originals, [_run(SETTLED, 1), _run(WANDERING, 2)], 0.1)
+    assert not ok and detail.startswith("1 of 2 rounds outside")
+    originals = [_run(SETTLED, i) for i in (1, 2, 3)]
+    nan_round = _run([*SETTLED[:-1], float("nan")], 2)
+    ok, detail = rounds_parity(originals, [_run(SETTLED, 1), nan_round, _run(SETTLED, 3)], 0.1)
+    assert not ok and detail == "round 2: the patched run produced a non-finite loss"
+    ok, _ = rounds_parity(originals, [_run(SETTLED, i) for i in (1, 2, 3)], 0.1)
+    assert ok

@@ -12,6 +12,11 @@ from rich.table import Table
 from tcaudit.verify.runner import RunMetrics, VerifyResult, median_run
 
 
+def confidence_label(confidence: float) -> str:
+    """95% as "95%", 99.9% as "99.9%" (not rounded up to a "100%" interval)."""
+    return f"{confidence * 100:.10g}%"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     if value is None or value != value:
         return "-"
@@ -30,7 +35,7 @@ def speedup_line(result: VerifyResult) -> str:
     span = f"[{interval.low:.2f}, {interval.high:.2f}]"
     verdict = "significant" if interval.significant else "[yellow]no significant difference[/yellow]"
     return (f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s (median of {result.rounds} rounds), "
-            f"{result.confidence:.0%} interval {span}: {verdict}")
+            f"{confidence_label(result.confidence)} interval {span}: {verdict}")
 
 
 def render_table(result: VerifyResult, console: Console) -> None:

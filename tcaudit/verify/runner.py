@@ -127,6 +127,32 @@ def loss_parity(original: RunMetrics, patched: RunMetrics, tolerance: float) -> 
                 f"{verdict} the {tolerance:.0%} tolerance or twice the original's standard error ({noise:.4f})")
 
 
+def rounds_parity(originals: list[RunMetrics], patcheds: list[RunMetrics], tolerance: float) -> tuple[bool, str]:
+    """Loss parity over interleaved rounds, one check per (original, patched) pair of a round.
+
+    Every patched loss of every round must be finite; beyond that, more than half of the rounds must be
+    within tolerance. The first steps of training from scratch on a high learning rate are chaotic
+    (a ResNet50 on random labels starts at 20-40 nats and wanders), and a patched run whose kernels
+    differ (cudnn.benchmark, fp16) follows another path through them: one round in three outside the
+    band is run-to-run spread, while a patch that mis-trains is outside in most rounds. With one or
+    two rounds that cannot be told apart, so every round must pass there."""
+    checks = [loss_parity(a, b, tolerance) for a, b in zip(originals, patcheds)]
+    if len(checks) == 1:
+        return checks[0]
+    failed = [(index, c) for index, c in enumerate(checks, 1) if not c[0]]
+    for index, (ok, detail) in failed:
+        if "non-finite" in detail or "no losses" in detail:
+            return False, f"round {index}: {detail}"
+    if not failed:
+        return loss_parity(median_run(originals), median_run(patcheds), tolerance)
+    passed = len(checks) - len(failed)
+    index, (_, first) = failed[0]
+    if len(checks) >= 3 and passed * 2 > len(checks):
+        return True, (f"{passed} of {len(checks)} rounds within; round {index} outside (run-to-run spread "
+                      f"of early training; a patch that mis-trains is outside in most rounds): {first}")
+    return False, f"{len(failed)} of {len(checks)} rounds outside: {first}"
+
+
 def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass],
                 patched_file: Path | None = None, aa: bool = False):
     """The original's copy and the patched copy: ``tcaudit fix``'s patch, or ``patched_file`` as given,
@@ -437,11 +463,7 @@ def verify(
 
     interval = ratio_interval(throughputs("patched"), throughputs("original"), confidence)
     original, patched = median_run(results["original"]), median_run(results["patched"])
-    checks = [loss_parity(a, b, tolerance) for a, b in zip(results["original"], results["patched"])]
-    failed = [c for c in checks if not c[0]]
-    parity, detail = failed[0] if failed else loss_parity(original, patched, tolerance)
-    if failed and rounds > 1:
-        detail = f"{len(failed)} of {rounds} rounds: {detail}"
+    parity, detail = rounds_parity(results["original"], results["patched"], tolerance)
 
     health_by_side, health_regressions = None, []
     if health:
