@@ -6,7 +6,10 @@ growth interval of 2000 steps the scale is also wrong in the other direction for
 
 Fix (safe): add ``"scaler": scaler.state_dict()`` to the saved dict literal, and where the file loads
 the same checkpoint into the optimizer, ``scaler.load_state_dict(ckpt["scaler"])`` guarded by
-``if "scaler" in ckpt:`` so checkpoints written before the fix still load.
+``if "scaler" in ckpt:`` so checkpoints written before the fix still load. A scaler that exists only
+on some paths (created under ``if args.amp:``, or ``None`` without AMP) is saved and loaded under
+that test (``scaler.state_dict() if args.amp else None``); declined where the test cannot be repeated
+at the save (``self.scaler`` set in one arm of ``__init__`` on a parameter of ``__init__``).
 """
 
 from __future__ import annotations
