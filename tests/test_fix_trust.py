@@ -4,6 +4,8 @@ scripts (F1-F8), each in a shape of our own. Exact before/after pairs live in fi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers import scan_code
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
@@ -145,3 +147,71 @@ if __name__ == "__main__":
     lines = [line.strip() for line in result.fixed.splitlines()]
     save = lines.index('torch.save(model.module.state_dict(), "checkpoint.pt")')
     assert lines[save - 1] == "if dist.get_rank() == 0:" and lines[save + 1] == "dist.barrier()"
+
+
+# -- each edit in its anchor's branch, only where the objects it names exist ------------------------------
+# Exact before/after pairs: fixtures/fix/tc210_amp_branch, tc204_amp_flag_arm, all_flag_paths,
+# all_try_return (each also runs in the oracle, tests/test_oracle.py).
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fix"
+
+
+def test_a_scaler_set_in_one_arm_of_init_is_not_saved_from_another_method():
+    """`self.scaler` exists only when `use_amp` was true in `__init__`; `save` naming it raises
+    AttributeError on the plain path, and `use_amp` is a local of `__init__`, not testable in `save`."""
+    path = FIXTURES / "tc210_trainer_branch.in.py"
+    result = fix_file(path, Settings(select=("TC210",)))
+    assert not result.changed
+    (reason,) = [why for finding, why in result.declined if finding.rule == "TC210"]
+    assert "`self.scaler` exists only under the `if` on line 18" in reason
+    assert path.with_name("tc210_trainer_branch.out.py").read_bytes() == path.read_bytes()
+
+
+def test_a_scaler_made_on_both_arms_is_saved_with_its_none_test_only(tmp_path):
+    result = scan_code(tmp_path, '''
+        import torch
+        def train(args, model, optimizer, loader):
+            if args.amp:
+                scaler = torch.amp.GradScaler("cuda")
+            else:
+                scaler = None
+            for x in loader:
+                loss = model(x.cuda()).sum()
+                scaler.scale(loss).backward() if scaler is not None else loss.backward()
+                optimizer.step()
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
+    ''', select=("TC210",))
+    (finding,) = result.findings
+    assert finding.fix.plan.value == "scaler.state_dict() if scaler is not None else None"
+
+
+def test_a_scaler_made_on_the_other_arm_is_not_saved_there(tmp_path):
+    result = scan_code(tmp_path, '''
+        import torch
+        def train(args, model, optimizer, loader):
+            if args.amp:
+                scaler = torch.amp.GradScaler("cuda")
+            else:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
+    ''', select=("TC210",))
+    (finding,) = result.findings
+    assert not finding.fix.available and "the other arm of the `if` on line 3" in finding.fix.reason
+
+
+def test_an_fp16_autocast_under_a_test_the_loop_changes_gets_no_scaler(tmp_path):
+    """The scaler is made before the loop; a flag the loop itself assigns cannot be read there."""
+    result = scan_code(tmp_path, '''
+        import torch
+        def train(model, optimizer, loader):
+            for i, x in enumerate(loader):
+                warm = i < 10
+                if not warm:
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = model(x.cuda()).sum()
+                else:
+                    loss = model(x.cuda()).sum()
+                loss.backward()
+                optimizer.step()
+    ''', select=("TC204",))
+    (finding,) = result.findings
+    assert not finding.fix.available and "`warm` assigned in the training loop" in finding.fix.reason

@@ -10,7 +10,7 @@ after the last step (the same edit as TC201's GradScaler, held in an :class:`Add
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import libcst as cst
@@ -20,7 +20,9 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, torch
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc201_missing_autocast import AutocastEditor, GradScalerPlan, plan_grad_scaler
 from tcaudit.script.amp import HALF, amp_facts, cast_dtype
+from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.guards import condition_code, extra_conditions, is_pure_test
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +49,7 @@ class Fp16WithoutGradScaler(ScriptRule):
                     "fp16 autocast without a GradScaler: gradients below 6e-8 flush to zero and large "
                     "ones overflow; scale the loss with torch.amp.GradScaler, or use bf16",
                     fix=self.planned_fix(
-                        FixClass.NUMERICS, description, lambda site=site: self._plan(facts, amp, site.call.ctx.function)
+                        FixClass.NUMERICS, description, lambda site=site: self._plan(facts, amp, site)
                     ),
                 )
         for call in amp.half_model_casts:
@@ -67,7 +69,8 @@ class Fp16WithoutGradScaler(ScriptRule):
             )
 
     @staticmethod
-    def _plan(facts: ScriptFacts, amp, function) -> AddScaler:
+    def _plan(facts: ScriptFacts, amp, site) -> AddScaler:
+        function = site.call.ctx.function
         if amp.uses_lbfgs:
             raise DeclineFix("GradScaler cannot drive an LBFGS closure (use bf16 instead)")
         if not amp.has_optimizer:
@@ -81,7 +84,51 @@ class Fp16WithoutGradScaler(ScriptRule):
                 raise DeclineFix("the fp16 forward feeds backwards in several functions; add the GradScaler by hand")
         if not steps:
             raise DeclineFix("the backward is not in the function that opens the fp16 autocast")
-        return AddScaler(function, plan_grad_scaler(facts, steps))
+        grad_scaler = plan_grad_scaler(facts, steps)
+        # The scaler is on exactly where the fp16 autocast is: on the plain path it would scale fp32
+        # losses and, as its scale grows, skip steps for gradients that are fine in fp32.
+        create, _, enabled = grad_scaler.create.removesuffix(")").rpartition("enabled=")
+        tests = [t for t in _fp16_conditions(facts, site, steps, grad_scaler.before) if t != enabled]
+        if tests:
+            parts = ([] if enabled == "True" else [enabled]) + tests
+            joined = " and ".join(f"({t})" if " or " in t or (len(parts) > 1 and " if " in t) else t for t in parts)
+            grad_scaler = replace(grad_scaler, create=f"{create}enabled={joined})")
+        return AddScaler(function, grad_scaler)
+
+
+def _fp16_conditions(facts: ScriptFacts, site, steps, loop: cst.CSTNode | None) -> list[str]:
+    """The tests under which the fp16 autocast runs that its backwards do not share (an ``if
+    args.amp:`` arm around it, its own ``enabled=args.amp``), as code valid where the scaler is
+    created (before ``loop``). Raises DeclineFix where such a test cannot be repeated there (it
+    calls something, or reads a name the loop assigns)."""
+    codes: list[str] = []
+    tests: list[cst.BaseExpression] = []
+    if loop is None or site.call.ctx.function is not steps[0].function:
+        # The scaler is made in ``__init__`` or beside a backward in another function than the
+        # autocast: the autocast's tests may read names that do not exist there. It stays on with the
+        # device, which on the plain path costs at most a skipped step once its scale has grown.
+        return codes
+    enabled = site.call.arg("enabled")
+    # An ``enabled=`` that calls something (``torch.cuda.is_available()``) is not repeated: the
+    # scaler's own ``enabled=`` already tests for the device.
+    if enabled is not None and is_pure_test(enabled) and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
+        tests.append(enabled)
+        codes.append(facts.module.code_for_node(enabled))
+    conditions = extra_conditions(site.call.ctx, steps[0].ctx)
+    if conditions:
+        code = condition_code(facts.module, conditions)
+        if code is None:
+            raise DeclineFix(f"the fp16 autocast runs only under the `if` on line {facts.line_of(conditions[0].test)}, "
+                             "whose test calls something; add the GradScaler under that condition by hand")
+        tests += [b.test.test for b in conditions]
+        codes.append(code)
+    if codes:
+        read = set().union(*(names_in(test) for test in tests))
+        assigned = sorted(name for name in read if any(b.ctx.inside(loop) for b in facts.bindings_of(name)))
+        if assigned:
+            raise DeclineFix(f"the fp16 autocast runs only where `{' and '.join(codes)}` holds, which reads "
+                             f"`{assigned[0]}` assigned in the training loop; add the GradScaler by hand")
+    return codes
 
 
 class Fp16WithoutGradScalerFix(Codemod):

@@ -6,7 +6,10 @@ growth interval of 2000 steps the scale is also wrong in the other direction for
 
 Fix (safe): add ``"scaler": scaler.state_dict()`` to the saved dict literal, and where the file loads
 the same checkpoint into the optimizer, ``scaler.load_state_dict(ckpt["scaler"])`` guarded by
-``if "scaler" in ckpt:`` so checkpoints written before the fix still load.
+``if "scaler" in ckpt:`` so checkpoints written before the fix still load. A scaler that exists only
+on some paths (created under ``if args.amp:``, or ``None`` without AMP) is saved and loaded under
+that test (``scaler.state_dict() if args.amp else None``); declined where the test cannot be repeated
+at the save (``self.scaler`` set in one arm of ``__init__`` on a parameter of ``__init__``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.script.guards import binding_conditions, condition_code, exclusive
 
 SAVE = frozenset({"torch.save"})
 KEY = "scaler"
@@ -76,7 +80,9 @@ class ScalerNotCheckpointed(ScriptRule):
             raise DeclineFix(f'the checkpoint already has a "{KEY}" entry')
         self._check_visible(facts, scaler, call.ctx, facts.line_of(call.node), "saved")
         nullable = self._nullable(facts, scaler)
-        value = f"{scaler}.state_dict()" + (f" if {scaler} is not None else None" if nullable else "")
+        exists = self._existence_test(facts, scaler, call.ctx, "saved")
+        tests = [t for t in (exists, f"{scaler} is not None" if nullable else None) if t]
+        value = f"{scaler}.state_dict()" + (f" if {' and '.join(tests)} else None" if tests else "")
         loads: list[cst.SimpleStatementLine] = []
         codes: list[str] = []
         if key is not None:
@@ -91,8 +97,14 @@ class ScalerNotCheckpointed(ScriptRule):
                 if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
                     raise DeclineFix(f"the optimizer state is loaded inside a larger statement (line {facts.line_of(load.node)})")
                 self._check_visible(facts, scaler, load.ctx, facts.line_of(load.node), "loaded")
+                exists = self._existence_test(facts, scaler, load.ctx, "loaded")
                 checkpoint = facts.module.code_for_node(source.value)
-                guard = f'"{KEY}" in {checkpoint}' + (f" and {scaler} is not None" if nullable else "")
+                # A checkpoint saved where the scaler was missing holds None for it.
+                saved_none = f'{checkpoint}["{KEY}"] is not None' if tests else None
+                guard = " and ".join(
+                    t for t in (f'"{KEY}" in {checkpoint}', saved_none, exists, f"{scaler} is not None" if nullable else None)
+                    if t
+                )
                 loads.append(statement)
                 codes.append(f'if {guard}:\n    {scaler}.load_state_dict({checkpoint}["{KEY}"])\n')
         return SaveScalerState(literal, element, value, tuple(loads), tuple(codes))
@@ -151,6 +163,30 @@ class ScalerNotCheckpointed(ScriptRule):
             raise DeclineFix(f"`{scaler}` is created after the checkpoint is {what} (line {line})")
         where = f"`{function.name.value}`" if function is not None else "module level"
         raise DeclineFix(f"the checkpoint is {what} in {where}, where `{scaler}` is not visible; pass the scaler there first")
+
+    @staticmethod
+    def _existence_test(facts: ScriptFacts, scaler: str, ctx: Frame, what: str) -> str | None:
+        """The condition under which ``scaler`` exists where the checkpoint is saved or loaded (None:
+        on every path there). A scaler created only under ``if args.amp:`` does not exist on the
+        plain path: touching it there is a NameError, or an AttributeError for ``self.scaler``."""
+        bindings = [b for b in facts.bindings_of(scaler) if b.ctx.function is ctx.function or b.ctx.function is None
+                    or scaler.startswith("self.")]
+        conditions = binding_conditions(facts.module, [b.ctx for b in bindings], ctx)
+        if conditions == []:
+            return None
+        if conditions is None:
+            raise DeclineFix(f"`{scaler}` is created under several different conditions; which of them hold where "
+                             f"the checkpoint is {what} is not clear")
+        line = facts.line_of(conditions[0].test)
+        if any(exclusive(b.ctx, ctx) for b in bindings):
+            raise DeclineFix(f"`{scaler}` does not exist where the checkpoint is {what}: it is created on the other "
+                             f"arm of the `if` on line {line}")
+        local = any(b.ctx.function is not None and b.ctx.function is not ctx.function for b in bindings)
+        test = None if local else condition_code(facts.module, conditions)
+        if test is None:
+            raise DeclineFix(f"`{scaler}` exists only under the `if` on line {line}, a condition that cannot be tested "
+                             f"where the checkpoint is {what}; save its state under that condition by hand")
+        return test
 
     @staticmethod
     def _nullable(facts: ScriptFacts, scaler: str) -> bool:

@@ -51,6 +51,32 @@ def extra_conditions(inner: Frame, outer: Frame) -> list[Branch]:
     return [b for b in branches(inner) if (id(b.test), b.taken) not in shared]
 
 
+def binding_conditions(module: cst.Module, bound_at: list[Frame], used_at: Frame) -> list[Branch] | None:
+    """What must hold where ``used_at`` runs for a name bound at ``bound_at`` (its assignments) to
+    exist there: ``[]`` when one binding runs wherever ``used_at`` does (or two sit on opposite arms of
+    one ``if``, so one of them ran), the arms of the only binding's branch that ``used_at`` does not
+    share, or None when there are several bindings under different conditions. An arm of another
+    ``if`` on the same side-effect-free test (``if args.amp:`` written twice) counts as shared."""
+    around = {
+        (module.code_for_node(b.test.test), b.taken) for b in branches(used_at) if is_pure_test(b.test.test)
+    }
+    conditional: list[list[Branch]] = []
+    for frame in bound_at:
+        extra = [
+            b for b in extra_conditions(frame, used_at)
+            if not (is_pure_test(b.test.test) and (module.code_for_node(b.test.test), b.taken) in around)
+        ]
+        if not extra:
+            return []
+        conditional.append(extra)
+    arms = {(id(extra[-1].test), extra[-1].taken) for extra in conditional if len(extra) == 1}
+    if any((test, not taken) in arms for test, taken in arms):
+        return []  # ``if amp: scaler = GradScaler() else: scaler = None``
+    if len(conditional) == 1:
+        return conditional[0]
+    return None
+
+
 _PURE = (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString)
 
 
