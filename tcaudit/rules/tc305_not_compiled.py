@@ -1,8 +1,9 @@
-"""TC305 not-compiled: the trained model never goes through ``torch.compile`` (info).
+"""TC305 not-compiled: a trained model never goes through ``torch.compile`` (info).
 
-Detects a CUDA training script that compiles, scripts or exports nothing (a legacy TorchScript flag
-that TC304's fix deletes does not count). Fix (structural, ``fix --compile``): ``model.compile()``
-in place, on CUDA only, after the statements that build and prepare the model, before a DDP or
+Detects a CUDA training script that compiles, scripts or exports nothing through torch's APIs (a legacy
+TorchScript flag that TC304's fix deletes does not count), one finding per model an optimizer trains
+that is not compiled in place already. Fix (structural, ``fix --compile``), per model: ``model.compile()``
+in place, on CUDA only, after the statements that build and prepare that model, before a DDP or
 DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
 torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
 """
