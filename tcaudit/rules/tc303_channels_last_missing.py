@@ -2,10 +2,12 @@
 
 Detects a 2-D convnet trained on CUDA under autocast (or one that TC201's fix will put under
 autocast) while nothing in the script mentions channels_last. Fix (numerics): convert the model to
-channels_last where it is built or moved to the device, and the image batches where the training
-loop copies them to the device, and the ``.view(shape)`` calls of the model's forward code become
-``.reshape(shape)``; declined for 3-D convolutions, a view whose storage sharing matters (written in
-place, or its source written after it) and ``.view()`` on the model's outputs outside its code.
+channels_last where it is built or moved to the device, the image batches where the training loop
+copies them to the device, and a 1x1 input made where the model is called (a GAN's noise: a
+compiled model's backward needs it in channels_last strides); the ``.view(shape)`` calls of the
+model's forward code become ``.reshape(shape)``; declined for 3-D convolutions, a view whose storage
+sharing matters (written in place, or its source written after it) and ``.view()`` on the model's
+outputs outside its code.
 """
 
 from __future__ import annotations
