@@ -1,7 +1,8 @@
 """dcgan.py as an expert would write it: the same networks, data and losses, with D returning logits
 and BCEWithLogitsLoss (the same loss as Sigmoid + BCELoss, and safe under autocast, where BCELoss
-raises), bf16 autocast, channels_last, cudnn.benchmark, fused Adam, torch.compile, uint8 batches in
-pinned memory copied without blocking, and the host reading values only when it prints.
+raises), bf16 autocast, channels_last (the noise too: see the loop), cudnn.benchmark, fused Adam,
+torch.compile of both networks, uint8 batches in pinned memory copied without blocking, and the host
+reading values only when it prints.
 
     python dcgan_ceiling.py --batch-size 128 --steps 100
 """
@@ -124,7 +125,11 @@ for epoch in range(opt.niter):
             errD_real = criterion(output, label)
         errD_real.backward()
 
-        noise = torch.randn(batch_size, nz, 1, 1, device=device)
+        # Copied into channels_last strides: (b, nz, 1, 1) in NCHW is also "channels_last-contiguous", so
+        # .contiguous(memory_format=...) would keep its NCHW strides, cuDNN would then compute the
+        # generator's first weight gradient in NCHW, and inductor (expecting the channels_last weight's
+        # layout) fails a stride assertion in convolution_backward (torch 2.11, H200).
+        noise = torch.randn(batch_size, nz, 1, 1, device=device).to(memory_format=channels_last)
         with autocast:
             fake = trainG(noise)
             label.fill_(fake_label)

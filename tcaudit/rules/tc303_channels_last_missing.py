@@ -2,10 +2,12 @@
 
 Detects a 2-D convnet trained on CUDA under autocast (or one that TC201's fix will put under
 autocast) while nothing in the script mentions channels_last. Fix (numerics): convert the model to
-channels_last where it is built or moved to the device, and the image batches where the training
-loop copies them to the device, and the ``.view(shape)`` calls of the model's forward code become
-``.reshape(shape)``; declined for 3-D convolutions, a view whose storage sharing matters (written in
-place, or its source written after it) and ``.view()`` on the model's outputs outside its code.
+channels_last where it is built or moved to the device, the image batches where the training loop
+copies them to the device, and a 1x1 input made where the model is called (a GAN's noise: a
+compiled model's backward needs it in channels_last strides); the ``.view(shape)`` calls of the
+model's forward code become ``.reshape(shape)``; declined for 3-D convolutions, a view whose storage
+sharing matters (written in place, or its source written after it) and ``.view()`` on the model's
+outputs outside its code.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ def _channels_last_plan(
         edits.append(_model_edit(facts, binding, site.name, channels_last))
     if all(_takes_images(facts, pipeline, site) or _audited_image_input(pipeline, site, context) for site in sites):
         edits.extend(_input_edits(facts, pipeline, name, channels_last))
+    edits.extend(_noise_edits(facts, name))
     edits.extend(ReshapeView(view.node) for view in views.values())
     reshaped = tuple(facts.module.code_for_node(view.node) for view in views.values())
     return ChannelsLastPlan(line, name, code, tuple(edits), channels_last, reshaped)
@@ -650,6 +653,46 @@ def _input_edits(facts: ScriptFacts, pipeline: PipelineFacts, model: str, channe
                 if move is not None and _moves_batch(facts, move, batch):
                     edits.extend(_move_edit(move, binding, channels_last, converted))
     return edits
+
+
+# Factories of a fresh tensor whose shape the call spells out.
+_SHAPED_FACTORIES = frozenset(f"torch.{name}" for name in ("randn", "rand", "zeros", "ones", "empty"))
+
+
+def _noise_edits(facts: ScriptFacts, model: str) -> list[Edit]:
+    """The model's 1x1 inputs made where it is called (in a training loop or not): see ``_one_by_one``."""
+    edits: list[Edit] = []
+    converted: set[int] = set()
+    for forward in facts.calls:
+        if forward.name != model or facts.in_eval(forward.ctx):
+            continue
+        positional = [a.value for a in forward.node.args if a.keyword is None and not a.star]
+        if not positional:
+            continue
+        argument = positional[0]
+        values = [argument]
+        if isinstance(argument, cst.Name):
+            values = [b.value for b in facts.bindings_of(argument.value) if b.ctx.function is forward.ctx.function]
+        for value in values:
+            if isinstance(value, cst.Call) and id(value) not in converted and _one_by_one(facts, value):
+                converted.add(id(value))
+                edits.append(ConvertResult(value))
+    return edits
+
+
+def _one_by_one(facts: ScriptFacts, call: cst.Call) -> bool:
+    """A GAN's noise, ``torch.randn(b, nz, 1, 1)``: it gets ``.to(memory_format=channels_last)``. With 1x1
+    spatial dims its NCHW strides are also channels_last-contiguous, so ``.contiguous(memory_format=...)``
+    leaves them as they are, and cuDNN's transposed-conv backward then computes the weight gradient in
+    NCHW while inductor expects the channels_last weight's layout: the compiled generator's backward fails
+    a stride assertion (torch 2.11, H200). ``.to(memory_format=...)`` copies it into unambiguous
+    channels_last strides; the values stay the same."""
+    if (facts.qualname(call.func) or "") not in _SHAPED_FACTORIES:
+        return False
+    sizes = [a.value for a in call.args if a.keyword is None and not a.star]
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        sizes = [element.value for element in sizes[0].elements]
+    return len(sizes) == 4 and all(isinstance(s, cst.Integer) and s.value == "1" for s in sizes[2:])
 
 
 def _in_loop(call: CallSite, batch: BatchLoop) -> bool:

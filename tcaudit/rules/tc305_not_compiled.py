@@ -1,8 +1,9 @@
-"""TC305 not-compiled: the trained model never goes through ``torch.compile`` (info).
+"""TC305 not-compiled: a trained model never goes through ``torch.compile`` (info).
 
-Detects a CUDA training script that compiles, scripts or exports nothing (a legacy TorchScript flag
-that TC304's fix deletes does not count). Fix (structural, ``fix --compile``): ``model.compile()``
-in place, on CUDA only, after the statements that build and prepare the model, before a DDP or
+Detects a CUDA training script that compiles, scripts or exports nothing through torch's APIs (a legacy
+TorchScript flag that TC304's fix deletes does not count), one finding per model an optimizer trains
+that is not compiled in place already. Fix (structural, ``fix --compile``), per model: ``model.compile()``
+in place, on CUDA only, after the statements that build and prepare that model, before a DDP or
 DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
 torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
 """
@@ -26,6 +27,7 @@ from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.trained_models import ModelSite
 from tcaudit.source.syntax import call_nodes
 from tcaudit.source.triggers import all_of
 
@@ -39,33 +41,70 @@ class NotCompiled(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        if not pipeline.owns_cuda_training or _compiles(facts, pipeline):
+        if not pipeline.owns_cuda_training or _compiles_on_purpose(facts):
             return
-        models = pipeline.trained_models
-        profile = None
-        if models:
-            name, node = models[0].name, models[0].construction
-            profile = pipeline.profile_of(models[0], context.models)
-        else:
-            names = pipeline.trained_model_names
-            name, node = (names[0] if names else "model"), facts.training_steps[0].backward.node
-        # In place (nn.Module.compile): ``model = torch.compile(model)`` would prefix every state_dict
-        # key with ``_orig_mod.`` and break loading checkpoints.
-        code = f"{name}.compile()"
-        yield self.finding(
-            facts,
-            node,
-            f"the trained model is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
-            "fuses its elementwise ops and cuts Python overhead"
-            + cost_note(self.spec, context.settings.gpu, "compiled")
-            + (f" ({profile.describe()})" if profile is not None else ""),
-            fix=self.planned_fix(
-                FixClass.STRUCTURAL,
-                "compile the model in place on CUDA (tcaudit fix --compile)",
-                lambda: _compile_plan(facts, name, code, facts.position(node).end.line),
-                option="compile",
-            ),
-        )
+        compiled = _compiled_in_place(facts)
+        trained = _trained_models(facts, pipeline)
+        models = [(name, site) for name, site in trained if name not in compiled]
+        planned: set[tuple[int, str]] = set()  # (the statement it goes after, what is inserted)
+        for name, site in models:
+            node = site.construction if site is not None else facts.training_steps[0].backward.node
+            # In place (nn.Module.compile): ``model = torch.compile(model)`` would prefix every state_dict
+            # key with ``_orig_mod.`` and break loading checkpoints.
+            code = f"{name}.compile()"
+            plan = _attempt(lambda: _compile_plan(facts, name, code, facts.position(node).end.line))
+            if isinstance(plan, CompileInPlace):
+                if plan.compiled in compiled:
+                    continue  # ``model.compile()`` before ``ddp_model = DDP(model)``: compiled already
+                key = (id(plan.after), plan.statement)
+                if key in planned:
+                    continue  # ``opt1 = SGD(model...)``, ``opt2 = SGD(ddp_model...)``: one model, one compile
+                planned.add(key)
+            profile = pipeline.profile_of(site, context.models) if site is not None else None
+            subject = (
+                f"the trained model `{name}` (one of {len(trained)} trained here, each compiled on its own)"
+                if len(trained) > 1 else "the trained model"
+            )
+            yield self.finding(
+                facts,
+                node,
+                f"{subject} is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
+                "fuses its elementwise ops and cuts Python overhead"
+                + cost_note(self.spec, context.settings.gpu, "compiled")
+                + (f" ({profile.describe()})" if profile is not None else ""),
+                fix=self.planned_fix(
+                    FixClass.STRUCTURAL,
+                    "compile the model in place on CUDA (tcaudit fix --compile)",
+                    lambda plan=plan: _made(plan),
+                    option="compile",
+                ),
+            )
+
+
+def _trained_models(facts: ScriptFacts, pipeline) -> list[tuple[str, ModelSite | None]]:
+    """Every model an optimizer trains (a GAN's two nets, a trainer's student and critic), with the call
+    that builds it where one is found. A model no optimizer names (a frozen teacher, an evaluator) is
+    not compiled: this rule is about the training step, and such a model often comes from a checkpoint
+    or runs under other shapes. Without any optimizer, the first model-like name, as before."""
+    names = pipeline.optimized_model_names or pipeline.trained_model_names[:1] or ["model"]
+    first_site: dict[str, ModelSite] = {}
+    for site in pipeline.trained_models:
+        first_site.setdefault(site.name, site)
+    return [(name, first_site.get(name)) for name in names]
+
+
+def _attempt(plan) -> "CompileInPlace | DeclineFix":
+    try:
+        return plan()
+    except DeclineFix as exc:
+        return exc
+
+
+def _made(plan: "CompileInPlace | DeclineFix") -> "CompileInPlace":
+    """The plan ``_attempt`` made; its decline raised again, for ``planned_fix`` to report."""
+    if isinstance(plan, DeclineFix):
+        raise plan
+    return plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +115,7 @@ class CompileInPlace(FixPlan):
     target: str  # the trained model's name
     code: str  # ``model.compile()``, as the message says
     statement: str  # what is inserted: the compile under its device condition
+    compiled: str  # the module compiled: the model, the module inside its wrapper, or the name wrapped
 
 
 def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> CompileInPlace:
@@ -83,22 +123,27 @@ def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> Compil
     compiled, after, condition = _plan(facts, name, torch_name)
     if isinstance(after, cst.If) and facts.module.code_for_node(after.test) == condition:
         # ``if device == "cuda": model = model.cuda()`` gains the compile in the same block.
-        return CompileInPlace(after.body.body[-1], line, name, code, f"{compiled}.compile()\n")
-    return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n")
+        return CompileInPlace(after.body.body[-1], line, name, code, f"{compiled}.compile()\n", _unwrapped(compiled))
+    return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n", _unwrapped(compiled))
 
 
-def _compiles(facts: ScriptFacts, pipeline) -> bool:
+def _compiles_on_purpose(facts: ScriptFacts) -> bool:
+    """Whether the script compiles, scripts or exports anything through torch's APIs (also behind a
+    flag): then compiling is the author's decision, for every model."""
     deleted = {id(call.node.func) for call in flags_the_fix_deletes(facts)}
-    if any(
-        ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
-    ):
-        return True
-    models = set(pipeline.trained_model_names) | facts.model_names
-    # ``model.compile()`` (nn.Module.compile, in place), also on the module inside a DDP wrapper.
     return any(
-        call.method == "compile" and (call.receiver_name or "").removesuffix(".module") in models
-        for call in facts.calls
+        ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
     )
+
+
+def _compiled_in_place(facts: ScriptFacts) -> set[str]:
+    """The names ``nn.Module.compile()`` is called on (``model.compile()``, ``model.module.compile()``
+    inside a DDP wrapper → ``model``): those models are compiled, the others of the script may not be."""
+    return {_unwrapped(call.receiver_name) for call in facts.calls if call.method == "compile" and call.receiver_name}
+
+
+def _unwrapped(name: str) -> str:
+    return name.removesuffix(".module")
 
 
 # -- the plan -------------------------------------------------------------------------------------------
@@ -488,9 +533,14 @@ class NotCompiledFix(Codemod):
     rule = "TC305"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        plan: CompileInPlace = findings[0].fix.plan  # one finding per file
         editor = StatementEditor()
-        editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+        inserted: set[tuple[int, str]] = set()
+        for finding in findings:  # one per trained model, each with its own place
+            plan: CompileInPlace = finding.fix.plan
+            key = (id(plan.after), plan.statement)
+            if key not in inserted:
+                inserted.add(key)
+                editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
         new = module.visit(editor)
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")

@@ -58,6 +58,17 @@ class TrainedModelFacts(TrainingCodeFacts):
     def trained_model_names(self) -> list[str]:
         """Names whose parameters an optimizer receives (``SGD(model.parameters())``,
         ``[{"params": model.fc.parameters()}]`` → ``model``); the file's model-like names otherwise."""
+        owners = self._optimizer_owners
+        return self._bound_roots(owners or sorted(self.facts.model_names))
+
+    @functools.cached_property
+    def optimized_model_names(self) -> list[str]:
+        """Names whose parameters an optimizer receives, in the order the optimizers are built (a GAN's
+        two nets, an encoder and a decoder in one optimizer); empty where no optimizer names any."""
+        return self._bound_roots(self._optimizer_owners)
+
+    @functools.cached_property
+    def _optimizer_owners(self) -> list[str]:
         facts = self.facts
         names: list[str] = []
         for call in facts.calls:
@@ -65,13 +76,22 @@ class TrainedModelFacts(TrainingCodeFacts):
             if not qual.startswith("torch.optim.") or "lr_scheduler" in qual or "swa_utils" in qual:
                 continue
             inside = _call_ids_within(call.node)
+            # ``params = list(enc.parameters()) + list(dec.parameters()); SGD(params)``: the list built
+            # before the optimizer names its models too.
+            for arg in call.node.args:
+                if isinstance(arg.value, (cst.Name, cst.Attribute)):
+                    for value in facts.binding_values(arg.value):
+                        if value is not arg.value:
+                            inside |= _call_ids_within(value)
             for inner in facts.calls:
                 if inner.method in ("parameters", "named_parameters") and id(inner.node) in inside:
                     owner = inner.receiver_name
                     if owner:
                         names.append(owner)
-        if not names:
-            names = sorted(facts.model_names)
+        return names
+
+    def _bound_roots(self, names: list[str]) -> list[str]:
+        """Each name's shortest prefix that the file binds (``model.fc`` → ``model``), once each."""
         out: list[str] = []
         for name in names:
             for candidate in _prefixes(name):
