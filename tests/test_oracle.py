@@ -87,6 +87,7 @@ EXPECT = {
     "tc303_imagenet_dataparallel": Expect(rtol=3e-2, compare=1, why="bf16 CPU autocast under channels_last"),
     # The original imports apex, which is not installed here; the migrated script runs without it.
     "tc209_apex_trainer": Expect(original_fails=True, why="the original needs apex"),
+    "tc209_apex_amp_flag": Expect(original_fails=True, why="the original needs apex"),
     # The DDP conversion now shards these loaders (built by a lambda or in a helper): a
     # DistributedSampler orders the data by its own seed.
     "gen00_object_trainer_flag_clip_after_step+ddp": DDP_ORDER,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import (
@@ -37,7 +38,8 @@ from tcaudit.rules.costs import cost_note
 from tcaudit.script.amp import BRANCH, PARTIAL, UNCOVERED, AmpFacts, ForwardStatement, StepCoverage, amp_facts
 from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
-from tcaudit.script.guards import branches
+from tcaudit.script.expressions import moves_to_device
+from tcaudit.script.guards import branches, is_pure_test
 from tcaudit.script.pipeline import pipeline_facts
 
 if TYPE_CHECKING:
@@ -528,10 +530,15 @@ def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
 
 
 _DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
+_DEVICE_TYPES = ("cuda", "cpu", "mps", "xpu")
 
 
 def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tuple[str, str]:
-    """(device-type expression, enabled expression) usable at the step's position."""
+    """(device-type expression, enabled expression) usable at the step's position: the device the
+    script actually trains on where a name in scope tells it (a ``device`` variable or parameter, the
+    name the step moves its tensors to, the flag every ``.cuda()`` of the function runs under), so a
+    "CPU unless --cuda" run on a GPU machine keeps autocast and the GradScaler off; else CUDA when it
+    is there."""
     function = step.function
     if function is not None:
         params = {p.name.value for p in function.params.params + function.params.kwonly_params}
@@ -539,7 +546,7 @@ def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tup
             if name in params:
                 expr = f"{torch_name}.device({name}).type"
                 return expr, f'{expr} == "cuda"'
-    for name in _DEVICE_NAMES:
+    for name in (*_DEVICE_NAMES, *_names_moved_to(facts, step)):
         for binding in facts.bindings_of(name):
             scope = binding.ctx.function
             # A global set under ``if __name__ == "__main__":`` is not visible to importers: skip it.
@@ -564,7 +571,63 @@ def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tup
             else:
                 expr = f"{torch_name}.device({name}).type"
             return expr, f'{expr} == "cuda"'
+    flag = _cuda_flag(facts, step)
+    if flag is not None:
+        return '"cuda"', flag
     return '"cuda"', f"{torch_name}.cuda.is_available()"
+
+
+def _names_moved_to(facts: ScriptFacts, step: TrainingStep) -> list[str]:
+    """Names other than the usual device names that the step's function moves tensors to with
+    ``.to(name)``, where every value the name may hold is a device (``torch.device(...)`` or a
+    device-type string): ``target = torch.device("cuda" if args.cuda else "cpu")``."""
+    out: list[str] = []
+    for call in facts.calls:
+        if call.ctx.function is not step.function or call.method != "to":
+            continue
+        arg = call.arg("device", 0)
+        name = get_full_name_for_node(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
+        if not name or name in _DEVICE_NAMES or name in out:
+            continue
+        values = [b.value for b in facts.bindings_of(name)]
+        if values and all(_names_a_device(facts, v) for v in values):
+            out.append(name)
+    return out
+
+
+def _names_a_device(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+    leaves = [v for v in facts.binding_values(value) if not isinstance(v, (cst.IfExp, cst.BooleanOperation))]
+    for leaf in leaves:
+        if isinstance(leaf, cst.Call) and facts.qualname(leaf.func) == "torch.device":
+            continue
+        if isinstance(leaf, cst.SimpleString) and str(leaf.evaluated_value).split(":")[0] in _DEVICE_TYPES:
+            continue
+        return False
+    return bool(leaves)
+
+
+def _cuda_flag(facts: ScriptFacts, step: TrainingStep) -> str | None:
+    """The test every device move of the step's function runs under (``if use_cuda: model.cuda()``
+    and ``if use_cuda: x = x.cuda()``), as code valid before its training loop: that flag, not the
+    machine, says whether the run is on CUDA. None where some move runs unconditionally, the moves
+    share no such test, or the loop assigns a name it reads."""
+    moves = [c for c in facts.calls if c.ctx.function is step.function and moves_to_device(c)]
+    if not moves:
+        return None
+    common: list[str] | None = None
+    for call in moves:
+        codes = [facts.module.code_for_node(b.test.test) for b in branches(call.ctx)
+                 if b.taken and is_pure_test(b.test.test)]
+        common = codes if common is None else [code for code in common if code in codes]
+    if not common:
+        return None
+    test = next(b.test.test for b in branches(moves[0].ctx) if b.taken and facts.module.code_for_node(b.test.test) == common[0])
+    loop = _outermost_loop(step.ctx, step.function)
+    if loop is not None and any(
+        b.ctx.inside(loop) for name in names_in(test) for b in facts.bindings_of(name)
+    ):
+        return None
+    return common[0]
 
 
 def _plain_device_type_strings(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
@@ -665,9 +728,10 @@ def plan_grad_scaler(
         init = _init_of(cls) if cls is not None else None
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             raise DeclineFix("no loop or __init__ to create the GradScaler in; add it by hand")
+        # ``__init__`` sees only ``self.`` names: a device or flag local to the step is not there.
         if "self." in device_type.replace("self.device", "") or (
             device_type not in ('"cuda"',) and "self." not in device_type
-        ):
+        ) or (device_type == '"cuda"' and enabled != f"{torch_name}.cuda.is_available()"):
             device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
             create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
         name = "self." + _unique_name(facts, "scaler")

@@ -88,7 +88,22 @@ class Fp16WithoutGradScaler(ScriptRule):
         # The scaler is on exactly where the fp16 autocast is: on the plain path it would scale fp32
         # losses and, as its scale grows, skip steps for gradients that are fine in fp32.
         create, _, enabled = grad_scaler.create.removesuffix(")").rpartition("enabled=")
-        tests = [t for t in _fp16_conditions(facts, site, steps, grad_scaler.before) if t != enabled]
+        # One scaler serves every fp16 autocast of the function (``if args.amp: ... elif
+        # args.fp16_head: ...``): it is on where any of them runs, so the tests are joined by ``or``.
+        siblings = [s for s in amp.training_autocast_sites
+                    if s.dtypes == frozenset({HALF}) and s.call.ctx.function is function] or [site]
+        alternatives: list[str] = []
+        for sibling in siblings:
+            tests = [t for t in _fp16_conditions(facts, sibling, steps, grad_scaler.before) if t != enabled]
+            if not tests:
+                alternatives = []  # one of them runs wherever the backward does: no test to add
+                break
+            conjunction = " and ".join(f"({t})" if " or " in t or (len(tests) > 1 and " if " in t) else t for t in tests)
+            if conjunction not in alternatives:
+                alternatives.append(conjunction)
+        tests = alternatives[:1] if len(alternatives) == 1 else (
+            [" or ".join(f"({a})" if " " in a else a for a in alternatives)] if alternatives else []
+        )
         if tests:
             parts = ([] if enabled == "True" else [enabled]) + tests
             joined = " and ".join(f"({t})" if " or " in t or (len(parts) > 1 and " if " in t) else t for t in parts)

@@ -26,6 +26,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, par
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
+from tcaudit.script.guards import extra_conditions
 
 INITIALIZE = "apex.amp.initialize"
 SCALE_LOSS = "apex.amp.scale_loss"
@@ -47,6 +48,10 @@ class MigrateToTorchAmp(FixPlan):
     imports: tuple[cst.SimpleStatementLine, ...]  # ``from apex import amp`` when nothing else needs it
     step_function: cst.FunctionDef | None  # when the scaler must be passed to the step's function
     step_call: cst.Call | None
+    # ``amp.initialize`` runs under an ``if`` the step does not (``if args.amp:``): a disabled scaler
+    # is created before that ``if`` so the name exists on the plain path too.
+    disabled_before: cst.If | None = None
+    disabled_code: str = ""
 
 
 class ApexAmp(ScriptRule):
@@ -173,6 +178,13 @@ class ApexAmp(ScriptRule):
                 raise DeclineFix(f"`{step_fn.name.value}` takes *args, **kwargs or keyword-only parameters")
             step_function, step_call = step_fn, callers[0].node
 
+        # The scaler must exist wherever the step runs, the plain path of ``if args.amp:`` too.
+        used_at = scale.ctx if step_call is None else callers[0].ctx
+        conditions = extra_conditions(init.ctx, used_at)
+        disabled_before = conditions[0].test if conditions else None
+        if disabled_before is not None and _is_elif(facts.module, disabled_before):
+            raise DeclineFix("`amp.initialize` runs in an `elif` arm the step does not; migrate by hand")
+
         imports = tuple(
             site.node_statement for site in self._removable_imports(facts)
         )
@@ -188,6 +200,8 @@ class ApexAmp(ScriptRule):
             imports=imports,
             step_function=step_function,
             step_call=step_call,
+            disabled_before=disabled_before,
+            disabled_code=f"{SCALER} = {torch}.amp.GradScaler({device}, enabled=False)" if disabled_before else "",
         )
 
     @staticmethod
@@ -230,6 +244,19 @@ class _ImportSite:
     node_statement: cst.SimpleStatementLine
 
 
+def _is_elif(module: cst.Module, node: cst.If) -> bool:
+    """Whether ``node`` is the ``elif`` of another ``if`` (no statement of its own to insert before)."""
+    found = False
+
+    class _Elifs(cst.CSTVisitor):
+        def visit_If(self, parent: cst.If) -> None:
+            nonlocal found
+            found = found or parent.orelse is node
+
+    module.visit(_Elifs())
+    return found
+
+
 def _import_statement(facts: ScriptFacts, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
     for item in facts.module.body:
         if isinstance(item, cst.SimpleStatementLine) and len(item.body) == 1 and item.body[0] is node:
@@ -267,6 +294,8 @@ class ApexAmpFix(Codemod):
                 editor.replace_with(first, [wrapped])
                 for statement in rest:
                     editor.remove(statement)
+            if plan.disabled_before is not None:
+                editor.insert_before(plan.disabled_before, [parse_statement(plan.disabled_code, module)])
             for statement in plan.imports:
                 editor.remove(statement)
             if plan.step_function is not None:

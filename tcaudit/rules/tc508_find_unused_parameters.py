@@ -26,6 +26,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.guards import exclusive
 
 KEYWORD = "find_unused_parameters"
 
@@ -60,15 +61,25 @@ class FindUnusedParameters(ScriptRule):
                 measured_looked_up = True
             if measured is not None and measured.unused_parameters:
                 continue  # the run saw parameters without a gradient: the flag is needed
-            yield self._finding(facts, wrap.call.node, argument, measured)
+            # Another wrap without the flag on the other arm of an ``if`` (``if args.freeze_backbone:``):
+            # the author needs it on this path only, and one measured run may not have taken it.
+            per_path = any(
+                exclusive(wrap.call.ctx, other.call.ctx) for other in info.wraps_of("ddp") if other is not wrap
+            )
+            yield self._finding(facts, wrap.call.node, argument, measured, per_path)
 
-    def _finding(self, facts, call: cst.Call, argument: cst.Arg, measured) -> Finding:
+    def _finding(self, facts, call: cst.Call, argument: cst.Arg, measured, per_path: bool = False) -> Finding:
         evidence = None
         if measured is not None and measured.unused_parameters == ():
             evidence = (f"`tcaudit verify --health` ({measured.results}) saw every parameter get a gradient "
                         f"in each of {measured.rounds} round(s) of {measured.steps} steps")
 
         def plan() -> RemoveKeyword:
+            if per_path:
+                raise DeclineFix(
+                    f"the other arm of the `if` wraps the model without `{KEYWORD}`: the flag is chosen per "
+                    "path, and a measured run shows only the path it took"
+                )
             if evidence is None:
                 raise DeclineFix(
                     "whether every parameter gets a gradient is a fact of the run: `tcaudit verify "

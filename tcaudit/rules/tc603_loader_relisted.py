@@ -116,8 +116,14 @@ class LoaderRelisted(ScriptRule):
             while isinstance(inner, cst.Call) and get_full_name_for_node(inner.func) in _WRAPPERS and inner.args:
                 inner = inner.args[0].value
             loader_ids = {id(c.node) for c in info.dataloaders}
-            if not any(id(value) in loader_ids for value in facts.binding_values(inner)):
+            # Every value the name may hold, on every path: ``DataLoader(...) if flag else stream()``
+            # is a generator on one of them.
+            values = [v for v in facts.binding_values(inner)
+                      if not isinstance(v, (cst.IfExp, cst.BooleanOperation, cst.Name, cst.Attribute))]
+            if not any(id(value) in loader_ids for value in values):
                 raise DeclineFix(f"nothing in this file shows `{loader}` is a DataLoader; a generator has no len()")
+            if not all(id(value) in loader_ids for value in values):
+                raise DeclineFix(f"`{loader}` is a DataLoader on some paths only; a generator has no len()")
             return ReplaceCall("replace-expression", node.args[0].value, inner, facts.line_of(node), loader)
 
         return self.planned_fix(FixClass.SAFE, f"use len({loader})", plan)
