@@ -97,3 +97,13 @@ def test_a_parameter_list_built_before_the_optimizer_names_its_models(tmp_path):
             optimizer.step()
     """, select=("TC305",), structural_fixes=("compile",))
     assert sorted(f.message.split("`")[1] for f in result.findings) == ["decoder", "encoder"]
+
+
+def test_a_recurrent_model_is_not_compiled_and_says_why():
+    """cuDNN's LSTM: `fix --compile` made the word LM slower on an H200; one built on some paths only
+    (a `--model` flag) is compiled where it holds no recurrent layer, tested at run time."""
+    (finding,) = _tc305(FIXTURES / "compile_recurrent_only.in.py").values()
+    assert not finding.fix.available
+    assert finding.fix.reason.startswith("`model` computes in `nn.LSTM`: cuDNN's recurrent kernels")
+    (finding,) = _tc305(FIXTURES / "compile_recurrent_flag.in.py").values()
+    assert finding.fix.available

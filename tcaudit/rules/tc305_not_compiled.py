@@ -10,6 +10,7 @@ torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -192,6 +193,12 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         raise DeclineFix(f"could not find the statement that builds `{name}`")
     for binding in builds:
         _check_build(facts, binding, name)
+    recurrent = [layer for layer in (_recurrent_layer(facts, b.value) for b in builds) if layer is not None]
+    if recurrent and len(recurrent) == len(builds):
+        raise DeclineFix(
+            f"`{name}` computes in `{recurrent[0]}`: cuDNN's recurrent kernels, which torch.compile does not fuse; "
+            f"compiling the rest made a word LM slower ({_RECURRENT_COST})"
+        )
     functions = {id(b.ctx.function) for b in builds}
     if len(functions) != 1:
         raise DeclineFix(f"`{name}` is built in several functions; compile it by hand where it is used")
@@ -205,6 +212,9 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         target = name
         after = _after_prep(facts, block, after, name)
     condition = _device_condition(facts, name, builds, block, after, torch_name)
+    if recurrent:
+        # Built recurrent on some paths only (``--model LSTM`` or ``Transformer``): compile where it is not.
+        condition += f" and not any(isinstance(m, {torch_name}.nn.RNNBase) for m in {target}.modules())"
     if replicated:
         condition += _ONE_DEVICE.format(torch=torch_name)
     return target, after, condition
@@ -312,6 +322,61 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
                 f"nothing there (seen on torch 2.11), and `{name} = torch.compile({name})` would prefix "
                 "its checkpoint keys with `_orig_mod.`; compile it by hand"
             )
+
+
+# Measured on one H200, torch 2.11 (benchmarks/realworld/results.json, word_lm): the patched LSTM LM.
+_RECURRENT_COST = "H200, LSTM 650x2, batch 64: 4,881 samples/s after `fix`, 3,520 after `fix --compile`"
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"})
+_RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN_TANH", "RNN_RELU", "RNN"})
+_RECURRENT_NAME = re.compile(r"rnn|lstm|gru", re.IGNORECASE)
+
+
+def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | None:
+    """The recurrent torch.nn layer (``nn.LSTM``) a built model holds, following the classes of this file
+    it constructs (``Seq2Seq`` holding an ``Encoder`` with an LSTM); ``getattr(nn, rnn_type)(...)`` (the
+    word-language-model shape) counts where the class names a recurrent type in a string."""
+    classes = {node.name.value: node for node, _ in facts.classes}
+    pipeline = pipeline_facts(facts)
+    seen: set[str] = set()
+    pending = [(get_full_name_for_node(call.func) or "").split(".")[-1] for call in pipeline.constructions(value)]
+    while pending:
+        cls = classes.get(pending.pop())
+        if cls is None or cls.name.value in seen:
+            continue
+        seen.add(cls.name.value)
+        strings = {
+            node.evaluated_value for node in _nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
+        }
+        for call in call_nodes(cls):
+            qual = facts.qualname(call.func) or ""
+            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1] in _RECURRENT:
+                return f"nn.{qual.rsplit('.', 1)[-1]}"
+            if (
+                isinstance(call.func, cst.Call)
+                and get_full_name_for_node(call.func.func) == "getattr"
+                and call.func.args
+                and len(call.func.args) > 1
+                and facts.qualname(call.func.args[0].value) == "torch.nn"
+                and (strings & _RECURRENT_TYPES or _RECURRENT_NAME.search(facts.module.code_for_node(call.func.args[1].value)))
+            ):
+                return f"getattr(nn, {facts.module.code_for_node(call.func.args[1].value)})"
+            callee = (get_full_name_for_node(call.func) or "").split(".")[-1]
+            if callee in classes:
+                pending.append(callee)
+    return None
+
+
+def _nodes_of(root: cst.CSTNode, kind: type) -> list:
+    found: list = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return True
+
+    root.visit(Collect())
+    return found
 
 
 def _torch_forward(facts: ScriptFacts, call: cst.Call, classes: dict, depth: int = 0) -> str | None:
