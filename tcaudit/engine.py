@@ -32,12 +32,13 @@ from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
-    from typing import Callable
+    from typing import Callable, Sequence
 
     from tcaudit.cache import ScanCache
     from tcaudit.model import ModelAuditResult
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
+    from tcaudit.rules.registry import LazyRule
     from tcaudit.script.facts import ScriptFacts
 
 # Below this many files to analyse, a scan runs in-process: starting workers would cost more than
@@ -98,32 +99,48 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
     return rules
 
 
-def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
+def candidate_rules(rules: "Sequence[ScriptRule | LazyRule]", text: str) -> list["ScriptRule"]:
     """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
     each distinct trigger (and each part of an ``all_of`` trigger) checked once per file, literal text
-    first (tcaudit/source/triggers.py)."""
-    from tcaudit.rules.base import ScriptRule
+    first (tcaudit/source/triggers.py). A :class:`LazyRule` is known by its triggers until then: it is
+    imported (:meth:`LazyRule.load`) only when they occur."""
+    from tcaudit.rules.registry import LazyRule
 
     verdicts: dict[Trigger, bool] = {}  # triggers and all_of parts already decided for this text
     out = []
     for rule in rules:
-        if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
-            matches = rule.may_match(text)
-        elif not rule.triggers:
-            matches = True
-        else:
-            matches = False
-            for pattern in rule.triggers:
-                check = trigger(pattern)
-                verdict = verdicts.get(check)
-                if verdict is None:
-                    verdict = verdicts[check] = check.search(text, verdicts)
-                if verdict:
-                    matches = True
-                    break
-        if matches:
+        if isinstance(rule, LazyRule):
+            if rule.triggers is None:  # a rule that decides in its own code: loaded up front
+                loaded = rule.load()
+                if _own_may_match(loaded, text, verdicts):
+                    out.append(loaded)
+            elif _triggers_occur(rule.triggers, text, verdicts):
+                out.append(rule.load())
+        elif _own_may_match(rule, text, verdicts):
             out.append(rule)
     return out
+
+
+def _own_may_match(rule: "ScriptRule", text: str, verdicts: dict[Trigger, bool]) -> bool:
+    from tcaudit.rules.base import ScriptRule
+
+    if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
+        return rule.may_match(text)
+    return _triggers_occur(rule.triggers, text, verdicts)
+
+
+def _triggers_occur(triggers: tuple[str, ...], text: str, verdicts: dict[Trigger, bool]) -> bool:
+    """``ScriptRule.may_match`` for these triggers, deciding each trigger (and part) once per text."""
+    if not triggers:
+        return True
+    for pattern in triggers:
+        check = trigger(pattern)
+        verdict = verdicts.get(check)
+        if verdict is None:
+            verdict = verdicts[check] = check.search(text, verdicts)
+        if verdict:
+            return True
+    return False
 
 
 def syntax_error(source: SourceFile) -> SourceError | None:
@@ -132,7 +149,7 @@ def syntax_error(source: SourceFile) -> SourceError | None:
 
 def scan_file(
     path: Path,
-    rules: list["ScriptRule"],
+    rules: "Sequence[ScriptRule | LazyRule]",
     settings: Settings,
     display: str | None = None,
     check_syntax: bool = True,
@@ -405,7 +422,7 @@ def _scan_one(
     path: Path,
     display: str,
     models: "AuditedModels | None",
-    rules: list["ScriptRule"],
+    rules: "Sequence[ScriptRule | LazyRule]",
     settings: Settings,
     check_syntax: bool,
     cache: "ScanCache | None",
@@ -434,8 +451,11 @@ def _scan_files(
     jobs: int,
 ) -> list[FileResult]:
     """FileResults in the order of ``tasks``."""
-    rules = instantiate_rules(settings)  # before any fork, so that workers inherit the imports
+    from tcaudit.rules.registry import lazy_rules
+
     if jobs <= 1 or len(tasks) < PARALLEL_MIN_FILES:
+        # Each rule is imported with the first file whose text needs it (most files need none).
+        rules = lazy_rules(settings)
         return [_scan_one(*task, rules, settings, check_syntax, cache) for task in tasks]
     return _scan_parallel(tasks, settings, check_syntax, cache, jobs)
 
@@ -455,7 +475,9 @@ def _init_worker(settings: Settings, check_syntax: bool, cache: "ScanCache | Non
     global _WORKER_STATE
     # Ctrl-C is the parent's to handle: it cancels what is queued and waits for what is running.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_STATE = (instantiate_rules(settings), settings, check_syntax, cache)
+    from tcaudit.rules.registry import lazy_rules
+
+    _WORKER_STATE = (lazy_rules(settings), settings, check_syntax, cache)
 
 
 def _scan_in_worker(path: Path, display: str, models: "AuditedModels | None") -> FileResult:
