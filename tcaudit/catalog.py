@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tcaudit.findings import FixClass, Severity
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 FAMILIES = {
     "TC0": "internal",
@@ -91,6 +87,11 @@ def _examples(raw: object, where: str) -> tuple[Example, ...]:
 
 
 def load_rule_file(path: Path) -> RuleSpec:
+    # Imported only when a rule file is read: a scan without findings reads none.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -117,13 +118,37 @@ def load_rule_file(path: Path) -> RuleSpec:
     )
 
 
+class Catalog(Mapping[str, RuleSpec]):
+    """The rule files by rule id, each read and checked the first time it is asked for.
+
+    A scan needs a rule's documentation only for the rules whose findings it reports (the name and
+    severity a finding carries): the ids come from the file names alone, so a scan of files without
+    findings reads no rule file. ``rules``, ``explain`` and SARIF's rule list read them all.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self._paths = {path.stem: path for path in sorted(folder.glob("TC*.toml"))}
+        self._specs: dict[str, RuleSpec] = {}
+
+    def __getitem__(self, rule_id: str) -> RuleSpec:
+        spec = self._specs.get(rule_id)
+        if spec is None:
+            spec = self._specs[rule_id] = load_rule_file(self._paths[rule_id])
+        return spec
+
+    def __contains__(self, rule_id: object) -> bool:
+        return rule_id in self._paths
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
 @functools.lru_cache(maxsize=None)
-def load_catalog() -> dict[str, RuleSpec]:
-    catalog = {}
-    for path in sorted(rules_dir().glob("TC*.toml")):
-        spec = load_rule_file(path)
-        catalog[spec.id] = spec
-    return catalog
+def load_catalog() -> Catalog:
+    return Catalog(rules_dir())
 
 
 def rule_ids() -> list[str]:

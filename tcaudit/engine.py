@@ -11,13 +11,13 @@ filters (per-file-ignores, suppression comments) always run here, on the current
 
 from __future__ import annotations
 
-import multiprocessing
+import gc
+import importlib
 import os
 import signal
 import sys
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,18 +32,25 @@ from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
-    from typing import Callable
+    from typing import Callable, Sequence
 
     from tcaudit.cache import ScanCache
     from tcaudit.model import ModelAuditResult
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
+    from tcaudit.rules.registry import LazyRule
     from tcaudit.script.facts import ScriptFacts
+
+# LibCST builds a tree of many small objects for each file, and Python's cyclic collector, at its
+# default threshold (700 new containers), walks the young ones again and again meanwhile: a tenth
+# of a scan's time on torchvision (BENCHMARKS.md, "Scan speed"). The trees are freed by reference
+# counting, so collecting less often costs no memory to speak of (mypy raises it for the same reason).
+GC_THRESHOLD = 50_000
 
 # Below this many files to analyse, a scan runs in-process: starting workers would cost more than
 # spreading the files saves.
 PARALLEL_MIN_FILES = 16
-# None: ``fork`` where it exists on Linux (cheap: the workers inherit the imported rules), the
+# None: ``fork`` where it exists on Linux (cheap: the workers inherit what the parent imported), the
 # platform's default elsewhere. Tests set "spawn" to check the other road.
 START_METHOD: str | None = None
 
@@ -98,32 +105,48 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
     return rules
 
 
-def candidate_rules(rules: list["ScriptRule"], text: str) -> list["ScriptRule"]:
+def candidate_rules(rules: "Sequence[ScriptRule | LazyRule]", text: str) -> list["ScriptRule"]:
     """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
     each distinct trigger (and each part of an ``all_of`` trigger) checked once per file, literal text
-    first (tcaudit/source/triggers.py)."""
-    from tcaudit.rules.base import ScriptRule
+    first (tcaudit/source/triggers.py). A :class:`LazyRule` is known by its triggers until then: it is
+    imported (:meth:`LazyRule.load`) only when they occur."""
+    from tcaudit.rules.registry import LazyRule
 
     verdicts: dict[Trigger, bool] = {}  # triggers and all_of parts already decided for this text
     out = []
     for rule in rules:
-        if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
-            matches = rule.may_match(text)
-        elif not rule.triggers:
-            matches = True
-        else:
-            matches = False
-            for pattern in rule.triggers:
-                check = trigger(pattern)
-                verdict = verdicts.get(check)
-                if verdict is None:
-                    verdict = verdicts[check] = check.search(text, verdicts)
-                if verdict:
-                    matches = True
-                    break
-        if matches:
+        if isinstance(rule, LazyRule):
+            if rule.triggers is None:  # a rule that decides in its own code: loaded up front
+                loaded = rule.load()
+                if _own_may_match(loaded, text, verdicts):
+                    out.append(loaded)
+            elif _triggers_occur(rule.triggers, text, verdicts):
+                out.append(rule.load())
+        elif _own_may_match(rule, text, verdicts):
             out.append(rule)
     return out
+
+
+def _own_may_match(rule: "ScriptRule", text: str, verdicts: dict[Trigger, bool]) -> bool:
+    from tcaudit.rules.base import ScriptRule
+
+    if type(rule).may_match is not ScriptRule.may_match:  # a rule with its own test
+        return rule.may_match(text)
+    return _triggers_occur(rule.triggers, text, verdicts)
+
+
+def _triggers_occur(triggers: tuple[str, ...], text: str, verdicts: dict[Trigger, bool]) -> bool:
+    """``ScriptRule.may_match`` for these triggers, deciding each trigger (and part) once per text."""
+    if not triggers:
+        return True
+    for pattern in triggers:
+        check = trigger(pattern)
+        verdict = verdicts.get(check)
+        if verdict is None:
+            verdict = verdicts[check] = check.search(text, verdicts)
+        if verdict:
+            return True
+    return False
 
 
 def syntax_error(source: SourceFile) -> SourceError | None:
@@ -132,7 +155,7 @@ def syntax_error(source: SourceFile) -> SourceError | None:
 
 def scan_file(
     path: Path,
-    rules: list["ScriptRule"],
+    rules: "Sequence[ScriptRule | LazyRule]",
     settings: Settings,
     display: str | None = None,
     check_syntax: bool = True,
@@ -405,7 +428,7 @@ def _scan_one(
     path: Path,
     display: str,
     models: "AuditedModels | None",
-    rules: list["ScriptRule"],
+    rules: "Sequence[ScriptRule | LazyRule]",
     settings: Settings,
     check_syntax: bool,
     cache: "ScanCache | None",
@@ -434,13 +457,53 @@ def _scan_files(
     jobs: int,
 ) -> list[FileResult]:
     """FileResults in the order of ``tasks``."""
-    rules = instantiate_rules(settings)  # before any fork, so that workers inherit the imports
+    from tcaudit.rules.registry import lazy_rules
+
     if jobs <= 1 or len(tasks) < PARALLEL_MIN_FILES:
-        return [_scan_one(*task, rules, settings, check_syntax, cache) for task in tasks]
+        # Each rule is imported with the first file whose text needs it (most files need none).
+        rules = lazy_rules(settings)
+        with collecting_less_often():
+            return [_scan_one(*task, rules, settings, check_syntax, cache) for task in tasks]
     return _scan_parallel(tasks, settings, check_syntax, cache, jobs)
 
 
+@contextmanager
+def collecting_less_often():
+    """The cyclic collector at :data:`GC_THRESHOLD` for the duration (a worker keeps it for good)."""
+    before = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+# What a forked worker would otherwise import at its first parse, imported once in the parent before
+# the fork: LibCST and the facts every rule reads (measured in BENCHMARKS.md, "Scan speed"). Each rule
+# module is small and loads in the worker whose files need it.
+_PARSE_MACHINERY = ("tcaudit.rules.base", "tcaudit.script.facts", "tcaudit.rules.situations")
+
+
+@contextmanager
+def _ready_to_fork(context):
+    """The parent's part of a forked pool: the parse machinery imported once, and the parent's
+    objects frozen while the workers run: the collector would otherwise walk (and so copy, page by
+    page) what every worker inherited."""
+    if context.get_start_method() != "fork":
+        yield
+        return
+    for module in _PARSE_MACHINERY:
+        importlib.import_module(module)
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _mp_context():
+    import multiprocessing
+
     if START_METHOD is not None:
         return multiprocessing.get_context(START_METHOD)
     if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
@@ -455,7 +518,10 @@ def _init_worker(settings: Settings, check_syntax: bool, cache: "ScanCache | Non
     global _WORKER_STATE
     # Ctrl-C is the parent's to handle: it cancels what is queued and waits for what is running.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_STATE = (instantiate_rules(settings), settings, check_syntax, cache)
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+    from tcaudit.rules.registry import lazy_rules
+
+    _WORKER_STATE = (lazy_rules(settings), settings, check_syntax, cache)
 
 
 def _scan_in_worker(path: Path, display: str, models: "AuditedModels | None") -> FileResult:
@@ -483,20 +549,21 @@ def _scan_parallel(
     results: dict[int, FileResult] = {}
     # Largest first: the slow files start early and the quick ones fill in around them.
     pending = sorted(range(len(tasks)), key=lambda i: (-_file_size(tasks[i][0]), i))
-    # A worker that dies (a crash in native code, the OOM killer) breaks the whole pool and every
-    # file in flight with it. Try those once more in a fresh pool, then one process per file, so
-    # that a file which kills its process costs only its own result.
-    pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
-    if pending:
+    with _ready_to_fork(_mp_context()):
+        # A worker that dies (a crash in native code, the OOM killer) breaks the whole pool and every
+        # file in flight with it. Try those once more in a fresh pool, then one process per file, so
+        # that a file which kills its process costs only its own result.
         pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
-    for index in pending:
-        if _run_pool(tasks, [index], results, settings, check_syntax, cache, 1):
-            display = tasks[index][1]
-            results[index] = FileResult(
-                display,
-                errors=[f"{display}: internal error: the worker process scanning this file died "
-                        "(a crash or the system running out of memory)"],
-            )
+        if pending:
+            pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
+        for index in pending:
+            if _run_pool(tasks, [index], results, settings, check_syntax, cache, 1):
+                display = tasks[index][1]
+                results[index] = FileResult(
+                    display,
+                    errors=[f"{display}: internal error: the worker process scanning this file died "
+                            "(a crash or the system running out of memory)"],
+                )
     return [results[index] for index in range(len(tasks))]
 
 
@@ -511,6 +578,10 @@ def _run_pool(
 ) -> list[int]:
     """Scan ``tasks[i]`` for i in ``indices`` in a pool of worker processes, into ``results``; returns
     the indices left without a result because a worker died."""
+    # Imported here: a scan that runs in-process (one file, or a cached folder) never needs them.
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
     executor = ProcessPoolExecutor(
         max_workers=max(1, min(jobs, len(indices))),
         mp_context=_mp_context(),

@@ -21,6 +21,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, Location, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rules.registry import triggers_under
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -48,13 +49,19 @@ class ScriptRule:
 
     id: ClassVar[str]
     triggers: ClassVar[tuple[str, ...]] = ()
+    # Triggers that replace ``triggers`` when ``fix`` may make a structural conversion (by its name):
+    # a rule that speaks for what the conversion will bring needs less text.
+    structural_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self) -> None:
         self.spec: RuleSpec = load_catalog()[self.id]
 
     def configure(self, settings: "Settings") -> None:
-        """Adjust the rule to the settings it will run under, before any file is read (a rule whose
-        necessary text depends on a structural option sets its ``triggers`` here)."""
+        """Adjust the rule to the settings it will run under, before any file is read. The engine
+        knows a rule's triggers without importing it (tcaudit/rules/registry.py): a rule whose
+        necessary text depends on a structural option says so in ``structural_triggers``; one that
+        overrides this method is imported up front."""
+        self.triggers = triggers_under(type(self).triggers, self.structural_triggers, settings.structural_fixes)
 
     def may_match(self, text: str) -> bool:
         return not self.triggers or any(re.search(t, text) for t in self.triggers)
@@ -139,7 +146,7 @@ def _rule_modules():
             yield importlib.import_module(f"tcaudit.rules.{info.name}")
 
 
-def _defined_in(module, base: type) -> list[type]:
+def defined_in(module, base: type) -> list[type]:
     return [
         value for value in vars(module).values()
         if isinstance(value, type) and issubclass(value, base) and value is not base
@@ -151,7 +158,7 @@ def discover_script_rules() -> dict[str, type[ScriptRule]]:
     """Every ``tcaudit/rules/tcNNN_*.py`` module's ScriptRule subclass, by rule id."""
     found: dict[str, type[ScriptRule]] = {}
     for module in _rule_modules():
-        for value in _defined_in(module, ScriptRule):
+        for value in defined_in(module, ScriptRule):
             if value.id in found:
                 raise RuntimeError(f"two implementations of {value.id}")
             found[value.id] = value
@@ -162,8 +169,8 @@ def discover_codemods() -> dict[str, type[Codemod]]:
     """Every rule module's fix, by rule id; a fix lives in the module of the rule it fixes."""
     found: dict[str, type[Codemod]] = {}
     for module in _rule_modules():
-        rules = {rule.id for rule in _defined_in(module, ScriptRule)}
-        for value in _defined_in(module, Codemod):
+        rules = {rule.id for rule in defined_in(module, ScriptRule)}
+        for value in defined_in(module, Codemod):
             if value.rule not in rules:
                 raise RuntimeError(f"{module.__name__}: the fix for {value.rule} must live in that rule's module")
             found[value.rule] = value

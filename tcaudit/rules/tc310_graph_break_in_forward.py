@@ -35,12 +35,9 @@ class GraphBreakInForward(ScriptRule):
     id = "TC310"
     # The rule speaks only where the model is compiled: by the file (its text says "compile":
     # ``torch.compile`` however imported, or ``model.compile()``; ``re.compile`` is neither), or by
-    # `fix --compile` when the config asks for it (configure() then drops that condition).
+    # `fix --compile` when the config asks for it (then the file need not say "compile").
     triggers = (all_of(r"def forward", r"(?<!\bre\.)\bcompile\b"),)
-
-    def configure(self, settings) -> None:
-        if "compile" in settings.structural_fixes:
-            self.triggers = (r"def forward",)
+    structural_triggers = {"compile": (r"def forward",)}
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         compiles = any(self._is_compile(call) for call in facts.calls)

@@ -100,6 +100,11 @@ def all_of(*patterns: str) -> str:
     return combined
 
 
+def all_of_parts(pattern: str) -> tuple[str, ...] | None:
+    """The patterns :func:`all_of` joined into ``pattern``; None for a regex it did not make."""
+    return _ALL_OF_PARTS.get(pattern)
+
+
 class Trigger:
     __slots__ = ("pattern", "regex", "needs", "parts")
 

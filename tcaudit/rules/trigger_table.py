@@ -1,0 +1,351 @@
+"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it.
+
+Generated from the rule modules (their ``triggers`` and ``structural_triggers``) by
+``python -m tcaudit.rules.registry --write``; do not edit. tests/test_rule_registry.py fails when
+this differs from what the modules declare. A trigger is a regex, or a tuple of the regexes that
+``all_of`` joined; ``None`` means the rule decides in its own code (it is imported up front).
+"""
+
+TRIGGER_TABLE = {
+    "TC104": (
+        "tc104_vocab_size_literal",
+        (
+            (r"\.\s*backward\b", r"vocab|tokens|Embedding"),
+        ),
+        {},
+    ),
+    "TC201": (
+        "tc201_missing_autocast",
+        (
+            r"\.backward\(",
+        ),
+        {},
+    ),
+    "TC202": (
+        "tc202_deprecated_amp_api",
+        (
+            r"amp\b(?<!\wamp)",
+        ),
+        {},
+    ),
+    "TC203": (
+        "tc203_gradscaler_with_bf16",
+        (
+            r"Scaler",
+        ),
+        {},
+    ),
+    "TC204": (
+        "tc204_fp16_without_gradscaler",
+        (
+            r"\.backward\(",
+        ),
+        {},
+    ),
+    "TC205": (
+        "tc205_clip_before_unscale",
+        (
+            r"clip_grad",
+        ),
+        {},
+    ),
+    "TC206": (
+        "tc206_half_model_training",
+        (
+            (r"half|bfloat16|float16|HalfTensor", r"\.\s*backward\b"),
+        ),
+        {},
+    ),
+    "TC207": (
+        "tc207_backward_inside_autocast",
+        (
+            (r"autocast", r"\.\s*backward\b"),
+        ),
+        {},
+    ),
+    "TC208": (
+        "tc208_autocast_unsafe_op",
+        (
+            (r"binary_cross_entropy|BCELoss|sparse", r"(?i:autocast)|\.\s*backward\b"),
+        ),
+        {},
+    ),
+    "TC209": (
+        "tc209_apex_amp",
+        (
+            r"apex",
+        ),
+        {},
+    ),
+    "TC210": (
+        "tc210_scaler_not_checkpointed",
+        (
+            r"Scaler",
+        ),
+        {},
+    ),
+    "TC212": (
+        "tc212_double_optimizer_step",
+        (
+            r"\.step\(",
+        ),
+        {},
+    ),
+    "TC213": (
+        "tc213_clip_after_step",
+        (
+            r"clip_grad",
+        ),
+        {},
+    ),
+    "TC301": (
+        "tc301_tf32_disabled",
+        (
+            (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC302": (
+        "tc302_cudnn_benchmark_off",
+        (
+            (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC303": (
+        "tc303_channels_last_missing",
+        (
+            (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC304": (
+        "tc304_legacy_jit_flags",
+        (
+            r"_jit_|graph_executor_optimize",
+        ),
+        {},
+    ),
+    "TC305": (
+        "tc305_not_compiled",
+        (
+            (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC306": (
+        "tc306_debug_mode_on",
+        (
+            r"anomaly|profile|nvtx|emit_itt|gradcheck|CUDA_LAUNCH_BLOCKING",
+        ),
+        {},
+    ),
+    "TC307": (
+        "tc307_unfused_optimizer",
+        (
+            (r"Adam|SGD", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC308": (
+        "tc308_manual_attention",
+        (
+            (r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),
+        ),
+        {},
+    ),
+    "TC309": (
+        "tc309_deterministic_kernels",
+        (
+            (r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC310": (
+        "tc310_graph_break_in_forward",
+        (
+            (r"def forward", r"(?<!\bre\.)\bcompile\b"),
+        ),
+        {
+            "compile": (r"def forward",),
+        },
+    ),
+    "TC311": (
+        "tc311_compile_in_loop",
+        (
+            (r"compile\(", r"\.backward\("),
+        ),
+        {},
+    ),
+    "TC312": (
+        "tc312_deprecated_sdp_kernel",
+        (
+            r"sdp_kernel",
+        ),
+        {},
+    ),
+    "TC313": (
+        "tc313_arch_list_variable",
+        (
+            r"TORCH_CUDA_ARCH_LIST",
+        ),
+        {},
+    ),
+    "TC314": (
+        "tc314_mha_need_weights",
+        (
+            r"MultiheadAttention",
+        ),
+        {},
+    ),
+    "TC401": (
+        "tc401_dataloader_no_workers",
+        (
+            (r"DataLoader", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+    ),
+    "TC402": (
+        "tc402_dataloader_no_pin_memory",
+        (
+            (r"DataLoader", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+    ),
+    "TC403": (
+        "tc403_blocking_h2d_copy",
+        (
+            (r"DataLoader", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC404": (
+        "tc404_workers_not_persistent",
+        (
+            (r"DataLoader", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+    ),
+    "TC405": (
+        "tc405_cpu_image_decode",
+        (
+            (r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+    ),
+    "TC406": (
+        "tc406_tensor_created_then_moved",
+        (
+            (r"\.(?:cuda|to)\b", r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor", r"\b(?:zeros|ones|empty|full|rand\w*|arange|linspace|logspace|eye|tensor|as_tensor|\w+_like|tril_indices|triu_indices)\("),
+        ),
+        {},
+    ),
+    "TC407": (
+        "tc407_dali_pipeline_without_input",
+        (
+            r"pipeline_def",
+        ),
+        {},
+    ),
+    "TC501": (
+        "tc501_dataparallel",
+        (
+            r"(?<!Distributed)DataParallel",
+        ),
+        {},
+    ),
+    "TC502": (
+        "tc502_ddp_bucket_view",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+    ),
+    "TC503": (
+        "tc503_ddp_without_distributed_sampler",
+        (
+            r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",
+        ),
+        {},
+    ),
+    "TC504": (
+        "tc504_sampler_without_set_epoch",
+        (
+            (r"DistributedSampler", r"\.\s*(?:backward|step)\b"),
+            (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard", r"\.\s*(?:backward|step)\b"),
+        ),
+        {},
+    ),
+    "TC505": (
+        "tc505_single_process_training",
+        (
+            ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*backward\b", r"\.\s*step\b"),
+        ),
+        {},
+    ),
+    "TC506": (
+        "tc506_gloo_on_cuda",
+        (
+            r"gloo",
+        ),
+        {},
+    ),
+    "TC507": (
+        "tc507_ddp_accumulation_sync",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+    ),
+    "TC508": (
+        "tc508_find_unused_parameters",
+        (
+            r"find_unused_parameters",
+        ),
+        {},
+    ),
+    "TC601": (
+        "tc601_per_step_sync",
+        (
+            r"\.backward\(|\.step\(",
+        ),
+        {},
+    ),
+    "TC602": (
+        "tc602_zero_grad_not_none",
+        (
+            r"set_to_none\s*=\s*False|zero_grad\(\s*False",
+        ),
+        {},
+    ),
+    "TC603": (
+        "tc603_loader_relisted",
+        (
+            r"list(?<!\wlist)\s*\([^)]*(?i:loader|dl)\b",
+            (r"DataLoader", r"list(?<!\wlist)\s*\("),
+        ),
+        {},
+    ),
+    "TC604": (
+        "tc604_batch_size_unaligned",
+        (
+            r"(?is)\A(?=.*(?:\.backward\(|\.step\()).*(?:batch[-_]?size|bsz?\b)",
+        ),
+        {},
+    ),
+    "TC605": (
+        "tc605_empty_cache_in_loop",
+        (
+            r"empty_cache",
+        ),
+        {},
+    ),
+    "TC606": (
+        "tc606_eval_without_no_grad",
+        (
+            r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)",
+            (r"def _*(?:eval|valid|test|infer|predict|sample|generate)", r"(?<![\w.])\w*(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\)?\s*\(|\.\s*(?:named_)?parameters\s*\(|\.eval\("),
+        ),
+        {},
+    ),
+}
