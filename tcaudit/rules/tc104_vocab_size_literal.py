@@ -165,12 +165,15 @@ def _value(lit: VocabLiteral) -> int:
 
 
 def _padded_at_construction(facts: ScriptFacts) -> set[str]:
-    """The names a vocabulary argument already pads (``vocab_size=(vocab + 63) // 64 * 64``, this fix's
-    own edit at the model's construction): ``vocab`` keeps its literal and is not reported again."""
+    """The names a vocabulary argument already pads (``vocab_size=(vocab + 63) // 64 * 64`` or the same
+    expression by position, this fix's own edit at the model's construction): ``vocab`` keeps its literal
+    and is not reported again."""
     out: set[str] = set()
     for call in facts.calls:
         for arg in call.node.args:
-            if arg.keyword is not None and is_vocab_name(arg.keyword.value):
+            # By keyword (``vocab_size=...``) or by position (``LM((vocab + 63) // 64 * 64)``, the edit for a
+            # size passed positionally): the padding expression itself says what it is.
+            if arg.keyword is None or is_vocab_name(arg.keyword.value):
                 if _PADDED_CODE.search(facts.module.code_for_node(arg.value)):
                     out |= _names_in(arg.value)
     return out
