@@ -29,7 +29,7 @@ from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.trained_models import ModelSite
-from tcaudit.source.syntax import call_nodes
+from tcaudit.source.syntax import call_nodes, nodes_of
 from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
@@ -345,7 +345,7 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
             continue
         seen.add(cls.name.value)
         strings = {
-            node.evaluated_value for node in _nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
+            node.evaluated_value for node in nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
         }
         for call in call_nodes(cls):
             qual = facts.qualname(call.func) or ""
@@ -364,19 +364,6 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
             if callee in classes:
                 pending.append(callee)
     return None
-
-
-def _nodes_of(root: cst.CSTNode, kind: type) -> list:
-    found: list = []
-
-    class Collect(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, kind):
-                found.append(node)
-            return True
-
-    root.visit(Collect())
-    return found
 
 
 def _torch_forward(facts: ScriptFacts, call: cst.Call, classes: dict, depth: int = 0) -> str | None:

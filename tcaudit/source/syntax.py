@@ -30,6 +30,21 @@ def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
     return found
 
 
+def nodes_of(node: cst.CSTNode, kind: type) -> list:
+    """Every node of type ``kind`` under ``node`` (itself included), in visiting order. (LibCST's
+    ``matchers.findall`` does this too, but importing its matchers costs a scan's start-up.)"""
+    found: list = []
+
+    class _Nodes(cst.CSTVisitor):
+        def on_visit(self, child: cst.CSTNode) -> bool:
+            if isinstance(child, kind):
+                found.append(child)
+            return True
+
+    node.visit(_Nodes())
+    return found
+
+
 def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
     """The function's parameter names in order: positional-only, ordinary, keyword-only, then (with
     ``stars``) the ``*args`` and ``**kwargs`` names."""
