@@ -30,7 +30,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc406_tensor_created_then_moved import FACTORIES
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
-from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
+from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
@@ -140,7 +140,7 @@ def _host_read(facts: ScriptFacts, call: CallSite, loop: cst.CSTNode) -> tuple[s
             continue
         return _subscript_read(value) if isinstance(value, cst.BaseExpression) else None
     if any(b.ctx.inside(loop) for b in facts.bindings_of(name)) or _assigns_in(loop, name, skip_targets_of=None):
-        return _loop_target_read(call.ctx, name, loop)
+        return _loop_target_read(call.ctx, statement, name, loop)
     return name, "whole"
 
 
@@ -240,9 +240,10 @@ def _assigns_in(node: cst.CSTNode, name: str, skip_targets_of: cst.CSTNode | Non
     return found
 
 
-def _loop_target_read(ctx: Frame, name: str, loop: cst.CSTNode) -> tuple[str, str] | None:
-    """``for images, labels in batches:`` (or ``enumerate(batches)``) binding ``name`` and nothing
-    else in the loop binding it: an element of ``batches``."""
+def _loop_target_read(ctx: Frame, statement: Statement, name: str, loop: cst.CSTNode) -> tuple[str, str] | None:
+    """``for images, labels in batches:`` (or ``enumerate(batches)``) binding ``name``, read by a
+    statement directly in that loop's body with no earlier statement there rebinding it (the caller
+    checked those): an element of ``batches``."""
     for frame in ctx.chain():
         if frame.kind in ("def", "class", "lambda"):
             return None
@@ -251,7 +252,7 @@ def _loop_target_read(ctx: Frame, name: str, loop: cst.CSTNode) -> tuple[str, st
             if frame.node is loop:
                 return None
             continue
-        if _assigns_in(node.body, name, skip_targets_of=node) or _assigns_in(loop, name, skip_targets_of=node):
+        if not isinstance(node.body, cst.IndentedBlock) or statement.block != tuple(node.body.body):
             return None
         iterated = node.iter
         while isinstance(iterated, cst.Call) and get_full_name_for_node(iterated.func) in _ITERATION_WRAPPERS:
