@@ -53,7 +53,7 @@ class HostTensors:
     """A name the training loop reads host tensors from, and how the script builds it."""
 
     name: str  # ``batches``, ``X``, ``self.X``
-    shape: str  # "tensor", "list of tensors", "list of tuples"
+    shape: str  # "tensor", "list of tensors", "list of tuples"; "mixed" across bindings (not reported)
     bindings: tuple[Binding, ...]
     loaded: str | None  # the call that loads it from outside (``torch.load``), whose size is unknown
     line: int  # where it is first built
@@ -98,8 +98,8 @@ class HostTensorsCopiedEachStep(ScriptRule):
                 facts,
                 call.node,
                 f"`{call.method}()` copies {what} (host tensors built once, line {host.line}) from pageable "
-                "memory on every step: "
-                "the host waits for each copy; pin them once (`.pin_memory()`) and pass `non_blocking=True`",
+                "memory on every step: the host waits for each copy; pin them once (`.pin_memory()`) and pass "
+                "`non_blocking=True`",
                 fix=self.planned_fix(
                     FixClass.SAFE, f"pin {container} once where it is built and pass non_blocking=True",
                     lambda call=call, host=host: _plan(facts, call, host),
@@ -113,7 +113,7 @@ def _blocking_copy(call: CallSite) -> bool:
         return False
     if any(arg.star for arg in call.node.args) or keyword_arg(call.node, "non_blocking") is not None:
         return False
-    return call.method == "cuda" or len([a for a in call.node.args if a.keyword is None]) <= 1
+    return len([a for a in call.node.args if a.keyword is None]) <= 1  # ``.cuda(0, True)``: non_blocking by position
 
 
 # -- what the copy reads --------------------------------------------------------------------------
@@ -428,8 +428,6 @@ def _plan(facts: ScriptFacts, call: CallSite, host: HostTensors) -> PinOnceCopyA
             "page-locked copy of all of it (twice the host memory while it copies; many GB of page-locked "
             "memory can fail or starve the machine); pin it by hand if it fits, or move it to the GPU once"
         )
-    if host.shape == "mixed" or not host.bindings:
-        raise DeclineFix(f"`{name}` is built as a tensor on one path and a list on another; pin it by hand")
     bindings = host.bindings
     for i, first in enumerate(bindings):
         for second in bindings[i + 1:]:
