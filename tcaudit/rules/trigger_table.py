@@ -247,6 +247,13 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC408": (
+        "tc408_host_tensors_copied_each_step",
+        (
+            (r"\.(?:cuda|to)\b", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
     "TC501": (
         "tc501_dataparallel",
         (
