@@ -287,7 +287,7 @@ def _host_tensors(facts: ScriptFacts, name: str, used_at: Frame, loop: cst.CSTNo
         bindings = [b for b in facts.bindings_of(name) if b.ctx.function is function]
         if not bindings and function is not None and name not in _parameters(function):
             bindings = [b for b in facts.bindings_of(name) if b.ctx.function is None]
-    bindings = [b for b in bindings if not _item_write(b)]  # ``X[0] = 0``: an in-place write, checked at planning
+    bindings = [b for b in bindings if not b.is_item_write]  # ``X[0] = 0``: an in-place write, checked at planning
     unpacked = _unpacked_from_calls(facts, name, function)
     if not bindings and not unpacked:
         return None
@@ -313,18 +313,6 @@ def _host_tensors(facts: ScriptFacts, name: str, used_at: Frame, loop: cst.CSTNo
         loaded = loaded or built[1]
     line = min([facts.line_of(b.value) for b in bindings] + [facts.line_of(c.node) for c in unpacked])
     return HostTensors(name, shapes.pop() if len(shapes) == 1 else "mixed", tuple(bindings), loaded, line)
-
-
-def _item_write(binding: Binding) -> bool:
-    """``X[i] = v``: ScriptFacts records it as a binding of ``X``; it writes into the tensor instead."""
-    statement = binding.statement.node if binding.statement is not None else None
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return False
-    return any(
-        isinstance(small, cst.Assign) and small.value is binding.value
-        and all(isinstance(t.target, cst.Subscript) for t in small.targets)
-        for small in statement.body
-    )
 
 
 def _unpacked_from_calls(facts: ScriptFacts, name: str, function: cst.FunctionDef | None) -> list[CallSite]:

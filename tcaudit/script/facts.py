@@ -166,6 +166,17 @@ class Binding:
     ctx: Frame
     statement: Statement | None
 
+    @property
+    def is_item_write(self) -> bool:
+        """``X[i] = v``: recorded as a binding of ``X``, but it writes into the object ``X`` holds."""
+        statement = self.statement.node if self.statement is not None else None
+        smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+        return any(
+            isinstance(small, cst.Assign) and small.value is self.value
+            and any(isinstance(t.target, cst.Subscript) for t in small.targets)
+            for small in smalls
+        )
+
 
 @dataclass(frozen=True)
 class ImportSite:

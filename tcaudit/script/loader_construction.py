@@ -238,7 +238,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
                              self._conditional(ctx, binding.ctx))
                 )
                 continue
-            if key_write is None and _is_subscript_write(binding):
+            if key_write is None and binding.is_item_write:
                 ok = False  # kw[some_variable] = value
                 continue
             creations += 1
@@ -493,10 +493,3 @@ def _subscript_key(binding) -> str | None:
     return None
 
 
-def _is_subscript_write(binding) -> bool:
-    statement = binding.statement.node if binding.statement else None
-    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
-    for small in smalls:
-        if isinstance(small, cst.Assign) and small.value is binding.value:
-            return any(isinstance(t.target, cst.Subscript) for t in small.targets)
-    return False
