@@ -1,7 +1,8 @@
 """TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info).
 
 An ImageFolder's finding carries the structural ``dali`` fix (``tcaudit fix --dali``): the training
-DataLoader over it is handed to ``tcaudit_dali_loader`` (GPU decode with DALI, falling back to nvjpeg
+DataLoader over it (one in each arm where it is built on opposite arms of an ``if``) is handed to
+``tcaudit_dali_loader`` (GPU decode with DALI, falling back to nvjpeg
 and to the original loader; the runtime in tcaudit/rewrite/dali_runtime.py is inserted after the
 imports). Scan declines it, with the reason, for a pipeline the conversion would not reproduce. Once
 converted the rule is silent. A decoder in a Dataset or loader function of the file is reported
