@@ -238,6 +238,58 @@ def test_full_fix_with_dali_keeps_the_other_fixes(tmp_path):
             id="no-dataloader",
         ),
         pytest.param(
+            HEAD + f"train_set = datasets.ImageFolder(root, {AUGMENT})\nval_set = datasets.ImageFolder(root, T.Compose([T.CenterCrop(32), T.ToTensor()]))\n"
+            "make_loader = lambda dataset, shuffle: DataLoader(dataset, batch_size=32, shuffle=shuffle)\n"
+            "loader = make_loader(train_set, True)\nval_loader = make_loader(val_set, False)\n" + LOOP,
+            "the `ImageFolder` reaches its DataLoader through `make_loader(...)`, a helper, lambda or `partial`",
+            id="lambda-loader-factory",
+        ),
+        pytest.param(
+            HEAD + f"import functools\ntrain_set = datasets.ImageFolder(root, {AUGMENT})\n"
+            "make_loader = functools.partial(DataLoader, batch_size=32, num_workers=4)\nloader = make_loader(train_set, shuffle=True)\n" + LOOP,
+            "through `make_loader(...)`",
+            id="partial-loader-factory",
+        ),
+        pytest.param(
+            HEAD + "def build_loader(dataset, train):\n    return DataLoader(dataset, batch_size=32, shuffle=train)\n\n"
+            f"train_set = datasets.ImageFolder(root, {AUGMENT})\nval_set = datasets.ImageFolder(root, T.Compose([T.CenterCrop(32), T.ToTensor()]))\n"
+            "loader = build_loader(train_set, True)\nval_loader = build_loader(val_set, False)\n" + LOOP,
+            "through `build_loader(...)`",
+            id="helper-loader-shared-with-eval",
+        ),
+        pytest.param(
+            HEAD + f"import functools\nds = datasets.ImageFolder(root, {AUGMENT})\n"
+            "loader = DataLoader(ds, batch_size=32, collate_fn=functools.partial(mixup, alpha=0.2))\n" + LOOP,
+            "the DataLoader has a `collate_fn=`",
+            id="partial-collate",
+        ),
+        pytest.param(
+            HEAD + "def make_transform(train):\n    if train:\n        return T.Compose([T.RandomResizedCrop(224), T.ToTensor()])\n"
+            "    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor()])\n\n"
+            "ds = datasets.ImageFolder(root, make_transform(True))\nloader = DataLoader(ds, batch_size=32)\n" + LOOP,
+            "`T.Resize` in the training transform has no counterpart",  # the helper's other return is checked too
+            id="helper-transform-with-eval-arm",
+        ),
+        pytest.param(
+            HEAD + f"augment = {AUGMENT} if args.light else T.Compose([T.RandomResizedCrop(224), T.ColorJitter(0.4), T.ToTensor()])\n"
+            "ds = datasets.ImageFolder(root, augment)\nloader = DataLoader(ds, batch_size=32)\n" + LOOP,
+            "`T.ColorJitter` in the training transform",
+            id="transform-picked-by-flag",
+        ),
+        pytest.param(
+            HEAD + f"ds = datasets.ImageFolder(root, {AUGMENT})\nif args.distributed:\n    loader = DataLoader(ds, batch_size=32)\n"
+            "loader = DataLoader(ds, batch_size=64, shuffle=True)\n" + LOOP,
+            "several DataLoaders read this `ImageFolder`",  # not on opposite arms: both may run
+            id="two-loaders-not-exclusive",
+        ),
+        pytest.param(
+            HEAD + f"ds = datasets.ImageFolder(root, {AUGMENT})\nif args.distributed:\n"
+            "    loader = DataLoader(ds, batch_size=32, sampler=torch.utils.data.distributed.DistributedSampler(ds))\n"
+            "else:\n    loader = DataLoader(ds, batch_size=32, sampler=ClassBalancedSampler(ds))\n" + LOOP,
+            "the DataLoader's sampler `ClassBalancedSampler(ds)`",  # every arm's loader is checked
+            id="one-arm-custom-sampler",
+        ),
+        pytest.param(
             "import torch\nfrom PIL import Image\n\nclass Photos(torch.utils.data.Dataset):\n"
             "    def __getitem__(self, i):\n        return Image.open(self.paths[i])\n\n"
             "loader = torch.utils.data.DataLoader(Photos(), batch_size=8)\n" + LOOP,
@@ -336,6 +388,32 @@ def test_converted_fixture_trains_like_the_original(jpegs, originals, tmp_path, 
     expected = "DALI, decoding on the CPU (no GPU)" if dali else "kept the DataLoader (no DALI, no GPU)"
     assert f"tcaudit_dali_loader: {expected}" in after.stderr
     _same_epochs(originals[name], after.stdout)
+
+
+@pytest.mark.slow
+@needs_dali
+@pytest.mark.parametrize("name", ["dali_flag_arms", "dali_trainer"])
+def test_converted_flag_paths_read_the_same_batches(tmp_path, name):
+    """The fixtures that make their own JPEGs (the loader built on the arms of flags, in a trainer's
+    ``__init__``, beside an evaluation loader): through DALI's CPU pipeline the same batches and
+    samples per epoch and the evaluation still runs; with the DataLoader forced (TCAUDIT_INPUT=cpu)
+    exactly the original's output, so the wrap sits where the script's own loader is used."""
+    fixture = FIX_FIXTURES / f"{name}.in.py"
+    args = re.search(r"#\s*run:\s*python\s+\{path\}(.*)", fixture.read_text(encoding="utf-8")).group(1).split()
+    original, converted = tmp_path / "original.py", tmp_path / "converted.py"
+    original.write_bytes(fixture.read_bytes())
+    converted.write_bytes((FIX_FIXTURES / f"{name}.out.py").read_bytes())
+    before = _run(original, args, tmp_path, dali=True).stdout
+    after = _run(converted, args, tmp_path, dali=True)
+    assert "tcaudit_dali_loader: DALI, decoding on the CPU (no GPU)" in after.stderr
+    _same_epochs(before, after.stdout)
+    assert re.findall(r"epoch \d+ correct", after.stdout) == re.findall(r"epoch \d+ correct", before)
+    forced = subprocess.run(
+        [sys.executable, converted.name, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TCAUDIT_INPUT": "cpu"},
+    )
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert forced.stdout == before
 
 
 @pytest.mark.slow

@@ -95,6 +95,10 @@ EXPECT = {
     "gen03_cpu_only_trainer_none+ddp": DDP_ORDER,
     "gen04_index0_helpers_flag_clip_after_step+ddp": DDP_ORDER,
     "gen07_auto_helpers_none+ddp": DDP_ORDER,
+    # fix --dali: DALI's CPU pipeline decodes, crops and flips with its own generator (tests/test_fix_dali.py
+    # checks the same batches per epoch, and the original's exact output with the DataLoader forced).
+    "dali_flag_arms": Expect(compare=0, why="DALI draws its own random crops"),
+    "dali_trainer": Expect(compare=0, why="DALI draws its own random crops"),
 }
 # The BCE fixture's original computes BCE under autocast: CUDA raises there (so does the shim).
 CUDA_EXPECT = {**EXPECT, "tc208_bce": Expect(original_fails=True, why="BCE under autocast raises on CUDA")}

@@ -1,7 +1,8 @@
 """TC405 cpu-image-decode: JPEG/PNG decoding on the CPU in a CUDA training pipeline (info).
 
 An ImageFolder's finding carries the structural ``dali`` fix (``tcaudit fix --dali``): the training
-DataLoader over it is handed to ``tcaudit_dali_loader`` (GPU decode with DALI, falling back to nvjpeg
+DataLoader over it (one in each arm where it is built on opposite arms of an ``if``) is handed to
+``tcaudit_dali_loader`` (GPU decode with DALI, falling back to nvjpeg
 and to the original loader; the runtime in tcaudit/rewrite/dali_runtime.py is inserted after the
 imports). Scan declines it, with the reason, for a pipeline the conversion would not reproduce. Once
 converted the rule is silent. A decoder in a Dataset or loader function of the file is reported
@@ -23,8 +24,9 @@ from tcaudit.rewrite.edits import CallEditor, index_after_imports
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
-from tcaudit.script.expressions import assigned_name, keyword_arg, literal
+from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.guards import exclusive
 from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite, is_eval_name
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
@@ -155,33 +157,47 @@ SAMPLERS = ("DistributedSampler", "RandomSampler", "SequentialSampler")
 
 
 @dataclass(frozen=True, eq=False)
-class DaliConversion(FixPlan):
-    """Hand the training DataLoader over an ImageFolder to ``tcaudit_dali_loader``: after
-    ``target = DataLoader(...)`` as ``target = tcaudit_dali_loader(target)`` (``statement`` set), or
-    around the call where it is built inside an expression (``return DataLoader(...)``)."""
+class LoaderWrap:
+    """One training DataLoader handed to ``tcaudit_dali_loader``: after ``target = DataLoader(...)`` as
+    ``target = tcaudit_dali_loader(target)`` (``statement`` set), or around the call where it is built
+    inside an expression (``return DataLoader(...)``)."""
 
-    kind = "gpu-decode"
     loader: cst.Call  # the DataLoader call
     statement: cst.SimpleStatementLine | None  # ``target = DataLoader(...)``, followed by the wrap
     target: str | None
+
+
+@dataclass(frozen=True, eq=False)
+class DaliConversion(FixPlan):
+    """Hand the training DataLoader over an ImageFolder to ``tcaudit_dali_loader``; one wrap per
+    DataLoader where the script builds it on opposite arms of an ``if`` (a distributed flag, a platform)."""
+
+    kind = "gpu-decode"
+    wraps: tuple[LoaderWrap, ...]
+    targets: tuple[str | None, ...]  # the wrapped loaders' names, for the report
     call: str  # the dataset class, qualified
     line: int  # the dataset call's line
 
 
 def plan_conversion(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> DaliConversion:
-    """The conversion of the training DataLoader over this ImageFolder, once every step of the pipeline
-    has been checked to be one the conversion reproduces; DeclineFix with the reason otherwise."""
-    site = training_loader(facts, pipeline, call)
-    target = assigned_name(site.call)
-    statement = site.call.statement.node if site.call.statement else None
-    if target is None or not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-        target, statement = None, None
-    return DaliConversion(site.call.node, statement, target, call.qualname or "", facts.position(call.node).start.line)
+    """The conversion of the training DataLoader(s) over this ImageFolder, once every step of the
+    pipeline has been checked to be one the conversion reproduces; DeclineFix with the reason otherwise."""
+    wraps = []
+    for site in training_loaders(facts, pipeline, call):
+        target = assigned_name(site.call)
+        statement = site.call.statement.node if site.call.statement else None
+        if target is None or not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            target, statement = None, None
+        wraps.append(LoaderWrap(site.call.node, statement, target))
+    return DaliConversion(
+        tuple(wraps), tuple(w.target for w in wraps), call.qualname or "", facts.position(call.node).start.line
+    )
 
 
-def training_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> LoaderSite:
-    """The training DataLoader over this ImageFolder call; DeclineFix when the pipeline is not one the
-    conversion reproduces."""
+def training_loaders(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> list[LoaderSite]:
+    """The training DataLoader over this ImageFolder call (or one per arm where it is built on opposite
+    arms of an ``if``: only one of them runs); DeclineFix when the pipeline is not one the conversion
+    reproduces."""
     qual = call.qualname or ""
     short = qual.split(".")[-1]
     if any(arg.star for arg in call.node.args):
@@ -200,21 +216,41 @@ def training_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite)
     _check_transform(facts, transform.value)
     loaders = [site for site in dataset_loaders(facts, pipeline, call.node) if site.training]
     if not loaders:
+        factory = _loader_factory(facts, call.node)
+        if factory is not None:
+            raise DeclineFix(
+                f"the `{short}` reaches its DataLoader through `{factory}(...)`, a helper, lambda or `partial` of "
+                "this file that may build other loaders too (the DALI conversion wraps a DataLoader where it is "
+                "built); convert by hand"
+            )
         raise DeclineFix(f"no training DataLoader over this `{short}` was found; convert by hand")
-    if len(loaders) > 1:
+    if not all(exclusive(a.call.ctx, b.call.ctx) for i, a in enumerate(loaders) for b in loaders[i + 1:]):
         raise DeclineFix(f"several DataLoaders read this `{short}`; convert by hand")
-    site = loaders[0]
-    for key in ("batch_sampler", "collate_fn"):
-        if site.has(key):
-            raise DeclineFix(f"the DataLoader has a `{key}=`, which the DALI pipeline would not reproduce")
-    for value in site.values("sampler"):
-        for leaf in _leaves(facts, value):
-            name = get_full_name_for_node(leaf.func) if isinstance(leaf, cst.Call) else None
-            if literal(leaf) is None or (name and name.split(".")[-1] in SAMPLERS):
-                continue
-            shown = facts.module.code_for_node(leaf)
-            raise DeclineFix(f"the DataLoader's sampler `{shown}` is not a random, sequential or distributed one")
-    return site
+    for site in loaders:
+        for key in ("batch_sampler", "collate_fn"):
+            if site.has(key):
+                raise DeclineFix(f"the DataLoader has a `{key}=`, which the DALI pipeline would not reproduce")
+        for value in site.values("sampler"):
+            for leaf in _leaves(facts, value):
+                name = get_full_name_for_node(leaf.func) if isinstance(leaf, cst.Call) else None
+                if literal(leaf) is None or (name and name.split(".")[-1] in SAMPLERS):
+                    continue
+                shown = facts.module.code_for_node(leaf)
+                raise DeclineFix(f"the DataLoader's sampler `{shown}` is not a random, sequential or distributed one")
+    return loaders
+
+
+def _loader_factory(facts: ScriptFacts, dataset: cst.Call) -> str | None:
+    """The name of a function, lambda or ``partial`` of this file that gets the dataset as an argument
+    (``build_loader(train_set, True)``), if any."""
+    for call in facts.calls:
+        if call.name is None or "." in call.name or facts.resolve(call.name):
+            continue
+        if not (call.name in facts.functions_by_name or facts.bindings_of(call.name)):
+            continue
+        if any(value is dataset for arg in call.node.args for value in facts.binding_values(arg.value)):
+            return call.name
+    return None
 
 
 def _leaves(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -230,8 +266,23 @@ def _leaves(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpres
     return out
 
 
+def _transform_leaves(facts: ScriptFacts, expr: cst.BaseExpression, depth: int = 2) -> list[cst.BaseExpression]:
+    """What the transform may be, followed into a function of this file that returns it
+    (``train_transform(args.size)``): each of its return values, so that every one is checked."""
+    out = []
+    for leaf in _leaves(facts, expr):
+        name = leaf.func.value if isinstance(leaf, cst.Call) and isinstance(leaf.func, cst.Name) else None
+        helpers = facts.functions_by_name.get(name, []) if name and not facts.resolve(name) else []
+        returned = [value for fn in helpers for value in function_returns(fn)]
+        if depth and helpers and len(returned) >= len(helpers):
+            out += [value for expr in returned for value in _transform_leaves(facts, expr, depth - 1)]
+        else:
+            out.append(leaf)
+    return out
+
+
 def _check_transform(facts: ScriptFacts, expr: cst.BaseExpression) -> None:
-    for compose in _leaves(facts, expr):
+    for compose in _transform_leaves(facts, expr):
         shown = facts.module.code_for_node(compose)
         qual = facts.qualname(compose.func) if isinstance(compose, cst.Call) else None
         if not (qual or "").startswith("torchvision.transforms.") or not qual.endswith(".Compose"):
@@ -290,14 +341,14 @@ class CpuImageDecodeFix(Codemod):
         # Read from the text this fix gets (after TC303's fix in the same round), not from the plan.
         extra = ", nhwc=True" if facts.references_to("torch.channels_last") else ""
         editor = CallEditor()
-        for finding in findings:
-            plan: DaliConversion = finding.fix.plan
-            if plan.statement is not None:
-                editor.insert_after(plan.statement, [parse_statement(f"{plan.target} = {DALI_LOADER}({plan.target}{extra})", module)])
+        wraps = [wrap for finding in findings for wrap in finding.fix.plan.wraps]
+        for wrap in wraps:
+            if wrap.statement is not None:
+                editor.insert_after(wrap.statement, [parse_statement(f"{wrap.target} = {DALI_LOADER}({wrap.target}{extra})", module)])
                 continue
             wrapper = parse_expression(f"{DALI_LOADER}(loader{extra})", module)
             editor.rewrite_call(
-                plan.loader,
+                wrap.loader,
                 lambda node, wrapper=wrapper: wrapper.with_changes(args=[wrapper.args[0].with_changes(value=node), *wrapper.args[1:]]),
             )
         if _defines_helper(module):
