@@ -94,12 +94,18 @@ class HostTensorsCopiedEachStep(ScriptRule):
                 continue
             what = {"element": f"an element of `{container}`", "slice": f"a slice of `{container}`",
                     "whole": f"`{container}`"}[access]
+            # A blocking host-to-device copy synchronizes the stream (PyTorch waits for it to finish), so
+            # the host also waits for the GPU work queued before it, as ``.item()`` would.
+            advice = (
+                "pin it once (`.pin_memory()`) and pass `non_blocking=True`, or copy it to the GPU once before the loop"
+                if access == "whole" else "pin them once (`.pin_memory()`) and pass `non_blocking=True`"
+            )
             yield self.finding(
                 facts,
                 call.node,
                 f"`{call.method}()` copies {what} (host tensors built once, line {host.line}) from pageable "
-                "memory on every step: the host waits for each copy; pin them once (`.pin_memory()`) and pass "
-                "`non_blocking=True`",
+                "memory on every step, a blocking copy: the host waits for it and for the GPU work queued "
+                f"before it; {advice}",
                 fix=self.planned_fix(
                     FixClass.SAFE, f"pin {container} once where it is built and pass non_blocking=True",
                     lambda call=call, host=host: _plan(facts, call, host),
