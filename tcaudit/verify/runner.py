@@ -104,18 +104,28 @@ def summarize(label: str, ranks: list[dict], round_index: int = 0) -> RunMetrics
     )
 
 
+def _tail(run: RunMetrics) -> list[float]:
+    """The recorded losses of the second half of the timed steps."""
+    values = [l for l in run.losses[run.warmup:] if l is not None]
+    return values[len(values) // 2:] or values
+
+
+def unusable(original: RunMetrics, patched: RunMetrics) -> str | None:
+    """Why a round's losses cannot be compared at all (nothing recorded, a non-finite patched loss)."""
+    if not _tail(original) or not _tail(patched):
+        return "no losses were recorded (the harness saw no backward call)"
+    if not all(math.isfinite(x) for x in _tail(patched)):
+        return "the patched run produced a non-finite loss"
+    return None
+
+
 def loss_parity(original: RunMetrics, patched: RunMetrics, tolerance: float) -> tuple[bool, str]:
     """Same seed and data: the patched run's mean loss over the second half of the timed steps must be
     within ``tolerance`` (relative) of the original's, and every patched loss finite."""
-    def tail(run: RunMetrics) -> list[float]:
-        values = [l for l in run.losses[run.warmup:] if l is not None]
-        return values[len(values) // 2:] or values
-
-    a, b = tail(original), tail(patched)
-    if not a or not b:
-        return False, "no losses were recorded (the harness saw no backward call)"
-    if not all(math.isfinite(x) for x in b):
-        return False, "the patched run produced a non-finite loss"
+    reason = unusable(original, patched)
+    if reason is not None:
+        return False, reason
+    a, b = _tail(original), _tail(patched)
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     rel = abs(mb - ma) / max(abs(ma), 1e-8)
     # The original run's own step-to-step spread: early training on a high learning rate is noisy,
@@ -139,10 +149,11 @@ def rounds_parity(originals: list[RunMetrics], patcheds: list[RunMetrics], toler
     checks = [loss_parity(a, b, tolerance) for a, b in zip(originals, patcheds)]
     if len(checks) == 1:
         return checks[0]
+    for index, (a, b) in enumerate(zip(originals, patcheds), 1):
+        reason = unusable(a, b)
+        if reason is not None:
+            return False, f"round {index}: {reason}"
     failed = [(index, c) for index, c in enumerate(checks, 1) if not c[0]]
-    for index, (ok, detail) in failed:
-        if "non-finite" in detail or "no losses" in detail:
-            return False, f"round {index}: {detail}"
     if not failed:
         return loss_parity(median_run(originals), median_run(patcheds), tolerance)
     passed = len(checks) - len(failed)
