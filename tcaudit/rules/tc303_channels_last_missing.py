@@ -29,7 +29,7 @@ from tcaudit.rules.tc201_missing_autocast import MissingAutocast
 from tcaudit.script.amp import amp_facts
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import moves_to_device
+from tcaudit.script.expressions import is_in_place_name, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
@@ -311,16 +311,10 @@ def _based_on(expr: cst.BaseExpression | None, node: cst.CSTNode) -> bool:
     return any(part is node for part in expression_chain(expr))
 
 
-def _is_in_place(name: str | None) -> bool:
-    """``add_``, ``masked_fill_``, ``torch.nn.init.normal_`` (not ``__init__``-style names)."""
-    last = (name or "").split(".")[-1]
-    return last.endswith("_") and not last.startswith("_")
-
-
 def _written_through(facts: ScriptFacts, function: cst.FunctionDef | None, node: cst.CSTNode) -> bool:
     """The expression built on ``node`` is the receiver of an in-place method or an assignment target."""
     for call in facts.calls_in(function):
-        if _is_in_place(call.method) and _based_on(call.receiver, node):
+        if is_in_place_name(call.method) and _based_on(call.receiver, node):
             return True
     return any(_based_on(target, node) for target, _ in _assignment_targets(function))
 
@@ -356,14 +350,14 @@ def _in_place_write(facts: ScriptFacts, function: cst.FunctionDef | None, name: 
         if not later(call.node):
             continue
         root = _chain_root(call.receiver)
-        if _is_in_place(call.method) and isinstance(root, cst.Name) and root.value == name:
+        if is_in_place_name(call.method) and isinstance(root, cst.Name) and root.value == name:
             return call.node
         passed = [a for a in call.node.args if get_full_name_for_node(a.value) == name]
         if not passed:
             continue
         if any(a.keyword is not None and a.keyword.value == "out" for a in passed):
             return call.node
-        if _is_in_place(call.name) or _inplace_keyword(call.node):
+        if is_in_place_name(call.name) or _inplace_keyword(call.node):
             return call.node
         cls = call.ctx.class_def
         if cls is not None and (call.name or "").startswith("self."):

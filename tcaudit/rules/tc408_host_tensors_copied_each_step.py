@@ -29,10 +29,11 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword, with_torch_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.tc406_tensor_created_then_moved import FACTORIES
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
+from tcaudit.script.expressions import is_in_place_name, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import param_names, target_names
 from tcaudit.source.triggers import all_of
 
 # Host tensors whose size the script does not show: pinning them is declined (see fix_safety).
@@ -195,18 +196,10 @@ def _value_for(target: cst.BaseExpression, value: cst.BaseExpression, name: str)
         if any(get_full_name_for_node(t) == name for t in elements if isinstance(t, (cst.Name, cst.Attribute))):
             # ``images, labels = batches[i]``: one part of an element; a starred or nested target is not followed
             return value if isinstance(value, cst.Subscript) else None
-        return None if any(_binds(t, name) for t in elements) else _NOT_ASSIGNED
+        return None if any(name in target_names(t) for t in elements) else _NOT_ASSIGNED
     if isinstance(target, (cst.Name, cst.Attribute)) and get_full_name_for_node(target) == name:
         return value
     return _NOT_ASSIGNED
-
-
-def _binds(target: cst.BaseExpression, name: str) -> bool:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return any(_binds(e.value, name) for e in target.elements)
-    if isinstance(target, cst.StarredElement):
-        return _binds(target.value, name)
-    return isinstance(target, (cst.Name, cst.Attribute)) and get_full_name_for_node(target) == name
 
 
 def _assigns_in(node: cst.CSTNode, name: str, skip_targets_of: cst.CSTNode | None) -> bool:
@@ -220,27 +213,27 @@ def _assigns_in(node: cst.CSTNode, name: str, skip_targets_of: cst.CSTNode | Non
 
         def visit_AssignTarget(self, n: cst.AssignTarget) -> None:
             nonlocal found
-            found |= _binds(n.target, name)
+            found |= name in target_names(n.target)
 
         def visit_AugAssign(self, n: cst.AugAssign) -> None:
             nonlocal found
-            found |= _binds(n.target, name)
+            found |= name in target_names(n.target)
 
         def visit_AnnAssign(self, n: cst.AnnAssign) -> None:
             nonlocal found
-            found |= _binds(n.target, name)
+            found |= name in target_names(n.target)
 
         def visit_For(self, n: cst.For) -> None:
             nonlocal found
-            found |= n is not skip_targets_of and _binds(n.target, name)
+            found |= n is not skip_targets_of and name in target_names(n.target)
 
         def visit_AsName(self, n: cst.AsName) -> None:
             nonlocal found
-            found |= _binds(n.name, name)
+            found |= name in target_names(n.name)
 
         def visit_NamedExpr(self, n: cst.NamedExpr) -> None:
             nonlocal found
-            found |= _binds(n.target, name)
+            found |= name in target_names(n.target)
 
     node.visit(_Stores())
     return found
@@ -254,7 +247,7 @@ def _loop_target_read(ctx: Frame, statement: Statement, name: str, loop: cst.CST
         if frame.kind in ("def", "class", "lambda"):
             return None
         node = frame.node
-        if frame.kind != "loop" or not isinstance(node, cst.For) or not _binds(node.target, name):
+        if frame.kind != "loop" or not isinstance(node, cst.For) or name not in target_names(node.target):
             if frame.node is loop:
                 return None
             continue
@@ -291,7 +284,7 @@ def _host_tensors(facts: ScriptFacts, name: str, used_at: Frame, loop: cst.CSTNo
         return None
     else:
         bindings = [b for b in facts.bindings_of(name) if b.ctx.function is function]
-        if not bindings and function is not None and name not in _parameters(function):
+        if not bindings and function is not None and name not in param_names(function, stars=False):
             bindings = [b for b in facts.bindings_of(name) if b.ctx.function is None]
     bindings = [b for b in bindings if not b.is_item_write]  # ``X[0] = 0``: an in-place write, checked at planning
     unpacked = _unpacked_from_calls(facts, name, function)
@@ -333,16 +326,10 @@ def _unpacked_from_calls(facts: ScriptFacts, name: str, function: cst.FunctionDe
             continue
         for small in statement.body:
             if isinstance(small, cst.Assign) and small.value is call.node and any(
-                isinstance(t.target, (cst.Tuple, cst.List)) and _binds(t.target, name) for t in small.targets
+                isinstance(t.target, (cst.Tuple, cst.List)) and name in target_names(t.target) for t in small.targets
             ):
                 out.append(call)
     return out
-
-
-def _parameters(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    every = [*params.posonly_params, *params.params, *params.kwonly_params]
-    return {p.name.value for p in every}
 
 
 def _built(facts: ScriptFacts, value: cst.BaseExpression) -> tuple[str, str | None] | None:
@@ -461,7 +448,7 @@ def _written_in_place(facts: ScriptFacts, host: HostTensors, used_at: Frame) -> 
 
     for call in facts.calls:
         method = call.method
-        if method and method.endswith("_") and not method.endswith("__") and call.receiver is not None \
+        if is_in_place_name(method) and call.receiver is not None \
                 and rooted(call.receiver) and call.ctx.inside(scope):
             return facts.line_of(call.node)
     line = None

@@ -16,6 +16,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
+from tcaudit.source.syntax import target_names
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
@@ -61,7 +62,7 @@ class BatchLoopFacts(LoaderConstructionFacts):
                     own: list[cst.Call] = []
                     sites = self.loader_sites_for(source, outer.function, own_iterables=own)
                     if sites:
-                        batch.names |= _target_names(target)
+                        batch.names |= target_names(target)
                         batch.loaders += sites
                         batch.own_iterables += own
                 if batch.names:
@@ -83,7 +84,7 @@ class BatchLoopFacts(LoaderConstructionFacts):
             outer = loop_frame.parent if loop_frame is not None and loop_frame.parent is not None else call.ctx
             batch = loops.setdefault(id(loop), BatchLoop(loop, outer, repeat_ctx=iter_call.ctx))
             for target in targets:
-                batch.names |= _target_names(target)
+                batch.names |= target_names(target)
             batch.loaders += sites
             batch.own_iterables += own
         for batch in loops.values():
@@ -151,18 +152,6 @@ class BatchLoopFacts(LoaderConstructionFacts):
         return any(self.repeats(c.ctx, depth - 1) for c in self.direct_callers(fn) if not c.ctx.inside(fn))
 
 
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        out: set[str] = set()
-        for element in target.elements:
-            out |= _target_names(element.value)
-        return out
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    name = get_full_name_for_node(target)
-    return {name} if name and isinstance(target, (cst.Name, cst.Attribute)) else set()
-
-
 def _add_unpacked(batch: BatchLoop) -> None:
     """``inputs, labels = data`` / ``images = batch["image"]`` inside the loop: more batch names."""
     names = batch.names
@@ -190,6 +179,6 @@ def _add_unpacked(batch: BatchLoop) -> None:
                 if values is not None and isinstance(target.target, (cst.Tuple, cst.List)):
                     for t, v in zip(target.target.elements, values):
                         if source_name(v.value) in names:
-                            names |= _target_names(t.value)
+                            names |= target_names(t.value)
                 elif source_name(node.value) in names:
-                    names |= _target_names(target.target)
+                    names |= target_names(target.target)

@@ -17,6 +17,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import Frame, ScriptFacts
+from tcaudit.source.syntax import target_names
 
 
 @dataclass(frozen=True)
@@ -255,22 +256,22 @@ class _TopLevelNames(cst.CSTVisitor):
         return False
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.bound.update(_target_names(node.target))
+        self.bound.update(target_names(node.target))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.bound.update(_target_names(node.target))
+        self.bound.update(target_names(node.target))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.bound.update(_target_names(node.target))
+        self.bound.update(target_names(node.target))
 
     def visit_For(self, node: cst.For) -> None:
-        self.bound.update(_target_names(node.target))
+        self.bound.update(target_names(node.target))
 
     def visit_AsName(self, node: cst.AsName) -> None:
-        self.bound.update(_target_names(node.name))
+        self.bound.update(target_names(node.name))
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.bound.update(_target_names(node.target))
+        self.bound.update(target_names(node.target))
 
     def visit_Name(self, node: cst.Name) -> None:
         self.loaded.add(node.value)
@@ -278,13 +279,3 @@ class _TopLevelNames(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         node.value.visit(self)  # ``torch.cuda``: only the root is a name read here
         return False
-
-
-def _target_names(target: cst.CSTNode) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {name for element in target.elements for name in _target_names(element.value)}
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return set()

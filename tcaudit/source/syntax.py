@@ -20,14 +20,7 @@ def strip_comments(text: str) -> str:
 
 def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
     """Every call under ``node`` (itself included), outermost first."""
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
+    return nodes_of(node, cst.Call)
 
 
 def nodes_of(node: cst.CSTNode, kind: type) -> list:
@@ -79,3 +72,17 @@ def expression_chain(node: cst.BaseExpression | None) -> Iterator[cst.BaseExpres
             node = node.value
         else:
             node = None
+
+
+def target_names(target: cst.BaseExpression) -> set[str]:
+    """The dotted names an assignment or loop target binds: ``x`` → {"x"}, ``self.a, (b, *c)`` →
+    {"self.a", "b", "c"}; a subscript (``x[0] = ...``) binds none."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        out: set[str] = set()
+        for element in target.elements:
+            out |= target_names(element.value)
+        return out
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    name = get_full_name_for_node(target)
+    return {name} if name and isinstance(target, (cst.Name, cst.Attribute)) else set()
