@@ -351,19 +351,23 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
             qual = facts.qualname(call.func) or ""
             if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1] in _RECURRENT:
                 return f"nn.{qual.rsplit('.', 1)[-1]}"
-            if (
-                isinstance(call.func, cst.Call)
-                and get_full_name_for_node(call.func.func) == "getattr"
-                and call.func.args
-                and len(call.func.args) > 1
-                and facts.qualname(call.func.args[0].value) == "torch.nn"
-                and (strings & _RECURRENT_TYPES or _RECURRENT_NAME.search(facts.module.code_for_node(call.func.args[1].value)))
-            ):
-                return f"getattr(nn, {facts.module.code_for_node(call.func.args[1].value)})"
+            picked = _picked_from_torch_nn(facts, call)
+            if picked is not None and (strings & _RECURRENT_TYPES or _RECURRENT_NAME.search(picked)):
+                return f"getattr(nn, {picked})"
             callee = (get_full_name_for_node(call.func) or "").split(".")[-1]
             if callee in classes:
                 pending.append(callee)
     return None
+
+
+def _picked_from_torch_nn(facts: ScriptFacts, call: cst.Call) -> str | None:
+    """``getattr(nn, rnn_type)(...)``: the code of the name picked from torch.nn (``rnn_type``)."""
+    picker = call.func
+    if not (isinstance(picker, cst.Call) and get_full_name_for_node(picker.func) == "getattr" and len(picker.args) > 1):
+        return None
+    if facts.qualname(picker.args[0].value) != "torch.nn":
+        return None
+    return facts.module.code_for_node(picker.args[1].value)
 
 
 def _torch_forward(facts: ScriptFacts, call: cst.Call, classes: dict, depth: int = 0) -> str | None:
@@ -586,13 +590,9 @@ class NotCompiledFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         editor = StatementEditor()
-        inserted: set[tuple[int, str]] = set()
-        for finding in findings:  # one per trained model, each with its own place
+        for finding in findings:  # one per trained model, each with its own place (the check made them distinct)
             plan: CompileInPlace = finding.fix.plan
-            key = (id(plan.after), plan.statement)
-            if key not in inserted:
-                inserted.add(key)
-                editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+            editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
         new = module.visit(editor)
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")
