@@ -98,7 +98,7 @@ class Fp16WithoutGradScaler(ScriptRule):
             if not tests:
                 alternatives = []  # one of them runs wherever the backward does: no test to add
                 break
-            conjunction = " and ".join(f"({t})" if " or " in t or (len(tests) > 1 and " if " in t) else t for t in tests)
+            conjunction = _all_of(tests)
             if conjunction not in alternatives:
                 alternatives.append(conjunction)
         tests = alternatives[:1] if len(alternatives) == 1 else (
@@ -106,9 +106,15 @@ class Fp16WithoutGradScaler(ScriptRule):
         )
         if tests:
             parts = ([] if enabled == "True" else [enabled]) + tests
-            joined = " and ".join(f"({t})" if " or " in t or (len(parts) > 1 and " if " in t) else t for t in parts)
+            joined = _all_of(parts)
             grad_scaler = replace(grad_scaler, create=f"{create}enabled={joined})")
         return AddScaler(function, grad_scaler)
+
+
+def _all_of(tests: list[str]) -> str:
+    """``tests`` joined by ``and``, each in parentheses where its own ``or`` (or, beside others, a
+    conditional expression) would otherwise bind wrongly."""
+    return " and ".join(f"({t})" if " or " in t or (len(tests) > 1 and " if " in t) else t for t in tests)
 
 
 def _fp16_conditions(facts: ScriptFacts, site, steps, loop: cst.CSTNode | None) -> list[str]:
