@@ -202,34 +202,10 @@ def fix_file(
             new_text = new_module.code
             if new_text == text:
                 continue
-            parsed, problem = _parsed(new_text, display)
-            if parsed is None:
+            refusal = _edit_refusal(rule_id, facts, new_text, display, guarded.values(), analyse)
+            if refusal is not None:
                 for finding in current:
-                    declined[_decline_key(finding)] = (
-                        finding,
-                        f"the rewrite did not compile ({problem}); left unchanged",
-                    )
-                continue
-            if unreachable_statements(parsed) > unreachable_statements(facts.module):
-                for finding in current:
-                    declined[_decline_key(finding)] = (
-                        finding,
-                        "the edit would land after a `return` (or raise, continue, break), where it never runs; "
-                        "left unchanged",
-                    )
-                continue
-            early = sorted(used_before_import(parsed) - used_before_import(facts.module))
-            if early:
-                for finding in current:
-                    declined[_decline_key(finding)] = (
-                        finding,
-                        f"the edit would use `{early[0]}` before the line that imports it; left unchanged",
-                    )
-                continue
-            broken = _brought_about(rule_id, facts, new_text, guarded.values(), analyse)
-            if broken is not None:
-                for finding in current:
-                    declined[_decline_key(finding)] = (finding, broken.refusal())
+                    declined[_decline_key(finding)] = (finding, refusal)
                 continue
             text = new_text
             changed = True
@@ -245,6 +221,23 @@ def fix_file(
     remaining_keys = {_decline_key(f) for f in result.remaining}
     result.declined = [v for k, v in declined.items() if k in remaining_keys]
     return result
+
+
+def _edit_refusal(rule_id: str, before, new_text: str, display: str, guarded, analyse) -> str | None:
+    """Why the edit from ``before``'s text to ``new_text`` is refused (it does not compile, adds code
+    that never runs, uses a name before its import, or brings about what another rule's decline
+    protects against), or None to keep it."""
+    parsed, problem = _parsed(new_text, display)
+    if parsed is None:
+        return f"the rewrite did not compile ({problem}); left unchanged"
+    if unreachable_statements(parsed) > unreachable_statements(before.module):
+        return ("the edit would land after a `return` (or raise, continue, break), where it never runs; "
+                "left unchanged")
+    early = sorted(used_before_import(parsed) - used_before_import(before.module))
+    if early:
+        return f"the edit would use `{early[0]}` before the line that imports it; left unchanged"
+    broken = _brought_about(rule_id, before, new_text, guarded, analyse)
+    return broken.refusal() if broken is not None else None
 
 
 def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> Protection | None:
