@@ -41,6 +41,7 @@ from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statemen
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.guards import branches, is_pure_test
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import call_nodes
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -53,21 +54,17 @@ def _called_under(statements: "Iterable[cst.BaseStatement]") -> "tuple[Situation
     """What an autocast wrap around ``statements`` brings about: every function they call by a bare
     or ``self.`` name runs under autocast (a helper whose BCE TC208 declined to fix, say)."""
     names: list[str] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
+    for statement in statements:
+        for call in call_nodes(statement):
+            func = call.func
             if isinstance(func, cst.Name):
                 name = func.value
             elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
                 name = func.attr.value
             else:
-                return
+                continue
             if name not in names:
                 names.append(name)
-
-    for statement in statements:
-        statement.visit(_Calls())
     return tuple(Situation(SituationKind.RUNS_UNDER_AUTOCAST, name) for name in names)
 
 

@@ -27,6 +27,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.guards import extra_conditions
+from tcaudit.source.syntax import nodes_of
 
 INITIALIZE = "apex.amp.initialize"
 SCALE_LOSS = "apex.amp.scale_loss"
@@ -246,15 +247,7 @@ class _ImportSite:
 
 def _is_elif(module: cst.Module, node: cst.If) -> bool:
     """Whether ``node`` is the ``elif`` of another ``if`` (no statement of its own to insert before)."""
-    found = False
-
-    class _Elifs(cst.CSTVisitor):
-        def visit_If(self, parent: cst.If) -> None:
-            nonlocal found
-            found = found or parent.orelse is node
-
-    module.visit(_Elifs())
-    return found
+    return any(parent.orelse is node for parent in nodes_of(module, cst.If))
 
 
 def _import_statement(facts: ScriptFacts, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
