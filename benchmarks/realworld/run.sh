@@ -4,6 +4,9 @@
 #   fix:      naive vs `tcaudit fix`'s default patch                     (OUT/<name>/fix)
 #   compile:  naive vs `tcaudit fix --compile`'s patch                   (OUT/<name>/compile)
 #   ceiling:  naive vs the hand-tuned <name>_ceiling.py (verify --patched) (OUT/<name>/ceiling)
+#   h2h:      `tcaudit fix --compile`'s patch vs the ceiling, head to head   (OUT/<name>/h2h)
+#             (not in the default PARTS: the fraction of the ceiling measured in one verify, on one
+#             machine, interleaved; the patch is written to OUT/<name>/h2h/<name>.py first)
 # then summarize.py writes OUT/results.json and prints the table.
 #
 #   bash benchmarks/realworld/run.sh OUT            # GPU settings (H200: ResNet50 b256, GPT-2 124M b8, ...)
@@ -47,7 +50,7 @@ if (( TINY )); then
         [unet_seg]="--base 8 --image-size 64 --batch-size 2 --workers 1"
         [vit_classifier]="--batch-size 4 --image-size 32 --patch-size 8 --dim 64 --depth 2 --heads 2"
     )
-    declare -A COST=([fix]=0 [ceiling]=0 [compile]=0)
+    declare -A COST=([fix]=0 [ceiling]=0 [compile]=0 [h2h]=0)
 else
     ROUNDS=${ROUNDS:-2}; STEPS=${STEPS:-20}; WARMUP=${WARMUP:-5}; TIMEOUT=240
     declare -A ARGS=(
@@ -60,7 +63,7 @@ else
     )
     # The least a verify takes on an H200 (process start-ups dominate; a cold torch.compile adds 30-90s):
     # a run that does not fit is skipped, and one that overruns is killed at the budget (resume later).
-    declare -A COST=([fix]=30 [ceiling]=45 [compile]=60)
+    declare -A COST=([fix]=30 [ceiling]=45 [compile]=60 [h2h]=90)
 fi
 CEILING_ROUNDS=${CEILING_ROUNDS:-1}
 
@@ -88,12 +91,19 @@ for part in $PARTS; do
         fix)     extra=(--rounds "$ROUNDS") ;;
         compile) extra=(--rounds "$ROUNDS" --compile) ;;
         ceiling) extra=(--rounds "$CEILING_ROUNDS" --patched "$HERE/${name}_ceiling.py") ;;
+        h2h)     extra=(--rounds "$ROUNDS" --patched "$HERE/${name}_ceiling.py") ;;
         *) echo "unknown part: $part" >&2; exit 2 ;;
         esac
         start=$SECONDS
         echo "== $name $part (${SECONDS}s elapsed)"
         # timeout signals its whole process group, so the harness processes verify started go too.
-        timeout --kill-after=10 $((left + 30)) "$PY" -m tcaudit verify "$HERE/$name.py" --steps "$STEPS" \
+        original="$HERE/$name.py"
+        if [ "$part" = h2h ]; then
+            original="$dir/$name.py"
+            cp "$HERE/$name.py" "$original"
+            "$PY" -m tcaudit fix --compile --apply --isolated "$original" > "$dir/fix.txt" 2>&1
+        fi
+        timeout --kill-after=10 $((left + 30)) "$PY" -m tcaudit verify "$original" --steps "$STEPS" \
             --warmup "$WARMUP" --timeout "$TIMEOUT" "${extra[@]}" --out "$dir" -- "${script_args[@]}" \
             > "$dir/report.txt" 2>&1
         rc=$?
