@@ -15,11 +15,15 @@ writes, for the ImageNet-style, U-Net and ViT ceilings:
 - ``imagenet_style_ceiling_dp.py``: the compiled model wrapped in ``nn.DataParallel``, as the patched
   ImageNet-style script keeps it on one GPU.
 
-Each is measured against its ceiling with ``tcaudit verify CEILING --patched VARIANT`` (see
-BENCHMARKS.md, "Real-world scripts"): a speedup below 1 is what the change costs.
+Each is measured against its ceiling with ``tcaudit verify CEILING --patched VARIANT --out
+DIR/<name>_<variant>`` (see BENCHMARKS.md, "Real-world scripts"): a speedup below 1 is what the change
+costs. ``python3 benchmarks/realworld/ablate.py --summarize DIR`` collects those verify.json files
+(``DIR/<name>_<variant>/verify.json`` or ``DIR/<name>_<variant>_verify.json``) into DIR/summary.json and
+prints them.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -73,7 +77,36 @@ def data_parallel(text: str) -> str:
     return _replace(text, line, line + "    train_model = torch.nn.DataParallel(train_model) if cuda else train_model\n")
 
 
+def summarize(folder: Path) -> int:
+    rows = []
+    for path in sorted([*folder.glob("*/verify.json"), *folder.glob("*_verify.json")]):
+        label = path.parent.name if path.name == "verify.json" else path.name[: -len("_verify.json")]
+        run = json.loads(path.read_text())
+        rows.append({
+            "variant": label,
+            "ceiling": run["original"]["samples_per_s"],
+            "variant_samples_per_s": run["patched"]["samples_per_s"],
+            "speedup": run["speedup"],
+            "speedup_ci": run["speedup_ci"],
+            "significant": run["significant"],
+            "rounds": run["rounds"],
+            "input_wait": run["input_wait"],
+            "gpu": run["gpu"],
+            "torch": run["torch"],
+            "command": run["command"],
+        })
+    (folder / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    for r in rows:
+        ci = r["speedup_ci"]
+        interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and all(ci) else ""
+        print(f"{r['variant']:28s} ceiling {r['ceiling']:8.1f}  variant {r['variant_samples_per_s']:8.1f}  "
+              f"{r['speedup']:.2f}x{interval}{'  significant' if r['significant'] else ''}  ({r['gpu']}, torch {r['torch']})")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--summarize":
+        return summarize(Path(argv[1]))
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
