@@ -60,15 +60,18 @@ def test_without_the_opt_in_nothing_is_edited_or_declined(path):
         assert "TC101" not in padded_only.applied and "TC102" not in padded_only.applied
 
 
-def test_scan_offers_the_padding_as_an_opt_in(tmp_path):
+def test_scan_reports_the_script_half_only_when_asked(tmp_path):
+    """Without ``pad-dims`` scan's output is what it was: the model audit's findings alone."""
     code = (FIX_FIXTURES / "pad_mlp_hidden.in.py").read_text()
-    finding = next(f for f in scan_code(tmp_path, code, select=("TC101",)).findings)
+    assert not scan_code(tmp_path, code, select=("TC101", "TC102")).findings
+    [finding] = scan_code(tmp_path, code, select=("TC101",), pad_dims=True).findings
     assert finding.location.line == 12 and finding.details == {"width": 500, "suggested": 512}
     assert finding.fix.option == "pad-dims" and finding.fix.fix_class is FixClass.NUMERICS
     assert finding.fix.available and not finding.fix.applies_by_default
-    assert finding.fix.description == "pad `--hidden` 500 → 512 (run `tcaudit fix --pad-dims`)"
-    padded = scan_code(tmp_path, code, select=("TC101",), pad_dims=True).findings[0]
-    assert padded.fix.description == "pad `--hidden` 500 → 512"
+    assert finding.fix.description == "pad `--hidden` 500 → 512"
+    assert finding.fix.enabled(frozenset({FixClass.NUMERICS}), ("pad-dims",))
+    assert not finding.fix.enabled(frozenset({FixClass.NUMERICS}), ())
+    assert not finding.fix.enabled(frozenset({FixClass.SAFE}), ("pad-dims",))
 
 
 def test_cli_flag_and_config_key(tmp_path):

@@ -634,8 +634,6 @@ def width_finding(rule: "ScriptRule", facts: ScriptFacts, context: "RuleContext"
         cost = cost_note(rule.spec, context.settings.gpu, key)
         effect = f"the GEMMs of {layers} miss the fast bf16/fp16 Tensor Core kernels{cost}"
     description = f"pad `{width.label}` {width.value} → {target}"
-    if not context.settings.pad_dims:
-        description += f" (run `tcaudit fix --{PAD_DIMS}`)"
     return rule.finding(
         facts,
         width.literal,

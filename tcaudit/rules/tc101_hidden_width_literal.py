@@ -4,8 +4,8 @@ The model audit (``tcaudit/model/tc101_gemm_dim_unaligned.py``) measures the bui
 every unaligned GEMM, with no fix. This half reads the script: a width between two ``nn.Linear``
 layers that the script writes as a literal it controls (``hidden = 500``, an argparse default, a model
 class's parameter default, or ``nn.Linear(784, 500)`` then ``nn.Linear(500, 10)``), found and judged
-by :mod:`tcaudit.rules.layer_widths`. Fix (numerics, opt-in: ``tcaudit fix --pad-dims`` or
-``pad-dims = true``): the literal becomes the model audit's suggested size (the next multiple of 64 from
+by :mod:`tcaudit.rules.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``,
+``pad-dims = true``): without that, scan and fix report and edit what they did before. Fix (numerics): the literal becomes the model audit's suggested size (the next multiple of 64 from
 256 on, of 8 below), so the layers get units the model's input and output never see. Declined with
 the reason where that is not certain (a checkpoint load, the width feeding anything but layer widths,
 the model's input or output width, ...). One finding per width (``engine.one_width_finding``): a
@@ -33,6 +33,8 @@ class HiddenWidthLiteral(ScriptRule):
     triggers = (all_of(BACKWARD_CALL, r"Linear"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if not context.settings.pad_dims:
+            return  # an opt-in: without it the model audit's findings are the whole report, as before
         for width in script_widths(facts):
             if width.rule == self.id:
                 yield width_finding(self, facts, context, width)

@@ -6,8 +6,8 @@ one convolution and into the next (``BatchNorm2d(C)``/``LayerNorm(C)``/``GroupNo
 taking the same size, or a ``nn.Linear(C, ...)`` after global pooling) that the script writes as a
 literal it controls (a constant, an argparse default, a model class's parameter default, or
 ``nn.Conv2d(32, 30, 3)`` then ``nn.Conv2d(30, 64, 1)``), found and judged by
-:mod:`tcaudit.rules.layer_widths`. Fix (numerics, opt-in: ``tcaudit fix --pad-dims`` or ``pad-dims =
-true``): the literal becomes the model audit's suggested count (30 → 32). Declined with the reason
+:mod:`tcaudit.rules.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``, ``pad-dims =
+true``), as TC101's script half. Fix (numerics): the literal becomes the model audit's suggested count (30 → 32). Declined with the reason
 where that is not certain (a checkpoint load, a grouped convolution, a GroupNorm whose groups would
 not divide the padded count, the count feeding anything but layer widths, ...). One finding per
 count (``engine.one_width_finding``), as TC101's script half.
@@ -33,6 +33,8 @@ class ChannelWidthLiteral(ScriptRule):
     triggers = (all_of(BACKWARD_CALL, r"Conv[123]d"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if not context.settings.pad_dims:
+            return  # an opt-in: without it the model audit's findings are the whole report, as before
         for width in script_widths(facts):
             if width.rule == self.id:
                 yield width_finding(self, facts, context, width)
