@@ -33,7 +33,10 @@ KNOWN_KEYS = {
     "structural-fixes",
     "cache-dir",
     "model-budget",
+    "pad-dims",
 }
+# The option name of the opt-in fix that pads layer widths (TC101/TC102): ``Fix.option`` of its findings.
+PAD_DIMS = "pad-dims"
 # The structural conversions ``tcaudit fix`` makes only on request (tcaudit/structural.py).
 STRUCTURAL_OPTIONS = structural.NAMES
 
@@ -71,10 +74,17 @@ class Settings:
     # Seconds the model audit may spend building and tracing models in one scan (``model-budget``,
     # ``--model-budget``); a model left over gets a TC100 info that names the budget.
     model_budget: float = 300.0
+    # ``pad-dims``, ``fix --pad-dims``: pad unaligned layer widths the script sets as literals (TC101/TC102).
+    pad_dims: bool = False
     # ``--verbose``: TC100 messages carry the full chain of what was tried.
     verbose: bool = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
+
+    @property
+    def fix_options(self) -> tuple[str, ...]:
+        """The fixes asked for by name (``Fix.option``): the structural conversions, and ``pad-dims``."""
+        return self.structural_fixes + ((PAD_DIMS,) if self.pad_dims else ())
 
     def enabled_rules(self) -> list[str]:
         selectors = self.select + self.extend_select
@@ -214,6 +224,10 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
                 f"{_label('structural-fixes', where)} must be a list of {', '.join(STRUCTURAL_OPTIONS)} (got {raw!r})"
             )
         updates["structural_fixes"] = tuple(dict.fromkeys(raw))
+    if "pad-dims" in table:
+        if not isinstance(table["pad-dims"], bool):
+            raise ConfigError(f"{_label('pad-dims', where)} must be true or false")
+        updates["pad_dims"] = table["pad-dims"]
     if "model-budget" in table:
         raw = table["model-budget"]
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:

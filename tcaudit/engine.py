@@ -307,7 +307,7 @@ def scan(
         return fr.source
 
     if audit is not None:
-        findings = one_vocab_finding(findings, audit.findings)
+        findings = one_vocab_finding(*one_width_finding(findings, audit.findings))
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
@@ -421,6 +421,35 @@ def one_vocab_finding(script: list[Finding], model: list[Finding]) -> list[Findi
             finding.fix = twin.fix
             out.append(finding)
     return out
+
+
+# The model audit's unaligned dimensions (details["suggested"]'s keys) and where each finding keeps its size.
+_WIDTH_KEYS = {"K": "k", "N": "n", "in": "c_in", "out": "c_out"}
+
+
+def one_width_finding(script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """One TC101/TC102 per layer width the script sets (tcaudit/rules/layer_widths.py): a model audit
+    finding of the same file whose only unaligned size is that width is the script's. Where the script's padding is
+    offered, its finding (at the literal) stands for those; where it is declined, they stay (at the
+    layers, with their measured cost) and carry its reason. Returns (script, model) findings to keep."""
+    widths = {
+        (f.rule, f.location.path, f.details["width"]): f
+        for f in script if f.rule in ("TC101", "TC102") and "width" in f.details
+    }
+    if not widths:
+        return script, model
+    kept_model: list[Finding] = []
+    given: set[int] = set()
+    for finding in model:
+        sizes = {finding.details.get(_WIDTH_KEYS.get(key, "")) for key in finding.details.get("suggested", {})}
+        twin = widths.get((finding.rule, finding.location.path, sizes.pop())) if len(sizes) == 1 else None
+        if twin is None:
+            kept_model.append(finding)
+        elif twin.fix is not None and not twin.fix.available:
+            finding.fix = twin.fix
+            kept_model.append(finding)
+            given.add(id(twin))
+    return [f for f in script if id(f) not in given], kept_model
 
 
 # -- analysing the files: in-process or in workers --------------------------------------------------

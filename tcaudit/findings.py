@@ -156,8 +156,9 @@ class Fix:
     available: bool = True
     reason: str | None = None
     plan: FixPlan | None = None
-    # A structural fix runs only when asked for by name: ``ddp``, ``dali`` or ``compile``
-    # (``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config).
+    # A fix that runs only when asked for by name: a structural conversion (``ddp``, ``dali``,
+    # ``compile``: ``tcaudit fix --ddp``, or ``structural-fixes = ["ddp"]`` in the config), or a
+    # numerics fix that changes the model's shape (``pad-dims``: ``tcaudit fix --pad-dims``).
     option: str | None = None
     # What a declined fix protects against (another rule's edit that brings it about is refused), and
     # what an available fix's edit brings about. Neither is part of the rendered fix: they matter only
@@ -167,13 +168,15 @@ class Fix:
 
     @property
     def applies_by_default(self) -> bool:
-        """Whether plain ``tcaudit fix`` applies it: available, and not a structural opt-in."""
-        return self.available and self.fix_class is not FixClass.STRUCTURAL
+        """Whether plain ``tcaudit fix`` applies it: available, and neither structural nor an opt-in."""
+        return self.available and self.fix_class is not FixClass.STRUCTURAL and self.option is None
 
     def enabled(self, classes: "frozenset[FixClass]", options: "frozenset[str] | tuple[str, ...]") -> bool:
-        """Whether a fix run with these classes and structural options applies this fix."""
+        """Whether a fix run with these classes and options (``Settings.fix_options``) applies this fix."""
+        if self.option is not None and self.option not in options:
+            return False
         if self.fix_class is FixClass.STRUCTURAL:
-            return self.option is not None and self.option in options
+            return self.option is not None
         return self.fix_class in classes
 
     def declined(self, reason: str) -> "Fix":

@@ -62,5 +62,5 @@ def conversion(name: str) -> Conversion:
 
 def companion_enabled(rule: str, asked: "tuple[str, ...] | frozenset[str]") -> bool:
     """Whether ``rule`` is a companion of a conversion in ``asked``: its fix then runs regardless of
-    the fix classes chosen."""
-    return any(rule in conversion(name).companions for name in asked)
+    the fix classes chosen (``asked`` may name other opt-ins too, such as ``pad-dims``)."""
+    return any(rule in item.companions for item in CONVERSIONS if item.name in asked)

@@ -124,8 +124,9 @@ def test_bad_example_turns_into_its_fixed_form(spec, example, tmp_path):
 
     path = tmp_path / "train.py"
     path.write_text(example.code.lstrip("\n"), encoding="utf-8")
-    # Structural rules' fixed forms are what ``fix --ddp/--dali/--compile`` writes.
-    settings = Settings(select=(spec.id,), structural_fixes=STRUCTURAL_OPTIONS)
+    # Structural rules' fixed forms are what ``fix --ddp/--dali/--compile`` writes; TC101/TC102's what
+    # ``fix --pad-dims`` writes.
+    settings = Settings(select=(spec.id,), structural_fixes=STRUCTURAL_OPTIONS, pad_dims=True)
     result = fix_file(path, settings)
     assert result.error is None
     assert result.fixed == _expanded(example.fixed.lstrip("\n")), result.diff()

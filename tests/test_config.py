@@ -171,6 +171,7 @@ def test_explicit_config_file(tmp_path):
         ('precision = "fp8"', "'precision' must be one of auto, bf16, fp16"),
         ('gpu = "sm_70"', "'gpu' must be one of"),
         ('exec-models = "yes"', "'exec-models' must be true or false"),
+        ('pad-dims = "yes"', "'pad-dims' must be true or false"),
         ("exclude = [1]", "'exclude' must be a list of glob patterns"),
         ('per-file-ignores = ["x"]', "'per-file-ignores' must be a table"),
         ("models = [{ factory = 1 }]", "factory must be a string like"),

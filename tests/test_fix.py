@@ -29,6 +29,8 @@ def _settings_for(path: Path) -> Settings:
     """``tc201_x.in.py`` is fixed with TC201 alone, ``tc2_x.in.py`` with the TC2 family, ``all_x.in.py``
     with every rule; see STRUCTURAL_PREFIXES for the rest."""
     prefix = path.name.split("_")[0].upper()
+    if prefix == "PAD":  # ``pad_x.in.py``: the width padding of TC101/TC102, with ``--pad-dims``
+        return Settings(select=("TC101", "TC102"), pad_dims=True)
     if prefix in STRUCTURAL_PREFIXES:
         return Settings(select=STRUCTURAL_PREFIXES[prefix], structural_fixes=(prefix.lower(),))
     return Settings(select=("ALL",) if prefix == "ALL" else (prefix,))

@@ -83,6 +83,10 @@ EXPECT = {
     # 600 -> 640: the embedding's extra rows shift every later layer's init draws, 40 more logits.
     "tc104_word_lm": Expect(rtol=5e-2, why="TC104 pads the vocabulary: other init draws, 40 more logits"),
     "tc104_flag_branches": Expect(rtol=5e-2, why="TC104 pads the vocabulary: other init draws, 23 more logits"),
+    # fix --pad-dims: 500 -> 512 hidden units, 30 -> 32 channels; the extra units draw their own initial
+    # weights, which shifts every later draw (tests/test_fix_pad_dims.py checks the shapes and the run).
+    "pad_mlp_hidden": Expect(rtol=5e-2, why="TC101 pads the hidden width: other init draws, 12 more units"),
+    "pad_convnet_channels": Expect(rtol=5e-2, why="TC102 pads the channels: other init draws, 2 more channels"),
     # Run with --amp: on the CPU autocast computes in bf16, where channels_last's kernels differ at
     # bf16 precision from the first forward on.
     "tc303_imagenet_dataparallel": Expect(rtol=3e-2, compare=1, why="bf16 CPU autocast under channels_last"),

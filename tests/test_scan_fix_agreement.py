@@ -27,6 +27,8 @@ STRUCTURAL_PREFIXES = {c.name.upper(): c for c in CONVERSIONS}
 def _fix_fixture_settings(path: Path) -> Settings:
     """The settings test_fix.py fixes each ``fixtures/fix`` pair with (by file-name prefix)."""
     prefix = path.name.split("_")[0].upper()
+    if prefix == "PAD":  # the width padding of TC101/TC102, asked for with ``--pad-dims``
+        return Settings(select=("TC101", "TC102"), pad_dims=True, root=path.parent)
     if prefix in STRUCTURAL_PREFIXES:
         conversion = STRUCTURAL_PREFIXES[prefix]
         select = ("TC5",) if conversion.name == "ddp" else conversion.rules
@@ -62,7 +64,7 @@ def test_scan_promises_exactly_what_fix_does(case):
     assert not result.errors, result.errors
     promised = [
         f for f in result.findings
-        if f.fix is not None and f.fix.available and fix_enabled(f, DEFAULT_CLASSES, settings.structural_fixes)
+        if f.fix is not None and f.fix.available and fix_enabled(f, DEFAULT_CLASSES, settings.fix_options)
     ]
     fixed = fix_file(path, settings, DEFAULT_CLASSES, path.name)
     assert fixed.error is None, fixed.error

@@ -36,6 +36,11 @@ def add_fix_parser(sub, add_selection) -> None:
         "--no-exec", action="store_true",
         help="never build the user's models (the fixes then judge the model from the script's text alone)",
     )
+    fix.add_argument(
+        "--pad-dims", action="store_true",
+        help="also pad unaligned layer widths the script sets as literals (TC101/TC102; numerics: the model's "
+        "shape changes, so its checkpoints no longer load; or pad-dims = true in the config)",
+    )
     add_structural_flags(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     add_selection(fix)
@@ -93,6 +98,10 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
+    if getattr(args, "pad_dims", False):
+        import dataclasses
+
+        settings = dataclasses.replace(settings, pad_dims=True)
     discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     if discovered.missing:
         for path in discovered.missing:

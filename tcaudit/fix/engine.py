@@ -84,7 +84,7 @@ class FixAnalysisError(Exception):
 
 
 def fix_enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[str, ...]) -> bool:
-    """Whether a fix run with these classes and structural options edits ``finding``."""
+    """Whether a fix run with these classes and options (``Settings.fix_options``) edits ``finding``."""
     fix = finding.fix
     if fix is None:
         return False
@@ -158,7 +158,7 @@ def fix_file(
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
-            if fix is None or not fix_enabled(finding, classes, settings.structural_fixes):
+            if fix is None or not fix_enabled(finding, classes, settings.fix_options):
                 continue
             if not fix.available:
                 declined[_decline_key(finding)] = (finding, fix.reason or "")

@@ -77,7 +77,7 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                 if f.fix.applies_by_default:
                     console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))
                 elif f.fix.available:
-                    console.print(Text(f"  structural fix, only with `tcaudit fix --{f.fix.option}`: {f.fix.description}", style="cyan"))
+                    console.print(Text(f"  {f.fix.fix_class} fix, only with `tcaudit fix --{f.fix.option}`: {f.fix.description}", style="cyan"))
                 else:
                     console.print(Text(f"  no fix: {f.fix.reason or f.fix.description}", style="dim"))
             console.print()

@@ -7,6 +7,20 @@ this differs from what the modules declare. A trigger is a regex, or a tuple of 
 """
 
 TRIGGER_TABLE = {
+    "TC101": (
+        "tc101_hidden_width_literal",
+        (
+            (r"\.\s*backward\b", r"Linear"),
+        ),
+        {},
+    ),
+    "TC102": (
+        "tc102_channel_width_literal",
+        (
+            (r"\.\s*backward\b", r"Conv[123]d"),
+        ),
+        {},
+    ),
     "TC104": (
         "tc104_vocab_size_literal",
         (

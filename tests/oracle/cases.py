@@ -31,6 +31,8 @@ class OracleCase:
 def settings_for_fixture(path: Path) -> Settings:
     """The settings tests/test_fix.py fixes the fixture with: the file-name prefix picks the rules."""
     prefix = path.name.split("_")[0].upper()
+    if prefix == "PAD":  # ``pad_x.in.py``: the width padding of TC101/TC102, with ``--pad-dims``
+        return Settings(select=("TC101", "TC102"), pad_dims=True)
     if prefix in STRUCTURAL_PREFIXES:
         return Settings(select=STRUCTURAL_PREFIXES[prefix], structural_fixes=(prefix.lower(),))
     return Settings(select=("ALL",) if prefix == "ALL" else (prefix,))
