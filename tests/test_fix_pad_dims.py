@@ -200,3 +200,21 @@ def test_one_finding_per_width_with_the_model_audit():
     up = _finding("TC101", 9, {"k": 784, "n": 500, "suggested": {"N": 512}})
     script, model = one_width_finding([declined], [up])
     assert script == [] and model == [up] and up.fix.reason == "checkpoint"
+
+
+def test_verify_takes_the_flag_and_hands_it_to_the_fix_it_runs():
+    """``verify --pad-dims`` patches with the padding (its settings carry it to fix_file) and says so in
+    the command it records."""
+    import argparse
+
+    from tcaudit.fix.command import with_structural_flags
+    from tcaudit.verify.command import add_verify_parser
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    add_verify_parser(sub, lambda p: None)
+    args = parser.parse_args(["verify", "train.py", "--pad-dims", "--compile"])
+    settings = with_structural_flags(Settings(), args)
+    assert settings.pad_dims and settings.structural_fixes == ("compile",)
+    assert settings.fix_options == ("compile", "pad-dims")
+    assert not with_structural_flags(Settings(), parser.parse_args(["verify", "train.py"])).pad_dims

@@ -36,35 +36,40 @@ def add_fix_parser(sub, add_selection) -> None:
         "--no-exec", action="store_true",
         help="never build the user's models (the fixes then judge the model from the script's text alone)",
     )
-    fix.add_argument(
-        "--pad-dims", action="store_true",
-        help="also pad unaligned layer widths the script sets as literals (TC101/TC102; numerics: the model's "
-        "shape changes, so its checkpoints no longer load; or pad-dims = true in the config)",
-    )
     add_structural_flags(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     add_selection(fix)
 
 
 def add_structural_flags(parser) -> None:
-    """``--ddp``, ``--dali``, ``--compile``: the structural conversions, each only on request."""
+    """``--ddp``, ``--dali``, ``--compile``: the structural conversions, each only on request; and
+    ``--pad-dims``, the numerics fix that changes the model's shape (also only on request)."""
     from tcaudit.structural import CONVERSIONS
 
     group = parser.add_argument_group("structural conversions (only on request; always shown as a diff first)")
     for conversion in CONVERSIONS:
         group.add_argument(conversion.flag, dest=conversion.name, action="store_true", help=conversion.help)
+    parser.add_argument(
+        "--pad-dims", action="store_true",
+        help="also pad unaligned layer widths the script sets as literals (TC101/TC102; numerics: the model's "
+        "shape changes, so its checkpoints no longer load; or pad-dims = true in the config)",
+    )
 
 
 def with_structural_flags(settings, args: argparse.Namespace):
-    """Settings with the structural options the command line asked for added to the config's."""
+    """Settings with the structural options and ``--pad-dims`` the command line asked for added to the
+    config's."""
     import dataclasses
 
     from tcaudit.structural import NAMES
 
     asked = [name for name in NAMES if getattr(args, name, False)]
-    if not asked:
-        return settings
-    return dataclasses.replace(settings, structural_fixes=tuple(dict.fromkeys((*settings.structural_fixes, *asked))))
+    if asked:
+        settings = dataclasses.replace(
+            settings, structural_fixes=tuple(dict.fromkeys((*settings.structural_fixes, *asked))))
+    if getattr(args, "pad_dims", False):
+        settings = dataclasses.replace(settings, pad_dims=True)
+    return settings
 
 
 def parse_classes(text: str) -> frozenset[FixClass]:
@@ -98,10 +103,6 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
-    if getattr(args, "pad_dims", False):
-        import dataclasses
-
-        settings = dataclasses.replace(settings, pad_dims=True)
     discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
     if discovered.missing:
         for path in discovered.missing:

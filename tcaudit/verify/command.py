@@ -75,7 +75,8 @@ def run_verify(args: argparse.Namespace, settings) -> int:
                *(["--fail-under", str(args.fail_under)] if args.fail_under is not None else [])]
     command = shlex.join(["tcaudit", "verify", args.script, "--steps", str(args.steps), "--warmup",
                           str(args.warmup), "--nproc", str(args.nproc), *options,
-                          *(f"--{option}" for option in settings.structural_fixes), "--", *script_args])
+                          *(f"--{option}" for option in settings.structural_fixes),
+                          *(["--pad-dims"] if settings.pad_dims else []), "--", *script_args])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                TimeElapsedColumn())
     try:
