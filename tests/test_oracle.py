@@ -59,6 +59,7 @@ EXPECT = {
     "all_eval_reload": CHANNELS_LAST,
     "all_resnet50": RESNET,
     "resnet50": RESNET,
+    "all_rw_imagenet_examples": RESNET,
     "tc404_persistent": Expect(compare=6, why=PERSISTENT),
     "tc4_loader": Expect(compare=3, why=PERSISTENT),
     "tc504_module_helper": Expect(compare=5, why=SET_EPOCH),
