@@ -60,6 +60,7 @@ EXPECT = {
     "all_resnet50": RESNET,
     "resnet50": RESNET,
     "all_rw_imagenet_examples": RESNET,
+    "all_rw_tv_references": CHANNELS_LAST,
     "tc404_persistent": Expect(compare=6, why=PERSISTENT),
     "tc4_loader": Expect(compare=3, why=PERSISTENT),
     "tc504_module_helper": Expect(compare=5, why=SET_EPOCH),
