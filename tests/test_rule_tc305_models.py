@@ -107,3 +107,27 @@ def test_a_recurrent_model_is_not_compiled_and_says_why():
     assert finding.fix.reason.startswith("`model` computes in `nn.LSTM`: cuDNN's recurrent kernels")
     (finding,) = _tc305(FIXTURES / "compile_recurrent_flag.in.py").values()
     assert finding.fix.available
+
+
+def test_a_sync_batchnorm_conversion_is_preparation_not_a_torch_nn_model(tmp_path):
+    """The torchvision reference's ``model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`` under
+    --sync-bn hands back the same model: it was declined as "a torch.nn model whose forward is
+    torch's own"; the compile goes after the build, before the conversion."""
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\n"
+        "import torchvision\n"
+        "model = torchvision.models.resnet18()\n"
+        "model.to('cuda')\n"
+        "if args.sync_bn:\n"
+        "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda())\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n",
+        encoding="utf-8",
+    )
+    result = fix_file(path, COMPILE)
+    assert result.applied == ["TC305"], result.declined
+    assert "model.to('cuda')\nif torch.cuda.is_available():\n    model.compile()\nif args.sync_bn:\n" in result.fixed

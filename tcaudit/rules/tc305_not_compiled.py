@@ -264,9 +264,24 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
     dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
     if dotted == name:
         return "prep", None
+    if _converts_in_place(facts, expr, name):
+        return "prep", None
     if isinstance(expr, cst.Name) and expr.value == "None":
         return "other", None
     return "build", None
+
+
+# torch functions that take a model and hand back the same model with some layers swapped (the
+# torchvision classification reference: ``model = nn.SyncBatchNorm.convert_sync_batchnorm(model)``
+# under --sync-bn): the model's own forward still runs, so they are preparation, not a new build.
+_IN_PLACE_CONVERSIONS = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
+
+
+def _converts_in_place(facts: ScriptFacts, expr: cst.BaseExpression, name: str) -> bool:
+    if not isinstance(expr, cst.Call) or facts.qualname(expr.func) not in _IN_PLACE_CONVERSIONS:
+        return False
+    positional = [a.value for a in expr.args if a.keyword is None and not a.star]
+    return bool(positional) and get_full_name_for_node(_strip_chain(positional[0])) == name
 
 
 def _check_wraps(facts: ScriptFacts, name: str) -> bool:

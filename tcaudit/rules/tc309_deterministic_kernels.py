@@ -2,7 +2,8 @@
 a script that trains on CUDA.
 
 Reported as `info` with what it costs: determinism is often intended (a reproducibility flag, a
-paper's seed), so there is no automatic fix. TC302 stays silent on an explicit
+paper's seed), so there is no automatic fix, and a setting behind a condition (``if args.seed is not
+None:``, as the pytorch/examples ImageNet script does) is that intent already exposed: not reported. TC302 stays silent on an explicit
 ``cudnn.benchmark = False``; this rule is where that choice is named and priced.
 """
 
@@ -39,18 +40,24 @@ class DeterministicKernels(ScriptRule):
     triggers = (all_of(r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms", BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if not pipeline_facts(facts).owns_cuda_training:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training:
             return
+        frames = {id(b.value): b.ctx for b in facts.bindings}
         for node in _assignments(facts.module):
             target = node.targets[0].target
             qualname = facts.qualname(target)
             spec = SETTINGS.get(qualname or "")
             if spec is None or not _is_literal(node.value, spec[0]):
                 continue
+            if id(node.value) in frames and pipeline.is_flag_guarded(frames[id(node.value)]):
+                continue
             yield self._finding(facts, node, f"`{facts.module.code_for_node(target)} = {spec[0]}`", spec[1])
         for call in facts.calls:
             spec = CALLS.get(call.qualname or "")
             if spec is None or not call.node.args or not _is_literal(call.node.args[0].value, spec[0]):
+                continue
+            if pipeline.is_flag_guarded(call.ctx):
                 continue
             yield self._finding(facts, call.node, f"`{call.name}({spec[0]})`", spec[1])
 

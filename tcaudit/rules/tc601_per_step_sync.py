@@ -130,6 +130,25 @@ _PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_descriptio
 _PASSES_TENSORS = frozenset({"str"})
 
 
+def _converts_if_tensor(facts: ScriptFacts, call: CallSite, receiver_text: str) -> bool:
+    """``if isinstance(v, torch.Tensor): v = v.item()`` in a helper (torchvision's
+    ``MetricLogger.update``): the value is a tensor only when a caller hands one over, usually
+    ``loss.item()``, a float; a sync there is the caller's, reported where it is called."""
+    if call.ctx.function is None:
+        return False
+    for frame in call.ctx.chain():
+        if frame.kind in ("def", "class", "lambda"):
+            break
+        test = frame.node.test if frame.kind == "if" and isinstance(frame.node, cst.If) else None
+        if (
+            isinstance(test, cst.Call) and get_full_name_for_node(test.func) == "isinstance" and len(test.args) == 2
+            and facts.module.code_for_node(test.args[0].value) == receiver_text
+            and facts.qualname(test.args[1].value) == "torch.Tensor"
+        ):
+            return True
+    return False
+
+
 def _is_formatting(expr: cst.BaseExpression) -> bool:
     """An f-string, ``"...".format(...)`` or ``"..." % (...)``: text made from its values now."""
     if isinstance(expr, (cst.FormattedString, cst.ConcatenatedString)):
@@ -224,6 +243,8 @@ class PerStepSync(ScriptRule):
             if any(_is_sync_method_call(inner) for inner in list(expression_chain(receiver))):
                 return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
             receiver_text = facts.module.code_for_node(receiver)
+            if _converts_if_tensor(facts, call, receiver_text):
+                return None
             if method == "cpu":
                 if call.receiver_name in info.module_names or (call.receiver_name or "").endswith(".module"):
                     return None  # moving a model, not reading a value
