@@ -107,3 +107,14 @@ def test_a_recurrent_model_is_not_compiled_and_says_why():
     assert finding.fix.reason.startswith("`model` computes in `nn.LSTM`: cuDNN's recurrent kernels")
     (finding,) = _tc305(FIXTURES / "compile_recurrent_flag.in.py").values()
     assert finding.fix.available
+
+
+def test_a_gradient_penalty_declines_the_compile():
+    """WGAN-GP: the critic's gradients are differentiated again (autograd.grad with create_graph=True);
+    a compiled module raises on that double backward, so neither net is compiled."""
+    path = FIXTURES / "all_rw_wgan_gp.in.py"
+    findings = _tc305(path)
+    assert sorted(findings) == ["discriminator", "generator"]
+    assert all("create_graph=True, line 124" in f.fix.reason for f in findings.values())
+    result = fix_file(path, COMPILE)
+    assert not result.changed and {f.rule for f, _ in result.declined} == {"TC305"}
