@@ -118,3 +118,10 @@ def test_a_gradient_penalty_declines_the_compile():
     assert all("create_graph=True, line 124" in f.fix.reason for f in findings.values())
     result = fix_file(path, COMPILE)
     assert not result.changed and {f.rule for f, _ in result.declined} == {"TC305"}
+
+
+def test_a_recurrent_part_passed_to_the_constructor_declines_the_compile():
+    """``Seq2Seq(Encoder(...), Decoder(...))``: the LSTMs live in the parts passed in, not in Seq2Seq's body."""
+    (finding,) = _tc305(FIXTURES / "all_rw_seq2seq_packed.in.py").values()
+    assert not finding.fix.available
+    assert finding.fix.reason.startswith("`model` computes in `nn.LSTM`")

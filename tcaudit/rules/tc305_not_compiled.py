@@ -348,7 +348,12 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
     classes = {node.name.value: node for node, _ in facts.classes}
     pipeline = pipeline_facts(facts)
     seen: set[str] = set()
-    pending = [(get_full_name_for_node(call.func) or "").split(".")[-1] for call in pipeline.constructions(value)]
+    # The parts passed to the constructor count too: ``Seq2Seq(Encoder(...), Decoder(...))``.
+    pending = [
+        (get_full_name_for_node(call.func) or "").split(".")[-1]
+        for construction in pipeline.constructions(value)
+        for call in call_nodes(construction)
+    ]
     while pending:
         cls = classes.get(pending.pop())
         if cls is None or cls.name.value in seen:
