@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from tcaudit.config import Settings
+from tcaudit.findings import Severity
 from tcaudit.fix.engine import fix_file
 
 from helpers import scan_code, scan_paths
@@ -147,3 +148,27 @@ def test_tc406_not_when_the_device_is_chosen_after_the_tensor_or_it_is_read_else
             optimizer.step()
     """, select=("TC406",))
     assert result.findings == []
+
+
+def test_tc406_a_random_sample_drawn_under_no_grad_is_info_and_declined(tmp_path):
+    """pytorch/examples vae: after each epoch, ``torch.randn(64, 20).to(device)`` under no_grad decodes
+    samples. Not a training step's copy; on the device the draw would leave the CPU generator that the
+    next epoch's shuffle uses, so the seeded run would change."""
+    result = scan_code(tmp_path, """
+        import torch
+        device = torch.device("cuda")
+        for epoch in range(epochs):
+            for x, _ in loader:
+                loss = model(x.to(device)).mean()
+                loss.backward()
+                optimizer.step()
+            with torch.no_grad():
+                sample = torch.randn(64, 20).to(device)
+                zeros = torch.zeros(64, 20).to(device)
+                images = model.decode(sample + zeros)
+    """, select=("TC406",))
+    by_line = {f.location.line: f for f in result.findings}
+    sample, zeros = by_line[9], by_line[10]
+    assert sample.severity == Severity.INFO and "every step" not in sample.message
+    assert not sample.fix.available and "CPU generator" in sample.fix.reason
+    assert "every step" in zeros.message and zeros.fix.available

@@ -72,6 +72,22 @@ def test_registries_and_alternate_constructors_are_found(script, label):
     assert [(target["label"], failure) for target, failure, _ in found] == [(label, None)]
 
 
+def test_a_static_method_returning_a_config_object_is_not_a_construction(tmp_path):
+    """minGPT: ``GPT.get_default_config()`` returns a CfgNode; ``GPT(config)`` is the model."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\n\nclass CfgNode:\n    pass\n\n"
+        "class GPT(nn.Module):\n"
+        "    @staticmethod\n    def get_default_config():\n        C = CfgNode()\n        return CfgNode()\n\n"
+        "    @classmethod\n    def defaults(cls):\n        return {'n_layer': 2}\n\n"
+        "    @classmethod\n    def small(cls):\n        return cls(GPT.get_default_config())\n\n"
+        "    def __init__(self, config):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n\n"
+        "config = GPT.get_default_config()\ndefaults = GPT.defaults()\nmodel = GPT(config)\nsmall = GPT.small()\n"
+    )
+    found = discover_file(read_source(script, "train.py"))
+    assert sorted(target["label"] for target, _, _ in found) == ["GPT(config)", "GPT.small()"]
+
+
 def test_a_model_that_is_passed_in_is_not_a_construction(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

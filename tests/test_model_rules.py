@@ -156,6 +156,15 @@ def test_batch_unaligned_only_when_the_script_chose_it():
     assert run(facts, select=("TC105",)) == []
 
 
+def test_batch_unaligned_not_reported_for_a_slice_of_an_aligned_batch():
+    """nanoGPT traced without targets: the blocks run on 12 x 1024 rows, the head on the last position
+    only (12 rows). The batch of 12 is not what makes any GEMM unaligned."""
+    facts = facts_of(linear("h.0.mlp", 768, 3072, m=12 * 1024), linear("lm_head", 768, 256, m=12, line=12))
+    assert run(facts, select=("TC105",)) == []
+    facts = facts_of(linear("h.0.mlp", 768, 3072, m=8192), linear("lm_head", 768, 256, m=12, line=12))
+    assert [f.details["m"] for f in run(facts, select=("TC105",))] == [12]
+
+
 def test_round_trip_and_no_op_casts():
     module, gemm = linear("fc", 1024, 1024, m=8, dtype="float16")
     cast = dict(kind="cast", op="to", module="", module_type="Net", graph=0, shapes=[[8, 1024], [8, 1024]], flops=0.0)

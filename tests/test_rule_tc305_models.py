@@ -131,3 +131,21 @@ def test_a_sync_batchnorm_conversion_is_preparation_not_a_torch_nn_model(tmp_pat
     result = fix_file(path, COMPILE)
     assert result.applied == ["TC305"], result.declined
     assert "model.to('cuda')\nif torch.cuda.is_available():\n    model.compile()\nif args.sync_bn:\n" in result.fixed
+
+
+def test_a_gradient_penalty_declines_the_compile():
+    """WGAN-GP: the critic's gradients are differentiated again (autograd.grad with create_graph=True);
+    a compiled module raises on that double backward, so neither net is compiled."""
+    path = FIXTURES / "all_rw_wgan_gp.in.py"
+    findings = _tc305(path)
+    assert sorted(findings) == ["discriminator", "generator"]
+    assert all("create_graph=True, line 124" in f.fix.reason for f in findings.values())
+    result = fix_file(path, COMPILE)
+    assert not result.changed and {f.rule for f, _ in result.declined} == {"TC305"}
+
+
+def test_a_recurrent_part_passed_to_the_constructor_declines_the_compile():
+    """``Seq2Seq(Encoder(...), Decoder(...))``: the LSTMs live in the parts passed in, not in Seq2Seq's body."""
+    (finding,) = _tc305(FIXTURES / "all_rw_seq2seq_packed.in.py").values()
+    assert not finding.fix.available
+    assert finding.fix.reason.startswith("`model` computes in `nn.LSTM`")

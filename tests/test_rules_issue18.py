@@ -125,3 +125,35 @@ def test_tc310_only_when_the_script_compiles_or_compile_is_asked_for(tmp_path):
     result = scan_code(tmp_path, code, select=("TC310",), structural_fixes=("compile",))
     [finding] = result.findings
     assert "tcaudit fix --compile" in finding.message
+
+
+def test_tc210_reports_a_checkpoint_name_rebound_before_the_save(tmp_path):
+    """nanoGPT: ``checkpoint`` holds the loaded checkpoint, then None, then the dict saved in the loop;
+    the dict bound just before the save is what is saved. The fix still edits only a literal in the call."""
+    result = scan_code(tmp_path, """
+        import torch
+        scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16"))
+        if init_from == "resume":
+            checkpoint = torch.load(ckpt_path)
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        checkpoint = None
+        while True:
+            if iter_num % eval_interval == 0:
+                checkpoint = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
+                torch.save(checkpoint, "ckpt.pt")
+            train_step(scaler)
+    """, select=("TC210",))
+    [finding] = result.findings
+    assert finding.location.line == 10
+    assert "not written as a literal" in finding.fix.reason
+
+
+def test_tc210_a_rebound_name_whose_last_value_is_not_a_dict_is_not_reported(tmp_path):
+    result = scan_code(tmp_path, """
+        import torch
+        scaler = torch.amp.GradScaler("cuda")
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state = make_state(model, optimizer, scaler)
+        torch.save(state, "ckpt.pt")
+    """, select=("TC210",))
+    assert result.findings == []

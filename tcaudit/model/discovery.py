@@ -640,8 +640,41 @@ def _module_classmethod(index: ScriptIndex, call: cst.Call) -> bool:
     info = index.classes[owner]
     for statement in info.node.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
-            return any(dotted(d.decorator) in {"classmethod", "staticmethod"} for d in statement.decorators)
+            if not any(dotted(d.decorator) in {"classmethod", "staticmethod"} for d in statement.decorators):
+                return False
+            return not _returns_only_other_objects(index, statement)
     return False
+
+
+def _returns_only_other_objects(index: ScriptIndex, function: cst.FunctionDef) -> bool:
+    """A static or class method whose every ``return`` builds something that is not a model: a
+    literal, or an instance of a class that is not an nn.Module (minGPT's ``GPT.get_default_config()``
+    returns a ``CfgNode``). A return of ``cls(...)``, a model class or a plain name may be the model."""
+    returns: list[cst.Return] = []
+
+    class _Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function  # a nested def's returns are not this method's
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            returns.append(node)
+
+    function.visit(_Returns())
+    if not returns:
+        return False
+
+    def other_object(value: cst.BaseExpression | None) -> bool:
+        if isinstance(value, (cst.Dict, cst.List, cst.Tuple, cst.Set, cst.SimpleString, cst.Integer, cst.Float)):
+            return True
+        if isinstance(value, cst.Call):
+            name = dotted(value.func)
+            return bool(name) and name in index.classes and not index.is_module_class(name)
+        return False
+
+    return all(other_object(r.value) for r in returns)
 
 
 def _registry_lookup(index: ScriptIndex, call: cst.Call) -> bool:

@@ -51,7 +51,7 @@ class ScalerNotCheckpointed(ScriptRule):
             saved = call.arg("obj", 0)
             if saved is None:
                 continue
-            literal = self._literal(facts, saved)
+            literal = self._literal(facts, saved, call)
             if literal is None:
                 continue
             optimizer = self._optimizer_element(facts, literal)
@@ -110,13 +110,24 @@ class ScalerNotCheckpointed(ScriptRule):
         return SaveScalerState(literal, element, value, tuple(loads), tuple(codes))
 
     @staticmethod
-    def _literal(facts: ScriptFacts, saved: cst.BaseExpression) -> cst.Dict | None:
+    def _literal(facts: ScriptFacts, saved: cst.BaseExpression, call: CallSite) -> cst.Dict | None:
         if isinstance(saved, cst.Dict):
             return saved
         if isinstance(saved, cst.Name):
-            values = [b.value for b in facts.bindings_of(saved.value)]
-            if len(values) == 1 and isinstance(values[0], cst.Dict):
-                return values[0]  # reported, but the fix edits only a literal in the call
+            bindings = facts.bindings_of(saved.value)
+            if any(b.is_item_write for b in bindings):
+                return None  # ``ckpt["scaler"] = ...`` may add it after the literal
+            if len(bindings) == 1 and isinstance(bindings[0].value, cst.Dict):
+                return bindings[0].value  # reported, but the fix edits only a literal in the call
+            # A name rebound through the file (nanoGPT's ``checkpoint = torch.load(...)``, ``= None``,
+            # then ``= {...}`` right before the save): the dict is the binding just before the save
+            # in the same function.
+            line = facts.line_of(call.node)
+            before = [b for b in bindings if b.ctx.function is call.ctx.function and facts.line_of(b.value) < line]
+            if before:
+                nearest = max(before, key=lambda b: facts.line_of(b.value))
+                if isinstance(nearest.value, cst.Dict):
+                    return nearest.value
         return None
 
     @staticmethod

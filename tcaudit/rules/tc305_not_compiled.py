@@ -23,6 +23,7 @@ from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
+from tcaudit.script.amp import gradient_penalty_call
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
@@ -120,6 +121,15 @@ class CompileInPlace(FixPlan):
 
 
 def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> CompileInPlace:
+    penalty = gradient_penalty_call(facts)
+    if penalty is not None:
+        # A compiled module's backward cannot be differentiated again: the penalty's second backward
+        # raises ("torch.compile with aot_autograd does not currently support double backward").
+        raise DeclineFix(
+            f"the script differentiates gradients again (autograd.grad with create_graph=True, line "
+            f"{facts.line_of(penalty.node)}), which a compiled model does not support; compile by hand what "
+            "the gradient penalty does not run through"
+        )
     torch_name = torch_import_name(facts) or "torch"
     compiled, after, condition = _plan(facts, name, torch_name)
     if isinstance(after, cst.If) and facts.module.code_for_node(after.test) == condition:
@@ -353,7 +363,12 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
     classes = {node.name.value: node for node, _ in facts.classes}
     pipeline = pipeline_facts(facts)
     seen: set[str] = set()
-    pending = [(get_full_name_for_node(call.func) or "").split(".")[-1] for call in pipeline.constructions(value)]
+    # The parts passed to the constructor count too: ``Seq2Seq(Encoder(...), Decoder(...))``.
+    pending = [
+        (get_full_name_for_node(call.func) or "").split(".")[-1]
+        for construction in pipeline.constructions(value)
+        for call in call_nodes(construction)
+    ]
     while pending:
         cls = classes.get(pending.pop())
         if cls is None or cls.name.value in seen:

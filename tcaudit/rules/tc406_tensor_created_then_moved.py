@@ -83,7 +83,10 @@ class TensorCreatedThenMoved(ScriptRule):
                 continue
             target = _device_text(facts, call)
             name = factory.qualname.split(".")[-1]
-            per_step = _per_step(pipeline, call)
+            # A random draw under no_grad / eval (the samples a VAE decodes after each epoch) is not part
+            # of the training step: it costs one copy per evaluation, and the fix would take it off the
+            # CPU generator that later shuffles and initialisations share with it.
+            per_step = _per_step(pipeline, call) and not (name.startswith("rand") and facts.in_eval(call.ctx))
             yield self.finding(
                 facts,
                 call.node,

@@ -576,6 +576,13 @@ class AmpFacts:
         return any((c.qualname or "").endswith("optim.LBFGS") for c in self.facts.calls)
 
     @functools.cached_property
+    def uses_gradient_penalty(self) -> bool:
+        """``torch.autograd.grad(..., create_graph=True)``: a gradient penalty (WGAN-GP, R1). Under a
+        GradScaler its gradients are computed from the unscaled output, so fp16 needs the AMP recipe
+        written by hand (scale the outputs, unscale the gradients, skip on inf); bf16 needs none."""
+        return gradient_penalty_call(self.facts) is not None
+
+    @functools.cached_property
     def has_optimizer(self) -> bool:
         return bool(self.facts.optimizer_steps) or bool(self.facts.optimizers)
 
@@ -602,14 +609,32 @@ class AmpFacts:
         if setting == "fp16":
             if self.uses_lbfgs or not self.has_optimizer:
                 return BF16, False, "fp16 needs a GradScaler, which cannot drive an LBFGS closure or manual updates"
+            if self.uses_gradient_penalty:
+                return BF16, False, ("fp16 needs a GradScaler, and the gradient penalty's autograd.grad would then need "
+                                     "its outputs scaled and its gradients unscaled by hand")
             return HALF, True, "precision = fp16 in the configuration"
         if self.uses_lbfgs or not self.has_optimizer:
             return BF16, False, "bf16 needs no GradScaler (LBFGS closures and manual updates cannot use one)"
+        if self.uses_gradient_penalty:
+            return BF16, False, ("bf16 needs no GradScaler: the gradient penalty's autograd.grad runs on unscaled "
+                                 "outputs, which fp16 would need scaled by hand")
         if self.is_conv_model if convnet is None else convnet:
             return HALF, True, (
                 "convnet: eager fp16 + channels_last trained ResNet50 faster than bf16"
             )
         return BF16, False, "bf16 keeps fp32's range: no GradScaler, no overflow in large activations"
+
+
+def gradient_penalty_call(facts: ScriptFacts) -> CallSite | None:
+    """The first ``torch.autograd.grad(..., create_graph=True)`` of the script: a gradient penalty whose
+    gradients are differentiated again (double backward)."""
+    for call in facts.calls:
+        if (call.qualname or "") != "torch.autograd.grad":
+            continue
+        create_graph = call.arg("create_graph", 4)
+        if create_graph is not None and not (isinstance(create_graph, cst.Name) and create_graph.value == "False"):
+            return call
+    return None
 
 
 def cast_dtype(facts: ScriptFacts, call: CallSite) -> str | None:
