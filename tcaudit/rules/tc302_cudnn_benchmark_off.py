@@ -31,6 +31,7 @@ class CudnnBenchmarkOff(ScriptRule):
         if not pipeline.owns_cuda_training or _cudnn_configured(facts):
             return
         models = pipeline.convnets(context.models)  # the audit's FLOP shares where it built the model
+        models = [site for site in models if not _takes_image_lists(facts, site.name)]
         if not models:
             return
         model = models[0]
@@ -61,6 +62,30 @@ def _cudnn_configured(facts: ScriptFacts) -> bool:
         if name.endswith("use_deterministic_algorithms"):
             return True
     return False
+
+
+def _takes_image_lists(facts: ScriptFacts, model_name: str) -> bool:
+    """``model(images, targets)`` with ``images = list(image.to(device) for image in images)``: the
+    detection API (torchvision's detection models, DETR), whose images differ in size from batch to
+    batch, so benchmark would re-time the convolutions for every new shape."""
+    for call in facts.calls:
+        if call.name != model_name or not call.node.args:
+            continue
+        first = call.node.args[0].value
+        if _builds_list(first):
+            return True
+        if isinstance(first, cst.Name) and any(
+            binding.target == first.value and binding.ctx == call.ctx and _builds_list(binding.value)
+            for binding in facts.bindings
+        ):
+            return True
+    return False
+
+
+def _builds_list(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.List, cst.ListComp)):
+        return True
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "list"
 
 
 # -- the fix ------------------------------------------------------------------------------------
