@@ -351,7 +351,10 @@ class AmpFacts:
             return local
         incoming = sorted(wanted & set(param_names(function, stars=False)) - {"self", "cls"})
         call = self._single_training_caller(function)
-        if not incoming or call is None or len(self.facts.functions_by_name.get(function.name.value, [])) != 1:
+        # Callers are found by name, so a name two functions share is ambiguous; a ``__call__``'s callers
+        # are the calls of its own class's instances.
+        ambiguous = function.name.value != "__call__" and len(self.facts.functions_by_name.get(function.name.value, [])) != 1
+        if not incoming or call is None or ambiguous:
             return local
         argument = _argument_for(function, call, incoming[0])
         if argument is None:
@@ -760,7 +763,8 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
         if arg.keyword is not None and arg.keyword.value == param:
             return arg.value
     names = param_names(function, stars=False)
-    offset = 1 if names and names[0] in ("self", "cls") and "." in (call.name or "") else 0
+    bound = "." in (call.name or "") or function.name.value == "__call__"  # ``obj.m(x)``, ``obj(x)``: self is bound
+    offset = 1 if names and names[0] in ("self", "cls") and bound else 0
     index = names.index(param) - offset
     positional = [arg for arg in call.node.args if arg.keyword is None]
     return positional[index].value if 0 <= index < len(positional) else None

@@ -702,8 +702,31 @@ class ScriptFacts:
         return seen
 
     def callers(self, function: cst.FunctionDef) -> list[CallSite]:
-        """Calls by the function's name: ``name(...)``, ``self.name(...)``, ``anything.name(...)``."""
+        """Calls by the function's name: ``name(...)``, ``self.name(...)``, ``anything.name(...)``; for a
+        ``__call__`` method, calls of the names its class's instances are bound to (``scaler =
+        NativeScaler()`` ... ``scaler(loss, optimizer)``)."""
+        if function.name.value == "__call__":
+            return self._instance_calls.get(id(function), [])
         return self._calls_by_callee_name.get(function.name.value, [])
+
+    @functools.cached_property
+    def _instance_calls(self) -> dict[int, list[CallSite]]:
+        methods = {
+            frame.class_def.name.value: node
+            for node, frame in self.functions
+            if node.name.value == "__call__" and frame.class_def is not None
+        }
+        holders: dict[str, cst.FunctionDef] = {}
+        for binding in self.bindings:
+            value = binding.value
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in methods:
+                holders[binding.target] = methods[value.func.value]
+        table: dict[int, list[CallSite]] = {}
+        for call in self.calls:
+            method = holders.get(call.name or "")
+            if method is not None:
+                table.setdefault(id(method), []).append(call)
+        return table
 
     @functools.cached_property
     def _calls_by_callee_name(self) -> dict[str, list[CallSite]]:
