@@ -68,6 +68,7 @@ EXPECT = {
     "tc404_persistent": Expect(compare=6, why=PERSISTENT),
     # TC401/TC404 give the training loader persistent workers: the first epoch (4 batches) is exact.
     "all_rw_seq2seq_packed": Expect(compare=4, why=PERSISTENT),
+    "all_rw_hf_style_loop": Expect(compare=8, why=PERSISTENT),
     "tc4_loader": Expect(compare=3, why=PERSISTENT),
     "tc504_module_helper": Expect(compare=5, why=SET_EPOCH),
     "tc504_trainer": Expect(compare=6, why=SET_EPOCH),
