@@ -139,6 +139,14 @@ def _plan_import(facts: ScriptFacts, statement: cst.Import | cst.ImportFrom, nam
         (dec, qual) for dec, qual in _custom_decorators(facts)
         if (get_full_name_for_node(dec.decorator) or "").split(".")[0] in local_names
     )
+    rewritten = {id(call) for call, _ in calls} | {id(dec.decorator) for dec, _ in decorators}
+    in_imports = {id(node) for site in facts.imports for node in _names_within(site.node)}
+    for ref in facts.references:
+        if ref.dotted.split(".")[0] not in local_names or _in_shim(ref.ctx) or id(ref.node) in in_imports:
+            continue
+        called = any(c.node.func is ref.node for c in facts.calls if id(c.node) in rewritten)
+        if not called and id(ref.node) not in rewritten:
+            _refuse_bare_device_callable(ref.dotted, ref.qualname)
     return ReplaceImport(tuple(names), statement, calls, decorators)
 
 
@@ -148,7 +156,34 @@ def _plan_name(facts: ScriptFacts, ref: Reference, new: str, device: str) -> Rep
                          "rewrite it by hand")
     call = next((c.node for c in facts.calls if c.node.func is ref.node), None)
     decorator = next((dec for dec, _ in _custom_decorators(facts) if dec.decorator is ref.node), None)
+    if call is None and decorator is None:
+        _refuse_bare_device_callable(ref.dotted, ref.qualname)
     return ReplaceName(ref.qualname, new, device, ref.node, call, decorator)
+
+
+def _names_within(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            found.append(attribute)
+
+    node.visit(_Collect())
+    return found
+
+
+def _refuse_bare_device_callable(written: str, qualname: str | None) -> None:
+    """torch.amp's autocast and custom_fwd/custom_bwd need the device type: where the old one is used as
+    a value (``return torch.cuda.amp.autocast``, ``ctx = autocast``) its callers would call the new one
+    without it (a TypeError), and the device belongs at calls this fix does not see."""
+    if (qualname or "").split(".")[-1] in ("autocast", "custom_fwd", "custom_bwd"):
+        raise DeclineFix(
+            f"`{written}` is used as a value, not called: `torch.amp` needs the device type wherever it is "
+            f"called; rewrite it by hand (e.g. `functools.partial(torch.amp.{qualname.split('.')[-1]}, device_type=\"cuda\")`)"
+        )
 
 
 def _custom_decorators(facts: ScriptFacts) -> list[tuple[cst.Decorator, str]]:

@@ -22,7 +22,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, UNKNOWN, amp_facts, dtypes_of
-from tcaudit.script.facts import GRADSCALER_SUFFIXES, CallSite, ScriptFacts
+from tcaudit.script.facts import AUTOCAST_QUALNAMES, GRADSCALER_SUFFIXES, CallSite, ScriptFacts
 
 _SCALER_METHODS = frozenset({"scale", "step", "update", "unscale_"})
 
@@ -48,6 +48,8 @@ class GradScalerWithBf16(ScriptRule):
             return
         if any(c.method in ("half",) for c in amp.half_model_casts):
             return
+        if _autocast_handed_on_uncalled(facts):
+            return  # its callers run it at the default dtype: fp16 on CUDA, where the scaler belongs
         for call in facts.calls:
             qual = call.qualname or call.name or ""
             if not qual.endswith(GRADSCALER_SUFFIXES):
@@ -69,6 +71,29 @@ class GradScalerWithBf16(ScriptRule):
                     lambda call=call: _plan(facts, call),
                 ),
             )
+
+
+def _autocast_handed_on_uncalled(facts: ScriptFacts) -> bool:
+    """An autocast passed on as a callable (``return torch.cuda.amp.autocast``, ``ac = torch.autocast``):
+    called elsewhere, without a dtype this analysis sees. ``partial(torch.autocast, ...)`` is a site of
+    its own, with the dtype it binds."""
+    placed: set[int] = set()
+    for call in facts.calls:
+        placed.add(id(call.node.func))
+        if (call.qualname == "functools.partial" or call.name == "partial") and call.node.args:
+            placed.add(id(call.node.args[0].value))
+    for site in facts.imports:
+        names = site.node.names if isinstance(site.node, (cst.Import, cst.ImportFrom)) else ()
+        for alias in names if isinstance(names, Sequence) else ():
+            placed.add(id(alias.name))
+            if alias.asname is not None:
+                placed.add(id(alias.asname.name))
+    for function, _ in facts.functions:
+        placed.update(id(decorator.decorator) for decorator in function.decorators)
+    return any(
+        ref.qualname in AUTOCAST_QUALNAMES and id(ref.node) not in placed and not facts.in_eval(ref.ctx)
+        for ref in facts.references
+    )
 
 
 def may_be_true(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
