@@ -169,7 +169,7 @@ class TrainedModelFacts(TrainingCodeFacts):
                     uses.add(dotted)
             for call in by_class.get(id(node), []):
                 qual = call.qualname or ""
-                if qual in CONV2D_LAYERS or self._is_conv_factory(qual):
+                if (qual in CONV2D_LAYERS and not self._patchifies(call.node)) or self._is_conv_factory(qual):
                     conv.add(name)
                 elif call.name:
                     uses.add(call.name)
@@ -182,6 +182,23 @@ class TrainedModelFacts(TrainingCodeFacts):
                     conv.add(name)
                     changed = True
         return conv
+
+    def _patchifies(self, call: cst.Call) -> bool:
+        """``nn.Conv2d(3, width, kernel_size=patch, stride=patch)``: a vision transformer's patch embedding
+        (one conv, a sliver of the FLOPs; the model audit says the same where it traces the model)."""
+        qual = self.facts.qualname(call.func) or ""
+        if not qual.endswith("Conv2d") or "Transpose" in qual:
+            return False
+        kernel_arg, stride_arg = keyword_arg(call, "kernel_size"), keyword_arg(call, "stride")
+        kernel = kernel_arg.value if kernel_arg is not None else None
+        stride = stride_arg.value if stride_arg is not None else None
+        positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        kernel = kernel if kernel is not None else (positional[2] if len(positional) > 2 else None)
+        stride = stride if stride is not None else (positional[3] if len(positional) > 3 else None)
+        if kernel is None or stride is None:
+            return False
+        code = self.facts.module.code_for_node
+        return code(kernel).strip() == code(stride).strip() and not _is_one(kernel)
 
     def _is_conv_factory(self, qual: str) -> bool:
         if not qual.startswith("torchvision.models.") or any(part in qual + "." for part in _NOT_FIXED_2D):
@@ -265,7 +282,7 @@ class TrainedModelFacts(TrainingCodeFacts):
             def visit_Call(inner, node: cst.Call) -> None:  # noqa: N805
                 nonlocal found
                 qual = facts.qualname(node.func) or ""
-                if qual in CONV2D_LAYERS or self.is_conv_construction(node):
+                if (qual in CONV2D_LAYERS and not self._patchifies(node)) or self.is_conv_construction(node):
                     found = True
 
         expr.visit(_V())
@@ -298,6 +315,11 @@ class TrainedModelFacts(TrainingCodeFacts):
         """Whether the audited trained models include a convnet; None when the audit measured none of them."""
         profiles = [p for p in (self.profile_of(site, models) for site in self.trained_models) if p is not None]
         return any(p.is_convnet for p in profiles) if profiles else None
+
+
+def _is_one(expr: cst.BaseExpression) -> bool:
+    """A 1x1 convolution with stride 1 is a pointwise conv, not a patch embedding."""
+    return isinstance(expr, cst.Integer) and expr.value == "1"
 
 
 def _call_ids_within(container: cst.CSTNode) -> set[int]:
