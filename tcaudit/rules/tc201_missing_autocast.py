@@ -37,11 +37,11 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.amp import BRANCH, PARTIAL, UNCOVERED, AmpFacts, ForwardStatement, StepCoverage, amp_facts
 from tcaudit.script.distributed import names_in
-from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep, loss_statements
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.guards import branches, is_pure_test
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import call_nodes
+from tcaudit.source.syntax import call_nodes, is_main_guard
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -404,6 +404,7 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
         raise DeclineFix("the loss comes from outside the backward's function and its forward was not "
                          "found; wrap the forward (not the backward) in torch.autocast by hand")
     _refuse_unsafe_ops(facts, set(wrapped))
+    _refuse_log_probabilities(facts, set(wrapped))
     grad_scaler = None
     if decision.scaler:
         # The GradScaler belongs where the backward is; the wrap may sit in a caller (another function).
@@ -526,6 +527,33 @@ def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
                 )
 
 
+def _refuse_log_probabilities(facts: ScriptFacts, wrapped: set[int]) -> None:
+    """Decline where the wrapped code computes ``torch.distributions`` log-probabilities, itself or in a
+    function or method of this file it calls (an RL agent's ``get_action_and_value``): policy-gradient
+    losses take ``exp(new_log_prob - old_log_prob)`` of nearly equal numbers (PPO clips the ratio at
+    1 ± 0.2 and stops early on a KL of 0.01), where bf16's 8-bit mantissa is noise, not precision."""
+    for call in facts.calls:
+        if call.statement is None or id(call.statement.node) not in wrapped:
+            continue
+        helpers = facts.functions_by_name.get((call.name or "").split(".")[-1], []) if call.name else []
+        if _computes_log_probabilities(facts, [call]) or any(
+            _computes_log_probabilities(facts, facts.calls_in(helper)) for helper in helpers
+        ):
+            raise DeclineFix(
+                "the loss is built from `torch.distributions` log-probabilities: under bf16 autocast the "
+                "logits keep 8 mantissa bits, and a ratio `exp(new_log_prob - old_log_prob)` that should be "
+                "exactly 1 before the first update carries that rounding; keep this step in fp32, or wrap it "
+                "by hand where the precision is enough"
+            )
+
+
+def _computes_log_probabilities(facts: ScriptFacts, calls: Iterable[CallSite]) -> bool:
+    return any(
+        call.method == "log_prob" or (facts.qualname(call.node.func) or "").startswith("torch.distributions.")
+        for call in calls
+    )
+
+
 _DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
 _DEVICE_TYPES = ("cuda", "cpu", "mps", "xpu")
 
@@ -546,10 +574,12 @@ def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tup
     for name in (*_DEVICE_NAMES, *_names_moved_to(facts, step)):
         for binding in facts.bindings_of(name):
             scope = binding.ctx.function
-            # A global set under ``if __name__ == "__main__":`` is not visible to importers: skip it.
+            # A global set under ``if __name__ == "__main__":`` is not visible to importers: skip it,
+            # unless the step itself is module-level code (it then runs only where the guard does).
             visible = (
                 (scope is function and function is not None)
                 or binding.ctx is facts.module_frame
+                or (function is None and scope is None)
                 or (name.startswith("self.") and step.ctx.class_def is not None
                     and binding.ctx.class_def is step.ctx.class_def)
             )
@@ -613,8 +643,9 @@ def _cuda_flag(facts: ScriptFacts, step: TrainingStep) -> str | None:
         return None
     common: list[str] | None = None
     for call in moves:
+        # The main guard is around every move of a module-level script and says nothing of devices.
         codes = [facts.module.code_for_node(b.test.test) for b in branches(call.ctx)
-                 if b.taken and is_pure_test(b.test.test)]
+                 if b.taken and is_pure_test(b.test.test) and not is_main_guard(b.test)]
         common = codes if common is None else [code for code in common if code in codes]
     if not common:
         return None

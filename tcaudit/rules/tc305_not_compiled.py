@@ -347,6 +347,12 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
                 f"nothing there (seen on torch 2.11), and `{name} = torch.compile({name})` would prefix "
                 "its checkpoint keys with `_orig_mod.`; compile it by hand"
             )
+        if cls is not None and _defines_no_forward(facts, cls, classes):
+            raise DeclineFix(
+                f"`{name}` is a `{cls.name.value}`, which defines no `forward`: the script calls its other "
+                f"methods, and `{name}.compile()` compiles only `forward`; compile those methods or its "
+                "submodules by hand"
+            )
 
 
 # Measured on one H200, torch 2.11 (benchmarks/realworld/results.json, word_lm): the patched LSTM LM.
@@ -429,6 +435,23 @@ def _class_torch_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, d
             if found is not None:
                 return found
     return None
+
+
+def _defines_no_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, depth: int = 0) -> bool:
+    """A class of this file derived from ``nn.Module`` (through classes of this file) where no class
+    defines ``forward``: an RL agent's ``get_action_and_value`` is called directly, never ``agent(x)``."""
+    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
+        return False
+    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
+        return False
+    for base in cls.bases:
+        qual = facts.qualname(base.value) or ""
+        if qual == "torch.nn.Module":
+            continue
+        parent = classes.get((get_full_name_for_node(base.value) or "").split(".")[-1]) if not qual else None
+        if parent is None or parent is cls or not _defines_no_forward(facts, parent, classes, depth + 1):
+            return False
+    return bool(cls.bases)
 
 
 def _from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, depth: int = 0) -> bool:

@@ -81,8 +81,10 @@ class TensorCreatedThenMoved(ScriptRule):
                 continue  # a CPU generator or pinned staging buffer is deliberate
             if any(arg.star for arg in node.args):
                 continue
-            target = _device_text(facts, call)
             name = factory.qualname.split(".")[-1]
+            if name.endswith("_like") and _like_a_device_tensor(facts, by_node, node):
+                continue  # made where its template is: on the device already, the move copies nothing
+            target = _device_text(facts, call)
             # A random draw under no_grad / eval (the samples a VAE decodes after each epoch) is not part
             # of the training step: it costs one copy per evaluation, and the fix would take it off the
             # CPU generator that later shuffles and initialisations share with it.
@@ -100,6 +102,17 @@ class TensorCreatedThenMoved(ScriptRule):
                         call, node, removed, target, name, per_step),
                 ),
             )
+
+
+def _like_a_device_tensor(facts: ScriptFacts, by_node: dict[int, CallSite], factory: cst.Call) -> bool:
+    """``torch.zeros_like(rewards)`` where ``rewards`` may be a tensor moved to the device or made there."""
+    if not factory.args or factory.args[0].keyword is not None:
+        return False
+    for value in facts.binding_values(factory.args[0].value):
+        site = by_node.get(id(value)) if isinstance(value, cst.Call) else None
+        if site is not None and (moves_to_device(site) or keyword_arg(value, "device") is not None):
+            return True
+    return False
 
 
 def _created_by_factory(

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal, moves_to_device
@@ -41,6 +42,10 @@ _BUILTINS = frozenset(
 # ``tcaudit fix --dali`` wraps the training DataLoader in this function of the script (its batches are
 # the DataLoader's, decoded on the GPU): loops over it are loops over that DataLoader.
 DALI_LOADER = "tcaudit_dali_loader"
+# torch.utils.data functions and classes whose result is a view of the dataset passed first.
+_DATASET_VIEWS = frozenset(
+    f"torch.utils.data.{module}{name}" for module in ("", "dataset.") for name in ("random_split", "Subset")
+)
 
 
 def name_tokens(name: str | None) -> list[str]:
@@ -313,7 +318,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
         dataset = site.call.arg("dataset", 0)
         if dataset is None:
             return "other"
-        for value in facts.binding_values(dataset):
+        for value in self._dataset_values(dataset):
             if not isinstance(value, cst.Call):
                 continue
             qual = facts.qualname(value.func) or ""
@@ -326,6 +331,44 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if self.iterable_dataset_classes.get(short) is False:
                 return "iterable-unsharded"
         return "other"
+
+    def _dataset_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
+        """What a dataset expression may hold, looking through the views of another dataset that
+        ``random_split`` and ``Subset`` make (their items are that dataset's items), including the
+        names a ``train, val = random_split(ds, ...)`` unpacks."""
+        if depth > 3:
+            return []
+        facts = self.facts
+        out: list[cst.BaseExpression] = []
+        values = facts.binding_values(expr)
+        if isinstance(expr, cst.Name) and len(values) == 1:
+            values = values + self._unpacked_from(expr.value)
+        for value in values:
+            out.append(value)
+            if isinstance(value, cst.Call) and facts.qualname(value.func) in _DATASET_VIEWS:
+                source = value.args[0].value if value.args and value.args[0].keyword is None else None
+                if source is not None:
+                    out += self._dataset_values(source, depth + 1)
+        return out
+
+    def _unpacked_from(self, name: str) -> list[cst.BaseExpression]:
+        """The calls ``name`` is unpacked from (``name, other = call(...)``), anywhere in the file."""
+        return [
+            node.value
+            for node in self._tuple_assignments
+            if any(
+                isinstance(t.target, (cst.Tuple, cst.List))
+                and any(isinstance(e.value, cst.Name) and e.value.value == name for e in t.target.elements)
+                for t in node.targets
+            )
+        ]
+
+    @functools.cached_property
+    def _tuple_assignments(self) -> list[cst.Assign]:
+        return [
+            node for node in m.findall(self.facts.module, m.Assign(value=m.Call()))
+            if isinstance(node, cst.Assign) and any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets)
+        ]
 
     def _on_device(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
         if depth > 4:
