@@ -136,7 +136,9 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
                 err.print(f"{display}: {result.error}")
                 errors += 1
             continue
-        for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
+        # Lines of the file as it is on disk: the original until --apply writes the fixed text.
+        where = (lambda line: line) if args.apply else result.original_line
+        for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
             err.print(f"{display}:{line}: {rule} no fix: {reason}")
         if not result.changed:
             continue

@@ -49,6 +49,21 @@ class FileFix:
     def changed(self) -> bool:
         return self.error is None and self.fixed != self.original
 
+    def original_line(self, line: int) -> int:
+        """The line of the original text that line ``line`` of the fixed text stands for: the same line
+        where the fix kept it, the next original line after code the fix inserted (the file on disk until
+        ``--apply`` writes the fixed text)."""
+        fixed, original = self.fixed.splitlines(), self.original.splitlines()
+        index = line - 1
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, fixed, original, autojunk=False).get_opcodes():
+            if i1 <= index < i2:
+                if tag == "equal":
+                    return j1 + (index - i1) + 1
+                if tag == "replace":
+                    return j1 + min(index - i1, j2 - j1 - 1) + 1
+                return min(j1 + 1, max(len(original), 1))  # inserted by the fix: where it goes
+        return max(min(line, len(original)), 1)
+
     def diff(self) -> str:
         return "".join(
             difflib.unified_diff(
@@ -218,8 +233,9 @@ def fix_file(
         result.remaining = analyse(text)[1]
     except (SourceError, FixAnalysisError):
         result.remaining = []
-    remaining_keys = {_decline_key(f) for f in result.remaining}
-    result.declined = [v for k, v in declined.items() if k in remaining_keys]
+    # Positions of the final text (a decline from an earlier round would carry that round's lines).
+    remaining_by_key = {_decline_key(f): f for f in result.remaining}
+    result.declined = [(remaining_by_key[k], reason) for k, (_, reason) in declined.items() if k in remaining_by_key]
     return result
 
 
