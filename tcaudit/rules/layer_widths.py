@@ -36,9 +36,9 @@ from tcaudit.config import PAD_DIMS
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix
 from tcaudit.rules.costs import cost_note
-from tcaudit.script.expressions import flag_dest, keyword_arg, literal
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import nodes_of, parent_map
 
 if TYPE_CHECKING:
     from tcaudit.rules.base import RuleContext, ScriptRule
@@ -65,8 +65,6 @@ _NEUTRAL = frozenset({
     "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
     "Flatten", "Upsample",
 })
-_CHECKPOINT = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
-_REPORTING = re.compile(r"(^|\.)(print|info|debug|warning|log|add_scalar|write|format)$")
 _SHAPE_METHODS = frozenset({"view", "reshape", "expand", "new_zeros", "new_empty", "new_full", "unflatten",
                             "repeat", "narrow", "split", "chunk", "resize_"})
 _VOCAB = re.compile(r"vocab|token|embed|head", re.IGNORECASE)
@@ -245,22 +243,9 @@ def script_widths(facts: ScriptFacts) -> list[Width]:
     model = _Model(facts)
     if not model.layers:
         return []
-    parents = _parents(facts.module)
+    parents = parent_map(facts.module)
     found = [*_named_widths(facts, model, parents), *_literal_widths(facts, model)]
     return [w for w in found if unaligned(w.value) and w.internal_shaped()]
-
-
-def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
-    parents: dict[int, cst.CSTNode] = {}
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            for child in node.children:
-                parents[id(child)] = node
-            return True
-
-    module.visit(_V())
-    return parents
 
 
 def _constant_value(facts: ScriptFacts, expr: cst.BaseExpression | None, depth: int = 0) -> int | None:
@@ -457,7 +442,7 @@ def _in_report(facts: ScriptFacts, node: cst.CSTNode, parents: dict[int, cst.CST
         if isinstance(current, cst.Call):
             name = get_full_name_for_node(current.func) or ""
             qual = facts.qualname(current.func) or ""
-            if _REPORTING.search(name) and not qual.startswith(("math.", "torch.", "numpy.")):
+            if REPORTING_CALL.search(name) and not qual.startswith(("math.", "torch.", "numpy.")):
                 return True
         current = parents.get(id(current))
     return False
@@ -507,7 +492,7 @@ def _literal_widths(facts: ScriptFacts, model: _Model) -> Iterator[Width]:
 def plan_padding(facts: ScriptFacts, width: Width) -> PadWidth:
     """The literals to pad; raises :class:`DeclineFix` with the first reason it would not be safe."""
     for site in facts.calls:
-        if _CHECKPOINT.search(site.name or "") or site.qualname == "torch.load":
+        if CHECKPOINT_LOAD.search(site.name or "") or site.qualname == "torch.load":
             raise DeclineFix(
                 f"the file loads weights (`{facts.module.code_for_node(site.node.func)}(...)` at line "
                 f"{facts.line_of(site.node)}) whose tensors have the width {width.value}; pad by hand or not at all"

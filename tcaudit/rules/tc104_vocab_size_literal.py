@@ -37,7 +37,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import BACKWARD_CALL
-from tcaudit.script.expressions import flag_dest, literal
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
@@ -49,8 +49,6 @@ _EMBEDDING = ("torch.nn.Embedding", "torch.nn.modules.sparse.Embedding")
 _LINEAR = ("torch.nn.Linear", "torch.nn.modules.linear.Linear")
 # Calls a vocabulary size may feed without its padding reaching the data or the output.
 _SHAPE_METHODS = frozenset({"view", "reshape", "expand", "new_zeros", "new_empty", "new_full", "unflatten"})
-_REPORTING = re.compile(r"(^|\.)(print|info|debug|warning|log|add_scalar|write|format)$")
-_CHECKPOINT = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
 _SAMPLING = re.compile(r"(^|\.)(multinomial|argmax|generate)$")
 # Synthetic token draws: below the real vocabulary they stay valid ids of the padded model.
 _TOKEN_DRAWS = re.compile(r"(^|\.)randint$")
@@ -415,7 +413,7 @@ def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int)
         name = call.name or ""
         qual = call.qualname or ""
         where = f"`{facts.module.code_for_node(call.node.func)}(...)` at line {facts.line_of(call.node)}"
-        if _CHECKPOINT.search(name) or qual == "torch.load":
+        if CHECKPOINT_LOAD.search(name) or qual == "torch.load":
             raise DeclineFix(
                 f"the file loads weights ({where}) whose embedding has {size} rows; pad the vocabulary by hand "
                 "(and the checkpoint's embedding and head) or not at all"
@@ -516,7 +514,7 @@ def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_argumen
             continue
         qual = call.qualname or ""
         name = call.name or ""
-        reporting = _REPORTING.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
+        reporting = REPORTING_CALL.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
         if reporting or _TOKEN_DRAWS.search(qual or name):
             continue
         if isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value == "add_argument":
@@ -611,7 +609,7 @@ def _check_uses(facts: ScriptFacts, names: set[str]) -> None:
     for call in facts.calls:
         qual = call.qualname or ""
         name = call.name or ""
-        reporting = _REPORTING.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
+        reporting = REPORTING_CALL.search(name) and not qual.startswith(("math.", "torch.", "numpy."))
         if qual in _EMBEDDING or qual in _LINEAR or call.method in _SHAPE_METHODS or reporting:
             continue
         if isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value == "add_argument":

@@ -22,6 +22,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import Frame, Reference, ScriptFacts
+from tcaudit.source.syntax import nodes_of
 
 DEPRECATED_MODULES = ("torch.cuda.amp", "torch.cpu.amp")
 # The public names those modules re-export from torch.amp and that warn when used.
@@ -140,7 +141,7 @@ def _plan_import(facts: ScriptFacts, statement: cst.Import | cst.ImportFrom, nam
         if (get_full_name_for_node(dec.decorator) or "").split(".")[0] in local_names
     )
     rewritten = {id(call) for call, _ in calls} | {id(dec.decorator) for dec, _ in decorators}
-    in_imports = {id(node) for site in facts.imports for node in _names_within(site.node)}
+    in_imports = {id(node) for site in facts.imports for node in nodes_of(site.node, (cst.Name, cst.Attribute))}
     for ref in facts.references:
         if ref.dotted.split(".")[0] not in local_names or _in_shim(ref.ctx) or id(ref.node) in in_imports:
             continue
@@ -159,20 +160,6 @@ def _plan_name(facts: ScriptFacts, ref: Reference, new: str, device: str) -> Rep
     if call is None and decorator is None:
         _refuse_bare_device_callable(ref.dotted, ref.qualname)
     return ReplaceName(ref.qualname, new, device, ref.node, call, decorator)
-
-
-def _names_within(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            found.append(attribute)
-
-    node.visit(_Collect())
-    return found
 
 
 def _refuse_bare_device_callable(written: str, qualname: str | None) -> None:

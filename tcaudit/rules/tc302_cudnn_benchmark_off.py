@@ -75,8 +75,7 @@ def _takes_image_lists(facts: ScriptFacts, model_name: str) -> bool:
         if _builds_list(first):
             return True
         if isinstance(first, cst.Name) and any(
-            binding.target == first.value and binding.ctx == call.ctx and _builds_list(binding.value)
-            for binding in facts.bindings
+            binding.ctx == call.ctx and _builds_list(binding.value) for binding in facts.bindings_of(first.value)
         ):
             return True
     return False

@@ -30,7 +30,7 @@ from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.trained_models import ModelSite
-from tcaudit.source.syntax import call_nodes, nodes_of
+from tcaudit.source.syntax import call_nodes, nodes_of, parent_map
 from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
@@ -493,7 +493,7 @@ def _has_comprehension(node: cst.CSTNode) -> bool:
 def _common_statement(facts: ScriptFacts, statements: list[cst.CSTNode]) -> tuple[cst.CSTNode, list]:
     """The statement of the innermost block holding all ``statements`` that contains the last of them
     (``if pretrained: model = A() else: model = B()`` → the ``if``), and that block."""
-    parents = _parents(facts.module)
+    parents = parent_map(facts.module)
     chains = []
     for statement in statements:
         chain = []  # (block body, statement in it), innermost first
@@ -512,24 +512,6 @@ def _common_statement(facts: ScriptFacts, statements: list[cst.CSTNode]) -> tupl
         raise DeclineFix("the model is built in unrelated places; compile it by hand")
     block, after = chains[last][depth - 1]
     return after, list(block.body)
-
-
-def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
-    parents: dict[int, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = []
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if stack:
-                parents[id(node)] = stack[-1]
-            stack.append(node)
-            return True
-
-        def on_leave(self, original_node: cst.CSTNode) -> None:
-            stack.pop()
-
-    module.visit(_V())
-    return parents
 
 
 def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) -> cst.CSTNode:

@@ -11,6 +11,10 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite
 
+# Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
+CHECKPOINT_LOAD = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
+# Calls that only report a value (print, logging, tensorboard, str.format), by dotted name.
+REPORTING_CALL = re.compile(r"(^|\.)(print|info|debug|warning|log|add_scalar|write|format)$")
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|local_rank|^rank$|gpu_id|^cuda)", re.IGNORECASE)
 
 

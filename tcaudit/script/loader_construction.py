@@ -15,14 +15,13 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import param_names
+from tcaudit.source.syntax import nodes_of, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.
@@ -366,8 +365,8 @@ class LoaderConstructionFacts(TrainedModelFacts):
     @functools.cached_property
     def _tuple_assignments(self) -> list[cst.Assign]:
         return [
-            node for node in m.findall(self.facts.module, m.Assign(value=m.Call()))
-            if isinstance(node, cst.Assign) and any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets)
+            node for node in nodes_of(self.facts.module, cst.Assign)
+            if isinstance(node.value, cst.Call) and any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets)
         ]
 
     def _on_device(self, expr: cst.BaseExpression, depth: int = 0) -> bool:

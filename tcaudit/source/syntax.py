@@ -38,6 +38,20 @@ def nodes_of(node: cst.CSTNode, kind: type) -> list:
     return found
 
 
+def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """Each node's parent, by the child's ``id`` (the root has none)."""
+    parents: dict[int, cst.CSTNode] = {}
+
+    class _Parents(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            for child in node.children:
+                parents[id(child)] = node
+            return True
+
+    module.visit(_Parents())
+    return parents
+
+
 def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
     """The function's parameter names in order: positional-only, ordinary, keyword-only, then (with
     ``stars``) the ``*args`` and ``**kwargs`` names."""
