@@ -463,9 +463,11 @@ class AmpFacts:
     def _forward_statement(self, node, block, index, autocast, in_eval) -> ForwardStatement:
         calls = self._calls_by_statement.get(id(node), [])
         ctx = calls[0].ctx if calls else None
-        covered = autocast is not None or (ctx is not None and self.facts.in_autocast(ctx)) or any(
-            self._helper_opens_autocast(c) for c in calls
-        )
+        # A statement under ``autocast(..., enabled=False)`` runs in fp32 by the author's decision (or
+        # TC208's fix: a BCE loss taken out of the autocast around it): its precision is settled.
+        covered = autocast is not None or (ctx is not None and (
+            self.facts.in_autocast(ctx) or self.facts.autocast_turned_off(ctx)
+        )) or any(self._helper_opens_autocast(c) for c in calls)
         runs_model = not in_eval and any(self._calls_model(c) for c in calls)
         return ForwardStatement(node, block, index, ctx, autocast, covered, runs_model)
 

@@ -855,6 +855,17 @@ class ScriptFacts:
     def in_autocast(self, ctx: Frame) -> bool:
         return self.autocast_frame(ctx) is not None
 
+    def autocast_turned_off(self, ctx: Frame) -> bool:
+        """Whether the nearest autocast ``with`` around ``ctx`` is ``autocast(..., enabled=False)``."""
+        for frame in ctx.chain():
+            if frame.kind == "with":
+                kinds = self.with_kinds(frame.node)  # type: ignore[arg-type]
+                if "autocast-off" in kinds:
+                    return True
+                if "autocast" in kinds:
+                    return False
+        return False
+
     @functools.cached_property
     def autocast_withs(self) -> list[tuple[cst.With, Frame]]:
         return [(node, ctx) for node, ctx in self.withs if "autocast" in self.with_kinds(node)]
