@@ -10,6 +10,10 @@ everything those findings depend on:
   Python version (``ast.parse`` decides TC000) and LibCST's, the enabled rule set, and every
   setting a rule may read.
 
+``tcaudit fix`` keeps its result per file beside them (``fix-vN/``), keyed the same way plus the fix
+classes, the file's ignores and what the model audit measured: a second ``fix`` of an unchanged file
+reads it instead of fixing again.
+
 The model audit (TC1) is not cached here: it depends on the user's model code and installed packages,
 not only on the scanned file; :mod:`tcaudit.model.model_cache` keeps its results in this folder,
 keyed by the slice that builds each model and checked against the files the build imported.
@@ -32,13 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tcaudit import __version__, runtime_facts
-from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity
+from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity, TextEdit
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
 
 CACHE_DIR_NAME = ".tcaudit_cache"
-FORMAT = 1
+FORMAT = 2
 CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by tcaudit.\n"
@@ -60,6 +64,16 @@ class CacheError(Exception):
 class CachedFile:
     findings: list[Finding]
     parsed: bool
+
+
+@dataclass(frozen=True)
+class CachedFix:
+    """``tcaudit fix``'s result for one version of a file: the text it writes, the rules whose fixes
+    it made, and the fixes it declined (findings at the lines of the fixed text, with the reason)."""
+
+    fixed: str
+    applied: list[str]
+    declined: list[tuple[Finding, str]]
 
 
 def default_cache_dir(settings: "Settings") -> Path:
@@ -163,6 +177,7 @@ def _finding_to_json(finding: Finding) -> dict[str, Any]:
             "reason": fix.reason,
             "edit": None if fix.plan is None else _encode(fix.plan.to_dict()),
             "option": fix.option,
+            "edits": None if fix.edits is None else [edit.to_dict() for edit in fix.edits],
         },
         "details": _encode(finding.details),
         "source_line": finding.source_line,
@@ -182,6 +197,7 @@ def _finding_from_json(data: dict[str, Any]) -> Finding:
             reason=raw_fix["reason"],
             plan=None if raw_fix["edit"] is None else RenderedPlan(_decode(raw_fix["edit"])),
             option=raw_fix["option"],
+            edits=None if raw_fix.get("edits") is None else tuple(TextEdit.from_dict(e) for e in raw_fix["edits"]),
         )
     return Finding(
         rule=data["rule"],
@@ -255,6 +271,52 @@ class ScanCache:
         except (_NotCacheable, OSError, ValueError, TypeError):
             return False
         return True
+
+    # -- ``tcaudit fix``'s results, keyed like the scan's (plus the fix classes and options) ---------
+    def _fix_entry(self, key: str) -> Path:
+        return self.entries.parent.parent / f"fix-v{FORMAT}" / self.namespace[:24] / f"{key}.json"
+
+    def load_fix(self, key: str) -> CachedFix | None:
+        """What ``tcaudit fix`` made of the file for ``key`` (:meth:`key` with the fix's own facts),
+        or None for a miss."""
+        try:
+            data = json.loads(self._fix_entry(key).read_bytes())
+            if data["format"] != FORMAT or data["key"] != key:
+                return None
+            return CachedFix(
+                fixed=data["fixed"],
+                applied=list(data["applied"]),
+                declined=[(_finding_from_json(f), str(reason)) for f, reason in data["declined"]],
+            )
+        except Exception:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
+            return None
+
+    def store_fix(self, key: str, entry: CachedFix) -> bool:
+        try:
+            declined = [[_finding_to_json(f), reason] for f, reason in entry.declined]
+            payload = json.dumps({"format": FORMAT, "key": key, "fixed": entry.fixed, "applied": entry.applied,
+                                  "declined": declined})
+            if [_finding_from_json(f) for f, _ in json.loads(payload)["declined"]] != [f for f, _ in entry.declined]:
+                return False
+            path = self._fix_entry(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, payload.encode("utf-8"))
+        except (_NotCacheable, OSError, ValueError, TypeError):
+            return False
+        return True
+
+
+def open_cache(settings: "Settings", directory: "str | Path | None" = None, *, warn=None) -> "ScanCache | None":
+    """The result cache ``scan`` and ``fix`` share: in ``directory`` (``--cache-dir``), else the
+    config's ``cache-dir``, else beside the config file. None when the folder cannot be used; ``warn``
+    is then told why (the command goes on without the cache)."""
+    folder = Path(directory).expanduser() if directory else (settings.cache_dir or default_cache_dir(settings))
+    try:
+        return ScanCache.open(Path(folder), settings, settings.enabled_rules())
+    except CacheError as exc:
+        if warn is not None:
+            warn(str(exc))
+        return None
 
 
 _UMASK: int | None = None

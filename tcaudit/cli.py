@@ -60,6 +60,10 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--isolated", action="store_true", help="ignore every configuration file")
 
 
+# The output formats that carry each fix's text edits (JSON ``fix.edits``, SARIF ``fixes``).
+MACHINE_FORMATS_WITH_EDITS = ("json", "sarif")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tcaudit",
@@ -163,19 +167,12 @@ def _open_cache(args: argparse.Namespace, settings):
     warning then: the scan goes on without it)."""
     if args.no_cache:
         return None
-    from pathlib import Path
+    from tcaudit.cache import open_cache
 
-    from tcaudit.cache import CacheError, ScanCache, default_cache_dir
+    def warn(reason: str) -> None:
+        print(f"tcaudit: warning: {reason}; scanning without the cache (--no-cache silences this)", file=sys.stderr)
 
-    if args.cache_dir:
-        directory = Path(args.cache_dir).expanduser()
-    else:
-        directory = settings.cache_dir or default_cache_dir(settings)
-    try:
-        return ScanCache.open(directory, settings, settings.enabled_rules())
-    except CacheError as exc:
-        print(f"tcaudit: warning: {exc}; scanning without the cache (--no-cache silences this)", file=sys.stderr)
-        return None
+    return open_cache(settings, args.cache_dir, warn=warn)
 
 
 def _module_findable(module: str, roots: list[str]) -> bool:
@@ -240,6 +237,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
             known = load_baseline(args.baseline)
         except BaselineError as exc:
             raise UsageError(str(exc)) from None
+    if args.format in MACHINE_FORMATS_WITH_EDITS:
+        settings = dataclasses.replace(settings, fix_edits=True)
     jobs = args.jobs or default_jobs()
     result = scan(args.paths, settings, jobs=jobs, cache=_open_cache(args, settings))
     if result.missing:

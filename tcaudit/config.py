@@ -78,6 +78,9 @@ class Settings:
     pad_dims: bool = False
     # ``--verbose``: TC100 messages carry the full chain of what was tried.
     verbose: bool = False
+    # Give each available fix its text edits (tcaudit/planned_edits.py): what machine output (JSON,
+    # SARIF), the Python API and the editor need; a codemod run per finding, so the text report skips it.
+    fix_edits: bool = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 

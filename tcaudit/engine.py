@@ -191,11 +191,18 @@ def scan_file(
 
 
 def analyse_source(
-    source: SourceFile, rules: list["ScriptRule"], settings: Settings, models: "AuditedModels | None" = None
+    source: SourceFile,
+    rules: list["ScriptRule"],
+    settings: Settings,
+    models: "AuditedModels | None" = None,
+    *,
+    edits: bool | None = None,
 ) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
     """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
     ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
-    rule costs only that part: the other rules still report."""
+    rule costs only that part: the other rules still report. ``edits``: give each available fix its
+    text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``); ``tcaudit fix``, which makes
+    the fixes itself, never asks."""
     source.module
     from tcaudit.rules.base import RuleContext
     from tcaudit.rules.situations import block_created
@@ -215,7 +222,15 @@ def analyse_source(
         except Exception as exc:  # noqa: BLE001
             errors.append(f"{display}: internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}")
     # A fix that would bring about what another rule's decline protects against is declined too.
-    return facts, block_created(findings), errors
+    findings = block_created(findings)
+    if settings.fix_edits if edits is None else edits:
+        from tcaudit.planned_edits import with_edits
+
+        try:
+            findings = with_edits(facts, findings, rules, settings, models)
+        except Exception as exc:  # noqa: BLE001 - the findings stand without their edits
+            errors.append(f"{display}: internal error while making the fixes' edits: {exc!r}\n{traceback.format_exc()}")
+    return facts, findings, errors
 
 
 def display_path(path: Path) -> str:
@@ -363,11 +378,14 @@ def run_audit(
     )
 
 
-def audited_models_for(files: list[Path], settings: Settings) -> "dict[str, AuditedModels]":
+def audited_models_for(
+    files: list[Path], settings: Settings, cache: "ScanCache | None" = None
+) -> "dict[str, AuditedModels]":
     """What the model audit measures about the models the files build, by real path, where scan would
-    run it (so that fix and verify decide as scan does); empty otherwise."""
+    run it (so that fix and verify decide as scan does); empty otherwise. ``cache``: scan's, whose
+    model-audit entries answer for models whose code has not changed."""
     paths = [Path(path) for path in files]
-    audit = run_audit(paths, [display_path(path) for path in paths], settings)
+    audit = run_audit(paths, [display_path(path) for path in paths], settings, cache)
     if audit is None:
         return {}
     from tcaudit.model import audited_models

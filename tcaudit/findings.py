@@ -46,6 +46,31 @@ class Location:
     end_column: int
 
 
+@dataclass(frozen=True, order=True)
+class TextEdit:
+    """One replacement of a fix: the original text from (line, column) to (end_line, end_column), 1-based,
+    columns in code points, the end exclusive, becomes ``content`` (tcaudit/rewrite/textedits.py)."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    content: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """ruff's JSON shape: ``content``, ``location`` and ``end_location`` as ``row``/``column``."""
+        return {
+            "content": self.content,
+            "location": {"row": self.line, "column": self.column},
+            "end_location": {"row": self.end_line, "column": self.end_column},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TextEdit":
+        start, end = data["location"], data["end_location"]
+        return cls(int(start["row"]), int(start["column"]), int(end["row"]), int(end["column"]), str(data["content"]))
+
+
 class FixPlan:
     """What a finding's fix will edit, decided when the finding is made.
 
@@ -165,6 +190,10 @@ class Fix:
     # while one version of the file is analysed or fixed.
     protects: tuple["Situation", ...] = field(default=(), compare=False)
     creates: tuple["Situation", ...] = field(default=(), compare=False)
+    # The change this fix makes, as replacements of the analysed text (an available fix's, where scan
+    # computed it): applied alone to that text they give a file that parses. A fix that needs another
+    # rule's fix first (the rule's ``after``) carries that fix's edits too. None: not computed.
+    edits: "tuple[TextEdit, ...] | None" = field(default=None, compare=False)
 
     @property
     def applies_by_default(self) -> bool:
@@ -181,7 +210,7 @@ class Fix:
 
     def declined(self, reason: str) -> "Fix":
         """The same fix, declined with ``reason``."""
-        return dataclasses.replace(self, available=False, reason=reason, plan=None, creates=())
+        return dataclasses.replace(self, available=False, reason=reason, plan=None, creates=(), edits=None)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -195,6 +224,10 @@ class Fix:
             data["option"] = self.option
         if self.plan is not None:
             data["edit"] = self.plan.to_dict()
+        if self.available:
+            data["applicability"] = str(self.fix_class)
+        if self.edits is not None:
+            data["edits"] = [edit.to_dict() for edit in self.edits]
         return data
 
 

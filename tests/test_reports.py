@@ -104,7 +104,10 @@ def test_sarif_validates_and_carries_the_findings(project):
     assert location["region"] == {"startLine": 2, "startColumn": 10, "endLine": 2, "endColumn": 35}
     assert re.fullmatch(r"[0-9a-f]{20}", amp["partialFingerprints"]["tcaudit/v1"])
     assert amp["properties"]["fix"]["class"] == "safe"
-    assert "fixes" not in amp  # no replacement text here, so no SARIF fix object
+    (fix,) = amp["fixes"]  # the fix's own edits, as SARIF replacements of this file
+    (change,) = fix["artifactChanges"]
+    assert change["artifactLocation"]["uri"] == "pkg/bad.py"
+    assert change["replacements"] and all(r["deletedRegion"]["startLine"] == 2 for r in change["replacements"])
     assert by_rule["TC000"]["level"] == "error"
     assert by_rule["TC000"]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken.py"
 

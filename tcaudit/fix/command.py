@@ -38,6 +38,11 @@ def add_fix_parser(sub, add_selection) -> None:
     )
     add_structural_flags(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    fix.add_argument(
+        "--cache-dir", metavar="DIR",
+        help="the result cache scan keeps (default: .tcaudit_cache beside the config file; config key cache-dir)",
+    )
+    fix.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     add_selection(fix)
 
 
@@ -114,7 +119,13 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     fixed_findings = 0
     errors = 0
     root = real_path(Path(settings.root))
-    models_of = audited_models_for(discovered.files, settings)
+    cache = None
+    if not args.no_cache:
+        from tcaudit.cache import open_cache
+
+        cache = open_cache(settings, args.cache_dir, warn=lambda reason: err.print(
+            f"tcaudit: warning: {reason}; fixing without the cache (--no-cache silences this)"))
+    models_of = audited_models_for(discovered.files, settings, cache)
     for path in discovered.files:
         display = display_path(path)
         target = real_path(Path(path))
@@ -125,7 +136,7 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
             continue
         try:
             models = models_of.get(os.path.realpath(path))
-            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models)
+            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models, cache)
         except (RecursionError, MemoryError) as exc:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue

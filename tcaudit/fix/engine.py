@@ -9,6 +9,7 @@ ends the loop. Output that does not parse or compile is never kept.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
 
 if TYPE_CHECKING:
+    from tcaudit.cache import ScanCache
     from tcaudit.model_profile import AuditedModels
 
 MAX_ROUNDS = 6
@@ -83,7 +85,7 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     if not candidates:
         return None, []
     sf = SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
-    facts, findings, errors = analyse_source(sf, candidates, settings, models)
+    facts, findings, errors = analyse_source(sf, candidates, settings, models, edits=False)
     if errors:
         raise FixAnalysisError(errors[0].splitlines()[0])
     ignored = settings.ignored_for(display)
@@ -131,14 +133,47 @@ def fix_file(
     classes: frozenset[FixClass] = frozenset({FixClass.SAFE, FixClass.NUMERICS}),
     display: str | None = None,
     models: "AuditedModels | None" = None,
+    cache: "ScanCache | None" = None,
 ) -> FileFix:
     """``models``: what the model audit measured about the models the original file builds (scan's
-    ``models_for``); every round decides with it, as scan did."""
+    ``models_for``); every round decides with it, as scan did. ``cache``: the result cache scan uses;
+    a file fixed before with the same text, settings, classes and model facts is answered from it."""
     display = display or path.as_posix()
     try:
         source = read_text(path)
     except SourceError as exc:
         return FileFix(display, "", "", error=f"not fixed: {exc.message}")
+    key = None
+    if cache is not None:
+        key = cache.key(os.path.abspath(path), display, source.raw, _fix_facts(settings, classes, display, models))
+        hit = cache.load_fix(key)
+        if hit is not None:
+            return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), source=source)
+    result = _fix_text(path, source, settings, classes, display, models)
+    if cache is not None and key is not None and result.error is None:
+        from tcaudit.cache import CachedFix
+
+        cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined)))
+    return result
+
+
+def _fix_facts(settings: Settings, classes: frozenset[FixClass], display: str, models: "AuditedModels | None") -> str:
+    """What else a fix's result depends on beyond the cache's namespace: the classes, the file's ignores
+    (applied to the findings fix acts on) and the model audit's facts."""
+    return "\x1f".join((
+        "fix", ",".join(sorted(str(c) for c in classes)), repr(settings.ignored_for(display)),
+        models.digest() if models is not None else "",
+    ))
+
+
+def _fix_text(
+    path: Path,
+    source: SourceText,
+    settings: Settings,
+    classes: frozenset[FixClass],
+    display: str,
+    models: "AuditedModels | None",
+) -> FileFix:
     result = FileFix(display, source.text, source.text, source=source)
     rules = instantiate_rules(settings)
     codemods: dict[str, Codemod] = {rule: cls() for rule, cls in discover_codemods().items()}

@@ -1,8 +1,9 @@
 """SARIF 2.1.0 for code-scanning services (GitHub code scanning, Azure DevOps, IDE viewers).
 
 One run; ``tool.driver.rules`` holds the whole catalog so that ``ruleIndex`` is stable across scans.
-Fixes are described in each result's ``properties``: a SARIF ``fixes`` entry needs the exact
-replacement text, which only ``tcaudit fix`` computes.
+A result whose fix is available carries it as SARIF ``fixes`` (one ``artifactChange`` of the result's
+file, a ``replacement`` per text edit); the fix's class, plan and any decline reason stay in the
+result's ``properties``.
 """
 
 from __future__ import annotations
@@ -97,13 +98,37 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
     }
     if finding.fingerprint:
         data["partialFingerprints"] = {FINGERPRINT_KEY: finding.fingerprint}
+    fix = finding.fix
+    if fix is not None and fix.available and fix.edits:
+        data["fixes"] = [{
+            "description": {"text": f"{fix.fix_class} fix: {fix.description}"},
+            "artifactChanges": [{
+                "artifactLocation": dict(artifact),
+                "replacements": [_replacement(edit) for edit in fix.edits],
+            }],
+        }]
     properties: dict[str, Any] = {"severity": str(finding.severity)}
-    if finding.fix is not None:
-        properties["fix"] = finding.fix.to_dict()
+    if fix is not None:
+        properties["fix"] = {key: value for key, value in fix.to_dict().items() if key != "edits"}
     if finding.details:
         properties["details"] = finding.details
     data["properties"] = properties
     return data
+
+
+def _replacement(edit) -> dict[str, Any]:
+    """A text edit as SARIF replaces: the deleted region (empty for an insertion) and the new text."""
+    replacement: dict[str, Any] = {
+        "deletedRegion": {
+            "startLine": edit.line,
+            "startColumn": edit.column,
+            "endLine": edit.end_line,
+            "endColumn": edit.end_column,
+        }
+    }
+    if edit.content:
+        replacement["insertedContent"] = {"text": edit.content}
+    return replacement
 
 
 def _folder_uri(folder: Path) -> str:

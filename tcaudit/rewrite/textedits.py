@@ -1,0 +1,122 @@
+"""A fix as a list of text edits: replacements of ranges of the original text.
+
+What ``scan`` hands to machines (JSON ``fix.edits``, SARIF ``fixes``, the Python API, an editor's
+quick fix) is the change one finding's fix makes, as ruff gives it: each edit replaces the text from
+``(line, column)`` to ``(end_line, end_column)`` (1-based, columns in code points, the end exclusive)
+with ``content``. Edits of one fix never overlap; applied together to the text they were made from,
+they give exactly the text the fix writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import re
+from typing import Iterable, Sequence
+
+from tcaudit.findings import TextEdit
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of ``text`` with their endings, as Python's tokenizer (and LibCST) counts them: only
+    ``\n``, ``\r\n`` and ``\r`` end a line (``str.splitlines`` also splits at form feeds and more)."""
+    return _LINE.findall(text)
+
+
+class _Lines:
+    """Offsets ↔ (line, column) for one text; a line ends after its ``\\n``, ``\\r\\n`` or lone ``\\r``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts = [0]
+        for line in source_lines(text):
+            self.starts.append(self.starts[-1] + len(line))
+        # The last entry is the end of the text: the start of the line after the last one.
+
+    def position(self, offset: int) -> tuple[int, int]:
+        index = bisect.bisect_right(self.starts, offset) - 1
+        index = min(index, len(self.starts) - 1)
+        return index + 1, offset - self.starts[index] + 1
+
+    def offset(self, line: int, column: int) -> int:
+        if not 1 <= line <= len(self.starts):
+            raise ValueError(f"line {line} is outside the text ({len(self.starts) - 1} lines)")
+        offset = self.starts[line - 1] + column - 1
+        limit = self.starts[line] if line < len(self.starts) else len(self.text)
+        if column < 1 or offset > max(limit, self.starts[line - 1]):
+            raise ValueError(f"column {column} is outside line {line}")
+        return offset
+
+
+def edits_between(old: str, new: str) -> tuple[TextEdit, ...]:
+    """The smallest edits (one per changed run of lines, trimmed to the characters that change) that
+    turn ``old`` into ``new``."""
+    if old == new:
+        return ()
+    old_lines = source_lines(old)
+    new_lines = source_lines(new)
+    where = _Lines(old)
+    new_starts = [0]
+    for line in new_lines:
+        new_starts.append(new_starts[-1] + len(line))
+    edits: list[TextEdit] = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        start, end = where.starts[i1], where.starts[i2]
+        removed, added = old[start:end], new[new_starts[j1]:new_starts[j2]]
+        prefix = _common_prefix(removed, added)
+        suffix = _common_suffix(removed[prefix:], added[prefix:])
+        start, end = start + prefix, end - suffix
+        content = added[prefix:len(added) - suffix]
+        line, column = where.position(start)
+        end_line, end_column = where.position(end)
+        edits.append(TextEdit(line, column, end_line, end_column, content))
+    return tuple(edits)
+
+
+def apply_edits(text: str, edits: Iterable[TextEdit]) -> str:
+    """``text`` with ``edits`` made (all of them relative to ``text``). Raises ValueError when two
+    edits overlap or one lies outside the text."""
+    where = _Lines(text)
+    spans = sorted((where.offset(e.line, e.column), where.offset(e.end_line, e.end_column), e.content) for e in edits)
+    out: list[str] = []
+    at = 0
+    for start, end, content in spans:
+        if start < at or end < start:
+            raise ValueError("overlapping or inverted edits")
+        out.append(text[at:start])
+        out.append(content)
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def overlapping(first: Sequence[TextEdit], second: Sequence[TextEdit]) -> bool:
+    """Whether any edit of ``first`` touches the range of one of ``second`` (two insertions at one
+    place count: their order would decide the text)."""
+    for a in first:
+        for b in second:
+            if (a.line, a.column) <= (b.end_line, b.end_column) and (b.line, b.column) <= (a.end_line, a.end_column):
+                return True
+    return False
+
+
+def _common_prefix(a: str, b: str) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[index] == b[index]:
+        index += 1
+    return index
+
+
+def _common_suffix(a: str, b: str) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[-1 - index] == b[-1 - index]:
+        index += 1
+    return index
