@@ -204,7 +204,7 @@ def analyse_source(
     text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``); ``tcaudit fix``, which makes
     the fixes itself, never asks."""
     source.module
-    from tcaudit.rules.base import RuleContext
+    from tcaudit.rules.base import RuleContext, in_rule_order
     from tcaudit.rules.situations import block_created
     from tcaudit.script.facts import ScriptFacts
 
@@ -216,18 +216,22 @@ def analyse_source(
     context = RuleContext(settings, models)
     findings: list[Finding] = []
     errors: list[str] = []
-    for rule in rules:
+    # A rule runs after the rules whose outcome it reads (its ``after``), and reads theirs from here.
+    for rule in in_rule_order(rules):
         try:
-            findings.extend(rule.check(facts, context))
+            found = list(rule.check(facts, context))
         except Exception as exc:  # noqa: BLE001
             errors.append(f"{display}: internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}")
+            found = []
+        context.record(rule.id, facts, found)
+        findings.extend(found)
     # A fix that would bring about what another rule's decline protects against is declined too.
     findings = block_created(findings)
     if settings.fix_edits if edits is None else edits:
         from tcaudit.planned_edits import with_edits
 
         try:
-            findings = with_edits(facts, findings, rules, settings, models)
+            findings = with_edits(facts, findings, rules, settings, context)
         except Exception as exc:  # noqa: BLE001 - the findings stand without their edits
             errors.append(f"{display}: internal error while making the fixes' edits: {exc!r}\n{traceback.format_exc()}")
     return facts, findings, errors

@@ -99,6 +99,11 @@ class FixPlan:
         (:class:`Situation`); none by default."""
         return ()
 
+    def put_under_autocast(self) -> tuple:
+        """The statements (syntax nodes of the analysed text) this edit puts under autocast; none by
+        default. Rules that run after the autocast fix read it (TC208: a BCE loss it would wrap)."""
+        return ()
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FixPlan) and self.to_dict() == other.to_dict()
 

@@ -22,7 +22,7 @@ from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod, discover_codemods
+from tcaudit.rules.base import Codemod, discover_codemods, in_rule_order
 from tcaudit.rules.situations import Protection, instances, protections, refusing
 from tcaudit.script.guards import unreachable_statements, used_before_import
 from tcaudit.source.parsing import SourceError, SourceFile
@@ -176,6 +176,7 @@ def _fix_text(
 ) -> FileFix:
     result = FileFix(display, source.text, source.text, source=source)
     rules = instantiate_rules(settings)
+    rank = {rule.id: index for index, rule in enumerate(in_rule_order(rules))}
     codemods: dict[str, Codemod] = {rule: cls() for rule, cls in discover_codemods().items()}
     text = source.text
     declined: dict[tuple, tuple[Finding, str]] = {}
@@ -217,7 +218,8 @@ def _fix_text(
                 continue
             by_rule.setdefault(finding.rule, []).append(finding)
         changed = False
-        for rule_id in sorted(by_rule, key=lambda rule: (codemods[rule].order, rule)):
+        # A rule's fix comes after the fixes of the rules it names in ``after`` (rules/base.in_rule_order).
+        for rule_id in sorted(by_rule, key=lambda rule: rank.get(rule, len(rank))):
             try:
                 facts, findings_now = analyse(text)
             except (SourceError, FixAnalysisError):

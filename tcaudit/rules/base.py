@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
 
 import libcst as cst
@@ -37,6 +37,49 @@ class RuleContext:
     # What the model audit measured about the models this file builds; None where it did not run or
     # reach them (the rules then infer from the script's text).
     models: "AuditedModels | None" = None
+    # The findings of the rules already run on a text (the engine runs a rule's ``after`` first), by
+    # (rule id, id of the facts), with the facts kept alive beside them; and the texts with a rule's
+    # fixes made in memory.
+    outcomes: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def findings_of(self, rule_id: str, facts: "ScriptFacts") -> list[Finding]:
+        """What rule ``rule_id`` (one the asking rule names in its ``after``) reports on ``facts``: the
+        engine's result where it ran that rule on them, else the rule run now. [] when the settings do
+        not enable it (its fix will not be made, so no rule may count on it)."""
+        key = (rule_id, id(facts))
+        if key not in self.outcomes:
+            found: list[Finding] = []
+            if rule_id in self.settings.enabled_rules():
+                from tcaudit.rules.registry import load_rule
+
+                leader = load_rule(rule_id, self.settings)
+                if leader.may_match(facts.source.text):
+                    found = list(leader.check(facts, self))
+            self.outcomes[key] = (facts, found)
+        return self.outcomes[key][1]
+
+    def record(self, rule_id: str, facts: "ScriptFacts", findings: list[Finding]) -> None:
+        """The engine's: ``rule_id``'s findings on ``facts``, for the rules that run after it."""
+        self.outcomes[(rule_id, id(facts))] = (facts, list(findings))
+
+    def fixable(self, rule_id: str, facts: "ScriptFacts") -> list[Finding]:
+        """``findings_of`` whose fix is available (also one made in a later round, after the fix it
+        waits for)."""
+        return [f for f in self.findings_of(rule_id, facts) if f.fix is not None and f.fix.available]
+
+    def fixed_by(self, rule_id: str, facts: "ScriptFacts") -> "ScriptFacts | None":
+        """The facts of ``facts``'s text with every available fix of ``rule_id`` made, in memory; None
+        when it has none, or its fix fails or makes a text ``tcaudit fix`` would refuse."""
+        key = ("fixed-by", rule_id, id(facts))
+        if key not in self.outcomes:
+            after = None
+            theirs = [f for f in self.fixable(rule_id, facts) if getattr(f.fix.plan, "after", None) is None]
+            if theirs:
+                from tcaudit.rules.registry import load_rule
+
+                after = text_with_fixes(facts, theirs, load_rule(rule_id, self.settings), self.settings)
+            self.outcomes[key] = (facts, after)
+        return self.outcomes[key][1]
 
 
 class ScriptRule:
@@ -49,6 +92,10 @@ class ScriptRule:
 
     id: ClassVar[str]
     triggers: ClassVar[tuple[str, ...]] = ()
+    # The rules whose outcome this one reads (``context.findings_of``, ``context.fixed_by``) or whose
+    # fix its own follows: the engine runs them first on each text, and ``fix`` makes their fixes
+    # before this rule's in a round. No rule module imports another (tests/test_rule_leaves.py).
+    after: ClassVar[tuple[str, ...]] = ()
     # Triggers that replace ``triggers`` when ``fix`` may make a structural conversion (by its name):
     # a rule that speaks for what the conversion will bring needs less text.
     structural_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -130,12 +177,99 @@ class Codemod:
     """
 
     rule: ClassVar[str]
-    # Within a round codemods run by (order, rule id). A global setting inserted after the imports
-    # (TF32) runs first: a later fix in the same round (autocast) may silence the rule that asked for it.
-    order: ClassVar[int] = 0
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         raise NotImplementedError
+
+
+def in_rule_order(rules: "Sequence[ScriptRule]") -> "list[ScriptRule]":
+    """``rules`` by id, each preceded by the rules of its ``after`` (where they are among them), so a
+    rule always runs after the rules whose outcome it reads."""
+    by_id = {rule.id: rule for rule in rules}
+    out: list[ScriptRule] = []
+    placed: set[str] = set()
+
+    def place(rule: "ScriptRule", path: tuple[str, ...]) -> None:
+        if rule.id in placed:
+            return
+        if rule.id in path:
+            raise RuntimeError(f"rules run after each other in a cycle: {' -> '.join((*path, rule.id))}")
+        for leader in type(rule).after:
+            if leader in by_id:
+                place(by_id[leader], (*path, rule.id))
+        placed.add(rule.id)
+        out.append(rule)
+
+    for rule_id in sorted(by_id):
+        place(by_id[rule_id], ())
+    return out
+
+
+def codemod_of(rule: "ScriptRule") -> "Codemod | None":
+    """The fix of ``rule``, from the rule's own module (imported already: the rule exists)."""
+    cls = type(rule)
+    cached = _CODEMODS.get(cls.id, _MISSING)
+    if cached is _MISSING:
+        import sys
+
+        found = [c for c in defined_in(sys.modules[cls.__module__], Codemod) if c.rule == cls.id]
+        cached = _CODEMODS[cls.id] = found[0]() if found else None
+    return cached  # type: ignore[return-value]
+
+
+_CODEMODS: dict[str, "Codemod | None"] = {}
+_MISSING = object()
+
+
+def fixed_text(
+    facts: "ScriptFacts", findings: "Sequence[Finding]", rule: "ScriptRule", settings: "Settings"
+) -> str | None:
+    """``facts``'s text after ``rule``'s fix of ``findings`` (findings of that rule, made from
+    ``facts``); None where the fix declines or fails, or makes a text that ``tcaudit fix``'s safety net
+    refuses (it does not compile, adds unreachable code, or uses a name before its import)."""
+    from tcaudit.script.guards import unreachable_statements, used_before_import
+
+    codemod = codemod_of(rule)
+    if codemod is None or not findings:
+        return None
+    try:
+        module = codemod.apply(facts.module, list(findings), FixContext(facts, settings))
+        text = module.code
+    except DeclineFix:
+        return None
+    except Exception:  # noqa: BLE001 - a fix's failure here costs only what depends on it; fix reports it
+        return None
+    if text == facts.source.text:
+        return text
+    try:
+        compile(text, facts.source.display_path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    if unreachable_statements(module) > unreachable_statements(facts.module):
+        return None
+    if used_before_import(module) - used_before_import(facts.module):
+        return None
+    return text
+
+
+def text_with_fixes(
+    facts: "ScriptFacts", findings: "Sequence[Finding]", rule: "ScriptRule", settings: "Settings"
+) -> "ScriptFacts | None":
+    """The facts of :func:`fixed_text` (parsed anew); None where there is no such text."""
+    from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import SourceError, SourceFile
+
+    text = fixed_text(facts, findings, rule, settings)
+    if text is None:
+        return None
+    if text == facts.source.text:
+        return facts
+    source = facts.source
+    try:
+        raw = text.encode(source.encoding if source.encoding != "utf-8-sig" else "utf-8", "surrogateescape")
+        return ScriptFacts(SourceFile(source.path, source.display_path, raw, text, source.encoding))
+    except (SourceError, ValueError, UnicodeError):
+        return None
 
 
 def _rule_modules():

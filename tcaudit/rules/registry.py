@@ -78,6 +78,19 @@ class LazyRule:
         return f"LazyRule({self.id}, {'loaded' if self.loaded else 'not loaded'})"
 
 
+_LOADED: dict[str, tuple["Settings", "ScriptRule"]] = {}
+
+
+def load_rule(rule_id: str, settings: "Settings") -> "ScriptRule":
+    """Rule ``rule_id``, made and configured for ``settings`` (kept for the last settings asked): for a
+    rule that reads another's outcome (``RuleContext.findings_of``) without importing its module."""
+    held = _LOADED.get(rule_id)
+    if held is None or held[0] is not settings:
+        module = TRIGGER_TABLE[rule_id][0]
+        held = _LOADED[rule_id] = (settings, LazyRule(rule_id, module, None, settings).load())
+    return held[1]
+
+
 def lazy_rules(settings: "Settings") -> list[LazyRule]:
     """The rules ``settings`` enables, sorted by id, none imported yet (those whose triggers are code
     are loaded now)."""

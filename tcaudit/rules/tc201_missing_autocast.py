@@ -111,7 +111,10 @@ class WrapAutocast(FixPlan):
     grad_scaler: GradScalerPlan | None
 
     def creates(self) -> "tuple[Situation, ...]":
-        return _called_under(statement for step in self.steps for statement in step.statements)
+        return _called_under(self.put_under_autocast())
+
+    def put_under_autocast(self) -> tuple[cst.BaseStatement, ...]:
+        return tuple(statement for step in self.steps for statement in step.statements)
 
     def to_dict(self) -> dict:
         # The nested plans hold syntax nodes; render the code they insert instead (and nothing for None).
@@ -136,6 +139,9 @@ class WidenAutocast(FixPlan):
 
     def creates(self) -> "tuple[Situation, ...]":
         return _called_under(self.statements)
+
+    def put_under_autocast(self) -> tuple[cst.BaseStatement, ...]:
+        return tuple(self.statements)
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,31 +222,12 @@ def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
     return None
 
 
-def statements_planned_for_autocast(facts: ScriptFacts, settings: "Settings") -> set[int]:
-    """ids of the statements TC201's fix will put under autocast in this file (TC208 asks, to say
-    now what it will do once they are)."""
-    decision = _decide(facts, settings.precision)
-    out: set[int] = set()
-    if decision is None:
-        return out
-    for steps in decision.uncovered.values():
-        try:
-            plan = _plan(facts, decision, steps)
-        except DeclineFix:
-            continue
-        out.update(id(node) for step in plan.steps for node in step.statements)
-    for step, coverage in decision.partly:
-        try:
-            plan = _plan_partial(facts, step, coverage)
-        except DeclineFix:
-            continue
-        out.update(id(node) for node in plan.statements)
-    return out
-
-
 class MissingAutocast(ScriptRule):
     id = "TC201"
     triggers = (r"\.backward\(",)
+    # TC301's fix first in a round (autocast silences TC301, yet it was reported and TF32 still speeds
+    # up the fp32 matmuls left outside autocast); this fix follows TC206's removal of a model cast.
+    after = ("TC301", "TC206")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         decision = _decide(facts, context.settings.precision, audited_convnet(facts, context))
@@ -313,9 +300,7 @@ class MissingAutocast(ScriptRule):
         amp = amp_facts(facts)
         if not amp.half_model_casts or amp.double_model or facts.frameworks or not facts.uses_accelerator:
             return
-        from tcaudit.rules.tc206_half_model_training import HalfModelTraining
-
-        casts = list(HalfModelTraining().check(facts, context))
+        casts = context.findings_of("TC206", facts)
         if not casts or not all(f.fix is not None and f.fix.available for f in casts):
             return
         for step in facts.training_steps:

@@ -42,6 +42,7 @@ class BceOutsideAutocast(FixPlan):
 
 class AutocastUnsafeOp(ScriptRule):
     id = "TC208"
+    after = ("TC201",)  # a BCE loss the autocast of TC201's fix would wrap is taken out of it after
     triggers = (all_of(r"binary_cross_entropy|BCELoss|sparse", r"(?i:autocast)|" + BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
@@ -86,9 +87,10 @@ class AutocastUnsafeOp(ScriptRule):
         bce = [c for c in facts.calls if unsafe_kind(facts, c) == "bce"]
         if not bce:
             return
-        from tcaudit.rules.tc201_missing_autocast import statements_planned_for_autocast
-
-        wrapped = statements_planned_for_autocast(facts, context.settings)
+        wrapped = {
+            id(statement) for f in context.fixable("TC201", facts) if f.fix.plan is not None
+            for statement in f.fix.plan.put_under_autocast()
+        }
         for call in bce:
             if call.statement is None or id(call.statement.node) not in wrapped:
                 continue

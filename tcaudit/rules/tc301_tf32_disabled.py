@@ -137,9 +137,6 @@ def _cast_of(facts: ScriptFacts, call: cst.Call) -> str | None:
 
 class Tf32DisabledFix(Codemod):
     rule = "TC301"
-    # Runs before TC201 in a round: autocast silences this rule, yet the finding was reported and the
-    # setting still speeds up the fp32 matmuls left outside autocast.
-    order = -1
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         plan: InsertSetting = findings[0].fix.plan  # one finding per file

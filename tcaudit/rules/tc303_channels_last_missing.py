@@ -25,8 +25,7 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.rules.tc201_missing_autocast import MissingAutocast
-from tcaudit.script.amp import amp_facts
+from tcaudit.script.amp import amp_facts, autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import is_in_place_name, moves_to_device
@@ -44,21 +43,12 @@ CONV3D_LAYERS = frozenset(
 _KNOWN_FACTORIES = ("torchvision.models.", "timm.")
 
 
-def autocast_planned(facts: ScriptFacts, context: RuleContext | None) -> str | None:
-    """The dtype (``"float16"``/``"bfloat16"``) TC201's fix will put this script's training under, or
-    None when it adds no autocast (TC201 off, nothing to fix, or its fix declined).
-
-    Asks TC201's own check rather than ``tc201.planned_autocast``: the check also counts the autocast
-    TC201 adds in the round after TC206 drops a half-precision model cast, which ``planned_autocast``
-    (the decision on the text as it stands) does not."""
-    if context is None or context.settings is None:
-        context = RuleContext(Settings(), context.models if context is not None else None)
-    if "TC201" not in context.settings.enabled_rules():
+def planned_autocast(facts: ScriptFacts, context: RuleContext) -> str | None:
+    """The dtype TC201's fix puts this script's training under, or None when it adds no autocast (TC201
+    off, nothing to fix, or its fix declined): TC201's outcome on this text, from the engine."""
+    if not context.fixable("TC201", facts):
         return None
-    if not any(f.fix is not None and f.fix.available for f in MissingAutocast().check(facts, context)):
-        return None
-    convnet = pipeline_facts(facts).audited_convnet(context.models)
-    return amp_facts(facts).recommended_precision(context.settings.precision, convnet)[0]
+    return autocast_dtype_for(facts, context.settings.precision, context.models)
 
 
 # -- the plan: which calls and statements change ------------------------------------------------------
@@ -109,6 +99,7 @@ class ChannelsLastPlan(FixPlan):
 class ChannelsLastMissing(ScriptRule):
     id = "TC303"
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
+    after = ("TC201",)  # channels_last pays under autocast: also the autocast TC201's fix adds
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -123,7 +114,7 @@ class ChannelsLastMissing(ScriptRule):
             return
         if pipeline.trains_under_autocast:
             before_autocast = False
-        elif autocast_planned(facts, context) is not None:
+        elif planned_autocast(facts, context) is not None:
             before_autocast = True  # TC201's fix adds autocast: the conversion belongs to the same recipe
         else:
             return

@@ -59,18 +59,6 @@ def deletion_plan(facts: ScriptFacts, call: CallSite) -> DeleteFlagCall:
     return DeleteFlagCall(statement, call.node, facts.line_of(statement))
 
 
-def flags_the_fix_deletes(facts: ScriptFacts) -> list[CallSite]:
-    """The flag calls TC304's fix removes (TC305 does not count them as the script's own compiling)."""
-    deleted = []
-    for call in reported_flag_calls(facts):
-        try:
-            deletion_plan(facts, call)
-        except DeclineFix:
-            continue
-        deleted.append(call)
-    return deleted
-
-
 class LegacyJitFlags(ScriptRule):
     id = "TC304"
     triggers = (r"_jit_|graph_executor_optimize",)  # and a training step, checked below

@@ -22,7 +22,6 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ens
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.rules.tc304_legacy_jit_flags import flags_the_fix_deletes
 from tcaudit.script.amp import gradient_penalty_call
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
@@ -40,10 +39,11 @@ COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "to
 class NotCompiled(ScriptRule):
     id = "TC305"
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
+    after = ("TC304",)  # the legacy TorchScript flags TC304's fix deletes are not the script's compiling
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        if not pipeline.owns_cuda_training or _compiles_on_purpose(facts):
+        if not pipeline.owns_cuda_training or _compiles_on_purpose(facts, context):
             return
         compiled = _compiled_in_place(facts)
         trained = _trained_models(facts, pipeline)
@@ -138,10 +138,13 @@ def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> Compil
     return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n", _unwrapped(compiled))
 
 
-def _compiles_on_purpose(facts: ScriptFacts) -> bool:
+def _compiles_on_purpose(facts: ScriptFacts, context: RuleContext) -> bool:
     """Whether the script compiles, scripts or exports anything through torch's APIs (also behind a
-    flag): then compiling is the author's decision, for every model."""
-    deleted = {id(call.node.func) for call in flags_the_fix_deletes(facts)}
+    flag): then compiling is the author's decision, for every model. The private TorchScript flags
+    TC304's fix deletes do not count."""
+    deleted = {
+        id(f.fix.plan.call.func) for f in context.fixable("TC304", facts) if isinstance(getattr(f.fix.plan, "call", None), cst.Call)
+    }
     return any(
         ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
     )

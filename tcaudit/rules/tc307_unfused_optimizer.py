@@ -19,7 +19,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan, Situation, SituationKin
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc303_channels_last_missing import autocast_planned
+from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import function_returns, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -43,6 +43,7 @@ FUSABLE = {
 class UnfusedOptimizer(ScriptRule):
     id = "TC307"
     triggers = (all_of(r"Adam|SGD", BACKWARD_CALL, CUDA_EVIDENCE),)
+    after = ("TC201",)  # fused SGD is declined under the fp16 autocast and GradScaler TC201's fix adds
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -102,7 +103,8 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
         if facts.mentions_gradscaler:
             return _FUSED_SGD_NAN
-        if autocast_planned(facts, context) == "float16":
+        if context.fixable("TC201", facts) and autocast_dtype_for(facts, context.settings.precision,
+                                                                  context.models) == "float16":
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:

@@ -49,6 +49,7 @@ class AddAfterWorkers(FixPlan):
 
 class WorkersNotPersistent(ScriptRule):
     id = "TC404"
+    after = ("TC401",)  # persistent workers need the workers TC401's fix adds: fixed after it
     triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

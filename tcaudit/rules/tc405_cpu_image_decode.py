@@ -49,6 +49,7 @@ ADVICE = (
 
 class CpuImageDecode(ScriptRule):
     id = "TC405"
+    after = ("TC303",)  # fixed after TC303 in a round: its channels_last decides the layout DALI writes
     # It needs images, CUDA and a file that trains (a step, or a framework that owns the loop).
     triggers = (all_of(r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage",
                        CUDA_EVIDENCE, TRAINS),)
@@ -334,7 +335,6 @@ def _short(code: str) -> str:
 
 class CpuImageDecodeFix(Codemod):
     rule = "TC405"
-    order = 10  # after TC303 in the same round: its channels_last decides the layout DALI writes
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         facts = context.facts

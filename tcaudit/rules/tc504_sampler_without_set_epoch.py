@@ -125,6 +125,7 @@ class InsertSetEpoch(FixPlan):
 
 class SamplerWithoutSetEpoch(ScriptRule):
     id = "TC504"
+    after = ("TC503",)  # set_epoch for the DistributedSampler TC503's fix adds: checked on its text
     # A DistributedSampler in the file, or a DDP/FSDP model whose loaders TC503's fix gives one (its
     # set_epoch is reported as the fix that follows TC503's).
     triggers = (
@@ -178,20 +179,16 @@ class SamplerWithoutSetEpoch(ScriptRule):
         """No DistributedSampler yet, but TC503's fix will add a shuffling one to a training loader
         of a script with several epochs: set_epoch is then due too, so scan says so now, and whether
         the next fix round can place it (this check run on the script with TC503's samplers in place)."""
-        from tcaudit.rules.tc503_ddp_without_distributed_sampler import (
-            DdpDistributedSamplerFix,
-            DdpWithoutDistributedSampler,
-        )
-
-        pending = []
-        for finding in DdpWithoutDistributedSampler().check(facts, context):
-            plan = finding.fix.plan if finding.fix is not None and finding.fix.available else None
+        pending = [
+            finding for finding in context.fixable("TC503", facts)
             # The sampler TC503 writes shuffles unless it passes the loader's shuffle=False on.
-            if plan is not None and not re.search(r"shuffle\s*=\s*False", str(getattr(plan, "sampler", ""))):
-                pending.append(finding)
+            if getattr(finding.fix.plan, "after", None) is None
+            and not re.search(r"shuffle\s*=\s*False", str(getattr(finding.fix.plan, "sampler", "")))
+        ]
         if not pending:
             return
-        next_round = _next_round(facts, context, DdpDistributedSamplerFix(), pending, self)
+        after = context.fixed_by("TC503", facts)
+        next_round = [] if after is None else self._next_round(after, context)
         placed = [f for f in next_round if f.fix is not None and f.fix.available]
         reasons = [f.fix.reason for f in next_round if f.fix is not None and not f.fix.available and f.fix.reason]
         for index, finding in enumerate(pending):
@@ -213,23 +210,11 @@ class SamplerWithoutSetEpoch(ScriptRule):
             )
 
 
-def _next_round(facts: ScriptFacts, context: RuleContext, codemod: Codemod, findings: list[Finding],
-                rule: "SamplerWithoutSetEpoch") -> list[Finding]:
-    """This rule's findings on the script as the next fix round sees it: ``codemod`` applied to
-    ``findings`` first (in memory). None when the edit or its analysis fails."""
-    from tcaudit.source.parsing import SourceError, SourceFile
-
-    try:
-        module = codemod.apply(facts.module, findings, FixContext(facts, context.settings))
-        text = module.code
-        source = facts.source
-        after = ScriptFacts(SourceFile(source.path, source.display_path, text.encode(source.encoding), text,
-                                       source.encoding))
-    except (DeclineFix, SourceError, ValueError):
-        return []
-    if after.method_calls("set_epoch") or not any(is_distributed_sampler(callee_type(after, c)) for c in after.calls):
-        return []  # (no sampler added: this check would only predict again)
-    return [f for f in rule.check(after, context) if f.fix is None or not isinstance(f.fix.plan, FollowsFix)]
+    def _next_round(self, after: ScriptFacts, context: RuleContext) -> list[Finding]:
+        """This rule's findings on the script as the next fix round sees it (TC503's samplers in place)."""
+        if after.method_calls("set_epoch") or not any(is_distributed_sampler(callee_type(after, c)) for c in after.calls):
+            return []  # (no sampler added: this check would only predict again)
+        return [f for f in self.check(after, context) if f.fix is None or not isinstance(f.fix.plan, FollowsFix)]
 
 
 def _plan(facts: ScriptFacts, sampler: CallSite, loop: Frame, receiver: str | None, epoch: str | None) -> InsertSetEpoch:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -15,6 +16,9 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
 from tcaudit.source.syntax import param_names
+
+if TYPE_CHECKING:
+    from tcaudit.model_profile import AuditedModels
 
 HALF = "float16"
 BF16 = "bfloat16"
@@ -770,3 +774,13 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
     index = names.index(param) - offset
     positional = [arg for arg in call.node.args if arg.keyword is None]
     return positional[index].value if 0 <= index < len(positional) else None
+
+
+def autocast_dtype_for(facts: ScriptFacts, precision: str, models: "AuditedModels | None") -> str:
+    """The autocast dtype (``"float16"``/``"bfloat16"``) TC201's fix writes for this script under the
+    ``precision`` setting: the convnet recipe where the model audit (or the script's text) says the
+    trained model is a convnet."""
+    from tcaudit.script.pipeline import pipeline_facts
+
+    convnet = pipeline_facts(facts).audited_convnet(models)
+    return amp_facts(facts).recommended_precision(precision, convnet)[0]
