@@ -35,7 +35,16 @@ from tcaudit.rewrite.codemod import (
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.script.amp import BRANCH, PARTIAL, UNCOVERED, AmpFacts, ForwardStatement, StepCoverage, amp_facts
+from tcaudit.script.amp import (
+    BRANCH,
+    PARTIAL,
+    UNCOVERED,
+    AmpFacts,
+    ForwardStatement,
+    StepCoverage,
+    amp_facts,
+    unsafe_kind,
+)
 from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.expressions import moves_to_device
@@ -507,8 +516,6 @@ def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
     """Decline where the wrap would put binary cross-entropy on probabilities under autocast in a way
     TC208's fix cannot undo: in a compound statement, or inside a helper the wrapped code calls (it
     raises on CUDA). A BCE in a plain wrapped statement is TC208's to take out, in the next round."""
-    from tcaudit.rules.tc208_autocast_unsafe_op import unsafe_kind
-
     for call in facts.calls:
         if call.statement is None or id(call.statement.node) not in wrapped:
             continue
