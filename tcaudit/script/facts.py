@@ -113,6 +113,17 @@ class Frame:
         return any(frame.node is node for frame in self.chain())
 
 
+def outermost_loop(ctx: Frame, function) -> cst.CSTNode | None:
+    """The outermost loop around ``ctx`` inside ``function`` (None where there is none)."""
+    loop = None
+    for frame in ctx.chain():
+        if frame.kind == "def" and frame.node is function:
+            break
+        if frame.kind == "loop":
+            loop = frame.node
+    return loop
+
+
 @dataclass(frozen=True)
 class Statement:
     """A statement and the block that holds it, so rules can look at its neighbours."""
