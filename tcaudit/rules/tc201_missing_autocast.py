@@ -10,8 +10,9 @@ outermost loop, or in ``__init__`` for a method without a loop), scale each back
 ``optimizer.step()`` through the scaler and call ``scaler.update()`` after the last one. Everything
 the fix edits is found at detection and held in a :class:`WrapAutocast` plan.
 
-Other rules ask :func:`planned_autocast` whether this fix will add autocast to a file, and in which
-dtype (TC303 reports channels_last on the naive fp32 script because autocast comes with it).
+Other rules ask what this fix will do: TC208 asks :func:`statements_planned_for_autocast` which
+statements it puts under autocast, and TC303 runs this rule's check to learn whether autocast comes
+(it reports channels_last on the naive fp32 script because autocast comes with it).
 :class:`GradScalerPlan`, :func:`plan_grad_scaler` and :class:`AutocastEditor` (shared with TC204) are in
 :mod:`tcaudit.rewrite.autocast`; the device-type expression at a step is :func:`tcaudit.script.devices.device_type_at`.
 """
@@ -175,24 +176,6 @@ def audited_convnet(facts: ScriptFacts, context: RuleContext) -> bool | None:
     if context.models is None:
         return None
     return pipeline_facts(facts).audited_convnet(context.models)
-
-
-def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
-    """The dtype (``"float16"`` or ``"bfloat16"``) in which TC201's fix will run this file's
-    forward under autocast, or None when TC201 reports nothing here or declines every fix.
-
-    The same decision the rule makes (``settings.precision`` included), without building findings;
-    whether TC201 is selected and numerics fixes are enabled is the caller's to check."""
-    decision = _decide(facts, settings.precision)
-    if decision is None:
-        return None
-    for steps in decision.uncovered.values():
-        try:
-            _plan(facts, decision, steps)
-        except DeclineFix:
-            continue
-        return decision.dtype
-    return None
 
 
 def statements_planned_for_autocast(facts: ScriptFacts, settings: "Settings") -> set[int]:

@@ -48,9 +48,9 @@ def autocast_planned(facts: ScriptFacts, context: RuleContext | None) -> str | N
     """The dtype (``"float16"``/``"bfloat16"``) TC201's fix will put this script's training under, or
     None when it adds no autocast (TC201 off, nothing to fix, or its fix declined).
 
-    Asks TC201's own check rather than ``tc201.planned_autocast``: the check also counts the autocast
-    TC201 adds in the round after TC206 drops a half-precision model cast, which ``planned_autocast``
-    (the decision on the text as it stands) does not."""
+    Asks TC201's own check rather than TC201's decision on the text as it stands: the check also
+    counts the autocast TC201 adds in the round after TC206 drops a half-precision model cast, which
+    that decision does not."""
     if context is None or context.settings is None:
         context = RuleContext(Settings(), context.models if context is not None else None)
     if "TC201" not in context.settings.enabled_rules():
