@@ -60,7 +60,6 @@ _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|s
 _ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
 _CUDA_TEXT = re.compile(CUDA_NAMED)
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
-_HOST_DEVICES = ("cpu", "mps", "xpu", "meta")
 
 # Frameworks that own the loop and/or precision when these names are referenced.
 _FRAMEWORK_ROOTS = {
