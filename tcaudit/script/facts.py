@@ -554,12 +554,6 @@ class ScriptFacts:
                 return f"{module}.{dotted}"
         return None
 
-    def resolve_all(self, dotted: str | None) -> list[str]:
-        if not dotted:
-            return []
-        head, _, rest = dotted.partition(".")
-        return [f"{q}.{rest}" if rest else q for q in self._import_map.get(head, [])]
-
     def qualname(self, expr: cst.BaseExpression | None) -> str | None:
         if expr is None:
             return None
@@ -658,9 +652,6 @@ class ScriptFacts:
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         wanted = set(qualnames)
         return [c for c in self.calls if c.qualname in wanted]
-
-    def calls_ending(self, *suffixes: str) -> list[CallSite]:
-        return [c for c in self.calls if c.qualname and c.qualname.endswith(suffixes)]
 
     def method_calls(self, *methods: str) -> list[CallSite]:
         wanted = set(methods)
@@ -868,11 +859,6 @@ class ScriptFacts:
     @functools.cached_property
     def autocast_withs(self) -> list[tuple[cst.With, Frame]]:
         return [(node, ctx) for node, ctx in self.withs if "autocast" in self.with_kinds(node)]
-
-    @functools.cached_property
-    def autocast_calls(self) -> list[CallSite]:
-        """Every call that constructs an autocast context, wherever it is used."""
-        return [c for c in self.calls if c.qualname in AUTOCAST_QUALNAMES or (c.qualname or "").endswith(".amp.autocast")]
 
     # -- training -----------------------------------------------------------------------------------
     @functools.cached_property
