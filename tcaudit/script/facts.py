@@ -676,6 +676,11 @@ class ScriptFacts:
             table.setdefault(node.name.value, []).append(node)
         return table
 
+    @functools.cached_property
+    def classes_by_name(self) -> dict[str, cst.ClassDef]:
+        """The classes of this file by name (of two with one name, the later); read it, do not change it."""
+        return {node.name.value: node for node, _ in self.classes}
+
     def callees(self, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
         """Functions of this file that ``function`` calls by name or as ``self.name``."""
         out: set[cst.FunctionDef] = set()
