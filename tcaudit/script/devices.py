@@ -1,5 +1,11 @@
 """Which device a training step runs on, as code valid at the step: the device-type and enabled
-expressions an autocast or a GradScaler added there uses (TC201, TC204)."""
+expressions an autocast or a GradScaler added there uses (TC201, TC204).
+
+Three rules ask nearby questions and answer them their own way, writing other code for the same
+script: TC209 writes ``device.type`` only for a ``device`` whose every binding is a ``torch.device``
+(else ``"cuda"``); TC305 writes a condition on the device its model is moved to (``device.type ==
+"cuda"``, ``device == "cuda"``, or the script's own ``if``); TC406 copies a move's device argument.
+"""
 
 from __future__ import annotations
 
