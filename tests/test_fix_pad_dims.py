@@ -1,4 +1,4 @@
-"""``fix --pad-dims`` (TC101/TC102's script halves, tcaudit/rules/layer_widths.py): which widths are
+"""``fix --pad-dims`` (TC101/TC102's script halves, tcaudit/script/layer_widths.py): which widths are
 padded and where, which are declined and why, and that without the opt-in nothing is edited."""
 
 from __future__ import annotations

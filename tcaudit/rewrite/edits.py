@@ -11,7 +11,7 @@ from typing import Iterable
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixPlan
+from tcaudit.findings import FixPlan
 from tcaudit.rewrite.codemod import (
     DeclineFix,
     StatementEditor,
@@ -20,7 +20,7 @@ from tcaudit.rewrite.codemod import (
     parse_statement,
     torch_import_name,
 )
-from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end
 
@@ -37,17 +37,6 @@ def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
 
     container.visit(_Find())
     return found
-
-
-def call_at(facts: ScriptFacts, finding: Finding) -> CallSite | None:
-    """The call whose extent is the finding's (nested calls can share a start: ``torch.zeros(3).cuda()``)."""
-    loc = finding.location
-    wanted = (loc.line, loc.column, loc.end_line, loc.end_column)
-    for call in facts.calls:
-        pos = facts.position(call.node)
-        if (pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1) == wanted:
-            return call
-    return None
 
 
 def keyword(call: cst.Call, key: str) -> cst.Arg | None:

@@ -4,7 +4,7 @@ The model audit (``tcaudit/model/tc101_gemm_dim_unaligned.py``) measures the bui
 every unaligned GEMM, with no fix. This half reads the script: a width between two ``nn.Linear``
 layers that the script writes as a literal it controls (``hidden = 500``, an argparse default, a model
 class's parameter default, or ``nn.Linear(784, 500)`` then ``nn.Linear(500, 10)``), found and judged
-by :mod:`tcaudit.rules.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``,
+by :mod:`tcaudit.script.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``,
 ``pad-dims = true``): without that, scan and fix report and edit what they did before. Fix (numerics): the literal becomes the model audit's suggested size (the next multiple of 64 from
 256 on, of 8 below), so the layers get units the model's input and output never see. Declined with
 the reason where that is not certain (a checkpoint load, the width feeding anything but layer widths,
@@ -21,10 +21,12 @@ import libcst as cst
 
 from tcaudit.findings import Finding
 from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rewrite.literals import pad_literals
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.layer_widths import pad_literals, script_widths, width_finding
+from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.layer_widths import script_widths, width_finding, width_layers, width_named
 from tcaudit.source.triggers import all_of
 
 
@@ -37,7 +39,11 @@ class HiddenWidthLiteral(ScriptRule):
             return  # an opt-in: without it the model audit's findings are the whole report, as before
         for width in script_widths(facts):
             if width.rule == self.id:
-                yield width_finding(self, facts, context, width)
+                key = "n_multiple_of_4" if width.value % 4 == 0 else "odd_n"
+                cost = cost_note(self.spec, context.settings.gpu, key)
+                effect = f"the GEMMs of {width_layers(facts, width)} miss the fast bf16/fp16 Tensor Core kernels{cost}"
+                what = f"hidden width {width.value}{width_named(width)}"
+                yield width_finding(self, facts, width, what, effect, "units")
 
 
 class PadHiddenWidth(Codemod):

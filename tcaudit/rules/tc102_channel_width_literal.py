@@ -6,7 +6,7 @@ one convolution and into the next (``BatchNorm2d(C)``/``LayerNorm(C)``/``GroupNo
 taking the same size, or a ``nn.Linear(C, ...)`` after global pooling) that the script writes as a
 literal it controls (a constant, an argparse default, a model class's parameter default, or
 ``nn.Conv2d(32, 30, 3)`` then ``nn.Conv2d(30, 64, 1)``), found and judged by
-:mod:`tcaudit.rules.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``, ``pad-dims =
+:mod:`tcaudit.script.layer_widths`. It runs only when asked for (``tcaudit fix --pad-dims``, ``pad-dims =
 true``), as TC101's script half. Fix (numerics): the literal becomes the model audit's suggested count (30 → 32). Declined with the reason
 where that is not certain (a checkpoint load, a grouped convolution, a GroupNorm whose groups would
 not divide the padded count, the count feeding anything but layer widths, ...). One finding per
@@ -21,10 +21,12 @@ import libcst as cst
 
 from tcaudit.findings import Finding
 from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rewrite.literals import pad_literals
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.layer_widths import pad_literals, script_widths, width_finding
+from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.layer_widths import script_widths, width_finding, width_layers, width_named
 from tcaudit.source.triggers import all_of
 
 
@@ -37,7 +39,10 @@ class ChannelWidthLiteral(ScriptRule):
             return  # an opt-in: without it the model audit's findings are the whole report, as before
         for width in script_widths(facts):
             if width.rule == self.id:
-                yield width_finding(self, facts, context, width)
+                cost = cost_note(self.spec, context.settings.gpu, "channels")
+                effect = f"cuDNN cannot use its fast bf16/fp16 Tensor Core kernels for {width_layers(facts, width)}{cost}"
+                what = f"channel count {width.value}{width_named(width)}"
+                yield width_finding(self, facts, width, what, effect, "channels")
 
 
 class PadChannelWidth(Codemod):

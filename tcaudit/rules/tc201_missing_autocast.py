@@ -10,9 +10,11 @@ outermost loop, or in ``__init__`` for a method without a loop), scale each back
 ``optimizer.step()`` through the scaler and call ``scaler.update()`` after the last one. Everything
 the fix edits is found at detection and held in a :class:`WrapAutocast` plan.
 
-Other rules ask :func:`planned_autocast` whether this fix will add autocast to a file, and in which
-dtype (TC303 reports channels_last on the naive fp32 script because autocast comes with it).
-:class:`GradScalerPlan`, :func:`plan_grad_scaler` and :class:`AutocastEditor` are shared with TC204.
+Other rules ask what this fix will do: TC208 asks :func:`statements_planned_for_autocast` which
+statements it puts under autocast, and TC303 runs this rule's check to learn whether autocast comes
+(it reports channels_last on the naive fp32 script because autocast comes with it).
+:class:`GradScalerPlan`, :func:`plan_grad_scaler` and :class:`AutocastEditor` (shared with TC204) are in
+:mod:`tcaudit.rewrite.autocast`; the device-type expression at a step is :func:`tcaudit.script.devices.device_type_at`.
 """
 
 from __future__ import annotations
@@ -21,27 +23,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
-from tcaudit.rewrite.codemod import (
-    DeclineFix,
-    FixContext,
-    StatementEditor,
-    ensure_import,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.script.amp import BRANCH, PARTIAL, UNCOVERED, AmpFacts, ForwardStatement, StepCoverage, amp_facts
+from tcaudit.script.amp import (
+    BRANCH,
+    PARTIAL,
+    UNCOVERED,
+    AmpFacts,
+    ForwardStatement,
+    StepCoverage,
+    amp_facts,
+    unsafe_kind,
+)
 from tcaudit.script.distributed import names_in
-from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep, loss_statements
-from tcaudit.script.expressions import moves_to_device
-from tcaudit.script.guards import branches, is_pure_test
+from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
+from tcaudit.script.guards import branches
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import call_nodes, is_main_guard
+from tcaudit.source.syntax import call_nodes
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -76,28 +78,6 @@ class AutocastStep:
     backward: cst.Call
     device_type: str  # device-type expression at the step (``"cuda"``, ``device.type``, ``amp_device``)
     enabled: str
-
-
-@dataclass(frozen=True, eq=False)
-class DeviceVariable:
-    """``name = code`` inserted before ``loop``, so a long device-type expression is computed once."""
-
-    name: str
-    code: str
-    loop: cst.CSTNode
-
-
-@dataclass(frozen=True, eq=False)
-class GradScalerPlan:
-    """Create one GradScaler, scale these backwards, step these optimizers through it, update it."""
-
-    name: str  # ``scaler`` or ``self.scaler``
-    create: str  # the statement creating it
-    before: cst.CSTNode | None  # the outermost loop it is created before, or
-    after: cst.CSTNode | None  # the last statement of ``__init__`` it is created after
-    backwards: tuple[cst.Call, ...]
-    optimizer_steps: tuple[cst.Call, ...]
-    last_step: cst.BaseStatement  # ``scaler.update()`` goes after it
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,22 +184,6 @@ def audited_convnet(facts: ScriptFacts, context: RuleContext) -> bool | None:
     return pipeline_facts(facts).audited_convnet(context.models)
 
 
-def planned_autocast(facts: ScriptFacts, settings: "Settings") -> str | None:
-    """The dtype (``"float16"`` or ``"bfloat16"``) in which TC201's fix will run this file's
-    forward under autocast, or None when TC201 reports nothing here or declines every fix.
-
-    The same decision the rule makes (``settings.precision`` included), without building findings;
-    whether TC201 is selected and numerics fixes are enabled is the caller's to check."""
-    decision = _decide(facts, settings.precision)
-    if decision is None:
-        return None
-    for steps in decision.uncovered.values():
-        try:
-            _plan(facts, decision, steps)
-        except DeclineFix:
-            continue
-        return decision.dtype
-    return None
 
 
 class MissingAutocast(ScriptRule):
@@ -374,7 +338,7 @@ def _ranges(facts: ScriptFacts, steps: list[TrainingStep]) -> tuple[dict, ...]:
 def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) -> WrapAutocast:
     if decision.amp.uses_lbfgs and decision.scaler:
         raise DeclineFix("LBFGS closures cannot use GradScaler")
-    device = _DevicePlanner(facts)
+    device = DevicePlanner(facts)
     ranges = _ranges(facts, steps)
     planned = []
     in_caller = any(_forward_in_caller(facts, step) for step in steps)
@@ -393,7 +357,7 @@ def _plan(facts: ScriptFacts, decision: _Decision, steps: list[TrainingStep]) ->
     grad_scaler = None
     if decision.scaler:
         # The GradScaler belongs where the backward is; the wrap may sit in a caller (another function).
-        scaler_device = _DevicePlanner(facts) if in_caller else device
+        scaler_device = DevicePlanner(facts) if in_caller else device
         grad_scaler = plan_grad_scaler(facts, steps, scaler_device)
         if in_caller and scaler_device.variable is not None:
             raise DeclineFix("the GradScaler's device type would need a variable beside the backward; "
@@ -492,8 +456,6 @@ def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
     """Decline where the wrap would put binary cross-entropy on probabilities under autocast in a way
     TC208's fix cannot undo: in a compound statement, or inside a helper the wrapped code calls (it
     raises on CUDA). A BCE in a plain wrapped statement is TC208's to take out, in the next round."""
-    from tcaudit.rules.tc208_autocast_unsafe_op import unsafe_kind
-
     for call in facts.calls:
         if call.statement is None or id(call.statement.node) not in wrapped:
             continue
@@ -539,140 +501,6 @@ def _computes_log_probabilities(facts: ScriptFacts, calls: Iterable[CallSite]) -
     )
 
 
-_DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
-_DEVICE_TYPES = ("cuda", "cpu", "mps", "xpu")
-
-
-def _device_expr(facts: ScriptFacts, step: TrainingStep, torch_name: str) -> tuple[str, str]:
-    """(device-type expression, enabled expression) usable at the step's position: the device the
-    script actually trains on where a name in scope tells it (a ``device`` variable or parameter, the
-    name the step moves its tensors to, the flag every ``.cuda()`` of the function runs under), so a
-    "CPU unless --cuda" run on a GPU machine keeps autocast and the GradScaler off; else CUDA when it
-    is there."""
-    function = step.function
-    if function is not None:
-        params = {p.name.value for p in function.params.params + function.params.kwonly_params}
-        for name in _DEVICE_NAMES:
-            if name in params:
-                expr = f"{torch_name}.device({name}).type"
-                return expr, f'{expr} == "cuda"'
-    for name in (*_DEVICE_NAMES, *_names_moved_to(facts, step)):
-        for binding in facts.bindings_of(name):
-            scope = binding.ctx.function
-            # A global set under ``if __name__ == "__main__":`` is not visible to importers: skip it,
-            # unless the step itself is module-level code (it then runs only where the guard does).
-            visible = (
-                (scope is function and function is not None)
-                or binding.ctx is facts.module_frame
-                or (function is None and scope is None)
-                or (name.startswith("self.") and step.ctx.class_def is not None
-                    and binding.ctx.class_def is step.ctx.class_def)
-            )
-            if not visible:
-                continue
-            if binding.statement is not None and function is scope:
-                # Must be bound before the step in the same function.
-                if facts.line_of(binding.statement.node) > facts.line_of(step.backward.node):
-                    continue
-            value = binding.value
-            qual = facts.qualname(value.func) if isinstance(value, cst.Call) else None
-            if qual == "torch.device":
-                expr = f"{name}.type"
-            elif _plain_device_type_strings(facts, value):
-                expr = name  # "cuda" if ... else "cpu": already a device type
-            else:
-                expr = f"{torch_name}.device({name}).type"
-            return expr, f'{expr} == "cuda"'
-    flag = _cuda_flag(facts, step)
-    if flag is not None:
-        return '"cuda"', flag
-    return '"cuda"', f"{torch_name}.cuda.is_available()"
-
-
-def _names_moved_to(facts: ScriptFacts, step: TrainingStep) -> list[str]:
-    """Names other than the usual device names that the step's function moves tensors to with
-    ``.to(name)``, where every value the name may hold is a device (``torch.device(...)`` or a
-    device-type string): ``target = torch.device("cuda" if args.cuda else "cpu")``."""
-    out: list[str] = []
-    for call in facts.calls:
-        if call.ctx.function is not step.function or call.method != "to":
-            continue
-        arg = call.arg("device", 0)
-        name = get_full_name_for_node(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
-        if not name or name in _DEVICE_NAMES or name in out:
-            continue
-        values = [b.value for b in facts.bindings_of(name)]
-        if values and all(_names_a_device(facts, v) for v in values):
-            out.append(name)
-    return out
-
-
-def _names_a_device(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
-    leaves = [v for v in facts.binding_values(value) if not isinstance(v, (cst.IfExp, cst.BooleanOperation))]
-    for leaf in leaves:
-        if isinstance(leaf, cst.Call) and facts.qualname(leaf.func) == "torch.device":
-            continue
-        if isinstance(leaf, cst.SimpleString) and str(leaf.evaluated_value).split(":")[0] in _DEVICE_TYPES:
-            continue
-        return False
-    return bool(leaves)
-
-
-def _cuda_flag(facts: ScriptFacts, step: TrainingStep) -> str | None:
-    """The test every device move of the step's function runs under (``if use_cuda: model.cuda()``
-    and ``if use_cuda: x = x.cuda()``), as code valid before its training loop: that flag, not the
-    machine, says whether the run is on CUDA. None where some move runs unconditionally, the moves
-    share no such test, or the loop assigns a name it reads."""
-    moves = [c for c in facts.calls if c.ctx.function is step.function and moves_to_device(c)]
-    if not moves:
-        return None
-    common: list[str] | None = None
-    for call in moves:
-        # The main guard is around every move of a module-level script and says nothing of devices.
-        codes = [facts.module.code_for_node(b.test.test) for b in branches(call.ctx)
-                 if b.taken and is_pure_test(b.test.test) and not is_main_guard(b.test)]
-        common = codes if common is None else [code for code in common if code in codes]
-    if not common:
-        return None
-    test = next(b.test.test for b in branches(moves[0].ctx) if b.taken and facts.module.code_for_node(b.test.test) == common[0])
-    loop = _outermost_loop(step.ctx, step.function)
-    if loop is not None and any(
-        b.ctx.inside(loop) for name in names_in(test) for b in facts.bindings_of(name)
-    ):
-        return None
-    return common[0]
-
-
-def _plain_device_type_strings(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
-    """True when every value the expression may take is a string literal without a device index."""
-    leaves = [v for v in facts.binding_values(value) if not isinstance(v, (cst.IfExp, cst.BooleanOperation))]
-    return bool(leaves) and all(
-        isinstance(v, cst.SimpleString) and ":" not in str(v.evaluated_value) for v in leaves
-    )
-
-
-class _DevicePlanner:
-    """The device-type expression of each step of one function; a long one (a call) is named once,
-    before the function's outermost loop, and that name is used from then on."""
-
-    def __init__(self, facts: ScriptFacts) -> None:
-        self.facts = facts
-        self.torch_name = torch_import_name(facts) or "torch"
-        self.variable: DeviceVariable | None = None
-
-    def at(self, step: TrainingStep) -> tuple[str, str]:
-        device_type, enabled = _device_expr(self.facts, step, self.torch_name)
-        if "(" not in device_type:
-            return device_type, enabled
-        if self.variable is not None:
-            return self.variable.name, f'{self.variable.name} == "cuda"'
-        loop = _outermost_loop(step.ctx, step.function)
-        if loop is None:
-            return device_type, enabled
-        self.variable = DeviceVariable(_unique_name(self.facts, "amp_device"), device_type, loop)
-        return self.variable.name, f'{self.variable.name} == "cuda"'
-
-
 def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: int) -> list[cst.CSTNode]:
     """The statements of the step's block whose lines fall in [start, end]."""
     statement = step.backward.statement
@@ -693,83 +521,6 @@ def _block_statements(facts: ScriptFacts, step: TrainingStep, start: int, end: i
     if indices != list(range(indices[0], indices[0] + len(indices))):
         raise DeclineFix("the forward and loss statements are not contiguous")
     return chosen
-
-
-def _outermost_loop(ctx: Frame, function) -> cst.CSTNode | None:
-    loop = None
-    for frame in ctx.chain():
-        if frame.kind == "def" and frame.node is function:
-            break
-        if frame.kind == "loop":
-            loop = frame.node
-    return loop
-
-
-def _unique_name(facts: ScriptFacts, base: str) -> str:
-    taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports}
-    name, index = base, 2
-    while name in taken:
-        name, index = f"{base}{index}", index + 1
-    return name
-
-
-def plan_grad_scaler(
-    facts: ScriptFacts, steps: list[TrainingStep], device: "_DevicePlanner | None" = None
-) -> GradScalerPlan:
-    """One GradScaler for these steps of one function (before their outermost loop, or in
-    ``__init__`` when the step is a method without a loop); raises DeclineFix when the optimizer
-    steps cannot be driven by it."""
-    function = steps[0].function
-    opt_steps = [c for c in facts.optimizer_steps if c.ctx.function is function]
-    if not opt_steps:
-        raise DeclineFix("optimizer.step() is not in the same function as the backward; "
-                         "add the GradScaler by hand or use precision = \"bf16\"")
-    if any(c.receiver_name in facts.scalers for c in opt_steps):
-        raise DeclineFix("a GradScaler already drives this optimizer")
-    if any(len(c.node.args) for c in opt_steps):
-        raise DeclineFix("optimizer.step(closure) cannot be driven by a GradScaler")
-    device = device or _DevicePlanner(facts)
-    torch_name = device.torch_name
-    device_type, enabled = device.at(steps[0])
-    loop = _outermost_loop(steps[0].ctx, function)
-    create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
-    init_last = None
-    if loop is not None:
-        name = _unique_name(facts, "scaler")
-    else:
-        cls = steps[0].ctx.class_def
-        init = _init_of(cls) if cls is not None else None
-        if init is None or not isinstance(init.body, cst.IndentedBlock):
-            raise DeclineFix("no loop or __init__ to create the GradScaler in; add it by hand")
-        # ``__init__`` sees only ``self.`` names: a device or flag local to the step is not there.
-        if "self." in device_type.replace("self.device", "") or (
-            device_type not in ('"cuda"',) and "self." not in device_type
-        ) or (device_type == '"cuda"' and enabled != f"{torch_name}.cuda.is_available()"):
-            device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
-            create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
-        name = "self." + _unique_name(facts, "scaler")
-        init_last = init.body.body[-1]
-    last = max(opt_steps, key=lambda c: facts.line_of(c.node))
-    if last.statement is None:
-        raise DeclineFix("optimizer.step() is not a plain statement")
-    return GradScalerPlan(
-        name=name,
-        create=f"{name} = {create}",
-        before=loop,
-        after=init_last,
-        backwards=tuple(step.backward.node for step in steps),
-        optimizer_steps=tuple(c.node for c in opt_steps),
-        last_step=last.statement.node,
-    )
-
-
-def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
-    if not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    for item in cls.body.body:
-        if isinstance(item, cst.FunctionDef) and item.name.value == "__init__":
-            return item
-    return None
 
 
 # -- the fix ------------------------------------------------------------------------------------
@@ -804,108 +555,3 @@ class MissingAutocastFix(Codemod):
         if torch_import_name(facts) is None:
             new = ensure_import(new, "import torch")
         return new
-
-
-class AutocastEditor(StatementEditor):
-    """Statement edits plus wrapping statements in a ``with`` and routing backwards and optimizer
-    steps through a GradScaler, all by node identity."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wraps: dict[int, tuple[list[int], str]] = {}
-        self.backwards: dict[int, str] = {}
-        self.steps: dict[int, str] = {}
-        self.widened: dict[int, list[int]] = {}  # an autocast ``with`` -> the statements moved into it
-        self.moved: set[int] = set()
-
-    def widen(self, autocast: cst.With, statements: list[cst.CSTNode]) -> None:
-        """Move ``statements`` (just before ``autocast`` in its block) to the start of its body."""
-        self.widened[id(autocast)] = [id(s) for s in statements]
-        self.moved.update(id(s) for s in statements)
-
-    def wrap(self, statements: list[cst.CSTNode], context_expr: str) -> None:
-        self.wraps[id(statements[0])] = ([id(s) for s in statements], context_expr)
-
-    def add_grad_scaler(self, plan: GradScalerPlan, module: cst.Module) -> None:
-        create = [parse_statement(plan.create, module)]
-        if plan.before is not None:
-            self.insert_before(plan.before, create)
-        else:
-            self.insert_after(plan.after, create)
-        for backward in plan.backwards:
-            self.backwards[id(backward)] = plan.name
-        for call in plan.optimizer_steps:
-            self.steps[id(call)] = plan.name
-        self.insert_after(plan.last_step, [parse_statement(f"{plan.name}.update()", module)])
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        scaler = self.backwards.get(id(original_node))
-        if scaler is not None and isinstance(updated_node.func, cst.Attribute):
-            loss = updated_node.func.value
-            scaled = cst.Call(
-                func=cst.Attribute(value=parse_expression(scaler, cst.Module([])), attr=cst.Name("scale")),
-                args=[cst.Arg(loss)],
-            )
-            return updated_node.with_changes(func=updated_node.func.with_changes(value=scaled))
-        scaler = self.steps.get(id(original_node))
-        if scaler is not None and isinstance(updated_node.func, cst.Attribute):
-            optimizer = updated_node.func.value
-            return cst.Call(
-                func=cst.Attribute(value=parse_expression(scaler, cst.Module([])), attr=cst.Name("step")),
-                args=[cst.Arg(optimizer)],
-            )
-        return updated_node
-
-    def _rebuild(self, original_body, updated_body) -> list:
-        if not self.wraps and not self.widened:
-            return super()._rebuild(original_body, updated_body)
-        originals = list(original_body)
-        updated = list(updated_body)
-        out_original: list = []
-        out_updated: list = []
-        pending: list = []  # moved statements waiting for their autocast block
-        index = 0
-        while index < len(originals):
-            node = originals[index]
-            if id(node) in self.moved:
-                pending.append(updated[index])
-                index += 1
-                continue
-            if id(node) in self.widened and pending:
-                widened = updated[index]
-                leading = [*getattr(pending[0], "leading_lines", ()), *widened.leading_lines]
-                pending[0] = pending[0].with_changes(leading_lines=[])
-                widened = widened.with_changes(
-                    leading_lines=leading,
-                    body=widened.body.with_changes(body=[*pending, *widened.body.body]),
-                )
-                pending = []
-                out_original.append(node)
-                out_updated.append(widened)
-                index += 1
-                continue
-            wrap = self.wraps.get(id(node))
-            if wrap is None:
-                out_original.append(node)
-                out_updated.append(updated[index])
-                index += 1
-                continue
-            ids, context_expr = wrap
-            count = len(ids)
-            inner = updated[index: index + count]
-            first = inner[0]
-            leading = getattr(first, "leading_lines", ())
-            inner[0] = first.with_changes(leading_lines=[])
-            with_node = cst.With(
-                items=[cst.WithItem(parse_expression(context_expr, cst.Module([])))],
-                body=cst.IndentedBlock(body=inner),
-                leading_lines=leading,
-            )
-            # Keep insert/replace plans keyed on the wrapped statements working on the new node.
-            for key in (self.before, self.after):
-                if id(node) in key:
-                    key[id(with_node)] = key.pop(id(node))
-            out_original.append(with_node)
-            out_updated.append(with_node)
-            index += count
-        return super()._rebuild(out_original, out_updated)

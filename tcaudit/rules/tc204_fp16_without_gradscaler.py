@@ -5,7 +5,7 @@ and trained (which TC206 rewrites first).
 
 Fix (numerics), for fp16 autocast: create one ``torch.amp.GradScaler`` per function holding the
 autocast's training steps, scale their backwards, route ``optimizer.step()`` through it and update it
-after the last step (the same edit as TC201's GradScaler, held in an :class:`AddScaler` plan).
+after the last step (the same edit as TC201's GradScaler, :mod:`tcaudit.rewrite.autocast`, held in an :class:`AddScaler` plan).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.autocast import AutocastEditor, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc201_missing_autocast import AutocastEditor, GradScalerPlan, plan_grad_scaler
 from tcaudit.script.amp import HALF, amp_facts, cast_dtype
 from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import ScriptFacts

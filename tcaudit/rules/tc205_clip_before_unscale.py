@@ -16,9 +16,9 @@ import libcst as cst
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc213_clip_after_step import clipped_after_step
 from tcaudit.script.facts import CLIP_FUNCTIONS, ScriptFacts
 from tcaudit.script.guards import condition_code, exclusive, extra_conditions
+from tcaudit.script.steps import clipped_after_step
 
 
 @dataclass(frozen=True, eq=False)

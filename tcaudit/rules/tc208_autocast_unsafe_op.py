@@ -16,20 +16,14 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.amp import BF16, AmpFacts, amp_facts
+from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.triggers import all_of
-
-BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
-BCE_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
-SPARSE_MM = frozenset({"torch.sparse.mm", "torch.sparse.addmm", "torch.sspaddmm", "torch.sparse.sampled_addmm"})
-
 
 @dataclass(frozen=True, eq=False)
 class BceOutsideAutocast(FixPlan):
@@ -112,25 +106,6 @@ class AutocastUnsafeOp(ScriptRule):
                 if name and "." not in name:
                     out.update(facts.functions_by_name.get(name, []))
         return out
-
-
-def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
-    """"bce" or "sparse" for a call autocast cannot run (TC208), else None."""
-    qual = call.qualname or ""
-    if qual in BCE_FUNCTIONS:
-        return "bce"
-    if qual in SPARSE_MM:
-        return "sparse"
-    func = call.node.func
-    if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
-        return "bce"  # nn.BCELoss()(p, y)
-    if isinstance(func, (cst.Name, cst.Attribute)):
-        name = get_full_name_for_node(func)
-        if name and facts.bindings_of(name):
-            for value in facts.binding_values(func):
-                if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:
-                    return "bce"
-    return None
 
 
 def _helper_under_autocast(facts: ScriptFacts, call: CallSite) -> tuple[Situation, ...]:

@@ -14,26 +14,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
-from tcaudit.script.facts import CLIP_FUNCTIONS, CallSite, ScriptFacts
-from tcaudit.script.guards import exclusive
-
-
-def clipped_after_step(facts: ScriptFacts, clip: CallSite) -> CallSite | None:
-    """The optimizer step that runs before ``clip`` on its path, after a backward and with no backward
-    between them (the clip then clips gradients the step already used), or None."""
-    function = clip.ctx.function
-    line = facts.line_of(clip.node)
-
-    def before_on_path(call: CallSite) -> bool:
-        return call.ctx.function is function and facts.line_of(call.node) < line and not exclusive(call.ctx, clip.ctx)
-
-    backwards = [facts.line_of(s.backward.node) for s in facts.training_steps if before_on_path(s.backward)]
-    steps = [c for c in facts.optimizer_steps if before_on_path(c)]
-    for step in sorted(steps, key=lambda c: facts.line_of(c.node), reverse=True):
-        step_line = facts.line_of(step.node)
-        if any(b < step_line for b in backwards) and not any(step_line < b for b in backwards):
-            return step
-    return None
+from tcaudit.script.facts import CLIP_FUNCTIONS, ScriptFacts
+from tcaudit.script.steps import clipped_after_step
 
 
 class ClipAfterStep(ScriptRule):

@@ -370,7 +370,7 @@ def _inplace_keyword(call: cst.Call) -> bool:
 def _model_classes(facts: ScriptFacts, pipeline: PipelineFacts, construction: cst.Call) -> set[cst.ClassDef]:
     """The classes of this file the model is built from: those called in the construction, their base
     classes, and the classes they build in turn."""
-    by_name = {node.name.value: node for node, _ in facts.classes}
+    by_name = facts.classes_by_name
     names = {get_full_name_for_node(c.func) for c in call_nodes(construction)}
     pending = [by_name[n.split(".")[-1]] for n in names if n and n.split(".")[-1] in by_name]
     found: set[cst.ClassDef] = set()
@@ -539,7 +539,7 @@ def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, 
     if qual.startswith(_KNOWN_FACTORIES) or pipeline.arch_by_name(site.construction) is not None:
         return True
     dotted = get_full_name_for_node(site.construction.func) or ""
-    by_name = {node.name.value: node for node, _ in facts.classes}
+    by_name = facts.classes_by_name
     if qual == "torch.nn.Sequential":
         return _builds_image_layer(facts, site.construction, by_name, depth)
     cls = by_name.get(dotted.split(".")[-1])

@@ -28,7 +28,7 @@ from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.script.trained_models import ModelSite
+from tcaudit.script.trained_models import MODEL_CHAIN, ModelSite
 from tcaudit.source.syntax import call_nodes, nodes_of, parent_map
 from tcaudit.source.triggers import all_of
 
@@ -162,11 +162,9 @@ def _unwrapped(name: str) -> str:
 
 # -- the plan -------------------------------------------------------------------------------------------
 
-# Methods that prepare a built model without changing what it is: the compile goes after them.
-_PREP = frozenset(
-    {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "requires_grad_", "apply",
-     "to_empty", "load_state_dict", "share_memory"}
-)
+# Methods that prepare a built model without changing what it is: the compile goes after them. Those a
+# model's chain is followed through (MODEL_CHAIN), plus the ones a script also prepares the model with.
+_PREP = MODEL_CHAIN | {"cpu", "double", "load_state_dict", "share_memory"}
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
@@ -336,7 +334,7 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
         if qual.startswith("torch.jit"):
             raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
     pipeline = pipeline_facts(facts)
-    classes = {node.name.value: node for node, _ in facts.classes}
+    classes = facts.classes_by_name
     for call in pipeline.constructions(binding.value):
         cls = classes.get((get_full_name_for_node(call.func) or "").split(".")[-1])
         if cls is not None and any(
@@ -369,7 +367,7 @@ def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | Non
     """The recurrent torch.nn layer (``nn.LSTM``) a built model holds, following the classes of this file
     it constructs (``Seq2Seq`` holding an ``Encoder`` with an LSTM); ``getattr(nn, rnn_type)(...)`` (the
     word-language-model shape) counts where the class names a recurrent type in a string."""
-    classes = {node.name.value: node for node, _ in facts.classes}
+    classes = facts.classes_by_name
     pipeline = pipeline_facts(facts)
     seen: set[str] = set()
     # The parts passed to the constructor count too: ``Seq2Seq(Encoder(...), Decoder(...))``.

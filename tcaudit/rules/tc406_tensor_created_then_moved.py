@@ -24,21 +24,10 @@ from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import ACCELERATOR_NAMED
-from tcaudit.script.expressions import keyword_arg, moves_to_device
+from tcaudit.script.expressions import DEVICE_FACTORIES, keyword_arg, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
-
-# Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
-FACTORIES = frozenset(
-    f"torch.{name}"
-    for name in (
-        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
-        "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like", "empty_like", "full_like",
-        "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
-    )
-)
-
 
 _MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
 
@@ -128,7 +117,7 @@ def _created_by_factory(
         sliced = sliced.value
     if isinstance(sliced, cst.Call):
         factory = by_node.get(id(sliced))
-        if factory is None or factory.qualname not in FACTORIES:
+        if factory is None or factory.qualname not in DEVICE_FACTORIES:
             return None
         if sliced is not receiver and not _builds_from_shape(factory):
             return None
@@ -160,7 +149,7 @@ def _created_through_name(
     while isinstance(value, cst.Subscript):
         value = value.value
     factory = by_node.get(id(value)) if isinstance(value, cst.Call) else None
-    if factory is None or factory.qualname not in FACTORIES or not _builds_from_shape(factory):
+    if factory is None or factory.qualname not in DEVICE_FACTORIES or not _builds_from_shape(factory):
         return None
     between = here.block[binding.statement.index + 1:here.index]  # type: ignore[union-attr]
     if any(_reads(node, name) for node in between):

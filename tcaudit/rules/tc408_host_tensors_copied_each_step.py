@@ -27,9 +27,8 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_statement
 from tcaudit.rewrite.edits import CallEditor, add_keyword, with_torch_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc406_tensor_created_then_moved import FACTORIES
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import is_in_place_name, keyword_arg, literal, moves_to_device
+from tcaudit.script.expressions import DEVICE_FACTORIES, is_in_place_name, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops
 from tcaudit.script.pipeline import pipeline_facts
@@ -375,7 +374,7 @@ def _tensor_origin(facts: ScriptFacts, value: cst.BaseExpression) -> str | None:
     qualname = facts.qualname(node.func)
     if qualname in LOADED_SOURCES:
         return qualname
-    if qualname not in FACTORIES:
+    if qualname not in DEVICE_FACTORIES:
         return None
     if any(keyword_arg(node, key) is not None for key in ("device", "pin_memory", "out")):
         return None

@@ -56,7 +56,7 @@ def _is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> b
     dataset = _dataset_expr(call)
     if dataset is None:
         return True  # cannot tell what it loads
-    classes = {node.name.value: node for node, _ in facts.classes}
+    classes = facts.classes_by_name
     for value in facts.binding_values(dataset):
         if _SHARDED_TEXT.search(code(facts, value)):
             return True

@@ -20,6 +20,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
@@ -419,29 +420,6 @@ def _visible_at(facts: ScriptFacts, dotted: str, ctx: Frame, line: int, depth: i
 def _first_param(fn: cst.FunctionDef) -> str | None:
     params = fn.params.posonly_params + fn.params.params
     return params[0].name.value if params else None
-
-
-def direct_callers(facts: ScriptFacts, fn: cst.FunctionDef) -> list[CallSite]:
-    """Calls of ``fn`` from outside it: ``fn(...)`` for a function, ``self.fn(...)`` for a method (never
-    ``model.train()`` for a ``def train``)."""
-    method = any(other is fn and ctx.kind == "class" for other, ctx in facts.functions)
-    wanted = f"self.{fn.name.value}" if method else fn.name.value
-    return [c for c in facts.calls if c.name == wanted and not c.ctx.inside(fn)]
-
-
-def parameter_receiving(fn: cst.FunctionDef, call: cst.Call, dotted: str) -> str | None:
-    """The parameter of ``fn`` that ``call`` passes ``dotted`` to (positionally or by keyword)."""
-    params = [x.name.value for x in (*fn.params.posonly_params, *fn.params.params)]
-    if params and params[0] in ("self", "cls") and isinstance(call.func, cst.Attribute):
-        params = params[1:]
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    for index, arg in enumerate(positional):
-        if get_full_name_for_node(arg.value) == dotted and index < len(params):
-            return params[index]
-    for arg in call.args:
-        if arg.keyword is not None and get_full_name_for_node(arg.value) == dotted:
-            return arg.keyword.value
-    return None
 
 
 # -- the loader that holds the sampler ------------------------------------------------------------------

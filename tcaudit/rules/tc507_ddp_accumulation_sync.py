@@ -19,7 +19,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
 from tcaudit.rewrite.edits import add_stdlib_import, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.tc504_sampler_without_set_epoch import direct_callers, parameter_receiving
+from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,

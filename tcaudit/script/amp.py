@@ -718,6 +718,31 @@ def is_model_expr(facts: ScriptFacts, call: CallSite) -> bool:
     return False
 
 
+# Ops autocast cannot run: binary cross-entropy on probabilities raises, sparse multiplies have no fp16 kernel.
+BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
+BCE_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
+SPARSE_MM = frozenset({"torch.sparse.mm", "torch.sparse.addmm", "torch.sspaddmm", "torch.sparse.sampled_addmm"})
+
+
+def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
+    """"bce" or "sparse" for a call autocast cannot run (TC208), else None."""
+    qual = call.qualname or ""
+    if qual in BCE_FUNCTIONS:
+        return "bce"
+    if qual in SPARSE_MM:
+        return "sparse"
+    func = call.node.func
+    if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
+        return "bce"  # nn.BCELoss()(p, y)
+    if isinstance(func, (cst.Name, cst.Attribute)):
+        name = get_full_name_for_node(func)
+        if name and facts.bindings_of(name):
+            for value in facts.binding_values(func):
+                if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:
+                    return "bce"
+    return None
+
+
 def amp_facts(facts: ScriptFacts) -> AmpFacts:
     cached = getattr(facts, "_amp_facts", None)
     if cached is None:

@@ -128,3 +128,14 @@ def moves_to_device(call: CallSite) -> bool:
         return True
     first = call.arg("", 0)
     return first is not None and is_device_expr(first)
+
+
+# Factories that take ``device=``. ``torch.from_numpy`` does not; ``torch.Tensor(...)`` is legacy.
+DEVICE_FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+        "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like", "empty_like", "full_like",
+        "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
+    )
+)

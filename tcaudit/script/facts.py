@@ -60,7 +60,6 @@ _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|s
 _ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
 _CUDA_TEXT = re.compile(CUDA_NAMED)
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
-_HOST_DEVICES = ("cpu", "mps", "xpu", "meta")
 
 # Frameworks that own the loop and/or precision when these names are referenced.
 _FRAMEWORK_ROOTS = {
@@ -111,6 +110,17 @@ class Frame:
 
     def inside(self, node: cst.CSTNode) -> bool:
         return any(frame.node is node for frame in self.chain())
+
+
+def outermost_loop(ctx: Frame, function) -> cst.CSTNode | None:
+    """The outermost loop around ``ctx`` inside ``function`` (None where there is none)."""
+    loop = None
+    for frame in ctx.chain():
+        if frame.kind == "def" and frame.node is function:
+            break
+        if frame.kind == "loop":
+            loop = frame.node
+    return loop
 
 
 @dataclass(frozen=True)
@@ -544,12 +554,6 @@ class ScriptFacts:
                 return f"{module}.{dotted}"
         return None
 
-    def resolve_all(self, dotted: str | None) -> list[str]:
-        if not dotted:
-            return []
-        head, _, rest = dotted.partition(".")
-        return [f"{q}.{rest}" if rest else q for q in self._import_map.get(head, [])]
-
     def qualname(self, expr: cst.BaseExpression | None) -> str | None:
         if expr is None:
             return None
@@ -649,9 +653,6 @@ class ScriptFacts:
         wanted = set(qualnames)
         return [c for c in self.calls if c.qualname in wanted]
 
-    def calls_ending(self, *suffixes: str) -> list[CallSite]:
-        return [c for c in self.calls if c.qualname and c.qualname.endswith(suffixes)]
-
     def method_calls(self, *methods: str) -> list[CallSite]:
         wanted = set(methods)
         return [c for c in self.calls if c.method in wanted]
@@ -674,6 +675,11 @@ class ScriptFacts:
         for node, _ in self.functions:
             table.setdefault(node.name.value, []).append(node)
         return table
+
+    @functools.cached_property
+    def classes_by_name(self) -> dict[str, cst.ClassDef]:
+        """The classes of this file by name (of two with one name, the later); read it, do not change it."""
+        return {node.name.value: node for node, _ in self.classes}
 
     def callees(self, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
         """Functions of this file that ``function`` calls by name or as ``self.name``."""
@@ -869,11 +875,6 @@ class ScriptFacts:
     @functools.cached_property
     def autocast_withs(self) -> list[tuple[cst.With, Frame]]:
         return [(node, ctx) for node, ctx in self.withs if "autocast" in self.with_kinds(node)]
-
-    @functools.cached_property
-    def autocast_calls(self) -> list[CallSite]:
-        """Every call that constructs an autocast context, wherever it is used."""
-        return [c for c in self.calls if c.qualname in AUTOCAST_QUALNAMES or (c.qualname or "").endswith(".amp.autocast")]
 
     # -- training -----------------------------------------------------------------------------------
     @functools.cached_property

@@ -4,6 +4,8 @@ Walk out from a call through its frames: an ``if`` on an interval (``step % 100 
 time check), an opt-in switch (``if args.debug:``, ``if self.verbose:``) or an ``except`` means "not
 every step", a step loop means "every step", and a function is followed to its callers (not through
 eval functions) a couple of levels up. TC601, TC605 and TC212 ask it.
+
+Also which optimizer step a gradient clip runs after (:func:`clipped_after_step`, TC213 and TC205).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value, names_in
-from tcaudit.script.facts import Frame, ScriptFacts
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.script.guards import exclusive
 
 _TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
 MAX_CALL_DEPTH = 2
@@ -157,3 +160,21 @@ def runs_every_step(facts: ScriptFacts, ctx: Frame, depth: int = MAX_CALL_DEPTH)
         if kind in ("class", "lambda"):
             return False
     return False
+
+
+def clipped_after_step(facts: ScriptFacts, clip: CallSite) -> CallSite | None:
+    """The optimizer step that runs before ``clip`` on its path, after a backward and with no backward
+    between them (the clip then clips gradients the step already used), or None."""
+    function = clip.ctx.function
+    line = facts.line_of(clip.node)
+
+    def before_on_path(call: CallSite) -> bool:
+        return call.ctx.function is function and facts.line_of(call.node) < line and not exclusive(call.ctx, clip.ctx)
+
+    backwards = [facts.line_of(s.backward.node) for s in facts.training_steps if before_on_path(s.backward)]
+    steps = [c for c in facts.optimizer_steps if before_on_path(c)]
+    for step in sorted(steps, key=lambda c: facts.line_of(c.node), reverse=True):
+        step_line = facts.line_of(step.node)
+        if any(b < step_line for b in backwards) and not any(step_line < b for b in backwards):
+            return step
+    return None

@@ -21,8 +21,7 @@ import types
 from typing import Callable, Mapping, Optional
 
 import libcst as cst
-from libcst._position import CodePosition
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 # None: LibCST walks this class itself. A tuple: the child attributes in visiting order.

@@ -35,13 +35,12 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix
-from tcaudit.rules.costs import cost_note
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import nodes_of, parent_map
 
 if TYPE_CHECKING:
-    from tcaudit.rules.base import RuleContext, ScriptRule
+    from tcaudit.rules.base import ScriptRule
 
 ALIGNMENT = 8  # elements: 16 bytes of bf16/fp16, TC101's and TC102's alignment
 # The model audit's suggestion (tcaudit/model/cost.py ``suggest``, cost_table.json): from 256 on, the
@@ -579,45 +578,27 @@ def _check_same_value_elsewhere(facts: ScriptFacts, width: Width) -> None:
                     )
 
 
-# -- the edit -----------------------------------------------------------------------------------------
-
-
-def pad_literals(module: cst.Module, findings: Sequence[Finding]) -> cst.Module:
-    """Each planned literal becomes its padded width; nothing else changes."""
-    replace: dict[int, str] = {}
-    for finding in findings:
-        plan = finding.fix.plan
-        for node in plan.literals:
-            replace[id(node)] = str(plan.padded)
-
-    class _T(cst.CSTTransformer):
-        def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.Integer:
-            value = replace.get(id(original_node))
-            return updated_node.with_changes(value=value) if value is not None else updated_node
-
-    return module.visit(_T())
-
-
 # -- the finding ----------------------------------------------------------------------------------------
 
 
-def width_finding(rule: "ScriptRule", facts: ScriptFacts, context: "RuleContext", width: Width) -> Finding:
-    """The script half's finding for one width: at its literal, with the opt-in padding fix (or its decline)."""
-    target = padded_width(width.value)
-    layers = ", ".join(dict.fromkeys(
+def width_layers(facts: ScriptFacts, width: Width) -> str:
+    """The layers a width sizes, as a finding's message quotes them (each once, in order)."""
+    return ", ".join(dict.fromkeys(
         f"`{facts.module.code_for_node(use.layer.call).strip()}`" for use in width.uses
     ))
-    named = "" if width.inline else f" (`{width.label}`)"
-    unit = "channels" if rule.id == "TC102" else "units"
-    if rule.id == "TC102":
-        what = f"channel count {width.value}{named}"
-        cost = cost_note(rule.spec, context.settings.gpu, "channels")
-        effect = f"cuDNN cannot use its fast bf16/fp16 Tensor Core kernels for {layers}{cost}"
-    else:
-        what = f"hidden width {width.value}{named}"
-        key = "n_multiple_of_4" if width.value % 4 == 0 else "odd_n"
-        cost = cost_note(rule.spec, context.settings.gpu, key)
-        effect = f"the GEMMs of {layers} miss the fast bf16/fp16 Tensor Core kernels{cost}"
+
+
+def width_named(width: Width) -> str:
+    """What the message adds after the value: the name the script gives the width, or nothing for a
+    literal written in the layers themselves."""
+    return "" if width.inline else f" (`{width.label}`)"
+
+
+def width_finding(rule: "ScriptRule", facts: ScriptFacts, width: Width, what: str, effect: str, unit: str) -> Finding:
+    """The script half's finding for one width: at its literal, with the opt-in padding fix (or its decline).
+    The rule says ``what`` the width is, the ``effect`` of leaving it (with its measured cost) and the
+    ``unit`` the padding adds."""
+    target = padded_width(width.value)
     description = f"pad `{width.label}` {width.value} → {target}"
     return rule.finding(
         facts,

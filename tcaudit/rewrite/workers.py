@@ -1,0 +1,43 @@
+"""The worker-process edit of a training DataLoader (``num_workers=...``, importing ``os`` where
+needed): TC401 makes it, TC404 asks whether it can be made."""
+
+from __future__ import annotations
+
+from tcaudit.rewrite.codemod import DeclineFix
+from tcaudit.rewrite.edits import KeywordPlan, decline_key_in_dict, plan_loader_keyword
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.pipeline import PipelineFacts
+
+WORKERS = "min(16, os.cpu_count() or 1)"
+
+
+def plan_workers(pipeline: PipelineFacts, site: LoaderSite) -> KeywordPlan:
+    """The edit that gives this DataLoader workers; DeclineFix when it cannot be made safely."""
+    facts = pipeline.facts
+    decline_key_in_dict(site, "num_workers")
+    ctx = site.call.ctx
+    guard = pipeline.main_guard
+    if guard is None or (ctx.function is None and not ctx.inside(guard)):
+        raise DeclineFix(
+            "the script has no `if __name__ == \"__main__\":` guard around its training code: worker "
+            "processes started with spawn/forkserver (Windows, macOS, Linux from Python 3.14) would "
+            "re-run the whole script"
+        )
+    os_name = _os_name(facts)
+    value = WORKERS.replace("os.", f"{os_name}.")
+    imports = ("os",) if os_name == "os" and not _imports_os(facts) else ()
+    return plan_loader_keyword(site, "num_workers", value, imports)
+
+
+def _os_name(facts: ScriptFacts) -> str:
+    for site in facts.imports:
+        if site.qualname == "os" and site.ctx is facts.module_frame:
+            return site.local
+    if facts.bindings_of("os"):
+        raise DeclineFix("the name `os` is bound to something else in this file")
+    return "os"
+
+
+def _imports_os(facts: ScriptFacts) -> bool:
+    return any(site.qualname == "os" and site.local == "os" and site.ctx is facts.module_frame for site in facts.imports)

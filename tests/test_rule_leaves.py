@@ -1,0 +1,115 @@
+"""Rules are leaves (issue 27): a rule module (``tcaudit/rules/tcNNN_*.py``) imports no other rule
+module; what two rules share lives below them, analysis in ``tcaudit/script/``, editing in
+``tcaudit/rewrite/``. And ``tcaudit/rules/`` holds the rule modules and the rule infrastructure only."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from conftest import REPO
+
+RULES = REPO / "tcaudit" / "rules"
+RULE_MODULE = re.compile(r"tc\d{3}_\w+")
+INFRASTRUCTURE = {"__init__", "base", "registry", "situations", "costs", "trigger_table"}
+
+def _rule_modules() -> list[Path]:
+    return sorted(p for p in RULES.glob("*.py") if RULE_MODULE.fullmatch(p.stem))
+
+
+def imported_rule_modules(path: Path) -> set[str]:
+    """The rule modules ``path`` imports anywhere (at the top, inside functions, relatively)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # ``from .tc201_x import ...`` or ``from . import tc201_x``
+                base = "tcaudit.rules" + (f".{node.module}" if node.module else "") if node.level == 1 else ""
+            else:
+                base = node.module or ""
+            dotted = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in dotted:
+            parts = name.split(".")
+            if parts[:2] == ["tcaudit", "rules"] and len(parts) > 2 and RULE_MODULE.fullmatch(parts[2]):
+                found.add(parts[2])
+    found.discard(path.stem)
+    return found
+
+
+def test_there_are_rule_modules_to_check():
+    assert len(_rule_modules()) > 40
+
+
+def test_no_rule_module_imports_another():
+    imports = {(path.stem, other) for path in _rule_modules() for other in imported_rule_modules(path)}
+    assert imports == set(), (
+        "move what the rules share into tcaudit/script/ or tcaudit/rewrite/; a rule that reads another's "
+        "outcome declares it in `after` and asks RuleContext.findings_of / fixable / fixed_by"
+    )
+
+
+def _script_rules():
+    from tcaudit.rules.base import discover_script_rules
+
+    return discover_script_rules()
+
+
+OUTCOME_CALL = re.compile(r"context\.(?:findings_of|fixable|fixed_by)\(\s*\"(TC\d{3})\"")
+WAITS_FOR = re.compile(r"(?:FollowsFix\(\s*|after(?::\s*str)?\s*=\s*)\"(TC\d{3})\"")
+
+
+def test_a_rule_declares_every_rule_whose_outcome_it_reads_or_whose_fix_it_waits_for():
+    """``after`` is the one record of how rules depend on each other: the engine orders checks and fixes
+    by it, so a rule that reads another's findings (or waits for its fix) without declaring it would
+    read nothing, or fix out of order."""
+    import inspect
+    import sys
+
+    missing = []
+    for rule_id, cls in sorted(_script_rules().items()):
+        text = inspect.getsource(sys.modules[cls.__module__])
+        named = set(OUTCOME_CALL.findall(text)) | set(WAITS_FOR.findall(text))
+        for leader in sorted(named - {rule_id} - set(cls.after)):
+            missing.append(f"{rule_id} reads {leader} without `after`")
+    assert not missing, missing
+
+
+def test_after_names_real_rules_and_has_no_cycle():
+    from tcaudit.rules.base import in_rule_order
+
+    rules = _script_rules()
+    for rule_id, cls in rules.items():
+        assert set(cls.after) <= set(rules), f"{rule_id}.after names unknown rules"
+    ordered = [r.id for r in in_rule_order([cls() for cls in rules.values()])]
+    position = {rule: index for index, rule in enumerate(ordered)}
+    for rule_id, cls in rules.items():
+        assert all(position[leader] < position[rule_id] for leader in cls.after), rule_id
+
+
+def test_the_check_sees_imports_inside_functions(tmp_path):
+    module = tmp_path / "tc999_probe.py"
+    module.write_text(
+        "def check():\n"
+        "    from tcaudit.rules.tc201_missing_autocast import MissingAutocast\n"
+        "    import tcaudit.rules.tc206_half_model_training\n"
+        "    from tcaudit.rules import tc304_legacy_jit_flags\n"
+        "    from .tc503_ddp_without_distributed_sampler import DdpWithoutDistributedSampler\n"
+        "    from tcaudit.rules.base import ScriptRule\n",
+        encoding="utf-8",
+    )
+    assert imported_rule_modules(module) == {
+        "tc201_missing_autocast", "tc206_half_model_training", "tc304_legacy_jit_flags",
+        "tc503_ddp_without_distributed_sampler",
+    }
+
+
+def test_rules_holds_only_rule_modules_and_their_infrastructure():
+    others = sorted(
+        p.name for p in RULES.iterdir()
+        if p.name != "__pycache__" and not (p.suffix == ".py" and (RULE_MODULE.fullmatch(p.stem) or p.stem in INFRASTRUCTURE))
+    )
+    assert others == [], "shared analysis belongs in tcaudit/script/, shared editing in tcaudit/rewrite/"
