@@ -326,7 +326,7 @@ def scan(
         return fr.source
 
     if audit is not None:
-        findings = one_vocab_finding(*one_width_finding(findings, audit.findings))
+        findings = merge_model_findings(findings, audit.findings, settings)
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
@@ -423,55 +423,24 @@ def model_audit_wanted(settings: Settings) -> bool:
     return settings.exec_models and any(rule.startswith("TC1") for rule in settings.enabled_rules())
 
 
-def _models_key(models: "AuditedModels | None") -> str:
-    return models.digest() if models is not None else ""
+def merge_model_findings(script: list[Finding], model: list[Finding], settings: Settings) -> list[Finding]:
+    """The script rules' findings and the model audit's, with each rule that reports from both
+    (``ScriptRule.merge_model_findings``) making one finding per thing it reports."""
+    from tcaudit.rules.registry import has_script_rule, load_rule
 
-
-def one_vocab_finding(script: list[Finding], model: list[Finding]) -> list[Finding]:
-    """One TC104 per unaligned vocabulary size. Where the script's literal can be padded, its finding
-    (at the literal, with the fix) stands for the model audit's; where that fix is declined, the model
-    audit's (at the head, with its measured cost) stays and carries the script's reason
-    (tcaudit/rules/tc104_vocab_size_literal.py)."""
-    literals = {f.details.get("vocab_size"): f for f in script if f.rule == "TC104"}
-    out = list(script)
-    for finding in model:
-        twin = literals.get(finding.details.get("vocab_size")) if finding.rule == "TC104" else None
-        if twin is None:
-            out.append(finding)
-        elif twin.fix is not None and not twin.fix.available:
-            out.remove(twin)
-            finding.fix = twin.fix
-            out.append(finding)
+    out = [f for f in script if f.rule not in {m.rule for m in model}]
+    for rule_id in sorted({f.rule for f in model}):
+        mine = [f for f in script if f.rule == rule_id]
+        theirs = [f for f in model if f.rule == rule_id]
+        if mine and has_script_rule(rule_id):
+            mine, theirs = type(load_rule(rule_id, settings)).merge_model_findings(mine, theirs)
+        out.extend(mine)
+        out.extend(theirs)
     return out
 
 
-# The model audit's unaligned dimensions (details["suggested"]'s keys) and where each finding keeps its size.
-_WIDTH_KEYS = {"K": "k", "N": "n", "in": "c_in", "out": "c_out"}
-
-
-def one_width_finding(script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
-    """One TC101/TC102 per layer width the script sets (tcaudit/rules/layer_widths.py): a model audit
-    finding of the same file whose only unaligned size is that width is the script's. Where the script's padding is
-    offered, its finding (at the literal) stands for those; where it is declined, they stay (at the
-    layers, with their measured cost) and carry its reason. Returns (script, model) findings to keep."""
-    widths = {
-        (f.rule, f.location.path, f.details["width"]): f
-        for f in script if f.rule in ("TC101", "TC102") and "width" in f.details
-    }
-    if not widths:
-        return script, model
-    kept_model: list[Finding] = []
-    given: set[int] = set()
-    for finding in model:
-        sizes = {finding.details.get(_WIDTH_KEYS.get(key, "")) for key in finding.details.get("suggested", {})}
-        twin = widths.get((finding.rule, finding.location.path, sizes.pop())) if len(sizes) == 1 else None
-        if twin is None:
-            kept_model.append(finding)
-        elif twin.fix is not None and not twin.fix.available:
-            finding.fix = twin.fix
-            kept_model.append(finding)
-            given.add(id(twin))
-    return [f for f in script if id(f) not in given], kept_model
+def _models_key(models: "AuditedModels | None") -> str:
+    return models.digest() if models is not None else ""
 
 
 # -- analysing the files: in-process or in workers --------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from helpers import scan_code
 from tcaudit.config import Settings, load_settings
-from tcaudit.engine import one_width_finding
+from tcaudit.script.layer_widths import one_width_finding
 from tcaudit.findings import Finding, Fix, FixClass, Location, Severity
 from tcaudit.fix.engine import fix_file
 
@@ -190,14 +190,14 @@ def _finding(rule: str, line: int, details: dict, fix: Fix | None = None) -> Fin
 
 def test_one_finding_per_width_with_the_model_audit():
     offered = _finding("TC101", 3, {"width": 500, "suggested": 512}, Fix(FixClass.NUMERICS, "pad", option="pad-dims"))
-    up = _finding("TC101", 9, {"k": 784, "n": 500, "suggested": {"N": 512}})
-    down = _finding("TC101", 10, {"k": 500, "n": 10, "suggested": {"K": 512, "N": 16}})
+    up = _finding("TC101", 9, {"k": 784, "n": 500, "suggested": {"N": 512}, "unaligned": {"N": 500}})
+    down = _finding("TC101", 10, {"k": 500, "n": 10, "suggested": {"K": 512, "N": 16}, "unaligned": {"K": 500, "N": 10}})
     script, model = one_width_finding([offered], [up, down])
     assert script == [offered] and model == [down]  # the head's N=10 is its own finding
 
     declined = _finding("TC101", 3, {"width": 500, "suggested": 512},
                         Fix(FixClass.NUMERICS, "pad", available=False, reason="checkpoint", option="pad-dims"))
-    up = _finding("TC101", 9, {"k": 784, "n": 500, "suggested": {"N": 512}})
+    up = _finding("TC101", 9, {"k": 784, "n": 500, "suggested": {"N": 512}, "unaligned": {"N": 500}})
     script, model = one_width_finding([declined], [up])
     assert script == [] and model == [up] and up.fix.reason == "checkpoint"
 

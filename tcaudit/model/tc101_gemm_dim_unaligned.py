@@ -62,7 +62,8 @@ class GemmDimUnaligned(ModelRule):
                               "not run by the captured graph; checked from its parameters"),
                 cost=estimate,
                 details={"module": module.path, "k": k, "n": n, "dtype": dtype, "impact_basis": "parameters",
-                         "suggested": {name: suggest(dim, dtype) for name, dim in bad}},
+                         "suggested": {name: suggest(dim, dtype) for name, dim in bad},
+                         "unaligned": dict(bad)},
             )
 
     def _report(self, context: ModelContext, site, ops: list[OpFact], vocab: set[int]) -> Finding:
@@ -81,6 +82,7 @@ class GemmDimUnaligned(ModelRule):
             "m": m, "n": n, "k": k,
             "dtype": dtype,
             "suggested": {name: suggest(dim, dtype) for name, dim in bad},
+            "unaligned": dict(bad),  # the sizes that miss the alignment, by dimension (K, N)
         }
         return self.finding(
             context,

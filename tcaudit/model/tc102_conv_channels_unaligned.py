@@ -31,7 +31,8 @@ class ConvChannelsUnaligned(ModelRule):
                 cost=estimate,
                 details={**module_details, "shapes": first.shapes, "c_in": first.info["c_in"],
                          "c_out": first.info["c_out"], "dtype": dtype,
-                         "suggested": {NAMES[key]: suggest(first.info[key], dtype) for key in bad}},
+                         "suggested": {NAMES[key]: suggest(first.info[key], dtype) for key in bad},
+                         "unaligned": {NAMES[key]: first.info[key] for key in bad}},
             )
         for module in facts.unreached("conv"):
             attrs = module.attrs
@@ -49,7 +50,8 @@ class ConvChannelsUnaligned(ModelRule):
                 cost=estimate,
                 details={"module": module.path, "c_in": info["c_in"], "c_out": info["c_out"], "dtype": dtype,
                          "impact_basis": "parameters",
-                         "suggested": {NAMES[key]: suggest(info[key], dtype) for key in bad}},
+                         "suggested": {NAMES[key]: suggest(info[key], dtype) for key in bad},
+                         "unaligned": {NAMES[key]: info[key] for key in bad}},
             )
 
     @staticmethod

@@ -116,6 +116,15 @@ class ScriptRule:
     def check(self, facts: "ScriptFacts", context: RuleContext) -> Iterator[Finding]:
         raise NotImplementedError
 
+    @classmethod
+    def merge_model_findings(
+        cls, script: list[Finding], model: list[Finding]
+    ) -> tuple[list[Finding], list[Finding]]:
+        """For a rule the model audit reports too (the TC1 rules with a script half: TC101, TC102,
+        TC104): this rule's script findings and the audit's findings of the same id, made into one
+        finding per thing reported; returns (script, model) findings to keep. Both by default."""
+        return script, model
+
     @staticmethod
     def planned_fix(
         fix_class: FixClass,

@@ -81,6 +81,11 @@ class LazyRule:
 _LOADED: dict[str, tuple["Settings", "ScriptRule"]] = {}
 
 
+def has_script_rule(rule_id: str) -> bool:
+    """Whether ``rule_id`` has a script rule (the model audit's TC1 rules mostly do not)."""
+    return rule_id in TRIGGER_TABLE
+
+
 def load_rule(rule_id: str, settings: "Settings") -> "ScriptRule":
     """Rule ``rule_id``, made and configured for ``settings`` (kept for the last settings asked): for a
     rule that reads another's outcome (``RuleContext.findings_of``) without importing its module."""

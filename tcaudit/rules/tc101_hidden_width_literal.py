@@ -8,7 +8,7 @@ by :mod:`tcaudit.script.layer_widths`. It runs only when asked for (``tcaudit fi
 ``pad-dims = true``): without that, scan and fix report and edit what they did before. Fix (numerics): the literal becomes the model audit's suggested size (the next multiple of 64 from
 256 on, of 8 below), so the layers get units the model's input and output never see. Declined with
 the reason where that is not certain (a checkpoint load, the width feeding anything but layer widths,
-the model's input or output width, ...). One finding per width (``engine.one_width_finding``): a
+the model's input or output width, ...). One finding per width (``script.layer_widths.one_width_finding``): a
 fixable literal stands for the model audit's findings of the layers it sizes; a declined one gives
 its reason to them.
 """
@@ -26,13 +26,17 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.layer_widths import script_widths, width_finding, width_layers, width_named
+from tcaudit.script.layer_widths import one_width_finding, script_widths, width_finding, width_layers, width_named
 from tcaudit.source.triggers import all_of
 
 
 class HiddenWidthLiteral(ScriptRule):
     id = "TC101"
     triggers = (all_of(BACKWARD_CALL, r"Linear"),)
+
+    @classmethod
+    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+        return one_width_finding(script, model)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not context.settings.pad_dims:

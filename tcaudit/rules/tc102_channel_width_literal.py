@@ -10,7 +10,7 @@ literal it controls (a constant, an argparse default, a model class's parameter 
 true``), as TC101's script half. Fix (numerics): the literal becomes the model audit's suggested count (30 → 32). Declined with the reason
 where that is not certain (a checkpoint load, a grouped convolution, a GroupNorm whose groups would
 not divide the padded count, the count feeding anything but layer widths, ...). One finding per
-count (``engine.one_width_finding``), as TC101's script half.
+count (``script.layer_widths.one_width_finding``), as TC101's script half.
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.layer_widths import script_widths, width_finding, width_layers, width_named
+from tcaudit.script.layer_widths import one_width_finding, script_widths, width_finding, width_layers, width_named
 from tcaudit.source.triggers import all_of
 
 
 class ChannelWidthLiteral(ScriptRule):
     id = "TC102"
     triggers = (all_of(BACKWARD_CALL, r"Conv[123]d"),)
+
+    @classmethod
+    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+        return one_width_finding(script, model)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not context.settings.pad_dims:

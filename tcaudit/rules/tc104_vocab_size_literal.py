@@ -18,7 +18,7 @@ and ``GPT(vocab_size=v)`` (or ``RNNModel(kind, v)``, by position to a class of t
 below the real vocabulary; the model's output flattened by the size (``model(x).view(-1, v)``) is
 flattened by the padded size (declined when the training code outside the model shapes anything else
 by the size, e.g. ``F.one_hot(y, vocab_size)``). One finding per
-vocabulary size (``engine.one_vocab_finding``): a
+vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
 """
@@ -110,6 +110,23 @@ _PADDED_CODE = re.compile(rf"//\s*{VOCAB_MULTIPLE}\s*\*\s*{VOCAB_MULTIPLE}\b")
 class VocabSizeLiteral(ScriptRule):
     id = "TC104"
     triggers = (all_of(BACKWARD_CALL, r"vocab|tokens|Embedding"),)
+
+    @classmethod
+    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+        """One TC104 per unaligned vocabulary size: where the script's literal can be padded, its
+        finding (at the literal, with the fix) stands for the model audit's; where that fix is declined,
+        the model audit's (at the head, with its measured cost) stays and carries the script's reason."""
+        literals = {f.details.get("vocab_size"): f for f in script}
+        kept_script, kept_model = list(script), []
+        for finding in model:
+            twin = literals.get(finding.details.get("vocab_size"))
+            if twin is None:
+                kept_model.append(finding)
+            elif twin.fix is not None and not twin.fix.available:
+                kept_script.remove(twin)
+                finding.fix = twin.fix
+                kept_model.append(finding)
+        return kept_script, kept_model
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not facts.training_steps:

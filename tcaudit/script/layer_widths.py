@@ -608,3 +608,26 @@ def width_finding(rule: "ScriptRule", facts: ScriptFacts, width: Width, what: st
         fix=rule.planned_fix(FixClass.NUMERICS, description, lambda: plan_padding(facts, width), option=PAD_DIMS),
         details={"width": width.value, "suggested": target},
     )
+
+
+def one_width_finding(script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """One TC101/TC102 per layer width the script sets: a model audit finding of the same rule and file
+    whose only unaligned size (its ``details["unaligned"]``) is that width is the script's. Where the
+    script's padding is offered, its finding (at the literal) stands for those; where it is declined, they
+    stay (at the layers, with their measured cost) and carry its reason. Returns (script, model) findings
+    to keep (the rules' ``merge_model_findings``)."""
+    widths = {(f.rule, f.location.path, f.details["width"]): f for f in script if "width" in f.details}
+    if not widths:
+        return script, model
+    kept_model: list[Finding] = []
+    given: set[int] = set()
+    for finding in model:
+        sizes = set(finding.details.get("unaligned", {}).values())
+        twin = widths.get((finding.rule, finding.location.path, sizes.pop())) if len(sizes) == 1 else None
+        if twin is None:
+            kept_model.append(finding)
+        elif twin.fix is not None and not twin.fix.available:
+            finding.fix = twin.fix
+            kept_model.append(finding)
+            given.add(id(twin))
+    return [f for f in script if id(f) not in given], kept_model
