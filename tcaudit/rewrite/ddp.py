@@ -43,6 +43,7 @@ from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statemen
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
 from tcaudit.source.syntax import is_main_guard
 
@@ -304,7 +305,7 @@ class DdpConversion:
                 if not is_main_guard(node):
                     out.append(node)
 
-        self.module.visit(_Ifs())
+        walk(self.module, _Ifs())
         return out
 
     def _collect_module_reads(self, plan: DdpLayout) -> None:
@@ -340,7 +341,7 @@ class DdpConversion:
                     plan.module_attributes.add(id(node))
 
         reads = _Reads()
-        self.module.visit(reads)
+        walk(self.module, reads)
         if re.search(rf"(?<![\w.]){re.escape(model)}\.module\b", self.info.text):
             # The script already unwraps the model itself (a DataParallel script's ``model.module``,
             # often behind ``isinstance``): leave its reads alone.
@@ -359,7 +360,7 @@ class DdpConversion:
                                          "process uses the GPU of its LOCAL_RANK")
                     plan.device_strings.add(id(node))
 
-        self.module.visit(_Devices())
+        walk(self.module, _Devices())
         for call in facts.method_calls("cuda"):
             args = call.node.args
             if len(args) == 1 and args[0].keyword is None and isinstance(args[0].value, cst.Integer):

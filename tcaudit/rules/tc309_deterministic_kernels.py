@@ -19,6 +19,7 @@ from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
+from tcaudit.source.walk import walk
 
 SETTINGS = {
     # qualified name of the assigned attribute -> the value that costs speed, and what it does
@@ -79,7 +80,7 @@ def _assignments(module: cst.Module) -> Iterator[cst.Assign]:
                 self.found.append(node)
 
     collector = Collect()
-    module.visit(collector)
+    walk(module, collector)
     return iter(collector.found)
 
 

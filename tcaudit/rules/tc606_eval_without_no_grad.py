@@ -29,6 +29,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
 from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
 from tcaudit.source.triggers import all_of
+from tcaudit.source.walk import walk
 
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|encoder|decoder|classifier|backbone)$")
 _GRADIENT_METHODS = frozenset({"backward", "requires_grad_"})
@@ -190,7 +191,7 @@ class EvalWithoutNoGrad(ScriptRule):
                 self._look(node.body)
                 return not found
 
-        facts.module.visit(_Blocks())
+        walk(facts.module, _Blocks())
         return found[0] if found else None
 
 

@@ -9,6 +9,8 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.source.walk import walk
+
 _COMMENT = re.compile(r"#[^\n]*")
 
 
@@ -34,7 +36,7 @@ def nodes_of(node: cst.CSTNode, kind: type) -> list:
                 found.append(child)
             return True
 
-    node.visit(_Nodes())
+    walk(node, _Nodes())
     return found
 
 
@@ -42,13 +44,21 @@ def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
     """Each node's parent, by the child's ``id`` (the root has none)."""
     parents: dict[int, cst.CSTNode] = {}
 
+    stack: list[cst.CSTNode] = []
+
     class _Parents(cst.CSTVisitor):
+        # The node being left is the top of the stack: its parent is the one below (``node.children``
+        # would make LibCST visit every node's children once more to list them).
         def on_visit(self, node: cst.CSTNode) -> bool:
-            for child in node.children:
-                parents[id(child)] = node
+            if stack:
+                parents[id(node)] = stack[-1]
+            stack.append(node)
             return True
 
-    module.visit(_Parents())
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            stack.pop()
+
+    walk(module, _Parents())
     return parents
 
 
