@@ -847,30 +847,30 @@ class ScriptFacts:
     def autocast_frame(self, ctx: Frame) -> Frame | None:
         """The innermost ``with`` (or decorated def) that turns autocast on around ``ctx``; None when
         there is none or a nearer ``autocast(..., enabled=False)`` turns it off."""
-        for frame in ctx.chain():
-            if frame.kind == "with":
-                kinds = self.with_kinds(frame.node)  # type: ignore[arg-type]
-                if "autocast-off" in kinds:
-                    return None
-                if "autocast" in kinds:
-                    return frame
-            if frame.kind == "def" and self.function_has_autocast_decorator(frame.node):  # type: ignore[arg-type]
-                return frame
-        return None
+        nearest = self._nearest_autocast(ctx)
+        return nearest[1] if nearest is not None and nearest[0] else None
 
     def in_autocast(self, ctx: Frame) -> bool:
         return self.autocast_frame(ctx) is not None
 
     def autocast_turned_off(self, ctx: Frame) -> bool:
-        """Whether the nearest autocast ``with`` around ``ctx`` is ``autocast(..., enabled=False)``."""
+        """Whether the nearest autocast around ``ctx`` is ``autocast(..., enabled=False)``."""
+        nearest = self._nearest_autocast(ctx)
+        return nearest is not None and not nearest[0]
+
+    def _nearest_autocast(self, ctx: Frame) -> tuple[bool, Frame] | None:
+        """(whether it turns autocast on, the frame) for the innermost autocast ``with`` or decorated def
+        around ``ctx``; None where there is none."""
         for frame in ctx.chain():
             if frame.kind == "with":
                 kinds = self.with_kinds(frame.node)  # type: ignore[arg-type]
                 if "autocast-off" in kinds:
-                    return True
+                    return False, frame
                 if "autocast" in kinds:
-                    return False
-        return False
+                    return True, frame
+            if frame.kind == "def" and self.function_has_autocast_decorator(frame.node):  # type: ignore[arg-type]
+                return True, frame
+        return None
 
     @functools.cached_property
     def autocast_withs(self) -> list[tuple[cst.With, Frame]]:
