@@ -98,7 +98,6 @@ def parse_classes(text: str) -> frozenset[FixClass]:
 
 def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from rich.console import Console
-    from rich.syntax import Syntax
 
     from tcaudit.engine import audited_models_for, display_path
     from tcaudit.fix.engine import fix_file, write_fix
@@ -168,7 +167,12 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
                 continue
             err.print(f"fixed {display} ({', '.join(result.applied)})")
         else:
-            console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+            if color:
+                from rich.syntax import Syntax  # (pygments: only for a coloured diff)
+
+                console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+            else:
+                sys.stdout.write(result.diff())
     if errors:
         return 2
     if args.apply:

@@ -14,24 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import libcst as cst
-
 from tcaudit.config import Settings
 from tcaudit.catalog import matches_selector
 from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.base import Codemod, discover_codemods, in_rule_order
-from tcaudit.rules.situations import Protection, instances, protections, refusing
-from tcaudit.script.guards import unreachable_statements, used_before_import
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
 
+# LibCST, the rules and the codemods load with the first file that has to be fixed: a fix answered
+# from the cache needs none of them (BENCHMARKS.md, "Fix speed").
 if TYPE_CHECKING:
+    import libcst as cst
+
     from tcaudit.cache import ScanCache
     from tcaudit.model_profile import AuditedModels
+    from tcaudit.rules.base import Codemod
+    from tcaudit.rules.situations import Protection
 
 MAX_ROUNDS = 6
 
@@ -117,8 +117,10 @@ def _decline_key(finding: Finding) -> tuple[str, str, str]:
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
 
 
-def _parsed(code: str, display: str) -> tuple[cst.Module | None, str | None]:
+def _parsed(code: str, display: str) -> "tuple[cst.Module | None, str | None]":
     """(the parsed module, None), or (None, why the code does not parse or compile)."""
+    import libcst as cst
+
     try:
         module = cst.parse_module(code)
         compile(code, display, "exec", dont_inherit=True)
@@ -176,14 +178,18 @@ def _fix_text(
 ) -> FileFix:
     result = FileFix(display, source.text, source.text, source=source)
     rules = instantiate_rules(settings)
+    from tcaudit.rewrite.codemod import DeclineFix, FixContext
+    from tcaudit.rules.base import discover_codemods, in_rule_order
+    from tcaudit.rules.situations import protections, refusing
+
     rank = {rule.id: index for index, rule in enumerate(in_rule_order(rules))}
-    codemods: dict[str, Codemod] = {rule: cls() for rule, cls in discover_codemods().items()}
+    codemods: "dict[str, Codemod]" = {rule: cls() for rule, cls in discover_codemods().items()}
     text = source.text
     declined: dict[tuple, tuple[Finding, str]] = {}
     analysed: dict[str, tuple] = {}
     # What declined fixes protect against, from every round so far: a later round's edit may not
     # bring it about either (the round's own scan already declines fixes that say they would).
-    guarded: dict[tuple, Protection] = {}
+    guarded: "dict[tuple, Protection]" = {}
 
     def analyse(version: str):
         # Each version of the text is parsed and checked once: the round's first codemod and the
@@ -280,6 +286,8 @@ def _edit_refusal(rule_id: str, before, new_text: str, display: str, guarded, an
     """Why the edit from ``before``'s text to ``new_text`` is refused (it does not compile, adds code
     that never runs, uses a name before its import, or brings about what another rule's decline
     protects against), or None to keep it."""
+    from tcaudit.script.guards import unreachable_statements, used_before_import
+
     parsed, problem = _parsed(new_text, display)
     if parsed is None:
         return f"the rewrite did not compile ({problem}); left unchanged"
@@ -293,9 +301,11 @@ def _edit_refusal(rule_id: str, before, new_text: str, display: str, guarded, an
     return broken.refusal() if broken is not None else None
 
 
-def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> Protection | None:
+def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> "Protection | None":
     """The protection (of another rule) that the edit from ``before``'s text to ``new_text`` breaks,
     counting each protected situation on both sides; None when it breaks none or cannot be told."""
+    from tcaudit.rules.situations import instances
+
     others = [p for p in guarded if p.rule != rule_id]
     if not others:
         return None
