@@ -172,7 +172,8 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
                 console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
             else:
-                sys.stdout.write(result.diff())
+                diff = result.diff()
+                sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
     if errors:
         return 2
     if args.apply:
