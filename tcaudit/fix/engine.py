@@ -55,9 +55,9 @@ class FileFix:
         """The line of the original text that line ``line`` of the fixed text stands for: the same line
         where the fix kept it, the next original line after code the fix inserted (the file on disk until
         ``--apply`` writes the fixed text)."""
-        fixed, original = self.fixed.splitlines(), self.original.splitlines()
+        original = self.original.splitlines()
         index = line - 1
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, fixed, original, autojunk=False).get_opcodes():
+        for tag, i1, i2, j1, j2 in self._line_opcodes():
             if i1 <= index < i2:
                 if tag == "equal":
                     return j1 + (index - i1) + 1
@@ -65,6 +65,15 @@ class FileFix:
                     return j1 + min(index - i1, j2 - j1 - 1) + 1
                 return min(j1 + 1, max(len(original), 1))  # inserted by the fix: where it goes
         return max(min(line, len(original)), 1)
+
+    def _line_opcodes(self) -> list[tuple[str, int, int, int, int]]:
+        """The line diff from the fixed text to the original, made once per pair of texts."""
+        key = (self.fixed, self.original)
+        if getattr(self, "_opcodes_for", None) != key:
+            matcher = difflib.SequenceMatcher(None, self.fixed.splitlines(), self.original.splitlines(), autojunk=False)
+            self._opcodes = matcher.get_opcodes()
+            self._opcodes_for = key
+        return self._opcodes
 
     def diff(self) -> str:
         return "".join(
