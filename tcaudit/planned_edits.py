@@ -19,7 +19,6 @@ from tcaudit.rewrite.textedits import edits_between, source_lines
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
-    from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import RuleContext, ScriptRule
     from tcaudit.script.facts import ScriptFacts
 

@@ -36,6 +36,13 @@ if TYPE_CHECKING:
 MAX_ROUNDS = 6
 
 
+def discover_codemods() -> "dict[str, type[Codemod]]":
+    """Every rule's fix, by rule id (imported with the first file that has to be fixed)."""
+    from tcaudit.rules import base
+
+    return base.discover_codemods()
+
+
 @dataclass
 class FileFix:
     path: str
@@ -188,7 +195,7 @@ def _fix_text(
     result = FileFix(display, source.text, source.text, source=source)
     rules = instantiate_rules(settings)
     from tcaudit.rewrite.codemod import DeclineFix, FixContext
-    from tcaudit.rules.base import discover_codemods, in_rule_order
+    from tcaudit.rules.base import in_rule_order
     from tcaudit.rules.situations import protections, refusing
 
     rank = {rule.id: index for index, rule in enumerate(in_rule_order(rules))}

@@ -20,7 +20,7 @@ statements it puts under autocast, and TC303 runs this rule's check to learn whe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 
@@ -44,9 +44,6 @@ from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_state
 from tcaudit.script.guards import branches
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import call_nodes
-
-if TYPE_CHECKING:
-    from tcaudit.config import Settings
 
 
 # -- the plan -----------------------------------------------------------------------------------

@@ -19,13 +19,12 @@ from typing import Iterator, Sequence, Union
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.config import Settings
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
-from tcaudit.script.amp import amp_facts, autocast_dtype_for
+from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import is_in_place_name, moves_to_device
