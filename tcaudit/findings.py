@@ -252,6 +252,14 @@ class Finding:
     fingerprint: str = ""
 
     @property
+    def waits_for(self) -> str | None:
+        """The rule whose fix this finding's fix is made after (its plan's ``after``: a
+        :class:`FollowsFix`, TC404's persistent_workers after TC401's workers), or None."""
+        plan = self.fix.plan if self.fix is not None else None
+        after = getattr(plan, "after", None)
+        return after if isinstance(after, str) and after != self.rule else None
+
+    @property
     def sort_key(self) -> tuple:
         loc = self.location
         return (loc.path, loc.line, loc.column, self.rule, self.message)

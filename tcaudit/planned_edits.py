@@ -11,23 +11,15 @@ and its own. A fix whose edits cannot be made alone keeps ``edits=None`` (``tcau
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import TYPE_CHECKING, Sequence
 
 from tcaudit.findings import Finding
-from tcaudit.rewrite.textedits import edits_between, source_lines
+from tcaudit.rewrite.textedits import edits_between, line_map
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
     from tcaudit.rules.base import RuleContext, ScriptRule
     from tcaudit.script.facts import ScriptFacts
-
-
-def leader_of(finding: Finding) -> str | None:
-    """The rule whose fix this finding's fix waits for (its plan's ``after``), or None."""
-    plan = finding.fix.plan if finding.fix is not None else None
-    after = getattr(plan, "after", None)
-    return after if isinstance(after, str) and after != finding.rule else None
 
 
 def with_edits(
@@ -46,7 +38,7 @@ def with_edits(
         rule = by_id.get(finding.rule)
         if fix is None or not fix.available or fix.plan is None or rule is None or codemod_of(rule) is None:
             continue
-        leader = leader_of(finding)
+        leader = finding.waits_for
         if leader is None:
             new_text = fixed_text(facts, [finding], rule, settings)
         else:
@@ -73,7 +65,7 @@ def _after_leader(
     try:
         found = [
             f for f in rule.check(after, context)
-            if f.fix is not None and f.fix.available and leader_of(f) is None
+            if f.fix is not None and f.fix.available and f.waits_for is None
         ]
     except Exception:  # noqa: BLE001 - the finding stands without edits
         return None
@@ -88,21 +80,6 @@ def _after_leader(
     if len(candidates) != 1:
         return None
     return fixed_text(after, candidates, rule, context.settings)
-
-
-def line_map(old: str, new: str) -> dict[int, int]:
-    """Where each line of ``old`` is in ``new`` (1-based): kept lines exactly, a changed line at its
-    place in the lines that replace it; deleted lines are left out."""
-    out: dict[int, int] = {}
-    matcher = difflib.SequenceMatcher(None, source_lines(old), source_lines(new), autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            for index in range(i1, i2):
-                out[index + 1] = j1 + index - i1 + 1
-        elif tag == "replace":
-            for index in range(i1, i2):
-                out[index + 1] = j1 + min(index - i1, j2 - j1 - 1) + 1
-    return out
 
 
 def _line_key(line: str) -> str:

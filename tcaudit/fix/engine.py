@@ -19,6 +19,7 @@ from tcaudit.catalog import matches_selector
 from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, write_atomically
+from tcaudit.rewrite.textedits import line_map
 from tcaudit.source.parsing import SourceError, SourceFile
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
@@ -62,25 +63,12 @@ class FileFix:
         """The line of the original text that line ``line`` of the fixed text stands for: the same line
         where the fix kept it, the next original line after code the fix inserted (the file on disk until
         ``--apply`` writes the fixed text)."""
-        original = self.original.splitlines()
-        index = line - 1
-        for tag, i1, i2, j1, j2 in self._line_opcodes():
-            if i1 <= index < i2:
-                if tag == "equal":
-                    return j1 + (index - i1) + 1
-                if tag == "replace":
-                    return j1 + min(index - i1, j2 - j1 - 1) + 1
-                return min(j1 + 1, max(len(original), 1))  # inserted by the fix: where it goes
-        return max(min(line, len(original)), 1)
-
-    def _line_opcodes(self) -> list[tuple[str, int, int, int, int]]:
-        """The line diff from the fixed text to the original, made once per pair of texts."""
         key = (self.fixed, self.original)
-        if getattr(self, "_opcodes_for", None) != key:
-            matcher = difflib.SequenceMatcher(None, self.fixed.splitlines(), self.original.splitlines(), autojunk=False)
-            self._opcodes = matcher.get_opcodes()
-            self._opcodes_for = key
-        return self._opcodes
+        if getattr(self, "_lines_for", None) != key:  # one diff per pair of texts, not one per line asked
+            self._lines = line_map(self.fixed, self.original)
+            self._lines_for = key
+        found = self._lines.get(line)
+        return found if found is not None else max(min(line, len(self.original.splitlines())), 1)
 
     def diff(self) -> str:
         return "".join(
@@ -302,17 +290,14 @@ def _edit_refusal(rule_id: str, before, new_text: str, display: str, guarded, an
     """Why the edit from ``before``'s text to ``new_text`` is refused (it does not compile, adds code
     that never runs, uses a name before its import, or brings about what another rule's decline
     protects against), or None to keep it."""
-    from tcaudit.script.guards import unreachable_statements, used_before_import
+    from tcaudit.script.guards import structural_refusal
 
     parsed, problem = _parsed(new_text, display)
     if parsed is None:
         return f"the rewrite did not compile ({problem}); left unchanged"
-    if unreachable_statements(parsed) > unreachable_statements(before.module):
-        return ("the edit would land after a `return` (or raise, continue, break), where it never runs; "
-                "left unchanged")
-    early = sorted(used_before_import(parsed) - used_before_import(before.module))
-    if early:
-        return f"the edit would use `{early[0]}` before the line that imports it; left unchanged"
+    refusal = structural_refusal(before.module, parsed)
+    if refusal is not None:
+        return refusal
     broken = _brought_about(rule_id, before, new_text, guarded, analyse)
     return broken.refusal() if broken is not None else None
 

@@ -120,3 +120,21 @@ def _common_suffix(a: str, b: str) -> int:
     while index < limit and a[-1 - index] == b[-1 - index]:
         index += 1
     return index
+
+
+def line_map(old: str, new: str) -> dict[int, int]:
+    """Where each line of ``old`` stands in ``new`` (1-based): a kept line exactly, a changed line at its
+    place among the lines that replace it, a deleted line at the new line that follows where it was
+    (at most the last line)."""
+    out: dict[int, int] = {}
+    new_lines = source_lines(new)
+    matcher = difflib.SequenceMatcher(None, source_lines(old), new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for index in range(i1, i2):
+            if tag == "equal":
+                out[index + 1] = j1 + index - i1 + 1
+            elif tag == "replace":
+                out[index + 1] = j1 + min(index - i1, j2 - j1 - 1) + 1
+            else:  # deleted
+                out[index + 1] = min(j1 + 1, max(len(new_lines), 1))
+    return out

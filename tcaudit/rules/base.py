@@ -73,7 +73,7 @@ class RuleContext:
         key = ("fixed-by", rule_id, id(facts))
         if key not in self.outcomes:
             after = None
-            theirs = [f for f in self.fixable(rule_id, facts) if getattr(f.fix.plan, "after", None) is None]
+            theirs = [f for f in self.fixable(rule_id, facts) if f.waits_for is None]
             if theirs:
                 from tcaudit.rules.registry import load_rule
 
@@ -236,7 +236,7 @@ def fixed_text(
     """``facts``'s text after ``rule``'s fix of ``findings`` (findings of that rule, made from
     ``facts``); None where the fix declines or fails, or makes a text that ``tcaudit fix``'s safety net
     refuses (it does not compile, adds unreachable code, or uses a name before its import)."""
-    from tcaudit.script.guards import unreachable_statements, used_before_import
+    from tcaudit.script.guards import structural_refusal
 
     codemod = codemod_of(rule)
     if codemod is None or not findings:
@@ -254,11 +254,7 @@ def fixed_text(
         compile(text, facts.source.display_path, "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         return None
-    if unreachable_statements(module) > unreachable_statements(facts.module):
-        return None
-    if used_before_import(module) - used_before_import(facts.module):
-        return None
-    return text
+    return text if structural_refusal(facts.module, module) is None else None
 
 
 def text_with_fixes(

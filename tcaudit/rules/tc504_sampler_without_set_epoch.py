@@ -183,7 +183,7 @@ class SamplerWithoutSetEpoch(ScriptRule):
         pending = [
             finding for finding in context.fixable("TC503", facts)
             # The sampler TC503 writes shuffles unless it passes the loader's shuffle=False on.
-            if getattr(finding.fix.plan, "after", None) is None
+            if finding.waits_for is None
             and not re.search(r"shuffle\s*=\s*False", str(getattr(finding.fix.plan, "sampler", "")))
         ]
         if not pending:

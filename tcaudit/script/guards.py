@@ -279,3 +279,16 @@ class _TopLevelNames(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         node.value.visit(self)  # ``torch.cuda``: only the root is a name read here
         return False
+
+
+def structural_refusal(before: cst.Module, after: cst.Module) -> str | None:
+    """Why the safety net refuses the edit from ``before`` to ``after`` (both parsed): it adds code
+    that never runs (after a ``return``, ``raise``, ``continue`` or ``break``) or uses a name before the
+    line that imports it; None to keep it. ``tcaudit fix`` and scan's per-fix edits both ask."""
+    if unreachable_statements(after) > unreachable_statements(before):
+        return ("the edit would land after a `return` (or raise, continue, break), where it never runs; "
+                "left unchanged")
+    early = sorted(used_before_import(after) - used_before_import(before))
+    if early:
+        return f"the edit would use `{early[0]}` before the line that imports it; left unchanged"
+    return None
