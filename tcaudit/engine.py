@@ -197,12 +197,15 @@ def analyse_source(
     models: "AuditedModels | None" = None,
     *,
     edits: bool | None = None,
+    facts: "ScriptFacts | None" = None,
+    unplanned: frozenset[str] = frozenset(),
 ) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
     """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
     ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
     rule costs only that part: the other rules still report. ``edits``: give each available fix its
     text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``); ``tcaudit fix``, which makes
-    the fixes itself, never asks."""
+    the fixes itself, never asks. ``facts``: those of ``source``, where the caller has them already.
+    ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them."""
     source.module
     from tcaudit.rules.base import RuleContext, in_rule_order
     from tcaudit.rules.situations import block_created
@@ -210,10 +213,10 @@ def analyse_source(
 
     display = source.display_path
     try:
-        facts = ScriptFacts(source)
+        facts = facts if facts is not None else ScriptFacts(source)
     except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
         return None, [], [f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}"]
-    context = RuleContext(settings, models)
+    context = RuleContext(settings, models, unplanned=unplanned)
     findings: list[Finding] = []
     errors: list[str] = []
     # A rule runs after the rules whose outcome it reads (its ``after``), and reads theirs from here.

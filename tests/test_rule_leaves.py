@@ -90,6 +90,26 @@ def test_after_names_real_rules_and_has_no_cycle():
         assert all(position[leader] < position[rule_id] for leader in cls.after), rule_id
 
 
+def test_attribution_groups_come_from_the_rules_declarations():
+    """``verify --attribute`` leaves rules out together by what the rules declare (``fixed_with``) and the
+    structural conversions' members, not by a list of its own; these are the groups it has measured by."""
+    from tcaudit.verify.attribution import groups_for, rule_groups
+
+    rules = _script_rules()
+    for rule_id, cls in rules.items():
+        assert set(cls.fixed_with) <= set(rules) - {rule_id}, f"{rule_id}.fixed_with names unknown rules"
+    assert rule_groups() == (
+        ("TC201", "TC202", "TC203", "TC204", "TC205", "TC207"),
+        ("TC401", "TC404"),
+        ("TC402", "TC403"),
+        ("TC501", "TC502", "TC503", "TC504", "TC505", "TC506", "TC507"),
+    )
+    # Only the rules that changed the file, in the order they first did; the others stand alone.
+    assert groups_for(["TC303", "TC204", "TC201", "TC402", "TC301"]) == [
+        ("TC303",), ("TC201", "TC204"), ("TC402",), ("TC301",),
+    ]
+
+
 def test_the_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "tc999_probe.py"
     module.write_text(

@@ -1,9 +1,14 @@
 """Apply every applicable fix to a file, to a fixed point, behind a safety net.
 
-Each round scans the current text with the enabled rules, hands each rule's fixable findings to
-its codemod, and re-parses between codemods, so that several fixes on one file (and on one node:
-TC202 and TC203 on the same GradScaler) compose the way ruff's do. A round that changes nothing
-ends the loop. Output that does not parse or compile is never kept.
+A round analyses the current text once. Each rule with fixes due runs its codemod on that analysis,
+and its change becomes text edits of that text (tcaudit/rewrite/textedits.py); the edits of rules
+whose changes do not overlap are made together. A rule whose change overlaps one made earlier in the
+round, or that follows (``after``) a rule changing the file this round and is worded for that rule's
+result, is made after them, on a fresh analysis by that rule alone. A fix that waits for another
+rule's fix (``FollowsFix``) is made once that fix is. A round that changes nothing ends the loop: the
+rounds needed are at most the depth of the ``after`` declarations (plus one for a structural
+conversion's companions). Output that does not parse or compile is never kept, nor an edit that
+brings about what another rule's declined fix protects against.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import Codemod
     from tcaudit.rules.situations import Protection
+    from tcaudit.script.facts import ScriptFacts
 
 MAX_ROUNDS = 6
 
@@ -54,6 +60,7 @@ class FileFix:
     remaining: list[Finding] = field(default_factory=list)
     error: str | None = None
     source: SourceText | None = None
+    rounds: int = 0  # the rounds that changed the text (each from one analysis of the text before it)
 
     @property
     def changed(self) -> bool:
@@ -81,15 +88,27 @@ class FileFix:
         )
 
 
-def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings, models=None):
+def _source_file(path: Path, display: str, text: str, source: SourceText, module=None) -> SourceFile:
+    """``text`` (a version of ``source``'s) as a SourceFile; ``module``: its parse, where made already."""
+    made = SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
+    return made.with_module(module) if module is not None else made
+
+
+def _analyse(path: Path, display: str, text: str, source: SourceText, rules, settings, models=None, facts=None,
+             module=None):
     """(facts, findings) for one version of the file's text, filtered as scan filters them (per-file
     ignores, suppression comments); facts is None when no rule can match. Raises SourceError when
-    the text does not parse."""
+    the text does not parse. ``facts``: the text's, where they are made already. Opt-in fixes the
+    settings do not ask for are not planned (``RuleContext.unplanned``)."""
+    from tcaudit.structural import NAMES
+
     candidates = candidate_rules(rules, text)
     if not candidates:
         return None, []
-    sf = SourceFile(path=path, display_path=display, raw=source.raw, text=text, encoding=source.encoding)
-    facts, findings, errors = analyse_source(sf, candidates, settings, models, edits=False)
+    sf = facts.source if facts is not None else _source_file(path, display, text, source, module)
+    unplanned = frozenset(NAMES) - frozenset(settings.fix_options)
+    facts, findings, errors = analyse_source(sf, candidates, settings, models, edits=False, facts=facts,
+                                             unplanned=unplanned)
     if errors:
         raise FixAnalysisError(errors[0].splitlines()[0])
     ignored = settings.ignored_for(display)
@@ -182,144 +201,268 @@ def _fix_text(
 ) -> FileFix:
     result = FileFix(display, source.text, source.text, source=source)
     rules = instantiate_rules(settings)
-    from tcaudit.rewrite.codemod import DeclineFix, FixContext
     from tcaudit.rules.base import in_rule_order
-    from tcaudit.rules.situations import protections, refusing
 
-    rank = {rule.id: index for index, rule in enumerate(in_rule_order(rules))}
-    codemods: "dict[str, Codemod]" = {rule: cls() for rule, cls in discover_codemods().items()}
+    ordered = in_rule_order(rules)
+    rank = {rule.id: index for index, rule in enumerate(ordered)}
+    leaders = {rule.id: set(type(rule).after) for rule in ordered}
+    run = _Run(path, display, source, rules, settings, models, {rule: cls() for rule, cls in discover_codemods().items()})
     text = source.text
-    declined: dict[tuple, tuple[Finding, str]] = {}
-    analysed: dict[str, tuple] = {}
-    # What declined fixes protect against, from every round so far: a later round's edit may not
-    # bring it about either (the round's own scan already declines fixes that say they would).
-    guarded: "dict[tuple, Protection]" = {}
-
-    def analyse(version: str):
-        # Each version of the text is parsed and checked once: the round's first codemod and the
-        # next round's scan reuse what the previous step computed.
-        if version not in analysed:
-            analysed.clear()
-            analysed[version] = _analyse(path, display, version, source, rules, settings, models)
-        return analysed[version]
-
     for _ in range(MAX_ROUNDS):
         try:
-            _, findings = analyse(text)
-        except SourceError as exc:
-            result.error = f"not fixed: {exc.message}"
+            _, findings = run.analyse(text)
+        except (SourceError, FixAnalysisError) as exc:
+            result.error = f"not fixed: {exc.message if isinstance(exc, SourceError) else exc}"
             result.fixed = source.text
             return result
-        except FixAnalysisError as exc:
-            result.error = f"not fixed: {exc}"
-            result.fixed = source.text
-            return result
-        for protection in protections(findings):
-            guarded.setdefault((protection.situation, protection.rule), protection)
+        run.guard(findings)
         by_rule: dict[str, list[Finding]] = {}
         for finding in findings:
             fix = finding.fix
             if fix is None or not fix_enabled(finding, classes, settings.fix_options):
                 continue
             if not fix.available:
-                declined[_decline_key(finding)] = (finding, fix.reason or "")
+                run.decline(finding, fix.reason or "")
                 continue
-            if finding.rule not in codemods:
+            if finding.rule not in run.codemods:
                 continue
             by_rule.setdefault(finding.rule, []).append(finding)
-        changed = False
+        order = sorted(by_rule, key=lambda rule: rank.get(rule, len(rank)))
         # A rule's fix comes after the fixes of the rules it names in ``after`` (rules/base.in_rule_order).
-        for rule_id in sorted(by_rule, key=lambda rule: rank.get(rule, len(rank))):
-            try:
-                facts, findings_now = analyse(text)
-            except (SourceError, FixAnalysisError):
-                break
-            # Findings of the current text, so their positions match this module. A fix that follows
-            # another rule's fix waits for the round after that one.
-            current = [
-                f for f in findings_now
-                if f.rule == rule_id and f.fix is not None and f.fix.available and not isinstance(f.fix.plan, FollowsFix)
-            ]
-            kept = []
-            for finding in current:
-                protection = refusing(finding, guarded.values())
-                if protection is not None:
-                    declined[_decline_key(finding)] = (finding, protection.refusal())
-                else:
-                    kept.append(finding)
-            current = kept
-            if not current:
-                continue
-            context = FixContext(facts, settings)
-            try:
-                new_module = codemods[rule_id].apply(facts.module, current, context)
-            except DeclineFix as exc:
-                for finding in current:
-                    declined[_decline_key(finding)] = (finding, str(exc))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes
-                for finding in current:
-                    declined[_decline_key(finding)] = (finding, f"internal error in the {rule_id} fix: {exc!r}")
-                continue
-            new_text = new_module.code
-            if new_text == text:
-                continue
-            refusal = _edit_refusal(rule_id, facts, new_text, display, guarded.values(), analyse)
-            if refusal is not None:
-                for finding in current:
-                    declined[_decline_key(finding)] = (finding, refusal)
-                continue
-            text = new_text
-            changed = True
-            if rule_id not in result.applied:
-                result.applied.append(rule_id)
-        if not changed:
+        merged, sequential = run.merged_round(text, order, leaders)
+        new_text = merged
+        for rule_id in sequential:
+            new_text = run.apply_one(new_text, rule_id)
+        if new_text == text:
             break
+        text = new_text
+        result.rounds += 1
     result.fixed = text
+    result.applied = [rule for rule in sorted(run.applied, key=lambda rule: rank.get(rule, len(rank)))]
     try:
-        result.remaining = analyse(text)[1]
+        result.remaining = run.analyse(text)[1]
     except (SourceError, FixAnalysisError):
         result.remaining = []
     # Positions of the final text (a decline from an earlier round would carry that round's lines).
     remaining_by_key = {_decline_key(f): f for f in result.remaining}
-    result.declined = [(remaining_by_key[k], reason) for k, (_, reason) in declined.items() if k in remaining_by_key]
+    result.declined = [(remaining_by_key[k], reason) for k, (_, reason) in run.declined.items() if k in remaining_by_key]
     return result
 
 
-def _edit_refusal(rule_id: str, before, new_text: str, display: str, guarded, analyse) -> str | None:
-    """Why the edit from ``before``'s text to ``new_text`` is refused (it does not compile, adds code
-    that never runs, uses a name before its import, or brings about what another rule's decline
-    protects against), or None to keep it."""
-    from tcaudit.script.guards import structural_refusal
+class _Run:
+    """One file's fix: its analyses, declines and the protections declined fixes ask for.
 
-    parsed, problem = _parsed(new_text, display)
-    if parsed is None:
-        return f"the rewrite did not compile ({problem}); left unchanged"
-    refusal = structural_refusal(before.module, parsed)
-    if refusal is not None:
-        return refusal
-    broken = _brought_about(rule_id, before, new_text, guarded, analyse)
-    return broken.refusal() if broken is not None else None
+    A round analyses its text once. Every rule whose fix is due runs its codemod on that analysis,
+    and the edits of rules whose changes neither overlap nor follow another change of the round
+    (``after``) are made together; only the others are made one by one, each on a fresh analysis of
+    the text before it, as a rule that reads another rule's outcome needs."""
 
+    def __init__(self, path, display, source, rules, settings, models, codemods) -> None:
+        self.path, self.display, self.source = path, display, source
+        self.rules, self.settings, self.models = rules, settings, models
+        self.codemods: "dict[str, Codemod]" = codemods
+        self.declined: dict[tuple, tuple[Finding, str]] = {}
+        self.applied: list[str] = []
+        self.analysed: dict[tuple, tuple] = {}
+        self.parsed: dict[str, "ScriptFacts"] = {}  # the facts of the last texts whose facts were made
+        self.modules: dict[str, "cst.Module"] = {}  # the parse of the last texts the codemods made
+        # What declined fixes protect against, from every round so far: a later round's edit may not
+        # bring it about either (the round's own scan already declines fixes that say they would).
+        self.guarded: "dict[tuple, Protection]" = {}
 
-def _brought_about(rule_id: str, before, new_text: str, guarded, analyse) -> "Protection | None":
-    """The protection (of another rule) that the edit from ``before``'s text to ``new_text`` breaks,
-    counting each protected situation on both sides; None when it breaks none or cannot be told."""
-    from tcaudit.rules.situations import instances
+    def analyse(self, version: str, only: str | None = None):
+        """(facts, findings) of ``version`` with every rule, or with rule ``only`` (the rules it reads
+        run as it asks): each version is analysed once, and a round's merged text is the next round's."""
+        full = self.analysed.get((version, None))
+        if full is not None:
+            return full
+        key = (version, only)
+        if key not in self.analysed:
+            if len(self.analysed) > 4:
+                self.analysed.clear()
+            rules = self.rules if only is None else [rule for rule in self.rules if rule.id == only]
+            self.analysed[key] = _analyse(
+                self.path, self.display, version, self.source, rules, self.settings, self.models,
+                facts=self.parsed.get(version), module=self.modules.get(version),
+            )
+            if self.analysed[key][0] is not None:
+                self.remember(self.analysed[key][0])
+        return self.analysed[key]
 
-    others = [p for p in guarded if p.rule != rule_id]
-    if not others:
+    def remember(self, facts: "ScriptFacts") -> None:
+        if len(self.parsed) > 4:
+            self.parsed.clear()
+        self.parsed[facts.source.text] = facts
+
+    def parse(self, version: str) -> "tuple[cst.Module | None, str | None]":
+        """``_parsed`` of ``version``, kept for the analysis of that text."""
+        module = self.modules.get(version)
+        if module is not None:
+            return module, None
+        module, problem = _parsed(version, self.display)
+        if module is not None:
+            if len(self.modules) > 8:
+                self.modules.clear()
+            self.modules[version] = module
+        return module, problem
+
+    def facts_of(self, version: str) -> "ScriptFacts":
+        """The facts of ``version``, without running the rules (raises SourceError where it does not parse)."""
+        if version not in self.parsed:
+            from tcaudit.script.facts import ScriptFacts
+
+            self.remember(ScriptFacts(_source_file(self.path, self.display, version, self.source, self.modules.get(version))))
+        return self.parsed[version]
+
+    def guard(self, findings: list[Finding]) -> None:
+        from tcaudit.rules.situations import protections
+
+        for protection in protections(findings):
+            self.guarded.setdefault((protection.situation, protection.rule), protection)
+
+    def decline(self, finding: Finding, reason: str) -> None:
+        self.declined[_decline_key(finding)] = (finding, reason)
+
+    def _due(self, findings: list[Finding], rule_id: str) -> list[Finding]:
+        """``rule_id``'s findings whose fix is due now (not waiting for another rule's fix) and refused
+        by no protection."""
+        from tcaudit.rules.situations import refusing
+
+        kept = []
+        for finding in findings:
+            if finding.rule != rule_id or finding.fix is None or not finding.fix.available:
+                continue
+            if isinstance(finding.fix.plan, FollowsFix):  # made once the fix it waits for is made
+                continue
+            protection = refusing(finding, self.guarded.values())
+            if protection is not None:
+                self.decline(finding, protection.refusal())
+            else:
+                kept.append(finding)
+        return kept
+
+    def _codemod(self, facts, findings: list[Finding], rule_id: str, quiet: bool = False) -> "tuple[str, cst.Module] | None":
+        """(new text, its module) of ``rule_id``'s codemod on ``findings`` of ``facts``, behind the
+        compile and structure checks; None where it fails or is refused (the findings declined, unless
+        ``quiet``: the codemod only tells where the rule would edit)."""
+        if quiet:
+            declined = dict(self.declined)
+            try:
+                return self._codemod(facts, findings, rule_id)
+            finally:
+                self.declined = declined
+        from tcaudit.rewrite.codemod import DeclineFix, FixContext
+        from tcaudit.script.guards import structural_refusal
+
+        try:
+            new_module = self.codemods[rule_id].apply(facts.module, findings, FixContext(facts, self.settings))
+            new_text = new_module.code
+        except DeclineFix as exc:
+            return self._refuse(findings, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes
+            return self._refuse(findings, f"internal error in the {rule_id} fix: {exc!r}")
+        if new_text == facts.source.text:
+            return new_text, new_module
+        parsed, problem = self.parse(new_text)
+        if parsed is None:
+            return self._refuse(findings, f"the rewrite did not compile ({problem}); left unchanged")
+        refusal = structural_refusal(facts.module, parsed)
+        if refusal is not None:
+            return self._refuse(findings, refusal)
+        return new_text, parsed
+
+    def _refuse(self, findings: list[Finding], reason: str) -> None:
+        for finding in findings:
+            self.decline(finding, reason)
         return None
-    try:
-        after, _ = analyse(new_text)
-    except (SourceError, FixAnalysisError):
+
+    def merged_round(self, text: str, order: list[str], leaders: dict[str, set[str]]) -> tuple[str, list[str]]:
+        """(the text with the round's independent fixes made together, the rules left to make one by
+        one after them, in order). A rule is left when its change overlaps another's in this round,
+        when it follows (``after``) a rule changing the file this round, or when the fixes made
+        together break what a decline protects."""
+        from tcaudit.rewrite.textedits import apply_edits, edits_between, overlapping
+        from tcaudit.script.guards import structural_refusal
+
+        facts, findings = self.analyse(text)
+        changes: list[tuple[str, tuple]] = []  # (rule, its edits of ``text``), rules made together
+        held: list[tuple[str, tuple]] = []  # rules made one by one, with their edits where known
+        for rule_id in order:
+            follows = any(rule in leaders.get(rule_id, ()) for rule, _ in (*changes, *held))
+            due = self._due(findings, rule_id)
+            made = self._codemod(facts, due, rule_id, quiet=follows) if due else None
+            edits = edits_between(text, made[0]) if made is not None else ()
+            waiting = any(f.rule == rule_id and isinstance(f.fix.plan, FollowsFix) for f in findings if f.fix)
+            if follows and (waiting or (due and not edits)):
+                # Its fix is worded for the text with its leaders' fixes made (or fails without them):
+                # made on that text, once they are. Its change here stands for where it edits.
+                held.append((rule_id, edits))
+                continue
+            if not edits:
+                continue
+            if any(overlapping(edits, theirs) for _, theirs in (*changes, *held)):
+                held.append((rule_id, edits))
+                continue
+            changes.append((rule_id, edits))
+        if not changes:
+            return text, [rule for rule, _ in held]
+        if len(changes) == 1:
+            merged = apply_edits(text, changes[0][1])
+        else:
+            merged = apply_edits(text, [edit for _, edits in changes for edit in edits])
+            parsed, _ = self.parse(merged)
+            if parsed is None or structural_refusal(facts.module, parsed) is not None:
+                return text, [rule for rule in order]  # each alone, as its checks decide
+        if self._brought_about({rule for rule, _ in changes}, facts, merged) is not None:
+            if len(changes) > 1:
+                return text, [rule for rule in order]
+            protection = self._brought_about({changes[0][0]}, facts, merged)
+            self._refuse(self._due(findings, changes[0][0]), protection.refusal())
+            return text, [rule for rule, _ in held]
+        for rule_id, _ in changes:
+            if rule_id not in self.applied:
+                self.applied.append(rule_id)
+        return merged, [rule for rule, _ in held]
+
+    def apply_one(self, text: str, rule_id: str) -> str:
+        """``text`` with ``rule_id``'s due fixes made, on a fresh analysis of it by that rule."""
+        try:
+            facts, findings = self.analyse(text, only=rule_id)
+        except (SourceError, FixAnalysisError):
+            return text
+        if facts is None:
+            return text
+        due = self._due(findings, rule_id)
+        if not due:
+            return text
+        made = self._codemod(facts, due, rule_id)
+        if made is None or made[0] == text:
+            return text
+        protection = self._brought_about({rule_id}, facts, made[0])
+        if protection is not None:
+            self._refuse(due, protection.refusal())
+            return text
+        if rule_id not in self.applied:
+            self.applied.append(rule_id)
+        return made[0]
+
+    def _brought_about(self, rule_ids: set[str], before, new_text: str) -> "Protection | None":
+        """The protection (of a rule other than ``rule_ids``) that the edit from ``before``'s text to
+        ``new_text`` breaks, counting each protected situation on both sides; None when it breaks
+        none or cannot be told."""
+        from tcaudit.rules.situations import instances
+
+        others = [p for p in self.guarded.values() if p.rule not in rule_ids]
+        if not others:
+            return None
+        try:
+            after = self.facts_of(new_text)
+        except Exception:  # noqa: BLE001 - cannot be told: the edit's own checks decided
+            return None
+        for protection in others:
+            if instances(protection.situation, after) > instances(protection.situation, before):
+                return protection
         return None
-    if after is None:
-        return None
-    for protection in others:
-        if instances(protection.situation, after) > instances(protection.situation, before):
-            return protection
-    return None
 
 
 def write_fix(result: FileFix, path: Path) -> None:

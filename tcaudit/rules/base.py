@@ -37,6 +37,9 @@ class RuleContext:
     # What the model audit measured about the models this file builds; None where it did not run or
     # reach them (the rules then infer from the script's text).
     models: "AuditedModels | None" = None
+    # Opt-in fixes (``Fix.option``: ``ddp``, ``dali``, ``compile``) the caller will not make: ``tcaudit
+    # fix`` without the flag. Their findings are reported without planning them (``planned_fix``).
+    unplanned: frozenset[str] = frozenset()
     # The findings of the rules already run on a text (the engine runs a rule's ``after`` first), by
     # (rule id, id of the facts), with the facts kept alive beside them; and the texts with a rule's
     # fixes made in memory.
@@ -96,6 +99,10 @@ class ScriptRule:
     # fix its own follows: the engine runs them first on each text, and ``fix`` makes their fixes
     # before this rule's in a round. No rule module imports another (tests/test_rule_leaves.py).
     after: ClassVar[tuple[str, ...]] = ()
+    # The rules without whose fixes this rule's fix means nothing or is unsafe (TC403's non_blocking
+    # copies need TC402's pinned memory): ``verify --attribute`` leaves them out of the patch together
+    # (tcaudit/verify/attribution.py). A structural conversion's rules and companions go together too.
+    fixed_with: ClassVar[tuple[str, ...]] = ()
     # Triggers that replace ``triggers`` when ``fix`` may make a structural conversion (by its name):
     # a rule that speaks for what the conversion will bring needs less text.
     structural_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -132,10 +139,14 @@ class ScriptRule:
         plan: "Callable[[], FixPlan]",
         *,
         option: str | None = None,
+        context: RuleContext | None = None,
     ) -> Fix:
         """A fix whose plan is made now: ``plan()`` returns what the fix will edit, or raises
         :class:`DeclineFix` with the reason it cannot be done safely (then the finding says so, and
-        the situations the decline protects against are kept on the fix)."""
+        the situations the decline protects against are kept on the fix). An opt-in fix that
+        ``context`` says will not be made is left unplanned (``plan`` None: nothing can make it)."""
+        if option is not None and context is not None and option in context.unplanned:
+            return Fix(fix_class, description, option=option)
         try:
             made = plan()
         except DeclineFix as exc:
@@ -212,6 +223,16 @@ def in_rule_order(rules: "Sequence[ScriptRule]") -> "list[ScriptRule]":
     for rule_id in sorted(by_id):
         place(by_id[rule_id], ())
     return out
+
+
+def after_depth(rules: "Sequence[ScriptRule]") -> int:
+    """The most rules in one chain of ``after`` declarations among ``rules`` (1 where none declares one):
+    the most rounds ``tcaudit fix`` needs for fixes that wait for each other."""
+    by_id = {rule.id: rule for rule in rules}
+    depth: dict[str, int] = {}
+    for rule in in_rule_order(rules):  # leaders first
+        depth[rule.id] = 1 + max((depth[leader] for leader in type(rule).after if leader in by_id), default=0)
+    return max(depth.values(), default=0)
 
 
 def codemod_of(rule: "ScriptRule") -> "Codemod | None":

@@ -80,6 +80,7 @@ def _in_shim(ctx: Frame) -> bool:
 
 class DeprecatedAmpApi(ScriptRule):
     id = "TC202"
+    fixed_with = ("TC201",)  # the autocast and GradScaler steps TC201 writes
     # The word ``amp``, written literal first (its leading boundary checked behind it) so that the
     # regex engine scans for the literal.
     triggers = (r"amp\b(?<!\wamp)",)

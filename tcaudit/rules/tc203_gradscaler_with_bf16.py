@@ -39,6 +39,7 @@ class RemoveScaler(FixPlan):
 
 class GradScalerWithBf16(ScriptRule):
     id = "TC203"
+    fixed_with = ("TC201",)  # the scaler of the autocast TC201 chooses
     triggers = (r"Scaler",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -34,6 +34,7 @@ class AddScaler(FixPlan):
 
 class Fp16WithoutGradScaler(ScriptRule):
     id = "TC204"
+    fixed_with = ("TC201",)  # fp16 autocast is unsafe without its GradScaler
     triggers = (r"\.backward\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -31,6 +31,7 @@ class InsertUnscale(FixPlan):
 
 class ClipBeforeUnscale(ScriptRule):
     id = "TC205"
+    fixed_with = ("TC201",)  # unscaling edits the steps of the GradScaler
     triggers = (r"clip_grad",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

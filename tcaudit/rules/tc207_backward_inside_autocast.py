@@ -31,6 +31,7 @@ class DedentBackward(FixPlan):
 
 class BackwardInsideAutocast(ScriptRule):
     id = "TC207"
+    fixed_with = ("TC201",)  # the backward leaves the autocast block
     triggers = (all_of(r"autocast", BACKWARD_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -78,7 +78,7 @@ class NotCompiled(ScriptRule):
                     FixClass.STRUCTURAL,
                     "compile the model in place on CUDA (tcaudit fix --compile)",
                     lambda plan=plan: _made(plan),
-                    option="compile",
+                    option="compile", context=context,
                 ),
             )
 

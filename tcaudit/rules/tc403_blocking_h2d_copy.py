@@ -25,6 +25,7 @@ from tcaudit.source.triggers import all_of
 
 class BlockingH2DCopy(ScriptRule):
     id = "TC403"
+    fixed_with = ("TC402",)  # non_blocking copies only overlap from pinned memory
     triggers = (all_of(r"DataLoader", BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -50,6 +50,7 @@ class AddAfterWorkers(FixPlan):
 
 class WorkersNotPersistent(ScriptRule):
     id = "TC404"
+    fixed_with = ("TC401",)  # persistent workers need workers
     after = ("TC401",)  # persistent workers need the workers TC401's fix adds: fixed after it
     triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
 

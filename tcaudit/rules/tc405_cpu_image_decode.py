@@ -70,7 +70,7 @@ class CpuImageDecode(ScriptRule):
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
                 fix = self.planned_fix(
                     FixClass.STRUCTURAL, "decode images on the GPU (DALI or nvjpeg)",
-                    lambda call=call: plan_conversion(facts, pipeline, call), option="dali",
+                    lambda call=call: plan_conversion(facts, pipeline, call), option="dali", context=context,
                 )
             elif qual in DECODERS:
                 device = keyword_arg(call.node, "device")

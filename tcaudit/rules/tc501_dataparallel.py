@@ -85,7 +85,7 @@ class DataParallelUsed(ScriptRule):
                     FixClass.STRUCTURAL,
                     "launch with torchrun and wrap in DistributedDataParallel (fix --ddp)",
                     plan,
-                    option="ddp",
+                    option="ddp", context=context,
                 ),
             )
 

@@ -72,7 +72,8 @@ class SingleProcessTraining(ScriptRule):
             "torchrun scales it across the GPUs of the machine",
             end_node=loop_header_end(loop.node),
             fix=self.planned_fix(
-                FixClass.STRUCTURAL, "wrap the model in DDP and launch with torchrun (fix --ddp)", plan, option="ddp"
+                FixClass.STRUCTURAL, "wrap the model in DDP and launch with torchrun (fix --ddp)", plan, option="ddp",
+                context=context,
             ),
         )
 

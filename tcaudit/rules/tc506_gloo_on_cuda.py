@@ -92,6 +92,7 @@ _NEW_BACKEND = '"nccl" if torch.cuda.is_available() else "gloo"'
 
 class GlooOnCuda(ScriptRule):
     id = "TC506"
+    fixed_with = ("TC505",)  # the process group of the DDP conversion
     triggers = (r"gloo",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -58,6 +58,11 @@ class SourceFile:
         lines = self.lines
         return lines[line - 1] if 0 < line <= len(lines) else ""
 
+    def with_module(self, module: cst.Module) -> "SourceFile":
+        """This file with its LibCST module given: one parsed already (``module.code`` is ``text``)."""
+        self._module = module
+        return self
+
     @property
     def module(self) -> cst.Module:
         """The LibCST module, parsed on first use. Raises SourceError for unparsable code."""

@@ -12,25 +12,43 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-# Rules whose edits only make sense together are left out together:
-RULE_GROUPS: tuple[tuple[str, ...], ...] = (
-    # fp16 autocast is unsafe without its GradScaler, and the scaler fixes (deprecated API, bf16
-    # scaler removal, unscale before clipping, backward outside autocast) edit the same steps.
-    ("TC201", "TC202", "TC203", "TC204", "TC205", "TC207"),
-    # non_blocking copies only overlap from pinned memory.
-    ("TC402", "TC403"),
-    # persistent workers need workers.
-    ("TC401", "TC404"),
-    # The DDP conversion and its companions (sampler, set_epoch, no_sync, bucket view, device switch).
-    ("TC501", "TC502", "TC503", "TC504", "TC505", "TC506", "TC507"),
-)
+def rule_groups() -> tuple[tuple[str, ...], ...]:
+    """The rules whose edits only make sense together, left out together: each rule with those it
+    names in ``fixed_with`` (fp16 autocast and its GradScaler fixes, pinned memory and non_blocking
+    copies, workers and persistent workers), and each structural conversion with its rules and
+    companions (tcaudit/structural.py), joined where they share a rule. Groups of one are left out."""
+    from tcaudit.rules.base import discover_script_rules
+    from tcaudit.structural import CONVERSIONS
+
+    parent: dict[str, str] = {}
+
+    def root(rule: str) -> str:
+        while parent.setdefault(rule, rule) != rule:
+            rule = parent[rule]
+        return rule
+
+    def join(first: str, second: str) -> None:
+        parent[root(second)] = root(first)
+
+    for rule_id, cls in discover_script_rules().items():
+        for other in cls.fixed_with:
+            join(other, rule_id)
+    for item in CONVERSIONS:
+        members = (*item.rules, *item.companions)
+        for other in members[1:]:
+            join(members[0], other)
+    groups: dict[str, list[str]] = {}
+    for rule in parent:
+        groups.setdefault(root(rule), []).append(rule)
+    return tuple(sorted(tuple(sorted(g)) for g in groups.values() if len(g) > 1))
 
 
 def groups_for(applied: list[str]) -> list[tuple[str, ...]]:
     """The groups of rules that changed the file, in the order they were first applied."""
+    known = rule_groups()
     groups: list[tuple[str, ...]] = []
     for rule in applied:
-        group = next((g for g in RULE_GROUPS if rule in g), (rule,))
+        group = next((g for g in known if rule in g), (rule,))
         members = tuple(r for r in group if r in applied)
         if members not in groups:
             groups.append(members)
