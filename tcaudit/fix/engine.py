@@ -363,13 +363,17 @@ class _Run:
             return self._refuse(findings, f"internal error in the {rule_id} fix: {exc!r}")
         if new_text == facts.source.text:
             return new_text, new_module
-        parsed, problem = self.parse(new_text)
-        if parsed is None:
+        try:
+            compile(new_text, self.display, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return self._refuse(findings, f"the rewrite did not compile ({problem}); left unchanged")
-        refusal = structural_refusal(facts.module, parsed)
+        # The statements of the codemod's tree are those of its text (LibCST parses the text the
+        # round keeps, once: ``parse``).
+        refusal = structural_refusal(facts.module, new_module)
         if refusal is not None:
             return self._refuse(findings, refusal)
-        return new_text, parsed
+        return new_text, new_module
 
     def _refuse(self, findings: list[Finding], reason: str) -> None:
         for finding in findings:
@@ -406,13 +410,13 @@ class _Run:
             changes.append((rule_id, edits))
         if not changes:
             return text, [rule for rule, _ in held]
-        if len(changes) == 1:
-            merged = apply_edits(text, changes[0][1])
-        else:
-            merged = apply_edits(text, [edit for _, edits in changes for edit in edits])
-            parsed, _ = self.parse(merged)
-            if parsed is None or structural_refusal(facts.module, parsed) is not None:
-                return text, [rule for rule in order]  # each alone, as its checks decide
+        merged = apply_edits(text, [edit for _, edits in changes for edit in edits])
+        parsed, problem = self.parse(merged)
+        if parsed is None and len(changes) == 1:
+            self._refuse(self._due(findings, changes[0][0]), f"the rewrite did not parse ({problem}); left unchanged")
+            return text, [rule for rule, _ in held]
+        if parsed is None or (len(changes) > 1 and structural_refusal(facts.module, parsed) is not None):
+            return text, [rule for rule in order]  # each alone, as its checks decide
         if self._brought_about({rule for rule, _ in changes}, facts, merged) is not None:
             if len(changes) > 1:
                 return text, [rule for rule in order]
@@ -437,6 +441,10 @@ class _Run:
             return text
         made = self._codemod(facts, due, rule_id)
         if made is None or made[0] == text:
+            return text
+        parsed, problem = self.parse(made[0])
+        if parsed is None:
+            self._refuse(due, f"the rewrite did not parse ({problem}); left unchanged")
             return text
         protection = self._brought_about({rule_id}, facts, made[0])
         if protection is not None:

@@ -88,9 +88,14 @@ def with_torch_name(code: str, facts: ScriptFacts) -> str:
 class CallEditor(StatementEditor):
     """A StatementEditor that also rewrites calls, found by identity."""
 
+    targeted_visit = True
+
     def __init__(self) -> None:
         super().__init__()
         self.calls: dict[int, object] = {}
+
+    def targets(self) -> set[int]:
+        return {*super().targets(), *self.calls}
 
     def rewrite_call(self, call: cst.Call, change) -> None:
         """``change(updated_call) -> expression``; several changes to one call compose in order."""
@@ -143,7 +148,7 @@ def insert_setting(module: cst.Module, facts: ScriptFacts, code: str) -> cst.Mod
         return module.with_changes(body=[*statements, *body])
     editor = StatementEditor()
     editor.insert_after(previous, statements)
-    return module.visit(editor)
+    return editor.apply(module)
 
 
 def index_after_imports(facts: ScriptFacts) -> int:
@@ -252,7 +257,7 @@ def apply_keyword_edits(module: cst.Module, plans: Iterable[KeywordPlan]) -> cst
             editor.rewrite_call(plan.call, lambda node, i=index, v=value: replace_argument(node, i, v))
         else:
             editor.rewrite_call(plan.call, lambda node, k=plan.key, v=value: add_keyword(node, k, v))
-    return module.visit(editor)
+    return editor.apply(module)
 
 
 # -- imports ---------------------------------------------------------------------------------------------

@@ -114,4 +114,4 @@ class ClipBeforeUnscaleFix(Codemod):
         for finding in findings:
             plan: InsertUnscale = finding.fix.plan
             editor.insert_before(plan.statement, [parse_statement(plan.code, module)])
-        return module.visit(editor)
+        return editor.apply(module)

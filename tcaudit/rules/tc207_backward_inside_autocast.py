@@ -81,4 +81,4 @@ class BackwardInsideAutocastFix(Codemod):
             shortened = plan.with_node.with_changes(body=body.with_changes(body=kept))
             editor.replace_with(plan.with_node, [shortened, *moved])
             done.add(id(plan.with_node))
-        return module.visit(editor)
+        return editor.apply(module)

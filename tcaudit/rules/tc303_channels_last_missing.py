@@ -749,7 +749,7 @@ class ChannelsLastFix(Codemod):
                     if key not in done:
                         editor.rewrite_call(edit.call, lambda node, v=channels_last: _to_memory_format(node, v))
                 done.add(key)
-        new = module.visit(editor)
+        new = editor.apply(module)
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")
         return new

@@ -91,4 +91,4 @@ class LegacyJitFlagsFix(Codemod):
                 editor.replace_with(statement, [statement.with_changes(body=kept)])
             else:
                 editor.remove(statement)
-        return module.visit(editor)
+        return editor.apply(module)

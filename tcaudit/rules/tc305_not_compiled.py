@@ -629,7 +629,7 @@ class NotCompiledFix(Codemod):
         for finding in findings:  # one per trained model, each with its own place (the check made them distinct)
             plan: CompileInPlace = finding.fix.plan
             editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
-        new = module.visit(editor)
+        new = editor.apply(module)
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")
         return new

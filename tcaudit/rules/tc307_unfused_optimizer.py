@@ -297,4 +297,4 @@ class UnfusedOptimizerFix(Codemod):
             plan: AddFused = finding.fix.plan
             value = parse_expression(plan.value, module)
             editor.rewrite_call(plan.call, lambda node, k=plan.key, v=value: add_keyword(node, k, v))
-        return module.visit(editor)
+        return editor.apply(module)

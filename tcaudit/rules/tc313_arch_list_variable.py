@@ -67,4 +67,4 @@ class ArchListVariableFix(Codemod):
             plan: SetEnvironment = finding.fix.plan
             new = parse_statement(plan.code, module).with_changes(leading_lines=plan.statement.leading_lines)
             editor.replace_with(plan.statement, [new])
-        return add_stdlib_import(module.visit(editor), "os")
+        return add_stdlib_import(editor.apply(module), "os")

@@ -352,9 +352,9 @@ class CpuImageDecodeFix(Codemod):
                 lambda node, wrapper=wrapper: wrapper.with_changes(args=[wrapper.args[0].with_changes(value=node), *wrapper.args[1:]]),
             )
         if _defines_helper(module):
-            return module.visit(editor)
+            return editor.apply(module)
         # Where the block goes, counted before the edits: they all come after the imports.
-        return _insert_helper(module.visit(editor), index_after_imports(facts))
+        return _insert_helper(editor.apply(module), index_after_imports(facts))
 
 
 def _defines_helper(module: cst.Module) -> bool:

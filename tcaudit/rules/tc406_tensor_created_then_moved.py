@@ -287,7 +287,7 @@ class TensorCreatedThenMovedFix(Codemod):
             editor.rewrite_call(plan.move, _moved_value)
             if plan.removed is not None:
                 editor.remove(plan.removed)
-        return module.visit(editor)
+        return editor.apply(module)
 
 
 def _moved_value(node: cst.Call) -> cst.BaseExpression:

@@ -483,4 +483,4 @@ class HostTensorsCopiedEachStepFix(Codemod):
                 if (id(statement), plan.code) not in pinned:
                     pinned.add((id(statement), plan.code))
                     editor.insert_after(statement, [parse_statement(plan.code, module)])
-        return module.visit(editor)
+        return editor.apply(module)

@@ -91,4 +91,4 @@ class DdpBucketViewFix(Codemod):
             plan: AddKeyword = finding.fix.plan
             value = parse_expression(plan.value, module)
             editor.rewrite_call(plan.call, lambda n, v=value: add_keyword(n, KWARG, v))
-        return module.visit(editor)
+        return editor.apply(module)

@@ -109,4 +109,4 @@ class ZeroGradNotNoneFix(Codemod):
                 editor.rewrite_call(plan.call, lambda node, i=plan.index: _drop_argument(node, i))
             else:
                 editor.rewrite_call(plan.call, lambda node, i=plan.index: replace_argument(node, i, cst.Name("True")))
-        return module.visit(editor)
+        return editor.apply(module)

@@ -148,4 +148,4 @@ class LoaderRelistedFix(Codemod):
         for finding in findings:
             plan: ReplaceCall = finding.fix.plan
             editor.rewrite_call(plan.call, lambda node, new=plan.replacement: new)
-        return module.visit(editor)
+        return editor.apply(module)

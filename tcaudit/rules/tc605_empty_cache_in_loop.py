@@ -72,4 +72,4 @@ class EmptyCacheInLoopFix(Codemod):
         for finding in findings:
             plan: RemoveStatement = finding.fix.plan
             editor.remove(plan.statement)
-        return module.visit(editor)
+        return editor.apply(module)
