@@ -287,3 +287,12 @@ def test_scan_on_a_t4_works_and_fix_writes_fp16_with_a_scaler():
     assert code == 1
     assert "+            with torch.autocast(device_type=device, dtype=torch.float16" in out
     assert "+            scaler.scale(loss).backward()" in out
+
+
+def test_explain_lists_the_published_figures_labelled_as_published():
+    code, out, _ = run_cli("explain", "TC201")
+    assert code == 0
+    section = out.split("Published, not measured (tcaudit/data/gpus.toml), for the other GPUs:\n", 1)[1]
+    assert "- T4 (sm_75), autocast: T4, published, not measured: NVIDIA T4 datasheet" in section
+    assert "- RTX 5090 (sm_120), autocast: not measured on this GPU, and no published figure kept" in section
+    assert "H200 (sm_90), autocast" not in section.split("\n## ", 1)[0]  # measured there: not repeated
