@@ -146,20 +146,28 @@ class Detected:
         return {"name": self.name, "sm": self.sm, "setting": self.setting, "detected_by": self.via}
 
 
+# Words of a device name that say nothing about which GPU it is; and words that make it another one.
+_VENDOR_WORDS = {"NVIDIA", "GEFORCE", "TESLA"}
+_VARIANT_WORDS = {"TI", "SUPER", "S", "D", "M", "MAX-Q", "LAPTOP", "MOBILE"}
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in name.upper().replace("-", " ").replace("_", " ").split() if w not in _VENDOR_WORDS]
+
+
 def _setting_for(name: str, sm: str) -> str:
-    """The gpus.toml key whose name the device's name holds (``NVIDIA A10`` -> ``a10``, not ``a100``),
-    else the architecture."""
-    words = name.upper().replace("NVIDIA", " ").replace("GEFORCE", " ").replace("TESLA", " ").split()
-    squashed = "".join(words)
-    best = None
+    """The gpus.toml key of the device's name (``NVIDIA A100-SXM4-80GB`` -> ``a100``; ``NVIDIA A10`` ->
+    ``a10``; not ``l4`` for an ``L40S`` nor ``rtx3090`` for an ``RTX 3090 Ti``), else the architecture."""
+    device = _words(name)
     for key, gpu in gpus().items():
-        if gpu.sm != sm:
+        wanted = _words(gpu.name)
+        if gpu.sm != sm or device[: len(wanted)] != wanted:
             continue
-        wanted = gpu.name.upper().replace(" ", "")
-        if wanted in words or squashed.startswith(wanted):
-            if best is None or len(gpu.name) > len(best.name):
-                best = gpu
-    return best.key if best is not None else sm
+        rest = device[len(wanted):]
+        if rest and rest[0] in _VARIANT_WORDS:
+            continue
+        return key
+    return sm
 
 
 def _from_nvidia_smi() -> Detected | None:

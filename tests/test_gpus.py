@@ -105,6 +105,9 @@ def fake_path(tmp_path, monkeypatch):
         ("NVIDIA GeForce RTX 3090, 8.6", "NVIDIA GeForce RTX 3090", "sm_86", "rtx3090"),
         ("NVIDIA RTX A6000, 8.6", "NVIDIA RTX A6000", "sm_86", "sm_86"),  # no row of its own: the architecture
         ("Orin, 8.7", "Orin", "sm_87", "sm_87"),
+        ("NVIDIA L40S, 8.9", "NVIDIA L40S", "sm_89", "sm_89"),  # not the L4
+        ("NVIDIA GeForce RTX 3090 Ti, 8.6", "NVIDIA GeForce RTX 3090 Ti", "sm_86", "sm_86"),
+        ("NVIDIA H100 80GB HBM3, 9.0", "NVIDIA H100 80GB HBM3", "sm_90", "h100"),
     ],
 )
 def test_auto_reads_nvidia_smi(fake_path, line, name, sm, setting):
