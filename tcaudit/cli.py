@@ -43,6 +43,36 @@ def _jobs(value: str) -> int:
     return jobs
 
 
+def _gpu_names() -> tuple[str, ...]:
+    from tcaudit import gpus
+
+    return tuple(gpus.gpus())
+
+
+def _gpu(value: str) -> str:
+    from tcaudit import gpus
+
+    setting = value.strip().lower()
+    if setting not in gpus.choices():
+        raise argparse.ArgumentTypeError(
+            f"unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
+        )
+    return setting
+
+
+def _with_detected_gpu(settings):
+    """``gpu = "auto"`` made concrete: the GPU nvidia-smi (or an already imported torch) reports, so
+    messages quote that GPU's figures and the fixes fit its features; left ``auto`` when none is found."""
+    if settings.gpu != "auto":
+        return settings
+    from tcaudit import gpus
+
+    found = gpus.detect()
+    if found is None:
+        return settings
+    return dataclasses.replace(settings, gpu=found.setting, detected_gpu=found)
+
+
 def _add_selection(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule selection")
     group.add_argument("--select", type=_codes, metavar="CODES", help="only these rules or prefixes (e.g. TC2,TC301)")
@@ -55,7 +85,11 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
         help="apply exclude patterns to files named on the command line too (for pre-commit)",
     )
     group.add_argument("--precision", choices=("auto", "bf16", "fp16"), help="precision to recommend (default auto)")
-    group.add_argument("--gpu", choices=("auto", "sm_80", "sm_86", "sm_89", "sm_90"), help="target GPU")
+    group.add_argument(
+        "--gpu", type=_gpu, metavar="GPU",
+        help="target GPU: auto (default: nvidia-smi's first GPU), sm_70 ... sm_120, or a name "
+             f"({', '.join(_gpu_names())})",
+    )
     group.add_argument("--config", metavar="FILE", help="read settings from this pyproject.toml or tcaudit.toml")
     group.add_argument("--isolated", action="store_true", help="ignore every configuration file")
 
@@ -226,7 +260,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     if args.input and not args.model:
         raise UsageError("--input needs --model (the factory whose input it describes)")
-    settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    settings = _with_detected_gpu(load_settings(args.paths, args.config, _overrides(args), args.isolated))
     _check_model_option(args, settings.root)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
@@ -255,6 +289,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
         return EXIT_ERROR if result.errors else EXIT_CLEAN
     if args.baseline:
         result.findings = filter_baseline(known, result.findings)
+    result.gpu = _gpu_metadata(settings)
+    if settings.detected_gpu is not None:
+        result.notes.append(f"target GPU: {settings.detected_gpu.describe()}; --gpu sets another")
     render = get_reporter(args.format)
     catalog = load_catalog()
     if args.output_file:
@@ -278,6 +315,19 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if any(f.severity >= settings.fail_on for f in result.findings):
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _gpu_metadata(settings) -> dict:
+    """The target GPU as machine output reports it (JSON ``gpu``, SARIF run ``properties.gpu``)."""
+    from tcaudit import gpus
+
+    target = gpus.resolve(settings.gpu)
+    data: dict = {"setting": settings.gpu}
+    if target is not None:
+        data.update(name=target.name, sm=target.sm)
+    if settings.detected_gpu is not None:
+        data["detected"] = settings.detected_gpu.to_dict()
+    return data
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -348,7 +398,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
     from tcaudit.config import load_settings
     from tcaudit.fix.command import run_fix
 
-    settings = load_settings(args.paths, args.config, _overrides(args), args.isolated)
+    settings = _with_detected_gpu(load_settings(args.paths, args.config, _overrides(args), args.isolated))
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
     try:
@@ -361,7 +411,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from tcaudit.config import load_settings
     from tcaudit.verify.command import run_verify
 
-    settings = load_settings([args.script], args.config, _overrides(args), args.isolated)
+    settings = _with_detected_gpu(load_settings([args.script], args.config, _overrides(args), args.isolated))
     try:
         return run_verify(args, settings)
     except ValueError as exc:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tcaudit import structural
+from tcaudit import gpus, structural
 from tcaudit.catalog import is_known_selector, matches_selector, rule_ids
 from tcaudit.findings import Severity
 
@@ -18,7 +18,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PRECISIONS = ("auto", "bf16", "fp16")
-GPUS = ("auto", "sm_80", "sm_86", "sm_89", "sm_90")
+# ``auto``, an architecture (sm_70 ... sm_120) or a GPU by name (``t4``, ``a100``): tcaudit/data/gpus.toml.
+GPUS = gpus.choices()
 KNOWN_KEYS = {
     "select",
     "extend-select",
@@ -62,6 +63,8 @@ class Settings:
     fail_on: Severity = Severity.WARNING
     precision: str = "auto"
     gpu: str = "auto"
+    # What ``gpu = "auto"`` found in this machine (tcaudit/gpus.py); None: not looked, or nothing found.
+    detected_gpu: gpus.Detected | None = None
     exec_models: bool = True
     models: tuple[ModelSpec, ...] = ()
     # Apply ``exclude`` to files named on the command line too (pre-commit passes every changed file).
@@ -211,7 +214,8 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
     if "precision" in table:
         updates["precision"] = _choice(table["precision"], "precision", PRECISIONS, where)
     if "gpu" in table:
-        updates["gpu"] = _choice(table["gpu"], "gpu", GPUS, where)
+        raw = table["gpu"]
+        updates["gpu"] = _choice(raw.strip().lower() if isinstance(raw, str) else raw, "gpu", GPUS, where)
     if "exec-models" in table:
         if not isinstance(table["exec-models"], bool):
             raise ConfigError(f"{_label('exec-models', where)} must be true or false")

@@ -76,6 +76,9 @@ class ScanResult:
     suppressed: int = 0
     # Files whose script-rule findings came from the cache (their ``files_parsed`` share too).
     files_cached: int = 0
+    # The target GPU as the command line resolved it (``{"setting", "name", "sm", "detected"}``);
+    # None when the caller did not say.
+    gpu: dict | None = None
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)

@@ -9,12 +9,14 @@ import textwrap
 from typing import TextIO
 
 from tcaudit.catalog import RuleSpec
-from tcaudit.rules.costs import figures, measured_entries, rule_cost
+from tcaudit import gpus
+from tcaudit.rules.costs import figures, measured_entries, published_note, published_ratios, rule_cost
 
 COST_HEADING = "## Measured cost"
 QUOTED = (
-    "Messages quote the figure measured on the target GPU (the `gpu` setting; with `auto`, the one GPU "
-    "measured) and no figure for a GPU that has none."
+    "Messages quote the figure measured on the target GPU's architecture (the `gpu` setting; with `auto`, "
+    "the GPU nvidia-smi reports, or the one GPU measured when none is found), NVIDIA's published figure "
+    "for another GPU where one bounds it (below), and say \"not measured on this GPU\" otherwise."
 )
 # The model audit's messages read its own cost table (tcaudit/model/cost.py), not these figures.
 QUOTED_BY_THE_AUDIT = (
@@ -81,6 +83,22 @@ def cost_lines(spec: RuleSpec) -> list[str]:
         lines += ["", _quoted(spec), ""]
     else:
         lines += ["No figure measured on a GPU: messages quote none.", ""]
+    return lines + published_lines(spec)
+
+
+def published_lines(spec: RuleSpec) -> list[str]:
+    """What messages quote on the GPUs nobody measured the rule on: NVIDIA's published peak figures
+    (tcaudit/data/gpus.toml), one line per GPU and key, labelled as published."""
+    lines: list[str] = []
+    for key, ratio in published_ratios(spec).items():
+        for gpu in gpus.gpus().values():
+            if key in measured_entries(spec).get(gpu.sm, {}):
+                continue  # measured on this architecture: messages quote the measurement
+            note = published_note(gpu, ratio)
+            lines.append(f"- {gpu.label}, {key}: {note} ({gpu.detail})" if note else
+                         f"- {gpu.label}, {key}: not measured on this GPU, and no published figure kept")
+    if lines:
+        lines = ["Published, not measured (tcaudit/data/gpus.toml), for the other GPUs:", ""] + lines + [""]
     return lines
 
 
@@ -111,4 +129,6 @@ def print_explanation(spec: RuleSpec, stream: TextIO) -> None:
             table.add_row("none", "", "", "no figure measured on a GPU: messages quote none")
         console.print(table)
         console.print((_quoted(spec) if entries else "") + "\n", markup=False)
+        if published_lines(spec):
+            console.print("\n".join(published_lines(spec)), markup=False)
     console.print("\n".join(_tail(spec)), markup=False)

@@ -169,7 +169,7 @@ def test_explicit_config_file(tmp_path):
         ("select = 3", "'select' must be a list of rule codes"),
         ('fail-on = "fatal"', "'fail-on' must be one of info, warning, error"),
         ('precision = "fp8"', "'precision' must be one of auto, bf16, fp16"),
-        ('gpu = "sm_70"', "'gpu' must be one of"),
+        ('gpu = "sm_42"', "'gpu' must be one of"),  # sm_70 (V100) is a GPU now: tests/test_gpus.py
         ('exec-models = "yes"', "'exec-models' must be true or false"),
         ('pad-dims = "yes"', "'pad-dims' must be true or false"),
         ("exclude = [1]", "'exclude' must be a list of glob patterns"),

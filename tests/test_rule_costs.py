@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from tcaudit.catalog import load_catalog
-from tcaudit.config import GPUS
+from tcaudit import gpus
 from tcaudit.rules.base import discover_script_rules
-from tcaudit.rules.costs import ENTRY_LABELS, cost_note, figures, measured_entries, rule_cost
+from tcaudit.rules.costs import (
+    ENTRY_LABELS,
+    PUBLISHED_PATHS,
+    cost_note,
+    figures,
+    measured_entries,
+    published_ratios,
+    rule_cost,
+)
 
 from conftest import REPO, run_cli
 from helpers import scan_code
@@ -35,10 +43,14 @@ def test_every_rule_has_a_well_formed_cost_table(rule):
     spec = CATALOG[rule]
     table = rule_cost(spec)
     assert isinstance(table.get("source"), str) and table["source"].strip(), f"{rule}: [cost] needs a source"
-    unknown = sorted(k for k in table if k != "source" and not k.startswith("sm_"))
+    unknown = sorted(k for k in table if k not in ("source", "published") and not k.startswith("sm_"))
     assert not unknown, f"{rule}: unknown [cost] keys {unknown}"
+    measured_keys = {k for e in measured_entries(spec).values() for k in figures(e)}
+    for key, ratio in published_ratios(spec).items():
+        assert ratio in PUBLISHED_PATHS, f"{rule}: [cost.published] {key} = {ratio!r} (known: {sorted(PUBLISHED_PATHS)})"
+        assert key in measured_keys, f"{rule}: [cost.published] {key} names no measured figure"
     for arch, entry in measured_entries(spec).items():
-        assert arch in GPUS, f"{rule}: [cost.{arch}] is not a `gpu` setting ({', '.join(GPUS[1:])})"
+        assert arch in gpus.archs(), f"{rule}: [cost.{arch}] is not an architecture ({', '.join(gpus.archs())})"
         for label in ENTRY_LABELS:
             assert isinstance(entry.get(label), str) and entry[label], f"{rule}: [cost.{arch}] needs {label}"
         assert figures(entry), f"{rule}: [cost.{arch}] has no figure"
@@ -109,9 +121,15 @@ def test_messages_quote_the_target_gpus_figure_only(rule, tmp_path):
     h200 = _first_finding(tmp_path, rule, "sm_90").message
     assert f"(H200, torch 2.11: {figures(measured_entries(spec)['sm_90'])[key]})" in h200
     assert _first_finding(tmp_path, rule, "auto").message == h200  # auto: the one GPU measured
+    # Another GPU: its published figure where [cost.published] names one, else "not measured", and
+    # never the H200's number.
     ampere = _first_finding(tmp_path, rule, "sm_80").message
     assert "H200" not in ampere and "torch 2.11" not in ampere
-    assert ampere == h200.replace(cost_note(spec, "sm_90", key), "")
+    assert ampere == h200.replace(cost_note(spec, "sm_90", key), cost_note(spec, "sm_80", key))
+    if key in published_ratios(spec):
+        assert "(A100, published, not measured: NVIDIA A100 datasheet" in ampere
+    else:
+        assert "(A100: not measured on this GPU)" in ampere
 
 
 # -- explain -----------------------------------------------------------------------------------------------

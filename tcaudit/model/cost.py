@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tcaudit import gpus
 from tcaudit.model.facts import DTYPE_BYTES, ModelFacts, OpFact
 
 COST_TABLE = Path(__file__).with_name("cost_table.json")
@@ -258,11 +259,12 @@ class CostModel:
 
     def __post_init__(self) -> None:
         default = self.table["default_gpu"]
-        self.gpu_key = self.gpu if self.gpu in self.table["gpus"] else default
+        arch = gpus.architecture(self.gpu)  # ``a10`` -> ``sm_86``: the table is keyed by architecture
+        self.gpu_key = arch if arch in self.table["gpus"] else default
         self.entry = self.table["gpus"][self.gpu_key]
         self.alignment_bytes = int(self.entry.get("alignment_bytes", self.table.get("alignment_bytes", 16)))
         self.source = self.table.get("sources", {}).get(self.gpu_key) or self.table.get("source", "cost table")
-        if self.gpu not in ("auto", self.gpu_key):
+        if arch not in ("auto", self.gpu_key):
             self.source += f" (measured on {self.gpu_key}; no table for {self.gpu} yet)"
         self._total_params = sum(self._layer_params(m.attrs) for m in self.facts.modules.values())
         self._ideal = sum(self.ideal_time(op) for op in self.facts.ops)

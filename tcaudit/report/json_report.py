@@ -27,5 +27,7 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
         "summary": summary(result),
         "notes": list(result.notes),
     }
+    if getattr(result, "gpu", None):
+        data["gpu"] = result.gpu
     json.dump(data, out, indent=2, sort_keys=False)
     out.write("\n")

@@ -170,6 +170,8 @@ def build_log(result, rules: dict) -> dict[str, Any]:
         "originalUriBaseIds": {SRCROOT: {"uri": _folder_uri(Path.cwd())}},
         "results": results,
     }
+    if getattr(result, "gpu", None):
+        run["properties"] = {"gpu": result.gpu}
     return {"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}
 
 

@@ -9,9 +9,19 @@ A table looks like::
     torch = "2.11"
     step = "..."                                       # one figure per key a message quotes
 
-A message quotes a figure only for the GPU it was measured on: with ``gpu = "sm_90"`` it reads
-``(H200, torch 2.11: ...)``; with ``gpu = "auto"`` the one measured GPU is named the same way; for a
-GPU with no measurement the message carries no number (the rule's ``explain`` page has the source).
+    [cost.published]
+    autocast = "half"                                  # the published ratio that bounds this figure
+
+A message quotes, for the target GPU (the ``gpu`` setting, tcaudit/gpus.py):
+
+- the figure measured on its architecture: ``(H200, torch 2.11: ...)``; with ``gpu = "auto"`` and no
+  GPU detected, the one measured GPU, named the same way;
+- else, where ``[cost.published]`` names a ratio for the key, NVIDIA's published peak figures for that
+  GPU with their source (tcaudit/data/gpus.toml): ``(A100, published, not measured: NVIDIA A100
+  datasheet, dense BF16/FP16 Tensor Core 312 vs FP32 19.5 TFLOPS, 16.0× peak)``; ``half`` is the FP16/BF16 Tensor
+  Core path autocast takes against FP32, ``tf32`` the TF32 Tensor Core path against FP32;
+- else ``(RTX 3090: not measured on this GPU)``.
+
 A rule whose claim is not a speed figure (a bug, a deprecation) says so in ``source`` and has no
 ``[cost.sm_NN]`` entry.
 """
@@ -22,6 +32,7 @@ import functools
 import sys
 from pathlib import Path
 
+from tcaudit import gpus
 from tcaudit.catalog import RuleSpec
 
 if sys.version_info >= (3, 11):
@@ -62,23 +73,57 @@ def figures(entry: dict) -> dict[str, str]:
 
 
 def measured(spec: RuleSpec, gpu: str) -> dict | None:
-    """The measurements for the target GPU (``sm_90``), or the only measured GPU when ``gpu`` is
-    ``auto``; None when there is none for it."""
+    """The measurements for the target GPU's architecture (``sm_90``, ``h100``), or the only measured
+    GPU when ``gpu`` is ``auto``; None when there is none for it."""
     entries = measured_entries(spec)
-    if gpu in entries:
-        return entries[gpu]
-    if gpu == "auto" and len(entries) == 1:
+    arch = gpus.architecture(gpu)
+    if arch in entries:
+        return entries[arch]
+    if gpu == gpus.AUTO and len(entries) == 1:
         return next(iter(entries.values()))
     return None
 
 
-def cost_note(spec: RuleSpec, gpu: str, key: str) -> str:
-    """`` (H200, torch 2.11: <figure>)`` for the target GPU, or ``""`` when nothing was measured there."""
-    entry = measured(spec, gpu)
-    if not entry or key not in entry:
+def published_ratios(spec: RuleSpec) -> dict[str, str]:
+    """``[cost.published]``: the key a message quotes -> the published ratio (``half``, ``tf32``) that
+    bounds it on a GPU nobody measured it on."""
+    table = rule_cost(spec).get("published", {})
+    return {k: str(v) for k, v in table.items()} if isinstance(table, dict) else {}
+
+
+PUBLISHED_PATHS = {"half": "half", "tf32": "tf32"}
+
+
+def published_note(gpu: gpus.Gpu, ratio: str) -> str:
+    """``A100, published, not measured: NVIDIA A100 datasheet, dense BF16/FP16 Tensor Core 312 vs FP32
+    19.5 TFLOPS, 16.0× peak``, or "" when gpus.toml has no such figure for the GPU."""
+    if ratio not in PUBLISHED_PATHS or gpu.fp32 is None:
         return ""
-    label = entry.get("gpu", gpu)
-    torch = entry.get("torch")
-    where = f"{label}, torch {torch}" if torch else label
-    return f" ({where}: {entry[key]})"
+    peak = getattr(gpu, PUBLISHED_PATHS[ratio])
+    if peak is None:
+        return ""
+    path = ("BF16/FP16" if gpu.has_bf16 else "FP16") if ratio == "half" else "TF32"
+    return (f"{gpu.name}, published, not measured: {gpu.source}, dense {path} Tensor Core {peak:g} vs "
+            f"FP32 {gpu.fp32:g} TFLOPS, {peak / gpu.fp32:.1f}× peak")
+
+
+def cost_note(spec: RuleSpec, gpu: str, key: str) -> str:
+    """The figure a message quotes for the target GPU, naming the GPU: `` (H200, torch 2.11: <figure>)``
+    where it was measured, `` (A100, published, not measured: ...)`` where NVIDIA publishes the ratio
+    that bounds it, `` (RTX 3090: not measured on this GPU)`` otherwise; ``""`` for ``auto`` with no
+    measurement, or a key the rule has no figure for anywhere."""
+    entry = measured(spec, gpu)
+    if entry and key in entry:
+        label = entry.get("gpu", gpu)
+        torch = entry.get("torch")
+        where = f"{label}, torch {torch}" if torch else label
+        return f" ({where}: {entry[key]})"
+    target = gpus.resolve(gpu)
+    if target is None or not any(key in e for e in measured_entries(spec).values()):
+        return ""
+    ratio = published_ratios(spec).get(key)
+    published = published_note(target, ratio) if ratio else ""
+    if published:
+        return f" ({published})"
+    return f" ({target.name}: not measured on this GPU)"
 

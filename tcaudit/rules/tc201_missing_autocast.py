@@ -152,7 +152,7 @@ class _Decision:
     why: str
 
 
-def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None) -> _Decision | None:
+def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu: str = "auto") -> _Decision | None:
     """Whether TC201 reports this file, and with which recipe; None when it does not. ``convnet`` is the
     model audit's verdict on the trained model (fp16 for a convnet), None to judge from the text."""
     if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
@@ -170,7 +170,7 @@ def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None) -> 
             partly.append((step, coverage))
     if not uncovered and not partly:
         return None
-    dtype, scaler, why = amp.recommended_precision(precision, convnet)
+    dtype, scaler, why = amp.recommended_precision(precision, convnet, gpu)
     return _Decision(amp, uncovered, tuple(partly), dtype, scaler, why)
 
 
@@ -191,7 +191,7 @@ class MissingAutocast(ScriptRule):
     after = ("TC301", "TC206")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context))
+        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context), context.settings.gpu)
         if decision is None:
             yield from self._after_cast_removal(facts, context)
             return

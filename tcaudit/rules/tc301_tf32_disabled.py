@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit import gpus
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
@@ -37,6 +38,8 @@ class Tf32Disabled(ScriptRule):
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if not gpus.has_tf32(context.settings.gpu):
+            return  # TF32 Tensor Cores start with Ampere (sm_80): on a V100 or T4 the setting does nothing
         pipeline = pipeline_facts(facts)
         if not pipeline.owns_cuda_training:
             return

@@ -47,7 +47,7 @@ def planned_autocast(facts: ScriptFacts, context: RuleContext) -> str | None:
     off, nothing to fix, or its fix declined): TC201's outcome on this text, from the engine."""
     if not context.fixable("TC201", facts):
         return None
-    return autocast_dtype_for(facts, context.settings.precision, context.models)
+    return autocast_dtype_for(facts, context.settings.precision, context.models, context.settings.gpu)
 
 
 # -- the plan: which calls and statements change ------------------------------------------------------

@@ -104,7 +104,7 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         if facts.mentions_gradscaler:
             return _FUSED_SGD_NAN
         if context.fixable("TC201", facts) and autocast_dtype_for(facts, context.settings.precision,
-                                                                  context.models) == "float16":
+                                                                  context.models, context.settings.gpu) == "float16":
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:

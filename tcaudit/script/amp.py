@@ -610,9 +610,26 @@ class AmpFacts:
             "vit" in (r.qualname or "") or "swin" in (r.qualname or "") for r in facts.references
         )
 
-    def recommended_precision(self, setting: str, convnet: bool | None = None) -> tuple[str, bool, str]:
-        """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting``; ``convnet`` is the
-        model audit's verdict on the trained model (None: judge from the script's text)."""
+    def recommended_precision(
+        self, setting: str, convnet: bool | None = None, gpu: str = "auto"
+    ) -> tuple[str, bool, str]:
+        """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting`` on the target
+        ``gpu`` (the setting); ``convnet`` is the model audit's verdict on the trained model (None: judge
+        from the script's text). A GPU without bf16 Tensor Cores (before sm_80: V100, T4) gets fp16 and
+        a GradScaler unless the configuration asks for bf16."""
+        from tcaudit import gpus
+
+        if setting == "auto" and not gpus.has_bf16(gpu):
+            target = gpus.resolve(gpu)
+            lacks = f"{target.label if target else gpu} has no bf16 Tensor Cores"
+            if self.uses_lbfgs or not self.has_optimizer:
+                return BF16, False, (f"{lacks}, but fp16 needs a GradScaler, which cannot drive an LBFGS closure "
+                                     "or manual updates: bf16 runs, without Tensor Cores")
+            if self.uses_gradient_penalty:
+                return BF16, False, (f"{lacks}, but fp16 needs a GradScaler, and the gradient penalty's "
+                                     "autograd.grad would then need its outputs scaled by hand: bf16 runs, "
+                                     "without Tensor Cores")
+            return HALF, True, f"{lacks}: fp16 with a GradScaler"
         if setting == "bf16":
             return BF16, False, "precision = bf16 in the configuration"
         if setting == "fp16":
@@ -801,11 +818,13 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
     return positional[index].value if 0 <= index < len(positional) else None
 
 
-def autocast_dtype_for(facts: ScriptFacts, precision: str, models: "AuditedModels | None") -> str:
+def autocast_dtype_for(
+    facts: ScriptFacts, precision: str, models: "AuditedModels | None", gpu: str = "auto"
+) -> str:
     """The autocast dtype (``"float16"``/``"bfloat16"``) TC201's fix writes for this script under the
-    ``precision`` setting: the convnet recipe where the model audit (or the script's text) says the
-    trained model is a convnet."""
+    ``precision`` setting on the target ``gpu``: the convnet recipe where the model audit (or the
+    script's text) says the trained model is a convnet; fp16 on a GPU without bf16."""
     from tcaudit.script.pipeline import pipeline_facts
 
     convnet = pipeline_facts(facts).audited_convnet(models)
-    return amp_facts(facts).recommended_precision(precision, convnet)[0]
+    return amp_facts(facts).recommended_precision(precision, convnet, gpu)[0]

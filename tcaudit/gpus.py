@@ -1,0 +1,212 @@
+"""The target GPU: which ones ``--gpu`` names, what each supports, NVIDIA's published figures for it
+(tcaudit/data/gpus.toml), and ``--gpu auto``'s detection of the GPU in this machine.
+
+A ``gpu`` setting is ``auto``, an architecture (``sm_86``: the GPU gpus.toml's ``[arch]`` picks for
+it, the RTX 3090) or a GPU's key (``a10``, ``h100``). Detection never imports torch: it asks
+``nvidia-smi``, then torch only when this process has imported it already.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+AUTO = "auto"
+DATA = Path(__file__).resolve().parent / "data" / "gpus.toml"
+# Seconds nvidia-smi may take before ``--gpu auto`` gives up on it (a hung driver must not hang a scan).
+NVIDIA_SMI_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU: its name, its architecture and the published peak TFLOPS (None: no such path)."""
+
+    key: str
+    name: str
+    sm: str
+    fp32: float | None = None
+    tf32: float | None = None
+    half: float | None = None  # FP16/BF16 Tensor Core, FP32 accumulate, dense
+    source: str = ""  # the document the figures are from
+    detail: str = ""  # what it says
+
+    @property
+    def arch(self) -> int:
+        return arch_number(self.sm)
+
+    @property
+    def has_bf16(self) -> bool:
+        """bf16 Tensor Cores (and TF32): Ampere, sm_80, and newer."""
+        return self.arch >= 80
+
+    @property
+    def has_tf32(self) -> bool:
+        return self.arch >= 80
+
+    @property
+    def has_fp8(self) -> bool:
+        """FP8 Tensor Cores: Ada and Hopper, sm_89, and newer."""
+        return self.arch >= 89
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.sm})"
+
+
+def arch_number(sm: str) -> int:
+    """``sm_86`` -> 86."""
+    return int(sm.removeprefix("sm_"))
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> dict:
+    return tomllib.loads(DATA.read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=None)
+def gpus() -> dict[str, Gpu]:
+    """Every GPU of gpus.toml by key."""
+    out = {}
+    for key, entry in _data()["gpu"].items():
+        fields = {k: entry[k] for k in ("fp32", "tf32", "half") if k in entry}
+        out[key] = Gpu(key, entry["name"], entry["sm"], source=entry.get("source", ""), detail=entry.get("detail", ""),
+                       **fields)
+    return out
+
+
+def archs() -> dict[str, str]:
+    """Architecture -> the key of the GPU that stands for it (``sm_86`` -> ``rtx3090``)."""
+    return dict(_data()["arch"])
+
+
+def choices() -> tuple[str, ...]:
+    """What a ``gpu`` setting may be: auto, each architecture, each GPU's key."""
+    return (AUTO, *archs(), *gpus())
+
+
+def resolve(setting: str) -> Gpu | None:
+    """The GPU a ``gpu`` setting stands for; None for ``auto`` (no GPU known) and unknown values.
+    An architecture gpus.toml does not list (a detected ``sm_87``) gets a GPU with no figures."""
+    setting = setting.strip().lower()
+    table = gpus()
+    if setting in table:
+        return table[setting]
+    key = archs().get(setting)
+    if key is not None:
+        return table[key]
+    if setting.startswith("sm_") and setting[3:].isdigit():
+        return Gpu(setting, setting, setting)
+    return None
+
+
+def architecture(setting: str) -> str:
+    """The ``sm_NN`` of a setting (``a10`` -> ``sm_86``); ``auto`` stays ``auto``."""
+    gpu = resolve(setting)
+    return gpu.sm if gpu is not None else setting
+
+
+def has_bf16(setting: str) -> bool:
+    """Whether the target GPU has bf16 Tensor Cores; True for ``auto`` (no GPU known: today's GPUs do)."""
+    gpu = resolve(setting)
+    return gpu is None or gpu.has_bf16
+
+
+def has_tf32(setting: str) -> bool:
+    gpu = resolve(setting)
+    return gpu is None or gpu.has_tf32
+
+
+# -- detection ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What ``--gpu auto`` found: the device's own name, its architecture, the setting it maps to
+    (a GPU key of gpus.toml when the name matches one, else the architecture) and how it was found."""
+
+    name: str
+    sm: str
+    setting: str
+    via: str  # "nvidia-smi" or "torch"
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.sm}, from {self.via})"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "sm": self.sm, "setting": self.setting, "detected_by": self.via}
+
+
+# Words of a device name that say nothing about which GPU it is; and words that make it another one.
+_VENDOR_WORDS = {"NVIDIA", "GEFORCE", "TESLA"}
+_VARIANT_WORDS = {"TI", "SUPER", "S", "D", "M", "MAX-Q", "LAPTOP", "MOBILE"}
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in name.upper().replace("-", " ").replace("_", " ").split() if w not in _VENDOR_WORDS]
+
+
+def _setting_for(name: str, sm: str) -> str:
+    """The gpus.toml key of the device's name (``NVIDIA A100-SXM4-80GB`` -> ``a100``; ``NVIDIA A10`` ->
+    ``a10``; not ``l4`` for an ``L40S`` nor ``rtx3090`` for an ``RTX 3090 Ti``), else the architecture."""
+    device = _words(name)
+    for key, gpu in gpus().items():
+        wanted = _words(gpu.name)
+        if gpu.sm != sm or device[: len(wanted)] != wanted:
+            continue
+        rest = device[len(wanted):]
+        if rest and rest[0] in _VARIANT_WORDS:
+            continue
+        return key
+    return sm
+
+
+def _from_nvidia_smi() -> Detected | None:
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run(
+            [binary, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, env={**os.environ, "LC_ALL": "C"},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    for line in done.stdout.splitlines():  # one line per GPU: the first one is the target
+        name, _, cap = line.rpartition(",")
+        major, _, minor = cap.strip().partition(".")
+        if name.strip() and major.isdigit() and minor.isdigit():
+            sm = f"sm_{int(major)}{int(minor)}"
+            return Detected(name.strip(), sm, _setting_for(name.strip(), sm), "nvidia-smi")
+    return None
+
+
+def _from_loaded_torch() -> Detected | None:
+    torch = sys.modules.get("torch")  # only a torch this process imported already: importing it costs seconds
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+        name = str(torch.cuda.get_device_name(0))
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up means "unknown", not a failed scan
+        return None
+    sm = f"sm_{major}{minor}"
+    return Detected(name, sm, _setting_for(name, sm), "torch")
+
+
+def detect() -> Detected | None:
+    """The GPU of this machine, or None ("unknown")."""
+    return _from_nvidia_smi() or _from_loaded_torch()
