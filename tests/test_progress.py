@@ -182,3 +182,16 @@ def test_verify_on_a_terminal_shows_rounds_and_steps(tmp_path):
     assert code in (0, 1), out + drawn
     assert "rounds" in drawn and "round 2 of 2" in drawn
     assert "original r1" in drawn and "patched r2" in drawn and "steps" in drawn
+
+
+def test_parallel_scan_counts_every_file(tmp_path):
+    from tcaudit.engine import PARALLEL_MIN_FILES
+
+    count = PARALLEL_MIN_FILES + 2
+    for number in range(count):
+        (tmp_path / f"m{number}.py").write_text(BAD if number == 0 else f"x = {number}\n", encoding="utf-8")
+    console = forced_console()
+    with progress.showing("text", console=console):
+        result = scan([str(tmp_path)], Settings(root=tmp_path, select=("TC202",)), jobs=2)
+    assert [f.rule for f in result.findings] == ["TC202"]
+    assert f"{count}/{count}" in console.file.getvalue()
