@@ -163,7 +163,7 @@ def test_no_progress_on_a_terminal_in_ci_or_for_json(project):
 def test_fix_on_a_terminal_shows_the_file_and_keeps_the_diff_on_stdout(project):
     plain = run_cli("fix", ".", *SELECT, cwd=project)
     code, out, drawn = run_on_a_terminal("fix", ".", *SELECT, cwd=project)
-    assert (code, out) == (plain[0], plain[1]) == (1, plain[1])  # the diff, unchanged by the display
+    assert code == plain[0] == 1 and out == plain[1]  # the diff, unchanged by the display
     assert "+scaler = torch.amp.GradScaler(\"cuda\")" in out
     assert "fixing" in drawn and "bad.py" in drawn
     assert "1 file would change" in drawn

@@ -50,8 +50,8 @@ def add_verify_parser(sub, add_selection) -> None:
 def run_verify(args: argparse.Namespace, settings) -> int:
     from rich.console import Console
 
-    from tcaudit.progress import showing
     from tcaudit.fix.command import parse_classes, with_structural_flags
+    from tcaudit.progress import showing
     from tcaudit.verify.report import render_table, write_plot
     from tcaudit.verify.runner import VerifyError, verify
 
