@@ -274,7 +274,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.format in MACHINE_FORMATS_WITH_EDITS:
         settings = dataclasses.replace(settings, fix_edits=True)
     jobs = args.jobs or default_jobs()
-    result = scan(args.paths, settings, jobs=jobs, cache=_open_cache(args, settings))
+    cache = _open_cache(args, settings)
+    from tcaudit.progress import showing
+
+    with showing(args.format):  # on a terminal only: files scanned, models audited
+        result = scan(args.paths, settings, jobs=jobs, cache=cache)
     if result.missing:
         for path in result.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)

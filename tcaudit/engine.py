@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
@@ -295,21 +296,23 @@ def scan(
 
     file_results: list[FileResult | None] = [None] * len(files)
     cached = 0
-    if cache is not None:
-        for index, path in enumerate(files):
-            try:
-                raw = read_file_bytes(path)
-            except SourceError:
-                continue  # scan_file reports it
-            hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw, _models_key(models_for(path))))
-            if hit is not None:
-                file_results[index] = FileResult(displays[index], list(hit.findings), parsed=hit.parsed)
-                cached += 1
-    todo = [index for index, fr in enumerate(file_results) if fr is None]
-    if todo:
-        tasks = [(files[index], displays[index], models_for(files[index])) for index in todo]
-        for index, fr in zip(todo, _scan_files(tasks, settings, check_syntax, cache, jobs)):
-            file_results[index] = fr
+    with progress.current().stage("scanning", total=len(files), unit="files") as stage:
+        if cache is not None:
+            for index, path in enumerate(files):
+                try:
+                    raw = read_file_bytes(path)
+                except SourceError:
+                    continue  # scan_file reports it
+                hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw, _models_key(models_for(path))))
+                if hit is not None:
+                    file_results[index] = FileResult(displays[index], list(hit.findings), parsed=hit.parsed)
+                    cached += 1
+            stage.advance(cached)
+        todo = [index for index, fr in enumerate(file_results) if fr is None]
+        if todo:
+            tasks = [(files[index], displays[index], models_for(files[index])) for index in todo]
+            for index, fr in zip(todo, _scan_files(tasks, settings, check_syntax, cache, jobs, stage.advance)):
+                file_results[index] = fr
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
     notes: list[str] = list(discovered.warnings)
@@ -481,16 +484,21 @@ def _scan_files(
     check_syntax: bool,
     cache: "ScanCache | None",
     jobs: int,
+    done: "Callable[[], None]" = lambda: None,
 ) -> list[FileResult]:
-    """FileResults in the order of ``tasks``."""
+    """FileResults in the order of ``tasks``; ``done()`` after each file (the progress display)."""
     from tcaudit.rules.registry import lazy_rules
 
     if jobs <= 1 or len(tasks) < PARALLEL_MIN_FILES:
         # Each rule is imported with the first file whose text needs it (most files need none).
         rules = lazy_rules(settings)
+        results = []
         with collecting_less_often():
-            return [_scan_one(*task, rules, settings, check_syntax, cache) for task in tasks]
-    return _scan_parallel(tasks, settings, check_syntax, cache, jobs)
+            for task in tasks:
+                results.append(_scan_one(*task, rules, settings, check_syntax, cache))
+                done()
+        return results
+    return _scan_parallel(tasks, settings, check_syntax, cache, jobs, done)
 
 
 @contextmanager
@@ -571,6 +579,7 @@ def _scan_parallel(
     check_syntax: bool,
     cache: "ScanCache | None",
     jobs: int,
+    done: "Callable[[], None]" = lambda: None,
 ) -> list[FileResult]:
     results: dict[int, FileResult] = {}
     # Largest first: the slow files start early and the quick ones fill in around them.
@@ -579,17 +588,18 @@ def _scan_parallel(
         # A worker that dies (a crash in native code, the OOM killer) breaks the whole pool and every
         # file in flight with it. Try those once more in a fresh pool, then one process per file, so
         # that a file which kills its process costs only its own result.
-        pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
+        pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs, done)
         if pending:
-            pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs)
+            pending = _run_pool(tasks, pending, results, settings, check_syntax, cache, jobs, done)
         for index in pending:
-            if _run_pool(tasks, [index], results, settings, check_syntax, cache, 1):
+            if _run_pool(tasks, [index], results, settings, check_syntax, cache, 1, done):
                 display = tasks[index][1]
                 results[index] = FileResult(
                     display,
                     errors=[f"{display}: internal error: the worker process scanning this file died "
                             "(a crash or the system running out of memory)"],
                 )
+                done()
     return [results[index] for index in range(len(tasks))]
 
 
@@ -601,6 +611,7 @@ def _run_pool(
     check_syntax: bool,
     cache: "ScanCache | None",
     jobs: int,
+    done: "Callable[[], None]" = lambda: None,
 ) -> list[int]:
     """Scan ``tasks[i]`` for i in ``indices`` in a pool of worker processes, into ``results``; returns
     the indices left without a result because a worker died."""
@@ -632,6 +643,7 @@ def _run_pool(
                 results[index] = FileResult(
                     display, errors=[f"{display}: internal error in a scan worker: {exc!r}"]
                 )
+            done()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
     return [index for index in indices if index not in results]

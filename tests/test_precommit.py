@@ -1,5 +1,6 @@
 """The pre-commit hook, for real: ``pre-commit try-repo`` installs tcaudit into its own environment
-(pip, from this repository) and runs it on a throwaway git repository.
+(pip, from this repository) and runs it on a throwaway git repository; and the README's
+``.pre-commit-config.yaml``, taken from README.md as written, runs with ``pre-commit run``.
 
 try-repo on a local path uses the HEAD commit plus changes to tracked files, but not files that are
 not committed yet. The test therefore snapshots the working tree (tracked and untracked files that
@@ -10,6 +11,7 @@ under test rather than the last commit. Network access to PyPI is needed for the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,3 +133,72 @@ def test_fix_hook_rewrites_the_file_and_stops_the_commit(project, workspace):
     assert proc.returncode == 1, output
     assert "files were modified by this hook" in output
     assert (project / "bad.py").read_text(encoding="utf-8") == GOOD
+
+
+# -- the README's snippet -----------------------------------------------------------------------------
+
+
+def readme_precommit_config() -> str:
+    """The YAML block of README.md's "pre-commit" section, as a user would copy it."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## pre-commit\n(.*?)(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
+    assert section, "README.md has no '## pre-commit' section"
+    block = re.search(r"```ya?ml\n(.*?)```", section.group(1), re.DOTALL)
+    assert block, "README.md's pre-commit section has no yaml block"
+    return block.group(1)
+
+
+def hooks_by_id(text: str) -> dict[str, dict]:
+    import yaml  # pre-commit's own dependency
+
+    data = yaml.safe_load(text)
+    hooks = data if isinstance(data, list) else [hook for repo in data["repos"] for hook in repo["hooks"]]
+    return {hook["id"]: hook for hook in hooks}
+
+
+def test_readme_hooks_are_the_published_hooks_and_never_build_models():
+    readme = hooks_by_id(readme_precommit_config())
+    published = hooks_by_id((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    assert set(readme) == set(published) == {"tcaudit", "tcaudit-fix"}
+    for hook_id, hook in readme.items():
+        assert hook["entry"] == published[hook_id]["entry"]
+        assert "--no-exec" in hook["entry"].split(), hook_id
+
+
+def tcaudit_on_path(folder: Path) -> str:
+    """A PATH whose ``tcaudit`` is this checkout's (the installed one may be another's)."""
+    folder.mkdir()
+    shim = folder / "tcaudit"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m tcaudit "$@"\n', encoding="utf-8")
+    shim.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the tcaudit shim is a shell script")
+def test_readme_snippet_runs_as_written(tmp_path):
+    env = git_env(tmp_path)
+    env["PATH"] = tcaudit_on_path(tmp_path / "bin")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.tcaudit]\nselect = ["TC000", "TC202"]\n', encoding="utf-8")
+    (project / "bad.py").write_text(BAD, encoding="utf-8")
+    (project / "good.py").write_text(GOOD, encoding="utf-8")
+    (project / ".pre-commit-config.yaml").write_text(readme_precommit_config(), encoding="utf-8")
+    git("init", "-q", cwd=project, env=env)
+    git("add", "-A", cwd=project, env=env)
+
+    def run() -> tuple[int, str]:
+        proc = subprocess.run([PRE_COMMIT, "run", "--all-files", "--verbose"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    code, output = run()
+    assert code == 1, output
+    assert "bad.py:2:10: TC202 " in output  # the report hook names the finding
+    assert "good.py" not in output
+    assert "files were modified by this hook" in output  # and the fix hook fixed it
+    assert (project / "bad.py").read_text(encoding="utf-8") == GOOD
+    git("add", "-A", cwd=project, env=env)
+    code, output = run()
+    assert code == 0, output
+    assert output.count("Passed") == 2, output

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, run_cli
+from conftest import REPO, SHARED, run_cli
 from tcaudit.catalog import load_catalog
 from tcaudit.engine import ScanResult
 from tcaudit.findings import Finding, Location, Severity
@@ -81,15 +81,19 @@ def test_sarif_validates_and_carries_the_findings(project):
     driver = run["tool"]["driver"]
     assert driver["name"] == "tcaudit"
     assert driver["version"]
-    assert driver["informationUri"].startswith("https://")
+    assert "informationUri" not in driver  # tcaudit has no public address yet: no placeholder
     rules = driver["rules"]
-    assert [r["id"] for r in rules] == sorted(load_catalog())
+    assert [r["id"] for r in rules] == ["TC000", "TC202"]  # the rules that fired, not the catalog
     tc202 = next(r for r in rules if r["id"] == "TC202")
     spec = load_catalog()["TC202"]
     assert tc202["name"] == "deprecated-amp-api"
     assert tc202["shortDescription"]["text"] == spec.summary
     assert tc202["fullDescription"]["text"] == spec.why
-    assert tc202["help"]["text"]
+    page = (REPO / "docs" / "rules" / "TC202.md").read_text(encoding="utf-8")
+    assert tc202["help"]["markdown"] == page
+    assert tc202["help"]["text"].startswith(spec.summary) and "docs/rules/TC202.md" in tc202["help"]["text"]
+    assert tc202["properties"]["docs"] == "docs/rules/TC202.md"
+    assert "helpUri" not in tc202
     assert tc202["defaultConfiguration"]["level"] == "warning"
     assert next(r for r in rules if r["id"] == "TC000")["defaultConfiguration"]["level"] == "error"
 
@@ -110,6 +114,44 @@ def test_sarif_validates_and_carries_the_findings(project):
     assert change["replacements"] and all(r["deletedRegion"]["startLine"] == 2 for r in change["replacements"])
     assert by_rule["TC000"]["level"] == "error"
     assert by_rule["TC000"]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken.py"
+
+
+def test_sarif_help_uri_and_information_uri_once_published(project, monkeypatch):
+    import tcaudit
+
+    monkeypatch.setattr(tcaudit, "REPOSITORY_URL", "https://code.example/tcaudit")
+    monkeypatch.setattr(tcaudit, "RULE_DOCS_URL", "https://code.example/tcaudit/docs/rules/")
+    log = json.loads(scan_format(project, "sarif")[1])
+    assert_valid_sarif(log)
+    driver = log["runs"][0]["tool"]["driver"]
+    assert driver["informationUri"] == "https://code.example/tcaudit"
+    assert {r["id"]: r["helpUri"] for r in driver["rules"]} == {
+        "TC000": "https://code.example/tcaudit/docs/rules/TC000.md",
+        "TC202": "https://code.example/tcaudit/docs/rules/TC202.md",
+    }
+
+
+def test_sarif_stays_small(project):
+    """Rule pages only for the rules that fired: two results, two pages (the catalog's 60 were 384 KB)."""
+    out = scan_format(project, "sarif")[1]
+    pages = sum(len(json.dumps(render_page(rule))) for rule in ("TC000", "TC202"))
+    assert len(out) < pages + 12_000, len(out)
+
+
+def render_page(rule_id: str) -> str:
+    from tcaudit.explain import render_explanation
+
+    return render_explanation(load_catalog()[rule_id])
+
+
+def test_sarif_rule_unknown_to_the_catalog_gets_a_descriptor():
+    finding = info_finding()
+    finding.rule, finding.name = "TC999", "plugin-rule"
+    log = json.loads(render("sarif", ScanResult(findings=[finding], files_scanned=1, files_parsed=1)))
+    assert_valid_sarif(log)
+    run = log["runs"][0]
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == ["TC999"]
+    assert run["results"][0]["ruleIndex"] == 0
 
 
 def test_sarif_fingerprints_match_the_json_report(project):

@@ -97,6 +97,13 @@ def parse_classes(text: str) -> frozenset[FixClass]:
 
 
 def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
+    from tcaudit.progress import showing
+
+    with showing(None) as progress:  # on a terminal only: the models audited, the file being fixed
+        return _run_fix(args, settings, color, progress)
+
+
+def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     from rich.console import Console
 
     from tcaudit.engine import audited_models_for, display_path
@@ -113,7 +120,8 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
         return 2
     console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
-    err = Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True)
+    # Messages go above the progress display where there is one: its console knows where it is drawn.
+    err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True)
     would_change = 0
     fixed_findings = 0
     errors = 0
@@ -125,8 +133,11 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
         cache = open_cache(settings, args.cache_dir, warn=lambda reason: err.print(
             f"tcaudit: warning: {reason}; fixing without the cache (--no-cache silences this)"))
     models_of = audited_models_for(discovered.files, settings, cache)
+    stage = progress.stage("fixing", total=len(discovered.files), unit="files")
     for path in discovered.files:
         display = display_path(path)
+        stage.show(display)
+        stage.advance()  # counted as it starts: the line says which file is being fixed
         target = real_path(Path(path))
         inside = Path(os.path.abspath(path)).is_relative_to(root)
         if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
@@ -170,10 +181,13 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
             if color:
                 from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 
-                console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+                with progress.paused():
+                    console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
             else:
                 diff = result.diff()
-                sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
+                with progress.paused():
+                    sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
+                    sys.stdout.flush()
     if errors:
         return 2
     if args.apply:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from tcaudit import progress
 from tcaudit.findings import Finding
 
 if TYPE_CHECKING:
@@ -133,20 +134,32 @@ def _run_within_budget(jobs, budget: float, cache, limits, preload, result: Mode
             found[number] = hit
             result.cached += 1
     spent, audited = 0.0, 0
-    for number, job in enumerate(jobs):
-        if number in found:
-            continue
-        if spent >= budget:
-            found[number] = ModelFacts.failed(job["target"], budget_reason(budget, spent, audited), "budget")
-            continue
-        started = time.perf_counter()
-        facts = shared_sandbox().run([job], limits, preload)[0]
-        spent += time.perf_counter() - started
-        audited += 1
-        if cache is not None:
-            cache.store(job, facts)
-        found[number] = facts
+    with progress.current().stage("auditing", total=len(jobs) - len(found), unit="models") as stage:
+        for number, job in enumerate(jobs):
+            if number in found:
+                continue
+            if spent >= budget:
+                found[number] = ModelFacts.failed(job["target"], budget_reason(budget, spent, audited), "budget")
+                stage.advance()
+                continue
+            stage.show(_shown(job["target"]))
+            started = time.perf_counter()
+            facts = shared_sandbox().run([job], limits, preload)[0]
+            spent += time.perf_counter() - started
+            audited += 1
+            if cache is not None:
+                cache.store(job, facts)
+            found[number] = facts
+            stage.advance()
     return [found[number] for number in range(len(jobs))]
+
+
+def _shown(target: dict[str, Any]) -> str:
+    """The model being audited, for the progress display: ``train.py: resnet50``."""
+    label = str(target.get("label") or "")
+    if target.get("kind") == "script" and target.get("path"):
+        return f"{Path(target['path']).name}: {label}"
+    return label
 
 
 def _precision(settings: "Settings") -> str:

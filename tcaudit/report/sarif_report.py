@@ -1,6 +1,9 @@
 """SARIF 2.1.0 for code-scanning services (GitHub code scanning, Azure DevOps, IDE viewers).
 
-One run; ``tool.driver.rules`` holds the whole catalog so that ``ruleIndex`` is stable across scans.
+One run; ``tool.driver.rules`` describes the rules that fired (not the whole catalog: the pages would
+make a log of three results hundreds of kilobytes), each with its ``tcaudit explain`` page as ``help``
+(the text of ``docs/rules/TCxxx.md``) and, once tcaudit has a public address (``RULE_DOCS_URL``), a
+``helpUri`` to that page; ``informationUri`` likewise only with ``REPOSITORY_URL``.
 A result whose fix is available carries it as SARIF ``fixes`` (one ``artifactChange`` of the result's
 file, a ``replacement`` per text edit); the fix's class, plan and any decline reason stay in the
 result's ``properties``.
@@ -13,11 +16,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 from urllib.parse import quote
 
+import tcaudit
 from tcaudit import __version__
 from tcaudit.explain import render_explanation
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-INFORMATION_URI = "https://example.invalid/tcaudit"
+# Where a rule's page lives in the repository (docs/rules/, written by ``python -m tcaudit.rule_docs``).
+RULE_DOCS_PATH = "docs/rules"
 FINGERPRINT_KEY = "tcaudit/v1"
 SRCROOT = "%SRCROOT%"
 
@@ -38,26 +43,43 @@ def artifact_uri(path: str) -> tuple[str, bool]:
     return quote(posix, safe="/"), True
 
 
+def help_uri(rule_id: str) -> str | None:
+    """The absolute address of the rule's page, or None while tcaudit has no public one."""
+    base = tcaudit.RULE_DOCS_URL
+    return f"{base.rstrip('/')}/{rule_id}.md" if base else None
+
+
+def help_text(spec) -> str:
+    return (f"{spec.summary}\n\nThe rule's page: `tcaudit explain {spec.id}`, or {RULE_DOCS_PATH}/{spec.id}.md "
+            "in tcaudit's repository.")
+
+
 def _rule_descriptor(spec) -> dict[str, Any]:
-    help_text = spec.why
-    if spec.fix_safety:
-        help_text += f"\n\nFix safety: {spec.fix_safety}"
+    page = render_explanation(spec)
     properties: dict[str, Any] = {
         "tags": ["tcaudit", spec.family_name],
         "family": spec.family_name,
         "needs": spec.needs,
+        # The page in the repository, for viewers that open files of the checkout.
+        "docs": f"{RULE_DOCS_PATH}/{spec.id}.md",
     }
     if spec.fix_class is not None:
         properties["fix_class"] = str(spec.fix_class)
-    return {
+    descriptor: dict[str, Any] = {
         "id": spec.id,
         "name": spec.name,
         "shortDescription": {"text": spec.summary},
         "fullDescription": {"text": spec.why},
-        "help": {"text": help_text, "markdown": render_explanation(spec)},
+        # The page once, as Markdown (what code scanning shows); the plain text points to it rather
+        # than doubling every rule's size.
+        "help": {"text": help_text(spec), "markdown": page},
         "defaultConfiguration": {"level": level(spec.severity)},
         "properties": properties,
     }
+    uri = help_uri(spec.id)
+    if uri:
+        descriptor["helpUri"] = uri
+    return descriptor
 
 
 def _fallback_descriptor(finding) -> dict[str, Any]:
@@ -140,31 +162,27 @@ def _notification(text: str, level_name: str) -> dict[str, Any]:
     return {"level": level_name, "message": {"text": text}}
 
 
-def build_log(result, rules: dict) -> dict[str, Any]:
-    descriptors = [_rule_descriptor(spec) for spec in sorted(rules.values(), key=lambda s: s.id)]
+def build_log(result, rules) -> dict[str, Any]:
+    # Only the rules that fired, by id: ``ruleIndex`` points into this list of the one log.
+    fired = {finding.rule: finding for finding in result.findings}
+    descriptors = [
+        _rule_descriptor(rules[rule_id]) if rule_id in rules else _fallback_descriptor(fired[rule_id])
+        for rule_id in sorted(fired)
+    ]
     index = {d["id"]: i for i, d in enumerate(descriptors)}
-    results = []
-    for finding in result.findings:
-        if finding.rule not in index:
-            index[finding.rule] = len(descriptors)
-            descriptors.append(_fallback_descriptor(finding))
-        results.append(_result(finding, index[finding.rule]))
+    results = [_result(finding, index[finding.rule]) for finding in result.findings]
     errors = list(getattr(result, "errors", []))
     notifications = [_notification(note, "note") for note in result.notes]
     notifications += [_notification(error.partition("\n")[0], "error") for error in errors]
     invocation: dict[str, Any] = {"executionSuccessful": not errors}
     if notifications:
         invocation["toolExecutionNotifications"] = notifications
+    driver: dict[str, Any] = {"name": "tcaudit", "version": __version__, "semanticVersion": __version__}
+    if tcaudit.REPOSITORY_URL:
+        driver["informationUri"] = tcaudit.REPOSITORY_URL
+    driver["rules"] = descriptors
     run: dict[str, Any] = {
-        "tool": {
-            "driver": {
-                "name": "tcaudit",
-                "version": __version__,
-                "semanticVersion": __version__,
-                "informationUri": INFORMATION_URI,
-                "rules": descriptors,
-            }
-        },
+        "tool": {"driver": driver},
         "invocations": [invocation],
         "columnKind": "unicodeCodePoints",
         "originalUriBaseIds": {SRCROOT: {"uri": _folder_uri(Path.cwd())}},

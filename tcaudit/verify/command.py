@@ -49,9 +49,9 @@ def add_verify_parser(sub, add_selection) -> None:
 
 def run_verify(args: argparse.Namespace, settings) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tcaudit.fix.command import parse_classes, with_structural_flags
+    from tcaudit.progress import showing
     from tcaudit.verify.report import render_table, write_plot
     from tcaudit.verify.runner import VerifyError, verify
 
@@ -77,17 +77,16 @@ def run_verify(args: argparse.Namespace, settings) -> int:
                           str(args.warmup), "--nproc", str(args.nproc), *options,
                           *(f"--{option}" for option in settings.structural_fixes),
                           *(["--pad-dims"] if settings.pad_dims else []), "--", *script_args])
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-               TimeElapsedColumn())
     try:
-        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        # On a terminal only (not in CI logs): verify's rounds, and each run's steps.
+        with showing(None) as progress:
             result = verify(
                 Path(args.script), script_args, settings, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
                 out_dir=Path(args.out), classes=classes, tolerance=args.tolerance, command=command,
-                progress=progress, timeout=args.timeout, rounds=args.rounds, confidence=args.confidence,
+                progress=progress.rich, timeout=args.timeout, rounds=args.rounds, confidence=args.confidence,
                 aa=args.aa, patched_file=Path(args.patched) if args.patched else None, health=args.health,
                 attribute=args.attribute, attribute_budget=args.attribute_budget,
-                announce=console.print,
+                announce=lambda line: _print_paused(console, progress, line),
             )
     except VerifyError as exc:
         print(f"tcaudit: error: {exc}", file=sys.stderr)
@@ -106,6 +105,12 @@ def run_verify(args: argparse.Namespace, settings) -> int:
         else:
             console.print(f"--fail-under {args.fail_under:g}: passed (lower bound {low:.2f})")
     return code
+
+
+def _print_paused(console, progress, line: str) -> None:
+    """A line on stdout while the progress display (on stderr) steps aside, so it is not drawn over."""
+    with progress.paused():
+        console.print(line)
 
 
 def _option_problem(args: argparse.Namespace) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass
+from tcaudit.progress import current as current_progress
 from tcaudit.runtime_facts import text_digest
 from tcaudit.verify.stats import METHOD, RatioInterval, mean_log, ratio_interval
 
@@ -246,7 +247,7 @@ def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, npr
     log = out.with_suffix(".log")
     shown = label if round_index is None else f"{label} r{round_index}"
     where = "" if round_index is None else f" in round {round_index}"
-    task = progress.add_task(f"{shown:>8}", total=total) if progress is not None else None
+    task = progress.add_task(f"{shown:>8}", total=total, unit="steps", detail="") if progress is not None else None
     marker = out.with_suffix(".progress")
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -456,7 +457,10 @@ def verify(
 
     results: dict[str, list[RunMetrics]] = {label: [] for label, _, _ in sides}
     total = warmup + steps
+    round_line = current_progress().stage("rounds", total=rounds, unit="rounds") if rounds > 1 else None
     for round_index in range(rounds):
+        if round_line is not None:
+            round_line.show(f"round {round_index + 1} of {rounds}")
         # Alternate the order too (A B, B A, ...), so that a drift in the machine's speed (thermals,
         # other load, caches) does not favour whichever side always runs first.
         order = sides if round_index % 2 == 0 else sides[::-1]
@@ -468,6 +472,10 @@ def verify(
             ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout,
                             round_index=None if rounds == 1 else round_index + 1)
             results[label].append(summarize(label, ranks, round_index + 1))
+        if round_line is not None:
+            round_line.advance()
+    if round_line is not None:
+        round_line.done()
 
     def throughputs(label: str) -> list[float]:
         return [run.samples_per_s for run in results[label]]
