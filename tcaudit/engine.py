@@ -76,6 +76,9 @@ class ScanResult:
     suppressed: int = 0
     # Files whose script-rule findings came from the cache (their ``files_parsed`` share too).
     files_cached: int = 0
+    # The order the human formats list ``findings`` in (tcaudit/report/order.py): "impact" or "line";
+    # ``findings`` itself is always in line order.
+    sort: str = "impact"
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -362,6 +365,7 @@ def scan(
         notes=notes,
         suppressed=suppressed,
         files_cached=cached,
+        sort=settings.sort,
     )
 
 

@@ -145,7 +145,7 @@ class ChannelsLastMissing(ScriptRule):
                 fix = dataclasses.replace(
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
-            yield self.finding(facts, model.construction, message, fix=fix)
+            yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None)
 
 
 def _channels_last_plan(
