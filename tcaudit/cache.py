@@ -183,6 +183,7 @@ def _finding_to_json(finding: Finding) -> dict[str, Any]:
         "source_line": finding.source_line,
         "scope": finding.scope,
         "follows": finding.follows,
+        "explanation": finding.explanation,
     }
 
 
@@ -211,6 +212,7 @@ def _finding_from_json(data: dict[str, Any]) -> Finding:
         source_line=data["source_line"],
         scope=data["scope"],
         follows=data.get("follows"),
+        explanation=data.get("explanation", ""),
     )
 
 

@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sort", choices=("impact", "line"),
         help="order of the text and concise reports: by impact (default) or by path and line (config: sort)",
     )
+    scan.add_argument(
+        "--show-fixes", action="store_true",
+        help="text report: show each finding's explanation (why, measured figures, what the fix does)",
+    )
     scan.add_argument("--no-exec", action="store_true", help="never build the user's models (no TC1 model audit)")
     scan.add_argument("--model", metavar="PKG.MOD:FACTORY", help="audit this model factory")
     scan.add_argument("--input", metavar="SHAPE", help="input shape for --model, e.g. 8x3x224x224")
@@ -261,6 +265,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         return EXIT_ERROR if result.errors else EXIT_CLEAN
     if args.baseline:
         result.findings = filter_baseline(known, result.findings)
+    result.show_fixes = args.show_fixes
     render = get_reporter(args.format)
     catalog = load_catalog()
     if args.output_file:

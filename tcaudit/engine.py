@@ -79,6 +79,8 @@ class ScanResult:
     # The order the human formats list ``findings`` in (tcaudit/report/order.py): "impact" or "line";
     # ``findings`` itself is always in line order.
     sort: str = "impact"
+    # ``scan --show-fixes``: the text report shows each finding's explanation (``Finding.explanation``).
+    show_fixes: bool = False
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)

@@ -255,6 +255,10 @@ class Finding:
     # reported right after its leader's (tcaudit/report/order.py) and is never an error: the script
     # as it stands does not have the problem, so ``--fail-on error`` must not fail on it.
     follows: str | None = None
+    # The long form, where the message (what and where, at most 120 characters) leaves something out:
+    # why it matters, the measured figures for the target GPU and what the fix does. Shown by
+    # ``scan --show-fixes``, in JSON as ``explanation``, in SARIF as the message's markdown.
+    explanation: str = ""
 
     def __post_init__(self) -> None:
         if self.follows is None:
@@ -294,6 +298,8 @@ class Finding:
             data["details"] = self.details
         if self.follows:
             data["follows"] = self.follows
+        if self.explanation:
+            data["explanation"] = self.explanation
         return data
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.text import Text
 
 from tcaudit.report.order import estimated_gain, ordered, top_finding
@@ -69,7 +70,10 @@ def top_line(finding, rules) -> str:
 
 
 def render(result, out: TextIO, *, rules, color: bool) -> None:
-    console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
+    # On a terminal (``color``), text wraps at its width between words (rich's word wrap; only a token
+    # longer than the width is folded); piped, a line stays one line. Code frames never wrap.
+    console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=not color)
+    show = getattr(result, "show_fixes", False)
     cache: dict[str, list[str]] = {}
     findings = ordered(result.findings, rules, getattr(result, "sort", "impact"))
     for path, group in groupby(findings, key=lambda f: f.location.path):
@@ -84,8 +88,14 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
             head.append(f"[{f.severity}] ", style=_STYLE.get(str(f.severity), ""))
             head.append(f.message)
             console.print(head)
+            if show and f.explanation:
+                explanation = Text(f.explanation, style="dim")
+                if console.is_terminal:
+                    console.print(Padding(explanation, (0, 0, 0, 4)))
+                else:
+                    console.print(Text("    ") + explanation)
             if cache[path]:
-                console.print(_frame(cache[path], loc.line, loc.column, loc.end_line, loc.end_column), end="")
+                console.print(_frame(cache[path], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
             if f.fix is not None:
                 if f.fix.applies_by_default:
                     console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))

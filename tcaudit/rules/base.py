@@ -164,6 +164,7 @@ class ScriptRule:
         end_node: cst.CSTNode | None = None,
         details: dict | None = None,
         follows: str | None = None,
+        explanation: str = "",
     ) -> Finding:
         start = facts.position(node)
         end = facts.position(end_node) if end_node is not None else start
@@ -185,6 +186,7 @@ class ScriptRule:
             source_line=facts.source.line_text(location.line),
             scope=facts.scope_name(node),
             follows=follows,
+            explanation=explanation,
         )
 
 
