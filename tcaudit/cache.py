@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tcaudit.config import Settings
 
 CACHE_DIR_NAME = ".tcaudit_cache"
-FORMAT = 2
+FORMAT = 3
 CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by tcaudit.\n"
@@ -52,7 +52,7 @@ CACHEDIR_TAG = (
 # locating files; every other field is part of the key, so a new setting is keyed by default.
 _SETTINGS_NOT_KEYED = frozenset(
     {"select", "extend_select", "ignore", "per_file_ignores", "exclude", "force_exclude", "fail_on",
-     "config_path", "root", "cache_dir", "model_budget", "verbose"}
+     "config_path", "root", "cache_dir", "model_budget", "verbose", "sort"}
 )
 
 
@@ -182,6 +182,8 @@ def _finding_to_json(finding: Finding) -> dict[str, Any]:
         "details": _encode(finding.details),
         "source_line": finding.source_line,
         "scope": finding.scope,
+        "follows": finding.follows,
+        "explanation": finding.explanation,
     }
 
 
@@ -209,6 +211,8 @@ def _finding_from_json(data: dict[str, Any]) -> Finding:
         details=_decode(data["details"]),
         source_line=data["source_line"],
         scope=data["scope"],
+        follows=data.get("follows"),
+        explanation=data.get("explanation", ""),
     )
 
 

@@ -51,6 +51,11 @@ class RuleSpec:
     bad: tuple[Example, ...] = field(default_factory=tuple)
     good: tuple[Example, ...] = field(default_factory=tuple)
     path: str = ""
+    # ``[impact]``: how much faster a training step ran with this rule's fix, end to end, where that
+    # was measured (``speedup``, on ``speedup_gpu``); None where no whole-step figure exists (a
+    # component's rate, a bug, a deprecation). Only orders the report (tcaudit/report/order.py).
+    speedup: float | None = None
+    speedup_gpu: str = ""
 
     @property
     def family_name(self) -> str:
@@ -102,6 +107,10 @@ def load_rule_file(path: Path) -> RuleSpec:
     if data["id"] != path.stem:
         raise CatalogError(f"{path.name}: id {data['id']!r} does not match the file name")
     fix = data.get("fix_class")
+    impact = data.get("impact", {})
+    speedup = impact.get("speedup") if isinstance(impact, dict) else None
+    if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or speedup <= 0):
+        raise CatalogError(f"{path.name}: [impact] speedup must be a positive number (got {speedup!r})")
     return RuleSpec(
         id=data["id"],
         name=data["name"],
@@ -115,6 +124,8 @@ def load_rule_file(path: Path) -> RuleSpec:
         bad=_examples(data.get("bad"), f"{path.name} bad"),
         good=_examples(data.get("good"), f"{path.name} good"),
         path=str(path),
+        speedup=float(speedup) if speedup is not None else None,
+        speedup_gpu=str(impact.get("gpu", "")) if isinstance(impact, dict) else "",
     )
 
 

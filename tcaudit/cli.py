@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--format", default="text", choices=("text", "concise", "json", "sarif", "github", "junit"))
     scan.add_argument("--output-file", "-o", metavar="FILE", help="write the report here instead of stdout")
     scan.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 at or above this (default warning)")
+    scan.add_argument(
+        "--sort", choices=("impact", "line"),
+        help="order of the text and concise reports: by impact (default) or by path and line (config: sort)",
+    )
+    scan.add_argument(
+        "--show-fixes", action="store_true",
+        help="text report: show each finding's explanation (why, measured figures, what the fix does)",
+    )
     scan.add_argument("--no-exec", action="store_true", help="never build the user's models (no TC1 model audit)")
     scan.add_argument("--model", metavar="PKG.MOD:FACTORY", help="audit this model factory")
     scan.add_argument("--input", metavar="SHAPE", help="input shape for --model, e.g. 8x3x224x224")
@@ -172,6 +180,8 @@ def _overrides(args: argparse.Namespace) -> dict:
     }
     if getattr(args, "fail_on", None):
         overrides["fail-on"] = args.fail_on
+    if getattr(args, "sort", None):
+        overrides["sort"] = args.sort
     if getattr(args, "no_exec", False):
         overrides["exec-models"] = False
     if getattr(args, "model_budget", None) is not None:
@@ -296,6 +306,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     result.gpu = _gpu_metadata(settings)
     if settings.detected_gpu is not None:
         result.notes.append(f"target GPU: {settings.detected_gpu.describe()}; --gpu sets another")
+    result.show_fixes = args.show_fixes
     render = get_reporter(args.format)
     catalog = load_catalog()
     if args.output_file:

@@ -20,6 +20,7 @@ else:  # pragma: no cover
 PRECISIONS = ("auto", "bf16", "fp16")
 # ``auto``, an architecture (sm_70 ... sm_120) or a GPU by name (``t4``, ``a100``): tcaudit/data/gpus.toml.
 GPUS = gpus.choices()
+SORTS = ("impact", "line")  # tcaudit/report/order.py
 KNOWN_KEYS = {
     "select",
     "extend-select",
@@ -35,6 +36,7 @@ KNOWN_KEYS = {
     "cache-dir",
     "model-budget",
     "pad-dims",
+    "sort",
 }
 # The option name of the opt-in fix that pads layer widths (TC101/TC102): ``Fix.option`` of its findings.
 PAD_DIMS = "pad-dims"
@@ -79,6 +81,9 @@ class Settings:
     model_budget: float = 300.0
     # ``pad-dims``, ``fix --pad-dims``: pad unaligned layer widths the script sets as literals (TC101/TC102).
     pad_dims: bool = False
+    # ``sort``, ``--sort``: the order of the text and concise reports, by impact or by line
+    # (tcaudit/report/order.py); machine formats keep line order.
+    sort: str = "impact"
     # ``--verbose``: TC100 messages carry the full chain of what was tried.
     verbose: bool = False
     # Give each available fix its text edits (tcaudit/planned_edits.py): what machine output (JSON,
@@ -216,6 +221,8 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
     if "gpu" in table:
         raw = table["gpu"]
         updates["gpu"] = _choice(raw.strip().lower() if isinstance(raw, str) else raw, "gpu", GPUS, where)
+    if "sort" in table:
+        updates["sort"] = _choice(table["sort"], "sort", SORTS, where)
     if "exec-models" in table:
         if not isinstance(table["exec-models"], bool):
             raise ConfigError(f"{_label('exec-models', where)} must be true or false")

@@ -80,6 +80,11 @@ class ScanResult:
     # The target GPU as the command line resolved it (``{"setting", "name", "sm", "detected"}``);
     # None when the caller did not say.
     gpu: dict | None = None
+    # The order the human formats list ``findings`` in (tcaudit/report/order.py): "impact" or "line";
+    # ``findings`` itself is always in line order.
+    sort: str = "impact"
+    # ``scan --show-fixes``: the text report shows each finding's explanation (``Finding.explanation``).
+    show_fixes: bool = False
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -368,6 +373,7 @@ def scan(
         notes=notes,
         suppressed=suppressed,
         files_cached=cached,
+        sort=settings.sort,
     )
 
 

@@ -250,6 +250,21 @@ class Finding:
     source_line: str = ""
     scope: str = ""
     fingerprint: str = ""
+    # The rule whose fix, not made yet, this finding presumes (TC303's channels_last for the autocast
+    # TC201's fix adds); by default the rule its fix waits for (``waits_for``). Such a finding is
+    # reported right after its leader's (tcaudit/report/order.py) and is never an error: the script
+    # as it stands does not have the problem, so ``--fail-on error`` must not fail on it.
+    follows: str | None = None
+    # The long form, where the message (what and where, at most 120 characters) leaves something out:
+    # why it matters, the measured figures for the target GPU and what the fix does. Shown by
+    # ``scan --show-fixes``, in JSON as ``explanation``, in SARIF as the message's markdown.
+    explanation: str = ""
+
+    def __post_init__(self) -> None:
+        if self.follows is None:
+            self.follows = self.waits_for
+        if self.follows is not None and self.severity > Severity.WARNING:
+            self.severity = Severity.WARNING
 
     @property
     def waits_for(self) -> str | None:
@@ -281,6 +296,10 @@ class Finding:
         }
         if self.details:
             data["details"] = self.details
+        if self.follows:
+            data["follows"] = self.follows
+        if self.explanation:
+            data["explanation"] = self.explanation
         return data
 
 

@@ -293,7 +293,10 @@ def test_text_has_a_code_frame_and_a_summary(project):
     caret = lines[frame + 1]
     assert caret.strip() == "^" * len("torch.cuda.amp.GradScaler")
     assert caret.index("^") == lines[frame].index("torch.cuda")
-    assert lines[-1] == "Found 2 findings (1 error, 1 warning) in 3 files. 1 fixable with `tcaudit fix`."
+    assert lines[-1] == (
+        "Found 2 findings (1 error, 1 warning) in 3 files. 1 fixable with `tcaudit fix`. "
+        "Top: TC000 parse-error (broken.py:1)."
+    )
 
 
 def test_text_clean_summary(project):
@@ -319,7 +322,7 @@ def test_every_format_writes_to_an_output_file(project, fmt):
     assert "TC202" in written
 
 
-def test_text_orders_a_file_by_severity_then_line():
+def test_text_orders_a_file_by_impact_then_severity_then_line():
     def finding(line: int, severity: Severity, rule: str) -> Finding:
         return Finding(rule=rule, name="x", severity=severity, location=Location("t.py", line, 1, line, 2), message=f"m{line}")
 
@@ -335,4 +338,6 @@ def test_text_orders_a_file_by_severity_then_line():
         files_parsed=1,
     )
     heads = [line for line in render("text", result).splitlines() if line.startswith("t.py:")]
-    assert [h.split(":")[1] for h in heads] == ["3", "5", "2", "4", "1"]
+    # Errors first; then TC305 (info, with a measured speedup) and TC601 (warning, with a smaller one);
+    # then the rest, warnings before info (tcaudit/report/order.py).
+    assert [h.split(":")[1] for h in heads] == ["3", "5", "1", "2", "4"]

@@ -118,12 +118,15 @@ def _first_finding(tmp_path, rule: str, gpu: str):
 def test_messages_quote_the_target_gpus_figure_only(rule, tmp_path):
     spec = CATALOG[rule]
     [key] = QUOTED[rule]
-    h200 = _first_finding(tmp_path, rule, "sm_90").message
+    def text(finding):  # the figures are in the explanation where the rule's message is short
+        return f"{finding.message}\n{finding.explanation}"
+
+    h200 = text(_first_finding(tmp_path, rule, "sm_90"))
     assert f"(H200, torch 2.11: {figures(measured_entries(spec)['sm_90'])[key]})" in h200
-    assert _first_finding(tmp_path, rule, "auto").message == h200  # auto: the one GPU measured
+    assert text(_first_finding(tmp_path, rule, "auto")) == h200  # auto: the one GPU measured
     # Another GPU: its published figure where [cost.published] names one, else "not measured", and
     # never the H200's number.
-    ampere = _first_finding(tmp_path, rule, "sm_80").message
+    ampere = text(_first_finding(tmp_path, rule, "sm_80"))
     assert "H200" not in ampere and "torch 2.11" not in ampere
     assert ampere == h200.replace(cost_note(spec, "sm_90", key), cost_note(spec, "sm_80", key))
     if key in published_ratios(spec):

@@ -24,7 +24,7 @@ def test_a_gan_reports_and_compiles_both_nets():
     findings = _tc305(FIXTURES / "compile_gan.in.py")
     assert sorted(findings) == ["netD", "netG"]
     assert all(f.fix.available for f in findings.values())
-    assert "one of 2 trained here" in findings["netG"].message
+    assert "one of 2 models trained here" in findings["netG"].explanation
 
 
 def test_a_model_no_optimizer_trains_is_not_compiled():

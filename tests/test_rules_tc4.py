@@ -296,7 +296,7 @@ def test_blocking_copy_fix_and_hint():
     finding = _one("tc4_imagenet_naive.py", "TC403", 54)
     assert finding.fix.fix_class == FixClass.SAFE
     assert finding.fix.plan.to_dict() == {"kind": "add-kwarg", "key": "non_blocking", "value": "True", "imports": []}
-    assert "pin_memory=True" in finding.message
+    assert "pin_memory=True" in finding.explanation  # the hint: the message says what and where
 
 
 def test_created_then_moved_severity_follows_repetition():
@@ -304,7 +304,7 @@ def test_created_then_moved_severity_follows_repetition():
     assert by_line[37].severity == Severity.WARNING  # in forward
     assert by_line[52].severity == Severity.WARNING  # in the training loop
     assert by_line[45].severity == Severity.INFO  # set-up
-    assert "device=device" in by_line[53].message
+    assert "device=device" in by_line[53].explanation
     assert by_line[52].fix.plan.to_dict() == {"kind": "move-device-into-factory", "device": '"cuda"', "method": "cuda"}
 
 

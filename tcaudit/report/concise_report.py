@@ -1,4 +1,5 @@
-"""``path:line:col: CODE message``, one line per finding (ruff's concise format).
+"""``path:line:col: CODE message``, one line per finding (ruff's concise format), in impact order
+or, with ``--sort line``, line order (tcaudit/report/order.py).
 
 Nothing else goes to this stream, so every line can be parsed the same way; the CLI sends notes
 to stderr.
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from tcaudit.report.order import ordered
+
 
 def render(result, out: TextIO, *, rules, color: bool) -> None:
-    for f in result.findings:
+    for f in ordered(result.findings, rules, getattr(result, "sort", "impact")):
         loc = f.location
         out.write(f"{loc.path}:{loc.line}:{loc.column}: {f.rule} {_one_line(f.message)}\n")
 

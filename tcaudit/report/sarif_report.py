@@ -113,7 +113,7 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
         "ruleId": finding.rule,
         "ruleIndex": rule_index,
         "level": level(finding.severity),
-        "message": {"text": finding.message},
+        "message": _message(finding),
         "locations": [
             {"physicalLocation": {"artifactLocation": artifact, "region": _region(finding.location)}}
         ],
@@ -134,8 +134,20 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
         properties["fix"] = {key: value for key, value in fix.to_dict().items() if key != "edits"}
     if finding.details:
         properties["details"] = finding.details
+    if finding.explanation:
+        properties["explanation"] = finding.explanation
+    if finding.follows:
+        properties["follows"] = finding.follows
     data["properties"] = properties
     return data
+
+
+def _message(finding) -> dict[str, Any]:
+    """The short message as text; with an explanation, also as markdown followed by it."""
+    message: dict[str, Any] = {"text": finding.message}
+    if finding.explanation:
+        message["markdown"] = f"{finding.message}\n\n{finding.explanation}"
+    return message
 
 
 def _replacement(edit) -> dict[str, Any]:

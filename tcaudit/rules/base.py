@@ -163,6 +163,8 @@ class ScriptRule:
         severity: Severity | None = None,
         end_node: cst.CSTNode | None = None,
         details: dict | None = None,
+        follows: str | None = None,
+        explanation: str = "",
     ) -> Finding:
         start = facts.position(node)
         end = facts.position(end_node) if end_node is not None else start
@@ -183,6 +185,8 @@ class ScriptRule:
             details=details or {},
             source_line=facts.source.line_text(location.line),
             scope=facts.scope_name(node),
+            follows=follows,
+            explanation=explanation,
         )
 
 

@@ -207,15 +207,11 @@ class MissingAutocast(ScriptRule):
             flow = decision.amp.step_coverage(steps[0]).flow
             if len(steps) == 1 and _forward_in_caller(facts, steps[0]) and flow is not None:
                 caller = flow.function.name.value if flow.function is not None else "module level"
-                message = (
-                    f"the forward feeding the backward {where} runs in fp32 (line {lines}, in `{caller}`): "
-                    f"wrap it, not the backward, in torch.autocast{cost}; {recipe} ({decision.why})"
-                )
+                message = f"the forward feeding the backward {where} runs in fp32 (line {lines}, in `{caller}`)"
+                explanation = f"Wrap it, not the backward, in torch.autocast{cost}; {recipe} ({decision.why})."
             else:
-                message = (
-                    f"training step {where} runs forward and loss in fp32 (line {lines}): "
-                    f"wrap them in torch.autocast{cost}; {recipe} ({decision.why})"
-                )
+                message = f"training step {where} runs forward and loss in fp32 (line {lines})"
+                explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
             yield self.finding(
                 facts,
                 first_node,
@@ -226,6 +222,7 @@ class MissingAutocast(ScriptRule):
                     + (" and scale the loss with torch.amp.GradScaler" if decision.scaler else ""),
                     lambda steps=steps: _plan(facts, decision, steps),
                 ),
+                explanation=explanation,
             )
         for step, coverage in decision.partly:
             yield self._partly_covered(facts, step, coverage)
@@ -236,22 +233,21 @@ class MissingAutocast(ScriptRule):
         numbers = [str(facts.line_of(s.node)) for s in uncovered]
         lines = ("line " if len(numbers) == 1 else "lines ") + ", ".join(numbers)
         if coverage.kind == PARTIAL:
-            message = (
-                f"the forward ({lines}) runs in fp32 outside the autocast block that covers only the loss: "
-                "its GEMMs and convolutions never reach the Tensor Cores; put the forward under the autocast"
+            message = f"the forward ({lines}) runs in fp32 outside the autocast block that covers only the loss"
+            explanation = (
+                "Its GEMMs and convolutions never reach the Tensor Cores; put the forward under the autocast."
             )
             description = "move the forward into the autocast block"
         else:
-            message = (
-                f"autocast covers only some of the model branches: the forward on {lines} runs in fp32; "
-                "put every branch's forward under the same autocast"
-            )
+            message = f"autocast covers only some of the model branches: the forward on {lines} runs in fp32"
+            explanation = "Put every branch's forward under the same autocast."
             description = "wrap the other branches' forward in the same autocast"
         return self.finding(
             facts,
             uncovered[0].node,
             message,
             fix=self.planned_fix(FixClass.NUMERICS, description, lambda: _plan_partial(facts, step, coverage)),
+            explanation=explanation,
         )
 
 

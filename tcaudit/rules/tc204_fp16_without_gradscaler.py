@@ -47,8 +47,9 @@ class Fp16WithoutGradScaler(ScriptRule):
                 yield self.finding(
                     facts,
                     site.call.node,
-                    "fp16 autocast without a GradScaler: gradients below 6e-8 flush to zero and large "
-                    "ones overflow; scale the loss with torch.amp.GradScaler, or use bf16",
+                    "fp16 autocast without a GradScaler",
+                    explanation="Gradients below 6e-8 flush to zero and large ones overflow; scale the loss "
+                    "with torch.amp.GradScaler, or use bf16.",
                     fix=self.planned_fix(
                         FixClass.NUMERICS, description, lambda site=site: self._plan(facts, amp, site)
                     ),
@@ -59,8 +60,8 @@ class Fp16WithoutGradScaler(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                "model trained in fp16 without a GradScaler: small gradients flush to zero; keep fp32 "
-                "weights under autocast with a GradScaler (see TC206)",
+                "model trained in fp16 without a GradScaler: small gradients flush to zero",
+                explanation="Keep fp32 weights under autocast with a GradScaler (see TC206).",
                 fix=Fix(
                     FixClass.NUMERICS,
                     "replace the cast with autocast and a GradScaler",

@@ -53,9 +53,9 @@ class AutocastUnsafeOp(ScriptRule):
                 yield self.finding(
                     facts,
                     call.node,
-                    "binary cross-entropy on probabilities raises a RuntimeError under autocast (fp16 and "
-                    "bf16); use BCEWithLogitsLoss on the logits (drop the sigmoid), or compute this loss "
-                    "outside autocast on .float() inputs",
+                    "binary cross-entropy on probabilities raises a RuntimeError under autocast",
+                    explanation="It raises under fp16 and bf16 autocast; use BCEWithLogitsLoss on the logits (drop "
+                    "the sigmoid), or compute this loss outside autocast on .float() inputs.",
                     fix=self.planned_fix(
                         FixClass.NUMERICS,
                         "compute the loss outside autocast in float32, or BCEWithLogits when the sigmoid "
@@ -91,8 +91,9 @@ class AutocastUnsafeOp(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                "with autocast (TC201), this binary cross-entropy on probabilities would raise a RuntimeError "
-                "(fp16 and bf16); it is computed outside autocast on .float() inputs",
+                "with autocast (TC201), this binary cross-entropy on probabilities would raise a RuntimeError",
+                explanation="BCE on probabilities raises under fp16 and bf16 autocast; the fix computes it outside "
+                "autocast on .float() inputs once TC201's autocast is in place.",
                 fix=Fix(FixClass.NUMERICS, "compute the loss outside autocast in float32, once TC201's autocast "
                         "is in place", plan=FollowsFix("TC201")),
             )

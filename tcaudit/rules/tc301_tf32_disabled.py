@@ -54,15 +54,16 @@ class Tf32Disabled(ScriptRule):
         convnet = bool(models) and all(pipeline.is_convnet(m, context.models) for m in models)
         if convnet:
             cost = cost_note(self.spec, context.settings.gpu, "convnet")
-            message = (
-                f"fp32 training without TF32 matmuls; this convnet gains little{cost}, only its linear "
-                f"layers would: `{FIX_CODE}` after the imports"
+            message = "fp32 training without TF32 matmuls (a convnet: small gain)"
+            explanation = (
+                f"This convnet gains little{cost}, only its linear layers would: `{FIX_CODE}` after the imports."
             )
             severity = Severity.INFO
         else:
-            message = (
-                "fp32 matmuls run at full FP32 precision without TF32; TF32 tensor cores (Ampere and newer) "
-                f"run them several times faster: add `{FIX_CODE}` after the imports, or train under autocast"
+            message = "fp32 matmuls run at full FP32 precision without TF32"
+            explanation = (
+                "TF32 tensor cores (Ampere and newer) run them several times faster: add "
+                f"`{FIX_CODE}` after the imports, or train under autocast."
             )
             severity = None
         yield self.finding(
@@ -70,6 +71,7 @@ class Tf32Disabled(ScriptRule):
             step.backward.node,
             message,
             severity=severity,
+            explanation=explanation,
             fix=self.planned_fix(
                 FixClass.NUMERICS,
                 "enable TF32 for fp32 matmuls after the imports",

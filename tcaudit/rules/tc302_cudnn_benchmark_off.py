@@ -38,8 +38,9 @@ class CudnnBenchmarkOff(ScriptRule):
         yield self.finding(
             facts,
             model.construction,
-            f"convnet `{model.name}` trains on CUDA without `{FIX_CODE}`: cuDNN picks its convolution "
-            "algorithms by heuristics instead of timing them for these fixed input shapes",
+            f"convnet `{model.name}` trains on CUDA without `{FIX_CODE}`",
+            explanation="cuDNN then picks its convolution algorithms by heuristics instead of timing them for "
+            "these fixed input shapes.",
             fix=self.planned_fix(
                 FixClass.NUMERICS,
                 "let cuDNN time and choose its convolution algorithms",

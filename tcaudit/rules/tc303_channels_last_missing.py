@@ -125,14 +125,14 @@ class ChannelsLastMissing(ScriptRule):
             reported.add(model.name)
             code = f"{model.name} = {model.name}.to(memory_format=torch.channels_last)"
             line = facts.position(model.construction).end.line
-            why = (
-                "half-precision convolutions run on tensor cores in channels_last (NHWC); NCHW adds a transpose "
-                f"around every conv{cost}. Add `{code}`"
+            explanation = (
+                "Half-precision convolutions run on tensor cores in channels_last (NHWC); NCHW adds a transpose "
+                f"around every conv{cost}. Add `{code}`."
             )
             if before_autocast:
-                message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout; {why}"
+                message = f"with autocast (TC201), also channels_last: convnet `{model.name}` trains in NCHW layout"
             else:
-                message = f"convnet `{model.name}` trains under autocast in NCHW layout: {why}"
+                message = f"convnet `{model.name}` trains under autocast in NCHW layout"
             fix = self.planned_fix(
                 FixClass.NUMERICS,
                 "convert the model to channels_last after it is built",
@@ -145,7 +145,8 @@ class ChannelsLastMissing(ScriptRule):
                 fix = dataclasses.replace(
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
-            yield self.finding(facts, model.construction, message, fix=fix)
+            yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
+                               explanation=explanation)
 
 
 def _channels_last_plan(

@@ -63,17 +63,19 @@ class NotCompiled(ScriptRule):
                     continue  # ``opt1 = SGD(model...)``, ``opt2 = SGD(ddp_model...)``: one model, one compile
                 planned.add(key)
             profile = pipeline.profile_of(site, context.models) if site is not None else None
-            subject = (
-                f"the trained model `{name}` (one of {len(trained)} trained here, each compiled on its own)"
-                if len(trained) > 1 else "the trained model"
+            subject = f"trained model `{name}`"
+            explanation = (
+                f"`{code}` (in place, so checkpoint keys stay the same) fuses its elementwise ops and cuts Python "
+                "overhead" + cost_note(self.spec, context.settings.gpu, "compiled")
+                + (f" ({profile.describe()})" if profile is not None else "")
+                + (f"; one of {len(trained)} models trained here, each compiled on its own" if len(trained) > 1 else "")
+                + "."
             )
             yield self.finding(
                 facts,
                 node,
-                f"{subject} is never compiled: `{code}` (in place, so checkpoint keys stay the same) "
-                "fuses its elementwise ops and cuts Python overhead"
-                + cost_note(self.spec, context.settings.gpu, "compiled")
-                + (f" ({profile.describe()})" if profile is not None else ""),
+                f"{subject} is never compiled: `{code}`",
+                explanation=explanation,
                 fix=self.planned_fix(
                     FixClass.STRUCTURAL,
                     "compile the model in place on CUDA (tcaudit fix --compile)",

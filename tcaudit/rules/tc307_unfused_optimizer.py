@@ -64,9 +64,9 @@ class UnfusedOptimizer(ScriptRule):
             yield self.finding(
                 facts,
                 node,
-                f"`{kind}` on CUDA without `fused=True`: PyTorch defaults to the foreach (multi-tensor) "
-                f"implementation; the fused kernel does the whole {kind} update in one pass per "
-                "parameter group, fewer launches and memory passes",
+                f"`{kind}` on CUDA without `fused=True`",
+                explanation="PyTorch defaults to the foreach (multi-tensor) implementation; the fused kernel does "
+                f"the whole {kind} update in one pass per parameter group, fewer launches and memory passes.",
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     "pass fused=True (every parameter must be a floating-point CUDA tensor)",

@@ -35,9 +35,9 @@ class DataLoaderNoWorkers(ScriptRule):
             yield self.finding(
                 facts,
                 site.call.node,
-                "this training DataLoader loads and augments every batch in the main process "
-                "(num_workers=0), so the GPU waits for it each step; use worker processes: "
-                f"`num_workers={WORKERS}`{cost}",
+                "training DataLoader loads every batch in the main process (num_workers=0)",
+                explanation="The GPU waits for each batch to be loaded and augmented; use worker processes: "
+                f"`num_workers={WORKERS}`{cost}.",
                 fix=self.planned_fix(
                     FixClass.NUMERICS, f"set num_workers={WORKERS}", lambda site=site: plan_workers(pipeline, site)
                 ),

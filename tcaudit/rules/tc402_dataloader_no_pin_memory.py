@@ -40,9 +40,9 @@ class DataLoaderNoPinMemory(ScriptRule):
             yield self.finding(
                 facts,
                 site.call.node,
-                "this DataLoader feeds CUDA training from pageable memory: every host-to-device copy "
-                "is staged through a bounce buffer and cannot overlap compute; pass `pin_memory=True` "
-                "(and copy with `non_blocking=True`)",
+                "DataLoader feeds CUDA training from pageable memory: pass `pin_memory=True`",
+                explanation="Every host-to-device copy from pageable memory is staged through a bounce buffer "
+                "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
                 fix=self.planned_fix(
                     FixClass.NUMERICS, "set pin_memory=True",
                     lambda site=site: plan_loader_keyword(site, "pin_memory", "True"),

@@ -49,8 +49,9 @@ class BlockingH2DCopy(ScriptRule):
                 yield self.finding(
                     facts,
                     call.node,
-                    f"`{call.method}()` copies a batch to the GPU synchronously: the host waits for the copy "
-                    f"instead of queueing the forward pass; pass `non_blocking=True`{hint}",
+                    f"`{call.method}()` copies a batch to the GPU synchronously: pass `non_blocking=True`",
+                    explanation="The host waits for the copy instead of queueing the forward pass; copy with "
+                    f"`non_blocking=True`{hint}.",
                     fix=self.planned_fix(FixClass.SAFE, "pass non_blocking=True", lambda call=call: _plan(call)),
                 )
 

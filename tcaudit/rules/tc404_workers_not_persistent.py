@@ -27,10 +27,10 @@ from tcaudit.script.loader_workers import loaders_without_workers
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 
-MESSAGE = (
-    "this DataLoader's worker processes are started again at every epoch (each re-imports "
-    "the script's modules, re-pickles the dataset and refills its prefetch queue); pass "
-    "`persistent_workers=True` to keep them"
+MESSAGE = "DataLoader's worker processes start again every epoch: pass `persistent_workers=True`"
+EXPLANATION = (
+    "Each restart re-imports the script's modules, re-pickles the dataset and refills the prefetch queue; "
+    "persistent workers are kept across epochs."
 )
 
 
@@ -74,9 +74,10 @@ class WorkersNotPersistent(ScriptRule):
                 yield self.finding(
                     facts,
                     site.call.node,
-                    "with workers (TC401), also pass `persistent_workers=True`: the worker processes TC401's "
-                    "fix gives this DataLoader would otherwise start again every epoch (re-importing the "
-                    "script's modules, re-pickling the dataset, refilling the prefetch queue)",
+                    "with workers (TC401), also pass `persistent_workers=True`",
+                    explanation="The worker processes TC401's fix gives this DataLoader would otherwise start "
+                    "again every epoch (re-importing the script's modules, re-pickling the dataset, refilling the "
+                    "prefetch queue).",
                     fix=Fix(
                         FixClass.NUMERICS, "with workers (TC401), also pass persistent_workers=True",
                         plan=AddAfterWorkers(site.call.node, "persistent_workers", "True"),
@@ -84,7 +85,7 @@ class WorkersNotPersistent(ScriptRule):
                 )
                 continue
             value = _persistent_value(site)
-            yield self.finding(facts, site.call.node, MESSAGE, fix=self.planned_fix(
+            yield self.finding(facts, site.call.node, MESSAGE, explanation=EXPLANATION, fix=self.planned_fix(
                 FixClass.NUMERICS, f"pass persistent_workers={value or 'True'}", lambda site=site, value=value: _plan(site, value),
             ))
 

@@ -88,7 +88,8 @@ class CpuImageDecode(ScriptRule):
             else:
                 continue
             yield self.finding(
-                facts, call.node, f"{what}; for a fast model this caps the training rate: {ADVICE}{cost}", fix=fix
+                facts, call.node, what, fix=fix,
+                explanation=f"For a fast model this caps the training rate: {ADVICE}{cost}.",
             )
 
 

@@ -81,8 +81,9 @@ class TensorCreatedThenMoved(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`torch.{name}(...)`{origin} builds the tensor in host memory and then copies it to the device"
-                f"{' on every step' if per_step else ''}; create it there: `torch.{name}(..., device={target})`",
+                f"`torch.{name}(...)`{origin} is built on the host and copied to the device"
+                f"{' every step' if per_step else ''}",
+                explanation=f"Create it there: `torch.{name}(..., device={target})`.",
                 severity=None if per_step else Severity.INFO,
                 fix=self.planned_fix(
                     FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,

@@ -103,9 +103,9 @@ class HostTensorsCopiedEachStep(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`{call.method}()` copies {what} (host tensors built once, line {host.line}) from pageable "
-                "memory on every step, a blocking copy: the host waits for it and for the GPU work queued "
-                f"before it; {advice}",
+                f"`{call.method}()` copies {what} (built once, line {host.line}) from pageable memory every step",
+                explanation="A blocking copy: the host waits for it and for the GPU work queued before it; "
+                f"{advice}.",
                 fix=self.planned_fix(
                     FixClass.SAFE, f"pin {container} once where it is built and pass non_blocking=True",
                     lambda call=call, host=host: _plan(facts, call, host),

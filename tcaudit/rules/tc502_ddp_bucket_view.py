@@ -62,9 +62,9 @@ class DdpBucketView(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"DistributedDataParallel without {KWARG}=True copies every gradient each step: into the "
-                "communication buckets and back, with both copies kept in memory; bucket views make the "
-                "gradients alias the buckets",
+                f"DistributedDataParallel without `{KWARG}=True` copies every gradient each step",
+                explanation="Each gradient is copied into the communication buckets and back, with both copies "
+                "kept in memory; bucket views make the gradients alias the buckets.",
                 fix=self.planned_fix(FixClass.SAFE, f"pass {KWARG}=True", plan),
             )
 

@@ -170,8 +170,9 @@ class SamplerWithoutSetEpoch(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                "DistributedSampler shuffles with the same seed every epoch unless `set_epoch(epoch)` is "
-                "called: each epoch visits the data in the same order",
+                "DistributedSampler without `set_epoch(epoch)` shuffles the same way every epoch",
+                explanation="A DistributedSampler shuffles with the same seed every epoch unless "
+                "`set_epoch(epoch)` is called: each epoch visits the data in the same order.",
                 fix=self.planned_fix(FixClass.SAFE, described, plan),
             )
 
@@ -205,8 +206,8 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 rule=self.id,
                 name=self.spec.name,
                 severity=self.spec.severity,
-                message="with the DistributedSampler TC503 adds, also call `set_epoch(epoch)` at the start of "
-                "each epoch: a DistributedSampler shuffles with the same seed every epoch without it",
+                message="with the DistributedSampler TC503 adds, also call `set_epoch(epoch)` at the start of each epoch",
+                explanation="A DistributedSampler shuffles with the same seed every epoch without it.",
                 fix=fix,
             )
 

@@ -68,8 +68,8 @@ class SingleProcessTraining(ScriptRule):
         yield self.finding(
             facts,
             loop.node,
-            "this CUDA training loop runs in a single process on one GPU; DistributedDataParallel under "
-            "torchrun scales it across the GPUs of the machine",
+            "CUDA training loop runs in a single process on one GPU",
+            explanation="DistributedDataParallel under torchrun scales it across the GPUs of the machine.",
             end_node=loop_header_end(loop.node),
             fix=self.planned_fix(
                 FixClass.STRUCTURAL, "wrap the model in DDP and launch with torchrun (fix --ddp)", plan, option="ddp",

@@ -220,8 +220,8 @@ class PerStepSync(ScriptRule):
                 yield self.finding(
                     facts,
                     node,
-                    f"{what} syncs once per optimizer step, after {micro} accumulation micro-steps: "
-                    "a small cost, worth moving under a logging interval",
+                    f"{what} syncs once per optimizer step, after {micro} accumulation micro-steps",
+                    explanation="A small cost, worth moving under a logging interval.",
                     severity=Severity.INFO,
                     fix=self._fix(facts, call),
                 )
@@ -229,9 +229,10 @@ class PerStepSync(ScriptRule):
             yield self.finding(
                 facts,
                 node,
-                f"{what} makes the host wait for the GPU every training step{cost}; sync under a logging "
-                "interval (`if step % log_interval == 0:`)",
+                f"{what} makes the host wait for the GPU every training step",
                 fix=self._fix(facts, call),
+                explanation=f"A sync per step stalls the queue of GPU work{cost}. Sync under a logging interval "
+                "(`if step % log_interval == 0:`).",
             )
 
     def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
