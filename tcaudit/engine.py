@@ -76,6 +76,9 @@ class ScanResult:
     suppressed: int = 0
     # Files whose script-rule findings came from the cache (their ``files_parsed`` share too).
     files_cached: int = 0
+    # The bytes of scanned files that are not on disk under their display path (a script read from
+    # stdin), for the reporters' code frames.
+    texts: dict[str, bytes] = field(default_factory=dict)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -266,15 +269,22 @@ def scan(
     model_audit: bool = True,
     jobs: int = 1,
     cache: "ScanCache | None" = None,
+    display_names: dict[str, str] | None = None,
+    texts: dict[str, bytes] | None = None,
 ) -> ScanResult:
     """Scan ``paths``. ``jobs`` > 1 spreads the files over that many worker processes (when there
-    are enough of them); ``cache`` answers for unchanged files and records the others."""
-    discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
+    are enough of them); ``cache`` answers for unchanged files and records the others.
+    ``display_names``: the name a file named in ``paths`` is reported under (a temporary copy of a
+    script read from stdin goes by ``--stdin-filename``); ``texts``: by display name, the bytes of
+    files not on disk there, passed on to the reporters."""
+    discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                          respect_gitignore=settings.respect_gitignore)
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
     files = discovered.files
-    displays = [display_path(path) for path in files]
+    named = display_names or {}
+    displays = [named.get(str(path)) or display_path(path) for path in files]
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
 
@@ -362,6 +372,7 @@ def scan(
         notes=notes,
         suppressed=suppressed,
         files_cached=cached,
+        texts=dict(texts or {}),
     )
 
 
