@@ -30,6 +30,8 @@ from tcaudit.source.discovery import discover, identity
 from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
+from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
+from tcaudit.unused_suppressions import Usage, rules_that_ran, unused_suppressions
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from typing import Callable, Sequence
@@ -345,7 +347,15 @@ def scan(
 
     kept: list[Finding] = []
     suppressed = 0
-    directives_of: dict[str, Directives] = {}
+    usage_of: dict[str, Usage] = {}
+
+    def usage(path: str) -> Usage:
+        if path not in usage_of:
+            index = index_of.get(path)
+            source = source_of(index) if index is not None else None
+            usage_of[path] = Usage(directives(source.text) if source is not None else Directives())
+        return usage_of[path]
+
     for finding in findings:
         path = finding.location.path
         if finding.rule not in enabled:
@@ -353,14 +363,26 @@ def scan(
         if any(matches_selector(finding.rule, s) for s in settings.ignored_for(path)):
             suppressed += 1
             continue
-        index = index_of.get(path)
-        source = source_of(index) if index is not None else None
-        if path not in directives_of:
-            directives_of[path] = directives(source.text) if source is not None else Directives()
-        if directives_of[path].suppresses(finding):
+        if usage(path).suppress(finding):
             suppressed += 1
             continue
         kept.append(finding)
+    if UNUSED_SUPPRESSION in enabled:
+        not_analysed = {f.location.path for f in findings if f.rule == "TC000"}
+        not_analysed |= {fr.path for fr in results if fr.errors}
+        for index, display in enumerate(displays):
+            ignored_here = settings.ignored_for(display)
+            if any(matches_selector(UNUSED_SUPPRESSION, s) for s in ignored_here):
+                continue
+            source = source_of(index)
+            if source is None or not usage(display).directives.found:
+                continue
+            ran = rules_that_ran(enabled, ignored_here, display not in not_analysed)
+            for finding in unused_suppressions(display, source.text, usage(display), ran):
+                if usage(display).suppress(finding):
+                    suppressed += 1
+                else:
+                    kept.append(finding)
     kept.sort(key=lambda f: f.sort_key)
     assign_fingerprints(kept, settings.root)
     return ScanResult(
@@ -643,3 +665,35 @@ def _run_pool(
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
     return [index for index in indices if index not in results]
+
+
+def unused_suppressions_in(source: SourceFile, settings: Settings, models: "AuditedModels | None" = None) -> list[Finding]:
+    """TC001's findings on one text, filtered as scan filters them: what ``tcaudit fix`` removes from
+    the text it has fixed (scan computes them in its own filtering stage). Empty where TC001 is off
+    for the file, or the text has no suppression comment, does not parse or hits an internal error."""
+    from tcaudit.rules.registry import lazy_rules
+
+    enabled = set(settings.enabled_rules())
+    ignored_here = settings.ignored_for(source.display_path)
+    if UNUSED_SUPPRESSION not in enabled or any(matches_selector(UNUSED_SUPPRESSION, s) for s in ignored_here):
+        return []
+    usage = Usage(directives(source.text))
+    if not usage.directives.found:
+        return []
+    candidates = candidate_rules(lazy_rules(settings), source.text)
+    if not candidates:
+        if syntax_error(source) is not None:
+            return []
+        findings: list[Finding] = []
+    else:
+        try:
+            _, findings, errors = call_with_deep_stack(analyse_source, source, candidates, settings, models, edits=False)
+        except (SourceError, RecursionError, MemoryError):
+            return []
+        if errors:
+            return []
+    for finding in findings:
+        if finding.rule in enabled and not any(matches_selector(finding.rule, s) for s in ignored_here):
+            usage.suppress(finding)
+    ran = rules_that_ran(enabled, ignored_here, True)
+    return [f for f in unused_suppressions(source.display_path, source.text, usage, ran) if not usage.suppress(f)]

@@ -301,3 +301,92 @@ def _folded(summary: str, shown: set[str]) -> bool:
     """Every word of ``summary`` is shown whole, except a word too long for a narrow column (over
     16 characters: a code span), which is folded over lines."""
     return all(word in shown for word in summary.split() if len(word) <= 16)
+
+
+# -- 5. TC001 unused-suppression --------------------------------------------------------------------
+
+SUPPRESSED = """\
+import torch  # tcaudit: ignore-file[TC6]
+scaler = torch.cuda.amp.GradScaler()  # tcaudit: ignore[TC202, TC2O1]
+x = 1  # noqa: E501, TC202
+y = 2  # tcaudit: ignore[TC303]
+# tcaudit: ignore[TC999]
+z = 3  # noqa: TC101
+w = 4  # tcaudit: ignore
+"""
+
+
+def test_unused_and_unknown_suppression_codes_are_reported(tmp_path):
+    make(tmp_path, {"t.py": SUPPRESSED})
+    code, out, _ = scan(tmp_path, "t.py", "--format", "concise")
+    assert code == 0  # TC001 is an info
+    assert out.splitlines() == [
+        "t.py:1:15: TC001 Unused suppression directive (unused: TC6)",
+        "t.py:2:39: TC001 Unused suppression directive (unknown: TC2O1)",
+        "t.py:3:8: TC001 Unused `noqa` directive (unused: TC202)",
+        "t.py:4:8: TC001 Unused suppression directive (unused: TC303)",
+        "t.py:5:1: TC001 Unused suppression directive (unknown: TC999)",
+    ]
+    # The fix is a list of text edits on the comment only.
+    _, out, _ = scan(tmp_path, "t.py", "--format", "json")
+    edits = [f["fix"]["edits"] for f in json.loads(out)["findings"]]
+    assert edits[1] == [{"content": "TC202", "location": {"row": 2, "column": 57},
+                         "end_location": {"row": 2, "column": 69}}]
+    assert edits[4] == [{"content": "", "location": {"row": 5, "column": 1}, "end_location": {"row": 6, "column": 1}}]
+
+
+def test_suppressions_of_rules_that_did_not_run_are_not_unused(tmp_path):
+    make(tmp_path, {"t.py": SUPPRESSED, "broken.py": "x = (  # tcaudit: ignore[TC202]\n"})
+    # Only TC001 and TC202 enabled: the TC6 and TC303 codes are for rules that did not run.
+    assert flagged(tmp_path, "t.py", "--select", "TC001,TC202")[1] == {("t.py", "TC001")}
+    _, out, _ = scan(tmp_path, "t.py", "--select", "TC001,TC202", "--format", "concise")
+    assert [line.split("(")[1] for line in out.splitlines()] == ["unknown: TC2O1)", "unused: TC202)", "unknown: TC999)"]
+    # per-file-ignores turning TC6 off: its code is not unused there.
+    make(tmp_path, {"tcaudit.toml": '[per-file-ignores]\n"t.py" = ["TC6"]\n'})
+    _, out, _ = scan(tmp_path, "t.py", "--format", "concise")
+    assert "TC6" not in out and "TC303" in out
+    # A file that does not parse: nothing is known to be unused.
+    assert flagged(tmp_path, "broken.py")[1] == {("broken.py", "TC000")}
+    # TC001 off: nothing reported.
+    assert flagged(tmp_path, "t.py", "--ignore", "TC001") == (0, set())
+
+
+def test_fix_removes_unused_suppression_codes(tmp_path):
+    make(tmp_path, {"t.py": SUPPRESSED})
+    code, _, err = run_cli("fix", "t.py", "--apply", "--no-cache", cwd=tmp_path)
+    assert code == 0 and "fixed t.py (TC001)" in err
+    assert (tmp_path / "t.py").read_text(encoding="utf-8") == """\
+import torch
+scaler = torch.cuda.amp.GradScaler()  # tcaudit: ignore[TC202]
+x = 1  # noqa: E501
+y = 2
+z = 3  # noqa: TC101
+w = 4  # tcaudit: ignore
+"""
+    # Fixed twice, nothing changes; and scan finds no TC001 left.
+    assert run_cli("fix", "t.py", "--no-cache", cwd=tmp_path)[0] == 0
+    assert flagged(tmp_path, "t.py", "--select", "TC001") == (0, set())
+
+
+@pytest.mark.parametrize(
+    "line,fixed",
+    [
+        ("x = 1  # tcaudit: ignore[TC999]  # noqa: E501\n", "x = 1  # noqa: E501\n"),
+        ("x = 1  # noqa: TC999 because it is slow\n", "x = 1  # because it is slow\n"),
+        ("x = 1  # type: ignore  # noqa: TC999\n", "x = 1  # type: ignore\n"),
+        ("x = 1  # noqa: TC999, E501\n", "x = 1  # noqa: E501\n"),
+        ("x = 1\n    # tcaudit: ignore-file[TC9]\n", "x = 1\n"),
+    ],
+)
+def test_the_fix_keeps_what_else_the_comment_says(tmp_path, line, fixed):
+    make(tmp_path, {"t.py": line})
+    assert run_cli("fix", "t.py", "--apply", "--no-cache", cwd=tmp_path)[0] == 0
+    assert (tmp_path / "t.py").read_text(encoding="utf-8") == fixed
+
+
+def test_unused_suppression_lines_count_as_the_tokenizer_does(tmp_path):
+    make(tmp_path, {"t.py": "x = '\x0c'\n\x0cy = 2  # noqa: TC999\n"})
+    _, out, _ = scan(tmp_path, "t.py", "--format", "concise")
+    assert out.splitlines() == ["t.py:2:9: TC001 Unused `noqa` directive (unknown: TC999)"]
+    assert run_cli("fix", "t.py", "--apply", "--no-cache", cwd=tmp_path)[0] == 0
+    assert (tmp_path / "t.py").read_text(encoding="utf-8") == "x = '\x0c'\n\x0cy = 2\n"

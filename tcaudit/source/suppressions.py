@@ -68,6 +68,12 @@ class Directive:
     syntax: str  # TCAUDIT or NOQA
     file_wide: bool
     codes: tuple[Code, ...] | None
+    # Every code as written, in order (a noqa's other tools' codes too), and the columns of the
+    # list they form (0-based, end exclusive): what TC001's fix rewrites when it keeps some of them.
+    listed: tuple[str, ...] = ()
+    list_span: tuple[int, int] = (0, 0)
+    # Where the comment holding the directive starts (0-based column; it runs to the end of the line).
+    comment_column: int = 0
 
     @property
     def selectors(self) -> tuple[str, ...] | None:
@@ -132,6 +138,13 @@ def _bracket_codes(match: re.Match, offset: int) -> tuple[Code, ...] | None:
     return tuple(codes) or None
 
 
+def _bracket_list(match: re.Match, offset: int) -> tuple[tuple[str, ...], tuple[int, int]]:
+    if match.group(1) is None:
+        return (), (0, 0)
+    listed = tuple(c.strip() for c in match.group(1).split(",") if c.strip())
+    return listed, (offset + match.start(1), offset + match.end(1))
+
+
 def directives(text: str) -> Directives:
     lowered = text.lower()
     if "tcaudit:" not in lowered and "noqa" not in lowered:
@@ -142,11 +155,11 @@ def directives(text: str) -> Directives:
         if "tcaudit:" in lowered:
             for match in _FILE.finditer(comment):
                 found.add(Directive(line, column + match.start(), column + match.end(), TCAUDIT, True,
-                                    _bracket_codes(match, column)))
+                                    _bracket_codes(match, column), *_bracket_list(match, column), column))
             match = _LINE.search(comment)
             if match:
                 found.add(Directive(line, column + match.start(), column + match.end(), TCAUDIT, False,
-                                    _bracket_codes(match, column)))
+                                    _bracket_codes(match, column), *_bracket_list(match, column), column))
         if "noqa" in lowered:
             match = _NOQA.search(comment)
             if match:
@@ -157,7 +170,9 @@ def directives(text: str) -> Directives:
                     if part.group(0).upper().startswith("TC")  # the other tools' codes are theirs
                 )
                 if codes:
-                    found.add(Directive(line, column + match.start(), column + match.end(), NOQA, False, codes))
+                    listed = tuple(part.group(0) for part in _NOQA_CODE.finditer(match.group(1)))
+                    found.add(Directive(line, column + match.start(), column + match.end(), NOQA, False, codes,
+                                        listed, (start, column + match.end(1)), column))
     return found
 
 
