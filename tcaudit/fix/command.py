@@ -103,28 +103,6 @@ def parse_classes(text: str) -> frozenset[FixClass]:
     return frozenset(out)
 
 
-def remove_unused_suppressions(result, path: Path, settings, classes, models=None) -> None:
-    """TC001's fix on the text ``fix_file`` made (a safe fix: ``classes`` must hold safe): the unused
-    and unknown codes of its suppression comments removed, edits on those comments only."""
-    from tcaudit.engine import unused_suppressions_in
-    from tcaudit.rewrite.textedits import apply_edits, overlapping
-    from tcaudit.source.parsing import SourceFile
-
-    if result.error or result.source is None or FixClass.SAFE not in classes:
-        return
-    text = result.fixed
-    source = SourceFile(path=path, display_path=result.path, raw=result.source.encode(text), text=text,
-                        encoding=result.source.encoding)
-    edits: list = []
-    for finding in unused_suppressions_in(source, settings, models):
-        mine = list(finding.fix.edits or ())
-        if mine and not overlapping(edits, mine):  # two directives of one comment: the next fix gets the other
-            edits.extend(mine)
-    if edits:
-        result.fixed = apply_edits(text, edits)
-        result.applied.append("TC001")
-
-
 def run_fix_stdin(script, settings, classes_text: str) -> int:
     """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
     input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
@@ -153,7 +131,6 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
         else:
             for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
                 print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
-            remove_unused_suppressions(result, Path(script.path), settings, classes)
             if result.changed:
                 out = result.source.encode(result.fixed)
                 print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
@@ -211,8 +188,6 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
         except (RecursionError, MemoryError) as exc:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue
-        if not result.error:
-            remove_unused_suppressions(result, Path(path), settings, classes, models)
         if result.error:
             if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):
                 err.print(f"{display}: {result.error}")
