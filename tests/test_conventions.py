@@ -390,3 +390,10 @@ def test_unused_suppression_lines_count_as_the_tokenizer_does(tmp_path):
     assert out.splitlines() == ["t.py:2:9: TC001 Unused `noqa` directive (unknown: TC999)"]
     assert run_cli("fix", "t.py", "--apply", "--no-cache", cwd=tmp_path)[0] == 0
     assert (tmp_path / "t.py").read_text(encoding="utf-8") == "x = '\x0c'\n\x0cy = 2\n"
+
+
+def test_fix_leaves_a_noqa_suppressed_finding_alone(tmp_path):
+    make(tmp_path, {"bad.py": BAD.replace("GradScaler()", "GradScaler()  # noqa: TC202"), "other.py": BAD})
+    code, out, _ = run_cli("fix", ".", "--select", "TC202", "--no-cache", cwd=tmp_path)
+    assert code == 1
+    assert "+++ b/other.py" in out and "bad.py" not in out
