@@ -52,7 +52,7 @@ CACHEDIR_TAG = (
 # locating files; every other field is part of the key, so a new setting is keyed by default.
 _SETTINGS_NOT_KEYED = frozenset(
     {"select", "extend_select", "ignore", "per_file_ignores", "exclude", "force_exclude", "fail_on",
-     "config_path", "root", "cache_dir", "model_budget", "verbose", "sort"}
+     "config_path", "root", "cache_dir", "model_budget", "verbose", "sort", "respect_gitignore"}
 )
 
 

@@ -75,14 +75,28 @@ def _with_detected_gpu(settings):
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule selection")
-    group.add_argument("--select", type=_codes, metavar="CODES", help="only these rules or prefixes (e.g. TC2,TC301)")
+    group.add_argument(
+        "--select", type=_codes, metavar="CODES",
+        help="only these rules or prefixes (e.g. TC2,TC301); replaces the config's select and ignore, as in ruff",
+    )
     group.add_argument("--extend-select", type=_codes, metavar="CODES", help="add rules to the selection")
-    group.add_argument("--ignore", type=_codes, metavar="CODES", help="turn rules or prefixes off")
+    group.add_argument(
+        "--ignore", type=_codes, metavar="CODES",
+        help="turn rules or prefixes off (added to the config's ignore; config key ignore)",
+    )
+    group.add_argument(
+        "--extend-ignore", type=_codes, metavar="CODES",
+        help="turn these rules off as well (added to --ignore and the config's ignore; config key extend-ignore)",
+    )
     group.add_argument("--exclude", type=_codes, metavar="GLOBS", help="skip files and folders matching these globs")
     group.add_argument(
         "--force-exclude",
         action="store_true",
         help="apply exclude patterns to files named on the command line too (for pre-commit)",
+    )
+    group.add_argument(
+        "--no-respect-gitignore", dest="respect_gitignore", action="store_false", default=None,
+        help="also scan files that .gitignore and .ignore files exclude (config: respect-gitignore = false)",
     )
     group.add_argument("--precision", choices=("auto", "bf16", "fp16"), help="precision to recommend (default auto)")
     group.add_argument(
@@ -108,8 +122,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     scan = sub.add_parser("scan", help="report findings for files and folders", description="Report findings for "
                           "files and folders. Never runs the script's training code.")
-    scan.add_argument("paths", nargs="*", default=["."], metavar="PATH")
-    scan.add_argument("--format", default="text", choices=("text", "concise", "json", "sarif", "github", "junit"))
+    scan.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="files and folders; - reads one script from stdin")
+    scan.add_argument(
+        "--stdin-filename", metavar="PATH",
+        help="the name of the script read from stdin (-): for reports, per-file-ignores and finding the config",
+    )
+    scan.add_argument(
+        "--format", "--output-format", dest="format", default="text",
+        choices=("text", "concise", "json", "sarif", "github", "junit"),
+        help="report format (default text); --output-format is ruff's name for it",
+    )
+    scan.add_argument(
+        "--exit-zero", action="store_true",
+        help="exit 0 even when there are findings (usage, config and internal errors still exit 2)",
+    )
+    scan.add_argument(
+        "--statistics", action="store_true",
+        help="instead of the findings, one line per rule: count, code, name and how many are fixable",
+    )
+    scan.add_argument(
+        "--show-settings", action="store_true",
+        help="print the settings the scan would use (and the config file they come from), then exit 0",
+    )
     scan.add_argument("--output-file", "-o", metavar="FILE", help="write the report here instead of stdout")
     scan.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 at or above this (default warning)")
     scan.add_argument(
@@ -162,10 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _color(choice: str, stream) -> bool:
+    """``--color always|never`` first; then, as rich (and no-color.org, force-color.org) read them,
+    a non-empty ``NO_COLOR`` turns colour off, a non-empty ``FORCE_COLOR`` turns it on even when the
+    output is not a terminal (NO_COLOR wins when both are set); else colour only on a terminal."""
     if choice == "always":
         return True
     if choice == "never" or os.environ.get("NO_COLOR"):
         return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
     return hasattr(stream, "isatty") and stream.isatty()
 
 
@@ -174,6 +213,8 @@ def _overrides(args: argparse.Namespace) -> dict:
         "select": args.select,
         "extend-select": args.extend_select,
         "ignore": args.ignore,
+        "extend-ignore": args.extend_ignore,
+        "respect-gitignore": args.respect_gitignore,
         "exclude": args.exclude,
         "precision": args.precision,
         "gpu": args.gpu,
@@ -261,6 +302,89 @@ def _check_model_option(args: argparse.Namespace, root) -> None:
             raise UsageError(f"--input: {exc}") from None
 
 
+STDIN = "-"
+
+
+def _stdin_path(args: argparse.Namespace) -> str | None:
+    """The name the script read from stdin goes by (``--stdin-filename``, or ``-``), or None when
+    no path is ``-``. ``-`` must be the only path: one script comes through stdin."""
+    paths = args.paths
+    if STDIN not in paths:
+        if getattr(args, "stdin_filename", None):
+            raise UsageError("--stdin-filename names the script read from stdin: pass - as the path")
+        return None
+    if len(paths) != 1:
+        raise UsageError("- (the script on stdin) must be the only path")
+    return args.stdin_filename or STDIN
+
+
+def read_stdin() -> bytes:
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream (tests, some embedders): its text as UTF-8
+        if sys.stdin is None:
+            raise UsageError("no stdin to read the script from")
+        return sys.stdin.read().encode("utf-8", "surrogateescape")
+    return stream.read()
+
+
+class StdinScript:
+    """The script read from stdin, in a temporary file for the engine (which reads files), under the
+    name ``--stdin-filename`` gives it (reports, per-file-ignores, config discovery)."""
+
+    def __init__(self, display: str) -> None:
+        import tempfile
+
+        self.display = display
+        self.raw = read_stdin()
+        self._dir = tempfile.TemporaryDirectory(prefix="tcaudit-stdin-")
+        name = os.path.basename(display) if display != STDIN else "stdin.py"
+        self.path = os.path.join(self._dir.name, name or "stdin.py")
+        with open(self.path, "wb") as out:
+            out.write(self.raw)
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+def _config_paths(args: argparse.Namespace, stdin: str | None) -> list[str]:
+    """Where config discovery starts: the stdin script's name stands for its path."""
+    if stdin is None:
+        return args.paths
+    return [stdin] if stdin != STDIN else []
+
+
+def show_settings(settings, out) -> None:
+    """The resolved settings, one ``key = value`` a line, after the config file they come from."""
+    out.write(f"config file: {settings.config_path or '(none: defaults and flags only)'}\n")
+    out.write(f"project root: {settings.root}\n")
+    for field in dataclasses.fields(settings):
+        if field.name in ("config_path", "root"):
+            continue
+        value = getattr(settings, field.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        out.write(f"{field.name.replace('_', '-')} = {value}\n")
+    out.write(f"enabled rules ({len(settings.enabled_rules())}) = {', '.join(settings.enabled_rules())}\n")
+
+
+def render_statistics(result, out, fmt: str) -> None:
+    """``--statistics``: one line per rule, most frequent first, like ``ruff check --statistics``."""
+    rows: dict[str, list] = {}
+    for f in result.findings:
+        row = rows.setdefault(f.rule, [f.rule, f.name, 0, 0])
+        row[2] += 1
+        row[3] += f.fix is not None and f.fix.applies_by_default
+    ordered = sorted(rows.values(), key=lambda r: (-r[2], r[0]))
+    if fmt == "json":
+        json.dump([{"code": c, "name": n, "count": k, "fixable": x} for c, n, k, x in ordered], out, indent=2)
+        out.write("\n")
+        return
+    width = max((len(str(r[2])) for r in ordered), default=1)
+    name_width = max((len(r[1]) for r in ordered), default=0)
+    for code, name, count, fixable in ordered:
+        out.write(f"{count:>{width}}  {code}  {name:<{name_width}}  {fixable} fixable\n".rstrip() + "\n")
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
     from tcaudit.catalog import load_catalog
@@ -270,12 +394,16 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     if args.input and not args.model:
         raise UsageError("--input needs --model (the factory whose input it describes)")
-    settings = _with_detected_gpu(load_settings(args.paths, args.config, _overrides(args), args.isolated))
+    stdin = _stdin_path(args)
+    settings = _with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
     _check_model_option(args, settings.root)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
     if args.verbose or _debug():
         settings = dataclasses.replace(settings, verbose=True)
+    if args.show_settings:
+        show_settings(settings, sys.stdout)
+        return EXIT_CLEAN
     if args.baseline:
         try:
             known = load_baseline(args.baseline)
@@ -284,11 +412,21 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.format in MACHINE_FORMATS_WITH_EDITS:
         settings = dataclasses.replace(settings, fix_edits=True)
     jobs = args.jobs or default_jobs()
-    cache = _open_cache(args, settings)
     from tcaudit.progress import showing
 
-    with showing(args.format):  # on a terminal only: files scanned, models audited
-        result = scan(args.paths, settings, jobs=jobs, cache=cache)
+    if stdin is not None:
+        # The model audit imports the script's neighbours from its folder: a script on stdin has none.
+        settings = dataclasses.replace(settings, exec_models=False)
+        script = StdinScript(stdin)
+        try:
+            result = scan([script.path], settings, jobs=1, display_names={script.path: stdin},
+                          texts={stdin: script.raw})
+        finally:
+            script.close()
+    else:
+        cache = _open_cache(args, settings)
+        with showing(args.format):  # on a terminal only: files scanned, models audited
+            result = scan(args.paths, settings, jobs=jobs, cache=cache)
     if result.missing:
         for path in result.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
@@ -307,8 +445,12 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if settings.detected_gpu is not None:
         result.notes.append(f"target GPU: {settings.detected_gpu.describe()}; --gpu sets another")
     result.show_fixes = args.show_fixes
-    render = get_reporter(args.format)
     catalog = load_catalog()
+    if args.statistics:
+        def render(result, out, *, rules, color):
+            render_statistics(result, out, args.format)
+    else:
+        render = get_reporter(args.format)
     if args.output_file:
         buffer = io.StringIO()
         render(result, buffer, rules=catalog, color=False)
@@ -320,13 +462,15 @@ def cmd_scan(args: argparse.Namespace) -> int:
     else:
         render(result, sys.stdout, rules=catalog, color=_color(args.color, sys.stdout))
         sys.stdout.flush()
-    if args.format == "concise":
+    if args.format == "concise" or args.statistics:
         # The concise format is one finding per line; notes go where they cannot break a parser.
         for note in result.notes:
             print(f"tcaudit: note: {note}", file=sys.stderr)
     _report_errors(result.errors)
     if result.errors:
         return EXIT_ERROR
+    if args.exit_zero:
+        return EXIT_CLEAN
     if any(f.severity >= settings.fail_on for f in result.findings):
         return EXIT_FINDINGS
     return EXIT_CLEAN
@@ -343,6 +487,17 @@ def _gpu_metadata(settings) -> dict:
     if settings.detected_gpu is not None:
         data["detected"] = settings.detected_gpu.to_dict()
     return data
+
+
+RULES_MIN_WIDTH = 80
+RULES_WIDE = 120
+
+
+def rules_width() -> int:
+    """The width ``tcaudit rules`` lays its table out in: the terminal's, at least 80 columns."""
+    import shutil
+
+    return max(RULES_MIN_WIDTH, shutil.get_terminal_size(fallback=(RULES_MIN_WIDTH, 24)).columns)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -365,16 +520,24 @@ def cmd_rules(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_CLEAN
-    import shutil
-
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
+    width = rules_width()
+    # Below RULES_WIDE columns the severity and fix class go under the name, so that the summaries
+    # keep a width that reads as sentences on an 80-column terminal.
+    wide = width >= RULES_WIDE
     table = Table(title=f"tcaudit rules ({len(catalog)})", show_lines=False, expand=False)
-    for column in ("Code", "Name", "Severity", "Fix"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("Summary", overflow="fold", ratio=1, min_width=40)
+    table.add_column("Code", no_wrap=True)
+    table.add_column("Name" if wide else "Name / severity, fix", no_wrap=True)
+    if wide:
+        for column in ("Severity", "Fix"):
+            table.add_column(column, no_wrap=True)
+    # The summary takes the rest of the width; its words wrap, and only a word longer than the
+    # column (a code span) is folded.
+    table.add_column("Summary", overflow="fold", ratio=1, min_width=20)
+    blank = ("",) * (2 if wide else 0)
     # One section per family (TC2 mixed precision, ...) instead of a Family column: the summaries
     # get the width.
     family = None
@@ -383,13 +546,16 @@ def cmd_rules(args: argparse.Namespace) -> int:
             if family is not None:
                 table.add_section()
             family = spec.family_name
-            table.add_row("", Text(f"{spec.id[:3]} {family}", style="bold"), "", "", "")
+            table.add_row("", Text(f"{spec.id[:3]} {family}", style="bold"), *blank, "")
         # Text, not markup: a summary may contain brackets (``ignore[TC101]``, ``x[0]``).
-        table.add_row(
-            spec.id, Text(spec.name), str(spec.severity), str(spec.fix_class or "-"), Text(spec.summary)
-        )
-    # Wide enough that summaries read as sentences, not one-word columns, even when piped.
-    width = max(140, shutil.get_terminal_size(fallback=(140, 24)).columns)
+        severity, fix = str(spec.severity), str(spec.fix_class or "no fix")
+        if wide:
+            table.add_row(spec.id, Text(spec.name), severity, fix, Text(spec.summary))
+        else:
+            name = Text(spec.name)
+            name.append(f"\n{severity}, {fix}", style="dim")
+            table.add_row(spec.id, name, Text(spec.summary))
+    # The terminal's width (COLUMNS where set), never below 80 columns; piped output gets 80 too.
     Console(width=width, soft_wrap=False, highlight=False).print(table)
     return EXIT_CLEAN
 
@@ -413,10 +579,19 @@ def cmd_fix(args: argparse.Namespace) -> int:
     from tcaudit.config import load_settings
     from tcaudit.fix.command import run_fix
 
-    settings = _with_detected_gpu(load_settings(args.paths, args.config, _overrides(args), args.isolated))
+    stdin = _stdin_path(args)
+    settings = _with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
     try:
+        if stdin is not None:
+            from tcaudit.fix.command import run_fix_stdin, with_structural_flags
+
+            script = StdinScript(stdin)
+            try:
+                return run_fix_stdin(script, with_structural_flags(settings, args), args.classes)
+            finally:
+                script.close()
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:
         raise UsageError(str(exc)) from None

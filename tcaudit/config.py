@@ -25,6 +25,8 @@ KNOWN_KEYS = {
     "select",
     "extend-select",
     "ignore",
+    "extend-ignore",
+    "respect-gitignore",
     "per-file-ignores",
     "exclude",
     "fail-on",
@@ -69,6 +71,8 @@ class Settings:
     detected_gpu: gpus.Detected | None = None
     exec_models: bool = True
     models: tuple[ModelSpec, ...] = ()
+    # Skip what ``.gitignore`` and ``.ignore`` files name when expanding folders (``respect-gitignore``).
+    respect_gitignore: bool = True
     # Apply ``exclude`` to files named on the command line too (pre-commit passes every changed file).
     force_exclude: bool = False
     # Structural conversions ``fix`` may make, by name (tcaudit/structural.py).
@@ -119,14 +123,25 @@ class Settings:
         return tuple(out)
 
 
+# The config files of one folder, in the order ruff reads ``.ruff.toml``, ``ruff.toml`` and
+# ``pyproject.toml``: the first that exists wins. The first two hold the ``[tool.tcaudit]`` keys at
+# their top level and count even when empty; a pyproject.toml counts only with a ``[tool.tcaudit]`` table.
+CONFIG_NAMES = (".tcaudit.toml", "tcaudit.toml", "pyproject.toml")
+
+
 def find_config(start: Path) -> Path | None:
-    """The nearest pyproject.toml upward from ``start`` that has a ``[tool.tcaudit]`` table."""
+    """The nearest config file upward from ``start``: ``.tcaudit.toml``, ``tcaudit.toml``, or a
+    pyproject.toml that has a ``[tool.tcaudit]`` table, in that order within one folder."""
     here = start.resolve()
     if here.is_file():
         here = here.parent
     for folder in (here, *here.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
+        for name in CONFIG_NAMES:
+            candidate = folder / name
+            if not candidate.is_file():
+                continue
+            if name != "pyproject.toml":
+                return candidate
             try:
                 data = tomllib.loads(candidate.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -200,6 +215,13 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["extend_select"] = _selectors(table["extend-select"], "extend-select", where)
     if "ignore" in table:
         updates["ignore"] = _selectors(table["ignore"], "ignore", where)
+    if "extend-ignore" in table:
+        ignore = updates.get("ignore", base.ignore)
+        updates["ignore"] = ignore + _selectors(table["extend-ignore"], "extend-ignore", where)
+    if "respect-gitignore" in table:
+        if not isinstance(table["respect-gitignore"], bool):
+            raise ConfigError(f"{_label('respect-gitignore', where)} must be true or false")
+        updates["respect_gitignore"] = table["respect-gitignore"]
     if "per-file-ignores" in table:
         raw = table["per-file-ignores"]
         if not isinstance(raw, dict):
@@ -271,8 +293,9 @@ def load_settings(
             raise ConfigError(f"config file not found: {config_file}")
     elif not isolated:
         start = Path(paths[0]) if paths else Path.cwd()
-        if not start.exists():
-            start = Path.cwd()
+        # A path that does not exist (``--stdin-filename src/new.py``) is looked for from the
+        # nearest folder of it that does.
+        start = next((p for p in (start, *start.parents) if p.exists()), Path.cwd())
         config_path = find_config(start)
     if config_path is not None:
         try:
@@ -291,7 +314,35 @@ def load_settings(
         if settings.cache_dir is not None and not settings.cache_dir.is_absolute():
             settings = replace(settings, cache_dir=config_path.parent / settings.cache_dir)
     if overrides:
-        settings = settings_from_table(
-            {k: v for k, v in overrides.items() if v is not None}, COMMAND_LINE, settings
-        )
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        selection = {k: overrides.pop(k) for k in SELECTION_KEYS if k in overrides}
+        settings = settings_from_table(overrides, COMMAND_LINE, settings)
+        settings = command_line_selection(settings, selection)
     return settings
+
+
+SELECTION_KEYS = ("select", "extend-select", "ignore", "extend-ignore")
+
+
+def command_line_selection(settings: Settings, flags: dict[str, Any]) -> Settings:
+    """The command line's rule selection on top of the config's, as ruff layers them: the command
+    line is applied after the config, so ``--select`` replaces the config's ``select`` and its
+    ``ignore`` (the config's ignore no longer hides what the command line selected), ``--extend-select``
+    turns rules on even where the config ignores them, and ``--ignore``/``--extend-ignore`` add to the
+    config's ignore. per-file-ignores and suppression comments still apply afterwards."""
+    if not flags:
+        return settings
+    layer = {key: _selectors(value, key, COMMAND_LINE) for key, value in flags.items()}
+    ignore = layer.get("ignore", ()) + layer.get("extend-ignore", ())
+    extend = layer.get("extend-select", ())
+    if "select" in layer:
+        return replace(settings, select=layer["select"], extend_select=extend, ignore=ignore)
+    kept = settings.ignore
+    if extend and kept:
+        # What the config ignores, less what the command line selects: as rule ids, since a prefix
+        # the config ignores (TC2) may hold a rule the command line selects (TC202).
+        kept = tuple(
+            rule for rule in rule_ids()
+            if any(matches_selector(rule, s) for s in kept) and not any(matches_selector(rule, s) for s in extend)
+        )
+    return replace(settings, extend_select=settings.extend_select + extend, ignore=kept + ignore)

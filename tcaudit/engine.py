@@ -31,6 +31,8 @@ from tcaudit.source.discovery import discover, identity
 from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
+from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
+from tcaudit.unused_suppressions import Usage, rules_that_ran, unused_suppressions
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from typing import Callable, Sequence
@@ -85,6 +87,9 @@ class ScanResult:
     sort: str = "impact"
     # ``scan --show-fixes``: the text report shows each finding's explanation (``Finding.explanation``).
     show_fixes: bool = False
+    # The bytes of scanned files that are not on disk under their display path (a script read from
+    # stdin), for the reporters' code frames.
+    texts: dict[str, bytes] = field(default_factory=dict)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -275,15 +280,22 @@ def scan(
     model_audit: bool = True,
     jobs: int = 1,
     cache: "ScanCache | None" = None,
+    display_names: dict[str, str] | None = None,
+    texts: dict[str, bytes] | None = None,
 ) -> ScanResult:
     """Scan ``paths``. ``jobs`` > 1 spreads the files over that many worker processes (when there
-    are enough of them); ``cache`` answers for unchanged files and records the others."""
-    discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
+    are enough of them); ``cache`` answers for unchanged files and records the others.
+    ``display_names``: the name a file named in ``paths`` is reported under (a temporary copy of a
+    script read from stdin goes by ``--stdin-filename``); ``texts``: by display name, the bytes of
+    files not on disk there, passed on to the reporters."""
+    discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                          respect_gitignore=settings.respect_gitignore)
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
     files = discovered.files
-    displays = [display_path(path) for path in files]
+    named = display_names or {}
+    displays = [named.get(str(path)) or display_path(path) for path in files]
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
 
@@ -346,7 +358,15 @@ def scan(
 
     kept: list[Finding] = []
     suppressed = 0
-    directives_of: dict[str, Directives] = {}
+    usage_of: dict[str, Usage] = {}
+
+    def usage(path: str) -> Usage:
+        if path not in usage_of:
+            index = index_of.get(path)
+            source = source_of(index) if index is not None else None
+            usage_of[path] = Usage(directives(source.text) if source is not None else Directives())
+        return usage_of[path]
+
     for finding in findings:
         path = finding.location.path
         if finding.rule not in enabled:
@@ -354,14 +374,26 @@ def scan(
         if any(matches_selector(finding.rule, s) for s in settings.ignored_for(path)):
             suppressed += 1
             continue
-        index = index_of.get(path)
-        source = source_of(index) if index is not None else None
-        if path not in directives_of:
-            directives_of[path] = directives(source.text) if source is not None else Directives()
-        if directives_of[path].suppresses(finding):
+        if usage(path).suppress(finding):
             suppressed += 1
             continue
         kept.append(finding)
+    if UNUSED_SUPPRESSION in enabled:
+        not_analysed = {f.location.path for f in findings if f.rule == "TC000"}
+        not_analysed |= {fr.path for fr in results if fr.errors}
+        for index, display in enumerate(displays):
+            ignored_here = settings.ignored_for(display)
+            if any(matches_selector(UNUSED_SUPPRESSION, s) for s in ignored_here):
+                continue
+            source = source_of(index)
+            if source is None or not usage(display).directives.found:
+                continue
+            ran = rules_that_ran(enabled, ignored_here, display not in not_analysed)
+            for finding in unused_suppressions(display, source.text, usage(display), ran):
+                if usage(display).suppress(finding):
+                    suppressed += 1
+                else:
+                    kept.append(finding)
     kept.sort(key=lambda f: f.sort_key)
     assign_fingerprints(kept, settings.root)
     return ScanResult(
@@ -374,6 +406,7 @@ def scan(
         suppressed=suppressed,
         files_cached=cached,
         sort=settings.sort,
+        texts=dict(texts or {}),
     )
 
 
@@ -653,3 +686,35 @@ def _run_pool(
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
     return [index for index in indices if index not in results]
+
+
+def unused_suppressions_in(source: SourceFile, settings: Settings, models: "AuditedModels | None" = None) -> list[Finding]:
+    """TC001's findings on one text, filtered as scan filters them: what ``tcaudit fix`` removes from
+    the text it has fixed (scan computes them in its own filtering stage). Empty where TC001 is off
+    for the file, or the text has no suppression comment, does not parse or hits an internal error."""
+    from tcaudit.rules.registry import lazy_rules
+
+    enabled = set(settings.enabled_rules())
+    ignored_here = settings.ignored_for(source.display_path)
+    if UNUSED_SUPPRESSION not in enabled or any(matches_selector(UNUSED_SUPPRESSION, s) for s in ignored_here):
+        return []
+    usage = Usage(directives(source.text))
+    if not usage.directives.found:
+        return []
+    candidates = candidate_rules(lazy_rules(settings), source.text)
+    if not candidates:
+        if syntax_error(source) is not None:
+            return []
+        findings: list[Finding] = []
+    else:
+        try:
+            _, findings, errors = call_with_deep_stack(analyse_source, source, candidates, settings, models, edits=False)
+        except (SourceError, RecursionError, MemoryError):
+            return []
+        if errors:
+            return []
+    for finding in findings:
+        if finding.rule in enabled and not any(matches_selector(finding.rule, s) for s in ignored_here):
+            usage.suppress(finding)
+    ran = rules_that_ran(enabled, ignored_here, True)
+    return [f for f in unused_suppressions(source.display_path, source.text, usage, ran) if not usage.suppress(f)]

@@ -61,7 +61,7 @@ def test_prefix_selection():
     tc2 = Settings(select=("TC2",)).enabled_rules()
     assert tc2 and all(rule.startswith("TC2") for rule in tc2)
     assert "TC202" in tc2 and "TC000" not in tc2
-    assert Settings(select=("TC0",), extend_select=("TC202",)).enabled_rules() == ["TC000", "TC202"]
+    assert Settings(select=("TC0",), extend_select=("TC202",)).enabled_rules() == ["TC000", "TC001", "TC202"]
     assert "TC202" not in Settings(ignore=("TC20",)).enabled_rules()
     assert set(Settings(ignore=("TC2",)).enabled_rules()) == set(all_rules) - set(tc2)
     assert Settings(select=("tc202",)).enabled_rules() == ["TC202"]

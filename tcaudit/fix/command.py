@@ -19,7 +19,14 @@ def add_fix_parser(sub, add_selection) -> None:
         description="Show the unified diff of all applicable fixes (exit 1 if there is one); --apply writes them. "
         "Files that cannot be parsed or fixed safely are left byte-for-byte as they were.",
     )
-    fix.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    fix.add_argument(
+        "paths", nargs="*", default=["."], metavar="PATH",
+        help="files and folders; - reads one script from stdin and writes the fixed script to stdout",
+    )
+    fix.add_argument(
+        "--stdin-filename", metavar="PATH",
+        help="the name of the script read from stdin (-): for messages, per-file-ignores and finding the config",
+    )
     fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
     fix.add_argument(
         "--follow-external-symlinks", action="store_true",
@@ -96,6 +103,47 @@ def parse_classes(text: str) -> frozenset[FixClass]:
     return frozenset(out)
 
 
+def run_fix_stdin(script, settings, classes_text: str) -> int:
+    """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
+    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
+    ``script``: a :class:`tcaudit.cli.StdinScript`. The model audit does not run (no neighbours to
+    import on stdin): the fixes judge the model from the script's text."""
+    import dataclasses
+
+    from tcaudit.fix.engine import fix_file
+    from tcaudit.source.deep import call_with_deep_stack
+
+    classes = parse_classes(classes_text)
+    settings = dataclasses.replace(settings, exec_models=False)
+    display = script.display
+    out = script.raw
+    code = 0
+    try:
+        result = call_with_deep_stack(fix_file, Path(script.path), settings, classes, display, None, None)
+    except (RecursionError, MemoryError) as exc:
+        print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged", file=sys.stderr)
+        result = None
+    if result is not None:
+        if result.error:
+            print(f"{display}: {result.error}", file=sys.stderr)
+            is_input_problem = result.error.startswith(("not fixed: cannot parse", "not fixed: cannot decode"))
+            code = 0 if is_input_problem else 2
+        else:
+            for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
+                print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
+            if result.changed:
+                out = result.source.encode(result.fixed)
+                print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is not None:
+        sys.stdout.flush()
+        stream.write(out)
+        stream.flush()
+    else:  # a text stream (tests, embedders)
+        sys.stdout.write(out.decode(result.source.encoding if result and result.source else "utf-8", "surrogateescape"))
+    return code
+
+
 def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
     from tcaudit.progress import showing
 
@@ -114,7 +162,8 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
 
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
-    discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude)
+    discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                          respect_gitignore=settings.respect_gitignore)
     if discovered.missing:
         for path in discovered.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)

@@ -175,11 +175,34 @@ def fix_file(
         if hit is not None:
             return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), source=source)
     result = _fix_text(path, source, settings, classes, display, models)
+    remove_unused_suppressions(result, path, settings, classes, models)
     if cache is not None and key is not None and result.error is None:
         from tcaudit.cache import CachedFix
 
         cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined)))
     return result
+
+
+def remove_unused_suppressions(result, path: Path, settings, classes, models=None) -> None:
+    """TC001's fix on the text ``fix_file`` made (a safe fix: ``classes`` must hold safe): the unused
+    and unknown codes of its suppression comments removed, edits on those comments only. It runs
+    last, on the fixed text, because whether a code silenced something is known only there."""
+    from tcaudit.engine import unused_suppressions_in
+    from tcaudit.rewrite.textedits import apply_edits, overlapping
+
+    if result.error or result.source is None or FixClass.SAFE not in classes:
+        return
+    text = result.fixed
+    source = SourceFile(path=path, display_path=result.path, raw=result.source.encode(text), text=text,
+                        encoding=result.source.encoding)
+    edits: list = []
+    for finding in unused_suppressions_in(source, settings, models):
+        mine = list(finding.fix.edits or ())
+        if mine and not overlapping(edits, mine):  # two directives of one comment: the next fix gets the other
+            edits.extend(mine)
+    if edits:
+        result.fixed = apply_edits(text, edits)
+        result.applied.append("TC001")
 
 
 def _fix_facts(settings: Settings, classes: frozenset[FixClass], display: str, models: "AuditedModels | None") -> str:

@@ -39,12 +39,14 @@ def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: 
     return text
 
 
-def _source_lines(path: str) -> list[str]:
-    """The file's lines for code frames; none for a file that is not text (a frame would be noise)."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError:
-        return []
+def _source_lines(path: str, raw: bytes | None = None) -> list[str]:
+    """The file's lines for code frames (``raw``: its bytes, where they are not on disk at ``path``:
+    a script read from stdin); none for a file that is not text (a frame would be noise)."""
+    if raw is None:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            return []
     if b"\x00" in raw:
         return []
     try:
@@ -79,7 +81,7 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
     for path, group in groupby(findings, key=lambda f: f.location.path):
         console.print(Text(path, style="bold underline"))
         if path not in cache:
-            cache[path] = _source_lines(path)
+            cache[path] = _source_lines(path, getattr(result, "texts", {}).get(path))
         for f in group:
             loc = f.location
             head = Text()

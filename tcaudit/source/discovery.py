@@ -85,19 +85,92 @@ def is_excluded(path: Path, patterns: tuple[str, ...], root: Path) -> bool:
     return False
 
 
+IGNORE_FILES = (".gitignore", ".ignore")
+
+
+def _git_root(folder: Path) -> Path | None:
+    """The top of the git work tree ``folder`` lies in (a ``.git`` folder or file), or None."""
+    for candidate in (folder, *folder.parents):
+        try:
+            if (candidate / ".git").exists():
+                return candidate
+        except OSError:
+            return None
+    return None
+
+
+class IgnoreFiles:
+    """``.gitignore`` and ``.ignore`` files, as git and ripgrep (ruff's walker) read them: each file's
+    patterns (gitwildmatch, via pathspec) apply below its folder, a deeper file's patterns after a
+    shallower one's, and the last pattern that matches decides (``!keep.py`` re-includes). ``.gitignore``
+    counts only inside a git work tree; ``.ignore`` also outside one. Files above the git work tree
+    (or, outside one, above the project root) are not read."""
+
+    def __init__(self, top: Path, in_git: bool) -> None:
+        self.top = top
+        self.names = IGNORE_FILES if in_git else (".ignore",)
+        self._specs: dict[Path, list] = {}
+
+    @classmethod
+    def for_folder(cls, folder: Path, root: Path) -> "IgnoreFiles":
+        folder = Path(identity(folder))
+        git = _git_root(folder)
+        if git is not None:
+            return cls(git, True)
+        project = Path(identity(root))
+        return cls(project if folder.is_relative_to(project) else folder, False)
+
+    def _specs_of(self, folder: Path) -> list:
+        if folder not in self._specs:
+            specs = []
+            for name in self.names:
+                try:
+                    lines = (folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
+                except OSError:  # no such file (the usual case), or one that cannot be read
+                    continue
+                from pathspec import GitIgnoreSpec
+
+                specs.append(GitIgnoreSpec.from_lines(lines))
+            self._specs[folder] = specs
+        return self._specs[folder]
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        path = Path(identity(path))
+        try:
+            rel = path.relative_to(self.top)
+        except ValueError:
+            return False
+        verdict = None
+        folder = self.top
+        for part in (None, *rel.parts[:-1]):
+            if part is not None:
+                folder = folder / part
+            specs = self._specs_of(folder)
+            if not specs:
+                continue
+            below = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
+            for spec in specs:
+                result = spec.check_file(below)
+                if result.include is not None:
+                    verdict = result.include
+        return bool(verdict)
+
+
 def discover(
     paths: list[str],
     exclude: tuple[str, ...] = (),
     root: Path | None = None,
     *,
     force_exclude: bool = False,
+    respect_gitignore: bool = False,
 ) -> Discovered:
     """Expand files and folders into a sorted, de-duplicated list of ``.py``/``.pyi`` files.
 
     A file or folder named explicitly is always scanned (like ruff), a file even without a .py
     suffix, even when an exclude pattern matches it; excludes apply to what folders expand to.
     ``force_exclude`` applies them to explicit paths too, for callers such as pre-commit that pass
-    every changed file.
+    every changed file. ``respect_gitignore``: what folders expand to skips what ``.gitignore`` and
+    ``.ignore`` files name (:class:`IgnoreFiles`); a file named explicitly is still scanned.
     """
     root = root or Path.cwd()
     found: dict[str, Path] = {}
@@ -119,6 +192,9 @@ def discover(
             where = Path(error.filename).as_posix() if error.filename else str(path)
             warnings.append(f"cannot read folder {where}: {error.strerror or error}; its files were not scanned")
 
+        ignores = IgnoreFiles.for_folder(path, root) if respect_gitignore else None
+        if ignores is not None and ignores.ignored(path, is_dir=True):
+            ignores = None  # a folder named explicitly is scanned whole, even one .gitignore names (as excludes)
         for dirpath, dirnames, filenames in os.walk(path, onerror=unreadable):
             here = Path(dirpath)
             dirnames[:] = sorted(
@@ -128,12 +204,15 @@ def discover(
                 and not name.endswith(".egg-info")
                 and not _is_venv(here / name)
                 and not is_excluded(here / name, exclude, base)
+                and not (ignores is not None and ignores.ignored(here / name, is_dir=True))
             )
             for name in sorted(filenames):
                 if not name.endswith((".py", ".pyi")):
                     continue
                 file = here / name
                 if is_excluded(file, exclude, base):
+                    continue
+                if ignores is not None and ignores.ignored(file, is_dir=False):
                     continue
                 found.setdefault(identity(file), file)
     files = sorted(found.values(), key=lambda p: p.as_posix())
