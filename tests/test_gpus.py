@@ -161,7 +161,7 @@ def test_scan_names_the_detected_gpu_and_quotes_its_figures(fake_path):
     assert any("target GPU: NVIDIA A100-SXM4-40GB (sm_80, from nvidia-smi)" in n for n in data["notes"])
     [finding] = data["findings"]
     assert "(A100, published, not measured: NVIDIA A100 datasheet, dense BF16/FP16 Tensor Core 312 vs FP32 19.5" \
-        in finding["message"]
+        in finding["explanation"]
     code, out, _ = run_cli("scan", "--no-exec", "--no-cache", "--format", "sarif", "--select", "TC201", FIXTURE)
     assert json.loads(out)["runs"][0]["properties"]["gpu"]["detected"]["name"] == "NVIDIA A100-SXM4-40GB"
 
@@ -173,7 +173,7 @@ def test_an_explicit_gpu_is_not_overridden_by_detection(fake_path):
                            "--select", "TC201", FIXTURE)
     data = json.loads(out)
     assert data["gpu"] == {"setting": "sm_90", "name": "H200", "sm": "sm_90"}
-    assert "(H200, torch 2.11:" in data["findings"][0]["message"]
+    assert "(H200, torch 2.11:" in data["findings"][0]["explanation"]
 
 
 def test_detection_does_not_import_torch():
@@ -216,7 +216,8 @@ def _message(tmp_path, rule: str, gpu: str, code: str | None = None) -> str:
     # TC201 too: TC303 reports channels_last only where TC201's fix brings autocast.
     result = scan_code(tmp_path, code or Path(FIXTURE).read_text("utf-8"), select=(rule, "TC201"), gpu=gpu)
     [finding] = [f for f in result.findings if f.rule == rule][:1]
-    return finding.message
+    # The figures and the recipe are in the explanation where the message is short.
+    return f"{finding.message}\n{finding.explanation}"
 
 
 def test_sm_86_quotes_the_rtx_3090s_published_figures_or_says_there_are_none(tmp_path):
@@ -281,9 +282,9 @@ def test_tc301_is_silent_where_tf32_does_not_exist(tmp_path):
 
 
 def test_scan_on_a_t4_works_and_fix_writes_fp16_with_a_scaler():
-    code, out, err = run_cli("scan", "--no-exec", "--no-cache", "--gpu", "sm_75", "--format", "concise", FIXTURE)
+    code, out, err = run_cli("scan", "--no-exec", "--no-cache", "--gpu", "sm_75", "--format", "json", FIXTURE)
     assert code == 1 and "Traceback" not in err
-    [tc201] = [line for line in out.splitlines() if " TC201 " in line]
+    [tc201] = [f["explanation"] for f in json.loads(out)["findings"] if f["rule"] == "TC201"]
     assert "fp16 autocast with a GradScaler" in tc201
     assert "(T4, published, not measured: NVIDIA T4 datasheet, dense FP16 Tensor Core 65 vs FP32 8.1 TFLOPS" in tc201
     code, out, _ = run_cli("fix", "--no-exec", "--gpu", "sm_75", "--select", "TC201", FIXTURE)
