@@ -213,6 +213,10 @@ def test_stem_and_unaligned_channels():
     findings = run(facts_of(*ops), select=("TC102", "TC103"))
     # the stem is TC103; 64→30 is TC102; a depthwise conv and a 3-channel output are not reported
     assert sorted((f.rule, f.location.line) for f in findings) == [("TC102", 2), ("TC103", 1)]
+    # Short message (issue 29): what and where; the why goes to the explanation.
+    [stem] = [f for f in findings if f.rule == "TC103"]
+    assert stem.message.startswith("`c1` (Conv2d 3→64) is a 3-channel stem") and len(stem.message) <= 120
+    assert "want 4 input channels" in stem.explanation and "channels_last" not in stem.message
 
 
 def test_attention_head_dims():

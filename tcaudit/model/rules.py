@@ -120,6 +120,7 @@ class ModelRule:
         cost: Cost | None = None,
         severity: Severity | None = None,
         details: dict[str, Any] | None = None,
+        explanation: str = "",
     ) -> Finding:
         path = context.display_path(site.path)
         end_line = site.end_line or site.line
@@ -144,6 +145,7 @@ class ModelRule:
             details=data,
             source_line=context.line_text(site.path, site.line),
             scope=context.facts.model_class,
+            explanation=explanation,
         )
 
 
