@@ -152,6 +152,10 @@ def test_batch_unaligned_only_when_the_script_chose_it():
     facts = facts_of(linear("fc", 1024, 1024, m=50))
     [finding] = run(facts, select=("TC105",))
     assert finding.severity == Severity.INFO and finding.details["suggested"] == 56
+    # Short message (issue 29): the input, the figure and the remedy are in the explanation.
+    assert finding.message.startswith("the model's GEMMs run with M=50 rows, not a multiple of 8")
+    assert len(finding.message) <= 120
+    assert "batch 8 (the script)" in finding.explanation and "(e.g. M=56) avoids it" in finding.explanation
     facts.input["assumed"] = True
     assert run(facts, select=("TC105",)) == []
 
