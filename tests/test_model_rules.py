@@ -114,7 +114,8 @@ def test_unaligned_gemm_with_its_impact():
     assert finding.details["penalty"] == 5.89  # N=4095 in bf16: 2-byte aligned, as the H200's N=50257 case
     assert finding.details["flop_share"] == pytest.approx(0.5, abs=0.01)
     assert 0 < finding.details["est_time_lost"] < 1 and finding.details["est_time_lost_ms"] > 0
-    assert "~5.9× slower on NVIDIA H200" in finding.message
+    assert "~5.9× slower on NVIDIA H200" in finding.explanation and "slower" not in finding.message
+    assert finding.message == "`fc` (Linear 4096→4095) runs a bf16 GEMM with N=4095, not a multiple of 8; pad N 4095→4096"
 
 
 def test_a_small_head_is_info():
@@ -278,7 +279,7 @@ def test_alignment_messages_name_the_gpu_their_penalty_was_measured_on():
                        {"head_dim": 12, "head_dim_v": 12, "heads": 8})
     pairs = [(ModuleFact("c", "Conv2d", True, Site(FILE, 2, 5), {}), conv),
              (ModuleFact("a", "Attention", False, Site(FILE, 5, 9), {}), attention)]
-    messages = {f.rule: f.message for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
+    messages = {f.rule: f.message + f.explanation for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
     assert "(~3.1× slower on NVIDIA H200)" in messages["TC102"]  # calibrate.json: 30 vs 32 channels, 3.06×
     assert "(~2.6× slower on NVIDIA H200)" in messages["TC106"]  # head dim 60 vs 64, 2.63×
     assert "estimated" not in messages["TC102"] + messages["TC106"]

@@ -22,10 +22,9 @@ class StemConvChannels(ModelRule):
             yield self.finding(
                 context,
                 site,
-                self._message(shown, first.module_type or first.op, first.info["c_in"], first.info["c_out"])
-                + (f" [{impact_text(estimate)}]" if estimate.flop_share else ""),
+                self._message(shown, first.module_type or first.op, first.info["c_in"], first.info["c_out"]),
                 cost=estimate,
-                explanation=self.EXPLANATION,
+                explanation=self.EXPLANATION + (f" [{impact_text(estimate)}]" if estimate.flop_share else ""),
                 details={**module_details, "shapes": first.shapes, "c_in": first.info["c_in"],
                          "c_out": first.info["c_out"], "suggested": {"in": 4}},
             )

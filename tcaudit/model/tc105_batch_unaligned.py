@@ -41,13 +41,11 @@ class BatchUnaligned(ModelRule):
             origin = facts.input.get("origin", "")
             padded = -(-m // align) * align
             message = f"the model's GEMMs run with M={m} rows, not a multiple of {align}"
-            if estimate.flop_share:
-                message += f" [{impact_text(estimate)}]"
             explanation = (
                 f"The input is {', '.join('x'.join(map(str, s)) for s in shapes)}: {origin}. A small cost "
                 f"(~{estimate.penalty:.2f}× on those GEMMs on {cost.device_name}); a batch that makes M a "
-                f"multiple of {align} (e.g. M={padded}) avoids it."
-            )
+                f"multiple of {align} (e.g. M={padded}) avoids it"
+            ) + (f" [{impact_text(estimate)}]." if estimate.flop_share else ".")
             yield self.finding(
                 context,
                 context.target_site(),
