@@ -24,7 +24,8 @@ class StemConvChannels(ModelRule):
                 site,
                 self._message(shown, first.module_type or first.op, first.info["c_in"], first.info["c_out"]),
                 cost=estimate,
-                explanation=self.EXPLANATION + (f" [{impact_text(estimate)}]" if estimate.flop_share else ""),
+                explanation=self.EXPLANATION.removesuffix(".")
+                + (f" [{impact_text(estimate)}]." if estimate.flop_share else "."),
                 details={**module_details, "shapes": first.shapes, "c_in": first.info["c_in"],
                          "c_out": first.info["c_out"], "suggested": {"in": 4}},
             )
