@@ -135,7 +135,8 @@ class ModelRule:
         if context.cpu_only and severity > Severity.INFO:
             severity = Severity.INFO
             data["script_uses_cuda"] = False
-            message += " (info: the script that builds this model never uses CUDA, so no GPU runs it there)"
+            explanation = " ".join(filter(None, (
+                explanation, "Info: the script that builds this model never uses CUDA, so no GPU runs it there.")))
         return Finding(
             rule=self.id,
             name=self.spec.name,

@@ -104,9 +104,11 @@ class GemmDimUnaligned(ModelRule):
         pads = ", ".join(f"{name} {dim}→{suggest(dim, dtype)}" for name, dim in bad)
         align = alignment_elements(dtype)
         device = context.cost.device_name
-        message = f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, not a multiple of {align}; pad {pads}"
+        multiple = "not a multiple" if len(bad) == 1 else "not multiples"
+        message = f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, {multiple} of {align}; pad {pads}"
         explanation = (
-            f"{dims} is not a multiple of {align} elements (16 bytes): the GEMM misses the fast Tensor Core "
+            f"{dims} {'is not a multiple' if len(bad) == 1 else 'are not multiples'} of {align} elements (16 bytes): "
+            "the GEMM misses the fast Tensor Core "
             f"kernels (~{penalty:.1f}× slower on {device})"
         )
         if impact:
