@@ -46,7 +46,7 @@ def test_a_convnet_from_another_modules_factory_gets_the_convnet_recipe(audited)
     assert profile.is_convnet and profile.image_input and profile.assigned == "model"
     assert {"TC302", "TC303"} <= set(_rules(result, "factory_convnet.py"))
     [tc201] = [f for f in result.findings if f.rule == "TC201" and f.location.path.endswith("factory_convnet.py")]
-    assert "fp16 autocast" in tc201.message
+    assert "fp16 autocast" in tc201.explanation  # the recipe is in the explanation; the message is short
     fixed = fixes["factory_convnet.py"].fixed
     assert "torch.backends.cudnn.benchmark = True" in fixed
     assert "model = model.to(device, memory_format=torch.channels_last)" in fixed
@@ -60,7 +60,7 @@ def test_a_transformer_with_a_conv_patch_embedding_is_no_convnet(audited):
     rules = _rules(result, "patch_transformer.py")
     assert "TC302" not in rules and "TC303" not in rules  # the script's text alone reports both
     [tc305] = [f for f in result.findings if f.rule == "TC305" and f.location.path.endswith("patch_transformer.py")]
-    assert "GPT-2" in tc305.message and "in convolutions" in tc305.message
+    assert "GPT-2" in tc305.explanation and "in convolutions" in tc305.explanation
     assert "channels_last" not in fixes["patch_transformer.py"].fixed
 
 
