@@ -23,6 +23,8 @@ CONCISE_LIMIT = 200
 SHORT = frozenset({
     "TC201", "TC208", "TC301", "TC302", "TC303", "TC305", "TC307", "TC401", "TC402", "TC403", "TC404",
     "TC405", "TC406", "TC408", "TC505", "TC601", "TC204", "TC502", "TC504",
+    "TC104", "TC202", "TC203", "TC205", "TC206", "TC207", "TC209", "TC210", "TC212", "TC304", "TC306", "TC308",
+    "TC310", "TC314", "TC501", "TC503", "TC506", "TC507", "TC602", "TC603", "TC604", "TC605", "TC606",
 })
 CONCISE = re.compile(r"(?P<path>.+?):\d+:\d+: (?P<rule>TC\d{3}) (?P<message>.*)")
 

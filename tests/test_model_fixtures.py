@@ -94,7 +94,9 @@ def test_a_cpu_only_script_gets_its_model_advice_as_info(audit):
     findings = audit[0]["models/cpu_tutorial.py"]
     assert findings and {str(f.severity) for f in findings} == {"info"}
     lowered = [f for f in findings if f.details.get("script_uses_cuda") is False]
-    assert lowered and all("never uses CUDA" in f.message for f in lowered)
+    # Short messages (issue 29): what and where; why it is info, the why and the figures in the explanation.
+    assert lowered and all("never uses CUDA, so no GPU runs it there" in f.explanation for f in lowered)
+    assert all(len(f.message) <= 120 for f in findings), [f.message for f in findings]
 
 
 def test_conv_30_channels_suggests_32(audit):

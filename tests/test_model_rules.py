@@ -114,7 +114,8 @@ def test_unaligned_gemm_with_its_impact():
     assert finding.details["penalty"] == 5.89  # N=4095 in bf16: 2-byte aligned, as the H200's N=50257 case
     assert finding.details["flop_share"] == pytest.approx(0.5, abs=0.01)
     assert 0 < finding.details["est_time_lost"] < 1 and finding.details["est_time_lost_ms"] > 0
-    assert "~5.9× slower on NVIDIA H200" in finding.message
+    assert "~5.9× slower on NVIDIA H200" in finding.explanation and "slower" not in finding.message
+    assert finding.message == "`fc` (Linear 4096→4095) runs a bf16 GEMM with N=4095, not a multiple of 8; pad N 4095→4096"
 
 
 def test_a_small_head_is_info():
@@ -152,6 +153,10 @@ def test_batch_unaligned_only_when_the_script_chose_it():
     facts = facts_of(linear("fc", 1024, 1024, m=50))
     [finding] = run(facts, select=("TC105",))
     assert finding.severity == Severity.INFO and finding.details["suggested"] == 56
+    # Short message (issue 29): the input, the figure and the remedy are in the explanation.
+    assert finding.message.startswith("the model's GEMMs run with M=50 rows, not a multiple of 8")
+    assert len(finding.message) <= 120
+    assert "batch 8 (the script)" in finding.explanation and "(e.g. M=56) avoids it" in finding.explanation
     facts.input["assumed"] = True
     assert run(facts, select=("TC105",)) == []
 
@@ -213,6 +218,10 @@ def test_stem_and_unaligned_channels():
     findings = run(facts_of(*ops), select=("TC102", "TC103"))
     # the stem is TC103; 64→30 is TC102; a depthwise conv and a 3-channel output are not reported
     assert sorted((f.rule, f.location.line) for f in findings) == [("TC102", 2), ("TC103", 1)]
+    # Short message (issue 29): what and where; the why goes to the explanation.
+    [stem] = [f for f in findings if f.rule == "TC103"]
+    assert stem.message.startswith("`c1` (Conv2d 3→64) is a 3-channel stem") and len(stem.message) <= 120
+    assert "want 4 input channels" in stem.explanation and "channels_last" not in stem.message
 
 
 def test_attention_head_dims():
@@ -270,7 +279,7 @@ def test_alignment_messages_name_the_gpu_their_penalty_was_measured_on():
                        {"head_dim": 12, "head_dim_v": 12, "heads": 8})
     pairs = [(ModuleFact("c", "Conv2d", True, Site(FILE, 2, 5), {}), conv),
              (ModuleFact("a", "Attention", False, Site(FILE, 5, 9), {}), attention)]
-    messages = {f.rule: f.message for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
+    messages = {f.rule: f.message + f.explanation for f in run(facts_of(*pairs), select=("TC102", "TC106"))}
     assert "(~3.1× slower on NVIDIA H200)" in messages["TC102"]  # calibrate.json: 30 vs 32 channels, 3.06×
     assert "(~2.6× slower on NVIDIA H200)" in messages["TC106"]  # head dim 60 vs 64, 2.63×
     assert "estimated" not in messages["TC102"] + messages["TC106"]

@@ -124,7 +124,7 @@ def test_tc310_only_when_the_script_compiles_or_compile_is_asked_for(tmp_path):
     assert scan_code(tmp_path, code, select=("TC310",)).findings == []
     result = scan_code(tmp_path, code, select=("TC310",), structural_fixes=("compile",))
     [finding] = result.findings
-    assert "tcaudit fix --compile" in finding.message
+    assert "tcaudit fix --compile" in finding.explanation
 
 
 def test_tc210_reports_a_checkpoint_name_rebound_before_the_save(tmp_path):

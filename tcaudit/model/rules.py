@@ -120,6 +120,7 @@ class ModelRule:
         cost: Cost | None = None,
         severity: Severity | None = None,
         details: dict[str, Any] | None = None,
+        explanation: str = "",
     ) -> Finding:
         path = context.display_path(site.path)
         end_line = site.end_line or site.line
@@ -134,7 +135,8 @@ class ModelRule:
         if context.cpu_only and severity > Severity.INFO:
             severity = Severity.INFO
             data["script_uses_cuda"] = False
-            message += " (info: the script that builds this model never uses CUDA, so no GPU runs it there)"
+            explanation = " ".join(filter(None, (
+                explanation, "Info: the script that builds this model never uses CUDA, so no GPU runs it there.")))
         return Finding(
             rule=self.id,
             name=self.spec.name,
@@ -144,6 +146,7 @@ class ModelRule:
             details=data,
             source_line=context.line_text(site.path, site.line),
             scope=context.facts.model_class,
+            explanation=explanation,
         )
 
 

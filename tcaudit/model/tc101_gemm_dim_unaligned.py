@@ -55,11 +55,14 @@ class GemmDimUnaligned(ModelRule):
                 continue
             penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
             estimate = cost.parameter_cost(module.attrs, penalty)
+            message, explanation = self._message(
+                f"`{module.path}`", f"Linear {k}→{n}", dtype, bad, penalty, context, impact_text(estimate),
+                "not run by the captured graph; checked from its parameters")
             yield self.finding(
                 context,
                 module.site,
-                self._message(f"`{module.path}`", f"Linear {k}→{n}", dtype, bad, penalty, context, impact_text(estimate),
-                              "not run by the captured graph; checked from its parameters"),
+                message,
+                explanation=explanation,
                 cost=estimate,
                 details={"module": module.path, "k": k, "n": n, "dtype": dtype, "impact_basis": "parameters",
                          "suggested": {name: suggest(dim, dtype) for name, dim in bad},
@@ -84,27 +87,32 @@ class GemmDimUnaligned(ModelRule):
             "suggested": {name: suggest(dim, dtype) for name, dim in bad},
             "unaligned": dict(bad),  # the sizes that miss the alignment, by dimension (K, N)
         }
+        message, explanation = self._message(shown, layer, dtype, bad, penalty, context, impact_text(estimate))
         return self.finding(
             context,
             site,
-            self._message(shown, layer, dtype, bad, penalty, context, impact_text(estimate)),
+            message,
+            explanation=explanation,
             cost=estimate,
             details=details,
         )
 
     @staticmethod
-    def _message(shown, layer, dtype, bad, penalty, context, impact, suffix="") -> str:
+    def _message(shown, layer, dtype, bad, penalty, context, impact, suffix="") -> tuple[str, str]:
+        """The message (what and where, the padding) and the explanation (the why and the figures)."""
         dims = " and ".join(f"{name}={dim}" for name, dim in bad)
         pads = ", ".join(f"{name} {dim}→{suggest(dim, dtype)}" for name, dim in bad)
         align = alignment_elements(dtype)
         device = context.cost.device_name
-        text = (
-            f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, not a multiple of {align} "
-            f"(16 bytes): it misses the fast Tensor Core kernels (~{penalty:.1f}× slower on {device}); "
-            f"pad {pads}"
+        multiple = "not a multiple" if len(bad) == 1 else "not multiples"
+        message = f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, {multiple} of {align}; pad {pads}"
+        explanation = (
+            f"{dims} {'is not a multiple' if len(bad) == 1 else 'are not multiples'} of {align} elements (16 bytes): "
+            "the GEMM misses the fast Tensor Core "
+            f"kernels (~{penalty:.1f}× slower on {device})"
         )
         if impact:
-            text += f" [{impact}]"
+            explanation += f" [{impact}]"
         if suffix:
-            text += f"; {suffix}"
-        return text
+            explanation += f"; {suffix}"
+        return message, explanation + "."

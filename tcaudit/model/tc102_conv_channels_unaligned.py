@@ -24,10 +24,13 @@ class ConvChannelsUnaligned(ModelRule):
             bad = cost.conv_unaligned(first.info, dtype)
             estimate = cost.compute_cost(ops, cost.conv_penalty())
             shown, module_details = describe_modules(ops)
+            message, explanation = self._message(
+                shown, first.module_type or first.op, first.info, bad, dtype, context, impact_text(estimate))
             yield self.finding(
                 context,
                 site,
-                self._message(shown, first.module_type or first.op, first.info, bad, dtype, context, impact_text(estimate)),
+                message,
+                explanation=explanation,
                 cost=estimate,
                 details={**module_details, "shapes": first.shapes, "c_in": first.info["c_in"],
                          "c_out": first.info["c_out"], "dtype": dtype,
@@ -42,11 +45,13 @@ class ConvChannelsUnaligned(ModelRule):
             if not bad or module.site is None:
                 continue
             estimate = cost.parameter_cost(attrs, cost.conv_penalty())
+            message, explanation = self._message(
+                f"`{module.path}`", module.type, info, bad, dtype, context, impact_text(estimate))
             yield self.finding(
                 context,
                 module.site,
-                self._message(f"`{module.path}`", module.type, info, bad, dtype, context, impact_text(estimate))
-                + "; checked from its parameters",
+                message,
+                explanation=explanation.removesuffix(".") + "; checked from its parameters.",
                 cost=estimate,
                 details={"module": module.path, "c_in": info["c_in"], "c_out": info["c_out"], "dtype": dtype,
                          "impact_basis": "parameters",
@@ -55,13 +60,14 @@ class ConvChannelsUnaligned(ModelRule):
             )
 
     @staticmethod
-    def _message(shown, layer, info, bad, dtype, context, impact) -> str:
+    def _message(shown, layer, info, bad, dtype, context, impact) -> tuple[str, str]:
+        """The message (what and where, the padding) and the explanation (the why and the figures)."""
         counts = " and ".join(f"{NAMES[key]} channels {info[key]}" for key in bad)
         pads = ", ".join(f"{info[key]}→{suggest(info[key], dtype)}" for key in bad)
         align = alignment_elements(dtype)
-        text = (
-            f"{shown} ({layer} {info['c_in']}→{info['c_out']}) has {counts}, not a multiple of {align}: "
+        message = f"{shown} ({layer} {info['c_in']}→{info['c_out']}) has {counts}, not a multiple of {align}; pad {pads}"
+        explanation = (
             f"cuDNN cannot use its fast {short_dtype(dtype)} Tensor Core kernels "
-            f"(~{context.cost.conv_penalty():.1f}× slower on {context.cost.device_name}); pad {pads}"
+            f"(~{context.cost.conv_penalty():.1f}× slower on {context.cost.device_name})"
         )
-        return text + (f" [{impact}]" if impact else "")
+        return message, explanation + (f" [{impact}]" if impact else "") + "."

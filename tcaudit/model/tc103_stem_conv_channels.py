@@ -22,9 +22,10 @@ class StemConvChannels(ModelRule):
             yield self.finding(
                 context,
                 site,
-                self._message(shown, first.module_type or first.op, first.info["c_in"], first.info["c_out"])
-                + (f" [{impact_text(estimate)}]" if estimate.flop_share else ""),
+                self._message(shown, first.module_type or first.op, first.info["c_in"], first.info["c_out"]),
                 cost=estimate,
+                explanation=self.EXPLANATION.removesuffix(".")
+                + (f" [{impact_text(estimate)}]." if estimate.flop_share else "."),
                 details={**module_details, "shapes": first.shapes, "c_in": first.info["c_in"],
                          "c_out": first.info["c_out"], "suggested": {"in": 4}},
             )
@@ -36,14 +37,16 @@ class StemConvChannels(ModelRule):
                 context,
                 module.site,
                 self._message(f"`{module.path}`", module.type, attrs["in_channels"], attrs["out_channels"]),
+                explanation=self.EXPLANATION,
                 details={"module": module.path, "c_in": attrs["in_channels"], "c_out": attrs["out_channels"],
                          "suggested": {"in": 4}, "impact_basis": "parameters"},
             )
 
+    EXPLANATION = (
+        "With channels_last, cuDNN's fastest NHWC kernels want 4 input channels; padding the input (and the "
+        "weight) with a zero channel is an option when the stem shows up in a profile."
+    )
+
     @staticmethod
     def _message(shown, layer, c_in, c_out) -> str:
-        return (
-            f"{shown} ({layer} {c_in}→{c_out}) is a {c_in}-channel stem: with channels_last, cuDNN's fastest "
-            f"NHWC kernels want 4 input channels; padding the input (and the weight) with a zero channel "
-            f"is an option when the stem shows up in a profile"
-        )
+        return f"{shown} ({layer} {c_in}→{c_out}) is a {c_in}-channel stem"

@@ -86,13 +86,14 @@ class VocabUnaligned(ModelRule):
             f"vocabulary size {rows} ({', '.join(parts)}) is not a multiple of {VOCAB_MULTIPLE}: "
             f"pad it to {padded}"
         )
+        explanation = ""
         if estimate is not None and heads:
-            message += (
-                f"; the {short_dtype(dtype)} LM-head GEMM with N={rows} runs ~{estimate.penalty:.1f}× slower "
-                f"on {cost.device_name} [{impact_text(estimate)}]"
+            explanation = (
+                f"The {short_dtype(dtype)} LM-head GEMM with N={rows} runs ~{estimate.penalty:.1f}× slower "
+                f"on {cost.device_name} [{impact_text(estimate)}]."
             )
         elif estimate is None:
-            message += "; the lookup itself is cheap, but any GEMM over this vocabulary will be unaligned"
+            explanation = "The lookup itself is cheap, but any GEMM over this vocabulary will be unaligned."
         details = {
             "module": embedding_paths[0],
             "embeddings": embedding_paths,
@@ -104,4 +105,4 @@ class VocabUnaligned(ModelRule):
         }
         if heads:
             details["shapes"] = heads[0].shapes
-        return self.finding(context, site, message, cost=estimate, details=details)
+        return self.finding(context, site, message, cost=estimate, details=details, explanation=explanation)

@@ -40,18 +40,17 @@ class BatchUnaligned(ModelRule):
             shapes = facts.input.get("shapes") or []
             origin = facts.input.get("origin", "")
             padded = -(-m // align) * align
-            message = (
-                f"the model's GEMMs run with M={m} rows (input {', '.join('x'.join(map(str, s)) for s in shapes)}: "
-                f"{origin}), not a multiple of {align}: a small cost (~{estimate.penalty:.2f}× on those GEMMs "
-                f"on {cost.device_name}); "
-                f"a batch that makes M a multiple of {align} (e.g. M={padded}) avoids it"
-            )
-            if estimate.flop_share:
-                message += f" [{impact_text(estimate)}]"
+            message = f"the model's GEMMs run with M={m} rows, not a multiple of {align}"
+            explanation = (
+                f"The input is {', '.join('x'.join(map(str, s)) for s in shapes)}: {origin}. A small cost "
+                f"(~{estimate.penalty:.2f}× on those GEMMs on {cost.device_name}); a batch that makes M a "
+                f"multiple of {align} (e.g. M={padded}) avoids it"
+            ) + (f" [{impact_text(estimate)}]." if estimate.flop_share else ".")
             yield self.finding(
                 context,
                 context.target_site(),
                 message,
+                explanation=explanation,
                 cost=estimate,
                 details={"m": m, "gemms": len(ops), "input": shapes, "dtype": dtype, "suggested": padded},
             )

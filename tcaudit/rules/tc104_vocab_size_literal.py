@@ -163,9 +163,9 @@ class VocabSizeLiteral(ScriptRule):
             yield self.finding(
                 facts,
                 first.node,
-                f"vocabulary size {size} (`{names[0]}`) is not a multiple of {VOCAB_MULTIPLE}: the LM head's GEMM "
-                f"has N={size}{cost}; pad it to {target}: "
-                f"the embedding and the output layer get {target - size} rows no token id reaches",
+                f"vocabulary size {size} (`{names[0]}`) is not a multiple of {VOCAB_MULTIPLE}; pad it to {target}",
+                explanation=f"The LM head's GEMM has N={size}{cost}. Padded to {target}, the embedding and the "
+                f"output layer get {target - size} rows no token id reaches.",
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     f"pad the vocabulary size to {target}",

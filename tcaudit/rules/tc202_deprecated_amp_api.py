@@ -101,8 +101,9 @@ class DeprecatedAmpApi(ScriptRule):
             yield self.finding(
                 facts,
                 site.node,
-                f"`{', '.join(names)}` is deprecated; import from torch.amp instead ({new}) and pass "
-                f'the device type ("{replacement(names[0])[1]}") to autocast and GradScaler',
+                f"`{', '.join(names)}` is deprecated; import from torch.amp instead",
+                explanation=f"Import {new} and pass the device type "
+                f'("{replacement(names[0])[1]}") to autocast and GradScaler.',
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "import from torch.amp and pass the device type at each call",

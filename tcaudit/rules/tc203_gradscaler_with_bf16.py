@@ -64,8 +64,9 @@ class GradScalerWithBf16(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"GradScaler{when} with bf16 autocast: bf16 has fp32's exponent range, so loss scaling only "
-                "adds a scale, an unscale and an inf check to every step; remove the scaler",
+                f"GradScaler{when} with bf16 autocast; remove the scaler",
+                explanation="bf16 has fp32's exponent range, so loss scaling only adds a scale, an unscale and "
+                "an inf check to every step.",
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "remove the GradScaler and call backward/step directly",

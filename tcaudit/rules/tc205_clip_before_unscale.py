@@ -82,12 +82,13 @@ class ClipBeforeUnscale(ScriptRule):
                     raise DeclineFix("the clip sits in a one-line suite; split the line first")
                 return InsertUnscale(statement, line, code)
 
-            where = f" (the loss is scaled only where `{guard}`)" if guard else ""
+            where = f" The loss is scaled only where `{guard}`: unscale under `if {guard}:`." if guard else ""
             yield self.finding(
                 facts,
                 call.node,
-                f"gradients are clipped while still scaled by `{scaler}` (65536x at the default initial "
-                f"scale), so the clip crushes every update; call `{unscale}` first{where}",
+                f"gradients are clipped while still scaled by `{scaler}`; call `{unscale}` first",
+                explanation=f"The gradients are 65536x too large at the default initial scale, so the clip "
+                f"crushes every update.{where}",
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     f"insert {unscale} before the clip" + (f", under `if {guard}:`" if guard else ""),

@@ -57,9 +57,9 @@ class HalfModelTraining(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"the whole model is cast to {dtype} and trained that way: weights, gradients and "
-                "optimizer state lose small updates (an fp16 weight of 1.0 ignores any step below "
-                "0.0005); keep fp32 weights and run the forward under torch.autocast",
+                f"the whole model is cast to {dtype} and trained that way; keep fp32 weights under torch.autocast",
+                explanation="Weights, gradients and optimizer state lose small updates (an fp16 weight of 1.0 "
+                "ignores any step below 0.0005); keep fp32 weights and run the forward under torch.autocast.",
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     f"drop the cast and wrap forward and loss in torch.autocast(dtype=torch.{dtype})",

@@ -42,8 +42,9 @@ class BackwardInsideAutocast(ScriptRule):
             yield self.finding(
                 facts,
                 step.backward.node,
-                "backward() runs inside the autocast block; autocast is meant for forward and loss: "
-                "backward ops already run in the dtype their forward used, so dedent the backward",
+                "backward() runs inside the autocast block; dedent the backward",
+                explanation="Autocast is meant for forward and loss: backward ops already run in the dtype "
+                "their forward used.",
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "move the backward (and what follows it in the block) out of the autocast block",

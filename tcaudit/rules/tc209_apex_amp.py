@@ -67,8 +67,9 @@ class ApexAmp(ScriptRule):
         site = initializes[0] if initializes else scale_losses[0]
         yield self.finding(
             facts, site.node,
-            "apex.amp is deprecated and unmaintained (it needs a matching CUDA build of apex); use torch.amp: "
-            "`torch.autocast` around the forward and a `torch.amp.GradScaler` for the backward and step",
+            "apex.amp is deprecated and unmaintained; use torch.amp",
+            explanation="apex.amp needs a matching CUDA build of apex. Use `torch.autocast` around the forward "
+            "and a `torch.amp.GradScaler` for the backward and step.",
             fix=self.planned_fix(FixClass.NUMERICS, "migrate apex.amp to torch.amp (autocast + GradScaler)",
                                  lambda: self._plan(facts, initializes, scale_losses)),
         )

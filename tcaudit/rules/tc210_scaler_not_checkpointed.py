@@ -61,9 +61,9 @@ class ScalerNotCheckpointed(ScriptRule):
             scaler = sorted(facts.scalers)[0]
             yield self.finding(
                 facts, call.node,
-                f"the checkpoint saves `{optimizer_name}`'s state but not `{scaler}`'s: a resumed fp16 run restarts "
-                "the loss scale at 65536 and skips steps until it has come down again; save "
-                f"`{scaler}.state_dict()` too",
+                f"the checkpoint saves `{optimizer_name}`'s state but not `{scaler}`'s",
+                explanation="A resumed fp16 run restarts the loss scale at 65536 and skips steps until it has "
+                f"come down again; save `{scaler}.state_dict()` too.",
                 fix=self.planned_fix(
                     FixClass.SAFE, f'save and restore `{scaler}.state_dict()` as "{KEY}"',
                     lambda: self._plan(facts, call, saved, literal, element, optimizer_name, key, scaler),

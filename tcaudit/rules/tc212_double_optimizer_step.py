@@ -46,7 +46,8 @@ class DoubleOptimizerStep(ScriptRule):
                 yield self.finding(
                     facts, later.node,
                     f"`{optimizer}` is stepped again after `{first}` (line {facts.line_of(earlier.node)}) with the "
-                    "same gradients: the parameters (and the optimizer's moments) are updated twice per step",
+                    "same gradients",
+                    explanation="The parameters (and the optimizer's moments) are updated twice per step.",
                 )
 
     @staticmethod

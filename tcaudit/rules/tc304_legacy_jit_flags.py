@@ -69,8 +69,9 @@ class LegacyJitFlags(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`{qual.removeprefix('torch._C.')}` is a private TorchScript executor flag: it does nothing "
-                "for an eager or torch.compile training step and may vanish in any release; remove it",
+                f"`{qual.removeprefix('torch._C.')}` is a private TorchScript executor flag; remove it",
+                explanation="It does nothing for an eager or torch.compile training step and may vanish in any "
+                "release.",
                 fix=self.planned_fix(FixClass.SAFE, "delete the call", lambda call=call: deletion_plan(facts, call)),
             )
 

@@ -77,8 +77,9 @@ class DebugModeOn(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                "autograd anomaly detection is on for every step: each backward op records a traceback "
-                "and checks its outputs for NaN, several times slower; enable it only behind a debug flag",
+                "autograd anomaly detection is on for every step; enable it only behind a debug flag",
+                explanation="Each backward op records a traceback and checks its outputs for NaN, several "
+                "times slower.",
                 fix=self.planned_fix(
                     FixClass.SAFE, "remove the call", lambda call=call: _removal(facts, call.statement, call.node)
                 ),
@@ -92,7 +93,8 @@ class DebugModeOn(ScriptRule):
                     continue
                 qual = facts.qualname(call.func) or ""
                 if qual in ANOMALY_CONTEXT:
-                    what = "autograd anomaly detection wraps training: every backward op records a traceback and checks for NaN"
+                    what = "autograd anomaly detection wraps training"
+                    why = "Every backward op records a traceback and checks for NaN."
                 elif qual in PROFILERS:
                     if keyword_arg(call, "schedule") is not None:
                         continue  # profiles a window of steps, the intended use
@@ -100,9 +102,11 @@ class DebugModeOn(ScriptRule):
                     if enabled is not None and literal(enabled.value) is not True:
                         continue  # enabled=args.profile: deliberate
                     if qual.endswith(("emit_nvtx", "emit_itt")):
-                        what = f"`{qual.split('.')[-1]}` wraps training: every op goes through the autograd profiler's range annotations"
+                        what = f"`{qual.split('.')[-1]}` wraps training"
+                        why = "Every op goes through the autograd profiler's range annotations."
                     else:
                         what = "a profiler without `schedule=` records every op of every training step"
+                        why = ""
                 else:
                     continue
                 if self._deliberate(pipeline, ctx) or not pipeline.body_trains(node):
@@ -115,9 +119,10 @@ class DebugModeOn(ScriptRule):
                 yield self.finding(
                     facts,
                     item.item,
-                    f"{what}; keep it behind a debug flag (a profiler: `schedule=torch.profiler.schedule(...)` "
-                    "over a few steps)",
-                        fix=fix,
+                    f"{what}; keep it behind a debug flag",
+                    explanation=(f"{why} " if why else "")
+                    + "Keep it behind a debug flag (a profiler: `schedule=torch.profiler.schedule(...)` over a few steps).",
+                    fix=fix,
                 )
 
     @staticmethod
@@ -150,8 +155,8 @@ class DebugModeOn(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`{call.qualname.split('.')[-1]}` runs inside the training loop: it evaluates the function "
-                "once per input element in float64; run it once in a test, not every step",
+                f"`{call.qualname.split('.')[-1]}` runs inside the training loop; run it once in a test, not every step",
+                explanation="It evaluates the function once per input element in float64.",
                 fix=None,  # where the check belongs (a test) is the user's decision
             )
 
@@ -179,8 +184,8 @@ class DebugModeOn(ScriptRule):
         return self.finding(
             facts,
             node,
-            "`CUDA_LAUNCH_BLOCKING=1` makes every kernel launch wait for the GPU to finish: the host "
-            "can no longer run ahead; use it only to locate a CUDA error",
+            "`CUDA_LAUNCH_BLOCKING=1` makes every kernel launch wait for the GPU; use it only to locate a CUDA error",
+            explanation="Every kernel launch waits for the GPU to finish: the host can no longer run ahead.",
             fix=self.planned_fix(FixClass.SAFE, "remove the setting", lambda: _removal(facts, statement, value)),
         )
 

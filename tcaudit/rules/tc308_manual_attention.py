@@ -138,9 +138,9 @@ class ManualAttention(ScriptRule):
             yield self.finding(
                 facts,
                 statements[0],
-                "attention written by hand (softmax of q @ k^T, then @ v) materialises the T x T score "
-                "matrix and runs several kernels; `F.scaled_dot_product_attention` runs one fused flash "
-                "kernel (bf16/fp16, head dim a multiple of 8)",
+                "attention written by hand (softmax of q @ k^T, then @ v); use `F.scaled_dot_product_attention`",
+                explanation="It materialises the T x T score matrix and runs several kernels; "
+                "`F.scaled_dot_product_attention` runs one fused flash kernel (bf16/fp16, head dim a multiple of 8).",
                 end_node=last,
                 fix=self.planned_fix(FixClass.NUMERICS, "replace it by F.scaled_dot_product_attention", plan),
             )

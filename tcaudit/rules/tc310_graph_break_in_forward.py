@@ -58,16 +58,18 @@ class GraphBreakInForward(ScriptRule):
                     continue
                 yield self.finding(
                     facts, call.node,
-                    f"{what} in `{cls.name.value}.forward` breaks the compiled graph: the GPU syncs and Dynamo "
-                    f"starts a new graph after it; keep the value on the device{note}",
+                    f"{what} in `{cls.name.value}.forward` breaks the compiled graph (a host sync)",
+                    explanation="It breaks the compiled graph: the GPU syncs and Dynamo starts a new graph after "
+                    f"it; keep the value on the device{note}.",
                 )
             for node in _branches(fn):
                 if self._reads_tensor_value(facts, node.test, tensor_params):
                     keyword = "if" if isinstance(node, cst.If) else "while"
                     yield self.finding(
                         facts, node.test,
-                        f"`{keyword}` on a tensor's value in `{cls.name.value}.forward` breaks the compiled graph "
-                        f"(data-dependent control flow); use `torch.where` or decide outside forward{note}",
+                        f"`{keyword}` on a tensor's value in `{cls.name.value}.forward` breaks the compiled graph",
+                        explanation="Data-dependent control flow breaks the compiled graph; use `torch.where` or "
+                        f"decide outside forward{note}.",
                     )
 
     @staticmethod

@@ -142,9 +142,10 @@ class MhaNeedWeights(ScriptRule):
                 yield self.finding(
                     facts,
                     use.call,
-                    f"`{site.name}(...)` computes attention weights nobody reads ({how}); with `need_weights=True` "
-                    "(the default) nn.MultiheadAttention builds the full attention matrix instead of calling the "
-                    "fused scaled_dot_product_attention kernels: pass `need_weights=False`",
+                    f"`{site.name}(...)` computes attention weights nobody reads ({how})",
+                    explanation="With `need_weights=True` (the default) nn.MultiheadAttention builds the full "
+                    "attention matrix instead of calling the fused scaled_dot_product_attention kernels: pass "
+                    "`need_weights=False`.",
                     fix=self.planned_fix(FixClass.NUMERICS, "pass need_weights=False", lambda plan=plan: plan),
                 )
 

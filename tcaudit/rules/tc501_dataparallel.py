@@ -64,22 +64,21 @@ class DataParallelUsed(ScriptRule):
             if launched:
                 # Several processes (``launched``), each with its own DataParallel: nothing all-reduces
                 # the gradients between them, so every rank trains its own model.
-                message = (
-                    f"{shown} in a multi-process job ({launched}): gradients are never synchronised across "
-                    "ranks, so each process trains its own copy of the model; wrap it in "
-                    "DistributedDataParallel"
+                message = f"{shown} in a multi-process job ({launched}): ranks never synchronise gradients"
+                explanation = (
+                    "Gradients are never synchronised across ranks, so each process trains its own copy of the "
+                    "model; wrap it in DistributedDataParallel."
                 )
                 severity = Severity.ERROR
             else:
-                message = (
-                    f"{shown} scatters each batch and replicates the model every step in one process; "
-                    "DistributedDataParallel with one process per GPU is faster, even on one machine"
-                )
+                message = f"{shown} scatters each batch and replicates the model every step in one process"
+                explanation = "DistributedDataParallel with one process per GPU is faster, even on one machine."
                 severity = None
             yield self.finding(
                 facts,
                 call.node,
                 message,
+                explanation=explanation,
                 severity=severity,
                 fix=self.planned_fix(
                     FixClass.STRUCTURAL,

@@ -280,6 +280,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 facts,
                 call.node,
                 _message(name),
+                explanation=_EXPLANATION,
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
@@ -316,6 +317,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
                     facts,
                     made.node,
                     _message(info.target_of(made.node)),
+                    explanation=_EXPLANATION,
                     fix=Fix(
                         FixClass.SAFE,
                         "pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle=",
@@ -327,10 +329,10 @@ class DdpWithoutDistributedSampler(ScriptRule):
 
 
 def _message(name: str | None) -> str:
-    return (
-        f"the training DataLoader{f' `{name}`' if name else ''} of this DDP job has no DistributedSampler; "
-        "every rank iterates the whole dataset, so N GPUs do the work of one"
-    )
+    return f"the training DataLoader{f' `{name}`' if name else ''} of this DDP job has no DistributedSampler"
+
+
+_EXPLANATION = "Every rank iterates the whole dataset, so N GPUs do the work of one."
 
 
 # -- the plan for one DataLoader ---------------------------------------------------------------------------

@@ -117,7 +117,8 @@ class GlooOnCuda(ScriptRule):
                 facts,
                 backend,
                 'init_process_group(backend="gloo") in a CUDA script: gloo all-reduces GPU gradients '
-                "through host memory, NCCL keeps them on the GPUs and uses NVLink",
+                "through host memory",
+                explanation="NCCL keeps the gradients on the GPUs and uses NVLink.",
                 fix=self.planned_fix(FixClass.SAFE, 'backend="nccl" if torch.cuda.is_available() else "gloo"', plan),
             )
 

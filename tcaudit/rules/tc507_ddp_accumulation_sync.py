@@ -134,9 +134,9 @@ class DdpAccumulationSync(ScriptRule):
             yield self.finding(
                 facts,
                 backward.node,
-                "every micro-step's backward all-reduces the gradients of this DDP model under gradient "
-                f"accumulation ({how}); skip the sync on non-final micro-steps with `no_sync()` (or "
-                "`require_backward_grad_sync = False`)",
+                "every micro-step's backward all-reduces the gradients of this DDP model under gradient accumulation",
+                explanation=f"Gradient accumulation: {how}. Skip the sync on non-final micro-steps with "
+                "`no_sync()` (or `require_backward_grad_sync = False`).",
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     f"run the forward and backward of non-final micro-steps under `{model or 'model'}.no_sync()`",

@@ -44,8 +44,9 @@ class ZeroGradNotNone(ScriptRule):
             yield self.finding(
                 facts,
                 value,
-                f"`{call.name}(set_to_none=False)` launches a kernel per gradient to write zeros and makes the "
-                "next backward accumulate into them; set_to_none=True (the default) skips both",
+                f"`{call.name}(set_to_none=False)` launches a kernel per gradient to write zeros",
+                explanation="It also makes the next backward accumulate into the zeros; set_to_none=True (the "
+                "default) skips both.",
                 fix=fix,
             )
 

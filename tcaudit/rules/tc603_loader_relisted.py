@@ -77,8 +77,8 @@ class LoaderRelisted(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`len(list({loader}))` loads, decodes and collates every batch just to count them; "
-                f"`len({loader})` is free",
+                f"`len(list({loader}))` loads, decodes and collates every batch just to count them",
+                explanation=f"`len({loader})` is free.",
                 fix=fix,
             )
         # for batch in list(loader): materialises the epoch before the first step.
@@ -97,8 +97,9 @@ class LoaderRelisted(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`list({loader})` loads every batch of the epoch into memory before the loop starts and "
-                "stops the workers from overlapping loading with compute; iterate the loader directly",
+                f"`list({loader})` loads every batch of the epoch into memory before the loop starts",
+                explanation="It also stops the workers from overlapping loading with compute; iterate the loader "
+                "directly.",
                 fix=self.planned_fix(
                     FixClass.SAFE,
                     f"iterate `{loader}` directly",

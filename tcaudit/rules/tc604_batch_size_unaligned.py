@@ -50,8 +50,8 @@ class BatchSizeUnaligned(ScriptRule):
             yield self.finding(
                 facts,
                 node,
-                f"training batch size {value} ({where}) is not a multiple of {ALIGNMENT}; {lower} or {upper} "
-                f"would align the GEMMs whose M dimension is the batch{cost}",
+                f"training batch size {value} ({where}) is not a multiple of {ALIGNMENT}",
+                explanation=f"{lower} or {upper} would align the GEMMs whose M dimension is the batch{cost}.",
                 fix=Fix(
                     FixClass.NUMERICS,
                     f"use a batch size of {lower} or {upper}",

@@ -45,8 +45,9 @@ class EmptyCacheInLoop(ScriptRule):
                 continue
             yield self.finding(
                 facts, call.node,
-                f"`{call.name}()` runs on every training step: it synchronizes the GPU and frees cached blocks "
-                "that the next step allocates again; remove it (or run it every few hundred steps)",
+                f"`{call.name}()` runs on every training step: it synchronizes the GPU",
+                explanation="It also frees cached blocks that the next step allocates again; remove it (or run it "
+                "every few hundred steps).",
                 fix=self.planned_fix(FixClass.SAFE, f"remove the `{call.name}()` statement",
                                      lambda call=call: self._plan(call)),
             )

@@ -86,8 +86,9 @@ class EvalWithoutNoGrad(ScriptRule):
             where = "an evaluation function" if why == "eval-function" else "a loop after `.eval()`"
             yield self.finding(
                 facts, loop,
-                f"{where} runs the model with autograd on: every forward records its graph and keeps its "
-                "activations for a backward that never comes; wrap it in `with torch.no_grad():`",
+                f"{where} runs the model with autograd on",
+                explanation="Every forward records its graph and keeps its activations for a backward that never "
+                "comes; wrap it in `with torch.no_grad():`.",
                 end_node=loop_header_end(loop),
                 fix=self.planned_fix(
                     FixClass.NUMERICS, "wrap the loop in `with torch.no_grad():`",
