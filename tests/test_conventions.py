@@ -13,16 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
-
-BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
-BROKEN = "def f(:\n"
-
-
-def make(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+from test_config import BAD, BROKEN, make
 
 
 def scan(cwd: Path, *args: str, stdin: str | None = None) -> tuple[int, str, str]:

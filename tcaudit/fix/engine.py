@@ -261,7 +261,7 @@ def _fix_text(
         text = new_text
         result.rounds += 1
     result.fixed = text
-    result.applied = [rule for rule in sorted(run.applied, key=lambda rule: rank.get(rule, len(rank)))]
+    result.applied = sorted(run.applied, key=lambda rule: rank.get(rule, len(rank)))
     try:
         result.remaining = run.analyse(text)[1]
     except (SourceError, FixAnalysisError):
@@ -439,11 +439,11 @@ class _Run:
             self._refuse(self._due(findings, changes[0][0]), f"the rewrite did not parse ({problem}); left unchanged")
             return text, [rule for rule, _ in held]
         if parsed is None or (len(changes) > 1 and structural_refusal(facts.module, parsed) is not None):
-            return text, [rule for rule in order]  # each alone, as its checks decide
-        if self._brought_about({rule for rule, _ in changes}, facts, merged) is not None:
+            return text, list(order)  # each alone, as its checks decide
+        protection = self._brought_about({rule for rule, _ in changes}, facts, merged)
+        if protection is not None:
             if len(changes) > 1:
-                return text, [rule for rule in order]
-            protection = self._brought_about({changes[0][0]}, facts, merged)
+                return text, list(order)  # each alone, as its checks decide
             self._refuse(self._due(findings, changes[0][0]), protection.refusal())
             return text, [rule for rule, _ in held]
         for rule_id, _ in changes:
