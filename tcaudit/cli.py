@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from tcaudit import __version__
+from tcaudit.api import with_detected_gpu
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -58,19 +59,6 @@ def _gpu(value: str) -> str:
             f"unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
         )
     return setting
-
-
-def _with_detected_gpu(settings):
-    """``gpu = "auto"`` made concrete: the GPU nvidia-smi (or an already imported torch) reports, so
-    messages quote that GPU's figures and the fixes fit its features; left ``auto`` when none is found."""
-    if settings.gpu != "auto":
-        return settings
-    from tcaudit import gpus
-
-    found = gpus.detect()
-    if found is None:
-        return settings
-    return dataclasses.replace(settings, gpu=found.setting, detected_gpu=found)
 
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
@@ -328,22 +316,12 @@ def read_stdin() -> bytes:
 
 
 class StdinScript:
-    """The script read from stdin, in a temporary file for the engine (which reads files), under the
-    name ``--stdin-filename`` gives it (reports, per-file-ignores, config discovery)."""
+    """The script read from stdin, under the name ``--stdin-filename`` gives it (reports,
+    per-file-ignores, config discovery); the engine scans and fixes it from memory."""
 
     def __init__(self, display: str) -> None:
-        import tempfile
-
         self.display = display
         self.raw = read_stdin()
-        self._dir = tempfile.TemporaryDirectory(prefix="tcaudit-stdin-")
-        name = os.path.basename(display) if display != STDIN else "stdin.py"
-        self.path = os.path.join(self._dir.name, name or "stdin.py")
-        with open(self.path, "wb") as out:
-            out.write(self.raw)
-
-    def close(self) -> None:
-        self._dir.cleanup()
 
 
 def _config_paths(args: argparse.Namespace, stdin: str | None) -> list[str]:
@@ -395,7 +373,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.input and not args.model:
         raise UsageError("--input needs --model (the factory whose input it describes)")
     stdin = _stdin_path(args)
-    settings = _with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
+    settings = with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
     _check_model_option(args, settings.root)
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
@@ -417,12 +395,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if stdin is not None:
         # The model audit imports the script's neighbours from its folder: a script on stdin has none.
         settings = dataclasses.replace(settings, exec_models=False)
+        from tcaudit import api
+
         script = StdinScript(stdin)
-        try:
-            result = scan([script.path], settings, jobs=1, display_names={script.path: stdin},
-                          texts={stdin: script.raw})
-        finally:
-            script.close()
+        result = api.scan(text=script.raw, filename=stdin, settings=settings, edits=None).result
     else:
         cache = _open_cache(args, settings)
         with showing(args.format):  # on a terminal only: files scanned, models audited
@@ -580,18 +556,14 @@ def cmd_fix(args: argparse.Namespace) -> int:
     from tcaudit.fix.command import run_fix
 
     stdin = _stdin_path(args)
-    settings = _with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
+    settings = with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
     if args.force_exclude:
         settings = dataclasses.replace(settings, force_exclude=True)
     try:
         if stdin is not None:
             from tcaudit.fix.command import run_fix_stdin, with_structural_flags
 
-            script = StdinScript(stdin)
-            try:
-                return run_fix_stdin(script, with_structural_flags(settings, args), args.classes)
-            finally:
-                script.close()
+            return run_fix_stdin(StdinScript(stdin), with_structural_flags(settings, args), args.classes)
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -601,7 +573,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from tcaudit.config import load_settings
     from tcaudit.verify.command import run_verify
 
-    settings = _with_detected_gpu(load_settings([args.script], args.config, _overrides(args), args.isolated))
+    settings = with_detected_gpu(load_settings([args.script], args.config, _overrides(args), args.isolated))
     try:
         return run_verify(args, settings)
     except ValueError as exc:

@@ -28,7 +28,14 @@ from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, identity
-from tcaudit.source.parsing import SourceError, SourceFile, python_syntax_error, read_file_bytes, read_source
+from tcaudit.source.parsing import (
+    SourceError,
+    SourceFile,
+    decode_source,
+    python_syntax_error,
+    read_file_bytes,
+    read_source,
+)
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
 from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
@@ -178,12 +185,26 @@ def scan_file(
     """Scan one file with the given script rules (``models``: what the model audit measured about the
     models it builds). Never raises: problems become TC000 or errors."""
     display = display or path.as_posix()
-    result = FileResult(display)
     try:
         source = read_source(path, display)
     except SourceError as exc:
+        result = FileResult(display)
         result.findings.append(tc000(display, exc))
         return result
+    return scan_source(source, rules, settings, check_syntax, models)
+
+
+def scan_source(
+    source: SourceFile,
+    rules: "Sequence[ScriptRule | LazyRule]",
+    settings: Settings,
+    check_syntax: bool = True,
+    models: "AuditedModels | None" = None,
+) -> FileResult:
+    """:func:`scan_file` on a text already read (a file's, or an editor buffer's): the script rules'
+    findings, unfiltered. Never raises: problems become TC000 or errors."""
+    display = source.display_path
+    result = FileResult(display)
     result.source = source
     candidates = candidate_rules(rules, source.text)
     if not candidates:
@@ -356,14 +377,94 @@ def scan(
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
+    not_analysed = {fr.path for fr in results if fr.errors}
+    kept, suppressed = kept_findings(findings, displays, lambda display: source_of(index_of[display]),
+                                     not_analysed, settings)
+    assign_fingerprints(kept, settings.root)
+    return ScanResult(
+        findings=kept,
+        files_scanned=len(files),
+        files_parsed=sum(1 for fr in results if fr.parsed),
+        missing=discovered.missing,
+        errors=errors,
+        notes=notes,
+        suppressed=suppressed,
+        files_cached=cached,
+        sort=settings.sort,
+        texts=dict(texts or {}),
+    )
+
+
+def scan_text(
+    raw: bytes,
+    display: str,
+    settings: Settings,
+    *,
+    path: Path | None = None,
+    models: "AuditedModels | None" = None,
+    model_findings: "Sequence[Finding]" = (),
+    rules: "Sequence[ScriptRule | LazyRule] | None" = None,
+) -> ScanResult:
+    """Scan a text that is not (or not as it is now) on disk, such as a script read from stdin or an
+    editor's buffer, exactly as :func:`scan` scans a file: the script rules, then the filters
+    (per-file-ignores and suppression comments by ``display``, TC001). ``raw``: its bytes, decoded
+    by Python's rules (PEP 263, BOM). ``path``: the file it stands for (default ``display``).
+    ``models``/``model_findings``: what a model audit of the file on disk measured and found (the
+    editor's last save): the script rules decide with those facts, and its findings are merged as
+    scan merges them. ``rules``: the script rules to run (default: those ``settings`` enable,
+    imported as their triggers occur); a caller scanning often passes the same ones each time."""
+    from tcaudit.rules.registry import lazy_rules
+
+    path = path if path is not None else Path(display)
+    enabled = set(settings.enabled_rules())
+    try:
+        source = decode_source(raw, path, display)
+    except SourceError as exc:
+        result = FileResult(display, [tc000(display, exc)])
+    else:
+        try:
+            result = call_with_deep_stack(scan_source, source, rules if rules is not None else lazy_rules(settings),
+                                          settings, "TC000" in enabled, models)
+        except (RecursionError, MemoryError) as exc:
+            reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
+            result = FileResult(display, [tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})"))])
+    findings = result.findings
+    if model_findings:
+        findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)
+    kept, suppressed = kept_findings(findings, [display], lambda _: result.source,
+                                     {display} if result.errors else set(), settings)
+    assign_fingerprints(kept, settings.root)
+    return ScanResult(
+        findings=kept,
+        files_scanned=1,
+        files_parsed=int(result.parsed),
+        errors=result.errors,
+        suppressed=suppressed,
+        sort=settings.sort,
+        texts={display: raw},
+    )
+
+
+def kept_findings(
+    findings: list[Finding],
+    displays: list[str],
+    source_of: "Callable[[str], SourceFile | None]",
+    not_analysed: set[str],
+    settings: Settings,
+) -> tuple[list[Finding], int]:
+    """(the findings a report shows, how many were suppressed): the enabled rules' findings less
+    what per-file-ignores and suppression comments silence, plus TC001's unused suppressions.
+    ``displays``: the files scanned; ``source_of(display)``: a file's text (None where unreadable);
+    ``not_analysed``: the files whose analysis hit an internal error (TC001 says nothing there)."""
+    enabled = set(settings.enabled_rules())
     kept: list[Finding] = []
     suppressed = 0
     usage_of: dict[str, Usage] = {}
+    scanned = set(displays)
 
     def usage(path: str) -> Usage:
         if path not in usage_of:
-            index = index_of.get(path)
-            source = source_of(index) if index is not None else None
+            source = source_of(path) if path in scanned else None
             usage_of[path] = Usage(directives(source.text) if source is not None else Directives())
         return usage_of[path]
 
@@ -379,13 +480,12 @@ def scan(
             continue
         kept.append(finding)
     if UNUSED_SUPPRESSION in enabled:
-        not_analysed = {f.location.path for f in findings if f.rule == "TC000"}
-        not_analysed |= {fr.path for fr in results if fr.errors}
-        for index, display in enumerate(displays):
+        not_analysed = set(not_analysed) | {f.location.path for f in findings if f.rule == "TC000"}
+        for display in displays:
             ignored_here = settings.ignored_for(display)
             if any(matches_selector(UNUSED_SUPPRESSION, s) for s in ignored_here):
                 continue
-            source = source_of(index)
+            source = source_of(display)
             if source is None or not usage(display).directives.found:
                 continue
             ran = rules_that_ran(enabled, ignored_here, display not in not_analysed)
@@ -395,19 +495,7 @@ def scan(
                 else:
                     kept.append(finding)
     kept.sort(key=lambda f: f.sort_key)
-    assign_fingerprints(kept, settings.root)
-    return ScanResult(
-        findings=kept,
-        files_scanned=len(files),
-        files_parsed=sum(1 for fr in results if fr.parsed),
-        missing=discovered.missing,
-        errors=errors,
-        notes=notes,
-        suppressed=suppressed,
-        files_cached=cached,
-        sort=settings.sort,
-        texts=dict(texts or {}),
-    )
+    return kept, suppressed
 
 
 def run_audit(

@@ -108,39 +108,31 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
     ``script``: a :class:`tcaudit.cli.StdinScript`. The model audit does not run (no neighbours to
     import on stdin): the fixes judge the model from the script's text."""
-    import dataclasses
-
-    from tcaudit.fix.engine import fix_file
-    from tcaudit.source.deep import call_with_deep_stack
+    from tcaudit import api
 
     classes = parse_classes(classes_text)
-    settings = dataclasses.replace(settings, exec_models=False)
     display = script.display
+    result = api.fix(script.raw, filename=display, settings=settings, classes=classes)
     out = script.raw
     code = 0
-    try:
-        result = call_with_deep_stack(fix_file, Path(script.path), settings, classes, display, None, None)
-    except (RecursionError, MemoryError) as exc:
-        print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged", file=sys.stderr)
-        result = None
-    if result is not None:
-        if result.error:
-            print(f"{display}: {result.error}", file=sys.stderr)
-            is_input_problem = result.error.startswith(("not fixed: cannot parse", "not fixed: cannot decode"))
-            code = 0 if is_input_problem else 2
-        else:
-            for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
-                print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
-            if result.changed:
-                out = result.source.encode(result.fixed)
-                print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+    if result.error:
+        print(f"{display}: {result.error}", file=sys.stderr)
+        is_input_problem = result.error.startswith(("not fixed: cannot parse", "not fixed: cannot decode",
+                                                    "not fixed: cannot analyse"))
+        code = 0 if is_input_problem else 2
+    else:
+        for line, rule, reason in sorted({(d.finding.location.line, d.finding.rule, d.reason) for d in result.declined}):
+            print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
+        if result.changed:
+            out = result.data
+            print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
     stream = getattr(sys.stdout, "buffer", None)
     if stream is not None:
         sys.stdout.flush()
         stream.write(out)
         stream.flush()
     else:  # a text stream (tests, embedders)
-        sys.stdout.write(out.decode(result.source.encoding if result and result.source else "utf-8", "surrogateescape"))
+        sys.stdout.write(result.text if result.changed else out.decode("utf-8", "surrogateescape"))
     return code
 
 

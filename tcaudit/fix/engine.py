@@ -23,9 +23,9 @@ from tcaudit.config import Settings
 from tcaudit.catalog import matches_selector
 from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
 from tcaudit.findings import Finding, FixClass, FollowsFix
-from tcaudit.fix.textio import SourceText, read_text, write_atomically
+from tcaudit.fix.textio import SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
-from tcaudit.source.parsing import SourceError, SourceFile
+from tcaudit.source.parsing import SourceError, SourceFile, decode_source
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
 
@@ -180,6 +180,27 @@ def fix_file(
         from tcaudit.cache import CachedFix
 
         cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined)))
+    return result
+
+
+def fix_bytes(
+    raw: bytes,
+    display: str,
+    settings: Settings,
+    classes: frozenset[FixClass] = frozenset({FixClass.SAFE, FixClass.NUMERICS}),
+    *,
+    path: Path | None = None,
+    models: "AuditedModels | None" = None,
+) -> FileFix:
+    """:func:`fix_file` on a text that is not on disk (stdin, an editor's buffer, the Python API):
+    ``raw`` decoded by Python's rules; ``path``: the file it stands for (default ``display``)."""
+    path = path if path is not None else Path(display)
+    try:
+        source = source_text(decode_source(raw, path, display))
+    except SourceError as exc:
+        return FileFix(display, "", "", error=f"not fixed: {exc.message}")
+    result = _fix_text(path, source, settings, classes, display, models)
+    remove_unused_suppressions(result, path, settings, classes, models)
     return result
 
 

@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcaudit.source.parsing import SourceError, read_source
+from tcaudit.source.parsing import SourceError, SourceFile, read_source
 
 BOM = b"\xef\xbb\xbf"
 
@@ -29,9 +29,13 @@ class SourceText:
 
 
 def read_text(path: Path) -> SourceText:
-    source = read_source(path)
+    return source_text(read_source(path))
+
+
+def source_text(source: SourceFile) -> SourceText:
+    """What writing ``source``'s text back byte-faithfully needs."""
     bom = source.raw.startswith(BOM)
-    return SourceText(path=path, raw=source.raw, text=source.text, encoding=source.encoding, bom=bom)
+    return SourceText(path=source.path, raw=source.raw, text=source.text, encoding=source.encoding, bom=bom)
 
 
 class NotWritable(Exception):

@@ -167,8 +167,13 @@ def read_file_bytes(path: Path) -> bytes:
 
 def read_source(path: Path, display_path: str | None = None) -> SourceFile:
     """Read and decode a file with Python's own rules (PEP 263 cookie, BOM, UTF-8 default)."""
+    return decode_source(read_file_bytes(path), path, display_path)
+
+
+def decode_source(raw: bytes, path: Path, display_path: str | None = None) -> SourceFile:
+    """``raw`` (a file's bytes, or a text not on disk such as an editor's buffer) decoded as
+    :func:`read_source` decodes a file: SourceError where it is not Python source text."""
     display = display_path or path.as_posix()
-    raw = read_file_bytes(path)
     if b"\x00" in raw:
         raise SourceError("cannot parse: binary file (contains NUL bytes), not Python source")
     try:
