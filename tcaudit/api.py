@@ -102,6 +102,12 @@ class Findings(list):
         self.notes: list[str] = list(result.notes)
         self.errors: list[str] = list(result.errors)
 
+    @classmethod
+    def empty(cls) -> "Findings":
+        from tcaudit.engine import ScanResult
+
+        return cls(ScanResult(findings=[], files_scanned=0, files_parsed=0))
+
 
 def _is_text(value: Any) -> bool:
     """Whether ``scan``'s first argument is source text rather than a path: bytes are text; a ``str``

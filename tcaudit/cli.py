@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_verify_parser(sub, _add_selection)
     add_calibrate_parser(sub)
+
+    server = sub.add_parser(
+        "server", help="run the language server (LSP over stdio) for editors",
+        description="Speak the Language Server Protocol over stdin/stdout: diagnostics as you type, the "
+                    "model audit on save, quick fixes. Settings come from the project's config files.")
+    server.add_argument("--stdio", action="store_true", help="accepted for clients that pass it (stdio is the only transport)")
     return parser
 
 
@@ -580,6 +586,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    from tcaudit.lsp.server import serve
+
+    return serve()
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tcaudit.verify.command import run_calibrate
 
@@ -593,6 +605,7 @@ COMMANDS = {
     "fix": cmd_fix,
     "verify": cmd_verify,
     "calibrate": cmd_calibrate,
+    "server": cmd_server,
 }
 
 

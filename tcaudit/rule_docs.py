@@ -18,8 +18,32 @@ from tcaudit.catalog import Catalog, load_catalog
 from tcaudit.explain import render_explanation
 
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs" / "rules"
+# Where a wheel carries the pages (pyproject.toml's force-include), for links from an installed tcaudit.
+PACKAGED_DOCS_DIR = Path(__file__).resolve().parent / "_docs" / "rules"
 INDEX = "README.md"
 REGENERATE = "python -m tcaudit.rule_docs"
+
+
+def published_page_uri(rule_id: str) -> str | None:
+    """The absolute address of the rule's published page, or None while tcaudit has no public one."""
+    import tcaudit
+
+    base = tcaudit.RULE_DOCS_URL
+    return f"{base.rstrip('/')}/{rule_id}.md" if base else None
+
+
+def rule_page_uri(rule_id: str) -> str | None:
+    """The address of a rule's page for an editor's links: the published page once tcaudit has one,
+    else the page on this machine as a ``file:`` URI (a source checkout's docs/rules/, or the copy a
+    wheel carries); None where neither exists."""
+    published = published_page_uri(rule_id)
+    if published:
+        return published
+    for folder in (DOCS_DIR, PACKAGED_DOCS_DIR):
+        page = folder / f"{rule_id}.md"
+        if page.is_file():
+            return page.as_uri()
+    return None
 
 
 def _cell(text: str) -> str:

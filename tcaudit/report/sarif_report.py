@@ -19,6 +19,7 @@ from urllib.parse import quote
 import tcaudit
 from tcaudit import __version__
 from tcaudit.explain import render_explanation
+from tcaudit.rule_docs import published_page_uri
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 # Where a rule's page lives in the repository (docs/rules/, written by ``python -m tcaudit.rule_docs``).
@@ -41,12 +42,6 @@ def artifact_uri(path: str) -> tuple[str, bool]:
     if posix.startswith("./"):
         posix = posix[2:]
     return quote(posix, safe="/"), True
-
-
-def help_uri(rule_id: str) -> str | None:
-    """The absolute address of the rule's page, or None while tcaudit has no public one."""
-    base = tcaudit.RULE_DOCS_URL
-    return f"{base.rstrip('/')}/{rule_id}.md" if base else None
 
 
 def help_text(spec) -> str:
@@ -76,7 +71,7 @@ def _rule_descriptor(spec) -> dict[str, Any]:
         "defaultConfiguration": {"level": level(spec.severity)},
         "properties": properties,
     }
-    uri = help_uri(spec.id)
+    uri = published_page_uri(spec.id)
     if uri:
         descriptor["helpUri"] = uri
     return descriptor
