@@ -394,6 +394,7 @@ def scan(
                     suppressed += 1
                 else:
                     kept.append(finding)
+    kept = in_notebook_cells(kept, files, displays, source_of)
     kept.sort(key=lambda f: f.sort_key)
     assign_fingerprints(kept, settings.root)
     return ScanResult(
@@ -408,6 +409,25 @@ def scan(
         sort=settings.sort,
         texts=dict(texts or {}),
     )
+
+
+def in_notebook_cells(
+    findings: list[Finding], files: list[Path], displays: list[str], source_of: "Callable[[int], SourceFile | None]"
+) -> list[Finding]:
+    """The findings with those in notebooks moved from the virtual script's lines (where the rules,
+    the cache and the suppression comments see them) to the code cells' (``Location.cell``): once, as
+    the last step of a scan (tcaudit/source/notebook.py)."""
+    from tcaudit.source.notebook import in_cells, is_notebook
+
+    notebooks = {display: index for index, (path, display) in enumerate(zip(files, displays)) if is_notebook(path)}
+    if not notebooks:
+        return findings
+    out = []
+    for finding in findings:
+        index = notebooks.get(finding.location.path)
+        source = source_of(index) if index is not None else None
+        out.append(in_cells(finding, source.notebook) if source is not None and source.notebook is not None else finding)
+    return out
 
 
 def run_audit(

@@ -26,9 +26,12 @@ import json
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tcaudit.source.parsing import SourceError
+
+if TYPE_CHECKING:
+    from tcaudit.findings import Finding, TextEdit
 
 SUFFIX = ".ipynb"
 SEPARATOR = "# %% tcaudit cell "  # + the code cell's number; a line of its own at column 0
@@ -151,6 +154,11 @@ class CodeCell:
     first_line: int = 0  # the virtual script's line of the cell's first line (0: none)
     line_count: int = 0
     compiles: bool = True
+
+    @property
+    def masked_lines(self) -> list[str]:
+        """The cell's lines as the virtual script has them."""
+        return split_lines(self.masked)
 
     @property
     def lines(self) -> list[str]:
@@ -346,6 +354,34 @@ class Notebook:
         encoded = out.encode("utf-8")
         return (b"\xef\xbb\xbf" + encoded) if self.raw.startswith(b"\xef\xbb\xbf") else encoded
 
+    def cell_lines_in(self, text: str) -> str:
+        """``text`` (a message) with the virtual script's line numbers it names (``line 90``, ``lines 90-91``,
+        ``train.ipynb:90``) given as the cells' (``cell 5 line 37``, ``cell 5 lines 37-38``,
+        ``train.ipynb:cell 5:37``)."""
+        if not text or not self.cells:
+            return text
+
+        def at(number: str) -> tuple[int, int] | None:
+            return self.cell_position(int(number))
+
+        def lines(match: re.Match) -> str:
+            word, numbers = match.group(1), re.findall(r"\d+|\D+", match.group(2))
+            places = [at(part) if part.isdigit() else part for part in numbers]
+            cells = {place[0] for place in places if isinstance(place, tuple)}
+            if None in places or not cells:
+                return match.group(0)
+            if len(cells) == 1:
+                body = "".join(str(p[1]) if isinstance(p, tuple) else p for p in places)
+                return f"cell {cells.pop()} {word} {body}"
+            return "".join(f"cell {p[0]} line {p[1]}" if isinstance(p, tuple) else p for p in places)
+
+        def file_line(match: re.Match) -> str:
+            place = at(match.group(2))
+            return f"{match.group(1)}:cell {place[0]}:{place[1]}" if place else match.group(0)
+
+        text = re.sub(r"\b(lines?) (\d+(?:(?:-|, | and )\d+)*)\b", lines, text)
+        return re.sub(r"(\.ipynb):(\d+)\b", file_line, text)
+
     def cell_diffs(self, text: str, display: str) -> str:
         """Unified diffs of the cells ``text`` changes, one per cell, headed ``a/<display>:cell N``."""
         import difflib
@@ -370,3 +406,52 @@ def _is_python(metadata: Any) -> bool:
         if isinstance(value, str) and value.strip() and value.strip().lower() not in ("python", "python3", "ipython"):
             return False
     return True
+
+
+def in_cells(finding: "Finding", notebook: Notebook) -> "Finding":
+    """``finding`` (made in the virtual script's lines) in the notebook's coordinates: its location gets
+    the code cell and the lines within it (an end beyond the cell is its last line).
+
+    The fix's text edits (``Fix.edits``) are moved to their cell the same way, each with its ``cell``;
+    where one of them does not lie within a single cell (it would edit a cell boundary) the fix keeps its
+    description but no edits, since no cell-relative edit could say what it does."""
+    import dataclasses
+
+    loc = finding.location
+    if loc.cell is not None:
+        return finding
+    start = notebook.cell_position(loc.line)
+    if start is None:
+        return finding
+    cell = notebook.cells[start[0] - 1]
+    end_line, end_column = loc.end_line - cell.first_line + 1, loc.end_column
+    if end_line > max(cell.line_count, 1):  # clamped to the cell's last line, to its end
+        end_line = max(cell.line_count, 1)
+        end_column = len(cell.masked_lines[end_line - 1]) + 1 if cell.masked_lines else 1
+    end_line = max(end_line, start[1])
+    location = dataclasses.replace(loc, line=start[1], end_line=end_line, end_column=end_column, cell=cell.number)
+    fix = finding.fix
+    if fix is not None:
+        edits = None if fix.edits is None else [_edit_in_cell(edit, notebook) for edit in fix.edits]
+        fix = dataclasses.replace(
+            fix, edits=None if edits is None or any(e is None for e in edits) else tuple(edits),  # type: ignore[arg-type]
+            reason=notebook.cell_lines_in(fix.reason) if fix.reason else fix.reason,
+            description=notebook.cell_lines_in(fix.description),
+        )
+    return dataclasses.replace(finding, location=location, fix=fix, message=notebook.cell_lines_in(finding.message),
+                               explanation=notebook.cell_lines_in(finding.explanation))
+
+
+def _edit_in_cell(edit: "TextEdit", notebook: Notebook) -> "TextEdit | None":
+    import dataclasses
+
+    for cell in notebook.cells:
+        if not cell.included or not cell.first_line <= edit.line < cell.first_line + max(cell.line_count, 1):
+            continue
+        line = edit.line - cell.first_line + 1
+        end = edit.end_line - cell.first_line + 1
+        # An edit may end at the start of the line after the cell's last (it removes that line whole).
+        if end > cell.line_count and not (end == cell.line_count + 1 and edit.end_column == 1):
+            return None
+        return dataclasses.replace(edit, line=line, end_line=end, cell=cell.number)
+    return None
