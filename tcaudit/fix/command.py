@@ -130,7 +130,9 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
             code = 0 if is_input_problem else 2
         else:
             for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
-                print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
+                print(f"{display}:{result.place(line, True)}: {rule} no fix: {result.in_cells(reason)}", file=sys.stderr)
+            if result.notice:
+                print(f"{display}: {result.notice}", file=sys.stderr)
             if result.changed:
                 out = result.source.encode(result.fixed)
                 print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
@@ -209,7 +211,9 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         # Lines of the file as it is on disk: the original until --apply writes the fixed text.
         where = (lambda line: line) if args.apply else result.original_line
         for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
-            err.print(f"{display}:{line}: {rule} no fix: {reason}")
+            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
+        if result.notice:
+            err.print(f"{display}: {result.notice}")
         if not result.changed:
             continue
         would_change += 1
