@@ -289,7 +289,7 @@ def scan(
     script read from stdin goes by ``--stdin-filename``); ``texts``: by display name, the bytes of
     files not on disk there, passed on to the reporters."""
     discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
-                          respect_gitignore=settings.respect_gitignore)
+                          respect_gitignore=settings.respect_gitignore, include=settings.included)
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)

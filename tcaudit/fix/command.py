@@ -165,7 +165,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
     discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
-                          respect_gitignore=settings.respect_gitignore)
+                          respect_gitignore=settings.respect_gitignore, include=settings.included)
     if discovered.missing:
         for path in discovered.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
