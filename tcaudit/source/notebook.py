@@ -373,7 +373,8 @@ class Notebook:
             if len(cells) == 1:
                 body = "".join(str(p[1]) if isinstance(p, tuple) else p for p in places)
                 return f"cell {cells.pop()} {word} {body}"
-            return "".join(f"cell {p[0]} line {p[1]}" if isinstance(p, tuple) else p for p in places)
+            return "".join(f"cell {p[0]} line {p[1]}" if isinstance(p, tuple) else " to " if p == "-" else p
+                           for p in places)
 
         def file_line(match: re.Match) -> str:
             place = at(match.group(2))
