@@ -10,6 +10,8 @@ from pathlib import Path
 from tcaudit.findings import FixClass
 
 DEFAULT_CLASSES = "safe,numerics"
+# How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
+INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook")
 
 
 def add_fix_parser(sub, add_selection) -> None:
@@ -126,7 +128,7 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     if result is not None:
         if result.error:
             print(f"{display}: {result.error}", file=sys.stderr)
-            is_input_problem = result.error.startswith(("not fixed: cannot parse", "not fixed: cannot decode"))
+            is_input_problem = result.error.startswith(INPUT_PROBLEMS)
             code = 0 if is_input_problem else 2
         else:
             for line, rule, reason in sorted({(f.location.line, f.rule, reason) for f, reason in result.declined}):
@@ -202,7 +204,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue
         if result.error:
-            if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):
+            if result.error.startswith(INPUT_PROBLEMS):
                 err.print(f"{display}: {result.error}")
             else:
                 err.print(f"{display}: {result.error}")
