@@ -111,6 +111,15 @@ def test_unchanged_text_renders_the_original_bytes_and_a_change_keeps_the_style(
     assert "naïve" in out.decode("utf-8") or "na\\u00efve" in out.decode("utf-8")
 
 
+def test_windows_line_ends_and_a_byte_order_mark_are_kept():
+    raw = b"\xef\xbb\xbf" + jupyter_bytes(fixture_notebook()).replace(b"\n", b"\r\n")
+    nb = Notebook.parse(raw)
+    assert nb.render(nb.text) == raw
+    out = nb.render(nb.text.replace("    return parser.parse_args()", "    return parser.parse_args(None)"))
+    assert out.startswith(b"\xef\xbb\xbf{\r\n \"cells\"") and b"parse_args(None)" in out
+    assert out.count(b"\r\n") == raw.count(b"\r\n") and b"\n" not in out.replace(b"\r\n", b"")
+
+
 def test_list_source_keeps_lines_and_the_last_line_without_newline():
     data = {"cells": [code_cell("x = 1\ny = 2\n", "a")], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     nb = Notebook.parse(jupyter_bytes(data))

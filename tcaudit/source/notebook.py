@@ -347,10 +347,13 @@ class Notebook:
         for number, source in changed.items():
             cell = self.cells[number - 1]
             data["cells"][cell.index]["source"] = _lines_with_ends(source) if cell.as_list else source
-        style = _json_style(self._text, self.data) or _guessed_style(self._text)
+        text = self._text.replace("\r\n", "\n")  # a file saved with Windows line ends keeps them
+        style = _json_style(text, self.data) or _guessed_style(text)
         out = json.dumps(data, **style)
-        if self._text.endswith("\n"):
+        if text.endswith("\n"):
             out += "\n"
+        if "\r\n" in self._text:
+            out = out.replace("\n", "\r\n")
         encoded = out.encode("utf-8")
         return (b"\xef\xbb\xbf" + encoded) if self.raw.startswith(b"\xef\xbb\xbf") else encoded
 
