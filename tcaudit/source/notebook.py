@@ -153,7 +153,6 @@ class CodeCell:
     placeholders: list[tuple[str, str]] = field(default_factory=list)
     first_line: int = 0  # the virtual script's line of the cell's first line (0: none)
     line_count: int = 0
-    compiles: bool = True
 
     @property
     def masked_lines(self) -> list[str]:
@@ -232,7 +231,6 @@ class Notebook:
             masked, cell.placeholders = mask(cell.source)
             cell.masked = "".join(f"{part}\n" for part in masked)
             cell.first_line, cell.line_count = line, len(masked)
-            cell.compiles = _compiles(cell.masked)
             parts.append(cell.masked)
             line += len(masked)
         self.text = "".join(parts)  # the virtual script
@@ -305,7 +303,7 @@ class Notebook:
             masked = "".join(lines)
             if masked == cell.masked:
                 continue
-            if cell.compiles and not _compiles(masked):
+            if not _compiles(masked) and _compiles(cell.masked):  # (the original's compile only when needed)
                 raise NotebookEditError(
                     f"the fix spans notebook cells (cell {cell.number} would not compile on its own)")
             changed[cell.number] = self._unmasked(cell, masked)
