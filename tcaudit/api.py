@@ -204,10 +204,12 @@ def _rules(settings: Settings) -> list:
 
 @dataclass
 class Declined:
-    """A finding whose fix was not made, and why."""
+    """A finding whose fix was not made, and why. ``where``: its line as the file shows it (``12``;
+    in a notebook ``cell 3:12``); ``finding``'s own location counts lines of the whole text."""
 
     finding: Finding
     reason: str
+    where: str = ""
 
 
 @dataclass
@@ -220,6 +222,7 @@ class FixResult:
     declined: list[Declined] = field(default_factory=list)
     remaining: list[Finding] = field(default_factory=list)  # the fixed text's findings (unfiltered)
     error: str | None = None  # why nothing was fixed (the text does not parse, an internal error)
+    notice: str | None = None  # why the fixes made were undone (a notebook's fix that spans cells)
     filename: str = TEXT_NAME
     data: bytes = b""  # the fixed text encoded as the input was (its coding line, its BOM)
 
@@ -289,7 +292,9 @@ def fix(
         text=made.fixed,
         original=made.original,
         applied=list(made.applied),
-        declined=[Declined(finding, reason) for finding, reason in made.declined],
+        declined=[Declined(finding, made.in_cells(reason), made.place(finding.location.line, True))
+                  for finding, reason in made.declined],
+        notice=made.notice,
         remaining=list(made.remaining),
         filename=display,
         data=data,

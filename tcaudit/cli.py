@@ -78,6 +78,10 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--exclude", type=_codes, metavar="GLOBS", help="skip files and folders matching these globs")
     group.add_argument(
+        "--extend-include", type=_codes, metavar="GLOBS",
+        help="also scan files matching these globs in folders (besides *.py, *.pyi and *.ipynb; config: extend-include)",
+    )
+    group.add_argument(
         "--force-exclude",
         action="store_true",
         help="apply exclude patterns to files named on the command line too (for pre-commit)",
@@ -210,6 +214,7 @@ def _overrides(args: argparse.Namespace) -> dict:
         "extend-ignore": args.extend_ignore,
         "respect-gitignore": args.respect_gitignore,
         "exclude": args.exclude,
+        "extend-include": getattr(args, "extend_include", None),
         "precision": args.precision,
         "gpu": args.gpu,
     }

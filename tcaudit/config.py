@@ -11,6 +11,7 @@ from typing import Any
 from tcaudit import gpus, structural
 from tcaudit.catalog import is_known_selector, matches_selector, rule_ids
 from tcaudit.findings import Severity
+from tcaudit.source.discovery import DEFAULT_INCLUDE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,6 +30,8 @@ KNOWN_KEYS = {
     "respect-gitignore",
     "per-file-ignores",
     "exclude",
+    "include",
+    "extend-include",
     "fail-on",
     "precision",
     "gpu",
@@ -64,6 +67,9 @@ class Settings:
     ignore: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     exclude: tuple[str, ...] = ()
+    # The files folders expand to (``include``, ``extend-include``: ruff's keys), as glob patterns.
+    include: tuple[str, ...] = DEFAULT_INCLUDE
+    extend_include: tuple[str, ...] = ()
     fail_on: Severity = Severity.WARNING
     precision: str = "auto"
     gpu: str = "auto"
@@ -95,6 +101,11 @@ class Settings:
     fix_edits: bool = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
+
+    @property
+    def included(self) -> tuple[str, ...]:
+        """The patterns of the files a folder expands to: ``include`` plus ``extend-include``."""
+        return self.include + self.extend_include
 
     @property
     def fix_options(self) -> tuple[str, ...]:
@@ -175,6 +186,14 @@ def _selectors(value: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(v.strip().upper() for v in value)
 
 
+def _globs(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{_label(key, where)} must be a list of glob patterns")
+    return tuple(value)
+
+
 def _choice(value: Any, key: str, choices: tuple[str, ...], where: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ConfigError(f"{_label(key, where)} must be one of {', '.join(choices)} (got {value!r})")
@@ -229,13 +248,11 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["per_file_ignores"] = tuple(
             (pattern, _selectors(codes, f"per-file-ignores.{pattern}", where)) for pattern, codes in raw.items()
         )
-    if "exclude" in table:
-        raw = table["exclude"]
-        if isinstance(raw, str):
-            raw = [raw]
-        if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
-            raise ConfigError(f"{_label('exclude', where)} must be a list of glob patterns")
-        updates["exclude"] = tuple(raw)
+    for key in ("exclude", "include"):
+        if key in table:
+            updates[key] = _globs(table[key], key, where)
+    if "extend-include" in table:  # adds to what the layers before (the config file) extended it with
+        updates["extend_include"] = base.extend_include + _globs(table["extend-include"], "extend-include", where)
     if "fail-on" in table:
         updates["fail_on"] = Severity.parse(_choice(table["fail-on"], "fail-on", ("info", "warning", "error"), where))
     if "precision" in table:

@@ -310,7 +310,7 @@ def scan(
     script read from stdin goes by ``--stdin-filename``); ``texts``: by display name, the bytes of
     files not on disk there, passed on to the reporters."""
     discovered = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
-                          respect_gitignore=settings.respect_gitignore)
+                          respect_gitignore=settings.respect_gitignore, include=settings.included)
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
@@ -494,8 +494,27 @@ def kept_findings(
                     suppressed += 1
                 else:
                     kept.append(finding)
+    kept = in_notebook_cells(kept, displays, source_of)
     kept.sort(key=lambda f: f.sort_key)
     return kept, suppressed
+
+
+def in_notebook_cells(
+    findings: list[Finding], displays: list[str], source_of: "Callable[[str], SourceFile | None]"
+) -> list[Finding]:
+    """The findings with those in notebooks moved from the virtual script's lines (where the rules,
+    the cache and the suppression comments see them) to the code cells' (``Location.cell``): once, as
+    the last step of a scan (tcaudit/source/notebook.py)."""
+    from tcaudit.source.notebook import in_cells, is_notebook
+
+    notebooks = {display for display in displays if is_notebook(Path(display))}
+    if not notebooks:
+        return findings
+    out = []
+    for finding in findings:
+        source = source_of(finding.location.path) if finding.location.path in notebooks else None
+        out.append(in_cells(finding, source.notebook) if source is not None and source.notebook is not None else finding)
+    return out
 
 
 def run_audit(

@@ -37,13 +37,22 @@ class FixClass(str, enum.Enum):
 
 @dataclass(frozen=True, order=True)
 class Location:
-    """1-based line and column, end inclusive of the last character's line, exclusive column."""
+    """1-based line and column, end inclusive of the last character's line, exclusive column. In a
+    Jupyter notebook, ``cell`` is the code cell (1-based among code cells, ruff's convention) and the
+    lines are the cell's own (tcaudit/source/notebook.py); None in a script."""
 
     path: str
     line: int
     column: int
     end_line: int
     end_column: int
+    cell: int | None = None
+
+    @property
+    def position(self) -> str:
+        """``line:column``, or ``cell N:line:column`` in a notebook (ruff's format)."""
+        where = f"{self.line}:{self.column}"
+        return f"cell {self.cell}:{where}" if self.cell is not None else where
 
 
 @dataclass(frozen=True, order=True)
@@ -56,19 +65,27 @@ class TextEdit:
     end_line: int
     end_column: int
     content: str
+    # In a notebook: the code cell whose lines the rows count (a finding's edits in a notebook lie in
+    # one cell each); None in a script.
+    cell: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """ruff's JSON shape: ``content``, ``location`` and ``end_location`` as ``row``/``column``."""
-        return {
+        data: dict[str, Any] = {
             "content": self.content,
             "location": {"row": self.line, "column": self.column},
             "end_location": {"row": self.end_line, "column": self.end_column},
         }
+        if self.cell is not None:
+            data["cell"] = self.cell
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TextEdit":
         start, end = data["location"], data["end_location"]
-        return cls(int(start["row"]), int(start["column"]), int(end["row"]), int(end["column"]), str(data["content"]))
+        cell = data.get("cell")
+        return cls(int(start["row"]), int(start["column"]), int(end["row"]), int(end["column"]), str(data["content"]),
+                   int(cell) if cell is not None else None)
 
 
 class FixPlan:
@@ -277,7 +294,7 @@ class Finding:
     @property
     def sort_key(self) -> tuple:
         loc = self.location
-        return (loc.path, loc.line, loc.column, self.rule, self.message)
+        return (loc.path, loc.cell or 0, loc.line, loc.column, self.rule, self.message)
 
     def to_dict(self) -> dict[str, Any]:
         loc = self.location
@@ -286,6 +303,7 @@ class Finding:
             "name": self.name,
             "severity": str(self.severity),
             "path": loc.path,
+            **({"cell": loc.cell} if loc.cell is not None else {}),
             "line": loc.line,
             "column": loc.column,
             "end_line": loc.end_line,

@@ -10,6 +10,8 @@ from pathlib import Path
 from tcaudit.findings import FixClass
 
 DEFAULT_CLASSES = "safe,numerics"
+# How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
+INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook")
 
 
 def add_fix_parser(sub, add_selection) -> None:
@@ -117,12 +119,14 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     code = 0
     if result.error:
         print(f"{display}: {result.error}", file=sys.stderr)
-        is_input_problem = result.error.startswith(("not fixed: cannot parse", "not fixed: cannot decode",
-                                                    "not fixed: cannot analyse"))
+        is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
         code = 0 if is_input_problem else 2
     else:
-        for line, rule, reason in sorted({(d.finding.location.line, d.finding.rule, d.reason) for d in result.declined}):
-            print(f"{display}:{line}: {rule} no fix: {reason}", file=sys.stderr)
+        for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
+                                                 for d in result.declined}):
+            print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
+        if result.notice:
+            print(f"{display}: {result.notice}", file=sys.stderr)
         if result.changed:
             out = result.data
             print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
@@ -155,7 +159,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
     discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
-                          respect_gitignore=settings.respect_gitignore)
+                          respect_gitignore=settings.respect_gitignore, include=settings.included)
     if discovered.missing:
         for path in discovered.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
@@ -192,7 +196,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue
         if result.error:
-            if result.error.startswith("not fixed: cannot parse") or result.error.startswith("not fixed: cannot decode"):
+            if result.error.startswith(INPUT_PROBLEMS):
                 err.print(f"{display}: {result.error}")
             else:
                 err.print(f"{display}: {result.error}")
@@ -201,7 +205,9 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         # Lines of the file as it is on disk: the original until --apply writes the fixed text.
         where = (lambda line: line) if args.apply else result.original_line
         for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
-            err.print(f"{display}:{line}: {rule} no fix: {reason}")
+            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
+        if result.notice:
+            err.print(f"{display}: {result.notice}")
         if not result.changed:
             continue
         would_change += 1

@@ -61,6 +61,9 @@ class FileFix:
     error: str | None = None
     source: SourceText | None = None
     rounds: int = 0  # the rounds that changed the text (each from one analysis of the text before it)
+    # Why the fixes made were undone as a whole (a notebook whose fixed script cannot be written back
+    # into its cells): one line for the user, the file left as it was.
+    notice: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -77,7 +80,27 @@ class FileFix:
         found = self._lines.get(line)
         return found if found is not None else max(min(line, len(self.original.splitlines())), 1)
 
+    def place(self, line: int, applied: bool) -> str:
+        """Line ``line`` of the file's text as the file shows it: ``12``, or in a notebook ``cell 3:12``.
+        ``applied``: a line of the fixed text (written by ``--apply``), else of the original."""
+        notebook = self.source.notebook if self.source is not None else None
+        if notebook is None:
+            return str(line)
+        if applied and self.changed:
+            from tcaudit.source.notebook import Notebook
+
+            notebook = Notebook.parse(self.source.encode(self.fixed))
+        where = notebook.cell_position(line)
+        return f"cell {where[0]}:{where[1]}" if where is not None else str(line)
+
+    def in_cells(self, text: str) -> str:
+        """A message naming lines of the original text, with a notebook's lines named by cell."""
+        notebook = self.source.notebook if self.source is not None else None
+        return notebook.cell_lines_in(text) if notebook is not None else text
+
     def diff(self) -> str:
+        if self.source is not None and self.source.notebook is not None:
+            return self.source.notebook.cell_diffs(self.fixed, self.path)
         return "".join(
             difflib.unified_diff(
                 self.original.splitlines(keepends=True),
@@ -174,8 +197,7 @@ def fix_file(
         hit = cache.load_fix(key)
         if hit is not None:
             return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), source=source)
-    result = _fix_text(path, source, settings, classes, display, models)
-    remove_unused_suppressions(result, path, settings, classes, models)
+    result = _fix_source(path, source, settings, classes, display, models)
     if cache is not None and key is not None and result.error is None:
         from tcaudit.cache import CachedFix
 
@@ -199,8 +221,19 @@ def fix_bytes(
         source = source_text(decode_source(raw, path, display))
     except SourceError as exc:
         return FileFix(display, "", "", error=f"not fixed: {exc.message}")
+    return _fix_source(path, source, settings, classes, display, models)
+
+
+def _fix_source(path: Path, source: SourceText, settings: Settings, classes: frozenset[FixClass], display: str,
+                models: "AuditedModels | None") -> FileFix:
+    """The fixes, then TC001's, then (a notebook) the check that the result goes back into its cells."""
     result = _fix_text(path, source, settings, classes, display, models)
     remove_unused_suppressions(result, path, settings, classes, models)
+    if source.notebook is not None and result.changed:
+        problem = source.notebook.check(result.fixed)
+        if problem is not None:  # each fix passed this check alone; together they may not
+            result.notice = f"not fixed: {problem} ({', '.join(result.applied)}); left unchanged"
+            result.fixed, result.applied = source.text, []
     return result
 
 
@@ -214,15 +247,18 @@ def remove_unused_suppressions(result, path: Path, settings, classes, models=Non
     if result.error or result.source is None or FixClass.SAFE not in classes:
         return
     text = result.fixed
-    source = SourceFile(path=path, display_path=result.path, raw=result.source.encode(text), text=text,
-                        encoding=result.source.encoding)
+    raw = result.source.raw if result.source.notebook is not None else result.source.encode(text)
+    source = SourceFile(path=path, display_path=result.path, raw=raw, text=text, encoding=result.source.encoding)
     edits: list = []
     for finding in unused_suppressions_in(source, settings, models):
         mine = list(finding.fix.edits or ())
         if mine and not overlapping(edits, mine):  # two directives of one comment: the next fix gets the other
             edits.extend(mine)
     if edits:
-        result.fixed = apply_edits(text, edits)
+        fixed = apply_edits(text, edits)
+        if result.source.notebook is not None and result.source.notebook.check(fixed) is not None:
+            return
+        result.fixed = fixed
         result.applied.append("TC001")
 
 
@@ -412,12 +448,21 @@ class _Run:
         except (SyntaxError, ValueError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return self._refuse(findings, f"the rewrite did not compile ({problem}); left unchanged")
+        problem = self.cells_problem(new_text)
+        if problem is not None:
+            return self._refuse(findings, f"{problem}; left unchanged")
         # The statements of the codemod's tree are those of its text (LibCST parses the text the
         # round keeps, once: ``parse``).
         refusal = structural_refusal(facts.module, new_module)
         if refusal is not None:
             return self._refuse(findings, refusal)
         return new_text, new_module
+
+    def cells_problem(self, text: str) -> str | None:
+        """In a notebook, why ``text`` cannot be written back into its cells (a fix that spans them);
+        None where it can, and in a script."""
+        notebook = self.source.notebook
+        return notebook.check(text) if notebook is not None else None
 
     def _refuse(self, findings: list[Finding], reason: str) -> None:
         for finding in findings:
@@ -461,6 +506,12 @@ class _Run:
             return text, [rule for rule, _ in held]
         if parsed is None or (len(changes) > 1 and structural_refusal(facts.module, parsed) is not None):
             return text, list(order)  # each alone, as its checks decide
+        problem = self.cells_problem(merged)
+        if problem is not None:
+            if len(changes) > 1:
+                return text, list(order)  # each alone, as its checks decide
+            self._refuse(self._due(findings, changes[0][0]), f"{problem}; left unchanged")
+            return text, [rule for rule, _ in held]
         protection = self._brought_about({rule for rule, _ in changes}, facts, merged)
         if protection is not None:
             if len(changes) > 1:
@@ -489,6 +540,10 @@ class _Run:
         parsed, problem = self.parse(made[0])
         if parsed is None:
             self._refuse(due, f"the rewrite did not parse ({problem}); left unchanged")
+            return text
+        problem = self.cells_problem(made[0])
+        if problem is not None:
+            self._refuse(due, f"{problem}; left unchanged")
             return text
         protection = self._brought_about({rule_id}, facts, made[0])
         if protection is not None:

@@ -7,8 +7,12 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tcaudit.source.parsing import SourceError, SourceFile, read_source
+
+if TYPE_CHECKING:
+    from tcaudit.source.notebook import Notebook
 
 BOM = b"\xef\xbb\xbf"
 
@@ -20,10 +24,16 @@ class SourceText:
     text: str
     encoding: str
     bom: bool
+    # A Jupyter notebook: ``text`` is its virtual script, and ``encode`` writes the cells back.
+    notebook: "Notebook | None" = None
 
     def encode(self, text: str) -> bytes:
         """Encode new text the way the original was stored. LibCST keeps the file's own line
-        endings (CRLF stays CRLF) in the text it generates, so only encoding and BOM matter here."""
+        endings (CRLF stays CRLF) in the text it generates, so only encoding and BOM matter here.
+        A notebook's new virtual script becomes the notebook's bytes with the changed code cells'
+        sources (raises NotebookEditError where that cannot be done: tcaudit/source/notebook.py)."""
+        if self.notebook is not None:
+            return self.notebook.render(text)
         data = text.encode(self.encoding if self.encoding != "utf-8-sig" else "utf-8")
         return (BOM + data) if self.bom and not data.startswith(BOM) else data
 
@@ -35,7 +45,8 @@ def read_text(path: Path) -> SourceText:
 def source_text(source: SourceFile) -> SourceText:
     """What writing ``source``'s text back byte-faithfully needs."""
     bom = source.raw.startswith(BOM)
-    return SourceText(path=source.path, raw=source.raw, text=source.text, encoding=source.encoding, bom=bom)
+    return SourceText(path=source.path, raw=source.raw, text=source.text, encoding=source.encoding, bom=bom,
+                      notebook=source.notebook)
 
 
 class NotWritable(Exception):

@@ -15,7 +15,7 @@ from tcaudit.report.order import ordered
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     for f in ordered(result.findings, rules, getattr(result, "sort", "impact")):
         loc = f.location
-        out.write(f"{loc.path}:{loc.line}:{loc.column}: {f.rule} {_one_line(f.message)}\n")
+        out.write(f"{loc.path}:{loc.position}: {f.rule} {_one_line(f.message)}\n")
 
 
 def _one_line(message: str) -> str:

@@ -38,8 +38,8 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
             position["col"] = loc.column
             if loc.end_line == loc.line and loc.end_column > loc.column:
                 position.update(endLine=loc.end_line, endColumn=loc.end_column)
-        out.write(
-            annotation(COMMANDS[str(f.severity)], f.message, file=loc.path, **position, title=f"{f.rule} {f.name}")
-        )
+        # A notebook's lines count within the cell, which the title names (``cell 3: TC201 ...``).
+        title = f"{f.rule} {f.name}" if loc.cell is None else f"cell {loc.cell}: {f.rule} {f.name}"
+        out.write(annotation(COMMANDS[str(f.severity)], f.message, file=loc.path, **position, title=title))
     for note in result.notes:
         out.write(annotation("notice", note, title="tcaudit"))

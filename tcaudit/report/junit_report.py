@@ -50,13 +50,13 @@ def build_tree(result) -> ET.ElementTree:
             case = ET.SubElement(
                 suite,
                 "testcase",
-                name=f"{f.rule} {f.name} ({loc.line}:{loc.column})",
+                name=f"{f.rule} {f.name} ({loc.position})",
                 classname=path,
                 file=path,
                 line=str(loc.line),
             )
             failure = ET.SubElement(case, "failure", message=f.message, type=f"{f.rule} {f.severity}")
-            failure.text = f"{path}:{loc.line}:{loc.column}: {f.rule} {f.message}"
+            failure.text = f"{path}:{loc.position}: {f.rule} {f.message}"
             if f.fix is not None:
                 verb = "fix" if f.fix.available else "no fix"
                 detail = f.fix.description if f.fix.available else (f.fix.reason or f.fix.description)

@@ -116,7 +116,8 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
     if finding.fingerprint:
         data["partialFingerprints"] = {FINGERPRINT_KEY: finding.fingerprint}
     fix = finding.fix
-    if fix is not None and fix.available and fix.edits:
+    # A notebook's edits count lines within a cell, not within the artifact (the JSON file): no SARIF fix.
+    if fix is not None and fix.available and fix.edits and finding.location.cell is None:
         data["fixes"] = [{
             "description": {"text": f"{fix.fix_class} fix: {fix.description}"},
             "artifactChanges": [{
@@ -125,6 +126,8 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
             }],
         }]
     properties: dict[str, Any] = {"severity": str(finding.severity)}
+    if finding.location.cell is not None:
+        properties["cell"] = finding.location.cell  # the region's lines are the notebook cell's
     if fix is not None:
         properties["fix"] = {key: value for key, value in fix.to_dict().items() if key != "edits"}
     if finding.details:

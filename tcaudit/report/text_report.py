@@ -39,14 +39,24 @@ def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: 
     return text
 
 
-def _source_lines(path: str, raw: bytes | None = None) -> list[str]:
+def _source_lines(path: str, raw: bytes | None = None, cell: int | None = None) -> list[str]:
     """The file's lines for code frames (``raw``: its bytes, where they are not on disk at ``path``:
-    a script read from stdin); none for a file that is not text (a frame would be noise)."""
+    a script read from stdin); none for a file that is not text (a frame would be noise). ``cell``: in
+    a notebook, the lines of that code cell."""
     if raw is None:
         try:
             raw = Path(path).read_bytes()
         except OSError:
             return []
+    if cell is not None:
+        from tcaudit.source.notebook import Notebook
+        from tcaudit.source.parsing import SourceError
+
+        try:
+            found = Notebook.parse(raw).cell(cell)
+        except SourceError:
+            return []
+        return found.lines if found is not None else []
     if b"\x00" in raw:
         return []
     try:
@@ -60,7 +70,8 @@ def _source_lines(path: str, raw: bytes | None = None) -> list[str]:
 def top_line(finding, rules) -> str:
     """`` Top: TC201 missing-autocast (path:90), est. 2.57× measured on H200.``: what the data has."""
     loc = finding.location
-    text = f" Top: {finding.rule} {finding.name} ({loc.path}:{loc.line})"
+    where = f"cell {loc.cell}:{loc.line}" if loc.cell is not None else f"{loc.line}"
+    text = f" Top: {finding.rule} {finding.name} ({loc.path}:{where})"
     lost = finding.details.get("est_time_lost") if finding.details else None
     spec = rules.get(finding.rule) if finding.rule in rules else None
     if isinstance(lost, (int, float)) and not isinstance(lost, bool) and lost > 0:
@@ -76,16 +87,16 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
     # longer than the width is folded); piped, a line stays one line. Code frames never wrap.
     console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=not color)
     show = getattr(result, "show_fixes", False)
-    cache: dict[str, list[str]] = {}
+    cache: dict[tuple[str, int | None], list[str]] = {}
     findings = ordered(result.findings, rules, getattr(result, "sort", "impact"))
     for path, group in groupby(findings, key=lambda f: f.location.path):
         console.print(Text(path, style="bold underline"))
-        if path not in cache:
-            cache[path] = _source_lines(path, getattr(result, "texts", {}).get(path))
         for f in group:
             loc = f.location
+            if (path, loc.cell) not in cache:
+                cache[path, loc.cell] = _source_lines(path, getattr(result, "texts", {}).get(path), loc.cell)
             head = Text()
-            head.append(f"{path}:{loc.line}:{loc.column}: ", style="bold")
+            head.append(f"{path}:{loc.position}: ", style="bold")
             head.append(f"{f.rule} ", style=_STYLE.get(str(f.severity), ""))
             head.append(f"[{f.severity}] ", style=_STYLE.get(str(f.severity), ""))
             head.append(f.message)
@@ -96,8 +107,8 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                     console.print(Padding(explanation, (0, 0, 0, 4)))
                 else:
                     console.print(Text("    ") + explanation)
-            if cache[path]:
-                console.print(_frame(cache[path], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
+            if cache[path, loc.cell]:
+                console.print(_frame(cache[path, loc.cell], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
             if f.fix is not None:
                 if f.fix.applies_by_default:
                     console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))

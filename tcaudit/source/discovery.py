@@ -85,6 +85,22 @@ def is_excluded(path: Path, patterns: tuple[str, ...], root: Path) -> bool:
     return False
 
 
+# The files a folder expands to (``include``, as ruff's default less its pyproject.toml): scripts, stubs
+# and Jupyter notebooks (tcaudit/source/notebook.py).
+DEFAULT_INCLUDE = ("*.py", "*.pyi", "*.ipynb")
+
+
+def is_included(path: Path, patterns: tuple[str, ...], root: Path) -> bool:
+    """Include patterns match the file name or the path relative to root (``*.py``, ``scripts/*.pyw``)."""
+    name = path.name
+    try:
+        rel = Path(identity(path)).relative_to(identity(root)).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    return any(fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(rel, pattern.removeprefix("**/"))
+               or fnmatch.fnmatch(rel, pattern) for pattern in patterns)
+
+
 IGNORE_FILES = (".gitignore", ".ignore")
 
 
@@ -163,8 +179,10 @@ def discover(
     *,
     force_exclude: bool = False,
     respect_gitignore: bool = False,
+    include: tuple[str, ...] = DEFAULT_INCLUDE,
 ) -> Discovered:
-    """Expand files and folders into a sorted, de-duplicated list of ``.py``/``.pyi`` files.
+    """Expand files and folders into a sorted, de-duplicated list of the files ``include`` matches
+    (``.py``, ``.pyi`` and ``.ipynb`` by default).
 
     A file or folder named explicitly is always scanned (like ruff), a file even without a .py
     suffix, even when an exclude pattern matches it; excludes apply to what folders expand to.
@@ -207,9 +225,9 @@ def discover(
                 and not (ignores is not None and ignores.ignored(here / name, is_dir=True))
             )
             for name in sorted(filenames):
-                if not name.endswith((".py", ".pyi")):
-                    continue
                 file = here / name
+                if not is_included(file, include, base):
+                    continue
                 if is_excluded(file, exclude, base):
                     continue
                 if ignores is not None and ignores.ignored(file, is_dir=False):

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import libcst as cst
 
+    from tcaudit.source.notebook import Notebook
+
 
 class SourceError(Exception):
     """A file that cannot be read, decoded or parsed; reported as TC000."""
@@ -45,6 +47,8 @@ class SourceFile:
     raw: bytes
     text: str
     encoding: str
+    # A Jupyter notebook's cells (tcaudit/source/notebook.py): ``text`` is then its virtual script.
+    notebook: "Notebook | None" = field(default=None, repr=False)
     _module: cst.Module | None = field(default=None, repr=False)
     _lines: list[str] | None = field(default=None, repr=False)
 
@@ -174,6 +178,10 @@ def decode_source(raw: bytes, path: Path, display_path: str | None = None) -> So
     """``raw`` (a file's bytes, or a text not on disk such as an editor's buffer) decoded as
     :func:`read_source` decodes a file: SourceError where it is not Python source text."""
     display = display_path or path.as_posix()
+    from tcaudit.source.notebook import is_notebook
+
+    if is_notebook(path):
+        return notebook_source(path, display, raw)
     if b"\x00" in raw:
         raise SourceError("cannot parse: binary file (contains NUL bytes), not Python source")
     try:
@@ -202,3 +210,11 @@ def decode_source(raw: bytes, path: Path, display_path: str | None = None) -> So
     if text.startswith("\ufeff"):
         text = text[1:]
     return SourceFile(path=path, display_path=display, raw=raw, text=text, encoding=encoding)
+
+
+def notebook_source(path: Path, display: str, raw: bytes) -> SourceFile:
+    """A notebook's bytes as a SourceFile whose text is its virtual script (tcaudit/source/notebook.py)."""
+    from tcaudit.source.notebook import Notebook
+
+    notebook = Notebook.parse(raw)
+    return SourceFile(path=path, display_path=display, raw=raw, text=notebook.text, encoding="utf-8", notebook=notebook)

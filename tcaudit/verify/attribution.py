@@ -73,7 +73,7 @@ def plan(script: Path, work: Path, settings, classes, applied: list[str], full_t
          original_text: str) -> list[LeaveOut]:
     """One patch per group, each made by the fix engine with that group ignored."""
     from tcaudit.fix.engine import fix_file
-    from tcaudit.verify.runner import audited_models
+    from tcaudit.verify.runner import audited_models, copy_bytes, copy_name
 
     models = audited_models(script, settings)
     plans = []
@@ -91,8 +91,8 @@ def plan(script: Path, work: Path, settings, classes, applied: list[str], full_t
             entry.side = entry.label
             folder = work / entry.label
             folder.mkdir(parents=True, exist_ok=True)
-            entry.copy = folder / script.name
-            entry.copy.write_bytes(without.source.encode(without.fixed))
+            entry.copy = folder / copy_name(script)
+            entry.copy.write_bytes(copy_bytes(without.source, without.fixed))
             (folder / "patch.diff").write_text(without.diff())
         plans.append(entry)
     return plans

@@ -165,22 +165,57 @@ def rounds_parity(originals: list[RunMetrics], patcheds: list[RunMetrics], toler
     return False, f"{len(failed)} of {len(checks)} rounds outside: {first}"
 
 
+def copy_name(script: Path) -> str:
+    """The name of a run's copy of ``script``: its own, or for a notebook the script its code cells make
+    (``train.ipynb`` runs as ``train.py``)."""
+    from tcaudit.source.notebook import is_notebook
+
+    return f"{script.stem}.py" if is_notebook(script) else script.name
+
+
+def copy_bytes(source, text: str) -> bytes:
+    """What a run's copy holds for ``text``, a version of ``source``'s (a :class:`SourceText`): the file's
+    bytes; for a notebook its virtual script (the code cells in order, IPython lines masked as comments,
+    tcaudit/source/notebook.py), which runs as a script."""
+    return text.encode("utf-8") if source.notebook is not None else source.encode(text)
+
+
+def _write_copy(script: Path, copy: Path) -> None:
+    from tcaudit.fix.textio import read_text
+
+    source = read_text(script)
+    copy.write_bytes(copy_bytes(source, source.text))
+
+
 def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass],
                 patched_file: Path | None = None, aa: bool = False):
     """The original's copy and the patched copy: ``tcaudit fix``'s patch, or ``patched_file`` as given,
-    or (``aa``) the original again. Returns (original copy, patched copy, rules applied, patched text)."""
+    or (``aa``) the original again. Returns (original copy, patched copy, rules applied, patched text).
+    A notebook's copies are the scripts its code cells make (:func:`copy_bytes`)."""
     from tcaudit.fix.engine import fix_file
+    from tcaudit.source.notebook import is_notebook
+    from tcaudit.source.parsing import SourceError
 
     original_dir, patched_dir = work / "original", work / "patched"
     for folder in (original_dir, patched_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    original_copy = original_dir / script.name
-    shutil.copyfile(script, original_copy)
-    patched_copy = patched_dir / script.name
+    original_copy = original_dir / copy_name(script)
+    patched_copy = patched_dir / copy_name(script)
+    try:
+        if is_notebook(script):
+            _write_copy(script, original_copy)
+        else:
+            shutil.copyfile(script, original_copy)
+        if aa or patched_file is not None:
+            source = patched_file if patched_file is not None else script
+            if is_notebook(source):
+                _write_copy(source, patched_copy)
+            else:
+                shutil.copyfile(source, patched_copy)
+    except SourceError as exc:
+        raise VerifyError(f"{script}: {exc.message}") from None
     if aa or patched_file is not None:
-        source = patched_file if patched_file is not None else script
-        shutil.copyfile(source, patched_copy)
-        original_text = script.read_text(errors="replace")
+        original_text = original_copy.read_text(errors="replace")
         patched_text = patched_copy.read_text(errors="replace")
         diff = difflib.unified_diff(original_text.splitlines(keepends=True), patched_text.splitlines(keepends=True),
                                     fromfile=f"a/{script.name}", tofile=f"b/{script.name}")
@@ -189,7 +224,7 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
     result = fix_file(script, settings, classes, models=audited_models(script, settings))
     if result.error:
         raise VerifyError(f"{script}: {result.error}")
-    patched_copy.write_bytes(result.source.encode(result.fixed))
+    patched_copy.write_bytes(copy_bytes(result.source, result.fixed))
     (work / "patch.diff").write_text(result.diff())
     return original_copy, patched_copy, result.applied, result.fixed
 
@@ -528,6 +563,6 @@ def verify(
                           patched_single=median_run(single) if single else None,
                           health=health_by_side, health_regressions=health_regressions,
                           attribution=attributions, attribution_summary=summary,
-                          script_sha256=text_digest(script.read_text(encoding="utf-8", errors="replace")))
+                          script_sha256=text_digest(original_copy.read_text(encoding="utf-8", errors="replace")))
     (out_dir / "verify.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
