@@ -136,7 +136,7 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
         stream.write(out)
         stream.flush()
     else:  # a text stream (tests, embedders)
-        sys.stdout.write(result.text if result.changed else out.decode("utf-8", "surrogateescape"))
+        sys.stdout.write(out.decode("utf-8", "surrogateescape"))
     return code
 
 
