@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The steps of action.yml (the repository's GitHub Action), runnable outside GitHub (tests/test_action.py):
+#   run.sh scan     scan INPUT_PATHS with INPUT_ARGS: SARIF to INPUT_SARIF_FILE, annotations (`--format
+#                   github`) to the log; outputs sarif-file, findings and exit-code (0 clean, 1 findings,
+#                   2 error) to $GITHUB_OUTPUT. Fails only on an error (a usage error, a bug).
+#   run.sh verdict  exit 1 when SCAN_EXIT says the scan reported findings (fail-on-findings).
+set -uo pipefail
+
+step="${1:-scan}"
+output="${GITHUB_OUTPUT:-/dev/null}"
+tcaudit="${TCAUDIT:-tcaudit}"
+
+if [ "$step" = verdict ]; then
+  if [ "${SCAN_EXIT:-}" = 1 ]; then
+    echo "tcaudit: findings at or above the fail-on severity (fail-on-findings: true)" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
+sarif="${INPUT_SARIF_FILE:-tcaudit.sarif}"
+read -r -a paths <<< "${INPUT_PATHS:-.}"
+read -r -a extra <<< "${INPUT_ARGS:-}"
+[ "${#paths[@]}" -gt 0 ] || paths=(.)
+
+"$tcaudit" scan --no-exec --format sarif --output-file "$sarif" --exit-zero "${extra[@]}" "${paths[@]}"
+status=$?
+if [ "$status" -ne 0 ]; then
+  echo "exit-code=$status" >> "$output"
+  echo "tcaudit: the scan failed (exit $status)" >&2
+  exit "$status"
+fi
+echo "sarif-file=$sarif" >> "$output"
+# The same findings as workflow annotations on the pull request (answered from the scan's cache).
+"$tcaudit" scan --no-exec --format github "${extra[@]}" "${paths[@]}"
+status=$?
+findings=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["runs"][0]["results"]))' "$sarif")
+echo "findings=$findings" >> "$output"
+echo "exit-code=$status" >> "$output"
+if [ "$status" -ge 2 ]; then
+  exit "$status"
+fi
+exit 0
