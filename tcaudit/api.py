@@ -134,7 +134,7 @@ def scan(
     model_audit: bool = True,
     cache: bool = False,
     jobs: int = 1,
-    edits: bool | None = True,
+    edits: "bool | tuple[int, int] | None" = True,
     models: "AuditedModels | None" = None,
     model_findings: Sequence[Finding] = (),
     **options: Any,
@@ -152,7 +152,8 @@ def scan(
     rules only; ``models`` and ``model_findings`` (from an earlier scan of the file on disk: see
     ``Findings.result``) let the rules decide with what the audit measured and merge its findings.
     ``cache``: answer unchanged files from the result cache ``tcaudit scan`` keeps. ``edits``: give
-    each available fix its text edits (``Finding.fix.edits``), a codemod run per finding.
+    each available fix its text edits (``Finding.fix.edits``), a codemod run per finding; for a text,
+    ``(first, last)`` gives only the findings on those lines their edits (an editor's code action).
     ``settings``: settings from :func:`load`, instead of ``config``/``isolated``/keywords.
     Raises :class:`TcauditError` for a path that does not exist or an invalid setting."""
     from tcaudit import engine
@@ -161,12 +162,15 @@ def scan(
         raise TcauditError("pass the text either as the first argument or as text=, not both")
     if text is None and paths_or_text is not None and _is_text(paths_or_text):
         text = paths_or_text  # type: ignore[assignment]
+    edit_lines = tuple(edits) if isinstance(edits, (tuple, list)) else None
+    if edit_lines is not None:
+        edits = True
     if text is not None:
         display = os.fspath(filename) if filename is not None else TEXT_NAME
         chosen = _settings(settings, [display] if filename is not None else [], config, isolated, edits, options)
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
         result = engine.scan_text(raw, display, chosen, path=Path(display), models=models,
-                                  model_findings=model_findings, rules=_rules(chosen))
+                                  model_findings=model_findings, rules=_rules(chosen), edit_lines=edit_lines)
         return Findings(result)
     if paths_or_text is None:
         raise TcauditError("nothing to scan: pass paths or text")

@@ -200,9 +200,11 @@ def scan_source(
     settings: Settings,
     check_syntax: bool = True,
     models: "AuditedModels | None" = None,
+    edit_lines: "tuple[int, int] | None" = None,
 ) -> FileResult:
     """:func:`scan_file` on a text already read (a file's, or an editor buffer's): the script rules'
-    findings, unfiltered. Never raises: problems become TC000 or errors."""
+    findings, unfiltered. Never raises: problems become TC000 or errors. ``edit_lines``: where the
+    settings ask for the fixes' edits, only for the findings on these lines (first, last)."""
     display = source.display_path
     result = FileResult(display)
     result.source = source
@@ -215,7 +217,7 @@ def scan_source(
                 result.findings.append(tc000(display, error))
         return result
     try:
-        facts, findings, errors = analyse_source(source, candidates, settings, models)
+        facts, findings, errors = analyse_source(source, candidates, settings, models, edit_lines=edit_lines)
     except SourceError as exc:  # a syntax error is TC000
         result.findings.append(tc000(display, exc))
         return result
@@ -234,13 +236,15 @@ def analyse_source(
     edits: bool | None = None,
     facts: "ScriptFacts | None" = None,
     unplanned: frozenset[str] = frozenset(),
+    edit_lines: "tuple[int, int] | None" = None,
 ) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
     """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
     ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
     rule costs only that part: the other rules still report. ``edits``: give each available fix its
     text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``); ``tcaudit fix``, which makes
     the fixes itself, never asks. ``facts``: those of ``source``, where the caller has them already.
-    ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them."""
+    ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them.
+    ``edit_lines``: (first, last): edits only for the findings on those lines."""
     source.module
     from tcaudit.rules.base import RuleContext, in_rule_order
     from tcaudit.rules.situations import block_created
@@ -269,7 +273,7 @@ def analyse_source(
         from tcaudit.planned_edits import with_edits
 
         try:
-            findings = with_edits(facts, findings, rules, settings, context)
+            findings = with_edits(facts, findings, rules, settings, context, edit_lines)
         except Exception as exc:  # noqa: BLE001 - the findings stand without their edits
             errors.append(f"{display}: internal error while making the fixes' edits: {exc!r}\n{traceback.format_exc()}")
     return facts, findings, errors
@@ -404,6 +408,7 @@ def scan_text(
     models: "AuditedModels | None" = None,
     model_findings: "Sequence[Finding]" = (),
     rules: "Sequence[ScriptRule | LazyRule] | None" = None,
+    edit_lines: "tuple[int, int] | None" = None,
 ) -> ScanResult:
     """Scan a text that is not (or not as it is now) on disk, such as a script read from stdin or an
     editor's buffer, exactly as :func:`scan` scans a file: the script rules, then the filters
@@ -412,7 +417,8 @@ def scan_text(
     ``models``/``model_findings``: what a model audit of the file on disk measured and found (the
     editor's last save): the script rules decide with those facts, and its findings are merged as
     scan merges them. ``rules``: the script rules to run (default: those ``settings`` enable,
-    imported as their triggers occur); a caller scanning often passes the same ones each time."""
+    imported as their triggers occur); a caller scanning often passes the same ones each time.
+    ``edit_lines``: (first, last): where the settings ask for edits, only those findings' edits."""
     from tcaudit.rules.registry import lazy_rules
 
     path = path if path is not None else Path(display)
@@ -424,7 +430,7 @@ def scan_text(
     else:
         try:
             result = call_with_deep_stack(scan_source, source, rules if rules is not None else lazy_rules(settings),
-                                          settings, "TC000" in enabled, models)
+                                          settings, "TC000" in enabled, models, edit_lines)
         except (RecursionError, MemoryError) as exc:
             reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
             result = FileResult(display, [tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})"))])

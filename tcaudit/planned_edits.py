@@ -28,12 +28,17 @@ def with_edits(
     rules: "Sequence[ScriptRule]",
     settings: "Settings",
     context: "RuleContext",
+    lines: "tuple[int, int] | None" = None,
 ) -> list[Finding]:
-    """``findings`` (of ``facts``'s text), each available fix given its edits where they can be made."""
+    """``findings`` (of ``facts``'s text), each available fix given its edits where they can be made.
+    ``lines``: (first, last): only the findings whose span meets those lines (an editor's code action
+    asks for one place; each fix's edits cost a codemod run)."""
     from tcaudit.rules.base import codemod_of, fixed_text
 
     by_id = {rule.id: rule for rule in rules}
     for finding in findings:
+        if lines is not None and (finding.location.end_line < lines[0] or finding.location.line > lines[1]):
+            continue
         fix = finding.fix
         rule = by_id.get(finding.rule)
         if fix is None or not fix.available or fix.plan is None or rule is None or codemod_of(rule) is None:

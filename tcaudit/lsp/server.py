@@ -56,8 +56,8 @@ class Document:
     # The last model audit of the saved file: what the script rules decide with, and its findings.
     models: Any = None
     model_findings: list[Finding] = field(default_factory=list)
-    # The findings with their fixes' edits, for the version they were computed for.
-    edits_for: tuple[int | None, list[Finding]] | None = None
+    # The findings with their fixes' edits, for the (version, lines) they were computed for.
+    edits_for: tuple[tuple, list[Finding]] | None = None
 
 
 class TcauditServer(LanguageServer):
@@ -149,8 +149,9 @@ class TcauditServer(LanguageServer):
         finally:
             document.scanning = False
 
-    def _scan(self, document: Document, settings: Settings, text: str, edits: bool) -> api.Findings:
-        """The document's findings (in a worker thread: nothing here talks to the client)."""
+    def _scan(self, document: Document, settings: Settings, text: str, edits) -> api.Findings:
+        """The document's findings (in a worker thread: nothing here talks to the client); ``edits``:
+        False, or the (first, last) lines whose findings get their fixes' edits."""
         return api.scan(text=text, filename=document.display, settings=settings, edits=edits,
                         models=document.models, model_findings=document.model_findings)
 
@@ -198,11 +199,14 @@ class TcauditServer(LanguageServer):
         lines, codec = text_document.lines, text_document.position_codec
         settings = self.settings_for(document)
         loop = asyncio.get_running_loop()
-        if document.edits_for is not None and document.edits_for[0] == version:
+        # The fixes' edits of the findings on the lines asked about (each costs a codemod run).
+        asked_lines = (params.range.start.line + 1, params.range.end.line + 1)
+        key = (version, asked_lines)
+        if document.edits_for is not None and document.edits_for[0] == key:
             findings = document.edits_for[1]
         else:
-            findings = list(await loop.run_in_executor(self.scans, self._scan, document, settings, text, True))
-            document.edits_for = (version, findings)
+            findings = list(await loop.run_in_executor(self.scans, self._scan, document, settings, text, asked_lines))
+            document.edits_for = (key, findings)
         wanted = params.context.only
         capabilities = self.client_capabilities.workspace
         versioned = bool(capabilities and capabilities.workspace_edit and capabilities.workspace_edit.document_changes)

@@ -1,0 +1,99 @@
+"""Diagnostics latency of ``tcaudit server`` after an edit (CPU machine; the script rules, no model audit):
+the wall time from sending a ``didChange`` to receiving the ``publishDiagnostics`` of that version,
+for the ResNet50 fixture and the 2,008-line file of ``fix_speed.py``; also the first diagnostics after
+``didOpen`` (which import the rules) and a quick-fix ``codeAction`` (the fixes' edits).
+
+    .venv/bin/python benchmarks/server_latency.py [--edits 30] [--out benchmarks/results/server_latency.json]
+
+Each edit appends a comment line (the script rules scan the whole text again, as for any keystroke);
+edits are sent one at a time, each after the previous one's diagnostics arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def measure(client, path: Path, text: str, edits: int) -> dict:
+    uri = path.as_uri()
+    start = time.perf_counter()
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}})
+    first = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == uri and p.get("version") == 1)
+    opened = time.perf_counter() - start
+    times = []
+    for version in range(2, edits + 2):
+        text = text + f"# edit {version}\n"
+        start = time.perf_counter()
+        client.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
+                                                 "contentChanges": [{"text": text}]})
+        client.wait_for("textDocument/publishDiagnostics", lambda p, v=version: p["uri"] == uri and p.get("version") == v)
+        times.append(time.perf_counter() - start)
+    target = next((d for d in first["diagnostics"] if d["code"] == "TC201"), first["diagnostics"][0])
+    start = time.perf_counter()
+    actions = client.request("textDocument/codeAction", {"textDocument": {"uri": uri}, "range": target["range"],
+                                                         "context": {"diagnostics": [target], "only": ["quickfix"]}})
+    action = time.perf_counter() - start
+    times.sort()
+    return {
+        "lines": text.count("\n"),
+        "diagnostics": len(first["diagnostics"]),
+        "first_diagnostics_after_open_s": round(opened, 3),
+        "after_edit_median_s": round(statistics.median(times), 3),
+        "after_edit_p90_s": round(times[int(0.9 * (len(times) - 1))], 3),
+        "after_edit_max_s": round(times[-1], 3),
+        "code_action_s": round(action, 3),
+        "code_actions": len(actions),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--edits", type=int, default=30)
+    parser.add_argument("--out", default=str(HERE / "results" / "server_latency.json"))
+    args = parser.parse_args()
+    import fix_speed
+    from lsp_client import LspClient
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+        (root / "big").mkdir()
+        big = fix_speed.two_thousand_line_file(root / "big")
+        fixture = root / "train.py"
+        fixture.write_text((REPO / "fixtures" / "resnet50" / "train.py").read_text())
+        client = LspClient(root, env={"PYTHONPATH": str(REPO)})
+        try:
+            client.initialize(root)
+            for name, path in (("fixture", fixture), ("2k-line file", big)):
+                rows[name] = measure(client, path, path.read_text(), args.edits)
+                print(name, rows[name], flush=True)
+        finally:
+            client.close()
+    result = {
+        "command": "benchmarks/server_latency.py " + " ".join(sys.argv[1:]),
+        "machine": f"CPU only: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "load_average_at_end": os.getloadavg(),
+        "edits": args.edits,
+        "results": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
