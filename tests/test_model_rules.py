@@ -129,6 +129,9 @@ def test_fp32_gemms_need_only_four_element_alignment():
     assert run(facts, select=("TC101",)) == []
     [fp32] = run(facts, select=("TC111",))
     assert fp32.details["dtype"] == "float32" and fp32.details["precision"] == "bfloat16"
+    # Short message (issue 29): what and where; why it stays fp32 and the figures in the explanation.
+    assert fp32.message == "`fc` runs its linear in fp32, not the bf16 training uses"
+    assert fp32.explanation.startswith("It stays fp32 because autocast does not reach it (") and "~2.1× slower" in fp32.explanation
 
 
 def test_identical_layers_built_by_one_line_are_one_finding():
@@ -190,6 +193,10 @@ def test_round_trip_and_no_op_casts():
     findings = run(facts, select=("TC110",))
     assert [(f.location.line, f.severity) for f in findings] == [(30, Severity.WARNING), (31, Severity.INFO)]
     assert findings[0].details["dtypes"] == ["float16", "float32", "float16"]
+    assert findings[0].message == "round-trip cast fp16 → fp32 → fp16 in the model's own forward; drop both casts"
+    assert "gives back the same values" in findings[0].explanation
+    assert findings[1].message == "cast to fp16 in the model's own forward does nothing: the tensor is already fp16"
+    assert "at the configured precision" in findings[1].explanation
 
 
 def test_conv_bias_before_batchnorm_from_the_graph_and_from_parameters():
@@ -202,9 +209,12 @@ def test_conv_bias_before_batchnorm_from_the_graph_and_from_parameters():
     norm = OpFact(1, "norm", "batch_norm", "bn", "BatchNorm2d", 0, "bfloat16", [], 0.0, None, {"after": 0})
     [finding] = run(facts_of((conv_module, conv), (bn_module, norm)), select=("TC112",))
     assert (finding.location.line, finding.details["norm"]) == (40, "bn")
+    assert finding.message == "`conv` (Conv2d, bias=True) feeds BatchNorm `bn`; construct it with bias=False"
+    assert finding.explanation.startswith("The norm subtracts the per-channel mean")
     parameters_only = facts_of((conv_module, None), (bn_module, None), capture=CaptureInfo(method="parameters"))
     [finding] = run(parameters_only, select=("TC112",))
     assert finding.details["impact_basis"] == "parameters"
+    assert finding.explanation.endswith("; checked from its parameters.") and len(finding.message) <= 120
 
 
 def test_stem_and_unaligned_channels():
@@ -233,6 +243,8 @@ def test_attention_head_dims():
 
     findings = run(facts_of(sdpa(12, "a", 5), sdpa(64, "b", 6), sdpa(320, "c", 7)), select=("TC106",))
     assert [(f.location.line, f.details["suggested"]) for f in findings] == [(5, 16), (7, 256)]
+    assert findings[0].message == "attention in `a` has head dim 12, not a multiple of 8; use 16"
+    assert "(8 heads × 12)" in findings[0].explanation and "flash-attention kernels refuse it" in findings[0].explanation
 
 
 def test_not_audited_says_why():
@@ -244,13 +256,14 @@ def test_not_audited_says_why():
                                "NameError: name 'vocab' is not defined")
     [finding] = run(failed)
     assert (finding.rule, finding.location.line, finding.severity) == ("TC100", 7, Severity.INFO)
-    assert "(line 3 (`vocab = torch.load('v.pt')`) loads a checkpoint" in finding.message
+    assert "(line 3 (`vocab = torch.load('v.pt')`) loads a checkpoint" in finding.explanation
+    assert len(finding.message) <= 120
     traced = facts_of(linear("fc", 1024, 1020), capture=CaptureInfo(method="parameters", failures=[
         "export: RuntimeError: x", "dynamo: RuntimeError: y", "fx: TraceError: z"]))
     traced.ops = []
     findings = run(traced)
     assert [f.rule for f in findings] == ["TC100", "TC101"]
-    assert "only the checks on layer parameters ran" in findings[0].message
+    assert "only the checks on layer parameters ran" in findings[0].explanation
 
 
 def test_gpu_without_a_table_says_so():

@@ -40,26 +40,30 @@ class AttentionHeadDim(ModelRule):
                        "suggested": suggested_head_dim(head)}
             if call_site is not None:
                 details["call_line"] = call_site.line
+            message, explanation = self._message(shown, head, heads, context, impact_text(estimate))
             yield self.finding(
                 context,
                 self._site(context, first),
-                self._message(shown, head, heads, context, impact_text(estimate)),
+                message,
                 cost=estimate,
                 details=details,
+                explanation=explanation,
             )
         for module in facts.unreached("mha"):
             head = module.attrs["head_dim"]
             if not cost.head_dim_unsupported(head) or module.site is None:
                 continue
             estimate = cost.parameter_cost(module.attrs, cost.sdpa_penalty())
+            message, explanation = self._message(f"`{module.path}`", head, module.attrs["num_heads"], context,
+                                                 impact_text(estimate), "checked from its parameters")
             yield self.finding(
                 context,
                 module.site,
-                self._message(f"`{module.path}`", head, module.attrs["num_heads"], context, impact_text(estimate))
-                + "; checked from its parameters",
+                message,
                 cost=estimate,
                 details={"module": module.path, "head_dim": head, "heads": module.attrs["num_heads"],
                          "suggested": suggested_head_dim(head), "impact_basis": "parameters"},
+                explanation=explanation,
             )
 
     @staticmethod
@@ -72,13 +76,19 @@ class AttentionHeadDim(ModelRule):
         return op.site or context.target_site()
 
     @staticmethod
-    def _message(shown, head, heads, context, impact) -> str:
-        width = f" ({heads} heads × {head})" if heads else ""
+    def _message(shown, head, heads, context, impact, suffix="") -> tuple[str, str]:
+        """The message (what and where, the head dim to use) and the explanation (why, the figures)."""
         reason = "over 256" if head > MAX_HEAD_DIM else "not a multiple of 8"
-        text = (
-            f"attention in {shown} has head dim {head}{width}, {reason}: the flash-attention kernels refuse it "
-            f"and scaled_dot_product_attention falls back to a slower kernel "
-            f"(~{context.cost.sdpa_penalty():.1f}× slower on {context.cost.device_name}); use a head dim of "
-            f"{suggested_head_dim(head)} (fewer, wider heads, or pad the head dim)"
+        message = f"attention in {shown} has head dim {head}, {reason}; use {suggested_head_dim(head)}"
+        width = f" ({heads} heads × {head})" if heads else ""
+        explanation = (
+            f"Head dim {head}{width} is {reason}: the flash-attention kernels refuse it and "
+            f"scaled_dot_product_attention falls back to a slower kernel (~{context.cost.sdpa_penalty():.1f}× slower "
+            f"on {context.cost.device_name}); use a head dim of {suggested_head_dim(head)} (fewer, wider heads, "
+            f"or pad the head dim)"
         )
-        return text + (f" [{impact}]" if impact else "")
+        if impact:
+            explanation += f" [{impact}]"
+        if suffix:
+            explanation += f"; {suffix}"
+        return message, explanation + "."

@@ -43,12 +43,15 @@ class RedundantCast(ModelRule):
             wider = DTYPE_BYTES.get(middle, 4) > DTYPE_BYTES.get(start, 4)
             effect = "gives back the same values" if wider else f"can only lose precision through {short_dtype(middle)}"
             message = (
-                f"round-trip cast {short_dtype(start)} → {short_dtype(middle)} → {short_dtype(start)} in {shown}: "
-                f"both casts copy the tensor ({'x'.join(map(str, second.shapes[-1])) if second.shapes else '?'}) "
-                f"and the round trip {effect}; drop both casts"
+                f"round-trip cast {short_dtype(start)} → {short_dtype(middle)} → {short_dtype(start)} in {shown}; "
+                f"drop both casts"
+            )
+            explanation = (
+                f"Both casts copy the tensor ({'x'.join(map(str, second.shapes[-1])) if second.shapes else '?'}) "
+                f"and the round trip {effect}"
             )
             if estimate.time_share:
-                message += f" [{impact_text(estimate)}, memory-bound]"
+                explanation += f" [{impact_text(estimate)}, memory-bound]"
             yield self.finding(
                 context,
                 context.op_site(second),
@@ -56,14 +59,16 @@ class RedundantCast(ModelRule):
                 cost=estimate,
                 details={**module_details, "dtypes": [start, middle, start], "shapes": second.shapes,
                          "count": len(pairs)},
+                explanation=explanation + ".",
             )
         for (_, _, dtype), ops in no_ops.items():
             shown, module_details = describe_modules(ops)
             yield self.finding(
                 context,
                 context.op_site(ops[0]),
-                f"cast to {short_dtype(dtype)} in {shown} does nothing: the tensor is already {short_dtype(dtype)} "
-                f"at the configured precision; remove it, or keep it only if the code must also run in another dtype",
+                f"cast to {short_dtype(dtype)} in {shown} does nothing: the tensor is already {short_dtype(dtype)}",
                 severity=Severity.INFO,
                 details={**module_details, "dtype": dtype, "shapes": ops[0].shapes},
+                explanation=(f"The tensor is already {short_dtype(dtype)} at the configured precision; remove the "
+                             "cast, or keep it only if the code must also run in another dtype."),
             )

@@ -25,23 +25,24 @@ class Fp32Gemm(ModelRule):
             estimate = cost.dtype_cost(ops)
             shown, module_details = describe_modules(ops)
             if dtype == "float64":
-                why = "float64 tensors: autocast never lowers float64"
+                why = "its tensors are float64, which autocast never lowers"
             elif facts.autocast:
                 why = "autocast does not reach it (an autocast-disabled region, or an op autocast does not cover)"
             else:
                 why = f"the model's parameters are {short_dtype(facts.param_dtype)}"
-            message = (
-                f"{shown} runs its {first.op} in {short_dtype(dtype)} although training is set up for "
-                f"{short_dtype(target)}: {why}; ~{estimate.penalty:.1f}× slower than {short_dtype(target)} "
-                f"on {cost.device_name}"
+            message = f"{shown} runs its {first.op} in {short_dtype(dtype)}, not the {short_dtype(target)} training uses"
+            explanation = (
+                f"It stays {short_dtype(dtype)} because {why}; ~{estimate.penalty:.1f}× slower than "
+                f"{short_dtype(target)} on {cost.device_name}"
             )
             impact = impact_text(estimate)
             if impact:
-                message += f" [{impact}]"
+                explanation += f" [{impact}]"
             yield self.finding(
                 context,
                 site,
                 message,
                 cost=estimate,
                 details={**module_details, "op": first.op, "dtype": dtype, "precision": target, "shapes": first.shapes},
+                explanation=explanation + ".",
             )

@@ -27,12 +27,14 @@ class ConvBiasBeforeNorm(ModelRule):
             size = DTYPE_BYTES.get(context.cost.dtype(first), 2)
             estimate = context.cost.memory_cost(sum(2 * size * conv.info.get("out_numel", 0) for conv in group))
             shown, module_details = describe_modules(group)
+            message, explanation = self._message(shown, first.module_type or first.op, norm.module, impact_text(estimate))
             yield self.finding(
                 context,
                 site,
-                self._message(shown, first.module_type or first.op, norm.module, impact_text(estimate)),
+                message,
                 cost=estimate,
                 details={**module_details, "norm": norm.module, "shapes": first.shapes},
+                explanation=explanation,
             )
         reached = {op.module for op in facts.ops}
         for module in facts.unreached("conv"):
@@ -44,18 +46,26 @@ class ConvBiasBeforeNorm(ModelRule):
                 and module.site is not None
                 and module.path not in reached
             ):
+                message, explanation = self._message(f"`{module.path}`", module.type, following.path, "",
+                                                     "checked from its parameters")
                 yield self.finding(
                     context,
                     module.site,
-                    self._message(f"`{module.path}`", module.type, following.path, "") + "; checked from its parameters",
+                    message,
                     details={"module": module.path, "norm": following.path, "impact_basis": "parameters"},
+                    explanation=explanation,
                 )
 
     @staticmethod
-    def _message(shown, layer, norm, impact) -> str:
-        text = (
-            f"{shown} ({layer}, bias=True) feeds BatchNorm `{norm}` directly: the norm subtracts the "
-            f"per-channel mean, so the bias has no effect but costs an extra pass over the output and "
-            f"a parameter; construct it with bias=False"
+    def _message(shown, layer, norm, impact, suffix="") -> tuple[str, str]:
+        """The message (what and where, the fix) and the explanation (why, the cost)."""
+        message = f"{shown} ({layer}, bias=True) feeds BatchNorm `{norm}`; construct it with bias=False"
+        explanation = (
+            "The norm subtracts the per-channel mean, so the bias has no effect but costs an extra pass "
+            "over the output and a parameter"
         )
-        return text + (f" [{impact}, memory-bound]" if impact else "")
+        if impact:
+            explanation += f" [{impact}, memory-bound]"
+        if suffix:
+            explanation += f"; {suffix}"
+        return message, explanation + "."
