@@ -213,6 +213,17 @@ def test_github_info_is_a_notice_and_messages_are_escaped():
     )
 
 
+def test_github_and_junit_carry_the_explanation_below_the_message():
+    finding = info_finding("short message")
+    finding.explanation = "why it matters: 2.6x on the H200"
+    out = render("github", ScanResult(findings=[finding], files_scanned=1, files_parsed=1))
+    assert out.endswith("::short message%0A%0Awhy it matters: 2.6x on the H200\n")
+    root = ET.fromstring(render("junit", ScanResult(findings=[finding], files_scanned=1, files_parsed=1)))
+    failure = root.find(".//failure")
+    assert failure.get("message") == "short message"
+    assert failure.text.splitlines()[1] == "why it matters: 2.6x on the H200"
+
+
 def test_github_multiline_span_has_no_columns():
     finding = info_finding()
     finding.location = Location("x.py", 3, 5, 6, 2)

@@ -1,6 +1,7 @@
 """GitHub Actions workflow commands: one annotation per finding, shown on the pull request's diff.
 
 ``::warning file=train.py,line=2,col=10,endLine=2,endColumn=35,title=TC202 deprecated-amp-api::message``
+(the finding's explanation, where it has one, follows the message after a blank line).
 
 Escaping follows the runner's rules (actions/toolkit ``command.ts``): ``%``, CR and LF in the
 message; additionally ``:`` and ``,`` in property values, which would otherwise end the value.
@@ -40,6 +41,8 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                 position.update(endLine=loc.end_line, endColumn=loc.end_column)
         # A notebook's lines count within the cell, which the title names (``cell 3: TC201 ...``).
         title = f"{f.rule} {f.name}" if loc.cell is None else f"cell {loc.cell}: {f.rule} {f.name}"
-        out.write(annotation(COMMANDS[str(f.severity)], f.message, file=loc.path, **position, title=title))
+        # The message, then the explanation on the lines below it (the annotation shows both).
+        text = f"{f.message}\n\n{f.explanation}" if f.explanation else f.message
+        out.write(annotation(COMMANDS[str(f.severity)], text, file=loc.path, **position, title=title))
     for note in result.notes:
         out.write(annotation("notice", note, title="tcaudit"))

@@ -57,6 +57,8 @@ def build_tree(result) -> ET.ElementTree:
             )
             failure = ET.SubElement(case, "failure", message=f.message, type=f"{f.rule} {f.severity}")
             failure.text = f"{path}:{loc.position}: {f.rule} {f.message}"
+            if f.explanation:
+                failure.text += f"\n{f.explanation}"
             if f.fix is not None:
                 verb = "fix" if f.fix.available else "no fix"
                 detail = f.fix.description if f.fix.available else (f.fix.reason or f.fix.description)
