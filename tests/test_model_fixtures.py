@@ -328,4 +328,5 @@ def test_command_line_factory_that_cannot_be_called(tmp_path):
     )
     [finding] = json.loads(out)["findings"]
     assert finding["rule"] == "TC100" and finding["path"] == "factories.py"
-    assert "missing 1 required positional argument: 'width'" in finding["message"]
+    assert "missing 1 required positional argument: 'width'" in finding["explanation"]
+    assert finding["message"].startswith("could not build `factories:build_needs_args`: TypeError: ") and len(finding["message"]) <= 120

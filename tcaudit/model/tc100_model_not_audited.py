@@ -16,6 +16,9 @@ from tcaudit.model.facts import ModelFacts
 from tcaudit.model.rules import ModelContext, ModelRule
 
 _UNDEFINED = re.compile(r"name '([^']+)' is not defined")
+# Where a reason names the exception that stopped the build: the message starts there,
+# the location before it (which file, which call) stays in the explanation.
+_RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Warning)\b.*")
 _METHOD = re.compile(r"^(export|dynamo|fx): ")
 SHORT_REASON = 200
 MESSAGE_LIMIT = 120
@@ -64,8 +67,9 @@ class ModelNotAudited(ModelRule):
         if facts.status == "failed":
             reason = one_line(facts.reason) + self._skipped_hint(facts)
             help_text = "" if "[[tool.tcaudit.models]]" in reason else f"; {FACTORY_HELP}"
-            head = f"could not build `{label}` for the model audit: "
-            message = head + _flat(facts.reason) + help_text if verbose else fitted(head, reason)
+            head = f"could not build `{label}`: "
+            raised = _RAISED.search(reason)
+            message = head + _flat(facts.reason) + help_text if verbose else fitted(head, raised.group(0) if raised else reason)
             yield self.finding(
                 context,
                 context.target_site(),
