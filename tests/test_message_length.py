@@ -98,3 +98,23 @@ def test_text_wraps_at_the_terminal_width_between_words():
     out = io.StringIO()
     get_reporter("text")(result, out, rules=load_catalog(), color=False)
     assert any(line.endswith(message) and len(line) > width for line in out.getvalue().splitlines())
+
+
+def _bad_examples():
+    import tomllib
+
+    for path in sorted((REPO / "rules").glob("TC*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        for index, bad in enumerate(data.get("bad", [])):
+            if bad.get("code") and not path.stem.startswith("TC1"):  # TC1 needs the model audit
+                yield pytest.param(path.stem, bad["code"], id=f"{path.stem}-{index}")
+
+
+@pytest.mark.parametrize("rule, code", list(_bad_examples()))
+def test_every_script_rule_message_on_its_bad_examples_fits_120(rule, code):
+    from tcaudit import api
+
+    found = api.scan(text=code if code.endswith("\n") else code + "\n", filename="example.py", isolated=True,
+                     exec_models=False, edits=False)
+    over = [f"{f.rule}: {f.message}" for f in found if len(f.message) > MESSAGE_LIMIT]
+    assert not over, "\n".join(over)

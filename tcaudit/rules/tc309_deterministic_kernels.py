@@ -65,8 +65,9 @@ class DeterministicKernels(ScriptRule):
     def _finding(self, facts: ScriptFacts, node: cst.CSTNode, what: str, effect: str) -> Finding:
         return self.finding(
             facts, node,
-            f"{what} in a training script {effect}; keep it only if bit-for-bit reproducibility is wanted "
-            "(behind a flag, as for a seed)",
+            f"{what} in a training script trades speed for reproducibility",
+            explanation=(f"It {effect}; keep it only if bit-for-bit reproducibility is wanted (behind a "
+                         "flag, as for a seed)."),
         )
 
 

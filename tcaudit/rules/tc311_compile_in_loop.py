@@ -38,6 +38,7 @@ class CompileInLoop(ScriptRule):
                 continue
             yield self.finding(
                 facts, call.node,
-                f"`{call.name}(...)` runs on every training step: each call wraps and guards the model anew "
-                "(and recompiles a new closure); compile once, before the loop",
+                f"`{call.name}(...)` runs on every training step; compile once, before the loop",
+                explanation=("Each call wraps and guards the model anew (and recompiles a new closure), so "
+                             "the step pays for it every time."),
             )

@@ -50,8 +50,9 @@ class DeprecatedSdpKernel(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                "`torch.backends.cuda.sdp_kernel` is deprecated (it warns on every use and will be removed); "
-                "use `torch.nn.attention.sdpa_kernel` with a list of backends",
+                "`torch.backends.cuda.sdp_kernel` is deprecated; use `torch.nn.attention.sdpa_kernel`",
+                explanation=("It warns on every use and will be removed; `torch.nn.attention.sdpa_kernel` takes "
+                             "the list of backends to allow."),
                 fix=self.planned_fix(FixClass.SAFE, "use torch.nn.attention.sdpa_kernel([...])", plan),
             )
 

@@ -52,8 +52,8 @@ class ArchListVariable(ScriptRule):
 
             yield self.finding(
                 facts, statement,
-                f"`{NAME}` assigned as a Python variable has no effect: the extension builder reads it from "
-                f"the environment; set `os.environ[\"{NAME}\"]`",
+                f"`{NAME}` assigned as a Python variable has no effect; set `os.environ[\"{NAME}\"]`",
+                explanation="The extension builder reads it from the environment, never from a variable.",
                 fix=self.planned_fix(FixClass.SAFE, f"set os.environ[{NAME!r}] instead", plan),
             )
 

@@ -36,8 +36,9 @@ class DaliPipelineWithoutInput(ScriptRule):
                 continue  # a helper of the file's own may read the data: do not guess
             yield self.finding(
                 facts, function.name,
-                f"DALI pipeline `{function.name.value}` has no reader (`fn.readers.*`) and no "
-                "`fn.external_source`: it has no data to decode, and building it fails",
+                f"DALI pipeline `{function.name.value}` has no reader and no external source: building it fails",
+                explanation=("A pipeline needs a `fn.readers.*` reader or an `fn.external_source` to get data "
+                             "from; without one it has nothing to decode."),
             )
 
 

@@ -87,15 +87,17 @@ class FindUnusedParameters(ScriptRule):
                 )
             return RemoveKeyword(call, argument, KEYWORD, evidence)
 
+        why = (f"`{KEYWORD}=True` makes DDP traverse the autograd graph after every forward; it is only "
+               "needed when some parameter gets no gradient in a step")
         if evidence is None:
-            message = (f"`{KEYWORD}=True` makes DDP traverse the autograd graph after every forward; it is only "
-                       "needed when some parameter gets no gradient in a step")
+            message = f"`{KEYWORD}=True` makes DDP traverse the autograd graph after every forward"
             severity = Severity.INFO
         else:
-            message = f"`{KEYWORD}=True` costs a graph traversal every step, and {evidence}: remove it"
+            message = f"`{KEYWORD}=True` costs a graph traversal every step, and no parameter needs it: remove it"
+            why += f"; {evidence}"
             severity = None
         return self.finding(
-            facts, argument, message, severity=severity,
+            facts, argument, message, severity=severity, explanation=why + ".",
             fix=self.planned_fix(FixClass.SAFE, f"remove {KEYWORD}=True", plan),
         )
 
