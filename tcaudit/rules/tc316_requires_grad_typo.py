@@ -115,7 +115,7 @@ class _Typos(cst.CSTVisitor):
 
 class RequiresGradTypo(ScriptRule):
     id = "TC316"
-    triggers = (r"requ\w*_(?:grad|gard)",)
+    triggers = (r"req\w*_g(?:rad|ard)",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if "torch" not in facts.imported_roots():

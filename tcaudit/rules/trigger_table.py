@@ -222,7 +222,7 @@ TRIGGER_TABLE = {
     "TC316": (
         "tc316_requires_grad_typo",
         (
-            r"requ\w*_(?:grad|gard)",
+            r"req\w*_g(?:rad|ard)",
         ),
         {},
     ),
