@@ -233,3 +233,28 @@ def test_patched_fixture_runs_on_cpu(tmp_path, name):
     assert "step 1 loss" in proc.stdout
     if name == "tc316_freeze_backbone":
         assert "trainable 0" in proc.stdout  # the backbone is frozen now
+
+
+def test_tc315_rebinding_in_another_function_does_not_shadow(tmp_path):
+    code = """
+    import torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return checkpoint(self.block, x)
+
+
+    def resume(model, path):
+        checkpoint = torch.load(path, weights_only=True)
+        model.load_state_dict(checkpoint["model"])
+
+
+    class Trainer:
+        def step(self, x):
+            checkpoint = self.make_checkpoint_fn()
+            return checkpoint(x)
+    """
+    assert [f.location.line for f in _hits(tmp_path, code, "TC315")] == [8]

@@ -40,8 +40,11 @@ def _shadowed(facts: ScriptFacts, call: CallSite) -> bool:
         return True
     if any(node.name.value == head and ctx.class_def is None for node, ctx in facts.functions):
         return True  # a function of this file (a method of the same name does not shadow it)
-    if any(b.ctx.function in (None, call.ctx.function) and b.ctx.class_def is None for b in facts.bindings_of(head)):
-        return True  # rebound at module level or in the calling function
+    for binding in facts.bindings_of(head):
+        if binding.ctx.function is not None and binding.ctx.function is call.ctx.function:
+            return True  # rebound in the calling function
+        if binding.ctx.function is None and binding.ctx.class_def is None:
+            return True  # rebound at module level
     for frame in call.ctx.chain():
         if frame.kind == "def":
             params = frame.node.params  # type: ignore[union-attr]

@@ -129,7 +129,7 @@ class RequiresGradTypo(ScriptRule):
             yield self.finding(
                 facts,
                 attribute,
-                f"`.{name} = ...` misspells `requires_grad`: it sets a new attribute and freezes nothing",
+                f"`.{name} = ...` misspells `requires_grad`: it sets a new attribute; no gradient setting changes",
                 explanation="Tensors and modules accept any new attribute, so the assignment succeeds and nothing "
                 "reads it: every parameter still requires grad, the full backward runs and the 'frozen' "
                 "parameters train. The attribute is `requires_grad`.",
