@@ -103,7 +103,7 @@ class _Typos(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         name = node.attr.value
         if name in TYPOS and id(node) not in self._stores:
-            self.owned.add(name)  # read somewhere: a tensor would raise AttributeError, so it is the user's
+            self.owned.add(name)  # read back somewhere: the script treats the name as its own
         elif name in METHOD_TYPOS and id(node) not in self._funcs:
             self.owned.add(name)
 
