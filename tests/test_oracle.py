@@ -114,6 +114,9 @@ EXPECT = {
     # checks the same batches per epoch, and the original's exact output with the DataLoader forced).
     "dali_flag_arms": Expect(compare=0, why="DALI draws its own random crops"),
     "dali_trainer": Expect(compare=0, why="DALI draws its own random crops"),
+    # TC316 spells requires_grad right: the backbone the script meant to freeze stops training, so the
+    # losses after the first step (no update yet) differ, as intended.
+    "tc316_freeze_backbone": Expect(compare=1, why="TC316 freezes the backbone the script meant to freeze"),
 }
 # The BCE fixture's original computes BCE under autocast: CUDA raises there (so does the shim).
 CUDA_EXPECT = {**EXPECT, "tc208_bce": Expect(original_fails=True, why="BCE under autocast raises on CUDA")}

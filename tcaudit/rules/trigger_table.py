@@ -212,6 +212,27 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC315": (
+        "tc315_checkpoint_use_reentrant",
+        (
+            r"checkpoint",
+        ),
+        {},
+    ),
+    "TC316": (
+        "tc316_requires_grad_typo",
+        (
+            r"req\w*_g(?:rad|ard)",
+        ),
+        {},
+    ),
+    "TC317": (
+        "tc317_torch_load_weights_only",
+        (
+            r"\bload\b",
+        ),
+        {},
+    ),
     "TC401": (
         "tc401_dataloader_no_workers",
         (
