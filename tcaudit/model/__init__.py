@@ -88,7 +88,7 @@ def run_model_audit(
     rules = [cls() for rule_id, cls in sorted(discover_model_rules().items()) if rule_id in enabled]
     if not rules:
         return result
-    from tcaudit.model.sandbox import Limits, StartupError, shared_sandbox
+    from tcaudit.model.sandbox import Limits, StartupError
 
     limits = limits or Limits.from_env()
     precision = _precision(settings)
