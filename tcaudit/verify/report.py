@@ -27,12 +27,18 @@ def _percent(value: float) -> str:
     return "-" if value != value else f"{value:.0%}"
 
 
+def _bound(value: float) -> str:
+    """An interval bound: two decimals, or three significant digits where it is huge (two noisy CPU
+    rounds can give a bound of 7e+15, which would otherwise fill the line)."""
+    return f"{value:.2f}" if abs(value) < 1000 else f"{value:.3g}"
+
+
 def speedup_line(result: VerifyResult) -> str:
     interval = result.interval
     if interval.interval is None:
         return (f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s (one round: no interval; "
                 "--rounds 2 or more gives one)")
-    span = f"[{interval.low:.2f}, {interval.high:.2f}]"
+    span = f"[{_bound(interval.low)}, {_bound(interval.high)}]"
     verdict = "significant" if interval.significant else "[yellow]no significant difference[/yellow]"
     return (f"speedup: [bold]{result.speedup:.2f}x[/bold] samples/s (median of {result.rounds} rounds), "
             f"{confidence_label(result.confidence)} interval {span}: {verdict}")
