@@ -543,7 +543,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
             name.append(f"\n{severity}, {fix}", style="dim")
             table.add_row(spec.id, name, Text(spec.summary))
     # The terminal's width (COLUMNS where set), never below 80 columns; piped output gets 80 too.
-    Console(width=width, soft_wrap=False, highlight=False).print(table)
+    Console(width=width, soft_wrap=False, highlight=False, emoji=False).print(table)
     return EXIT_CLEAN
 
 

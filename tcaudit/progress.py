@@ -142,7 +142,7 @@ def showing(fmt: str | None, *, console=None) -> Iterator[Progress]:
             return
         from rich.console import Console
 
-        console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        console = Console(file=sys.stderr, highlight=False, soft_wrap=True, emoji=False)
     reporter = RichProgress(console)
     previous, _current = _current, reporter
     reporter.rich.start()

@@ -269,3 +269,21 @@ def test_python_m_tcaudit_scan_exit_code(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith("bad.py:2:10: TC202 ")
     assert proc.stderr == ""
+
+
+def test_every_rich_console_prints_text_not_emoji_codes():
+    """`file.py:100:` came out as `file.py💯` (rich reads `:100:` as an emoji code): every Console
+    tcaudit makes turns emoji codes off."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "tcaudit"
+    missing = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Console" and node.args == []:
+                keywords = {k.arg: k.value for k in node.keywords}
+                value = keywords.get("emoji")
+                if not (isinstance(value, ast.Constant) and value.value is False):
+                    missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing
+

@@ -164,9 +164,9 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         for path in discovered.missing:
             print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
         return 2
-    console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True)
+    console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
     # Messages go above the progress display where there is one: its console knows where it is drawn.
-    err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True)
+    err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
     would_change = 0
     fixed_findings = 0
     errors = 0

@@ -85,7 +85,7 @@ def top_line(finding, rules) -> str:
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     # On a terminal (``color``), text wraps at its width between words (rich's word wrap; only a token
     # longer than the width is folded); piped, a line stays one line. Code frames never wrap.
-    console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=not color)
+    console = Console(file=out, force_terminal=color, no_color=not color, highlight=False, soft_wrap=not color, emoji=False)
     show = getattr(result, "show_fixes", False)
     cache: dict[tuple[str, int | None], list[str]] = {}
     findings = ordered(result.findings, rules, getattr(result, "sort", "impact"))

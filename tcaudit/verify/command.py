@@ -68,7 +68,7 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     script_args = list(getattr(args, "script_args", []))
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
-    console = Console(stderr=False, highlight=False, width=max(110, Console().width))
+    console = Console(stderr=False, highlight=False, width=max(110, Console(emoji=False).width), emoji=False)
     options = ["--rounds", str(args.rounds), *(["--aa"] if args.aa else []), *(["--health"] if args.health else []),
                *(["--patched", args.patched] if args.patched else []), *(["--attribute"] if args.attribute else []),
                *(["--attribute-budget", str(args.attribute_budget)] if args.attribute_budget is not None else []),
