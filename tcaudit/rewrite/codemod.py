@@ -89,6 +89,10 @@ class StatementEditor(cst.CSTTransformer):
     def _rebuild(self, original_body: Sequence[cst.CSTNode], updated_body: Sequence[cst.CSTNode]) -> list:
         out: list = []
         orphaned: list[cst.EmptyLine] = []  # blank lines and comments of removed statements
+        if len(original_body) != len(updated_body):
+            # A hook returned a FlattenSentinel or RemovalSentinel: pairing the statements would drop
+            # or misplace the others. Edits go through before/after/replace instead.
+            raise DeclineFix("internal error: a statement edit changed its block's length; nothing was rewritten")
         for original, updated in zip(original_body, updated_body):
             key = id(original)
             produced = list(self.before.get(key, []))

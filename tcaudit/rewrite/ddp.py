@@ -42,6 +42,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
+from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
@@ -223,12 +224,24 @@ class DdpConversion:
             raise DeclineFix(f"could not find where `{plan.model}` is built")
         plan.wrap_function = function
         for statement in body[start + 1:]:
-            if self.pipeline.body_trains(statement) or self._steps_in(statement):
+            if self.pipeline.body_trains(statement) or self._steps_in(statement) or self._calls_training(statement):
                 plan.wrap_before = statement
                 plan.wrap_line = facts.line_of(statement)
                 return
         plan.wrap_after = body[-1]
         plan.wrap_line = facts.position(body[-1]).end.line + 1
+
+    def _calls_training(self, statement: cst.CSTNode) -> bool:
+        """Whether a statement calls a function that trains, wherever in it the call sits (a plain call
+        line, a ``try`` body or handler, a ``with``): the wrap goes before it."""
+        facts = self.facts
+        span = facts.position(statement)
+        reaching = self.pipeline.functions_reaching_step
+        return any(
+            span.start.line <= facts.line_of(call.node) <= span.end.line
+            and any(fn in reaching for fn in self.pipeline.called_functions(call))
+            for call in facts.calls
+        )
 
     def _steps_in(self, statement: cst.CSTNode) -> bool:
         facts = self.facts
@@ -326,7 +339,7 @@ class DdpConversion:
                 self.functions.pop()
 
             def visit_Attribute(self, node: cst.Attribute) -> None:
-                if get_full_name_for_node(node.value) != model:
+                if attribute_chain(node.value) != model:
                     return
                 attr = node.attr.value
                 function = self.functions[-1] if self.functions else None
@@ -605,7 +618,9 @@ class _DdpEditor(CallEditor):
                 leading_lines=updated_node.leading_lines,
             )
             if id(original_node) in self.plan.saves_then_barrier:
-                return cst.FlattenSentinel([guarded, self.barrier])
+                # Through ``after`` (not a FlattenSentinel): the block rebuild pairs each original
+                # statement with its updated one.
+                self.insert_after(original_node, [self.barrier])
             return guarded
         return updated_node
 

@@ -190,6 +190,8 @@ def _is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSi
     # An unnamed-purpose loader (``loader``) counts when a step loop iterates it.
     short = name.split(".")[-1]
     for loop in info.step_loops.values():
+        if not name.startswith("self.") and call.ctx.function is not None and loop.function is not call.ctx.function:
+            continue  # a local `loader` of another function (an evaluate helper's) is another loader
         node = loop.node
         header = node.iter if isinstance(node, cst.For) else node.test  # type: ignore[union-attr]
         if re.search(rf"\b{re.escape(short)}\b", code(facts, header)):
@@ -248,6 +250,8 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 continue
             if batch_sampler and literal_value(call.arg("batch_sampler")) is not None:
                 continue
+            if facts.in_eval(call.ctx):
+                continue  # built in evaluation code (no_grad, inference_mode): its batches train nothing
             name = info.target_of(call.node)
             flow = _feeds_training(facts, info, call)
             if flow is False or (flow is None and not _is_training_loader(facts, info, call, name)):

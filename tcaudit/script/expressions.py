@@ -36,6 +36,17 @@ def literal(expr: cst.BaseExpression | None) -> object:
     return ...
 
 
+def attribute_chain(expr: cst.BaseExpression) -> str | None:
+    """``model`` or ``self.model.fc``: the dotted name of a chain of names and attributes only, never of
+    a call or subscript on one (``get_full_name_for_node`` gives ``model`` for ``model(x)[1]``)."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        inner = attribute_chain(expr.value)
+        return f"{inner}.{expr.attr.value}" if inner is not None else None
+    return None
+
+
 def keyword_arg(call: cst.Call, key: str) -> cst.Arg | None:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == key:
