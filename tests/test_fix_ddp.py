@@ -283,3 +283,30 @@ def test_the_conversion_deletes_no_statement_or_comment(name):
         if not difflib.get_close_matches(text, added, n=1, cutoff=0.6):
             lost.append(text)
     assert not lost, f"lines of {name}.in.py missing from its conversion: {lost}"
+
+
+def test_a_loader_with_its_own_sampler_declines_the_whole_conversion(tmp_path):
+    """Issue 30: the custom infinite loader kept its RandomSampler and both ranks trained on identical
+    batches without a word. Now no DDP edit is made, and scan and fix name the loader."""
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_infinite_loader_declined.in.py", target)
+    before = target.read_bytes()
+    code, out, err = run_cli("fix", str(target), "--ddp", "--select", "TC5", "--apply")
+    assert target.read_bytes() == before
+    assert "TC505 no fix: the training loader `self.train_loader` in `InfiniteDataLoader` brings its own sampler" in out + err
+    code, out, _ = run_cli("scan", "--no-exec", "--select", "TC505", str(target))
+    assert "no fix: the training loader `self.train_loader`" in out
+
+
+def test_the_tutorial_single_gpu_trainer_gets_tc505_and_a_reason(tmp_path):
+    """Issue 30: no DDP edit and no TC505 at all. The finding is there; the conversion declines, saying
+    why, in scan and in fix alike, and the file is untouched."""
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / "ddp_tutorial_single_gpu_declined.in.py", target)
+    before = target.read_bytes()
+    reason = "`model` is built in `load_train_objs()` and handed on by its `return`"
+    code, out, _ = run_cli("scan", "--no-exec", "--select", "TC505", str(target))
+    assert "TC505" in out and f"no fix: {reason}" in out
+    code, out, err = run_cli("fix", str(target), "--ddp", "--select", "TC5", "--apply")
+    assert target.read_bytes() == before
+    assert reason in out + err

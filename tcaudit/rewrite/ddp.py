@@ -158,6 +158,8 @@ class DdpConversion:
                     "the script picks its GPU with torch.cuda.set_device(...); under torchrun each process uses "
                     "the GPU of its LOCAL_RANK, so that call must go first"
                 )
+        for call in self.info.dataloaders:
+            self._check_sampler(call)
         if re.search(r"CUDA_VISIBLE_DEVICES", self.info.text):
             raise DeclineFix("the script sets CUDA_VISIBLE_DEVICES; under torchrun each process must see every GPU")
         taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports} | {
@@ -174,6 +176,28 @@ class DdpConversion:
             raise DeclineFix(f"the name `{self.backend}` is taken in this file")
         if DDP_NAME in taken and not any(s.local == DDP_NAME and s.qualname.endswith(DDP_NAME) for s in facts.imports):
             raise DeclineFix(f"the name `{DDP_NAME}` means something else in this file")
+
+    def _check_sampler(self, call) -> None:
+        """All or nothing: a training loader that brings its own sampler (``RandomSampler(replacement=True)``
+        in a custom infinite loader) cannot get the DistributedSampler the next round adds, and DDP
+        without it trains every rank on the same batches. Declined here, naming the loader, so no DDP
+        edit is made at all."""
+        facts = self.facts
+        if facts.in_eval(call.ctx):
+            return
+        for key, position in (("sampler", 3), ("batch_sampler", 4)):
+            value = call.arg(key, position)
+            if value is None or literal_value(value) is None:
+                continue
+            text = facts.module.code_for_node(value)
+            if "Distributed" in text:
+                continue
+            name = self.info.dataloader_name(call) or "DataLoader"
+            where = f" in `{call.ctx.class_def.name.value}`" if call.ctx.class_def is not None else ""
+            raise DeclineFix(
+                f"the training loader `{name}`{where} brings its own {key} (`{text[:60]}`); each rank needs "
+                "its own share of it, which DistributedSampler cannot give: shard it by hand"
+            )
 
     def _model(self) -> str:
         names = list(dict.fromkeys(site.name for site in self.pipeline.trained_models))
@@ -228,8 +252,15 @@ class DdpConversion:
                 plan.wrap_before = statement
                 plan.wrap_line = facts.line_of(statement)
                 return
-        plan.wrap_after = body[-1]
-        plan.wrap_line = facts.position(body[-1]).end.line + 1
+        last = body[-1]
+        if isinstance(last, cst.SimpleStatementLine) and any(isinstance(s, (cst.Return, cst.Raise)) for s in last.body):
+            where = f"`{function.name.value}()`" if function is not None else "the module"
+            raise DeclineFix(
+                f"`{plan.model}` is built in {where} and handed on by its `return`; the DDP wrap belongs where "
+                "the caller moves it to its GPU and trains it: convert by hand"
+            )
+        plan.wrap_after = last
+        plan.wrap_line = facts.position(last).end.line + 1
 
     def _calls_training(self, statement: cst.CSTNode) -> bool:
         """Whether a statement calls a function that trains, wherever in it the call sits (a plain call
