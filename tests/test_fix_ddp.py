@@ -34,6 +34,7 @@ CONVERTED = {
     "ddp_dataparallel": ([], 40, 2),
     "ddp_unet_oom_retry": (["--epochs", "2"], 16, 2),
     "ddp_best_loss_save": (["--epochs", "2"], 32, 2),
+    "ddp_fast_neural_style": (["--epochs", "2"], 16, 2),
     "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),
 }
 
