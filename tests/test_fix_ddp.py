@@ -35,6 +35,7 @@ CONVERTED = {
     "ddp_unet_oom_retry": (["--epochs", "2"], 16, 2),
     "ddp_best_loss_save": (["--epochs", "2"], 32, 2),
     "ddp_fast_neural_style": (["--epochs", "2"], 16, 2),
+    "ddp_accel_opt_in": (["--epochs", "2"], 16, 2),
     "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),
 }
 
@@ -311,3 +312,11 @@ def test_the_tutorial_single_gpu_trainer_gets_tc505_and_a_reason(tmp_path):
     code, out, err = run_cli("fix", str(target), "--ddp", "--select", "TC5", "--apply")
     assert target.read_bytes() == before
     assert reason in out + err
+
+
+def test_a_cpu_default_with_an_accel_opt_in_keeps_gloo_for_cpu_tensors():
+    """Issue 30: a script that trains on the CPU unless `--accel` is given got an NCCL-only group whenever
+    CUDA exists (NCCL has no CPU tensors)."""
+    assert 'ddp_backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"' in (
+        FIX / "ddp_accel_opt_in.out.py"
+    ).read_text()

@@ -44,9 +44,12 @@ _MULTI_PROCESS_TEXT = re.compile(
 )
 
 # A command-line or config switch that decides between CPU and GPU.
+# A switch that decides the device (``--no-cuda``, ``--device``, pytorch/examples' opt-in ``--accel``):
+# the model may train on the CPU on a GPU machine.
 DEVICE_SWITCH = re.compile(
-    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device)\b|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
-    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device)\b"""
+    r"""["']--?(?:no[-_]?)?(?:cuda|gpus?|cpu|device|accel(?:erator)?)\b"""
+    r"""|\bargs\.(?:no_?)?(?:cuda|gpus?|cpu|device|accel(?:erator)?)\b"""
+    r"""|\b(?:opt|cfg|config|hparams|flags|FLAGS)\.(?:no_?)?(?:cuda|gpus?|cpu|device|accel(?:erator)?)\b"""
 )
 
 
