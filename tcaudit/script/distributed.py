@@ -43,7 +43,6 @@ _MULTI_PROCESS_TEXT = re.compile(
     r"|\bcolossalai\b|\bmpi4py\b"
 )
 
-# A command-line or config switch that decides between CPU and GPU.
 # A switch that decides the device (``--no-cuda``, ``--device``, pytorch/examples' opt-in ``--accel``):
 # the model may train on the CPU on a GPU machine.
 DEVICE_SWITCH = re.compile(
