@@ -15,11 +15,11 @@ turns into a failure to remove the mark the moment the rule is fixed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
-from oracle.cases import DDP_CONVERSIONS, all_cases, patch, run_cases
+from oracle.cases import DDP_CONVERSIONS, all_cases, amp_case, patch, run_cases
 from oracle.harness import max_relative_difference
 
 pytestmark = pytest.mark.slow
@@ -190,6 +190,42 @@ def test_fix_keeps_the_losses_on_cpu(oracle, case_id):
 @pytest.mark.parametrize("case_id", _params(CUDA_FINDINGS))
 def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
     _check(oracle, case_id, "cuda", CUDA_EXPECT.get(case_id, Expect()))
+
+
+# Real CPU autocast in fp16/bf16 against the fp32 reference: the patched script must run, stay finite
+# and follow the reference's losses within low-precision rounding (a few steps of drift).
+AMP_RTOL = 0.1
+AMP_EXPECT: dict[str, Expect] = {}
+AMP_FINDINGS: dict[str, str] = {}
+AMP_CASES = [case.id for case in CASES if case.path is not None]
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=AMP_FINDINGS[c])) if c in AMP_FINDINGS else c for c in AMP_CASES],
+)
+def test_fix_trains_under_real_autocast(oracle, case_id):
+    """The patched script under a real CPU autocast in the dtype the GPU would use: a fill beyond
+    fp16's range, a half tensor fed to a region taken out of autocast or a clip of scaled gradients
+    fails or diverges here as it would on the GPU."""
+    patched, runs = oracle
+    if not amp_case(patched[case_id]):
+        pytest.skip("the patched script does not autocast")
+    base = CUDA_EXPECT.get(case_id, Expect())
+    expect = AMP_EXPECT.get(case_id, replace(base, rtol=max(base.rtol, AMP_RTOL)))
+    reference, fixed = runs[("cuda", case_id, "original")], runs[("amp", case_id, "patched")]
+    applied = ", ".join(patched[case_id].applied) or "no fix"
+    assert fixed.rc == 0, f"patched script failed under real autocast ({applied}):\n{fixed.explain()}"
+    assert all(math.isfinite(x) for x in fixed.losses), f"{applied}: {fixed.losses}"
+    if expect.original_fails or reference.rc != 0 or not reference.losses:
+        return
+    assert len(fixed.losses) == len(reference.losses), f"{applied}: {reference.losses} vs {fixed.losses}"
+    n = len(reference.losses) if expect.compare is None else expect.compare
+    difference = max_relative_difference(reference.losses[:n], fixed.losses[:n])
+    assert difference <= expect.rtol, (
+        f"{applied} under real autocast moved the losses by {difference:.2e} (allowed {expect.rtol:g}"
+        f"{': ' + expect.why if expect.why else ''})\nreference {reference.losses}\npatched   {fixed.losses}"
+    )
 
 
 # Findings of the two-rank runs, as strict xfails (none left: the loaders built by a lambda or in a helper

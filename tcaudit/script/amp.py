@@ -13,6 +13,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.distributed import names_in
+from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
 from tcaudit.source.syntax import param_names
@@ -597,10 +598,16 @@ class AmpFacts:
 
     @functools.cached_property
     def is_conv_model(self) -> bool:
+        """The script's text says the model is a convnet: a 2-D (or wider than 1x1 1-D) convolution or a
+        torchvision convnet family, and no attention anywhere (a Transformer whose feed-forward is a 1x1
+        ``Conv1d`` is a Transformer)."""
         facts = self.facts
+        if self.has_attention:
+            return False
         for call in facts.calls:
             qual = call.qualname or ""
-            if qual.startswith("torch.nn.Conv") or qual.startswith("torchvision.models") and any(
+            if qual.startswith("torch.nn.Conv") and not _pointwise_conv1d(call) or qual.startswith(
+                "torchvision.models") and any(
                 key in qual for key in ("resnet", "resnext", "vgg", "efficientnet", "mobilenet", "regnet",
                                         "convnext", "densenet", "inception", "googlenet", "squeezenet",
                                         "shufflenet", "mnasnet", "alexnet", "wide_resnet")
@@ -610,13 +617,63 @@ class AmpFacts:
             "vit" in (r.qualname or "") or "swin" in (r.qualname or "") for r in facts.references
         )
 
+    @functools.cached_property
+    def has_attention(self) -> bool:
+        """Attention anywhere in the script: an attention or Transformer module, SDPA, a class named
+        ``*Attention*``, or a softmax in a function that multiplies matrices (``softmax(q @ k.T)``)."""
+        facts = self.facts
+        if any("attention" in node.name.value.lower() or "transformer" in node.name.value.lower()
+               for node, _ in facts.classes):
+            return True
+        for call in facts.calls:
+            qual = call.qualname or ""
+            if qual in _ATTENTION_CALLS or qual.startswith("torch.nn.Transformer"):
+                return True
+            if (qual in _SOFTMAX_CALLS or call.method == "softmax") and _has_matmul(
+                    call.ctx.function if call.ctx.function is not None else call.node):
+                return True
+        return False
+
+    @functools.cached_property
+    def fp16_overflow(self) -> tuple[CallSite, float] | None:
+        """The first fill of a constant beyond fp16's range (``scores.masked_fill(mask, -1e9)``,
+        ``torch.finfo(torch.float32).min``): under fp16 autocast its tensor is half, and the fill raises
+        "value cannot be converted to type at::Half without overflow". Infinities fit in fp16."""
+        for call in self.facts.calls:
+            name = call.method if call.method in _FILL_POSITIONS else (call.qualname or "")
+            spec = _FILL_POSITIONS.get(name)
+            if spec is None:
+                continue
+            value = _fill_magnitude(self.facts, call.arg(spec[0], spec[1]))
+            if value is not None and FP16_MAX < abs(value) < float("inf"):
+                return call, value
+        return None
+
     def recommended_precision(
         self, setting: str, convnet: bool | None = None, gpu: str = "auto"
     ) -> tuple[str, bool, str]:
         """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting`` on the target
         ``gpu`` (the setting); ``convnet`` is the model audit's verdict on the trained model (None: judge
         from the script's text). A GPU without bf16 Tensor Cores (before sm_80: V100, T4) gets fp16 and
-        a GradScaler unless the configuration asks for bf16."""
+        a GradScaler unless the configuration asks for bf16. A constant fill beyond fp16's range makes
+        it bf16 whatever the setting: fp16 would raise at that fill."""
+        dtype, scaler, why = self._precision_choice(setting, convnet, gpu)
+        overflow = self.fp16_overflow
+        if dtype != HALF or overflow is None:
+            return dtype, scaler, why
+        from tcaudit import gpus
+
+        call, value = overflow
+        what = call.method or call.name or "a fill"
+        where = f" at line {self.facts.line_of(call.node)}"
+        target = gpus.resolve(gpu)
+        tail = "" if gpus.has_bf16(gpu) else (
+            f" ({target.label if target else gpu} has no bf16 Tensor Cores: slower, but it trains)")
+        return BF16, False, (f"`{what}` fills {value:g}{where}, beyond fp16's range (±65,504): under fp16 it "
+                             f"raises 'value cannot be converted to type at::Half without overflow', so bf16"
+                             f"{tail}")
+
+    def _precision_choice(self, setting: str, convnet: bool | None, gpu: str) -> tuple[str, bool, str]:
         from tcaudit import gpus
 
         if setting == "auto" and not gpus.has_bf16(gpu):
@@ -649,6 +706,69 @@ class AmpFacts:
                 "convnet: eager fp16 + channels_last trained ResNet50 faster than bf16"
             )
         return BF16, False, "bf16 keeps fp32's range: no GradScaler, no overflow in large activations"
+
+
+FP16_MAX = 65504.0
+_ATTENTION_CALLS = {
+    "torch.nn.MultiheadAttention", "torch.nn.modules.activation.MultiheadAttention",
+    "torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
+}
+_SOFTMAX_CALLS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
+# The fills that convert their value to the tensor's dtype (and raise on overflow): the value's
+# (keyword, position) by method or function.
+_FILL_POSITIONS = {
+    "masked_fill": ("value", 1), "masked_fill_": ("value", 1), "fill_": ("value", 0),
+    "index_fill": ("value", 2), "index_fill_": ("value", 2), "fill_diagonal_": ("fill_value", 0),
+    "new_full": ("fill_value", 1), "torch.full": ("fill_value", 1), "torch.full_like": ("fill_value", 1),
+    "torch.masked_fill": ("value", 2),
+}
+_WIDE_DTYPES = {"float32", "float", "float64", "double"}
+
+
+def _pointwise_conv1d(call: CallSite) -> bool:
+    """``nn.Conv1d(d, 4 * d, 1)``: a 1x1 convolution over a sequence, i.e. a per-token linear layer."""
+    if not (call.qualname or "").startswith("torch.nn.Conv1d"):
+        return False
+    kernel = call.arg("kernel_size", 2)
+    return isinstance(kernel, cst.Integer) and kernel.value == "1"
+
+
+def _has_matmul(node: cst.CSTNode) -> bool:
+    """Whether ``node`` holds a matrix product (``@``, ``matmul``, ``bmm``, ``einsum``)."""
+    found = False
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
+            nonlocal found
+            found = found or isinstance(op.operator, cst.MatrixMultiply)
+
+        def visit_Call(self, inner: cst.Call) -> None:
+            nonlocal found
+            name = get_full_name_for_node(inner.func) or ""
+            found = found or name.rsplit(".", 1)[-1] in ("matmul", "bmm", "einsum", "baddbmm")
+
+    node.visit(_Visitor())
+    return found
+
+
+def _fill_magnitude(facts: ScriptFacts, expr: cst.BaseExpression | None) -> float | None:
+    """The value of a fill: a numeric constant, or ``torch.finfo(torch.float32).min``/``.max`` (the
+    range of a dtype wider than fp16)."""
+    if expr is None:
+        return None
+    negative = False
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        negative, expr = True, expr.expression
+    if (isinstance(expr, cst.Attribute) and expr.attr.value in ("min", "max") and isinstance(expr.value, cst.Call)
+            and (get_full_name_for_node(expr.value.func) or "").endswith("finfo") and expr.value.args):
+        dtype = (get_full_name_for_node(expr.value.args[0].value) or "").rsplit(".", 1)[-1]
+        if dtype in _WIDE_DTYPES:
+            return 3.4e38
+        return None
+    value = numeric_constant(facts, expr)
+    if value is None:
+        return None
+    return -float(value) if negative else float(value)
 
 
 def gradient_penalty_call(facts: ScriptFacts) -> CallSite | None:

@@ -9,7 +9,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.facts import CallSite
+from tcaudit.script.facts import CallSite, ScriptFacts
 
 # Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
 CHECKPOINT_LOAD = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
@@ -34,6 +34,46 @@ def literal(expr: cst.BaseExpression | None) -> object:
         inner = literal(expr.expression)
         return -inner if isinstance(inner, (int, float)) else ...
     return ...
+
+
+def numeric_constant(facts: ScriptFacts, expr: cst.BaseExpression | None, depth: int = 0) -> int | float | None:
+    """The value of a numeric expression of literals and module constants (``4 * DIM``, ``-1e9``,
+    ``NEG_INF``), if it has one."""
+    if expr is None or depth > 5:
+        return None
+    value = literal(expr)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        inner = numeric_constant(facts, expr.expression, depth + 1)
+        return -inner if inner is not None else None
+    if isinstance(expr, cst.Name):
+        bindings = facts.bindings_of(expr.value)
+        if len(bindings) == 1 and bindings[0].ctx.function is None and bindings[0].ctx.class_def is None:
+            return numeric_constant(facts, bindings[0].value, depth + 1)
+        return None
+    if isinstance(expr, cst.BinaryOperation):
+        left = numeric_constant(facts, expr.left, depth + 1)
+        right = numeric_constant(facts, expr.right, depth + 1)
+        if left is None or right is None:
+            return None
+        operator = type(expr.operator)
+        try:
+            if operator is cst.Multiply:
+                return left * right
+            if operator is cst.Add:
+                return left + right
+            if operator is cst.Subtract:
+                return left - right
+            if operator is cst.FloorDivide and right:
+                return left // right
+            if operator is cst.Divide and right:
+                return left / right
+            if operator is cst.Power and abs(right) <= 64:
+                return left ** right
+        except (OverflowError, TypeError, ZeroDivisionError):
+            return None
+    return None
 
 
 def attribute_chain(expr: cst.BaseExpression) -> str | None:

@@ -35,7 +35,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix
-from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import nodes_of, parent_map
 
@@ -247,33 +247,10 @@ def script_widths(facts: ScriptFacts) -> list[Width]:
     return [w for w in found if unaligned(w.value) and w.internal_shaped()]
 
 
-def _constant_value(facts: ScriptFacts, expr: cst.BaseExpression | None, depth: int = 0) -> int | None:
+def _constant_value(facts: ScriptFacts, expr: cst.BaseExpression | None) -> int | None:
     """The value of an integer expression of literals and module constants (``4 * DIM``), if it has one."""
-    if expr is None or depth > 5:
-        return None
-    value = literal(expr)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(expr, cst.Name):
-        bindings = facts.bindings_of(expr.value)
-        if len(bindings) == 1 and bindings[0].ctx.function is None and bindings[0].ctx.class_def is None:
-            return _constant_value(facts, bindings[0].value, depth + 1)
-        return None
-    if isinstance(expr, cst.BinaryOperation):
-        left = _constant_value(facts, expr.left, depth + 1)
-        right = _constant_value(facts, expr.right, depth + 1)
-        if left is None or right is None:
-            return None
-        operator = type(expr.operator)
-        if operator is cst.Multiply:
-            return left * right
-        if operator is cst.Add:
-            return left + right
-        if operator is cst.Subtract:
-            return left - right
-        if operator is cst.FloorDivide and right:
-            return left // right
-    return None
+    value = numeric_constant(facts, expr)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _named_widths(facts: ScriptFacts, model: _Model, parents: dict[int, cst.CSTNode]) -> Iterator[Width]:

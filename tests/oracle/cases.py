@@ -89,6 +89,11 @@ def patch(case: OracleCase, workdir: Path) -> Patched:
     return Patched(case, fixed, tuple(result.applied), declined)
 
 
+def amp_case(p: Patched) -> bool:
+    """The fixtures whose patched script autocasts: run once more with real CPU autocast (AMP mode)."""
+    return p.case.path is not None and "autocast" in p.fixed
+
+
 def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("cpu", "cuda"), parallel: int = 2):
     """Run original and patched of every case in every mode, from one fork server:
     {(mode, case id, "original" | "patched"): RunResult}."""
@@ -103,6 +108,12 @@ def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("
                 scaler = "off" if side == "original" else "real"
                 env = (("TCAUDIT_ORACLE_MODE", mode), ("TCAUDIT_ORACLE_SCALER", scaler))
                 runs.append(ScriptRun(f"{mode}--{p.case.id}--{side}", text, p.case.argv, env))
+    for p in patched:
+        if amp_case(p):
+            # Real CPU autocast where CUDA's would be on (fp16 unless the script says bf16): only the
+            # patched script, against the CUDA-semantics original as the fp32 reference.
+            env = (("TCAUDIT_ORACLE_MODE", "amp"), ("TCAUDIT_ORACLE_SCALER", "real"))
+            runs.append(ScriptRun(f"amp--{p.case.id}--patched", p.fixed, p.case.argv, env))
     for p in patched:
         if any(rule in p.applied for rule in DDP_CONVERSIONS):
             # The converted script as torchrun would start it on two GPUs (here: two CPU ranks, gloo).

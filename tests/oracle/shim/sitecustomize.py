@@ -20,6 +20,12 @@ CUDA-semantics mode (``TCAUDIT_ORACLE_MODE=cuda``), for the F1/F2/F7 failure cla
     every scaler disabled: the reference run, what a correct script computes under any scale.
 (c) a random factory given ``device=`` (``torch.randn(n, device=device)``) draws from a second
     generator, as CUDA tensors draw from the CUDA generator and not the CPU one (F7).
+AMP mode (``TCAUDIT_ORACLE_MODE=amp``): CUDA semantics as above, except that an autocast that would
+be on under CUDA is a real CPU autocast in its dtype (fp16 when none is given, as on CUDA): CPU
+autocast runs GEMMs and convolutions in fp16/bf16 like CUDA's, so ``masked_fill(mask, -1e9)`` on half
+scores raises "value cannot be converted to type c10::Half without overflow", and a half tensor fed to
+a region under ``autocast(enabled=False)`` raises "Input type and bias type" as on the GPU. Values
+follow the lower precision, so losses are compared with a loose tolerance.
 Not done: ``torch.cuda.is_available()`` stays False. Making it True while tensors stay on the CPU
 would send the scripts down their CUDA branches (``.cuda()``, NCCL, pinned memory, ``compile``),
 each of which then needs its own fake; the ``enabled=`` rule above covers what F1/F2 need.
@@ -150,6 +156,7 @@ def _on_gpu(enabled) -> bool:
 
 
 _autocast_stack: list[bool] = []
+_CUDA_MODES = ("cuda", "amp")
 
 BCE_MESSAGE = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
@@ -170,7 +177,12 @@ def _install_cuda_semantics(torch) -> None:
 
     def autocast_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
         self._tcaudit_virtual = False
-        if _state["mode"] == "cuda" and (device_type == "cuda" or not enabled) and _on_gpu(enabled):
+        if _state["mode"] in _CUDA_MODES and (device_type == "cuda" or not enabled) and _on_gpu(enabled):
+            if _state["mode"] == "amp":
+                # Would be on under CUDA: a real CPU autocast in the dtype CUDA would use (fp16 unless
+                # given), so fills beyond fp16's range and half inputs to fp32 regions fail as there.
+                original_init(self, "cpu", dtype=dtype or torch.float16, enabled=True, cache_enabled=cache_enabled)
+                return
             # Would be on under CUDA: counted as on, computed in fp32 (the CPU context stays off).
             self._tcaudit_virtual = True
         original_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
@@ -191,7 +203,7 @@ def _install_cuda_semantics(torch) -> None:
 
     @functools.wraps(original_bce)
     def binary_cross_entropy(*args, **kwargs):
-        if _state["mode"] == "cuda" and _autocast_stack and _autocast_stack[-1]:
+        if _state["mode"] in _CUDA_MODES and _autocast_stack and _autocast_stack[-1]:
             raise RuntimeError(BCE_MESSAGE)
         return original_bce(*args, **kwargs)
 
@@ -201,7 +213,7 @@ def _install_cuda_semantics(torch) -> None:
     original_scaler_init, original_scale = scaler_cls.__init__, scaler_cls.scale
 
     def scaler_init(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
-        if _state["mode"] == "cuda":
+        if _state["mode"] in _CUDA_MODES:
             # TCAUDIT_ORACLE_SCALER=off gives the reference run: the math a scaler must not change.
             enabled, device = _on_gpu(enabled) and os.environ.get("TCAUDIT_ORACLE_SCALER") != "off", "cpu"
         original_scaler_init(self, device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
@@ -217,7 +229,7 @@ def _install_cuda_semantics(torch) -> None:
     def on_device_generator(factory):
         @functools.wraps(factory)
         def wrapper(*args, **kwargs):
-            if _state["mode"] == "cuda" and kwargs.get("device") is not None and kwargs.get("generator") is None:
+            if _state["mode"] in _CUDA_MODES and kwargs.get("device") is not None and kwargs.get("generator") is None:
                 kwargs["generator"] = _state["device_generator"]
             return factory(*args, **kwargs)
 
