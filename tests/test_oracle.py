@@ -15,7 +15,7 @@ turns into a failure to remove the mark the moment the rule is fixed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 
@@ -192,10 +192,13 @@ def test_fix_keeps_the_losses_under_cuda_semantics(oracle, case_id):
     _check(oracle, case_id, "cuda", CUDA_EXPECT.get(case_id, Expect()))
 
 
-# Real CPU autocast in fp16/bf16 against the fp32 reference: the patched script must run, stay finite
-# and follow the reference's losses within low-precision rounding (a few steps of drift).
+# Real CPU autocast in fp16/bf16 against the fp32 reference: the patched script must run and stay
+# finite, its first loss (no update yet) must match the reference's within low-precision rounding, and
+# no later loss may run away from the reference's (a clip of scaled gradients, gradients unscaled
+# twice: 3.6 -> 3e16 in six steps). Later losses are not compared one by one: fp16 rounding, skipped
+# GradScaler steps and BatchNorm at batch 4 send small runs on other trajectories from the first update.
 AMP_RTOL = 0.1
-AMP_EXPECT: dict[str, Expect] = {}
+AMP_GROWTH = 10.0
 AMP_FINDINGS: dict[str, str] = {}
 AMP_CASES = [case.id for case in CASES if case.path is not None]
 
@@ -211,8 +214,7 @@ def test_fix_trains_under_real_autocast(oracle, case_id):
     patched, runs = oracle
     if not amp_case(patched[case_id]):
         pytest.skip("the patched script does not autocast")
-    base = CUDA_EXPECT.get(case_id, Expect())
-    expect = AMP_EXPECT.get(case_id, replace(base, rtol=max(base.rtol, AMP_RTOL)))
+    expect = CUDA_EXPECT.get(case_id, Expect())
     reference, fixed = runs[("cuda", case_id, "original")], runs[("amp", case_id, "patched")]
     applied = ", ".join(patched[case_id].applied) or "no fix"
     assert fixed.rc == 0, f"patched script failed under real autocast ({applied}):\n{fixed.explain()}"
@@ -220,11 +222,15 @@ def test_fix_trains_under_real_autocast(oracle, case_id):
     if expect.original_fails or reference.rc != 0 or not reference.losses:
         return
     assert len(fixed.losses) == len(reference.losses), f"{applied}: {reference.losses} vs {fixed.losses}"
-    n = len(reference.losses) if expect.compare is None else expect.compare
-    difference = max_relative_difference(reference.losses[:n], fixed.losses[:n])
-    assert difference <= expect.rtol, (
-        f"{applied} under real autocast moved the losses by {difference:.2e} (allowed {expect.rtol:g}"
-        f"{': ' + expect.why if expect.why else ''})\nreference {reference.losses}\npatched   {fixed.losses}"
+    if expect.compare != 0:
+        difference = max_relative_difference(reference.losses[:1], fixed.losses[:1])
+        assert difference <= AMP_RTOL, (
+            f"{applied}: under real autocast the first loss moved by {difference:.2e} (allowed {AMP_RTOL:g})\n"
+            f"reference {reference.losses}\npatched   {fixed.losses}"
+        )
+    bound = AMP_GROWTH * max(abs(x) for x in reference.losses)
+    assert max(abs(x) for x in fixed.losses) <= bound, (
+        f"{applied}: under real autocast the losses ran away\nreference {reference.losses}\npatched   {fixed.losses}"
     )
 
 

@@ -38,3 +38,12 @@ def test_precision_setting_changes_the_recipe():
     result = scan_paths([str(path)], select=("TC201",), precision="bf16")
     plan = result.findings[0].fix.plan
     assert (plan.dtype, plan.scaler, plan.grad_scaler) == ("bfloat16", False, None)
+
+
+def test_tc205_silent_on_a_clip_after_the_step():
+    """torchvision's historical reference clips after scaler.step() + update(): TC213's finding, never a
+    place for unscale_ (the next step's gradients would be unscaled twice)."""
+    path = FIXTURES.parent / "fix" / "tc205_clip_after_step.in.py"
+    result = scan_paths([str(path)], select=("TC205", "TC213"))
+    assert [f.rule for f in result.findings] == ["TC213"]
+    assert "clip_grad_norm_" in path.read_text().splitlines()[result.findings[0].location.line - 1]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tcaudit.rewrite.codemod import DeclineFix, StatementEditor, parse_expression, parse_statement, torch_import_name
+from tcaudit.rewrite.codemod import DeclineFix, StatementEditor, parse_expression, parse_statement, torch_import_name, unique_name
 from tcaudit.script.devices import device_type_at
 from tcaudit.script.facts import ScriptFacts, TrainingStep, outermost_loop
 
@@ -56,16 +56,8 @@ class DevicePlanner:
         loop = outermost_loop(step.ctx, step.function)
         if loop is None:
             return device_type, enabled
-        self.variable = DeviceVariable(_unique_name(self.facts, "amp_device"), device_type, loop)
+        self.variable = DeviceVariable(unique_name(self.facts, "amp_device"), device_type, loop)
         return self.variable.name, f'{self.variable.name} == "cuda"'
-
-
-def _unique_name(facts: ScriptFacts, base: str) -> str:
-    taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports}
-    name, index = base, 2
-    while name in taken:
-        name, index = f"{base}{index}", index + 1
-    return name
 
 
 def plan_grad_scaler(
@@ -90,7 +82,7 @@ def plan_grad_scaler(
     create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
     init_last = None
     if loop is not None:
-        name = _unique_name(facts, "scaler")
+        name = unique_name(facts, "scaler")
     else:
         cls = steps[0].ctx.class_def
         init = _init_of(cls) if cls is not None else None
@@ -102,7 +94,7 @@ def plan_grad_scaler(
         ) or (device_type == '"cuda"' and enabled != f"{torch_name}.cuda.is_available()"):
             device_type, enabled = '"cuda"', f"{torch_name}.cuda.is_available()"
             create = f"{torch_name}.amp.GradScaler({device_type}, enabled={enabled})"
-        name = "self." + _unique_name(facts, "scaler")
+        name = "self." + unique_name(facts, "scaler")
         init_last = init.body.body[-1]
     last = max(opt_steps, key=lambda c: facts.line_of(c.node))
     if last.statement is None:

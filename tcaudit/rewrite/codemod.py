@@ -140,6 +140,16 @@ class _Holds(cst.CSTVisitor):
         return None
 
 
+def unique_name(facts: ScriptFacts, base: str, taken: Iterable[str] = ()) -> str:
+    """``base``, or ``base2``, ``base3``...: the first that no binding or import of the file (nor
+    ``taken``, the names an edit already chose) uses."""
+    used = {b.target for b in facts.bindings} | {site.local for site in facts.imports} | set(taken)
+    name, index = base, 2
+    while name in used:
+        name, index = f"{base}{index}", index + 1
+    return name
+
+
 def parse_statement(code: str, module: cst.Module) -> cst.BaseStatement:
     return cst.parse_statement(code, config=module.config_for_parsing)
 

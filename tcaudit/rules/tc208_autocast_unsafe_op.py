@@ -5,9 +5,13 @@ raises under autocast, and sparse matrix multiplies under fp16 autocast (no fp16
 autocast block or in a function called from one.
 
 Fix (numerics), for BCE in an autocast ``with`` block: cast its two inputs to float32 and put its
-statement under ``torch.autocast(device_type=..., enabled=False)``. Declined when the loss is
-computed in a helper, the autocast context is a variable or the loss is part of a compound
-statement. The sparse multiply has no fix (which inputs are sparse is not visible statically).
+statement under ``torch.autocast(device_type=..., enabled=False)``. An input that is computed in the
+loss call (``criterion(discriminator(fake), valid)``) is computed first, still under autocast, into a
+name of its own: only the loss leaves autocast (moved with it, the discriminator would run in fp32
+on the generator's half-precision output and raise "Input type and bias type should be the same").
+Declined when the loss is computed in a helper, the autocast context is a variable, the loss is
+part of a compound statement, or the statement calls something before the loss (hoisting its
+inputs would reorder the calls). The sparse multiply has no fix (which inputs are sparse is not visible statically).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name, unique_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind
 from tcaudit.script.evidence import BACKWARD_CALL
@@ -32,6 +37,7 @@ class BceOutsideAutocast(FixPlan):
     device: str  # device-type expression of the enclosing autocast
     call: cst.Call  # the loss call whose inputs become float32
     statement: cst.SimpleStatementLine  # wrapped in autocast(enabled=False)
+    hoisted: tuple[int, ...] = ()  # positional inputs computed in the call: assigned first, under autocast
 
 
 class AutocastUnsafeOp(ScriptRule):
@@ -139,7 +145,75 @@ def _plan(facts: ScriptFacts, amp: AmpFacts, call: CallSite) -> BceOutsideAutoca
     statement = call.statement.node if call.statement is not None else None
     if not isinstance(statement, cst.SimpleStatementLine):
         raise DeclineFix("the loss is part of a compound statement")
-    return BceOutsideAutocast(facts.line_of(call.node), device_code, call.node, statement)
+    hoisted = tuple(index for index, arg in enumerate(_inputs(call.node)) if _computes(arg.value))
+    if hoisted:
+        _check_hoistable(facts, statement, call.node)
+    return BceOutsideAutocast(facts.line_of(call.node), device_code, call.node, statement, hoisted)
+
+
+def _inputs(call: cst.Call) -> list[cst.Arg]:
+    """The loss's two tensor inputs (input, target): its first two positional arguments."""
+    return [arg for arg in call.args if arg.keyword is None and not arg.star][:2]
+
+
+# Methods that move, cast or reshape a tensor (``y.cuda()``, ``labels.float().view(-1, 1)``): an input
+# made of only these runs no model and produces no half tensor, so it stays in the loss call.
+_PASSIVE_METHODS = frozenset({
+    "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "long", "type", "detach", "view", "reshape",
+    "squeeze", "unsqueeze", "flatten", "clone", "contiguous", "view_as", "reshape_as", "expand_as", "type_as",
+})
+
+
+def _computes(node: cst.BaseExpression) -> bool:
+    """Whether an input calls anything besides moving, casting or reshaping a tensor."""
+    return any(not (isinstance(c.func, cst.Attribute) and c.func.attr.value in _PASSIVE_METHODS) for c in _calls_in(node))
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, inner: cst.Call) -> None:
+            found.append(inner)
+
+    node.visit(_Calls())
+    return found
+
+
+def _check_hoistable(facts: ScriptFacts, statement: cst.SimpleStatementLine, call: cst.Call) -> None:
+    """Computing the loss's inputs before the statement keeps the order of its calls only when
+    nothing in the statement is called before the loss call and no part of it runs conditionally."""
+    position = facts.position(call).start
+    # The statement's other BCE losses leave autocast with it, their computed inputs hoisted in order;
+    # a loss itself is pure, so computing an input before it reorders nothing that matters.
+    losses = [c.node for c in facts.calls
+              if c.statement is not None and c.statement.node is statement and unsafe_kind(facts, c) == "bce"]
+    for node in _calls_in(statement):
+        start = facts.position(node).start
+        if any(_contains(loss, node) for loss in losses):
+            continue
+        if (start.line, start.column) < (position.line, position.column) and not _contains(node, call):
+            raise DeclineFix("the loss statement calls something before the loss; computing the loss's inputs "
+                             "first would reorder the calls: take the loss out of autocast by hand")
+    if any(isinstance(node, (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.NamedExpr))
+           for node in _nodes_in(statement)):
+        raise DeclineFix("the loss statement is evaluated conditionally; take the loss out of autocast by hand")
+
+
+def _contains(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
+    return any(node is inner for node in _nodes_in(outer))
+
+
+def _nodes_in(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _All(cst.CSTVisitor):
+        def on_visit(self, inner: cst.CSTNode) -> bool:
+            found.append(inner)
+            return True
+
+    node.visit(_All())
+    return found
 
 
 # -- the fix ------------------------------------------------------------------------------------
@@ -150,38 +224,76 @@ class AutocastUnsafeOpFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         torch_name = torch_import_name(context.facts) or "torch"
-        return module.visit(_Wrap(module, [f.fix.plan for f in findings], torch_name))
+        plans = sorted((f.fix.plan for f in findings), key=lambda plan: plan.line)
+        return module.visit(_Wrap(module, plans, torch_name, _hoist_names(context.facts, plans)))
 
 
-def _float_args(call: cst.Call) -> cst.Call:
-    args = []
-    for index, arg in enumerate(call.args):
-        if arg.keyword is None and not arg.star and index < 2:
-            arg = arg.with_changes(value=cst.Call(func=cst.Attribute(value=arg.value, attr=cst.Name("float"))))
-        args.append(arg)
-    return call.with_changes(args=args)
+def _hoist_names(facts: ScriptFacts, plans: list[BceOutsideAutocast]) -> dict[tuple[int, int], str]:
+    """A fresh name for every hoisted input, by (id of its call, input position): ``discriminator_out``
+    for ``discriminator(x)``, ``bce_input`` otherwise."""
+    names: dict[tuple[int, int], str] = {}
+    for plan in plans:
+        inputs = _inputs(plan.call)
+        for index in plan.hoisted:
+            value = inputs[index].value
+            callee = get_full_name_for_node(value.func) if isinstance(value, cst.Call) else None
+            base = f"{callee.rsplit('.', 1)[-1]}_out" if callee and callee.rsplit(".", 1)[-1].isidentifier() else "bce_input"
+            names[(id(plan.call), index)] = unique_name(facts, base, names.values())
+    return names
+
+
+def _as_float(value: cst.BaseExpression) -> cst.Call:
+    return cst.Call(func=cst.Attribute(value=value, attr=cst.Name("float")))
 
 
 class _Wrap(cst.CSTTransformer):
-    """Cast the BCE inputs to float32 and put their statement under ``autocast(enabled=False)``."""
+    """Compute the hoisted inputs first, cast the BCE inputs to float32 and put the loss statement
+    under ``autocast(enabled=False)``."""
 
-    def __init__(self, module: cst.Module, plans: list[BceOutsideAutocast], torch_name: str) -> None:
+    def __init__(self, module: cst.Module, plans: list[BceOutsideAutocast], torch_name: str,
+                 names: dict[tuple[int, int], str]) -> None:
         super().__init__()
         self.module = module
-        self.calls = {id(plan.call) for plan in plans}
+        self.plans = {id(plan.call): plan for plan in plans}
         self.wrap = {id(plan.statement): plan.device for plan in plans}
+        self.names = names
         self.torch_name = torch_name
+        self.hoists: dict[int, list[cst.SimpleStatementLine]] = {}  # by id of the statement
+        self.statement: cst.SimpleStatementLine | None = None
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.statement = node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        return _float_args(updated_node) if id(original_node) in self.calls else updated_node
+        plan = self.plans.get(id(original_node))
+        if plan is None:
+            return updated_node
+        args, position = [], 0
+        for arg in updated_node.args:
+            if arg.keyword is None and not arg.star and position < 2:
+                value = arg.value
+                name = self.names.get((id(original_node), position))
+                if name is not None:
+                    assignment = cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)
+                    self.hoists.setdefault(id(self.statement), []).append(cst.SimpleStatementLine([assignment]))
+                    value = cst.Name(name)
+                arg = arg.with_changes(value=_as_float(value))
+                position += 1
+            args.append(arg)
+        return updated_node.with_changes(args=args)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         device = self.wrap.get(id(original_node))
         if device is None:
             return updated_node
         context_expr = parse_expression(f"{self.torch_name}.autocast(device_type={device}, enabled=False)", self.module)
-        return cst.With(
+        hoists = self.hoists.get(id(original_node), [])
+        wrapped = cst.With(
             items=[cst.WithItem(context_expr)],
             body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
-            leading_lines=updated_node.leading_lines,
+            leading_lines=[] if hoists else updated_node.leading_lines,
         )
+        if not hoists:
+            return wrapped
+        hoists[0] = hoists[0].with_changes(leading_lines=updated_node.leading_lines)
+        return cst.FlattenSentinel([*hoists, wrapped])

@@ -131,7 +131,8 @@ def _caller_keyword(keyword: str):
 def _on_gpu(enabled) -> bool:
     """Whether an ``enabled=`` argument would be true on a CUDA machine: the expression is evaluated
     again in the caller's frame with every test that mentions CUDA (``device == "cuda"``,
-    ``torch.cuda.is_available()``) taken as true, so ``args.amp and device == "cuda"`` stays a flag."""
+    ``torch.cuda.is_available()``, a name like ``cuda`` or ``args.use_cuda``) taken as true, so
+    ``args.amp and device == "cuda"`` stays a flag."""
     import ast
 
     if enabled is None or bool(enabled):
@@ -147,6 +148,12 @@ def _on_gpu(enabled) -> bool:
 
         def visit_Call(self, node):
             return ast.Constant(True) if "cuda" in ast.unparse(node) else self.generic_visit(node)
+
+        def visit_Name(self, node):  # ``cuda = torch.cuda.is_available()``, ``use_cuda``
+            return ast.Constant(True) if "cuda" in node.id.lower() else node
+
+        def visit_Attribute(self, node):  # ``args.cuda``, ``self.use_cuda``
+            return ast.Constant(True) if "cuda" in node.attr.lower() else self.generic_visit(node)
 
     tree = ast.fix_missing_locations(ast.Expression(CudaIsThere().visit(expression)))
     try:
@@ -177,12 +184,14 @@ def _install_cuda_semantics(torch) -> None:
 
     def autocast_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
         self._tcaudit_virtual = False
-        if _state["mode"] in _CUDA_MODES and (device_type == "cuda" or not enabled) and _on_gpu(enabled):
-            if _state["mode"] == "amp":
-                # Would be on under CUDA: a real CPU autocast in the dtype CUDA would use (fp16 unless
-                # given), so fills beyond fp16's range and half inputs to fp32 regions fail as there.
-                original_init(self, "cpu", dtype=dtype or torch.float16, enabled=True, cache_enabled=cache_enabled)
-                return
+        if _state["mode"] == "amp" and (device_type == "cuda" or not enabled):
+            # CUDA's autocast as a real CPU one, in the dtype CUDA would use (fp16 unless given), on where
+            # it would be on under CUDA and off where it is switched off (``enabled=False`` regions), so
+            # fills beyond fp16's range and half inputs to fp32 regions fail as they do there.
+            on = _on_gpu(enabled)
+            original_init(self, "cpu", dtype=(dtype or torch.float16) if on else dtype, enabled=on, cache_enabled=cache_enabled)
+            return
+        if _state["mode"] == "cuda" and (device_type == "cuda" or not enabled) and _on_gpu(enabled):
             # Would be on under CUDA: counted as on, computed in fp32 (the CPU context stays off).
             self._tcaudit_virtual = True
         original_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
