@@ -106,14 +106,51 @@ def test_tc503_dataset_built_in_the_call_is_bound_to_a_name_first(write):
     ) in fixed
 
 
-def test_tc503_shared_kwargs_dict_is_declined(write):
+def test_tc503_a_shared_kwargs_dict_stays_as_it_is(write):
+    """Two loaders read one ``**`` dict holding shuffle=True: the dict is left alone, each sampler reads
+    its shuffle, and each loader receives the dict with shuffle off (shuffle beside a sampler raises)."""
     path = write(
         DDP_HEADER + MODEL
         + 'loader_kwargs = {"batch_size": 8, "shuffle": True}\n'
         + "train_loader = DataLoader(train_set, **loader_kwargs)\n"
         + "extra_train_loader = DataLoader(extra_set, **loader_kwargs)\n" + LOOP
     )
-    _declined(path, "TC503", "used elsewhere too")
+    fixed = _fixed_twice(path, "TC503")
+    assert 'loader_kwargs = {"batch_size": 8, "shuffle": True}\n' in fixed
+    assert ('train_loader = DataLoader(train_set, **{**loader_kwargs, "shuffle": False}, '
+            'sampler=DistributedSampler(train_set, shuffle=loader_kwargs.get("shuffle", False)))\n') in fixed
+    assert ('extra_train_loader = DataLoader(extra_set, **{**loader_kwargs, "shuffle": False}, '
+            'sampler=DistributedSampler(extra_set, shuffle=loader_kwargs.get("shuffle", False)))\n') in fixed
+
+
+def test_tc503_a_conditional_dict_shuffle_is_read_at_run_time(write, tmp_path):
+    """pytorch/examples' MNIST: ``train_kwargs.update(accel_kwargs)`` adds shuffle on one path only. The
+    patched loader runs on both paths: no ValueError for a sampler beside shuffle=True."""
+    path = write(
+        "import sys\n" + DDP_HEADER.replace("from torch.utils.data import DataLoader", "from torch.utils.data import DataLoader, TensorDataset")
+        + "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        + "model = DDP(torch.nn.Linear(8, 1))\n"
+        + "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        + "train_set = TensorDataset(torch.randn(16, 8))\n"
+        + "train_kwargs = {'batch_size': 4}\n"
+        + "if len(sys.argv) > 1:\n"
+        + "    accel_kwargs = {'num_workers': 0, 'shuffle': True}\n"
+        + "    train_kwargs.update(accel_kwargs)\n"
+        + "train_loader = DataLoader(train_set, **train_kwargs)\n"
+        + "for epoch in range(2):\n"
+        + "    for (x,) in train_loader:\n"
+        + "        loss = model(x).mean()\n"
+        + "        optimizer.zero_grad()\n"
+        + "        loss.backward()\n"
+        + "        optimizer.step()\n"
+        + "print('ok', len(train_loader))\n"
+    )
+    fixed = _fixed_twice(path, "TC503")
+    assert 'sampler=DistributedSampler(train_set, shuffle=train_kwargs.get("shuffle", False))' in fixed
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for argv in ([], ["--shuffle"]):
+        proc = run_training([sys.executable, str(path), *argv], tmp_path, env)
+        assert proc.returncode == 0 and "ok 4" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_tc503_loader_built_before_the_process_group_is_declined(write):

@@ -1,6 +1,7 @@
 """On a CUDA GPU: every runnable fix fixture, the ResNet50 fixture and the generated corpus, patched
 with ``tcaudit fix`` and run before and after (losses finite, no crash, no blow-up), with a JSON
-summary for the record. Skipped without CUDA; run with
+summary for the record; every real-world-shaped fixture (``all_*``, the ResNet50 script) also with
+``--compile`` and with ``--ddp`` (a group of one on one GPU). Skipped without CUDA; run with
 
     TCAUDIT_GPU_SUMMARY=/path/gpu_summary.json python -m pytest -q -m gpu tests/test_gpu_fixtures.py
 
@@ -16,14 +17,14 @@ import shutil
 
 import pytest
 
-from oracle.cases import DDP_CONVERSIONS, all_cases, patch
+from oracle.cases import DDP_CONVERSIONS, all_cases, patch, variant_cases
 from oracle.harness import ScriptRun, run_scripts
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs a CUDA GPU (no nvidia-smi)"),
 ]
-CASES = all_cases()
+CASES = all_cases() + variant_cases()  # every real-world-shaped fixture also with --compile and with --ddp
 BLOW_UP = 100.0  # a patched loss this many times the original's largest is divergence, not noise
 
 # Known to fail on the GPU: the CPU oracle's CUDA-semantics findings (tests/test_oracle.py), strict, so

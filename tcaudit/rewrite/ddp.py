@@ -41,9 +41,16 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
-from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, literal_value
+from tcaudit.rewrite.sampler import plan_sampler
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.loader_sharding import (
+    BATCH_SAMPLER_POSITION,
+    SAMPLER_POSITION,
+    SELF_SHARDING_LIBRARIES,
+    unsharded_training_loaders,
+)
 from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
 from tcaudit.source.syntax import is_main_guard
@@ -118,6 +125,7 @@ class DdpLayout:
     rank_zero_ifs: set[int] = field(default_factory=set)
     module_calls: set[int] = field(default_factory=set)  # ``model.state_dict()`` → ``model.module.state_dict()``
     module_attributes: set[int] = field(default_factory=set)  # ``model.fc`` → ``model.module.fc``
+    module_values: set[int] = field(default_factory=set)  # ``torch.save(model, p)`` → ``torch.save(model.module, p)``
     device_strings: set[int] = field(default_factory=set)  # "cuda:0" → "cuda"
     device_calls: set[int] = field(default_factory=set)  # .cuda(0) → .cuda()
     device_ints: set[int] = field(default_factory=set)  # ``device = 0``, ``.to(0)`` → "cuda"
@@ -158,8 +166,6 @@ class DdpConversion:
                     "the script picks its GPU with torch.cuda.set_device(...); under torchrun each process uses "
                     "the GPU of its LOCAL_RANK, so that call must go first"
                 )
-        for call in self.info.dataloaders:
-            self._check_sampler(call)
         if re.search(r"CUDA_VISIBLE_DEVICES", self.info.text):
             raise DeclineFix("the script sets CUDA_VISIBLE_DEVICES; under torchrun each process must see every GPU")
         taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports} | {
@@ -177,26 +183,55 @@ class DdpConversion:
         if DDP_NAME in taken and not any(s.local == DDP_NAME and s.qualname.endswith(DDP_NAME) for s in facts.imports):
             raise DeclineFix(f"the name `{DDP_NAME}` means something else in this file")
 
-    def _check_sampler(self, call) -> None:
-        """All or nothing: a training loader that brings its own sampler (``RandomSampler(replacement=True)``
-        in a custom infinite loader) cannot get the DistributedSampler the next round adds, and DDP
-        without it trains every rank on the same batches. Declined here, naming the loader, so no DDP
-        edit is made at all."""
+    def _check_loaders(self, plan: DdpLayout) -> None:
+        """All or nothing: every training loader must come out of the next round with its own share of
+        the data, or DDP trains every rank on the same batches. A loader that brings its own sampler
+        (``RandomSampler(replacement=True)`` in a custom infinite loader), whose keywords cannot be
+        seen, that would be built before the process group exists, or whose DistributedSampler edit
+        (TC503's, planned here as it will be then) declines, declines the whole conversion, naming it."""
         facts = self.facts
-        if facts.in_eval(call.ctx):
+        if self.info.iterable_dataset_defined:
+            raise DeclineFix("the script defines an IterableDataset, which cannot take a DistributedSampler; each "
+                             "rank must read its own part of the stream: shard it by hand")
+        if facts.imported_roots() & SELF_SHARDING_LIBRARIES:
+            return  # the input library splits the data across ranks itself
+        for call in self.info.dataloaders:
+            self._check_own_sampler(call)
+        for loader in unsharded_training_loaders(facts, self.info):
+            call = loader.call
+            label = f"the training loader `{loader.name}`" if loader.name else "the training DataLoader"
+            label += f" (line {facts.line_of(call.node)})"
+            if loader.unseen is not None:
+                raise DeclineFix(f"{label}: {loader.unseen}, so whether it has a sampler is unknown, and DDP "
+                                 "without a DistributedSampler trains every rank on the same batches")
+            if self._before_init(call.ctx.function, call.node, plan):
+                raise DeclineFix(f"{label} is built before the process group the conversion starts in the main "
+                                 "guard, and its DistributedSampler needs that group: convert by hand")
+            try:
+                plan_sampler(facts, call)
+            except DeclineFix as decline:
+                raise DeclineFix(f"{label} cannot get a DistributedSampler ({decline}), and DDP without one trains "
+                                 "every rank on the same batches") from None
+
+    def _check_own_sampler(self, call) -> None:
+        """A loader outside evaluation and test code with a sampler of its own that is not distributed:
+        declined, naming it. (Not only where data flow proves it trains: a custom loader class's inner
+        DataLoader is read through ``next(self.data_iter)``, which the flow does not follow.)"""
+        facts = self.facts
+        if facts.in_eval(call.ctx) or in_test_code(call.ctx):
             return
-        for key, position in (("sampler", 3), ("batch_sampler", 4)):
+        name = self.info.dataloader_name(call)
+        for key, position in (("sampler", SAMPLER_POSITION), ("batch_sampler", BATCH_SAMPLER_POSITION)):
             value = call.arg(key, position)
             if value is None or literal_value(value) is None:
                 continue
             text = facts.module.code_for_node(value)
             if "Distributed" in text:
                 continue
-            name = self.info.dataloader_name(call) or "DataLoader"
             where = f" in `{call.ctx.class_def.name.value}`" if call.ctx.class_def is not None else ""
             raise DeclineFix(
-                f"the training loader `{name}`{where} brings its own {key} (`{text[:60]}`); each rank needs "
-                "its own share of it, which DistributedSampler cannot give: shard it by hand"
+                f"the training loader `{name or 'DataLoader'}`{where} brings its own {key} (`{text[:60]}`); each "
+                "rank needs its own share of it, which DistributedSampler cannot give: shard it by hand"
             )
 
     def _model(self) -> str:
@@ -248,7 +283,7 @@ class DdpConversion:
             raise DeclineFix(f"could not find where `{plan.model}` is built")
         plan.wrap_function = function
         for statement in body[start + 1:]:
-            if self.pipeline.body_trains(statement) or self._steps_in(statement) or self._calls_training(statement):
+            if self._trains(statement):
                 plan.wrap_before = statement
                 plan.wrap_line = facts.line_of(statement)
                 return
@@ -262,10 +297,15 @@ class DdpConversion:
         plan.wrap_after = last
         plan.wrap_line = facts.position(last).end.line + 1
 
-    def _calls_training(self, statement: cst.CSTNode) -> bool:
-        """Whether a statement calls a function that trains, wherever in it the call sits (a plain call
-        line, a ``try`` body or handler, a ``with``): the wrap goes before it."""
+    def _trains(self, statement: cst.CSTNode) -> bool:
+        """Whether a statement trains, wherever in it the training sits: a backward in it, a loop the
+        pipeline counts as training, or a call (on a plain line, in a ``try`` body or handler, a
+        ``with``) of a function that reaches a step. The wrap goes before the first such statement."""
         facts = self.facts
+        if self.pipeline.body_trains(statement):
+            return True
+        if any(contains(statement, step.backward.node) for step in facts.training_steps):
+            return True
         span = facts.position(statement)
         reaching = self.pipeline.functions_reaching_step
         return any(
@@ -273,10 +313,6 @@ class DdpConversion:
             and any(fn in reaching for fn in self.pipeline.called_functions(call))
             for call in facts.calls
         )
-
-    def _steps_in(self, statement: cst.CSTNode) -> bool:
-        facts = self.facts
-        return any(contains(statement, step.backward.node) for step in facts.training_steps)
 
     # -- what runs on rank 0 and what reads the wrapped module --------------------------------------------
     def _before_init(self, ctx_function: cst.FunctionDef | None, node: cst.CSTNode, plan: DdpLayout) -> bool:
@@ -380,17 +416,80 @@ class DdpConversion:
                 if not same_function and plan.wrap_function is not None and not model.startswith("self.") and attr != "state_dict":
                     return  # a helper's parameter that happens to share the name: only its checkpoint save
                 if attr == "state_dict" or (same_function or model.startswith("self.")) and attr == "load_state_dict":
+                    readers.append((node, function))
                     plan.module_calls.add(id(node))
                 elif attr not in MODULE_API:
+                    readers.append((node, function))
                     plan.module_attributes.add(id(node))
 
+        readers: list[tuple[cst.Attribute, cst.FunctionDef | None]] = []
         reads = _Reads()
         walk(self.module, reads)
+        self._check_helpers_before_wrap(plan, readers)
+        self._collect_whole_model_saves(plan)
         if re.search(rf"(?<![\w.]){re.escape(model)}\.module\b", self.info.text):
             # The script already unwraps the model itself (a DataParallel script's ``model.module``,
             # often behind ``isinstance``): leave its reads alone.
             plan.module_calls.clear()
             plan.module_attributes.clear()
+
+    def _check_helpers_before_wrap(self, plan: DdpLayout, readers: list) -> None:
+        """``model.module`` only after the wrap: a helper that reads ``model.vocab`` (or saves its state)
+        and is also called before the wrap (a ``--sample-only`` path that returns early) would meet the
+        bare model there. Declined, naming the helper and the call."""
+        if plan.model.startswith("self."):
+            return  # the class's methods run on the wrapped attribute once __init__ wraps it
+        facts = self.facts
+        for node, function in readers:
+            if function is None or function is plan.wrap_function:
+                continue
+            early = self._call_before_wrap(function, plan, depth=0)
+            if early is not None:
+                attr = facts.module.code_for_node(node)
+                raise DeclineFix(
+                    f"`{function.name.value}()` reads `{attr}` and is called before the DDP wrap too (line "
+                    f"{facts.line_of(early.node)}), where the model is not wrapped yet: `{plan.model}.module` "
+                    "would fail there and the bare attribute after it; convert by hand"
+                )
+
+    def _call_before_wrap(self, function: cst.FunctionDef, plan: DdpLayout, depth: int):
+        """A call of ``function`` that may run before the wrap: in the wrap's scope above it, or in a
+        function (other than the wrap's) that has such a call itself, two calls deep."""
+        facts = self.facts
+        for caller in self.pipeline.direct_callers(function):
+            scope = caller.ctx.function
+            if scope is plan.wrap_function:
+                if facts.line_of(caller.node) < plan.wrap_line:
+                    return caller
+            elif scope is not None and scope is not function and depth < 2:
+                if self._call_before_wrap(scope, plan, depth + 1) is not None:
+                    return caller
+        return None
+
+    def _collect_whole_model_saves(self, plan: DdpLayout) -> None:
+        """``torch.save(model, path)`` (or the model inside the saved dict, list or tuple) after the wrap
+        would pickle the DDP object, which cannot be loaded outside a process group: ``model.module``."""
+        facts = self.facts
+        for call in facts.calls:
+            if (call.qualname or "") != "torch.save":
+                continue
+            function = call.ctx.function
+            if function is plan.wrap_function:
+                if facts.line_of(call.node) < plan.wrap_line:
+                    continue
+            elif plan.wrap_function is not None and not plan.model.startswith("self."):
+                continue  # a helper's own parameter: its state_dict() reads are handled above
+            obj = call.arg("obj", 0)
+            if obj is None:
+                continue
+            values = [obj]
+            if isinstance(obj, cst.Dict):
+                values = [e.value for e in obj.elements if isinstance(e, cst.DictElement)]
+            elif isinstance(obj, (cst.Tuple, cst.List)):
+                values = [e.value for e in obj.elements]
+            for value in values:
+                if isinstance(value, (cst.Name, cst.Attribute)) and attribute_chain(value) == plan.model:
+                    plan.module_values.add(id(value))
 
     def _collect_devices(self, plan: DdpLayout) -> None:
         facts = self.facts
@@ -445,6 +544,7 @@ class DdpConversion:
             # A --no-cuda switch, or a device set to "cpu" outright: on a GPU machine the model may stay on
             # the CPU, and NCCL has no CPU backend, so gloo serves the CPU tensors.
             plan.backend = '"cpu:gloo,cuda:nccl"'
+        self._check_loaders(plan)
         if dataparallel:
             self._plan_dataparallel(plan, dataparallel)
         else:
@@ -599,6 +699,13 @@ class _DdpEditor(CallEditor):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if id(original_node) in self.plan.module_calls or id(original_node) in self.plan.module_attributes:
             return updated_node.with_changes(value=cst.Attribute(value=updated_node.value, attr=cst.Name("module")))
+        if id(original_node) in self.plan.module_values:
+            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
+        return updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if id(original_node) in self.plan.module_values:
+            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
         return updated_node
 
     def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.BaseExpression:

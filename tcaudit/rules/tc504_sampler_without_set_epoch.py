@@ -109,8 +109,10 @@ def _holds_step_loop(info: DistributedFacts, fn: cst.FunctionDef) -> bool:
 
 
 def _shuffles(call: CallSite) -> bool:
+    """Whether the sampler may shuffle: its default, ``True``, or a value known only at run time
+    (``shuffle=args.shuffle``, ``train_kwargs.get("shuffle", False)``); only ``shuffle=False`` does not."""
     shuffle = call.arg("shuffle", 3)  # DistributedSampler(dataset, num_replicas, rank, shuffle, ...)
-    return shuffle is None or literal_value(shuffle) is True
+    return shuffle is None or literal_value(shuffle) is not False
 
 
 @dataclass(frozen=True, eq=False)

@@ -69,6 +69,24 @@ def all_cases() -> list[OracleCase]:
     return fixture_cases() + corpus_cases()
 
 
+# Issue 30: every real-world-shaped fixture (``all_*``, the whole rule set) once more with ``--compile`` and
+# with ``--ddp``, for the GPU suite (tests/test_gpu_fixtures.py); the CPU oracle covers these conversions
+# through the corpus's ``+ddp`` variant and the ddp_/compile_ fixtures.
+VARIANTS = {
+    "compile": Settings(select=("ALL",), structural_fixes=("compile",)),
+    "ddp": Settings(select=("ALL",), structural_fixes=("ddp",)),
+}
+
+
+def variant_cases() -> list[OracleCase]:
+    return [
+        OracleCase(f"{case.id}+{variant}", case.path, case.text, case.argv, settings)
+        for case in fixture_cases()
+        if case.id.startswith("all_") or case.id == "resnet50"
+        for variant, settings in VARIANTS.items()
+    ]
+
+
 @dataclass(frozen=True)
 class Patched:
     case: OracleCase
