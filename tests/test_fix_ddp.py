@@ -458,3 +458,27 @@ def test_a_moved_save_runs_exactly_when_it_did(tmp_path):
     improvements = int(re.search(r"improvements (\d+)", proc.stdout).group(1))
     assert 1 <= saves == improvements, proc.stdout[-3000:]
     assert "                best_loss = test_loss\n" in script.read_text()
+
+
+@pytest.mark.parametrize("name, kept", [
+    # After training `net = Net()` and `net.load_state_dict(torch.load(PATH))` load into a new, bare model;
+    # the conversion had made it `net.module.load_state_dict` (AttributeError on the H200).
+    ("all_rw_cifar_tutorial", ["    torch.save(net.module.state_dict(), PATH)\n",
+                               "\nnet.load_state_dict(torch.load(PATH, weights_only=True))\n"]),
+    # `fit(model, ...)` keeps the best `model.state_dict()` and restores it with `model.load_state_dict`:
+    # the save went through `.module` and the restore did not (missing "module." keys on the H200).
+    ("all_rw_keras_style_fit", ["copy.deepcopy(model.module.state_dict())", "        model.module.load_state_dict(best_state)\n",
+                                "torch.save(model.module, args.out)"]),
+])
+def test_converted_realworld_fixture_runs_to_its_end(name, kept, tmp_path):
+    """Issue 30, from the GPU suite's --ddp variants: the converted script (a group of one) runs to its end."""
+    target = tmp_path / "train.py"
+    shutil.copyfile(FIX / f"{name}.in.py", target)
+    result = fix_file(target, _settings(("ALL",)))
+    assert "TC505" in result.applied, result.declined
+    for text in kept:
+        assert text in result.fixed
+    target.write_text(result.fixed, encoding="utf-8")
+    argv = re.search(r"#\s*run:\s*python\s+\{path\}(.*)", result.fixed).group(1).split()
+    proc = run_training([sys.executable, str(target), *argv], tmp_path, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]

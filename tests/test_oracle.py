@@ -19,12 +19,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from oracle.cases import DDP_CONVERSIONS, all_cases, amp_case, patch, run_cases
+from oracle.cases import DDP_CONVERSIONS, all_cases, amp_case, patch, run_cases, variant_cases
 from oracle.harness import max_relative_difference
 
 pytestmark = pytest.mark.slow
 CASES = all_cases()
 IDS = [case.id for case in CASES]
+# Every real-world-shaped fixture converted with --ddp, run only as two ranks (the GPU suite runs them
+# on the H200 too): a converted script must train to its end on each rank, on its own data.
+RANK_VARIANTS = [case for case in variant_cases() if case.id.endswith("+ddp")]
 RTOL = 1e-5  # fp32 on the CPU, same thread count: a value-keeping fix is exact or within rounding
 
 
@@ -155,8 +158,9 @@ def _params(findings: dict[str, str]):
 def oracle(tmp_path_factory):
     """Every case patched once and run in both modes from one fork server (one torch import)."""
     workdir = tmp_path_factory.mktemp("oracle")
-    patched = {case.id: patch(case, workdir) for case in CASES}
-    return patched, run_cases(list(patched.values()), workdir / "runs")
+    patched = {case.id: patch(case, workdir) for case in CASES + RANK_VARIANTS}
+    ranks_only = frozenset(case.id for case in RANK_VARIANTS)
+    return patched, run_cases(list(patched.values()), workdir / "runs", ranks_only=ranks_only)
 
 
 def _check(oracle, case_id: str, mode: str, expect: Expect) -> None:
@@ -237,7 +241,7 @@ def test_fix_trains_under_real_autocast(oracle, case_id):
 # Findings of the two-rank runs, as strict xfails (none left: the loaders built by a lambda or in a helper
 # are sharded now, and the rank-0 checkpoint is awaited with a barrier).
 RANK_FINDINGS: dict[str, str] = {}
-DDP_CASES = [case.id for case in CASES if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
+DDP_CASES = [case.id for case in CASES + RANK_VARIANTS if case.id.startswith("ddp_") or case.id.endswith("+ddp")]
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ from tcaudit.script.loader_sharding import (
 )
 from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
-from tcaudit.source.syntax import is_main_guard
+from tcaudit.source.syntax import is_main_guard, param_names
 
 DDP_NAME = "DistributedDataParallel"
 RANK_ZERO = "{dist}.get_rank() == 0"
@@ -413,9 +413,13 @@ class DdpConversion:
                 same_function = function is plan.wrap_function
                 if same_function and facts.line_of(node) < plan.wrap_line:
                     return
-                if not same_function and plan.wrap_function is not None and not model.startswith("self.") and attr != "state_dict":
+                if same_function and any(plan.wrap_line < line < facts.line_of(node) for line in rebound):
+                    return  # ``net = Net(); net.load_state_dict(...)`` after training: a new, bare model
+                handed = not same_function and function is not None and conversion._receives_wrapped(function, plan)
+                if (not same_function and not handed and plan.wrap_function is not None
+                        and not model.startswith("self.") and attr != "state_dict"):
                     return  # a helper's parameter that happens to share the name: only its checkpoint save
-                if attr == "state_dict" or (same_function or model.startswith("self.")) and attr == "load_state_dict":
+                if attr == "state_dict" or (same_function or handed or model.startswith("self.")) and attr == "load_state_dict":
                     readers.append((node, function))
                     plan.module_calls.add(id(node))
                 elif attr not in MODULE_API:
@@ -423,6 +427,8 @@ class DdpConversion:
                     plan.module_attributes.add(id(node))
 
         readers: list[tuple[cst.Attribute, cst.FunctionDef | None]] = []
+        rebound = self._rebound(plan)
+        conversion = self
         reads = _Reads()
         walk(self.module, reads)
         self._check_helpers_before_wrap(plan, readers)
@@ -432,6 +438,31 @@ class DdpConversion:
             # often behind ``isinstance``): leave its reads alone.
             plan.module_calls.clear()
             plan.module_attributes.clear()
+
+    def _receives_wrapped(self, function: cst.FunctionDef, plan: DdpLayout) -> bool:
+        """Whether a helper's parameter of the model's name is the wrapped model on every call: each
+        direct caller is in the wrap's scope after the wrap and passes the model itself (``fit(model,
+        loader)``). Its ``load_state_dict`` and attribute reads then go through ``.module`` too."""
+        facts = self.facts
+        names = param_names(function)
+        if plan.model.startswith("self.") or plan.model not in names:
+            return False
+        index = names.index(plan.model) - (1 if names[:1] in (["self"], ["cls"]) else 0)
+        callers = self.pipeline.direct_callers(function)
+        return bool(callers) and all(
+            caller.ctx.function is plan.wrap_function
+            and facts.line_of(caller.node) >= plan.wrap_line
+            and (arg := caller.arg(plan.model, index)) is not None
+            and attribute_chain(arg) == plan.model
+            for caller in callers
+        )
+
+    def _rebound(self, plan: DdpLayout) -> list[int]:
+        """Lines where the model's name is bound in the wrap's scope (after the wrap: a reload into a
+        fresh, bare model, ``net = Net(); net.load_state_dict(torch.load(PATH))``)."""
+        facts = self.facts
+        return [facts.line_of(b.statement.node) for b in facts.bindings_of(plan.model)
+                if b.statement is not None and b.ctx.function is plan.wrap_function]
 
     def _check_helpers_before_wrap(self, plan: DdpLayout, readers: list) -> None:
         """``model.module`` only after the wrap: a helper that reads ``model.vocab`` (or saves its state)
@@ -475,8 +506,9 @@ class DdpConversion:
                 continue
             function = call.ctx.function
             if function is plan.wrap_function:
-                if facts.line_of(call.node) < plan.wrap_line:
-                    continue
+                line = facts.line_of(call.node)
+                if line < plan.wrap_line or any(plan.wrap_line < b < line for b in self._rebound(plan)):
+                    continue  # before the wrap, or of a fresh model bound after it
             elif plan.wrap_function is not None and not plan.model.startswith("self."):
                 continue  # a helper's own parameter: its state_dict() reads are handled above
             obj = call.arg("obj", 0)

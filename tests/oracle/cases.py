@@ -112,14 +112,18 @@ def amp_case(p: Patched) -> bool:
     return p.case.path is not None and "autocast" in p.fixed
 
 
-def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("cpu", "cuda"), parallel: int = 2):
+def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("cpu", "cuda"), parallel: int = 2,
+              ranks_only: frozenset[str] = frozenset()):
     """Run original and patched of every case in every mode, from one fork server:
-    {(mode, case id, "original" | "patched"): RunResult}."""
+    {(mode, case id, "original" | "patched"): RunResult}. Cases in ``ranks_only`` run only as two
+    ranks (when converted to DDP)."""
     from oracle.harness import ScriptRun, run_scripts
 
     runs = []
     for mode in modes:
         for p in patched:
+            if p.case.id in ranks_only:
+                continue
             for side, text in (("original", p.case.text), ("patched", p.fixed)):
                 # Under CUDA semantics the original is the reference: its scalers stay off, so it
                 # computes what the script means; the patched script gets real scalers.
@@ -127,7 +131,7 @@ def run_cases(patched: list[Patched], workdir: Path, modes: tuple[str, ...] = ("
                 env = (("TCAUDIT_ORACLE_MODE", mode), ("TCAUDIT_ORACLE_SCALER", scaler))
                 runs.append(ScriptRun(f"{mode}--{p.case.id}--{side}", text, p.case.argv, env))
     for p in patched:
-        if amp_case(p):
+        if amp_case(p) and p.case.id not in ranks_only:
             # Real CPU autocast where CUDA's would be on (fp16 unless the script says bf16): only the
             # patched script, against the CUDA-semantics original as the fp32 reference.
             env = (("TCAUDIT_ORACLE_MODE", "amp"), ("TCAUDIT_ORACLE_SCALER", "real"))
