@@ -462,8 +462,10 @@ def test_a_moved_save_runs_exactly_when_it_did(tmp_path):
 
 @pytest.mark.parametrize("name, kept", [
     # After training `net = Net()` and `net.load_state_dict(torch.load(PATH))` load into a new, bare model;
-    # the conversion had made it `net.module.load_state_dict` (AttributeError on the H200).
-    ("all_rw_cifar_tutorial", ["    torch.save(net.module.state_dict(), PATH)\n",
+    # the conversion had made it `net.module.load_state_dict` (AttributeError on the H200). PATH is made
+    # under tempfile.mkdtemp() and read back: each rank saves its own copy (rank 0 alone left the others
+    # nothing to load; the oracle runs the two ranks).
+    ("all_rw_cifar_tutorial", ["\ntorch.save(net.module.state_dict(), PATH)\n",
                                "\nnet.load_state_dict(torch.load(PATH, weights_only=True))\n"]),
     # `fit(model, ...)` keeps the best `model.state_dict()` and restores it with `model.load_state_dict`:
     # the save went through `.module` and the restore did not (missing "module." keys on the H200).

@@ -42,7 +42,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
-from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
@@ -348,6 +348,8 @@ class DdpConversion:
                 continue  # a Dataset's methods run in loader workers
             if self._before_init(ctx.function, call.node, plan):
                 continue
+            if call.qualname == "torch.save" and self._loads_checkpoints and self._per_process_path(call):
+                continue  # each rank writes (and later reads) its own file: rank 0 alone would leave the others none
             plan.rank_zero_statements.add(id(statement.node))
             if call.qualname == "torch.save" and self._loads_checkpoints:
                 plan.saves_then_barrier.add(id(statement.node))
@@ -372,6 +374,28 @@ class DdpConversion:
                 plan.rank_zero_ifs.add(id(frame_node))
                 for s in statements:
                     plan.rank_zero_statements.discard(id(s))
+
+    def _per_process_path(self, call) -> bool:
+        """A ``torch.save`` whose path is made per process (``tempfile.mkdtemp()``, the pid, a uuid), as
+        far as its bindings show, and which the script loads back from the same path: under torchrun
+        every rank has its own file and reads it."""
+        path = call.arg("f", 1)
+        if path is None:
+            return False
+        code = self.facts.module.code_for_node(path)
+        loaded = {self.facts.module.code_for_node(c.arg("f", 0)) for c in self.facts.calls
+                  if (c.qualname or "") == "torch.load" and c.arg("f", 0) is not None}
+        if code not in loaded:
+            return False  # not read back by the script: one copy from rank 0 is what it needs
+        text = " ".join(self.facts.module.code_for_node(v) for v in [path, *self._path_values(path)])
+        return bool(_PER_PROCESS_PATH.search(text))
+
+    def _path_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
+        out: list[cst.BaseExpression] = []
+        for name in sorted(n for n in names_in(expr) if "." not in n) if depth < 3 else ():
+            for value in self.facts.binding_values(cst.Name(name)):
+                out += [value, *self._path_values(value, depth + 1)]
+        return out
 
     @functools.cached_property
     def _loads_checkpoints(self) -> bool:
@@ -828,6 +852,9 @@ class _DdpEditor(CallEditor):
 
 
 _DEVICE_TARGET = re.compile(r"(^|[._])(device|dev|gpu|gpu_id|cuda_device)$", re.IGNORECASE)
+
+
+_PER_PROCESS_PATH = re.compile(r"\b(mkdtemp|mkstemp|NamedTemporaryFile|TemporaryDirectory|getpid|uuid\d?)\b")
 
 
 def _cpu_device(facts: ScriptFacts) -> bool:

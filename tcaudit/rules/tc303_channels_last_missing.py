@@ -28,7 +28,7 @@ from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import is_in_place_name, moves_to_device
-from tcaudit.script.facts import Binding, CallSite, ScriptFacts
+from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
 from tcaudit.source.syntax import call_nodes, expression_chain, strip_comments
@@ -466,8 +466,9 @@ def _model_edit(facts: ScriptFacts, binding: Binding, name: str, channels_last: 
 def _initialised_after(
     facts: ScriptFacts, binding: Binding, name: str, skip_move: bool
 ) -> cst.SimpleStatementLine | None:
-    """The last of the statements right after the model's construction (and its device move) that
-    initialise it in place: ``model.apply(init_fn)``, ``torch.nn.init.normal_(model.fc.weight, ...)``."""
+    """The last statement of the model's block, after its construction and before any loop, that
+    initialises it in place: ``model.apply(init_fn)``, ``torch.nn.init.normal_(model.fc.weight, ...)``
+    (PyTorch-GAN builds both models, moves them under ``if cuda:`` and only then applies the init)."""
     statement = binding.statement
     if statement is None:
         return None
@@ -475,11 +476,16 @@ def _initialised_after(
     last = None
     while index < len(statement.block):
         line = statement.block[index]
+        index += 1
+        if isinstance(line, (cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)):
+            break  # training (or code that may read the weights) from here on
         if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr)):
-            break
+            if isinstance(line, cst.SimpleStatementLine) and name in assigned_names(line):
+                break  # the name is bound to another model from here on
+            continue
         call = line.body[0].value
         if not isinstance(call, cst.Call):
-            break
+            continue
         callee = get_full_name_for_node(call.func) or ""
         first = next((a.value for a in call.args if a.keyword is None), None)
         target = get_full_name_for_node(first) if first is not None else None
@@ -487,9 +493,7 @@ def _initialised_after(
             (facts.qualname(call.func) or "").startswith("torch.nn.init.")
             and target is not None and (target == name or target.startswith(name + "."))
         ):
-            last, index = line, index + 1
-            continue
-        break
+            last = line
     return last
 
 
