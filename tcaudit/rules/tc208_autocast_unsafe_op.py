@@ -28,6 +28,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import call_nodes, nodes_of
 from tcaudit.source.triggers import all_of
 
 @dataclass(frozen=True, eq=False)
@@ -166,18 +167,7 @@ _PASSIVE_METHODS = frozenset({
 
 def _computes(node: cst.BaseExpression) -> bool:
     """Whether an input calls anything besides moving, casting or reshaping a tensor."""
-    return any(not (isinstance(c.func, cst.Attribute) and c.func.attr.value in _PASSIVE_METHODS) for c in _calls_in(node))
-
-
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, inner: cst.Call) -> None:
-            found.append(inner)
-
-    node.visit(_Calls())
-    return found
+    return any(not (isinstance(c.func, cst.Attribute) and c.func.attr.value in _PASSIVE_METHODS) for c in call_nodes(node))
 
 
 def _check_hoistable(facts: ScriptFacts, statement: cst.SimpleStatementLine, call: cst.Call) -> None:
@@ -188,32 +178,19 @@ def _check_hoistable(facts: ScriptFacts, statement: cst.SimpleStatementLine, cal
     # a loss itself is pure, so computing an input before it reorders nothing that matters.
     losses = [c.node for c in facts.calls
               if c.statement is not None and c.statement.node is statement and unsafe_kind(facts, c) == "bce"]
-    for node in _calls_in(statement):
+    for node in call_nodes(statement):
         start = facts.position(node).start
         if any(_contains(loss, node) for loss in losses):
             continue
         if (start.line, start.column) < (position.line, position.column) and not _contains(node, call):
             raise DeclineFix("the loss statement calls something before the loss; computing the loss's inputs "
                              "first would reorder the calls: take the loss out of autocast by hand")
-    if any(isinstance(node, (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.NamedExpr))
-           for node in _nodes_in(statement)):
+    if nodes_of(statement, (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.NamedExpr)):
         raise DeclineFix("the loss statement is evaluated conditionally; take the loss out of autocast by hand")
 
 
 def _contains(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
-    return any(node is inner for node in _nodes_in(outer))
-
-
-def _nodes_in(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, inner: cst.CSTNode) -> bool:
-            found.append(inner)
-            return True
-
-    node.visit(_All())
-    return found
+    return any(node is inner for node in nodes_of(outer, cst.CSTNode))
 
 
 # -- the fix ------------------------------------------------------------------------------------

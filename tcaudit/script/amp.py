@@ -16,7 +16,7 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import param_names
+from tcaudit.source.syntax import call_nodes, nodes_of, param_names
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
@@ -735,20 +735,10 @@ def _pointwise_conv1d(call: CallSite) -> bool:
 
 def _has_matmul(node: cst.CSTNode) -> bool:
     """Whether ``node`` holds a matrix product (``@``, ``matmul``, ``bmm``, ``einsum``)."""
-    found = False
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
-            nonlocal found
-            found = found or isinstance(op.operator, cst.MatrixMultiply)
-
-        def visit_Call(self, inner: cst.Call) -> None:
-            nonlocal found
-            name = get_full_name_for_node(inner.func) or ""
-            found = found or name.rsplit(".", 1)[-1] in ("matmul", "bmm", "einsum", "baddbmm")
-
-    node.visit(_Visitor())
-    return found
+    if any(isinstance(op.operator, cst.MatrixMultiply) for op in nodes_of(node, cst.BinaryOperation)):
+        return True
+    return any((get_full_name_for_node(c.func) or "").rsplit(".", 1)[-1] in ("matmul", "bmm", "einsum", "baddbmm")
+               for c in call_nodes(node))
 
 
 def _fill_magnitude(facts: ScriptFacts, expr: cst.BaseExpression | None) -> float | None:
