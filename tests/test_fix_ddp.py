@@ -36,6 +36,7 @@ CONVERTED = {
     "ddp_best_loss_save": (["--epochs", "2"], 32, 2),
     "ddp_fast_neural_style": (["--epochs", "2"], 16, 2),
     "ddp_accel_opt_in": (["--epochs", "2"], 16, 2),
+    "ddp_hf_random_sampler": (["--epochs", "2"], 16, 2),
     # No shuffle off the accelerator: one epoch (the same order every epoch is what the script asks for).
     "ddp_mnist_kwargs": (["--epochs", "1", "--batch-size", "4", "--test-batch-size", "4", "--samples", "16", "--save-model"], 16, 1),
     "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),

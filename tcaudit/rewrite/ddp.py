@@ -49,11 +49,12 @@ from tcaudit.script.loader_sharding import (
     BATCH_SAMPLER_POSITION,
     SAMPLER_POSITION,
     SELF_SHARDING_LIBRARIES,
+    plain_sampler,
     unsharded_training_loaders,
 )
 from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
-from tcaudit.source.syntax import is_main_guard, param_names
+from tcaudit.source.syntax import call_nodes, is_main_guard, param_names
 
 DDP_NAME = "DistributedDataParallel"
 RANK_ZERO = "{dist}.get_rank() == 0"
@@ -76,6 +77,11 @@ _WRITER_METHODS = re.compile(r"^(add_\w+|flush)$")
 
 
 def _rank_zero_call(facts: ScriptFacts, call: cst.Call) -> bool:
+    """A call only rank 0 should make (a print, a log line, a checkpoint save), unless its arguments
+    compute with the script's own functions (``print(f"{evaluate(model, loader)}")``): those run
+    forwards, and every rank must run them alike."""
+    if _computes_in_arguments(facts, call):
+        return False
     func = call.func
     dotted = get_full_name_for_node(func) or ""
     qual = facts.resolve(dotted) or ""
@@ -89,6 +95,15 @@ def _rank_zero_call(facts: ScriptFacts, call: cst.Call) -> bool:
         if "writer" in receiver and _WRITER_METHODS.match(method):
             return True
         if receiver in ("tqdm", "pbar") and method == "write":
+            return True
+    return False
+
+
+def _computes_in_arguments(facts: ScriptFacts, call: cst.Call) -> bool:
+    defined = facts.functions_by_name
+    for inner in call_nodes(call)[1:]:
+        name = (get_full_name_for_node(inner.func) or "").removeprefix("self.")
+        if name in defined or name in facts.model_names:
             return True
     return False
 
@@ -221,18 +236,28 @@ class DdpConversion:
         if facts.in_eval(call.ctx) or in_test_code(call.ctx):
             return
         name = self.info.dataloader_name(call)
+        site = self.pipeline.loader_for(call.node)
         for key, position in (("sampler", SAMPLER_POSITION), ("batch_sampler", BATCH_SAMPLER_POSITION)):
             value = call.arg(key, position)
-            if value is None or literal_value(value) is None:
-                continue
-            text = facts.module.code_for_node(value)
-            if "Distributed" in text:
-                continue
-            where = f" in `{call.ctx.class_def.name.value}`" if call.ctx.class_def is not None else ""
-            raise DeclineFix(
-                f"the training loader `{name or 'DataLoader'}`{where} brings its own {key} (`{text[:60]}`); each "
-                "rank needs its own share of it, which DistributedSampler cannot give: shard it by hand"
-            )
+            # Also a sampler held by a visible ``**`` dict (``DataLoader(ds, **kwargs)``).
+            held = [kv.value for kv in (site.keys.get(key, []) if site is not None else []) if kv.source != "keyword"]
+            for value in [v for v in (value, *held) if v is not None]:
+                self._check_sampler_value(call, name, key, value)
+
+    def _check_sampler_value(self, call, name: str | None, key: str, value: cst.BaseExpression) -> None:
+        facts = self.facts
+        if literal_value(value) is None:
+            return
+        if key == "sampler" and call.arg("sampler") is value and plain_sampler(facts, value) is not None:
+            return  # RandomSampler(ds) / SequentialSampler(ds): the next round makes it distributed
+        text = facts.module.code_for_node(value)
+        if "Distributed" in text:
+            return
+        where = f" in `{call.ctx.class_def.name.value}`" if call.ctx.class_def is not None else ""
+        raise DeclineFix(
+            f"the training loader `{name or 'DataLoader'}`{where} brings its own {key} (`{text[:60]}`); each "
+            "rank needs its own share of it, which DistributedSampler cannot give: shard it by hand"
+        )
 
     def _model(self) -> str:
         names = list(dict.fromkeys(site.name for site in self.pipeline.trained_models))

@@ -16,7 +16,7 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.script.distributed import distributed_facts, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import KeyValue, LoaderSite
-from tcaudit.script.loader_sharding import also_feeds_other_loops
+from tcaudit.script.loader_sharding import also_feeds_other_loops, plain_sampler
 from tcaudit.script.pipeline import pipeline_facts
 
 @dataclass
@@ -56,7 +56,13 @@ def plan_sampler(facts: ScriptFacts, call: CallSite) -> SamplerEdits:
     dataset = _dataset(facts, call, hoist)
     callee, imported = _sampler_callee(facts, call)
     edits = SamplerEdits(sampler=cst.Name("None"), import_sampler=not imported, hoist=hoist[0] if hoist else None)
-    shuffle = _plan_shuffle(facts, call, site, edits)
+    plain = plain_sampler(facts, call.arg("sampler"))
+    if plain is not None:
+        # ``sampler=RandomSampler(train_dataset)`` (the HF fine-tuning loop): the same order semantics per rank.
+        shuffle = "True" if plain[1] else "False"
+        dataset = facts.module.code_for_node(plain[0])
+    else:
+        shuffle = _plan_shuffle(facts, call, site, edits)
     edits.sampler = parse_expression(f"{callee}({dataset}, shuffle={shuffle})", facts.module)
     return edits
 
@@ -73,6 +79,8 @@ def _check_loader(facts: ScriptFacts, call: CallSite, site: LoaderSite) -> None:
         if literal_value(value) is not None:
             raise DeclineFix("the DataLoader has a batch_sampler, which excludes sampler=")
     for kv in site.keys.get("sampler", []):
+        if kv.source == "keyword" and kv.node in call.node.args and plain_sampler(facts, kv.value) is not None:
+            continue  # RandomSampler(ds) / SequentialSampler(ds): replaced by its per-rank equivalent
         if kv.source != "keyword" or literal_value(kv.value) is not None:
             raise DeclineFix("the DataLoader already receives a sampler; make it distributed by hand")
     info = distributed_facts(facts)

@@ -188,6 +188,29 @@ def is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSit
     return False
 
 
+_PLAIN_SAMPLERS = {
+    "torch.utils.data.RandomSampler": True, "torch.utils.data.sampler.RandomSampler": True,
+    "torch.utils.data.SequentialSampler": False, "torch.utils.data.sampler.SequentialSampler": False,
+}
+
+
+def plain_sampler(facts: ScriptFacts, expr: cst.BaseExpression | None) -> tuple[cst.BaseExpression, bool] | None:
+    """``RandomSampler(ds)`` or ``SequentialSampler(ds)`` (written in the call or bound once to a name),
+    with nothing but the dataset: (the dataset expression, whether it shuffles). DistributedSampler
+    with the same shuffle is its per-rank equivalent; ``replacement``, ``num_samples`` or a
+    ``generator`` are not."""
+    if expr is None:
+        return None
+    values = facts.binding_values(expr)
+    value = values[-1] if isinstance(expr, cst.Name) and len(values) == 2 else expr
+    if not isinstance(value, cst.Call) or len(value.args) != 1 or value.args[0].keyword is not None or value.args[0].star:
+        return None
+    shuffles = _PLAIN_SAMPLERS.get(facts.qualname(value.func) or "")
+    if shuffles is None:
+        return None
+    return value.args[0].value, shuffles
+
+
 @dataclass(frozen=True)
 class TrainingLoader:
     """A DataLoader call whose batches train, with no sampler of its own and no per-rank dataset."""
@@ -210,6 +233,8 @@ def unsharded_training_loaders(facts: ScriptFacts, info: DistributedFacts) -> li
         if len(positional) > SAMPLER_POSITION:
             continue  # sampler passed by position
         given = [call.arg(key) for key in ("sampler", "batch_sampler")]
+        if given[0] is not None and plain_sampler(facts, given[0]) is not None:
+            given[0] = None  # ``sampler=RandomSampler(ds)``: becomes DistributedSampler(ds, shuffle=True)
         if any(value is not None and literal_value(value) is not None for value in given):
             continue  # a sampler of its own (``sampler=None`` is none)
         name = info.target_of(call.node)
@@ -224,7 +249,8 @@ def unsharded_training_loaders(facts: ScriptFacts, info: DistributedFacts) -> li
             star = next((code(facts, a.value) for a in call.node.args if a.star), None)
             unseen = f"its arguments come from `{star}`, which cannot be followed" if star else (
                 "its call could not be followed")
-        elif any(literal_value(v) is not None for key in ("sampler", "batch_sampler") for v in site.values(key)):
+        elif any(literal_value(v) is not None and not (key == "sampler" and plain_sampler(facts, v) is not None)
+                 for key in ("sampler", "batch_sampler") for v in site.values(key)):
             continue  # a visible ``**`` dict holds a sampler
         out.append(TrainingLoader(call, name, unseen))
     return out
