@@ -80,6 +80,7 @@ EXPECT = {
     "ddp_dataparallel": DDP_ORDER,
     "ddp_module_level": DDP_ORDER,
     "ddp_trainer": DDP_ORDER,
+    "ddp_hf_random_sampler": DDP_ORDER,  # RandomSampler draws from the global RNG, DistributedSampler from its seed
     "tc503_mp_spawn_kwargs": DDP_ORDER,
     "tc503_torchrun": DDP_ORDER,
     "tc503_trainer": DDP_ORDER,
