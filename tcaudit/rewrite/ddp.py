@@ -407,13 +407,16 @@ class DdpConversion:
         path = call.arg("f", 1)
         if path is None:
             return False
-        code = self.facts.module.code_for_node(path)
-        loaded = {self.facts.module.code_for_node(c.arg("f", 0)) for c in self.facts.calls
-                  if (c.qualname or "") == "torch.load" and c.arg("f", 0) is not None}
-        if code not in loaded:
+        if self.facts.module.code_for_node(path) not in self._loaded_paths:
             return False  # not read back by the script: one copy from rank 0 is what it needs
         text = " ".join(self.facts.module.code_for_node(v) for v in [path, *self._path_values(path)])
         return bool(_PER_PROCESS_PATH.search(text))
+
+    @functools.cached_property
+    def _loaded_paths(self) -> set[str]:
+        """The code of every ``torch.load`` path in the file."""
+        return {self.facts.module.code_for_node(c.arg("f", 0)) for c in self.facts.calls
+                if (c.qualname or "") == "torch.load" and c.arg("f", 0) is not None}
 
     def _path_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
         out: list[cst.BaseExpression] = []
@@ -550,13 +553,14 @@ class DdpConversion:
         """``torch.save(model, path)`` (or the model inside the saved dict, list or tuple) after the wrap
         would pickle the DDP object, which cannot be loaded outside a process group: ``model.module``."""
         facts = self.facts
+        rebound = self._rebound(plan)
         for call in facts.calls:
             if (call.qualname or "") != "torch.save":
                 continue
             function = call.ctx.function
             if function is plan.wrap_function:
                 line = facts.line_of(call.node)
-                if line < plan.wrap_line or any(plan.wrap_line < b < line for b in self._rebound(plan)):
+                if line < plan.wrap_line or any(plan.wrap_line < b < line for b in rebound):
                     continue  # before the wrap, or of a fresh model bound after it
             elif plan.wrap_function is not None and not plan.model.startswith("self."):
                 continue  # a helper's own parameter: its state_dict() reads are handled above

@@ -24,6 +24,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, torch_import_name, unique_name
+from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind
 from tcaudit.script.evidence import BACKWARD_CALL
@@ -180,17 +181,13 @@ def _check_hoistable(facts: ScriptFacts, statement: cst.SimpleStatementLine, cal
               if c.statement is not None and c.statement.node is statement and unsafe_kind(facts, c) == "bce"]
     for node in call_nodes(statement):
         start = facts.position(node).start
-        if any(_contains(loss, node) for loss in losses):
+        if any(contains(loss, node) for loss in losses):
             continue
-        if (start.line, start.column) < (position.line, position.column) and not _contains(node, call):
+        if (start.line, start.column) < (position.line, position.column) and not contains(node, call):
             raise DeclineFix("the loss statement calls something before the loss; computing the loss's inputs "
                              "first would reorder the calls: take the loss out of autocast by hand")
     if nodes_of(statement, (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.NamedExpr)):
         raise DeclineFix("the loss statement is evaluated conditionally; take the loss out of autocast by hand")
-
-
-def _contains(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
-    return any(node is inner for node in nodes_of(outer, cst.CSTNode))
 
 
 # -- the fix ------------------------------------------------------------------------------------

@@ -743,22 +743,16 @@ def _has_matmul(node: cst.CSTNode) -> bool:
 
 def _fill_magnitude(facts: ScriptFacts, expr: cst.BaseExpression | None) -> float | None:
     """The value of a fill: a numeric constant, or ``torch.finfo(torch.float32).min``/``.max`` (the
-    range of a dtype wider than fp16)."""
+    range of a dtype wider than fp16, negated or not)."""
     if expr is None:
         return None
-    negative = False
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-        negative, expr = True, expr.expression
-    if (isinstance(expr, cst.Attribute) and expr.attr.value in ("min", "max") and isinstance(expr.value, cst.Call)
-            and (get_full_name_for_node(expr.value.func) or "").endswith("finfo") and expr.value.args):
-        dtype = (get_full_name_for_node(expr.value.args[0].value) or "").rsplit(".", 1)[-1]
-        if dtype in _WIDE_DTYPES:
-            return 3.4e38
-        return None
+    inner = expr.expression if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus) else expr
+    if (isinstance(inner, cst.Attribute) and inner.attr.value in ("min", "max") and isinstance(inner.value, cst.Call)
+            and (get_full_name_for_node(inner.value.func) or "").endswith("finfo") and inner.value.args):
+        dtype = (get_full_name_for_node(inner.value.args[0].value) or "").rsplit(".", 1)[-1]
+        return (-3.4e38 if inner is not expr else 3.4e38) if dtype in _WIDE_DTYPES else None
     value = numeric_constant(facts, expr)
-    if value is None:
-        return None
-    return -float(value) if negative else float(value)
+    return float(value) if value is not None else None
 
 
 def gradient_penalty_call(facts: ScriptFacts) -> CallSite | None:
