@@ -104,8 +104,8 @@ class FixPlan:
             if f.name == "kind":
                 continue
             raw = getattr(self, f.name)
-            if raw is None and "cst." in str(f.type):
-                continue  # an optional syntax node: left out whether or not it is there
+            if "cst." in str(f.type) and (raw is None or isinstance(raw, (tuple, list))):
+                continue  # an optional syntax node, or a sequence of them: left out whether or not there
             value = _plain(raw)
             if value is not _NOT_PLAIN:
                 data[f.name] = value

@@ -171,4 +171,6 @@ def test_tc406_a_random_sample_drawn_under_no_grad_is_info_and_declined(tmp_path
     sample, zeros = by_line[9], by_line[10]
     assert sample.severity == Severity.INFO and "every step" not in sample.message
     assert not sample.fix.available and "CPU generator" in sample.fix.reason
-    assert "every step" in zeros.message and zeros.fix.available
+    # built once per epoch, not per step: info without the "every step" claim, still fixable
+    assert zeros.severity == Severity.INFO and "every step" not in zeros.message
+    assert zeros.fix.available

@@ -101,10 +101,12 @@ def test_a_cpu_only_script_gets_its_model_advice_as_info(audit):
 
 def test_conv_30_channels_suggests_32(audit):
     assert found(audit, "models/conv_30ch.py") == [
-        ("TC101", 22, "info"),  # the 10-class head: N=10, under 1% of the FLOPs
+        # the 10-class head (N=10) produces the model's output: the task fixes its width, no finding
         ("TC102", 19, "warning"),  # conv_block(64, width): points at the model's line, not the helper's
-        ("TC102", 20, "warning"),
-        ("TC102", 21, "warning"),
+        # 30→30 at 16×16 and 30→128 at 8×8, batch 128: ~0.5 GFLOP each, within an eager launch on the
+        # H200 (launch.hidden_flops; the padded convnet measured 1.02× in benchmarks/small_layers.py)
+        ("TC102", 20, "info"),
+        ("TC102", 21, "info"),
         ("TC103", 18, "info"),
     ]
     middle = next(f for f in audit[0]["models/conv_30ch.py"] if f.location.line == 20)
@@ -145,7 +147,7 @@ def test_nanogpt_style_override_of_the_vocab_is_respected(audit):
 
 def test_attention_head_dim_12(audit):
     assert found(audit, "models/attention_head12.py") == [
-        ("TC101", 42, "info"),  # 100-class head
+        # the 100-class head's N is the task's (it produces the output): no finding
         ("TC103", 38, "info"),  # patch embedding takes RGB
         ("TC106", 26, "warning"),  # self.attn = Attention(dim, heads), six layers, one finding
     ]
@@ -204,10 +206,15 @@ def test_imagenet_arch_from_argparse_default(audit):
 
 
 def test_torchvision_get_model_with_a_10_class_head(audit):
-    assert found(audit, "models/tv_get_model.py") == [("TC101", 10, "info"), ("TC103", 10, "info")]
-    head = next(f for f in audit[0]["models/tv_get_model.py"] if f.rule == "TC101")
-    assert head.details["module"] == "classifier.3" and head.details["n"] == 10
-    assert head.details["shapes"][0][0] == 96  # BATCH_SIZE
+    # classifier.3's N=10 is the number of classes (it produces the output): not a finding
+    assert found(audit, "models/tv_get_model.py") == [("TC103", 10, "info")]
+    result = run_model_audit([read_source(MODELS / "tv_get_model.py", "fixtures/models/tv_get_model.py")],
+                             Settings(select=("TC1",), root=MODELS))
+    [facts] = result.facts
+    [head] = [op for op in facts.ops if op.module == "classifier.3"]
+    assert head.info["n"] == 10 and head.info["model_output"] and head.shapes[0][0] == 96  # BATCH_SIZE
+    # only the head: the layers before it feed other GEMMs
+    assert [op.module for op in facts.ops if op.info.get("model_output")] == ["classifier.3"]
 
 
 def test_timm_like_registry_resolves_the_named_model(audit):
@@ -238,8 +245,7 @@ def test_data_dependent_control_flow(audit):
         ("TC101", 9, "info"),  # gate: N=1
         ("TC101", 11, "warning"),  # large.0: N=2050, not run
         ("TC101", 11, "warning"),  # large.2: K=2050, not run
-        ("TC101", 12, "info"),  # head: N=10
-    ]
+    ]  # head: N=10 produces the output (the task's classes), not reported
     unreached = [f for f in audit[0]["models/data_dependent.py"] if f.location.line == 11]
     assert {f.details["module"] for f in unreached} == {"large.0", "large.2"}
     assert all(f.details["impact_basis"] == "parameters" for f in unreached)

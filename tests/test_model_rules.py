@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -328,3 +329,68 @@ def test_vocab_from_parameters_only_needs_a_head_of_the_tables_width():
     assert [f.details["tied"] for f in run(parameters, select=("TC104",))] == [True]
     users, _ = _table("users", 6041, 64, 20)
     assert run(facts_of((users, None), capture=CaptureInfo(method="parameters")), select=("TC104",)) == []
+
+
+def test_a_gemm_that_runs_within_a_launch_is_info_and_says_so():
+    """A 10-wide layer at batch 8 (a tutorial MLP): its math takes nanoseconds, padded or not, under
+    the ~5 µs an eager step takes to launch any kernel. The step is launch-bound: info, no % of the step."""
+    facts = facts_of(linear("fc", 10, 10, m=8))
+    [finding] = run(facts, select=("TC101",))
+    assert finding.severity == Severity.INFO
+    assert finding.details["launch_bound"] is True and finding.details["est_time_lost"] == 0
+    assert "launch-bound" in finding.explanation and "of the step" not in finding.explanation
+
+
+def test_the_same_width_in_a_large_gemm_is_a_warning_with_its_share():
+    facts = facts_of(linear("fc", 4100, 4100, m=8192))
+    [finding] = run(facts, select=("TC101",))
+    assert finding.severity == Severity.WARNING
+    assert "launch_bound" not in finding.details and finding.details["est_time_lost"] > 0.3
+    assert "of the step" in finding.explanation and "launch-bound" not in finding.explanation
+
+
+def test_the_output_layers_n_is_the_tasks_but_its_k_is_still_checked():
+    """``return self.head(x)`` with 10 classes: N=10 is what the task asks for; a K of 4100 is not."""
+    module, op = linear("head", 4100, 10, m=8192)
+    op.info["model_output"] = True
+    [finding] = run(facts_of((module, op)), select=("TC101",))
+    assert finding.details["unaligned"] == {"K": 4100}
+    module, op = linear("head", 4096, 10, m=8192)
+    op.info["model_output"] = True
+    assert run(facts_of((module, op)), select=("TC101",)) == []
+    module, op = linear("head", 4096, 10, m=8192)  # the same layer feeding another GEMM: reported
+    assert [f.details["unaligned"] for f in run(facts_of((module, op)), select=("TC101",))] == [{"N": 10}]
+
+
+def test_an_output_conv_keeps_its_class_channels():
+    conv = dict(kind="conv", op="conv2d", module="head", module_type="Conv2d", graph=0, dtype="bfloat16",
+                shapes=[[64, 64, 128, 128], [21, 64, 1, 1], [64, 21, 128, 128]], flops=2.0 * 64 * 21 * 64 * 128 * 128,
+                site=Site(FILE, 20, 9))
+    module = ModuleFact("head", "Conv2d", True, Site(FILE, 20, 14, 20, 40),
+                        {"role": "conv", "in_channels": 64, "out_channels": 21, "kernel_size": [1, 1], "groups": 1})
+    info = {"c_in": 64, "c_out": 21, "groups": 1, "bias": True, "stem": False}
+    assert len(run(facts_of((module, OpFact(0, info=dict(info), **conv))), select=("TC102",))) == 1
+    segmentation_head = OpFact(0, info={**info, "model_output": True}, **conv)
+    assert run(facts_of((module, segmentation_head)), select=("TC102",)) == []
+
+
+
+def test_launch_bound_is_judged_only_with_the_scripts_own_batch():
+    """An assumed batch (8, say) says little about the real step: the layer is judged as if the batch
+    were 512. A 10-wide layer is within a launch at any batch; a 1030-wide one only at the small batch."""
+    facts = facts_of(linear("fc", 10, 10, m=8), input={"shapes": [[8, 10]], "assumed": True})
+    [finding] = run(facts, select=("TC101",))
+    assert finding.details["launch_bound"] is True
+    given = facts_of(linear("fc", 1024, 1030, m=8), input={"shapes": [[8, 1024]], "assumed": False})
+    assumed = facts_of(linear("fc", 1024, 1030, m=8), input={"shapes": [[8, 1024]], "assumed": True})
+    [small] = run(given, select=("TC101",))
+    [unknown] = run(assumed, select=("TC101",))
+    assert small.details["launch_bound"] is True and "launch_bound" not in unknown.details
+
+
+def test_the_launch_bound_threshold_comes_from_the_cost_table():
+    facts = facts_of(linear("fc", 10, 10, m=8))
+    table = json.loads(json.dumps(load_table()))
+    table["gpus"][table["default_gpu"]].setdefault("launch", {})["hidden_flops"] = 100.0
+    assert not CostModel(facts, table=table).within_launch(facts.ops, 3.0)  # 1,600 FLOPs × 3 > 100
+    assert CostModel(facts).within_launch(facts.ops, 3.0)

@@ -9,6 +9,7 @@ what these rules promise.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,9 @@ EXPECTED = {
     # loaders from build_loader (also the held-out set: fix declined), a lambda and a partial
     "tc5_loader_helpers.py": [("TC503", 17), ("TC503", 52), ("TC504", 52), ("TC503", 55)],
     "tc5_windows_gloo.py": [("TC506", 41)],  # the Windows-only gloo branches are not findings
+    # DataParallel under ``if cuda and RANK == -1``, smart_DDP(model) under torchrun: the plain-launch fallback
+    "tc5_yolov5_dp_mode.py": [],
+    "tc5_frozen_teacher_ema.py": [("TC502", 20)],  # DataParallel on a frozen teacher and an EMA copy: no TC501
     "tc5_dataparallel_alias.py": [("TC501", 32)],  # DataParallel imported as DDP: no TC502, TC505
     "tc5_fsdp_helper.py": [],  # FSDP through a helper, sampler reseeded in train_epoch()
     "tc5_hogwild.py": [],  # shared model + torch.multiprocessing: not single-process, not DDP
@@ -177,7 +181,7 @@ def test_unit_tests_that_exercise_ddp_are_not_training_jobs(tmp_path):
 def test_counts_by_rule_across_fixtures():
     """A summary that changes when any rule's precision does."""
     counts = Counter(rule for name in EXPECTED for rule, _ in findings(SCRIPTS / name))
-    assert counts == Counter({"TC505": 8, "TC502": 3, "TC501": 2, "TC503": 4, "TC504": 3, "TC506": 2, "TC507": 1})
+    assert counts == Counter({"TC505": 8, "TC502": 4, "TC501": 2, "TC503": 4, "TC504": 3, "TC506": 2, "TC507": 1})
 
 
 def test_set_epoch_is_reported_with_the_sampler_tc503_will_add():
@@ -187,3 +191,52 @@ def test_set_epoch_is_reported_with_the_sampler_tc503_will_add():
     follow = mp["TC504"]
     assert follow.fix.available and follow.fix.plan.to_dict() == {"kind": "after-fix", "after": "TC503"}
     assert "TC503" in follow.message
+
+
+def test_dataparallel_in_the_single_process_branch_of_a_ddp_script_is_no_error():
+    """yolov5: DataParallel when RANK == -1, ``smart_DDP(model)`` (DDP in a helper of another module) under
+    torchrun: the script offers DDP, DataParallel is its plain-launch fallback, as in the ImageNet example."""
+    assert scan_paths([str(SCRIPTS / "tc5_yolov5_dp_mode.py")], select=("TC501",)).findings == []
+    # Without the DDP helper in the other branch, the single-process branch keeps its warning.
+    code = (SCRIPTS / "tc5_yolov5_dp_mode.py").read_text().replace("model = smart_DDP(model)", "pass")
+    [finding] = scan_code(Path(__import__("tempfile").mkdtemp()), code, select=("TC501",)).findings
+    assert str(finding.severity) == "warning" and "in one process" in finding.message
+    assert "never synchronise" not in finding.message + finding.explanation
+
+
+DATAPARALLEL_UNDER = """
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+RANK = int(os.environ.get("RANK", -1))
+dist.init_process_group("nccl")
+model = nn.Linear(8, 8).cuda()
+{guard}
+    model = nn.DataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(10):
+    model(torch.randn(8, 8, device="cuda")).sum().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("guard", ["if RANK == -1:", "if args.local_rank == -1:", "if world_size == 1:",
+                                   "if not args.distributed:", "if not dist.is_initialized():"])
+def test_single_process_guards(tmp_path, guard):
+    [finding] = scan_code(tmp_path, DATAPARALLEL_UNDER.format(guard=guard), select=("TC501",)).findings
+    assert str(finding.severity) == "warning", guard
+
+
+@pytest.mark.parametrize("guard", ["if RANK != -1:", "if world_size > 1:", "if args.distributed:", "if True:"])
+def test_multi_process_or_neutral_guards_keep_the_error(tmp_path, guard):
+    [finding] = scan_code(tmp_path, DATAPARALLEL_UNDER.format(guard=guard), select=("TC501",)).findings
+    assert str(finding.severity) == "error", guard
+
+
+def test_a_trained_model_in_dataparallel_beside_a_frozen_one_is_still_an_error(tmp_path):
+    code = (SCRIPTS / "tc5_frozen_teacher_ema.py").read_text().replace(
+        "teacher.requires_grad_(False)\n", "").replace(
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(list(model.parameters()) + list(teacher.parameters()), lr=0.1)")
+    rules = [(f.rule, str(f.severity)) for f in scan_code(tmp_path, code, select=("TC501",)).findings]
+    assert rules == [("TC501", "error")]  # the teacher now trains; the EMA copy stays silent

@@ -23,6 +23,8 @@ EXPECTED = {
     "tc5_int_device.py": [],
     "tc5_loader_helpers.py": [],  # evaluate() syncs under no_grad
     "tc5_windows_gloo.py": [],
+    "tc5_yolov5_dp_mode.py": [],
+    "tc5_frozen_teacher_ema.py": [],
     "tc6_cpu_only.py": [],  # .item(), print(loss) and a tqdm postfix every step, but no GPU to wait for (F8)
     # tqdm postfix/description and an f-string to logger.debug per step; .item() after the
     # accumulation micro-steps (info); --debug and self.verbose prints are opt-in

@@ -33,6 +33,9 @@ TORCH_MISSING_NOTE = (
 MAX_MODELS_PER_FILE = 4
 # A file can only build a model if it mentions one of these.
 _MODEL_HINT = re.compile(r"\btorch\b|\btimm\b|\bnn\.|create_model|\bModule\b")
+# A training step in a module that runs nothing itself (``def main(cfg): ... loss.backward()`` for a
+# launcher to call): the models it trains are audited too, or named in a TC100.
+_TRAINS = re.compile(r"\.backward\(")
 _DTYPES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
     "fp32": "float32", "float32": "float32", "float": "float32", "fp64": "float64", "float64": "float64",
@@ -183,8 +186,10 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
     from tcaudit.model.discovery import runs_code_of_its_own
 
     for source in sources:
-        if not _MODEL_HINT.search(source.text) or not runs_code_of_its_own(source.text):
+        if not _MODEL_HINT.search(source.text):
             continue
+        if not runs_code_of_its_own(source.text) and not _TRAINS.search(source.text):
+            continue  # a library module: builds nothing by itself and trains nothing
         try:
             found = discover_file(source)
         except Exception as exc:  # noqa: BLE001 - a discovery bug must not hide the other files
@@ -265,6 +270,17 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
     return out
 
 
+def _launch_bound(facts: "ModelFacts") -> bool:
+    """Every GEMM, conv and attention op within a launch at the script's own batch (never with an
+    assumed one: a toy's batch of 4 must be the script's, not the audit's guess)."""
+    from tcaudit.model.cost import CostModel
+
+    if facts.input.get("assumed", True):
+        return False
+    ops = facts.ops_of("gemm") + facts.ops_of("conv") + facts.ops_of("sdpa") + facts.ops_of("rnn")
+    return CostModel(facts).within_launch(ops, 2.0)
+
+
 def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]":
     """The profiles the script rules read, by the real path of the script that builds each model: only
     models audited from a script's own construction (not ``--model`` factories), built and captured."""
@@ -292,6 +308,7 @@ def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]"
             attention_share=attention / facts.total_flops,
             conv3d=any(len(op.info.get("kernel") or []) == 3 for op in facts.ops_of("conv")),
             image_input=image_input,
+            launch_bound=_launch_bound(facts),
         )
         by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
     return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}

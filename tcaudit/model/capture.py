@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from tcaudit.model.build import UserFiles, site_of_module
-from tcaudit.model.facts import DTYPE_BYTES, CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
+from tcaudit.model.facts import DTYPE_BYTES, CaptureInfo, ModelFacts, ModuleFact, OpFact, Site, rnn_gate_gemms
 
 GEMM_OPS = {"linear", "matmul", "__matmul__", "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "einsum"}
 CONV_OPS = {
@@ -49,6 +49,9 @@ SDPA_OPS = {
     "_scaled_dot_product_cudnn_attention",
 }
 EMBEDDING_OPS = {"embedding", "embedding_bag"}
+# The recurrent ATen ops (``aten.lstm.input``/``.data``, ``torch._VF.gru``), by the mode nn.RNNBase names.
+RNN_OPS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU"}
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 NORM_OPS = {
     "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "cudnn_batch_norm",
@@ -125,6 +128,10 @@ def describe_modules(model: nn.Module) -> dict[str, ModuleFact]:
             attrs.update(embed_dim=module.embed_dim, num_heads=module.num_heads, head_dim=module.head_dim)
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
             attrs.update(num_features=module.num_features)
+        elif isinstance(module, nn.RNNBase):
+            attrs.update(mode=module.mode, input_size=module.input_size, hidden_size=module.hidden_size,
+                         proj_size=module.proj_size, num_layers=module.num_layers,
+                         bidirectional=bool(module.bidirectional))
         if path in sequential_next:
             attrs["next"] = sequential_next[path]
         cls = type(module)
@@ -997,7 +1004,8 @@ def normalise(graphs: list[Graph], user_files: UserFiles, notes: list[str] | Non
     written = [0.0]
     unreadable: list[str] = []
     for index, graph in enumerate(graphs):
-        _normalise_graph(graph.module, graph, index, ops, user_files, set(), written, unreadable)
+        _normalise_graph(graph.module, graph, index, ops, user_files, set(), written, unreadable,
+                         mark_output=index == len(graphs) - 1)
     if unreadable and notes is not None:
         notes.append(f"{len(unreadable)} graph node(s) could not be read and were left out: {', '.join(unreadable[:3])}")
     return ops, written[0]
@@ -1014,7 +1022,8 @@ def _output_bytes(value) -> float:
     return 0.0
 
 
-_ROLE_KINDS = {"linear": "gemm", "conv": "conv", "embedding": "embedding", "norm": "norm", "mha": "mha"}
+_ROLE_KINDS = {"linear": "gemm", "conv": "conv", "embedding": "embedding", "norm": "norm", "mha": "mha",
+               "rnn": "rnn"}
 
 
 def node_kind(node, gm, name: str) -> str | None:
@@ -1031,13 +1040,15 @@ def node_kind(node, gm, name: str) -> str | None:
         return "embedding"
     if name in NORM_OPS:
         return "norm"
+    if name in RNN_OPS and node.op == "call_function":
+        return "rnn"
     if name in CAST_METHODS:
         return "cast"
     return None
 
 
 def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user_files: UserFiles,
-                     seen: set[int], written: list[float], unreadable: list[str]) -> None:
+                     seen: set[int], written: list[float], unreadable: list[str], mark_output: bool = False) -> None:
     if id(gm) in seen:
         return
     seen.add(id(gm))
@@ -1098,6 +1109,87 @@ def _normalise_graph(gm, graph: Graph, graph_index: int, ops: list[OpFact], user
             continue
         produced[node] = fact.index
         ops.append(fact)
+    if mark_output:
+        _mark_output_layers(gm, produced, ops)
+        _mark_input_layers(gm, graph, produced, ops)
+        _mark_recurrent_ends(gm, graph, produced, ops)
+
+
+def _first_layers(start: list, step, produced: dict[Any, int], ops: list[OpFact], kinds: tuple[str, ...]):
+    """Walk the graph from ``start`` along ``step`` (a node's inputs or its users), stopping at the
+    first op of ``kinds`` on each path; yields (node, op) for each, with the nodes reached so far."""
+    pending, visited = list(start), set()
+    while pending and len(visited) < 10_000:
+        node = pending.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        index = produced.get(node)
+        if index is not None and ops[index].kind in kinds:
+            yield node, ops[index], visited
+            continue
+        pending.extend(step(node))
+
+
+def _mark_output_layers(gm, produced: dict[Any, int], ops: list[OpFact]) -> None:
+    """Mark the GEMMs and convs whose result reaches the model's output through no other GEMM or conv
+    (``return self.fc3(x)``, ``torch.sigmoid(self.head(x))``): their output width is the task's (classes,
+    actions, a regression's 1), not a choice the alignment rules may question."""
+    outputs = [arg for node in gm.graph.nodes if node.op == "output" for arg in node.all_input_nodes]
+    for _, op, _ in _first_layers(outputs, lambda node: node.all_input_nodes, produced, ops, ("gemm", "conv")):
+        op.info["model_output"] = True
+
+
+def _mark_input_layers(gm, graph: Graph, produced: dict[Any, int], ops: list[OpFact]) -> None:
+    """Mark the GEMMs and convs that read the model's input through no other GEMM, conv or embedding
+    (``self.fc1(x)`` on 4 iris features): their input width is the data's, not a choice."""
+    inputs = [node for node in gm.graph.nodes
+              if node.op == "placeholder" and str(node.target) not in graph.parameter_inputs]
+    for node, op, reached in _first_layers(inputs, _data_users, produced, ops, ("gemm", "conv", "embedding")):
+        if op.kind != "embedding" and _reads_data(node, reached):
+            op.info["model_input"] = True
+
+
+def _mark_recurrent_ends(gm, graph: Graph, produced: dict[Any, int], ops: list[OpFact]) -> None:
+    """Mark the RNNs that read the model's input through no GEMM, conv, embedding or other RNN (their
+    input_size is the data's feature width) and those whose output reaches the model's output through
+    none (their width is what the model returns). A walk of its own: the GEMM and conv marks above
+    stay as they were before RNNs were recorded."""
+    if not any(op.kind == "rnn" for op in ops):
+        return
+    inputs = [node for node in gm.graph.nodes
+              if node.op == "placeholder" and str(node.target) not in graph.parameter_inputs]
+    for node, op, reached in _first_layers(inputs, _data_users, produced, ops, ("gemm", "conv", "embedding", "rnn")):
+        if op.kind == "rnn" and _reads_data(node, reached):
+            op.info["model_input"] = True
+    outputs = [arg for node in gm.graph.nodes if node.op == "output" for arg in node.all_input_nodes]
+    for _, op, _ in _first_layers(outputs, lambda node: node.all_input_nodes, produced, ops, ("gemm", "conv", "rnn")):
+        if op.kind == "rnn":
+            op.info["model_output"] = True
+
+
+def _data_users(node) -> list:
+    return [user for user in node.users if not _is_shape_query(user)]
+
+
+def _is_shape_query(node) -> bool:
+    """``x.shape``, ``x.size()``, ``x.dim()``, ``sym_size``: what it yields is the input's shape, not its
+    data, so a layer whose reshape reads it still reads another layer's activations."""
+    target = node.target
+    if node.op == "call_method":
+        return target in {"size", "dim"}
+    if node.op == "call_function":
+        name = getattr(target, "__name__", str(target))
+        if name == "getattr":
+            return len(node.args) > 1 and node.args[1] in {"shape", "ndim"}
+        return "sym_size" in name or "sym_numel" in name
+    return False
+
+
+def _reads_data(node, reached: set[Any]) -> bool:
+    """The GEMM/conv's first operand (its activations, not its weight) is on a path from the input."""
+    first = node.args[0] if node.args else None
+    return first is not None and first in reached
 
 
 def _fill(kind, name, overload, node, gm, values, out, fact: OpFact, produced, graph: Graph) -> bool:
@@ -1183,7 +1275,73 @@ def _fill(kind, name, overload, node, gm, values, out, fact: OpFact, produced, g
         return True
     if kind == "mha":
         return isinstance(values[0], torch.Tensor) if values else False
+    if kind == "rnn":
+        info = rnn_info(name, node, gm, values)
+        if info is None:
+            return False
+        fact.info = info
+        fact.flops = rnn_flops(info)
+        # On the CPU the capture runs on, autocast lowers some RNN kernels and not others (mkldnn's LSTM,
+        # not a projected one), and fx and export see different ones; on CUDA autocast casts the whole
+        # cuDNN RNN to its dtype. None: it computes in the model's compute dtype (autocast's, else the
+        # parameters'); ``weight_dtype`` tells a half model's RNN apart.
+        fact.dtype = None
+        fact.shapes = [s for s in (_shape(values[0]) if values else None, _shape(out)) if s is not None]
+        return True
     return False
+
+
+def rnn_info(name: str, node, gm, values: list[Any]) -> dict[str, Any] | None:
+    """The sizes of an ``nn.LSTM``/``GRU``/``RNN`` run: the module itself for torch.fx's leaf, else the
+    ATen op's arguments (``lstm.input(input, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional, batch_first)``; ``.data`` takes ``(data, batch_sizes, hx, params, ...)``, packed,
+    without batch_first), read so that both give the same numbers: the weights' shapes."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        mode, weights = module.mode, list(module._flat_weights)
+        num_layers, bidirectional, batch_first = module.num_layers, bool(module.bidirectional), module.batch_first
+        x = values[0] if values else None
+        packed = not isinstance(x, torch.Tensor)
+        if packed:
+            x = getattr(x, "data", None)  # a PackedSequence
+    else:
+        mode = RNN_OPS[name]
+        at = next((i for i in range(1, len(values) - 5)
+                   if isinstance(values[i], (list, tuple)) and isinstance(values[i + 1], bool)), None)
+        if at is None:
+            return None
+        weights = list(values[at])
+        num_layers, bidirectional = int(values[at + 2]), bool(values[at + 5])
+        packed = len(values) < at + 7
+        batch_first = False if packed else bool(values[at + 6])
+        x = values[0]
+    if not (isinstance(x, torch.Tensor) and weights and all(isinstance(w, torch.Tensor) for w in weights[:2])):
+        return None
+    gates = RNN_GATES[mode]
+    input_size, hidden = int(weights[0].shape[1]), int(weights[0].shape[0]) // gates
+    recurrent = int(weights[1].shape[1])
+    shape = [int(d) for d in x.shape]
+    if packed or x.dim() < 2:
+        batch, seq = None, None
+    elif x.dim() == 2:
+        batch, seq = 1, shape[0]  # an unbatched sequence
+    else:
+        batch, seq = (shape[0], shape[1]) if batch_first else (shape[1], shape[0])
+    return {
+        "mode": mode, "gates": gates, "input_size": input_size, "hidden_size": hidden,
+        "proj_size": recurrent if recurrent != hidden else 0, "num_layers": num_layers,
+        "bidirectional": bidirectional, "batch": batch, "seq": seq, "tokens": _numel(shape[:-1]),
+        "weight_dtype": dtype_name(weights[0].dtype),
+    }
+
+
+def rnn_flops(info: dict[str, Any]) -> float:
+    """Forward FLOPs: 2 × tokens × N × K per layer and direction, plus the LSTM projection's GEMM."""
+    tokens = info["tokens"]
+    flops = sum(2.0 * tokens * n * k for n, k in rnn_gate_gemms(info))
+    if info["proj_size"]:
+        flops += len(rnn_gate_gemms(info)) * 2.0 * tokens * info["hidden_size"] * info["proj_size"]
+    return flops
 
 
 _MHA_PARAMS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",

@@ -30,6 +30,12 @@ COST_TABLE = Path(__file__).with_name("cost_table.json")
 TABLE_ENV = "TCAUDIT_COST_TABLE"  # a cost table to merge over the packaged one (e.g. `tcaudit calibrate -o`)
 PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 TRAINING_FACTOR = 3.0  # a training step costs about three forward passes
+# An eager training step issues each op from Python: a GEMM or conv of fewer FLOPs than this runs,
+# unaligned or not, within the host's time to launch it, so padding it gains nothing measurable. The
+# table's ``launch.hidden_flops`` (measured by ``tcaudit calibrate``: 906 MFLOP on the H200) replaces
+# this conservative default for a table without one.
+DEFAULT_HIDDEN_FLOPS = 5e7
+LARGE_BATCH = 512  # where the audit assumed a batch, launch-bound is judged as if the script used this one
 _PENALTY_KEYS = (("gemm", "m_unaligned"), ("gemm", "not_multiple_of_64"), ("conv", "channels_unaligned"),
                  ("sdpa", "head_dim_unsupported"))
 
@@ -233,6 +239,8 @@ class Cost:
     flop_share: float | None  # share of the model's forward FLOPs (None: not a compute op)
     time_share: float  # share of the model's estimated current step time
     basis: str = "graph"  # "parameters" when no graph ran the layer: shares are of GEMM/conv weights
+    # The ops run shorter than the host takes to launch them, fixed or not: the penalty is hidden.
+    launch_bound: bool = False
 
     def details(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -245,6 +253,8 @@ class Cost:
         if self.basis != "graph":
             data["impact_basis"] = self.basis
             data.pop("est_time_lost_ms")
+        if self.launch_bound:
+            data["launch_bound"] = True
         return data
 
 
@@ -267,6 +277,7 @@ class CostModel:
         if arch not in ("auto", self.gpu_key):
             self.source += f" (measured on {self.gpu_key}; no table for {self.gpu} yet)"
         self._total_params = sum(self._layer_params(m.attrs) for m in self.facts.modules.values())
+        self.hidden_flops = float(self.entry.get("launch", {}).get("hidden_flops", DEFAULT_HIDDEN_FLOPS))
         self._ideal = sum(self.ideal_time(op) for op in self.facts.ops)
         extra = sum(self.ideal_time(op) * (self.op_penalty(op) - 1.0) for op in self.facts.ops)
         # Every non-view op writes its output once and a later op reads it: a memory-bound baseline.
@@ -347,17 +358,35 @@ class CostModel:
             return 0.0
         return op.flops / self.rate(self.dtype(op))
 
+    def within_launch(self, ops: list[OpFact], penalty: float) -> bool:
+        """Whether every op, ``penalty`` × slower, still runs within the host's time to launch it (a
+        128×20×400 GEMM's few nanoseconds of math wait on a launch of microseconds). With the script's
+        own batch the ops are judged as captured; with an assumed one, as if the batch were
+        :data:`LARGE_BATCH` (a 10-wide layer is within a launch at any batch a script uses)."""
+        if not ops or penalty <= 1.0:
+            return False
+        scale = 1.0
+        if self.facts.input.get("assumed", True):
+            shapes = self.facts.input.get("shapes") or [[]]
+            batch = shapes[0][0] if shapes[0] and isinstance(shapes[0][0], int) and shapes[0][0] > 0 else 0
+            if not batch:
+                return False
+            scale = max(1.0, LARGE_BATCH / batch)
+        # hidden_flops was measured with the unaligned GEMM's own penalty: compare the op's FLOPs alone.
+        return all(op.flops * scale <= self.hidden_flops for op in ops)
+
     @property
     def current_time(self) -> float:
         return self._current
 
     def compute_cost(self, ops: list[OpFact], penalty: float) -> Cost:
-        """Cost of ops that run ``penalty`` × slower than they would once fixed."""
-        ideal = sum(self.ideal_time(op) for op in ops)
-        lost = ideal * (penalty - 1.0)
+        """Cost of ops that run ``penalty`` × slower than they would once fixed; ops whose slow
+        version still runs within a launch lose nothing (the step is launch-bound there)."""
+        hidden = self.within_launch(ops, penalty)
+        lost = 0.0 if hidden else sum(self.ideal_time(op) for op in ops) * (penalty - 1.0)
         flops = sum(op.flops for op in ops)
         flop_share = flops / self.facts.total_flops if self.facts.total_flops else 0.0
-        return Cost(penalty, lost, flop_share, lost / self._current if self._current else 0.0)
+        return Cost(penalty, lost, flop_share, lost / self._current if self._current else 0.0, launch_bound=hidden)
 
     def dtype_cost(self, ops: list[OpFact]) -> Cost:
         """Cost of ops that run in fp32/fp64 instead of the configured low precision."""

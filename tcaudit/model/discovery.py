@@ -782,7 +782,8 @@ _NOT_MODELS = re.compile(r"(Config|Tokenizer|Processor|Dataset|DataLoader|Loader
 
 def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> str | None:
     """A model variable filled some other way: ``X.from_pretrained(...)`` or ``torch.load(...)`` (both
-    reported as not buildable offline), or a class from a third-party package (``Mamba(...)``)."""
+    reported as not buildable offline), or a class or a ``build_model``-like factory from a third-party
+    package (``Mamba(...)``, ``build_model(cfg)``)."""
     last = qualified.rsplit(".", 1)[-1]
     if last == "from_pretrained":
         # transformers' classes build from a config (a local one, or the architecture the name says)
@@ -791,9 +792,11 @@ def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> s
         return "loaded"
     root = qualified.split(".")[0]
     head = (dotted(call.func) or "").split(".")[0]
-    if head in index.imports and root not in {"torch", "torchvision", "numpy", "builtins"} and last[:1].isupper():
-        if not _NOT_MODELS.search(last):
+    if head in index.imports and root not in {"torch", "torchvision", "numpy", "builtins"}:
+        if last[:1].isupper() and not _NOT_MODELS.search(last):
             return "external"
+        if FACTORY_FUNCTION.match(last):
+            return "external"  # ``build_model(cfg)`` from a package: built if it imports, else TC100 says why
     return None
 
 
@@ -890,6 +893,8 @@ def reachable(index: ScriptIndex, node: cst.CSTNode, depth: int = 0, seen: froze
             return True  # @hydra.main, @click.command, @app.command: the framework calls it
     owner = index.owner_class(function)
     name = function.name.value
+    if owner is None and _exported_training_function(index, function):
+        return True
     for call in index.calls:
         callee = dotted(call.func)
         if owner is None and callee == name:
@@ -905,6 +910,17 @@ def reachable(index: ScriptIndex, node: cst.CSTNode, depth: int = 0, seen: froze
         if reachable(index, call, depth + 1, seen | {function}):
             return True
     return False
+
+
+def _exported_training_function(index: ScriptIndex, function: cst.FunctionDef) -> bool:
+    """A module-level function that trains (``loss.backward()`` in its body) and that nothing in the
+    file calls: an entry point for a launcher or another module (``def main(cfg): ...``)."""
+    if any(isinstance(parent, (cst.FunctionDef, cst.ClassDef)) for parent in index.ancestors(function)):
+        return False
+    if ".backward(" not in index.source(function):
+        return False
+    name = function.name.value
+    return not any(dotted(call.func) == name for call in index.calls)
 
 
 def _label(index: ScriptIndex, call: cst.Call) -> str:

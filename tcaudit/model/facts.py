@@ -77,11 +77,13 @@ class ModuleFact:
 class OpFact:
     """One node of a captured graph that a rule may care about.
 
-    ``kind`` is one of ``gemm``, ``conv``, ``sdpa``, ``embedding``, ``norm`` and ``cast``; ``info`` holds
-    the kind's numbers: GEMM ``m``/``n``/``k``/``batch``; conv ``c_in``/``c_out``/``groups``/``bias``/
-    ``stem``; SDPA ``head_dim``/``head_dim_v``/``heads``; embedding ``rows``/``dim``; norm ``after``
-    (index of the op feeding it); cast ``src``/``dst``/``explicit``/``input_is_graph_input``/``after``
-    /``users``.
+    ``kind`` is one of ``gemm``, ``conv``, ``sdpa``, ``embedding``, ``norm``, ``cast`` and ``rnn``;
+    ``info`` holds the kind's numbers: GEMM ``m``/``n``/``k``/``batch``; conv ``c_in``/``c_out``/``groups``/
+    ``bias``/``stem``; SDPA ``head_dim``/``head_dim_v``/``heads``; embedding ``rows``/``dim``; norm
+    ``after`` (index of the op feeding it); cast ``src``/``dst``/``explicit``/``input_is_graph_input``/
+    ``after``/``users``; rnn (an ``nn.LSTM``/``GRU``/``RNN``) ``mode``/``gates``/``input_size``/
+    ``hidden_size``/``proj_size``/``num_layers``/``bidirectional``/``batch``/``seq`` (None when packed)/
+    ``tokens``/``weight_dtype``.
     """
 
     index: int
@@ -95,6 +97,18 @@ class OpFact:
     flops: float = 0.0  # forward FLOPs (torch.utils.flop_counter formulas)
     site: Site | None = None  # the user's line that ran it (from the graph's stack trace)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def rnn_gate_gemms(info: dict[str, Any]) -> list[tuple[int, int]]:
+    """(N, K) of the gate GEMM of each layer and direction: N = gates × hidden, K = the layer's input
+    width plus the recurrent width (the projection's, with ``proj_size``)."""
+    recurrent = info["proj_size"] or info["hidden_size"]
+    directions = 2 if info["bidirectional"] else 1
+    out = []
+    for layer in range(info["num_layers"]):
+        width = info["input_size"] if layer == 0 else directions * recurrent
+        out += [(info["gates"] * info["hidden_size"], width + recurrent)] * directions
+    return out
 
 
 @dataclass
@@ -158,6 +172,13 @@ class ModelFacts:
             return [m for m in self.modules.values() if m.attrs.get("role") in roles]
         reached = self.reached_modules()
         return [m for m in self.modules.values() if m.attrs.get("role") in roles and m.path not in reached]
+
+    def last_layer_path(self) -> str | None:
+        """The last Linear or conv the model registers (``nn.Sequential(..., nn.Linear(1568, 10))``,
+        ``self.out = nn.Linear(256, 2)`` after the LSTM): read as the output layer where no captured
+        graph shows it, so its output width (the task's classes) is not questioned."""
+        layers = [m.path for m in self.modules.values() if m.attrs.get("role") in ("linear", "conv")]
+        return layers[-1] if len(layers) > 1 else None  # one layer alone says nothing of its place
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

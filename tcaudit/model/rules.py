@@ -104,7 +104,10 @@ class ModelRule:
         raise NotImplementedError
 
     def severity_for(self, cost: Cost | None) -> Severity:
-        """The catalog severity, lowered to info when the layer is under 1% of the model's FLOPs."""
+        """The catalog severity, lowered to info when the layer is under 1% of the model's FLOPs or
+        runs within a kernel launch, fixed or not (a launch-bound step gains nothing from padding it)."""
+        if cost is not None and cost.launch_bound:
+            return Severity.INFO
         if cost is not None:
             share = cost.flop_share if cost.flop_share is not None else cost.time_share
             if share < MINOR_SHARE:
@@ -132,7 +135,7 @@ class ModelRule:
             data.update(cost.details())
             data["cost_source"] = context.cost.source
         severity = severity if severity is not None else self.severity_for(cost)
-        if context.cpu_only and severity > Severity.INFO:
+        if context.cpu_only:
             severity = Severity.INFO
             data["script_uses_cuda"] = False
             explanation = " ".join(filter(None, (
@@ -201,6 +204,9 @@ def impact_text(cost: Cost) -> str:
     if cost.time_share > 0:
         share = percent(cost.time_share)
         parts.append(f"{share if share.startswith('<') else '~' + share} of the step")
+    if cost.launch_bound:
+        parts.append("launch-bound: even unpadded it runs within the time an eager step takes to launch it,"
+                     " so padding gains nothing measurable")
     return "; ".join(parts)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from tcaudit.findings import Finding
-from tcaudit.model.cost import alignment_elements, suggest
+from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.model.rules import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
 
@@ -28,6 +28,16 @@ def attention_core(op: OpFact) -> bool:
     return op.module_type == "MultiheadAttention" and op.op in ATTENTION_CORE
 
 
+def unaligned_dims(op: OpFact, cost: CostModel, vocab: set[int]) -> list[tuple[str, int]]:
+    """The GEMM's K and N that miss the alignment, as ``[("K", 10), ...]``. A vocabulary is TC104's; the
+    N of a layer that produces the model's output (classes, actions, a regression's 1) is the task's,
+    and so is the K of one that reads the model's input (the data's features)."""
+    k, n, dtype = op.info["k"], op.info["n"], cost.dtype(op)
+    fixed = {"N": bool(op.info.get("model_output")), "K": bool(op.info.get("model_input"))}
+    return [(name, dim) for name, dim in (("K", k), ("N", n))
+            if not cost.aligned(dim, dtype) and dim not in vocab and not fixed[name]]
+
+
 class GemmDimUnaligned(ModelRule):
     id = "TC101"
 
@@ -38,19 +48,19 @@ class GemmDimUnaligned(ModelRule):
         for op in facts.ops_of("gemm"):
             if attention_core(op):
                 continue
-            k, n, dtype = op.info["k"], op.info["n"], cost.dtype(op)
-            bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
-            if bad:
+            if unaligned_dims(op, cost, vocab):
                 flagged.append(op)
         for site, ops in group_by_site(context, flagged, lambda op: (op.info["k"], op.info["n"], op.dtype)):
             yield self._report(context, site, ops, vocab)
         reached_paths = {op.module for op in facts.ops}
+        head = facts.last_layer_path() if not facts.ops else None
         for module in facts.unreached("linear"):
             if module.path in reached_paths or module.attrs.get("tied_to"):
                 continue
             k, n = module.attrs["in_features"], module.attrs["out_features"]
             dtype = facts.compute_dtype
-            bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
+            bad = [(name, dim) for name, dim in (("K", k), ("N", n))
+                   if not cost.aligned(dim, dtype) and dim not in vocab and not (name == "N" and module.path == head)]
             if not bad or module.site is None:
                 continue
             penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
@@ -73,7 +83,7 @@ class GemmDimUnaligned(ModelRule):
         cost = context.cost
         first = ops[0]
         k, n, m, dtype = first.info["k"], first.info["n"], first.info["m"], cost.dtype(first)
-        bad = [(name, dim) for name, dim in (("K", k), ("N", n)) if not cost.aligned(dim, dtype) and dim not in vocab]
+        bad = unaligned_dims(first, cost, vocab)
         penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
         estimate = cost.compute_cost(ops, penalty)
         shown, module_details = describe_modules(ops)

@@ -5,11 +5,20 @@ from __future__ import annotations
 from typing import Iterator
 
 from tcaudit.findings import Finding
-from tcaudit.model.cost import alignment_elements, suggest
-from tcaudit.model.facts import ModelFacts, short_dtype
+from tcaudit.model.cost import CostModel, alignment_elements, suggest
+from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.model.rules import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
 
 NAMES = {"c_in": "in", "c_out": "out"}
+
+
+def reported_channels(op: OpFact, cost: CostModel) -> list[str]:
+    """The conv's unaligned channel counts, less the out channels of a conv that produces the model's
+    output (a segmentation head's classes are the task's) and the in channels of one that reads the
+    model's input (the data's bands)."""
+    bad = cost.conv_unaligned(op.info, cost.dtype(op))
+    fixed = {"c_out": bool(op.info.get("model_output")), "c_in": bool(op.info.get("model_input"))}
+    return [key for key in bad if not fixed[key]]
 
 
 class ConvChannelsUnaligned(ModelRule):
@@ -17,11 +26,11 @@ class ConvChannelsUnaligned(ModelRule):
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
         cost = context.cost
-        flagged = [op for op in facts.ops_of("conv") if cost.conv_unaligned(op.info, cost.dtype(op))]
+        flagged = [op for op in facts.ops_of("conv") if reported_channels(op, cost)]
         for site, ops in group_by_site(context, flagged, lambda op: (op.info["c_in"], op.info["c_out"], op.dtype)):
             first = ops[0]
             dtype = cost.dtype(first)
-            bad = cost.conv_unaligned(first.info, dtype)
+            bad = reported_channels(first, cost)
             estimate = cost.compute_cost(ops, cost.conv_penalty())
             shown, module_details = describe_modules(ops)
             message, explanation = self._message(
@@ -37,11 +46,12 @@ class ConvChannelsUnaligned(ModelRule):
                          "suggested": {NAMES[key]: suggest(first.info[key], dtype) for key in bad},
                          "unaligned": {NAMES[key]: first.info[key] for key in bad}},
             )
+        head = facts.last_layer_path() if not facts.ops else None
         for module in facts.unreached("conv"):
             attrs = module.attrs
             info = {"c_in": attrs["in_channels"], "c_out": attrs["out_channels"], "groups": attrs["groups"]}
             dtype = facts.compute_dtype
-            bad = cost.conv_unaligned(info, dtype)
+            bad = [key for key in cost.conv_unaligned(info, dtype) if not (key == "c_out" and module.path == head)]
             if not bad or module.site is None:
                 continue
             estimate = cost.parameter_cost(attrs, cost.conv_penalty())

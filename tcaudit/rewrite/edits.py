@@ -23,20 +23,7 @@ from tcaudit.rewrite.codemod import (
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end
-
-
-def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """Whether ``node`` (by identity) is ``container`` or lies inside it."""
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= n is node
-            return not found
-
-    container.visit(_Find())
-    return found
+from tcaudit.source.syntax import contains  # noqa: F401 - its home is source.syntax; fixes import it here too
 
 
 def keyword(call: cst.Call, key: str) -> cst.Arg | None:

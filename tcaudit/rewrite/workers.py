@@ -1,10 +1,12 @@
 """The worker-process edit of a training DataLoader (``num_workers=...``, importing ``os`` where
-needed): TC401 makes it, TC404 asks whether it can be made."""
+needed): TC401 makes it, TC404 asks whether it can be made. It is never made over a dataset whose own
+random generator every worker would copy (TC410, :mod:`tcaudit.script.dataset_rng`)."""
 
 from __future__ import annotations
 
 from tcaudit.rewrite.codemod import DeclineFix
 from tcaudit.rewrite.edits import KeywordPlan, decline_key_in_dict, plan_loader_keyword
+from tcaudit.script.dataset_rng import workers_repeat_generators
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import PipelineFacts
@@ -16,6 +18,11 @@ def plan_workers(pipeline: PipelineFacts, site: LoaderSite) -> KeywordPlan:
     """The edit that gives this DataLoader workers; DeclineFix when it cannot be made safely."""
     facts = pipeline.facts
     decline_key_in_dict(site, "num_workers")
+    if workers_repeat_generators(pipeline, site) is not None:
+        raise DeclineFix(
+            "the dataset's own random generator would repeat in every worker: reseed it in worker_init_fn "
+            "first (TC410)"
+        )
     ctx = site.call.ctx
     guard = pipeline.main_guard
     if guard is None or (ctx.function is None and not ctx.inside(guard)):

@@ -32,8 +32,14 @@ import functools
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from tcaudit import gpus
 from tcaudit.catalog import RuleSpec
+
+if TYPE_CHECKING:
+    from tcaudit.rules.base import RuleContext
+    from tcaudit.script.facts import ScriptFacts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,3 +133,18 @@ def cost_note(spec: RuleSpec, gpu: str, key: str) -> str:
         return f" ({published})"
     return f" ({target.name}: not measured on this GPU)"
 
+
+LAUNCH_BOUND = " (a launch-bound model: little to gain)"
+LAUNCH_BOUND_WHY = (
+    " The model audit found every GEMM and convolution of the trained model within the time an eager "
+    "step takes to launch it at this batch (benchmarks/results/h200/small_layers.json: such toys ran "
+    "0.96-1.06x padded, and LeNet at batch 4 slower under fp16 autocast): expect no measurable gain "
+    "until the model or the batch grows."
+)
+
+
+def launch_bound(facts: "ScriptFacts", context: "RuleContext") -> bool:
+    """Every trained model of the file is one the model audit measured as launch-bound at its batch."""
+    from tcaudit.script.pipeline import pipeline_facts
+
+    return pipeline_facts(facts).audited_launch_bound(context.models)

@@ -19,16 +19,17 @@ statements it puts under autocast, and TC303 runs this rule's check to learn whe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
+from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.costs import cost_note
+from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
 from tcaudit.script.amp import (
     BRANCH,
     PARTIAL,
@@ -212,10 +213,14 @@ class MissingAutocast(ScriptRule):
             else:
                 message = f"training step {where} runs forward and loss in fp32 (line {lines})"
                 explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
+            severity = None
+            if launch_bound(facts, context):
+                message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
             yield self.finding(
                 facts,
                 first_node,
                 message,
+                severity=severity,
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     f"wrap forward and loss in torch.autocast(device_type, dtype=torch.{decision.dtype})"
@@ -225,7 +230,10 @@ class MissingAutocast(ScriptRule):
                 explanation=explanation,
             )
         for step, coverage in decision.partly:
-            yield self._partly_covered(facts, step, coverage)
+            finding = self._partly_covered(facts, step, coverage)
+            if launch_bound(facts, context):
+                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + LAUNCH_BOUND)
+            yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:
         assert coverage.flow is not None

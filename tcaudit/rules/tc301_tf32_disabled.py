@@ -16,7 +16,7 @@ from tcaudit import gpus
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
-from tcaudit.rules.costs import cost_note
+from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
@@ -51,6 +51,9 @@ class Tf32Disabled(ScriptRule):
             return  # fp64 never uses TF32; a model cast to fp16/bf16 runs its GEMMs on tensor cores already
         step = facts.training_steps[0]
         models = pipeline.trained_models
+        profiles = [pipeline.profile_of(m, context.models) for m in models]
+        if profiles and all(p is not None and p.gemm_share == 0 for p in profiles):
+            return  # only convolutions (DCGAN, a 1x1 conv): cuDNN runs them in TF32 by default, no matmul to speed up
         convnet = bool(models) and all(pipeline.is_convnet(m, context.models) for m in models)
         if convnet:
             cost = cost_note(self.spec, context.settings.gpu, "convnet")
@@ -66,6 +69,8 @@ class Tf32Disabled(ScriptRule):
                 f"`{FIX_CODE}` after the imports, or train under autocast."
             )
             severity = None
+        if launch_bound(facts, context):
+            message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
         yield self.finding(
             facts,
             step.backward.node,

@@ -19,11 +19,11 @@ from typing import Iterator, Sequence, Union
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.costs import cost_note
+from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
@@ -145,8 +145,11 @@ class ChannelsLastMissing(ScriptRule):
                 fix = dataclasses.replace(
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
+            severity = None
+            if launch_bound(facts, context):
+                message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
             yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
-                               explanation=explanation)
+                               explanation=explanation, severity=severity)
 
 
 def _channels_last_plan(

@@ -108,20 +108,36 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:
-        return "could not tell whose parameters the optimizer gets, so not whether they are on the GPU when it is built"
+        return ("could not tell whose parameters the optimizer gets, so whether they are on the GPU when it is built "
+                "is unknown; fused=True checks their device then")
     for owner in owners:
         if not _moved_before(facts, pipeline, owner, call.ctx.function, call.node):
-            if _passed_in(facts, owner, call.ctx.function, call.node):
+            if owner in ("self", "cls"):
                 return (
-                    f"`{owner}` is a parameter of `{call.ctx.function.name.value}()`, and not every call of it in "
-                    "this file passes a model moved to the GPU before the call; fused=True checks the parameters' "
-                    "device when the optimizer is built"
+                    f"the optimizer is built in the model's own `{call.ctx.function.name.value}()` from its "
+                    "parameters, and this file does not show them on the GPU by then; fused=True checks the "
+                    "parameters' device when the optimizer is built"
+                )
+            if _passed_in(facts, owner, call.ctx.function, call.node):
+                function = call.ctx.function.name.value
+                where = (f"`{_class_name(facts, call)}(...)`" if function == "__init__" and _class_name(facts, call)
+                         else f"`{function}()`")
+                return (
+                    f"`{owner}` comes in as an argument of {where}, and not every call of it in this file "
+                    "passes a model moved to the GPU first; fused=True checks the parameters' device when the "
+                    "optimizer is built"
                 )
             return (
                 f"`{owner}` is not moved to the GPU before the optimizer is built (as far as this file shows); "
                 "fused=True checks the parameters' device when the optimizer is built"
             )
     return None
+
+
+def _class_name(facts: ScriptFacts, call: CallSite) -> str | None:
+    """The class whose method builds the optimizer, by name."""
+    frame = call.ctx.nearest("class")
+    return frame.node.name.value if frame is not None else None  # type: ignore[attr-defined]
 
 
 def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:

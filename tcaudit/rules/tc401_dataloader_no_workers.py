@@ -2,8 +2,10 @@
 
 Fix (numerics: the order of random augmentations changes): pass ``num_workers=min(16, os.cpu_count()
 or 1)`` (replacing a written ``num_workers=0``), importing ``os`` when the file does not. Declined
-when the key comes from a ``**kwargs`` dict, or when the script has no ``__main__`` guard (worker
-processes started with spawn would re-run it).
+when the key comes from a ``**kwargs`` dict, when the script has no ``__main__`` guard (worker
+processes started with spawn would re-run it), or when the dataset draws from its own generator and
+no ``worker_init_fn`` reseeds it (every worker would repeat the same draws: TC410,
+:mod:`tcaudit.script.dataset_rng`; the decline is made in :func:`tcaudit.rewrite.workers.plan_workers`).
 """
 
 from __future__ import annotations

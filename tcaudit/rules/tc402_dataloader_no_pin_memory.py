@@ -17,6 +17,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.loader_sharding import feeds_only_other_loops
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
@@ -37,6 +38,8 @@ class DataLoaderNoPinMemory(ScriptRule):
                 continue
             if pipeline.dataset_kind(site) == "device":
                 continue  # CUDA tensors cannot be pinned
+            if feeds_only_other_loops(facts, site.call):
+                continue  # its batches only reach evaluation
             yield self.finding(
                 facts,
                 site.call.node,

@@ -15,7 +15,7 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.batch_loops import BatchLoop
+from tcaudit.script.batch_loops import BatchLoop, element_source
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -40,7 +40,7 @@ class BlockingH2DCopy(ScriptRule):
                 any(literal(v) is not False for v in site.values("pin_memory")) for site in batch.loaders
             )
             for call in facts.calls:
-                if id(call.node) in reported or not _copies_batch(call, batch):
+                if id(call.node) in reported or not _copies_batch(facts, call, batch, pipeline.batch_loops):
                     continue
                 if facts.in_eval(call.ctx):
                     continue
@@ -78,7 +78,7 @@ def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
     return bool(batch.loaders)
 
 
-def _copies_batch(call: CallSite, batch: BatchLoop) -> bool:
+def _copies_batch(facts: ScriptFacts, call: CallSite, batch: BatchLoop, loops: list[BatchLoop]) -> bool:
     if call.method not in ("cuda", "to") or not moves_to_device(call):
         return False
     if any(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in call.node.args):
@@ -89,12 +89,63 @@ def _copies_batch(call: CallSite, batch: BatchLoop) -> bool:
     if isinstance(receiver, cst.Subscript):
         receiver = receiver.value
     name = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
-    if name not in batch.names:
+    if name is None:
         return False
+    if name not in batch.names:
+        return _copies_batch_elements(facts, call, name, batch, loops)
+    return _in_loop(call, batch)
+
+
+def _in_loop(call: CallSite, batch: BatchLoop) -> bool:
     loop = batch.loop
     if isinstance(loop, (cst.For, cst.While)):
         return call.ctx.inside(loop)
     return call.ctx.function is loop
+
+
+def _copies_batch_elements(
+    facts: ScriptFacts, call: CallSite, name: str, batch: BatchLoop, loops: list[BatchLoop]
+) -> bool:
+    """The copy moves the elements of a batch one by one: ``[t.to(device) for t in batch]``,
+    ``{k: v.cuda() for k, v in batch.items()}``, ``map(lambda t: t.cuda(), (x, y))``, in the loop or in
+    a helper of this file the loop hands the batch to (``batch = to_device(batch)``)."""
+    statement = call.statement
+    if statement is None:
+        return False
+    source = element_source(statement.node, call.node, name)
+    if source is None:
+        return False
+    if _in_loop(call, batch):
+        return _mentions_batch(source, batch.names)
+    function = call.ctx.function
+    if function is None or call.ctx.nearest("class") is not None:
+        return False
+    parameter = get_full_name_for_node(source) if isinstance(source, cst.Name) else None
+    params = [p.name.value for p in function.params.params]
+    if parameter not in params:
+        return False
+    index = params.index(parameter)
+    callers = [c for c in facts.calls if c.name == function.name.value]
+    # Every call of the helper hands it a batch of a loader loop (this one or another): then what it
+    # copies is always a loader's batch, whose memory the loader does not reuse while it is referenced.
+    return any(_in_loop(c, batch) for c in callers) and all(
+        (argument := c.arg(parameter, index)) is not None
+        and any(_in_loop(c, loop) and _mentions_batch(argument, loop.names) for loop in loops)
+        for c in callers
+    )
+
+
+def _mentions_batch(expr: cst.BaseExpression, names: set[str]) -> bool:
+    """``batch``, ``batch.items()``, ``batch.values()``, ``(x, y)``, ``batch[1:]`` of batch names."""
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        return bool(expr.elements) and all(_mentions_batch(e.value, names) for e in expr.elements)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and not expr.args:
+        if expr.func.attr.value in ("items", "values"):
+            return _mentions_batch(expr.func.value, names)
+        return False
+    if isinstance(expr, cst.Subscript):
+        return _mentions_batch(expr.value, names)
+    return isinstance(expr, (cst.Name, cst.Attribute)) and get_full_name_for_node(expr) in names
 
 
 # -- the fix ------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import ACCELERATOR_NAMED
 from tcaudit.script.expressions import DEVICE_FACTORIES, keyword_arg, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.distributed import distributed_facts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.script.steps import runs_every_step
 from tcaudit.source.triggers import all_of
 
 _MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
@@ -44,6 +46,7 @@ class FoldDevice(FixPlan):
     method: str
     factory: cst.Call  # gets ``device=``
     removed: cst.SimpleStatementLine | None = None  # ``x = x.to(device)``: nothing left to do once folded
+    others: tuple[cst.Call, ...] = ()  # ``torch.cat([torch.ones(b), torch.zeros(b)])``: the other factories
 
 
 class TensorCreatedThenMoved(ScriptRule):
@@ -64,20 +67,22 @@ class TensorCreatedThenMoved(ScriptRule):
             created = _created_by_factory(facts, by_node, call)
             if created is None:
                 continue
-            factory, removed, origin = created
+            factory, removed, origin, others = created
             node = factory.node
-            if any(keyword_arg(node, key) is not None for key in ("device", "generator", "pin_memory", "out")):
+            made = [node, *(other.node for other in others)]
+            if any(keyword_arg(n, key) is not None for n in made for key in ("device", "generator", "pin_memory", "out")):
                 continue  # a CPU generator or pinned staging buffer is deliberate
-            if any(arg.star for arg in node.args):
+            if any(arg.star for n in made for arg in n.args):
                 continue
-            name = factory.qualname.split(".")[-1]
+            names = [site.qualname.split(".")[-1] for site in (factory, *others)]
+            name = next((n for n in names if n.startswith("rand")), names[0])
             if name.endswith("_like") and _like_a_device_tensor(facts, by_node, node):
                 continue  # made where its template is: on the device already, the move copies nothing
             target = _device_text(facts, call)
             # A random draw under no_grad / eval (the samples a VAE decodes after each epoch) is not part
             # of the training step: it costs one copy per evaluation, and the fix would take it off the
             # CPU generator that later shuffles and initialisations share with it.
-            per_step = _per_step(pipeline, call) and not (name.startswith("rand") and facts.in_eval(call.ctx))
+            per_step = _per_step(facts, pipeline, call) and not (name.startswith("rand") and facts.in_eval(call.ctx))
             yield self.finding(
                 facts,
                 call.node,
@@ -87,9 +92,10 @@ class TensorCreatedThenMoved(ScriptRule):
                 severity=None if per_step else Severity.INFO,
                 fix=self.planned_fix(
                     FixClass.NUMERICS if name.startswith("rand") else FixClass.SAFE,
-                    f"pass device={target} to torch.{name} and drop the .{call.method}() call",
-                    lambda call=call, target=target, name=name, per_step=per_step, node=node, removed=removed: _plan(
-                        call, node, removed, target, name, per_step),
+                    f"pass device={target} to {'each factory it joins' if others else 'torch.' + name} and drop the "
+                    f".{call.method}() call",
+                    lambda call=call, target=target, name=name, per_step=per_step, made=made, removed=removed: _plan(
+                        call, made, removed, target, name, per_step),
                 ),
             )
 
@@ -105,9 +111,12 @@ def _like_a_device_tensor(facts: ScriptFacts, by_node: dict[int, CallSite], fact
     return False
 
 
+_JOINS = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack", "torch.hstack", "torch.vstack"})
+
+
 def _created_by_factory(
     facts: ScriptFacts, by_node: dict[int, CallSite], move: CallSite
-) -> tuple[CallSite, cst.SimpleStatementLine | None, str] | None:
+) -> tuple[CallSite, cst.SimpleStatementLine | None, str, tuple[CallSite, ...]] | None:
     """The factory call whose tensor ``move`` copies to the device, the statement a fold makes empty,
     and how the tensor got there (for the message): the factory itself (``torch.zeros(n).cuda()``), a
     slice of it (``torch.arange(n)[:k].cuda()``), or a name bound to either in the same block and read
@@ -118,14 +127,33 @@ def _created_by_factory(
         sliced = sliced.value
     if isinstance(sliced, cst.Call):
         factory = by_node.get(id(sliced))
+        if factory is not None and factory.qualname in _JOINS and sliced is receiver:
+            joined = _joined_factories(by_node, factory)
+            return (joined[0], None, f" in `{factory.name}([...])`", tuple(joined[1:])) if joined else None
         if factory is None or factory.qualname not in DEVICE_FACTORIES:
             return None
         if sliced is not receiver and not _builds_from_shape(factory):
             return None
-        return factory, None, "" if sliced is receiver else " (sliced)"
+        return factory, None, "" if sliced is receiver else " (sliced)", ()
     if not isinstance(receiver, cst.Name) or move.statement is None:
         return None
-    return _created_through_name(facts, by_node, move, receiver.value)
+    found = _created_through_name(facts, by_node, move, receiver.value)
+    return (*found, ()) if found is not None else None
+
+
+def _joined_factories(by_node: dict[int, CallSite], join: CallSite) -> list[CallSite]:
+    """``torch.cat([torch.ones(b, 1), torch.zeros(b, 1)])``: the factories it joins, when every
+    element is one (a shape or literal data); empty when any element is anything else."""
+    tensors = join.node.args[0].value if join.node.args and join.node.args[0].keyword is None else None
+    if not isinstance(tensors, (cst.List, cst.Tuple)) or not tensors.elements:
+        return []
+    out: list[CallSite] = []
+    for element in tensors.elements:
+        site = by_node.get(id(element.value)) if isinstance(element, cst.Element) else None
+        if site is None or site.qualname not in DEVICE_FACTORIES or not _builds_from_shape(site):
+            return []
+        out.append(site)
+    return out
 
 
 def _created_through_name(
@@ -228,7 +256,7 @@ def _reads_any(args: Sequence[cst.Arg]) -> set[str]:
 
 
 def _plan(
-    call: CallSite, factory: cst.Call, removed: cst.SimpleStatementLine | None,
+    call: CallSite, made: list[cst.Call], removed: cst.SimpleStatementLine | None,
     device: str, name: str, per_step: bool,
 ) -> FoldDevice:
     if name.startswith("rand") and not per_step:
@@ -246,12 +274,12 @@ def _plan(
         raise DeclineFix(f"`.{method}()` passes more than the device; fold it by hand")
     if any(a.keyword is not None and a.keyword.value not in allowed for a in call.node.args):
         raise DeclineFix(f"`.{method}()` also changes the dtype or layout; fold it by hand")
-    if keyword(factory, "requires_grad") is not None:
+    if any(keyword(factory, "requires_grad") is not None for factory in made):
         raise DeclineFix(
             "the tensor requires grad: created on the device it becomes a leaf, and in-place writes "
             "that work on the moved copy would raise"
         )
-    return FoldDevice(call.node, device, method, factory, removed)
+    return FoldDevice(call.node, device, method, made[0], removed, tuple(made[1:]))
 
 
 def _device_text(facts: ScriptFacts, call: CallSite) -> str:
@@ -264,11 +292,15 @@ def _device_text(facts: ScriptFacts, call: CallSite) -> str:
     return facts.module.code_for_node(arg) if arg is not None else "device"
 
 
-def _per_step(pipeline: PipelineFacts, call: CallSite) -> bool:
-    """In a loop, in a ``forward``, or in a function called from a loop: a copy every iteration."""
+def _per_step(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> bool:
+    """In a ``forward``, or where the training step runs (its loop, or a function called from it): a
+    copy every step. Built once per epoch (the epoch loop around the batch loop) is not per step; a
+    script with no optimizer step keeps the plain test: in a loop, or a function called from one."""
     fn = call.ctx.function
     if fn is not None and fn.name.value == "forward":
         return True
+    if distributed_facts(facts).step_loops:
+        return runs_every_step(facts, call.ctx)
     return pipeline.repeats(call.ctx)
 
 
@@ -284,7 +316,8 @@ class TensorCreatedThenMovedFix(Codemod):
             plan: FoldDevice = finding.fix.plan
             device = parse_expression(plan.device, module)
             # The factory is inside the move (or earlier in the file), so it is rewritten first.
-            editor.rewrite_call(plan.factory, lambda node, device=device: add_keyword(node, "device", device))
+            for factory in (plan.factory, *plan.others):
+                editor.rewrite_call(factory, lambda node, device=device: add_keyword(node, "device", device))
             editor.rewrite_call(plan.move, _moved_value)
             if plan.removed is not None:
                 editor.remove(plan.removed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
@@ -20,6 +21,8 @@ from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.guards import single_process_branch
+from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.training_code import flag_frames
 
 
@@ -40,10 +43,14 @@ class DataParallelUsed(ScriptRule):
         info = distributed_facts(facts)
         wraps = info.wraps_of("dataparallel")
         launched = _multi_process_launch(info) if wraps else None
+        frozen = pipeline_facts(facts).frozen_model_names if wraps else set()
         for wrap in wraps:
             call = wrap.call
             if in_test_code(call.ctx):
                 continue
+            wrapped = call.node.args[0].value if call.node.args else None
+            if {wrap.target, get_full_name_for_node(wrapped) if wrapped is not None else None} & frozen:
+                continue  # a frozen teacher, an EMA copy: no gradients to synchronise, no step to speed up
             if info.is_ddp_script and not (launched and not flag_frames(call.ctx)):
                 # The script already offers DDP/FSDP; DataParallel behind a branch is its fallback for
                 # a plain launch (the PyTorch ImageNet example's shape). TRAPS 8: add only what is missing.
@@ -61,10 +68,16 @@ class DataParallelUsed(ScriptRule):
                 return ConvertDataParallel(layout, facts.line_of(wrap.call.node), written, wrap.target)
 
             shown = f"`{written}` (torch.nn.DataParallel)" if alias else f"`{written}`"
-            if launched:
+            if launched and single_process_branch(call.ctx) and _wrapped_by_a_ddp_helper(facts, wrap.target):
+                continue  # yolov5: ``smart_DDP(model)`` under torchrun, DataParallel for a plain launch
+            if launched and single_process_branch(call.ctx):
+                launched_here = None  # ``if RANK == -1: DataParallel``: the single-process mode of a DDP script
+            else:
+                launched_here = launched
+            if launched_here:
                 # Several processes (``launched``), each with its own DataParallel: nothing all-reduces
                 # the gradients between them, so every rank trains its own model.
-                message = f"{shown} in a multi-process job ({launched}): ranks never synchronise gradients"
+                message = f"{shown} in a multi-process job ({launched_here}): ranks never synchronise gradients"
                 explanation = (
                     "Gradients are never synchronised across ranks, so each process trains its own copy of the "
                     "model; wrap it in DistributedDataParallel."
@@ -114,3 +127,22 @@ def _multi_process_launch(info) -> str | None:
     if match:
         return "the torchrun environment"
     return None
+
+
+_DDP_HELPER = re.compile(r"ddp|distributed|fsdp", re.IGNORECASE)
+
+
+def _wrapped_by_a_ddp_helper(facts: ScriptFacts, target: str | None) -> bool:
+    """The same model is also rebound to a helper's wrap whose name says DDP (``model = smart_DDP(model)``,
+    ``model = wrap_distributed(model)``): the script offers DDP through code of another module."""
+    if not target:
+        return False
+    for binding in facts.bindings_of(target):
+        value = binding.value
+        if not isinstance(value, cst.Call) or not value.args:
+            continue
+        name = get_full_name_for_node(value.func) or ""
+        argument = get_full_name_for_node(value.args[0].value)
+        if argument == target and _DDP_HELPER.search(name.split(".")[-1]):
+            return True
+    return False

@@ -19,6 +19,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
 from tcaudit.rewrite.edits import add_stdlib_import, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.accumulation import ACCUMULATION_NAME
 from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.distributed import (
     DistributedFacts,
@@ -34,7 +35,6 @@ from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.training_code import flag_frames
 from tcaudit.source.syntax import call_nodes, param_names
 
-_ACCUMULATION_NAME = re.compile(r"accum|update_freq|grad_acc|micro", re.IGNORECASE)
 _SYNC_CONTROL = re.compile(r"no_sync|require_backward_grad_sync|set_requires_gradient_sync")
 
 
@@ -43,7 +43,7 @@ def _is_accumulation_test(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
     if has_modulo(test):
         return True
     for name in names_in(test):
-        if _ACCUMULATION_NAME.search(name):
+        if ACCUMULATION_NAME.search(name):
             return True
         for binding in facts.bindings_of(name):
             if has_modulo(binding.value):

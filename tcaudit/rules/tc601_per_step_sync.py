@@ -21,13 +21,12 @@ from tcaudit.script.distributed import (
     literal_value,
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.steps import runs_every_step
 from tcaudit.source.syntax import expression_chain
 
-SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
-SYNCHRONIZE = re.compile(r"^torch\.(cuda|accelerator|xpu|mps)\.synchronize$")
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
 _PACKING = re.compile(r"pack_padded_sequence|pack_sequence")
@@ -41,6 +40,51 @@ def _is_sync_method_call(node: cst.BaseExpression) -> bool:
         and node.func.attr.value in SYNC_METHODS
         and not any(a.keyword is None for a in node.args)
     )
+
+
+def _numpy_rooted(facts: ScriptFacts, receiver: cst.BaseExpression, depth: int = 0) -> bool:
+    """The receiver is built only from NumPy values (``np.…(...)``, ``x.numpy()``, names every binding of
+    which is one, numbers): its ``.tolist()`` reads host memory; any sync happened at the ``.cpu()``
+    that made it, which is reported on its own line."""
+    if depth > 4:
+        return False
+    operands = [receiver]
+    numpy = False
+    while operands:
+        node = operands.pop()
+        if isinstance(node, cst.BinaryOperation):
+            operands += [node.left, node.right]
+        elif isinstance(node, cst.Comparison):
+            operands += [node.left] + [target.comparator for target in node.comparisons]
+        elif isinstance(node, cst.UnaryOperation):
+            operands.append(node.expression)
+        elif isinstance(node, (cst.Integer, cst.Float)):
+            continue
+        elif _is_numpy_call(facts, node):
+            numpy = True
+        else:
+            root = list(expression_chain(node))[-1]
+            if _is_numpy_call(facts, root) or any(_is_numpy_call(facts, part) for part in expression_chain(node)):
+                numpy = True
+                continue
+            if not isinstance(root, cst.Name):
+                return False
+            bindings = facts.bindings_of(root.value)
+            if not bindings or not all(
+                binding.value is not None and _numpy_rooted(facts, binding.value, depth + 1) for binding in bindings
+            ):
+                return False
+            numpy = True
+    return numpy
+
+
+def _is_numpy_call(facts: ScriptFacts, node: cst.BaseExpression) -> bool:
+    """``x.numpy()`` or a call of a NumPy function (``np.array(...)``)."""
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "numpy":
+        return True
+    return _NUMPY_CHAIN.match((facts.qualname(node.func) or get_full_name_for_node(node.func) or "") + ".") is not None
 
 
 class _Tensors:
@@ -260,6 +304,8 @@ class PerStepSync(ScriptRule):
                 return None
             if method == "tolist" and isinstance(receiver, (cst.Name, cst.Attribute)) and receiver_text not in tensors.names:
                 return None  # a list or array as often as a tensor
+            if method == "tolist" and _numpy_rooted(facts, receiver):
+                return None  # ``(scores > 0.5).tolist()`` of ``scores = probs.numpy()``: a NumPy array
             receiver_text = " ".join(receiver_text.split())
             short = receiver_text if len(receiver_text) <= 40 else receiver_text[:37] + "…"
             return f"`{short}.{method}()`", node

@@ -112,6 +112,13 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC214": (
+        "tc214_accumulation_loss_not_divided",
+        (
+            (r"\.\s*backward\b", r"\.\s*step\s*\(", r"%", r"zero_grad"),
+        ),
+        {},
+    ),
     "TC301": (
         "tc301_tf32_disabled",
         (
@@ -233,6 +240,15 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC318": (
+        "tc318_compile_partial_batch",
+        (
+            (r"DataLoader", r"\bcompile\b", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {
+            "compile": ((r"DataLoader", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),),
+        },
+    ),
     "TC401": (
         "tc401_dataloader_no_workers",
         (
@@ -286,6 +302,20 @@ TRIGGER_TABLE = {
         "tc408_host_tensors_copied_each_step",
         (
             (r"\.(?:cuda|to)\b", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC409": (
+        "tc409_d2h_non_blocking_read",
+        (
+            (r"non_blocking", r"\.\s*(?:to|copy_)\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+    ),
+    "TC410": (
+        "tc410_dataset_rng_shared_by_workers",
+        (
+            (r"DataLoader", r"__getitem__", r"default_rng|RandomState|Random|Generator", r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
@@ -343,6 +373,13 @@ TRIGGER_TABLE = {
         "tc508_find_unused_parameters",
         (
             r"find_unused_parameters",
+        ),
+        {},
+    ),
+    "TC509": (
+        "tc509_batchnorm_small_per_gpu_batch",
+        (
+            (r"DistributedDataParallel", r"DataLoader", r"BatchNorm|resne|densenet|efficientnet|mobilenet|regnet|mnasnet|shufflenet|inception|googlenet|vgg|get_model|create_model|__dict__|getattr"),
         ),
         {},
     ),

@@ -16,7 +16,7 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import call_nodes, nodes_of, param_names
+from tcaudit.source.syntax import call_nodes, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
@@ -95,6 +95,10 @@ COVERED = "covered"
 UNCOVERED = "uncovered"  # nothing on the loss's path runs under autocast
 PARTIAL = "partial"  # the loss is under autocast, the forward before it is not
 BRANCH = "branch"  # the forward runs under autocast on some arms of an ``if`` and not on others
+# The loss comes in as a parameter from a caller that cannot be resolved (``loss_scaler(loss, opt)``
+# through a name the script passes around) in a file that uses autocast: where its forward runs, and
+# under which precision, is not known, so no rule claims it is fp32.
+UNSEEN = "unseen"
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,7 +268,22 @@ class AmpFacts:
                 return StepCoverage(COVERED, flow)
         if self._covered_nearby(step):
             return StepCoverage(COVERED, flow)
+        if self._forward_unseen(step, flow):
+            return StepCoverage(UNSEEN, flow)
         return StepCoverage(UNCOVERED, flow)
+
+    def _forward_unseen(self, step: TrainingStep, flow: "LossFlow | None") -> bool:
+        """The step's function gets its loss as a parameter, computes no forward itself, no caller
+        passing it is found, and the file uses autocast somewhere (``with amp_autocast():`` through a
+        name the trace cannot resolve): the forward is elsewhere, maybe under that autocast."""
+        function = step.function
+        if flow is None or flow.through is not None or flow.forwards or function is None:
+            return False
+        loss = step.loss
+        if isinstance(loss, cst.Call) and loss.args:  # scaler.scale(loss)
+            loss = loss.args[0].value
+        incoming = names_in(loss) & set(param_names(function, stars=False)) - {"self", "cls"}
+        return bool(incoming) and "autocast" in strip_comments(self.facts.source.text)
 
     def _precision_switch(self, uncovered: ForwardStatement, covered: list[ForwardStatement]) -> bool:
         """Whether the ``if`` between an uncovered forward and a covered one chooses the precision (an

@@ -16,7 +16,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
-from tcaudit.source.syntax import target_names
+from tcaudit.source.syntax import contains, nodes_of, target_names
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
@@ -182,3 +182,31 @@ def _add_unpacked(batch: BatchLoop) -> None:
                             names |= target_names(t.value)
                 elif source_name(node.value) in names:
                     names |= target_names(target.target)
+
+
+def element_source(statement: cst.CSTNode, node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """What ``name`` iterates over where ``node`` (inside ``statement``) uses it as an element: the
+    iterable of the comprehension whose target binds it (``[t.cuda() for t in batch]`` → ``batch``,
+    ``{k: v.to(d) for k, v in batch.items()}`` → ``batch.items()``), or the sequence a ``map`` applies a
+    one-parameter lambda to (``map(lambda t: t.cuda(), batch)`` → ``batch``). None otherwise."""
+    found: list[cst.BaseExpression] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_CompFor(self, comp: cst.CompFor) -> None:
+            if name in target_names(comp.target):
+                found.append(comp.iter)
+
+        def visit_Call(self, call: cst.Call) -> None:
+            if (isinstance(call.func, cst.Name) and call.func.value == "map" and len(call.args) == 2
+                    and isinstance(call.args[0].value, cst.Lambda)):
+                params = call.args[0].value.params.params
+                if len(params) == 1 and params[0].name.value == name and contains(call.args[0].value, node):
+                    found.append(call.args[1].value)
+
+    comprehensions = nodes_of(statement, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp))
+    holders = [c for c in comprehensions if contains(c, node)]
+    for holder in holders:
+        holder.visit(_Find())
+    if not holders:
+        statement.visit(_Find())
+    return found[0] if len(found) == 1 else None

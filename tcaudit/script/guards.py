@@ -11,6 +11,7 @@ training loop (a model rebuilt after the loop is an evaluation copy, not the mod
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -292,3 +293,81 @@ def structural_refusal(before: cst.Module, after: cst.Module) -> str | None:
     if early:
         return f"the edit would use `{early[0]}` before the line that imports it; left unchanged"
     return None
+
+
+# -- which process count a branch implies ----------------------------------------------------------
+_RANK_NAMES = re.compile(r"^(local_?rank|rank|global_rank|gpu_?id|device_id)$", re.IGNORECASE)
+_WORLD_NAMES = re.compile(r"^(world_?size|num_(?:processes|procs|gpus)|n_?procs|ngpus_per_node|nprocs)$", re.IGNORECASE)
+_DISTRIBUTED_FLAGS = re.compile(r"^(distributed|is_distributed|use_ddp|ddp|multiprocessing_distributed|"
+                                r"is_initialized|dist_on|use_distributed)$", re.IGNORECASE)
+
+
+def _last_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Call):
+        node = node.func
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            return index.value.evaluated_value if isinstance(index.value.evaluated_value, str) else None
+    return None
+
+
+def _number(node: cst.BaseExpression) -> int | None:
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+        return -int(node.expression.value)
+    return None
+
+
+def process_count_of(test: cst.BaseExpression) -> str | None:
+    """What a condition says about the job when it holds: ``"single"`` (``RANK == -1``,
+    ``world_size == 1``, ``not args.distributed``, ``not dist.is_initialized()``), ``"multi"``
+    (``RANK != -1``, ``world_size > 1``, ``args.distributed``), or None when it says neither."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = process_count_of(test.expression)
+        return {"single": "multi", "multi": "single"}.get(inner or "")
+    if isinstance(test, cst.BooleanOperation):
+        left, right = process_count_of(test.left), process_count_of(test.right)
+        if isinstance(test.operator, cst.And):  # both hold: either one decides
+            return left or right if left == right or None in (left, right) else None
+        return left if left == right else None  # ``or``: only when both arms agree
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
+        name = _last_name(test)
+        return "multi" if name and _DISTRIBUTED_FLAGS.match(name) else None
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        left, right, op = test.left, target.comparator, target.operator
+        name, value = _last_name(left), _number(right)
+        if value is None:
+            name, value = _last_name(right), _number(left)
+            op = {cst.LessThan: cst.GreaterThan(), cst.GreaterThan: cst.LessThan(), cst.LessThanEqual: cst.GreaterThanEqual(),
+                  cst.GreaterThanEqual: cst.LessThanEqual()}.get(type(op), op)
+        if name is None or value is None:
+            return None
+        if _RANK_NAMES.match(name) and value == -1:
+            if isinstance(op, (cst.Equal, cst.Is)):
+                return "single"
+            if isinstance(op, (cst.NotEqual, cst.IsNot)):
+                return "multi"
+        if _WORLD_NAMES.match(name):
+            single = ((isinstance(op, cst.Equal) and value == 1) or (isinstance(op, cst.LessThanEqual) and value == 1)
+                      or (isinstance(op, cst.LessThan) and value == 2))
+            multi = ((isinstance(op, cst.GreaterThan) and value == 1) or (isinstance(op, cst.GreaterThanEqual) and value == 2)
+                     or (isinstance(op, cst.NotEqual) and value == 1))
+            return "single" if single else "multi" if multi else None
+    return None
+
+
+def single_process_branch(ctx: Frame) -> bool:
+    """Whether ``ctx`` runs only when the job is one process: inside ``if RANK == -1:`` (yolov5's
+    DataParallel mode) or the ``else`` of ``if args.distributed:``."""
+    for branch in branches(ctx):
+        implied = process_count_of(branch.test.test)
+        if (implied == "single" and branch.taken) or (implied == "multi" and not branch.taken):
+            return True
+    return False

@@ -309,14 +309,65 @@ class LoaderConstructionFacts(TrainedModelFacts):
                     out[node.name.value] = shards
         return out
 
+    @functools.cached_property
+    def indexing_dataset_classes(self) -> set[str]:
+        """Classes of this file whose ``__getitem__`` only indexes what ``__init__`` stored (``return
+        self.data[i]``, ``return self.x[i], self.y[i]``, a dict of such): nothing to load or augment, so
+        worker processes would only add pickling, as for a TensorDataset."""
+        out: set[str] = set()
+        for node, _ in self.facts.classes:
+            for statement in node.body.body:
+                if isinstance(statement, cst.FunctionDef) and statement.name.value == "__getitem__":
+                    if _only_indexes_self(statement):
+                        out.add(node.name.value)
+        return out
+
     def dataset_kind(self, site: LoaderSite) -> str:
-        """``"device"`` (tensors already on the GPU), ``"memory"`` (a TensorDataset of host tensors),
-        ``"iterable-unsharded"`` (an IterableDataset that does not split work across workers) or
-        ``"other"``."""
-        facts = self.facts
+        """``"device"`` (tensors already on the GPU), ``"memory"`` (a TensorDataset of host tensors, or a
+        dataset class whose items are only indexed), ``"iterable-unsharded"`` (an IterableDataset that
+        does not split work across workers) or ``"other"``. A dataset handed to the loader's helper as a
+        parameter (``def build_loader(ds): return DataLoader(ds, ...)``, a lambda) is judged at every call
+        of the helper: "memory" or "device" only when each call agrees."""
         dataset = site.call.arg("dataset", 0)
         if dataset is None:
             return "other"
+        kind = self._kind_of(dataset)
+        if kind != "other" or not isinstance(dataset, cst.Name) or self.facts.bindings_of(dataset.value):
+            return kind
+        arguments = self._parameter_arguments(site, dataset.value)
+        kinds = {self._kind_of(argument) for argument in arguments}
+        return kinds.pop() if len(kinds) == 1 and arguments else "other"
+
+    def _parameter_arguments(self, site: LoaderSite, name: str) -> list[cst.BaseExpression]:
+        """What every call of the loader's helper passes for its parameter ``name``; [] when one cannot
+        be told."""
+        facts = self.facts
+        lambdas = [f.node for f in site.call.ctx.chain() if f.kind == "lambda"]
+        if lambdas:
+            params = [p.name.value for p in lambdas[0].params.params]  # type: ignore[attr-defined]
+            names = [b.target for b in facts.bindings if b.value is lambdas[0]]
+            calls = [c for c in facts.calls if c.name in names]
+        else:
+            function = site.call.ctx.function
+            if function is None:
+                return []
+            params = [p.name.value for p in function.params.params]
+            calls = [c for c in facts.callers(function) if not c.ctx.inside(function)]
+        if name not in params or not calls:
+            return []
+        out = []
+        for call in calls:
+            position = params.index(name)
+            if params[:1] in (["self"], ["cls"]) and call.method is not None:
+                position -= 1  # ``self.build_loader(ds)``
+            argument = call.arg(name, position)
+            if argument is None:
+                return []
+            out.append(argument)
+        return out
+
+    def _kind_of(self, dataset: cst.BaseExpression) -> str:
+        facts = self.facts
         for value in self._dataset_values(dataset):
             if not isinstance(value, cst.Call):
                 continue
@@ -329,6 +380,8 @@ class LoaderConstructionFacts(TrainedModelFacts):
             short = dotted.split(".")[-1]
             if self.iterable_dataset_classes.get(short) is False:
                 return "iterable-unsharded"
+            if short in self.indexing_dataset_classes:
+                return "memory"
         return "other"
 
     def _dataset_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
@@ -535,3 +588,35 @@ def _subscript_key(binding) -> str | None:
     return None
 
 
+def _only_indexes_self(function: cst.FunctionDef) -> bool:
+    """``__getitem__`` is one ``return`` of ``self.<attr>[<index>]`` items (alone, in a tuple, a list or
+    a dict with string keys), the index being its parameter."""
+    params = [p.name.value for p in function.params.params]
+    if len(params) != 2 or not isinstance(function.body, cst.IndentedBlock):
+        return False
+    body = [s for s in function.body.body if not (isinstance(s, cst.SimpleStatementLine) and isinstance(
+        s.body[0], cst.Expr) and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))]
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
+        return False
+    statement = body[0].body[0]
+    if not isinstance(statement, cst.Return) or statement.value is None:
+        return False
+    index = params[1]
+
+    def indexed(expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return bool(expr.elements) and all(indexed(e.value) for e in expr.elements)
+        if isinstance(expr, cst.Dict):
+            return bool(expr.elements) and all(
+                isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and indexed(e.value)
+                for e in expr.elements
+            )
+        if not isinstance(expr, cst.Subscript) or len(expr.slice) != 1:
+            return False
+        target = expr.value
+        key = expr.slice[0].slice
+        return (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name)
+                and target.value.value == "self" and isinstance(key, cst.Index)
+                and isinstance(key.value, cst.Name) and key.value.value == index)
+
+    return indexed(statement.value)

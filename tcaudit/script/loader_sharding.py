@@ -14,6 +14,7 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
     DistributedFacts,
+    distributed_facts,
     code,
     in_test_code,
     literal_value,
@@ -129,6 +130,31 @@ def feeds_training(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -
     if reached:
         return False
     return None
+
+
+def feeds_only_other_loops(facts: ScriptFacts, call: CallSite) -> bool:
+    """The DataLoader's batches are followed, and only loops that do not train iterate them (a helper's
+    loader evaluated under no_grad): not a training loader, whatever its names say."""
+    verdict = feeds_training(facts, distributed_facts(facts), call)
+    if verdict is not None:
+        return not verdict
+    # Built by a helper each of whose results is bound to an evaluation name (``eval_batches =
+    # get_data(ds)``) or to a name nothing reads (a loader never iterated feeds nothing), or iterated
+    # right where it is made under no_grad (``for x, y in eval_loader_fn(ds):``).
+    made = {id(node) for node in made_by(facts, call)}
+    if not made:
+        return False
+    bound = {id(b.value): b.target for b in facts.bindings if id(b.value) in made}
+    for site in facts.calls:
+        if id(site.node) not in made:
+            continue
+        target = bound.get(id(site.node))
+        if target is not None:
+            if not (EVAL_NAME.search(target) or facts.mentions(target) <= 1):
+                return False
+        elif not facts.in_eval(site.ctx):
+            return False
+    return True
 
 
 def also_feeds_other_loops(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tcaudit.script.expressions import literal
 from tcaudit.script.loader_construction import LoaderSite
+from tcaudit.script.loader_sharding import feeds_only_other_loops
 from tcaudit.script.pipeline import PipelineFacts
 
 
@@ -20,6 +21,8 @@ def loaders_without_workers(pipeline: PipelineFacts) -> list[LoaderSite]:
                 continue  # workers, or a value the user controls (num_workers=args.workers)
         elif not site.complete:
             continue  # an untraceable **kwargs may set it
+        if feeds_only_other_loops(facts, site.call):
+            continue  # its batches only reach evaluation
         if pipeline.dataset_kind(site) != "other":
             # Tensors already on the GPU cannot go through workers; an in-memory TensorDataset
             # gains nothing from them; an IterableDataset that does not shard by worker would

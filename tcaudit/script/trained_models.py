@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.model_profile import AuditedModels, ModelProfile
-from tcaudit.script.expressions import flag_dest, function_returns, keyword_arg, literal
+from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, keyword_arg, literal
 from tcaudit.script.facts import CallSite
 from tcaudit.script.training_code import TrainingCodeFacts
 
@@ -89,6 +90,29 @@ class TrainedModelFacts(TrainingCodeFacts):
                     if owner:
                         names.append(owner)
         return names
+
+    @functools.cached_property
+    def frozen_model_names(self) -> set[str]:
+        """Names whose parameters the script freezes (``teacher.requires_grad_(False)``, ``for p in
+        ema.parameters(): p.requires_grad = False``) or holds as an average of another model
+        (``AveragedModel(model)``, ``ModelEMA(model)``): updated, if at all, by something other than
+        gradients. A name an optimizer also receives is not frozen."""
+        facts = self.facts
+        names: set[str] = set()
+        for call in facts.method_calls("requires_grad_"):
+            args = call.node.args
+            if call.receiver_name and args and literal(args[0].value) is False:
+                names.add(call.receiver_name)
+        for loop in _parameter_loops(facts.module):
+            if _clears_requires_grad(loop):
+                names.add(get_full_name_for_node(loop.iter.func.value))  # type: ignore[attr-defined]
+        for call in facts.calls:
+            qual = call.qualname or call.name or ""
+            if qual.endswith(("swa_utils.AveragedModel", "ModelEMA", "ModelEmaV2", "ModelEmaV3", "EMA")):
+                target = assigned_name(call)
+                if target:
+                    names.add(target)
+        return names - set(self.optimized_model_names)
 
     def _bound_roots(self, names: list[str]) -> list[str]:
         """Each name's shortest prefix that the file binds (``model.fc`` → ``model``), once each."""
@@ -311,10 +335,44 @@ class TrainedModelFacts(TrainingCodeFacts):
             return self.conv_models
         return [site for site in self.trained_models if self.is_convnet(site, models)]
 
+    def audited_launch_bound(self, models: "AuditedModels | None") -> bool:
+        """Every trained model the audit measured is launch-bound at the script's batch (and it measured
+        at least one): precision, TF32 and memory-format advice cannot pay there."""
+        profiles = [self.profile_of(site, models) for site in self.trained_models]
+        return bool(profiles) and all(p is not None and p.launch_bound for p in profiles)
+
     def audited_convnet(self, models: "AuditedModels | None") -> bool | None:
         """Whether the audited trained models include a convnet; None when the audit measured none of them."""
         profiles = [p for p in (self.profile_of(site, models) for site in self.trained_models) if p is not None]
         return any(p.is_convnet for p in profiles) if profiles else None
+
+
+def _parameter_loops(module: cst.Module) -> list[cst.For]:
+    """``for p in <name>.parameters():`` loops anywhere in the file."""
+    pattern = m.For(iter=m.Call(func=m.Attribute(value=m.Name() | m.Attribute(), attr=m.Name("parameters"))))
+    return [node for node in m.findall(module, pattern) if isinstance(node, cst.For)]
+
+
+def _clears_requires_grad(loop: cst.For) -> bool:
+    """``for p in m.parameters(): p.requires_grad = False`` (or ``p.requires_grad_(False)``)."""
+    if not isinstance(loop.target, cst.Name):
+        return False
+    variable = loop.target.value
+    for statement in loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []:
+        for small in getattr(statement, "body", []):
+            if isinstance(small, cst.Assign) and literal(small.value) is False:
+                for target in small.targets:
+                    node = target.target
+                    if (isinstance(node, cst.Attribute) and node.attr.value == "requires_grad"
+                            and isinstance(node.value, cst.Name) and node.value.value == variable):
+                        return True
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                func = small.value.func
+                if (isinstance(func, cst.Attribute) and func.attr.value == "requires_grad_"
+                        and isinstance(func.value, cst.Name) and func.value.value == variable
+                        and small.value.args and literal(small.value.args[0].value) is False):
+                    return True
+    return False
 
 
 def _is_one(expr: cst.BaseExpression) -> bool:

@@ -110,3 +110,17 @@ def target_names(target: cst.BaseExpression) -> set[str]:
         return target_names(target.value)
     name = get_full_name_for_node(target)
     return {name} if name and isinstance(target, (cst.Name, cst.Attribute)) else set()
+
+
+def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` (by identity) is ``container`` or lies inside it."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= n is node
+            return not found
+
+    container.visit(_Find())
+    return found

@@ -4,7 +4,9 @@ it as the cost table the model audit reads (``tcaudit/model/cost_table.json``'s 
 Each case is timed with CUDA events over repeated launches after a warm-up; the GEMM cases are
 the team's first H200 measurements (GPT-2 LM head 8192×50257×768 against 50304, odd K, N a multiple of 4 only, odd M), the
 conv case compares 30 and 32 channels under channels_last, and the attention case a head dim of 60
-(no flash kernel) against 64.
+(no flash kernel) against 64. The launch case times eager forward calls (host time included, as a
+training step sees them) of growing square GEMMs with K and N two past a multiple of 8 against the
+aligned ones: up to ``launch.hidden_flops`` the unaligned one is no slower (the host's launch bounds both).
 """
 
 from __future__ import annotations
@@ -42,6 +44,49 @@ def _gemm(torch, m: int, n: int, k: int, dtype, repeat: int) -> tuple[float, flo
     return ms, 2 * m * n * k / (ms / 1000)
 
 
+def _wall_ms(torch, fn: Callable[[], Any], repeat: int) -> float:
+    """Wall time per call, host included (what an eager step sees), median of five runs of ``repeat``."""
+    import statistics
+    import time
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - start) * 1000 / repeat)
+    return statistics.median(runs)
+
+
+HIDDEN_TOLERANCE = 1.10  # unaligned within 10% of aligned: nothing a user would measure
+
+
+def hidden_flops(torch, repeat: int = 200) -> tuple[float, list[dict[str, Any]]]:
+    """The largest GEMM (FLOPs) whose unaligned version (K and N two past a multiple of 8) is as fast as
+    the aligned one in eager calls, every smaller size included, and the timings behind it."""
+    bf16 = torch.bfloat16
+    rows: list[dict[str, Any]] = []
+    hidden = 0.0
+    for size in (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096):
+        x = torch.randn(size, size, device="cuda", dtype=bf16)
+        w = torch.randn(size, size, device="cuda", dtype=bf16)
+        xo = torch.randn(size, size + 2, device="cuda", dtype=bf16)
+        wo = torch.randn(size + 2, size + 2, device="cuda", dtype=bf16)
+        aligned = _wall_ms(torch, lambda: torch.nn.functional.linear(x, w), repeat)
+        odd = _wall_ms(torch, lambda: torch.nn.functional.linear(xo, wo), repeat)
+        flops = 2.0 * size ** 3
+        rows.append({"m_n_k": size, "flops": flops, "aligned_us": aligned * 1000, "unaligned_us": odd * 1000,
+                     "ratio": odd / aligned})
+        if odd / aligned > HIDDEN_TOLERANCE:
+            break
+        hidden = flops
+    return hidden, rows
+
+
 def measure(repeat: int = 20, quick: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
@@ -52,7 +97,7 @@ def measure(repeat: int = 20, quick: bool = False) -> dict[str, Any]:
     arch = f"sm_{major}{minor}"
     scale = 4 if quick else 1
     M, K = 8192 // scale, 768
-    results: dict[str, Any] = {"measured": [], "rates": {}, "gemm": {}, "conv": {}, "sdpa": {}}
+    results: dict[str, Any] = {"measured": [], "rates": {}, "gemm": {}, "conv": {}, "sdpa": {}, "launch": {}}
 
     bf16 = torch.bfloat16
     source = torch.empty(2**28 // scale, device="cuda", dtype=torch.float32)  # 1 GiB (256 MiB quick)
@@ -107,6 +152,14 @@ def measure(repeat: int = 20, quick: bool = False) -> dict[str, Any]:
     sdpa = sdpa_ms(60) / sdpa_ms(64) * 64 / 60
     results["sdpa"]["head_dim_unsupported"] = sdpa
     results["measured"].append(f"sdpa.head_dim_unsupported: head dim 60 vs 64, {sdpa:.2f}x per FLOP")
+
+    hidden, rows = hidden_flops(torch, repeat=50 if quick else 200)
+    results["launch"] = {"hidden_flops": hidden, "timings": rows}
+    last = rows[-1]
+    results["measured"].append(
+        f"launch.hidden_flops: eager bf16 GEMMs with K and N two past a multiple of 8 take no more than "
+        f"{HIDDEN_TOLERANCE:.2f}x the aligned ones up to {hidden / 1e6:.0f} MFLOP; at {last['m_n_k']}^3 "
+        f"{last['ratio']:.2f}x")
     return {
         "arch": arch,
         "device": torch.cuda.get_device_name(),
@@ -139,8 +192,9 @@ def build_table(measurement: dict[str, Any], base: dict[str, Any] | None = None)
         "gemm": results["gemm"],
         "conv": results["conv"],
         "sdpa": results["sdpa"],
+        **({"launch": {"hidden_flops": results["launch"]["hidden_flops"]}} if results.get("launch") else {}),
         "measured": results["measured"],
-        "estimated": [e for e in entry.get("estimated", []) if not e.startswith(("gemm.", "conv.", "sdpa."))]
+        "estimated": [e for e in entry.get("estimated", []) if not e.startswith(("gemm.", "conv.", "sdpa.", "launch."))]
         + ([f"rates not measured here ({', '.join(sorted(set(rates) - set(results['rates'])))}): "
             f"copied from {copied_from} until measured"] if copied_from else []),
         "calibrated": {
