@@ -32,9 +32,10 @@ class ModelProfile:
     attention_share: float  # fused scaled_dot_product_attention
     conv3d: bool  # any 3-D convolution (channels_last cannot take rank-5 weights)
     image_input: bool  # the forward's first input is a rank-4 floating batch
-    # Every GEMM, conv and attention op runs within the time an eager step takes to launch it, at the
-    # script's own batch (the cost table's launch.hidden_flops): a tutorial toy, whose step precision,
-    # TF32 and memory format cannot change measurably (LeNet at batch 4 ran slower under fp16 autocast).
+    # The GEMM, conv and attention ops average within the time an eager step takes to launch one, at
+    # the script's own batch or a large one where the audit assumed it (the cost table's
+    # launch.hidden_flops): a tutorial toy, whose step precision, TF32 and memory format cannot change
+    # measurably (LeNet at batch 4 ran slower under fp16 autocast).
     launch_bound: bool = False
 
     @property

@@ -271,14 +271,33 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
 
 
 def _launch_bound(facts: "ModelFacts") -> bool:
-    """Every GEMM, conv and attention op within a launch at the script's own batch (never with an
-    assumed one: a toy's batch of 4 must be the script's, not the audit's guess)."""
+    """The step's GEMM, conv, attention and RNN work averages within a launch per op, at the script's
+    own batch, or at a large one where the audit assumed it (a 4-128-2 policy is launch-bound at any
+    batch a script uses; an MNIST Net only at the script's own 64)."""
     from tcaudit.model.cost import CostModel
 
-    if facts.input.get("assumed", True):
-        return False
     ops = facts.ops_of("gemm") + facts.ops_of("conv") + facts.ops_of("sdpa") + facts.ops_of("rnn")
-    return CostModel(facts).within_launch(ops, 2.0)
+    return CostModel(facts).step_within_launch(ops)
+
+
+def _small_mlp_profile(facts: "ModelFacts") -> "ModelProfile | None":
+    """A model the audit could only read from its parameters (its forward has another name, takes
+    several inputs) whose layers are all Linear, each within a launch at any batch a script uses (a
+    PPO agent's 4-64-64-2 actor and critic): all GEMM, and launch-bound whatever its forward does."""
+    from tcaudit.model.cost import CostModel
+    from tcaudit.model_profile import ModelProfile
+
+    layers = [m for m in facts.modules.values() if m.attrs.get("role")]
+    if facts.status != "ok" or not layers or any(m.attrs["role"] not in ("linear", "norm") for m in layers):
+        return None
+    cost = CostModel(facts)
+    if not all(cost.layer_within_launch(m.attrs) for m in layers if m.attrs["role"] == "linear"):
+        return None
+    target = facts.target
+    return ModelProfile(
+        construction=target["source"], assigned=target.get("assigned"), model_class=facts.model_class,
+        conv_share=0.0, gemm_share=1.0, attention_share=0.0, conv3d=False, image_input=False, launch_bound=True,
+    )
 
 
 def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]":
@@ -292,7 +311,10 @@ def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]"
         if facts.status != "ok" or target.get("kind") != "script" or not target.get("source"):
             continue
         if facts.capture.method == "parameters" or facts.total_flops <= 0:
-            continue  # nothing ran: no FLOPs to share out
+            profile = _small_mlp_profile(facts)  # nothing ran: no FLOPs to share out, unless a toy MLP's
+            if profile is not None:
+                by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
+            continue
         conv2d = sum(op.flops for op in facts.ops_of("conv") if len(op.info.get("kernel") or []) == 2)
         gemm = sum(op.flops for op in facts.ops_of("gemm"))
         attention = sum(op.flops for op in facts.ops_of("sdpa"))

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ TRAINING_FACTOR = 3.0  # a training step costs about three forward passes
 # this conservative default for a table without one.
 DEFAULT_HIDDEN_FLOPS = 5e7
 LARGE_BATCH = 512  # where the audit assumed a batch, launch-bound is judged as if the script used this one
+LARGE_SEQUENCE = 1024  # and where it assumed a sequence length, as if the script used this one
 _PENALTY_KEYS = (("gemm", "m_unaligned"), ("gemm", "not_multiple_of_64"), ("conv", "channels_unaligned"),
                  ("sdpa", "head_dim_unsupported"))
 
@@ -365,15 +367,54 @@ class CostModel:
         :data:`LARGE_BATCH` (a 10-wide layer is within a launch at any batch a script uses)."""
         if not ops or penalty <= 1.0:
             return False
-        scale = 1.0
-        if self.facts.input.get("assumed", True):
-            shapes = self.facts.input.get("shapes") or [[]]
-            batch = shapes[0][0] if shapes[0] and isinstance(shapes[0][0], int) and shapes[0][0] > 0 else 0
-            if not batch:
-                return False
-            scale = max(1.0, LARGE_BATCH / batch)
+        scale = self.assumed_scale()
+        if scale is None:
+            return False
         # hidden_flops was measured with the unaligned GEMM's own penalty: compare the op's FLOPs alone.
         return all(op.flops * scale <= self.hidden_flops for op in ops)
+
+    def assumed_scale(self) -> float | None:
+        """How much larger the script's step may be than the captured one: 1 with the script's own
+        input; with an assumed batch, as if it were :data:`LARGE_BATCH`; with an assumed sequence, as if
+        it were :data:`LARGE_SEQUENCE` (an image size the audit picked from the common ones is the one
+        the model accepts, or 224 for a model that takes any: no smaller than the script's in practice).
+        None where the captured input has no batch to scale."""
+        if not self.facts.input.get("assumed", True):
+            return 1.0
+        shapes = self.facts.input.get("shapes") or [[]]
+        batch = shapes[0][0] if shapes[0] and isinstance(shapes[0][0], int) and shapes[0][0] > 0 else 0
+        if not batch:
+            return None
+        origin = str(self.facts.input.get("origin") or "")
+        if "origin" not in self.facts.input or re.match(r"batch \d+ \(assumed\)", origin):
+            scale = max(1.0, LARGE_BATCH / batch)
+        else:
+            scale = 1.0
+        sequence = re.search(r"sequence (\d+) \(assumed\)", origin)
+        if sequence:
+            scale *= max(1.0, LARGE_SEQUENCE / int(sequence.group(1)))
+        return scale
+
+    def layer_within_launch(self, attrs: dict[str, Any]) -> bool:
+        """Whether a Linear known only from its parameters runs within a launch at any step a script
+        uses: :data:`LARGE_BATCH` rows, times :data:`LARGE_SEQUENCE` positions in a model with
+        embeddings, attention or RNNs (a PPO critic's 4→64 layer: 0.3 MFLOP against 0.9 GFLOP)."""
+        if attrs.get("role") != "linear":
+            return False
+        sequences = any(m.attrs.get("role") in ("embedding", "mha", "rnn") for m in self.facts.modules.values())
+        rows = LARGE_BATCH * (LARGE_SEQUENCE if sequences else 1)
+        return 2.0 * rows * attrs["in_features"] * attrs["out_features"] <= self.hidden_flops
+
+    def step_within_launch(self, ops: list[OpFact]) -> bool:
+        """Whether the step's Tensor Core work, spread over its GEMM/conv/attention launches, averages
+        within the time the host takes to launch one (an MNIST Net at batch 64: 1.5 GFLOP over four
+        ops against 0.9 GFLOP per launch on an H200): precision, TF32 and memory format cannot shorten
+        such a step measurably, whatever one of its ops does. Judged at the script's step size, or at
+        :meth:`assumed_scale`'s where the audit guessed it."""
+        scale = self.assumed_scale()
+        if not ops or scale is None:
+            return False
+        return sum(op.flops for op in ops) * scale <= self.hidden_flops * len(ops)
 
     @property
     def current_time(self) -> float:

@@ -5,7 +5,8 @@ their aliases, classes and which of them are ``nn.Module`` subclasses, functions
 sites, argparse options, parent links and positions. :func:`find_candidates` then lists the model
 constructions: a local ``nn.Module`` subclass instantiated outside model code, a torchvision factory
 (``models.resnet50(...)``, ``get_model``, ``models.__dict__[args.arch]()``), a ``create_model(...)``
-call (timm or a local registry), an ``nn.Sequential`` assigned to a model variable, or a class or
+call (timm or a local registry), an ``nn.Sequential`` or a lone ``torch.nn`` layer assigned to a model
+variable, or a class or
 factory imported from the user's own modules (``from model import GPT``).
 """
 
@@ -32,6 +33,13 @@ MODULE_BASES = {
     "lightning.LightningModule",
     "lightning.pytorch.LightningModule",
     "lightning.pytorch.core.LightningModule",
+}
+# torch.nn layers that a script may train on their own as its whole model.
+BUILTIN_LAYERS = {
+    f"torch.nn.{name}"
+    for name in ("Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                 "ConvTranspose3d", "LSTM", "GRU", "RNN", "MultiheadAttention", "Transformer",
+                 "TransformerEncoder", "TransformerDecoder")
 }
 MODEL_NAME = re.compile(
     r"^(self\.)?(model|net|network|module|generator|discriminator|encoder|decoder|backbone|classifier|"
@@ -825,6 +833,8 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
             kind = "create_model"
         elif qualified in {"torch.nn.Sequential"} and MODEL_NAME.match(_assigned_name(index, call) or ""):
             kind = "sequential"
+        elif qualified in BUILTIN_LAYERS and MODEL_NAME.match(_assigned_name(index, call) or ""):
+            kind = "sequential"  # a lone layer trained as the model (``model = nn.Linear(4, 2).cuda()``)
         elif name and index.is_local_import(name):
             symbol = local_symbol_kind(index, name)
             target = _assigned_name(index, call) or ""

@@ -161,6 +161,8 @@ class ModelFacts:
             while path:
                 reached.add(path)
                 path = path.rpartition(".")[0]
+        if self.ops:
+            reached.add("")  # the root ran its forward (a lone nn.Linear trained as the model has no other path)
         return reached
 
     def unreached(self, *roles: str) -> list[ModuleFact]:

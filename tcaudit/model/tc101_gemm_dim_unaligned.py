@@ -38,6 +38,39 @@ def unaligned_dims(op: OpFact, cost: CostModel, vocab: set[int]) -> list[tuple[s
             if not cost.aligned(dim, dtype) and dim not in vocab and not fixed[name]]
 
 
+def layer_widths(facts: ModelFacts) -> tuple[set[int], set[int]]:
+    """The widths the model's layers produce (Linear outputs, conv and embedding channels, RNN hidden
+    sizes, attention widths) and those they read: what a layer seen only from its parameters can be
+    wired to."""
+    produced: set[int] = set()
+    consumed: set[int] = set()
+    for module in facts.modules.values():
+        attrs = module.attrs
+        role = attrs.get("role")
+        if role == "linear":
+            produced.add(attrs["out_features"])
+            consumed.add(attrs["in_features"])
+        elif role == "conv":
+            produced.add(attrs["out_channels"])
+            consumed.add(attrs["in_channels"])
+        elif role == "embedding":
+            produced.add(attrs.get("embedding_dim", 0))
+        elif role == "rnn":
+            hidden = attrs.get("proj_size") or attrs.get("hidden_size", 0)
+            produced.update({hidden, hidden * 2})  # bidirectional layers concatenate both directions
+            consumed.add(attrs.get("input_size", 0))
+        elif role == "mha":
+            produced.add(attrs.get("embed_dim", 0))
+            consumed.add(attrs.get("embed_dim", 0))
+        elif role == "norm":
+            for key in ("normalized_shape", "num_features", "num_channels"):
+                value = attrs.get(key)
+                widths = value if isinstance(value, (list, tuple)) else [value]
+                consumed.update(w for w in widths if isinstance(w, int))
+                produced.update(w for w in widths if isinstance(w, int))
+    return produced, consumed
+
+
 class GemmDimUnaligned(ModelRule):
     id = "TC101"
 
@@ -54,14 +87,19 @@ class GemmDimUnaligned(ModelRule):
             yield self._report(context, site, ops, vocab)
         reached_paths = {op.module for op in facts.ops}
         head = facts.last_layer_path() if not facts.ops else None
+        produced, consumed = layer_widths(facts)
         for module in facts.unreached("linear"):
             if module.path in reached_paths or module.attrs.get("tied_to"):
                 continue
             k, n = module.attrs["in_features"], module.attrs["out_features"]
             dtype = facts.compute_dtype
+            # No graph shows where the layer's input comes from or where its output goes: a width no
+            # other layer produces is the data's (an observation's 4 features), one no other layer reads
+            # is the task's (a detector's 3 classes, an actor's 2 actions, a critic's 1 value).
+            fixed = {"K": k not in produced, "N": module.path == head or n not in consumed}
             bad = [(name, dim) for name, dim in (("K", k), ("N", n))
-                   if not cost.aligned(dim, dtype) and dim not in vocab and not (name == "N" and module.path == head)]
-            if not bad or module.site is None:
+                   if not cost.aligned(dim, dtype) and dim not in vocab and not fixed[name]]
+            if not bad or module.site is None or cost.layer_within_launch(module.attrs):
                 continue
             penalty = cost.gemm_kn_penalty(k if ("K", k) in bad else 8, n if ("N", n) in bad else 8, dtype)
             estimate = cost.parameter_cost(module.attrs, penalty)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, Severity
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.model.rules import ModelContext, ModelRule, impact_text
 
 VOCAB_MULTIPLE = 64
 MIN_VOCAB = 512  # smaller tables (class or label embeddings) are lookups with no GEMM behind them
+ALIGNED_VOCAB = 8  # a multiple of 8 is 16-byte aligned: 64 gains ~1% more (rules/TC104.toml), so info
 
 
 class VocabUnaligned(ModelRule):
@@ -105,4 +106,9 @@ class VocabUnaligned(ModelRule):
         }
         if heads:
             details["shapes"] = heads[0].shapes
-        return self.finding(context, site, message, cost=estimate, details=details, explanation=explanation)
+        severity = None
+        if rows % ALIGNED_VOCAB == 0:
+            message += " (already a multiple of 8: ~1% to gain)"
+            severity = Severity.INFO
+        return self.finding(context, site, message, severity=severity, cost=estimate, details=details,
+                            explanation=explanation)

@@ -136,9 +136,9 @@ def cost_note(spec: RuleSpec, gpu: str, key: str) -> str:
 
 LAUNCH_BOUND = " (a launch-bound model: little to gain)"
 LAUNCH_BOUND_WHY = (
-    " The model audit found every GEMM and convolution of the trained model within the time an eager "
-    "step takes to launch it at this batch (benchmarks/results/h200/small_layers.json: such toys ran "
-    "0.96-1.06x padded, and LeNet at batch 4 slower under fp16 autocast): expect no measurable gain "
+    " The model audit found the trained model's GEMMs and convolutions, on average, within the time an "
+    "eager step takes to launch one at this batch (benchmarks/results/h200/small_layers.json: such toys "
+    "ran 0.96-1.06x padded, and LeNet at batch 4 slower under fp16 autocast): expect no measurable gain "
     "until the model or the batch grows."
 )
 

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.expressions import keyword_arg, literal
@@ -74,12 +74,24 @@ class DebugModeOn(ScriptRule):
                 continue  # False, or a flag (set_detect_anomaly(args.debug)): deliberate
             if self._deliberate(pipeline, call.ctx):
                 continue
+            if "lightning" in facts.frameworks and call.ctx.class_def is None:
+                # Trainer.fit runs its loop inside set_detect_anomaly(trainer's detect_anomaly, False by
+                # default): the global switch never reaches training_step (checked on an H200).
+                message = ("autograd anomaly detection switched on here is off during Lightning's fit "
+                           "(`Trainer(detect_anomaly=True)` turns it on there)")
+                explanation = ("Lightning's Trainer wraps fit in `torch.autograd.set_detect_anomaly(detect_anomaly)`, "
+                               "False by default, so this call costs nothing and checks nothing while training.")
+                severity = Severity.INFO
+            else:
+                message = "autograd anomaly detection is on for every step; enable it only behind a debug flag"
+                explanation = "Each backward op records a traceback and checks its outputs for NaN, several times slower."
+                severity = None
             yield self.finding(
                 facts,
                 call.node,
-                "autograd anomaly detection is on for every step; enable it only behind a debug flag",
-                explanation="Each backward op records a traceback and checks its outputs for NaN, several "
-                "times slower.",
+                message,
+                severity=severity,
+                explanation=explanation,
                 fix=self.planned_fix(
                     FixClass.SAFE, "remove the call", lambda call=call: _removal(facts, call.statement, call.node)
                 ),

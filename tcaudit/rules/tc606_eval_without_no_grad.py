@@ -10,8 +10,8 @@ switches dropout and batch norm, not autograd.
 
 Fix (numerics): wrap the loop in ``with torch.no_grad():``. Not ``inference_mode``: tensors created
 under it can never be used in autograd later, which would change behaviour where a result of the
-loop is reused. Declined where the loop computes gradients (``backward``, an optimizer step,
-``requires_grad_``, ``torch.autograd.grad``).
+loop is reused. A loop that computes gradients (``backward``, an optimizer step, ``requires_grad_``,
+``torch.autograd.grad``: saliency maps, adversarial inputs) needs autograd and is not reported.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class EvalWithoutNoGrad(ScriptRule):
             if why is None:
                 continue
             inside = [c for c in facts.calls if c.ctx.inside(frame.node)]
-            gradient = next((c for c in inside if self._computes_gradients(facts, c)), None)
+            if any(self._computes_gradients(facts, c) for c in inside):
+                continue  # saliency maps, adversarial inputs: the loop needs autograd, no_grad would break it
             if why == "after-eval" and any(
                 c.method == "backward" or (c.method == "step" and facts.is_optimizer_name(c.receiver_name)) for c in inside
             ):
@@ -92,17 +93,12 @@ class EvalWithoutNoGrad(ScriptRule):
                 end_node=loop_header_end(loop),
                 fix=self.planned_fix(
                     FixClass.NUMERICS, "wrap the loop in `with torch.no_grad():`",
-                    lambda loop=loop, gradient=gradient: self._plan(facts, loop, gradient),
+                    lambda loop=loop: self._plan(facts, loop),
                 ),
             )
 
     @staticmethod
-    def _plan(facts: ScriptFacts, loop: cst.CSTNode, gradient: CallSite | None) -> WrapInNoGrad:
-        if gradient is not None:
-            raise DeclineFix(
-                f"the loop computes gradients (`{gradient.qualname or '.' + str(gradient.method)}(...)`, line {facts.line_of(gradient.node)}); "
-                "no_grad would break it"
-            )
+    def _plan(facts: ScriptFacts, loop: cst.CSTNode) -> WrapInNoGrad:
         torch = torch_import_name(facts)
         if torch is None:
             raise DeclineFix("the file does not `import torch`")

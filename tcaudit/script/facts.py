@@ -56,6 +56,8 @@ CLIP_FUNCTIONS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_grad_no
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(optim\w*|opt(_\w+)?|optimi[sz]er\w*|opt[A-Z]\w*|optimizer[A-Z]\w*)$")
 _SCHEDULER_NAME = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|generator|discriminator|encoder|decoder)$")
+# Model-like names that hold what describes a model, not the model (``model_config = GPT.get_default_config()``).
+_MODEL_DESCRIPTION = re.compile(r"_(config|cfg|conf|args|kwargs|path|dir|name|file|opts|options|kind|type)$")
 _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|sample\w*|generate\w*)$")
 _ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
 _CUDA_TEXT = re.compile(CUDA_NAMED)
@@ -1102,7 +1104,8 @@ class ScriptFacts:
                             if name:
                                 out.add(name)
         for binding in self.bindings:
-            if _MODEL_NAME.search(binding.target) and isinstance(binding.value, cst.Call):
+            if (_MODEL_NAME.search(binding.target) and not _MODEL_DESCRIPTION.search(binding.target)
+                    and isinstance(binding.value, cst.Call)):
                 out.add(binding.target)
         return out
 
