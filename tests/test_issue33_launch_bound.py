@@ -254,3 +254,74 @@ def test_a_model_config_binding_is_not_a_trained_model(tmp_path):
         model = GPT(model_config)
     """).lstrip("\n"), encoding="utf-8")
     assert ScriptFacts(read_source(path, "mingpt.py")).model_names == {"model"}
+
+
+def test_tc601_a_non_finite_guard_that_stops_the_run_is_info(tmp_path):
+    code = """
+        import math
+        import sys
+
+        import torch
+
+        model = torch.nn.Linear(8, 8).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            loss = model(x.cuda()).sum()
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                {stop}
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """
+    guard = scan_code(tmp_path, code.format(stop="sys.exit(1)"), select=("TC601",), name="guard.py")
+    logged = scan_code(tmp_path, code.format(stop='print("non-finite")'), select=("TC601",), name="logged.py")
+    assert [(f.location.line, f.severity) for f in guard.findings] == [(10, Severity.INFO)]
+    assert "non-finite-loss guard on `loss_value`" in guard.findings[0].message
+    assert [(f.location.line, f.severity) for f in logged.findings] == [(10, Severity.WARNING)]
+
+
+def test_tc401_an_in_memory_dataset_returned_by_a_helper_is_not_reported(tmp_path):
+    code = """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class {name}(Dataset):
+            def __init__(self, size):
+                self.data = [(torch.rand(20), torch.rand(1)) for _ in range(size)]
+                self.files = [f"{{i}}.pt" for i in range(size)]
+
+            def __len__(self):
+                return len(self.data)
+
+            def __getitem__(self, index):
+                return {item}
+
+
+        def load_train_objs(size):
+            train_set = {name}(size)
+            model = torch.nn.Linear(20, 1)
+            return train_set, model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+        def main():
+            dataset, model, optimizer = load_train_objs(2048)
+            model = model.cuda()
+            loader = DataLoader(dataset, batch_size=32, shuffle=True, pin_memory=True)
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x.cuda()), y.cuda())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+    """
+    memory = scan_code(tmp_path, code.format(name="InMemory", item="self.data[index]"), select=("TC401",),
+                       name="memory.py")
+    loading = scan_code(tmp_path, code.format(name="FromFiles", item="torch.load(self.files[index])"),
+                        select=("TC401",), name="files.py")
+    assert memory.findings == []
+    assert [f.rule for f in loading.findings] == ["TC401"]

@@ -25,7 +25,7 @@ from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.steps import runs_every_step
-from tcaudit.source.syntax import expression_chain
+from tcaudit.source.syntax import expression_chain, nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
@@ -237,6 +237,36 @@ def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -
     return None
 
 
+_FINITE_CHECKS = frozenset({"math.isfinite", "math.isnan", "math.isinf", "numpy.isfinite", "numpy.isnan", "numpy.isinf"})
+
+
+def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
+    """The name a sync's value is assigned to when the next statements test it for a non-finite value
+    and stop the run (``loss_value = loss.item()`` then ``if not math.isfinite(loss_value): sys.exit(1)``,
+    the torchvision references' guard): a correctness check, not logging."""
+    statement = call.statement
+    if statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
+        return None
+    assign = statement.node.body[0] if len(statement.node.body) == 1 else None
+    if not isinstance(assign, cst.Assign) or assign.value is not call.node or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    if not isinstance(target, cst.Name):
+        return None
+    for later in statement.block[statement.index + 1:statement.index + 4]:
+        if not isinstance(later, cst.If):
+            continue
+        tests = [c for c in nodes_of(later.test, cst.Call)
+                 if (facts.qualname(c.func) or "") in _FINITE_CHECKS
+                 and any(isinstance(a.value, cst.Name) and a.value.value == target.value for a in c.args)]
+        stops = nodes_of(later.body, (cst.Raise, cst.Return, cst.Break)) or [
+            c for c in nodes_of(later.body, cst.Call) if (facts.qualname(c.func) or "") in ("sys.exit", "exit", "quit")
+        ]
+        if tests and stops:
+            return target.value
+    return None
+
+
 class PerStepSync(ScriptRule):
     id = "TC601"
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
@@ -266,6 +296,18 @@ class PerStepSync(ScriptRule):
                     node,
                     f"{what} syncs once per optimizer step, after {micro} accumulation micro-steps",
                     explanation="A small cost, worth moving under a logging interval.",
+                    severity=Severity.INFO,
+                    fix=self._fix(facts, call),
+                )
+                continue
+            guard = _guarded_name(facts, call)
+            if guard is not None:
+                yield self.finding(
+                    facts,
+                    node,
+                    f"{what} feeds a per-step non-finite-loss guard on `{guard}` (deliberate; it syncs every step)",
+                    explanation="The guard stops a diverged run at once, which needs the value on the host: "
+                    "keep it, or check it under a logging interval if a few more steps of NaN are acceptable.",
                     severity=Severity.INFO,
                     fix=self._fix(facts, call),
                 )

@@ -395,12 +395,37 @@ class LoaderConstructionFacts(TrainedModelFacts):
         values = facts.binding_values(expr)
         if isinstance(expr, cst.Name) and len(values) == 1:
             values = values + self._unpacked_from(expr.value)
+        if isinstance(expr, cst.Name):
+            for returned in self._returned_at_position(expr.value):
+                out += self._dataset_values(returned, depth + 1)
         for value in values:
             out.append(value)
             if isinstance(value, cst.Call) and facts.qualname(value.func) in _DATASET_VIEWS:
                 source = value.args[0].value if value.args and value.args[0].keyword is None else None
                 if source is not None:
                     out += self._dataset_values(source, depth + 1)
+        return out
+
+    def _returned_at_position(self, name: str) -> list[cst.BaseExpression]:
+        """What a function of this file returns in the place ``name`` takes when it is unpacked from
+        its call (``dataset, model, optimizer = load_train_objs()`` whose ``return train_set, model,
+        optimizer``): the ``train_set`` expression."""
+        out: list[cst.BaseExpression] = []
+        for node in self._tuple_assignments:
+            func = get_full_name_for_node(node.value.func) if isinstance(node.value, cst.Call) else None
+            if not func or func not in self.facts.functions_by_name:
+                continue
+            for target in node.targets:
+                if not isinstance(target.target, (cst.Tuple, cst.List)):
+                    continue
+                names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.target.elements]
+                if name not in names:
+                    continue
+                position = names.index(name)
+                for fn in self.facts.functions_by_name[func]:
+                    for returned in function_returns(fn):
+                        if isinstance(returned, cst.Tuple) and len(returned.elements) == len(names):
+                            out.append(returned.elements[position].value)
         return out
 
     def _unpacked_from(self, name: str) -> list[cst.BaseExpression]:
