@@ -325,3 +325,42 @@ def test_tc401_an_in_memory_dataset_returned_by_a_helper_is_not_reported(tmp_pat
                         select=("TC401",), name="files.py")
     assert memory.findings == []
     assert [f.rule for f in loading.findings] == ["TC401"]
+
+
+def test_an_rl_loop_with_an_unmeasured_policy_gets_info_and_a_trainer_step_method_does_not(tmp_path):
+    rl = scan_code(tmp_path, """
+        import torch
+
+        policy = Policy().cuda()
+        optimizer = torch.optim.Adam(policy.parameters())
+        state = env.reset()
+        for t in range(1000):
+            action = policy(torch.as_tensor(state, device="cuda")).argmax()
+            state, reward, done, info = env.step(action.item())
+            loss = -policy(torch.as_tensor(state, device="cuda")).log_softmax(-1)[action] * reward
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """, select=("TC201", "TC301"), name="rl.py")
+    trainer = scan_code(tmp_path, """
+        import torch
+
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model.cuda()
+                self.optimizer = torch.optim.Adam(self.model.parameters())
+
+            def step(self, x):
+                loss = self.model(x).sum()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+            def fit(self, loader):
+                for x in loader:
+                    self.step(x.cuda())
+    """, select=("TC201",), name="trainer.py")
+    assert {(f.rule, f.severity) for f in rl.findings} == {("TC201", Severity.INFO), ("TC301", Severity.INFO)}
+    assert all("an RL loop" in f.message for f in rl.findings)
+    assert [(f.rule, f.severity) for f in trainer.findings] == [("TC201", Severity.WARNING)]

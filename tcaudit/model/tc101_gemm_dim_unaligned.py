@@ -88,6 +88,7 @@ class GemmDimUnaligned(ModelRule):
         reached_paths = {op.module for op in facts.ops}
         head = facts.last_layer_path() if not facts.ops else None
         produced, consumed = layer_widths(facts)
+        layers = [m for m in facts.modules.values() if m.attrs.get("role") in ("linear", "conv", "rnn", "mha", "embedding")]
         for module in facts.unreached("linear"):
             if module.path in reached_paths or module.attrs.get("tied_to"):
                 continue
@@ -96,7 +97,8 @@ class GemmDimUnaligned(ModelRule):
             # No graph shows where the layer's input comes from or where its output goes: a width no
             # other layer produces is the data's (an observation's 4 features), one no other layer reads
             # is the task's (a detector's 3 classes, an actor's 2 actions, a critic's 1 value).
-            fixed = {"K": k not in produced, "N": module.path == head or n not in consumed}
+            wired = len(layers) > 1  # one layer alone says nothing of what feeds it or what it feeds
+            fixed = {"K": wired and k not in produced, "N": module.path == head or (wired and n not in consumed)}
             bad = [(name, dim) for name, dim in (("K", k), ("N", n))
                    if not cost.aligned(dim, dtype) and dim not in vocab and not fixed[name]]
             if not bad or module.site is None or cost.layer_within_launch(module.attrs):

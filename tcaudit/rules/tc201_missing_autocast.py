@@ -29,7 +29,7 @@ from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix, Severi
 from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
+from tcaudit.rules.costs import cost_note, little_to_gain
 from tcaudit.script.amp import (
     BRANCH,
     PARTIAL,
@@ -214,8 +214,9 @@ class MissingAutocast(ScriptRule):
                 message = f"training step {where} runs forward and loss in fp32 (line {lines})"
                 explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
             severity = None
-            if launch_bound(facts, context):
-                message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
+            small = little_to_gain(facts, context)
+            if small is not None:
+                message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
             yield self.finding(
                 facts,
                 first_node,
@@ -231,8 +232,9 @@ class MissingAutocast(ScriptRule):
             )
         for step, coverage in decision.partly:
             finding = self._partly_covered(facts, step, coverage)
-            if launch_bound(facts, context):
-                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + LAUNCH_BOUND)
+            small = little_to_gain(facts, context)
+            if small is not None:
+                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small[0])
             yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:

@@ -16,7 +16,7 @@ from tcaudit import gpus
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import insert_setting
-from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
+from tcaudit.rules.costs import cost_note, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
@@ -69,8 +69,9 @@ class Tf32Disabled(ScriptRule):
                 f"`{FIX_CODE}` after the imports, or train under autocast."
             )
             severity = None
-        if launch_bound(facts, context):
-            message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
+        small = little_to_gain(facts, context)
+        if small is not None:
+            message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
         yield self.finding(
             facts,
             step.backward.node,

@@ -23,7 +23,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.costs import LAUNCH_BOUND, LAUNCH_BOUND_WHY, cost_note, launch_bound
+from tcaudit.rules.costs import cost_note, little_to_gain
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
@@ -146,8 +146,9 @@ class ChannelsLastMissing(ScriptRule):
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
             severity = None
-            if launch_bound(facts, context):
-                message, explanation, severity = message + LAUNCH_BOUND, explanation + LAUNCH_BOUND_WHY, Severity.INFO
+            small = little_to_gain(facts, context)
+            if small is not None:
+                message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
             yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
                                explanation=explanation, severity=severity)
 

@@ -77,8 +77,7 @@ class DebugModeOn(ScriptRule):
             if "lightning" in facts.frameworks and call.ctx.class_def is None:
                 # Trainer.fit runs its loop inside set_detect_anomaly(trainer's detect_anomaly, False by
                 # default): the global switch never reaches training_step (checked on an H200).
-                message = ("autograd anomaly detection switched on here is off during Lightning's fit "
-                           "(`Trainer(detect_anomaly=True)` turns it on there)")
+                message = "anomaly detection set here is off in Lightning's fit: use `Trainer(detect_anomaly=True)`"
                 explanation = ("Lightning's Trainer wraps fit in `torch.autograd.set_detect_anomaly(detect_anomaly)`, "
                                "False by default, so this call costs nothing and checks nothing while training.")
                 severity = Severity.INFO

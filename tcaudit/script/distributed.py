@@ -466,6 +466,19 @@ class DistributedFacts:
         roots = self.facts.imported_roots()
         return bool(self.env_step_loops) or bool(roots & {"gym", "gymnasium", "dm_control", "pettingzoo"})
 
+    @functools.cached_property
+    def steps_an_environment(self) -> bool:
+        """A reinforcement-learning script for sure: it imports an environment library, or steps an
+        object named like one (``env.step(action)``, ``self.envs.step(actions)``); a trainer's own
+        ``self.step(batch)`` is not one."""
+        if self.facts.imported_roots() & {"gym", "gymnasium", "dm_control", "pettingzoo"}:
+            return True
+        return any(
+            "env" in (call.receiver_name or "").split(".")[-1].lower()
+            and any(a.keyword is None and not a.star for a in call.node.args)
+            for call in self.facts.method_calls("step")
+        )
+
     def first_training_loop(self) -> Frame | None:
         """The step loop of the first training step in the file, for a once-per-file finding."""
         for call in sorted(self.step_calls, key=lambda c: self.facts.line_of(c.node)):
