@@ -575,4 +575,4 @@ class _Run:
 def write_fix(result: FileFix, path: Path) -> None:
     assert result.source is not None and result.changed
     data = result.source.encode(result.fixed)
-    write_atomically(path, data)
+    write_atomically(path, data, expected=result.source.raw)

@@ -74,18 +74,28 @@ def check_writable(path: Path) -> os.stat_result:
     return status
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, expected: bytes | None = None) -> None:
     """Write ``data`` to the file ``path`` stands for (through symlinks: a link stays a link).
 
     A temporary file beside the target, given the target's mode and owner, is renamed over it: a
     reader never sees a half-written file and a crash leaves the original intact. Where the rename
     would change the file's identity in a way that shows (another owner this process cannot give
-    the new file, or hard links that would keep the old text), the file is rewritten in place.
+    the new file, or hard links that would keep the old text), the file is rewritten in place, with
+    a backup beside it until the new text is on disk (:func:`_write_in_place`).
+
+    ``expected``: the bytes the new text was made from. When the file holds anything else by the time
+    it would be replaced (an edit saved while fix ran), nothing is written (NotWritable).
     """
     target = real_path(path)
     status = check_writable(target)
+    backup = backup_path(target)
+    if backup.exists():
+        raise NotWritable(f"an interrupted fix left its backup {backup.name} beside it: compare the two, "
+                          "remove the backup, then run fix again")
+    if expected is not None:
+        _still_as_read(target, expected)
     if status.st_nlink > 1:
-        _write_in_place(target, data)
+        _write_in_place(target, data, backup)
         return
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
     try:
@@ -99,10 +109,12 @@ def write_atomically(path: Path, data: bytes) -> None:
                 except PermissionError:
                     raise _KeepInode from None
             os.fsync(out.fileno())
+        if expected is not None:
+            _still_as_read(target, expected)
         os.replace(tmp, target)
     except _KeepInode:
         os.unlink(tmp)
-        _write_in_place(target, data)
+        _write_in_place(target, data, backup)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -115,12 +127,48 @@ class _KeepInode(Exception):
     """The new file could not be given the old one's owner: rewrite the old one instead."""
 
 
-def _write_in_place(target: Path, data: bytes) -> None:
-    with open(target, "r+b") as out:
-        out.write(data)
-        out.truncate()
+def backup_path(target: Path) -> Path:
+    """Where an in-place rewrite keeps the original until the new text is on disk."""
+    return target.with_name(f".{target.name}.tcaudit-backup")
+
+
+def _still_as_read(target: Path, expected: bytes) -> None:
+    try:
+        now = target.read_bytes()
+    except OSError as exc:
+        raise NotWritable(f"cannot read it again before writing: {exc.strerror or exc}") from None
+    if now != expected:
+        raise NotWritable("it changed on disk while fix ran (an editor saved it?): nothing written; "
+                          "run fix again")
+
+
+def _write_in_place(target: Path, data: bytes, backup: Path) -> None:
+    """Rewrite the file's own inode (its hard links see the new text): the original goes to
+    ``backup`` first (written and renamed into place, then synced), the file is rewritten, and the
+    backup is removed once the new text is synced. A failure on the way puts the original back; a
+    process killed on the way leaves the backup, which the next fix of the file reports."""
+    original = target.read_bytes()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
+    with os.fdopen(fd, "wb") as out:
+        out.write(original)
         out.flush()
         os.fsync(out.fileno())
+    os.replace(tmp, backup)
+    try:
+        with open(target, "r+b") as out:
+            out.write(data)
+            out.truncate()
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        with open(target, "r+b") as out:
+            out.write(original)
+            out.truncate()
+            out.flush()
+            os.fsync(out.fileno())
+        backup.unlink()
+        raise
+    backup.unlink()
 
 
-__all__ = ["NotWritable", "SourceText", "SourceError", "check_writable", "read_text", "real_path", "write_atomically"]
+__all__ = ["NotWritable", "SourceText", "SourceError", "backup_path", "check_writable", "read_text", "real_path", "write_atomically"]
