@@ -145,15 +145,25 @@ def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
 def names_in(node: cst.CSTNode) -> set[str]:
     """Every plain name and dotted name read in an expression."""
     out: set[str] = set()
+    inner: set[int] = set()
 
     class _Names(cst.CSTVisitor):
         def visit_Name(self, n: cst.Name) -> None:
             out.add(n.value)
 
         def visit_Attribute(self, n: cst.Attribute) -> None:
+            # The outermost attribute of a chain names it once, with every prefix (``a.b.c``: also
+            # ``a.b``): naming each inner attribute again would walk the chain once per link.
+            if id(n) in inner:
+                return
+            value = n.value
+            while isinstance(value, cst.Attribute):
+                inner.add(id(value))
+                value = value.value
             dotted = get_full_name_for_node(n)
             if dotted:
-                out.add(dotted)
+                parts = dotted.split(".")
+                out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
 
     node.visit(_Names())
     return out

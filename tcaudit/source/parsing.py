@@ -80,6 +80,9 @@ class SourceFile:
                 error = python_syntax_error(self.text, self.display_path)
                 if error is not None:
                     raise error
+            error = beyond_analysis(self.text, self.display_path)
+            if error is not None:
+                raise error
             try:
                 self._module = cst.parse_module(self.text)
             except cst.ParserSyntaxError as exc:
@@ -116,8 +119,94 @@ def max_bracket_depth(text: str) -> int:
     return deepest
 
 
+# Code that only a generator writes: a physical line this long, or this many ``elif`` arms.
+LONG_LINE = 2_000
+MANY_ARMS = 1_000
+# Past these, one statement is reported as too large to analyse (TC000) instead of analysed: LibCST's
+# parser takes time quadratic in an expression's depth (a 5,000-term sum took 32 s to parse), and
+# such statements are data or generated code, not training logic.
+MAX_EXPRESSION_DEPTH = 500
+MAX_STATEMENT_NODES = 50_000
+
+
+def beyond_analysis(text: str, filename: str = "<unknown>") -> SourceError | None:
+    """For a file with generated-looking code (a line over :data:`LONG_LINE` characters, or
+    :data:`MANY_ARMS` ``elif`` arms), what stops its analysis: CPython's own refusal to compile it (a
+    3,000-arm ``elif`` chain overflows the compiler's recursion), or one statement too large to analyse
+    in reasonable time (an expression nested over :data:`MAX_EXPRESSION_DEPTH` deep, or over
+    :data:`MAX_STATEMENT_NODES` nodes). None for every other file, at the cost of one scan of the text."""
+    if text.count("elif ") < MANY_ARMS and not any(len(line) > LONG_LINE for line in text.splitlines()):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, filename=filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return _parse_error(text, filename)
+    error = _compile_error(text)
+    if error is not None:
+        return error
+    for statement in tree.body:
+        nodes, deepest, where = 0, 0, statement.lineno
+        stack = [(statement, 0)]
+        while stack:
+            node, depth = stack.pop()
+            nodes += 1
+            if depth > deepest:
+                deepest, where = depth, getattr(node, "lineno", where)
+            inside = isinstance(node, ast.expr)
+            stack.extend((child, depth + 1 if inside else 0) for child in ast.iter_child_nodes(node))
+        if deepest > MAX_EXPRESSION_DEPTH:
+            return SourceError(f"too large to analyse: an expression nested {deepest} deep on line {where} "
+                               f"(tcaudit analyses up to {MAX_EXPRESSION_DEPTH})", line=where)
+        if nodes > MAX_STATEMENT_NODES:
+            return SourceError(f"too large to analyse: the statement on line {statement.lineno} has {nodes} parts "
+                               f"(tcaudit analyses up to {MAX_STATEMENT_NODES})", line=statement.lineno)
+    return None
+
+
+_COMPILE = """
+import ast, json, sys, warnings
+text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile(text, "<file>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+except SyntaxError as exc:
+    print(json.dumps([exc.msg, exc.lineno or 1, exc.offset or 1]))
+except (ValueError, RecursionError, MemoryError) as exc:
+    print(json.dumps([str(exc), 1, 1]))
+"""
+
+
+def _compile_error(text: str) -> SourceError | None:
+    """What CPython says when it compiles ``text`` as ``python train.py`` would: in a fresh interpreter
+    with the default recursion limit (a scan raises its own for LibCST, under which a 3,000-arm ``elif``
+    chain compiles that ``python`` refuses). None when it compiles, or when that cannot be told."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", _COMPILE], input=text.encode("utf-8", "surrogateescape"),
+                              capture_output=True, timeout=60)
+        verdict = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if not verdict:
+        return None
+    message, line, column = verdict
+    return SourceError(f"CPython cannot compile it: {message}", line=max(int(line), 1), column=max(int(column), 1))
+
+
 def python_syntax_error(text: str, filename: str = "<unknown>") -> SourceError | None:
-    """Python's own verdict on ``text``: None when it parses, else a SourceError with its position."""
+    """Python's own verdict on ``text``: None when it parses, else a SourceError with its position
+    (and, for generated-looking code, :func:`beyond_analysis`'s verdict)."""
+    error = _parse_error(text, filename)
+    return error if error is not None else beyond_analysis(text, filename)
+
+
+def _parse_error(text: str, filename: str) -> SourceError | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # invalid escape sequences and the like are not our business
