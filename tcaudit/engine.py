@@ -281,8 +281,10 @@ def analyse_source(
 
 def display_path(path: Path) -> str:
     """``path`` relative to the working folder where it lies under it, as reports show it."""
+    # A symlink to nothing is shown under its own name: its target's would name a file that is not there.
+    key = os.path.abspath(path) if os.path.islink(path) and not os.path.exists(path) else identity(path)
     try:
-        display = Path(identity(path)).relative_to(Path.cwd().resolve()).as_posix()
+        display = Path(key).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         display = path.as_posix()
     # A file name that is not valid UTF-8 (kept by Python as lone surrogates) is shown with its

@@ -64,7 +64,8 @@ def test_odd_inputs_each_get_one_finding_and_the_rest_is_scanned(odd_tree, jobs)
         assert found[f"deep_{depth}.py"] == ["TC000"]
     for name in ("fifo.py", "loop_a.py", "loop_b.py"):
         assert found[name] == ["TC000"], name
-    assert found["missing_target.py"] == ["TC000"]  # dangling.py, shown (as every symlink) by its target
+    assert found["dangling.py"] == ["TC000"]  # a symlink to nothing, under its own name (issue 31)
+    assert "missing_target.py" not in found
     odd_name = [path for path in found if path.startswith("name_")]
     assert len(odd_name) == 1 and found[odd_name[0]] == ["TC202"]
 
@@ -132,3 +133,45 @@ def test_unreadable_by_mode(tmp_path):
         os.chmod(tmp_path / "locked", 0o755)
     assert proc.returncode == 1, proc.stderr
     assert by_path(proc.stdout) == {"ok.py": ["TC202"], "secret.py": ["TC000"]}
+
+
+def test_a_fifo_in_the_text_report_is_a_finding_not_a_hang(tmp_path):
+    """The text report's code frame must not read the FIFO either (it waited for a writer forever)."""
+    os.mkfifo(tmp_path / "pipe.py")
+    proc = tcaudit("scan", "pipe.py", "--no-cache", "--no-exec", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert b"pipe.py:1:1: TC000" in proc.stdout and b"not a regular file" in proc.stdout
+
+
+def test_fix_on_a_folder_notes_odd_entries_and_fixes_the_rest(tmp_path):
+    (tmp_path / "good.py").write_text(GRADSCALER)
+    os.mkfifo(tmp_path / "pipe.py")
+    os.symlink("missing_target.py", tmp_path / "dangling.py")
+    proc = tcaudit("fix", ".", "--apply", "--isolated", "--no-exec", cwd=tmp_path, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "dangling.py: not fixed: cannot read file: a symlink to nothing (missing_target.py)" in err
+    assert "pipe.py: not fixed: cannot read file: not a regular file" in err
+    assert "torch.amp.GradScaler" in (tmp_path / "good.py").read_text()
+    assert os.path.islink(tmp_path / "dangling.py") and not (tmp_path / "missing_target.py").exists()
+
+
+@pytest.mark.parametrize("ending", ["\r", "\n", "\r\n"])
+def test_fix_keeps_every_line_ending_to_the_last(tmp_path, ending):
+    """LibCST drops a file's last lone CR (classic Mac OS endings): the fixed file keeps it."""
+    path = tmp_path / "train.py"
+    path.write_bytes(GRADSCALER.replace("\n", ending).encode())
+    code, _, err = run_cli("fix", "train.py", "--apply", "--isolated", "--no-exec", "--select", "TC202", cwd=tmp_path)
+    assert code == 0, err
+    fixed = path.read_bytes()
+    assert fixed.endswith(ending.encode()) and b"torch.amp.GradScaler" in fixed
+    assert fixed.count(ending.encode()) == GRADSCALER.count("\n")
+
+
+def test_an_unchanged_lone_cr_file_stays_byte_for_byte(tmp_path):
+    path = tmp_path / "train.py"
+    original = b"import torch\rx = torch.ones(3)\r"
+    path.write_bytes(original)
+    code, _, err = run_cli("fix", "train.py", "--apply", "--isolated", "--no-exec", cwd=tmp_path)
+    assert code == 0, err
+    assert path.read_bytes() == original

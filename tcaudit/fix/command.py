@@ -12,7 +12,8 @@ from tcaudit.findings import FixClass
 DEFAULT_CLASSES = "safe,numerics"
 # How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
 INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
-                  "not fixed: CPython cannot compile it", "not fixed: too large to analyse")
+                  "not fixed: CPython cannot compile it", "not fixed: too large to analyse",
+                  "not fixed: cannot read file")  # a FIFO, a symlink to nothing: a note, not a failure
 
 
 def add_fix_parser(sub, add_selection) -> None:

@@ -163,6 +163,14 @@ def _decline_key(finding: Finding) -> tuple[str, str, str]:
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
 
 
+def keep_lone_cr(original: str, new: str) -> str:
+    """LibCST's code for a file whose lines end in a lone CR (classic Mac OS) drops the last one:
+    put it back, so that an unchanged file stays byte for byte and a fixed one keeps its ending."""
+    if original.endswith("\r") and not original.endswith("\r\n") and new and not new.endswith("\r"):
+        return new + "\r"
+    return new
+
+
 def _parsed(code: str, display: str) -> "tuple[cst.Module | None, str | None]":
     """(the parsed module, None), or (None, why the code does not parse or compile)."""
     import libcst as cst
@@ -436,7 +444,7 @@ class _Run:
 
         try:
             new_module = self.codemods[rule_id].apply(facts.module, findings, FixContext(facts, self.settings))
-            new_text = new_module.code
+            new_text = keep_lone_cr(facts.source.text, new_module.code)
         except DeclineFix as exc:
             return self._refuse(findings, str(exc))
         except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes

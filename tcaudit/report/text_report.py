@@ -44,9 +44,11 @@ def _source_lines(path: str, raw: bytes | None = None, cell: int | None = None) 
     a script read from stdin); none for a file that is not text (a frame would be noise). ``cell``: in
     a notebook, the lines of that code cell."""
     if raw is None:
+        from tcaudit.source.parsing import SourceError, read_file_bytes
+
         try:
-            raw = Path(path).read_bytes()
-        except OSError:
+            raw = read_file_bytes(Path(path))  # never blocks on a FIFO, never reads a device
+        except SourceError:
             return []
     if cell is not None:
         from tcaudit.source.notebook import Notebook

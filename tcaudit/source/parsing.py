@@ -246,6 +246,8 @@ def read_file_bytes(path: Path) -> bytes:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise SourceError("cannot read file: a symlink loop") from None
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            raise SourceError(f"cannot read file: a symlink to nothing ({os.readlink(path)})") from None
         raise SourceError(f"cannot read file: {exc.strerror or exc}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
