@@ -22,11 +22,17 @@ Writes go to a temporary file in the entry's folder and are renamed over the ent
 (``os.replace``), so concurrent scans never see half an entry. Anything unreadable (a truncated or
 corrupted entry, another format, a foreign key) is a miss, never an error. Like ruff's, the folder
 holds a ``CACHEDIR.TAG`` and a ``.gitignore`` of ``*``.
+
+Every entry is sealed with an HMAC-SHA256 under a per-user key kept outside any project
+(``$XDG_CACHE_HOME/tcaudit/cache-key``, mode 0600, made on first use): an entry committed to a
+repository or edited by hand (its findings emptied, so that a scan would say "All clear") fails the
+check and is a miss, rewritten by the scan. Where the key cannot be made or read, nothing is cached.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import sys
@@ -54,6 +60,66 @@ _SETTINGS_NOT_KEYED = frozenset(
     {"select", "extend_select", "ignore", "per_file_ignores", "exclude", "force_exclude", "fail_on",
      "config_path", "root", "cache_dir", "model_budget", "verbose", "sort", "respect_gitignore"}
 )
+
+
+def user_cache_dir() -> Path:
+    """tcaudit's folder in the user's cache (``$XDG_CACHE_HOME/tcaudit``, ``~/.cache/tcaudit``), read
+    at call time: outside every project, where what a repository holds cannot reach."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "tcaudit"
+
+
+_KEYS: dict[str, bytes | None] = {}
+
+
+def _user_key() -> bytes | None:
+    """The per-user key that seals cache entries, made on first use (32 random bytes, 0600, created
+    with O_EXCL and linked into place, so two first scans agree on one); None where it cannot be."""
+    path = user_cache_dir() / "cache-key"
+    where = str(path)
+    if where in _KEYS:
+        return _KEYS[where]
+    key = None
+    try:
+        try:
+            key = bytes.fromhex(path.read_text(encoding="ascii").strip())
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-key.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="ascii") as out:
+                    out.write(os.urandom(32).hex() + "\n")
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass  # another scan made it first: read theirs
+            finally:
+                os.unlink(tmp)
+            key = bytes.fromhex(path.read_text(encoding="ascii").strip())
+        if len(key) < 32:
+            key = None
+    except (OSError, ValueError):
+        key = None
+    _KEYS[where] = key
+    return key
+
+
+def seal(payload: bytes) -> bytes | None:
+    """``payload`` with its HMAC under the user's key in front (hex, one line); None without a key."""
+    key = _user_key()
+    if key is None:
+        return None
+    return hmac.new(key, payload, hashlib.sha256).hexdigest().encode("ascii") + b"\n" + payload
+
+
+def unseal(blob: bytes) -> bytes | None:
+    """The payload of a sealed entry, or None when its HMAC does not check (forged, another user's,
+    truncated) or there is no key."""
+    key = _user_key()
+    mac, _, payload = blob.partition(b"\n")
+    if key is None or not hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).hexdigest().encode("ascii")):
+        return None
+    return payload
 
 
 class CacheError(Exception):
@@ -256,7 +322,7 @@ class ScanCache:
     def load(self, key: str) -> CachedFile | None:
         """The entry for ``key``, or None for a miss (absent, unreadable, corrupted or foreign)."""
         try:
-            data = json.loads(self._entry(key).read_bytes())
+            data = json.loads(unseal(self._entry(key).read_bytes()))  # None (forged): a TypeError, a miss
             if data["format"] != FORMAT or data["key"] != key:
                 return None
             return CachedFile([_finding_from_json(f) for f in data["findings"]], bool(data["parsed"]))
@@ -271,7 +337,10 @@ class ScanCache:
             payload = json.dumps({"format": FORMAT, "key": key, "parsed": parsed, "findings": encoded})
             if [_finding_from_json(f) for f in json.loads(payload)["findings"]] != findings:
                 return False
-            write_atomic(self._entry(key), payload.encode("utf-8"))
+            sealed = seal(payload.encode("utf-8"))
+            if sealed is None:
+                return False
+            write_atomic(self._entry(key), sealed)
         except (_NotCacheable, OSError, ValueError, TypeError):
             return False
         return True
@@ -284,7 +353,7 @@ class ScanCache:
         """What ``tcaudit fix`` made of the file for ``key`` (:meth:`key` with the fix's own facts),
         or None for a miss."""
         try:
-            data = json.loads(self._fix_entry(key).read_bytes())
+            data = json.loads(unseal(self._fix_entry(key).read_bytes()))
             if data["format"] != FORMAT or data["key"] != key:
                 return None
             return CachedFix(
@@ -302,9 +371,12 @@ class ScanCache:
                                   "declined": declined})
             if [_finding_from_json(f) for f, _ in json.loads(payload)["declined"]] != [f for f, _ in entry.declined]:
                 return False
+            sealed = seal(payload.encode("utf-8"))
+            if sealed is None:
+                return False
             path = self._fix_entry(key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, payload.encode("utf-8"))
+            write_atomic(path, sealed)
         except (_NotCacheable, OSError, ValueError, TypeError):
             return False
         return True

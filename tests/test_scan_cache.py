@@ -175,11 +175,41 @@ def test_a_corrupted_entry_is_a_miss_and_is_rewritten(project):
 
 def test_an_entry_with_a_wrong_shape_is_a_miss(project):
     first = cached_scan(project)
+    from tcaudit.cache import seal, unseal
+
     for entry in entries(project):
-        data = json.loads(entry.read_bytes())
+        data = json.loads(unseal(entry.read_bytes()))
         data["findings"] = [{"rule": "TC999"}]
-        entry.write_text(json.dumps(data))
+        entry.write_bytes(seal(json.dumps(data).encode()))  # sealed with the right key, still a miss
     assert cached_scan(project) == first
+
+
+def test_a_forged_entry_is_a_miss_and_is_rewritten(project):
+    """An entry committed to the repository, or edited, with its findings emptied: without the user's
+    key its seal does not check, so the scan analyses the file again (issue 31)."""
+    from tcaudit.cache import unseal
+
+    first = cached_scan(project)
+    assert any(" TC205 " in line for line in first[1])
+    for entry in entries(project):
+        mac, _, payload = entry.read_bytes().partition(b"\n")
+        data = json.loads(payload)
+        data["findings"] = []
+        entry.write_bytes(mac + b"\n" + json.dumps(data).encode())  # the old seal over a new body
+    assert cached_scan(project) == first
+    for entry in entries(project):
+        assert json.loads(unseal(entry.read_bytes()))["findings"], "rewritten with the real findings"
+
+
+def test_another_users_cache_is_a_miss(project, tmp_path, monkeypatch):
+    from tcaudit import cache
+
+    first = cached_scan(project)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "someone-else"))
+    assert cached_scan(project) == first  # every entry fails the new key's check: analysed again
+    key = tmp_path / "someone-else" / "tcaudit" / "cache-key"
+    assert key.is_file() and oct(key.stat().st_mode & 0o777) == "0o600"
+    assert cache.unseal(next(iter(entries(project))).read_bytes()) is not None  # rewritten under the new key
 
 
 def test_a_changed_file_misses(project):

@@ -47,8 +47,9 @@ _PENALTY_KEYS = (("gemm", "m_unaligned"), ("gemm", "not_multiple_of_64"), ("conv
 
 def default_user_table() -> Path:
     """Where ``tcaudit calibrate`` writes by default (``calibrate.DEFAULT_OUTPUT``), read at call time."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "tcaudit" / "cost_table.json"
+    from tcaudit.cache import user_cache_dir
+
+    return user_cache_dir() / "cost_table.json"
 
 
 def user_table_path() -> tuple[Path | None, bool]:

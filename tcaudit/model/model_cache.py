@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tcaudit.cache import write_atomic
+from tcaudit.cache import seal, unseal, write_atomic
 from tcaudit.model.facts import ModelFacts
 
 FORMAT = 1
@@ -56,7 +56,7 @@ class ModelCache:
     def load(self, job: dict[str, Any]) -> ModelFacts | None:
         key = self.key(job)
         try:
-            data = json.loads((self.entries / f"{key}.json").read_bytes())
+            data = json.loads(unseal((self.entries / f"{key}.json").read_bytes()))  # forged: a miss
             if data["format"] != FORMAT or data["key"] != key:
                 return None
             if any(_digest(path) != digest for path, digest in data["files"].items()):
@@ -85,7 +85,10 @@ class ModelCache:
         try:
             self.entries.mkdir(parents=True, exist_ok=True)
             payload = {"format": FORMAT, "key": key, "files": digests, "facts": facts.to_json()}
-            write_atomic(self.entries / f"{key}.json", json.dumps(payload).encode("utf-8"))
+            sealed = seal(json.dumps(payload).encode("utf-8"))
+            if sealed is None:
+                return False
+            write_atomic(self.entries / f"{key}.json", sealed)
         except (OSError, ValueError, TypeError):
             return False
         return True
