@@ -157,3 +157,107 @@ def test_the_guard_allows_its_private_folder_and_reads(tmp_path):
     with pytest.raises(SandboxRefusal):
         guard("os.symlink", (str(tmp_path / "link"), "/etc/passwd", -1))
     assert len(guard.refused) == 2
+
+
+# -- OS-level isolation (issue 31): what the audit hook cannot stop, the namespaces do ---------------
+
+DAEMON = '''
+import ctypes
+import os
+import time
+
+import torch.nn as nn
+
+libc = ctypes.CDLL(None, use_errno=True)
+SCANNER = int(os.environ.get("TCAUDIT_TEST_SCANNER_PID", "0"))
+
+
+class Daemon(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        # Native calls raise no audit event: a libc fork, setsid and creat pass the hook.
+        if libc.fork() == 0:
+            libc.setsid()
+            time.sleep(3)
+            libc.creat({mark!r}.encode(), 0o644)
+            libc._exit(0)
+        reached = libc.kill(SCANNER, 0)  # signal 0: only asks whether the scanner can be signalled
+        raise RuntimeError(f"scanner reachable: {{reached == 0}}")
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+model = Daemon()
+'''
+
+
+@pytest.mark.slow
+def test_a_setsid_daemon_does_not_outlive_the_scan_and_the_scanner_is_out_of_reach(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    if not sandbox.own_pid_namespace():
+        pytest.skip(f"no PID namespace here (sandbox level: {sandbox.isolation_level()})")
+    mark = tmp_path / "daemon-was-here"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(textwrap.dedent(DAEMON).format(mark=str(mark)))
+    (project / "other.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    monkeypatch.setenv("TCAUDIT_TEST_SCANNER_PID", str(os.getpid()))
+    code, stdout, err = run_cli("scan", ".", "--isolated", "--no-cache", "--select", "TC1,TC202",
+                                "--format", "json", cwd=project)
+    sandbox.shared_sandbox().close()  # the end of the audit, as at the scanner's exit
+    findings = json.loads(stdout)["findings"]
+    assert {f["rule"] for f in findings} == {"TC100", "TC202"}, err
+    [tc100] = [f for f in findings if f["rule"] == "TC100"]
+    assert "scanner reachable: False" in tc100["details"]["reason"]
+    import time
+
+    time.sleep(6)  # the daemon would have written its mark after 3 s
+    assert not mark.exists()
+
+
+def test_only_allowlisted_variables_reach_the_model(monkeypatch):
+    for name in ("DATABASE_URL", "CI_JOB_JWT", "SENTRY_DSN", "KUBECONFIG", "npm_config__auth", "RANDOM_THING"):
+        monkeypatch.setenv(name, "secret")
+    for name in ("LANG", "LC_ALL", "TORCH_HOME", "CUDA_HOME", "HF_HOME", "OMP_SCHEDULE"):
+        monkeypatch.setenv(name, "kept")
+    monkeypatch.setenv("TORCH_HUB_TOKEN", "secret")  # an allowed prefix, but a credential's name
+    env = sandbox.child_environment()
+    assert not [name for name in env if env[name] == "secret"]
+    assert all(env[name] == "kept" for name in ("LANG", "LC_ALL", "TORCH_HOME", "CUDA_HOME", "HF_HOME",
+                                                  "OMP_SCHEDULE"))
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_models_exception_text_cannot_drive_the_terminal(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(textwrap.dedent('''
+        import torch.nn as nn
+
+        ESC, BEL = chr(27), chr(7)
+
+
+        class Loud(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+                raise RuntimeError(ESC + "[31mred" + ESC + "[0m " + ESC + "]0;owned" + BEL + " done" + chr(0) + "x" * 9000)
+
+            def forward(self, x):
+                return self.fc(x)
+
+
+        model = Loud()
+    '''))
+    code, stdout, err = run_cli("scan", "train.py", "--isolated", "--no-cache", "--select", "TC1", "--format", "json",
+                                cwd=tmp_path)
+    [finding] = json.loads(stdout)["findings"]
+    texts = [finding["message"], finding.get("explanation", ""), finding["details"]["reason"]]
+    assert not any(ch in text for text in texts for ch in (chr(27), chr(7), chr(0)))
+    assert "red  done" in finding["details"]["reason"] and len(finding["details"]["reason"]) <= sandbox.MAX_TEXT
+
+
+def test_clean_text_keeps_lines_and_drops_escapes():
+    assert sandbox.clean_text("a\x1b[1;31mb\x1b[0m\tc\nd\x9be\x07") == "ab\tc\nde"
+    assert len(sandbox.clean_text("y" * 10_000)) == sandbox.MAX_TEXT

@@ -68,31 +68,47 @@ def is_credential_name(name: str) -> bool:
     return bool(_CREDENTIAL_NAME.search(name))
 
 
-@functools.lru_cache(maxsize=1)
-def isolation_level() -> str:
-    """What contains the model's code besides the limits: always the audit hook; a network
-    namespace too where an unprivileged user may create one (``unshare --user --net``)."""
-    unshare = shutil.which("unshare")
-    if sys.platform.startswith("linux") and unshare and os.environ.get("TCAUDIT_SANDBOX_NAMESPACES", "1") != "0":
-        try:
-            probe = subprocess.run([unshare, *_UNSHARE_FLAGS, "true"], capture_output=True, timeout=10)
-            if probe.returncode == 0:
-                return NAMESPACE_LEVEL
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return HOOK_LEVEL
-
-
 HOOK_LEVEL = "audit hook"
 NAMESPACE_LEVEL = "audit hook; no network: user and network namespaces"
-_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--")
+PROCESS_LEVEL = "audit hook; no network, own processes: user, network, PID, mount, IPC and UTS namespaces"
+# The strongest first. With a PID namespace the audit process is its namespace's init: when it ends
+# (or ``unshare``, its parent, is killed: --kill-child) the kernel kills every process it started,
+# ``setsid`` daemons included, and no process of the scan is visible or can be signalled from inside.
+_LEVELS = (
+    (PROCESS_LEVEL, ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
+                     "--mount-proc", "--ipc", "--uts", "--")),
+    (NAMESPACE_LEVEL, ("--user", "--map-root-user", "--net", "--")),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _isolation() -> tuple[str, tuple[str, ...]]:
+    unshare = shutil.which("unshare")
+    if sys.platform.startswith("linux") and unshare and os.environ.get("TCAUDIT_SANDBOX_NAMESPACES", "1") != "0":
+        for level, flags in _LEVELS:
+            try:
+                probe = subprocess.run([unshare, *flags, "true"], capture_output=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if probe.returncode == 0:
+                return level, (unshare, *flags)
+    return HOOK_LEVEL, ()
+
+
+def isolation_level() -> str:
+    """What contains the model's code besides the limits: always the audit hook; where an
+    unprivileged user may create namespaces (``unshare``), a network namespace too, and with PID,
+    mount, IPC and UTS namespaces where those can be made as well."""
+    return _isolation()[0]
+
+
+def own_pid_namespace() -> bool:
+    """Whether the audit process's PIDs are its own namespace's (the parent cannot signal them by number)."""
+    return isolation_level() == PROCESS_LEVEL
 
 
 def child_command(arguments: list[str]) -> list[str]:
-    command = [sys.executable, "-m", "tcaudit.model.worker", *arguments]
-    if isolation_level() == NAMESPACE_LEVEL:
-        return [shutil.which("unshare") or "unshare", *_UNSHARE_FLAGS, *command]
-    return command
+    return [*_isolation()[1], sys.executable, "-m", "tcaudit.model.worker", *arguments]
 
 
 def _kill_group(pgid: int) -> None:
@@ -103,9 +119,26 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+# What the audit process inherits: an allowlist (names, and prefixes ending in ``_``), so that a
+# secret under a name no pattern foresees (``DATABASE_URL``, ``CI_JOB_JWT``) never reaches it.
+_ALLOWED_NAMES = frozenset({
+    "PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "VIRTUAL_ENV",
+    "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR", "HOME",
+    "LD_LIBRARY_PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "KMP_DUPLICATE_LIB_OK",
+    "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE", "HF_DATASETS_OFFLINE",
+    "TORCH_HOME", "XDG_CACHE_HOME",
+})
+_ALLOWED_PREFIXES = ("LC_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDA_", "CUBLAS_",
+                     "CUDNN_", "NVIDIA_", "OMP_", "MKL_", "TCAUDIT_")
+
+
+def is_allowed_name(name: str) -> bool:
+    return (name in _ALLOWED_NAMES or name.startswith(_ALLOWED_PREFIXES)) and not is_credential_name(name)
+
+
 def child_environment() -> dict[str, str]:
-    """The audit process's environment, without credentials."""
-    env = {name: value for name, value in os.environ.items() if not is_credential_name(name)}
+    """The audit process's environment: the allowlisted variables, none that looks like a credential."""
+    env = {name: value for name, value in os.environ.items() if is_allowed_name(name)}
     env["TCAUDIT_SANDBOX_LEVEL"] = isolation_level()
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["OMP_NUM_THREADS"] = "1"
@@ -235,7 +268,11 @@ class Zygote:
         pid = started["pid"]
         finished = self.reader.read(limits.time_limit)
         timed_out = finished is None
-        if timed_out:
+        if timed_out and own_pid_namespace():
+            # The model's pid is its namespace's number, not ours: end the whole namespace (the next
+            # model starts a new audit process).
+            self.close(graceful=False)
+        elif timed_out:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -249,10 +286,12 @@ class Zygote:
                 pass
         return facts
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         process = getattr(self, "process", None)
         if process is not None and process.poll() is None:
             try:
+                if not graceful:
+                    raise subprocess.TimeoutExpired(process.args, 0)
                 process.stdin.close()
                 process.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
@@ -263,17 +302,45 @@ class Zygote:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+MAX_RESULT_BYTES = 64 * 1024**2  # a result larger than this is not a model's facts: TC100
+MAX_TEXT = 2_000  # characters of one text from the audit process (an exception's message) kept
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b[@-_]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: Any) -> str:
+    """A text the audit process reported, made safe to print: terminal escape sequences and control
+    characters removed (a model's exception could recolour or retitle the user's terminal), newlines
+    and tabs kept, at most :data:`MAX_TEXT` characters."""
+    text = _CONTROLS.sub("", _ESCAPES.sub("", str(text)))
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+def _untrusted_facts(data: Any) -> ModelFacts:
+    """The child's result, read as data: every text it reports cleaned (raises ValueError where it is
+    not a result at all)."""
+    if not isinstance(data, dict):
+        raise ValueError("not a result")
+    facts = ModelFacts.from_json(data)
+    facts.reason = clean_text(facts.reason) if facts.reason else facts.reason
+    facts.capture.failures = [clean_text(t) for t in facts.capture.failures]
+    facts.capture.notes = [clean_text(t) for t in facts.capture.notes]
+    return facts
+
+
 def _read_result(target: dict[str, Any], result_path: str, log_path: str, status: int | None,
                  timed_out: bool, limits: Limits) -> ModelFacts:
     if not timed_out:
         try:
+            if os.path.getsize(result_path) > MAX_RESULT_BYTES:
+                return ModelFacts.failed(target, f"the audit process wrote a result over {MAX_RESULT_BYTES >> 20} MiB")
             with open(result_path, encoding="utf-8") as handle:
-                return ModelFacts.from_json(json.load(handle))
-        except (OSError, ValueError):
+                return _untrusted_facts(json.load(handle))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             pass
     reason = describe_status(status, timed_out, limits)
     if not timed_out and status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
-        tail = _log_tail(log_path, 1)
+        tail = clean_text(_log_tail(log_path, 1))
         if tail:
             reason += f": {tail.strip()[:200]}"
     return ModelFacts.failed(target, reason)
