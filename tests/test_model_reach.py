@@ -44,10 +44,15 @@ FORM_SCRIPTS = [
 PACKAGE = "s01_pkg_relative"  # models/ package with relative imports
 
 
-@pytest.fixture(autouse=True)
-def packaged_cost_table(monkeypatch, tmp_path):
-    monkeypatch.delenv("TCAUDIT_COST_TABLE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+@pytest.fixture(scope="module", autouse=True)
+def packaged_cost_table(tmp_path_factory):
+    """No user cost table, and one user cache folder for the whole module (set before the module's
+    shared scans run), so that the key sealing the model cache's entries is the same user's in every
+    test, as it is from one scan to the next."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TCAUDIT_COST_TABLE", raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+        yield
 
 
 def sources_of(paths: list[Path]):
