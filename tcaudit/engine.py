@@ -31,6 +31,7 @@ from tcaudit.source.discovery import discover, identity
 from tcaudit.source.parsing import (
     SourceError,
     SourceFile,
+    beyond_analysis,
     decode_source,
     python_syntax_error,
     read_file_bytes,
@@ -171,7 +172,9 @@ def _triggers_occur(triggers: tuple[str, ...], text: str, verdicts: dict[Trigger
 
 
 def syntax_error(source: SourceFile) -> SourceError | None:
-    return python_syntax_error(source.text, source.display_path)
+    """What stops a file's analysis before LibCST: Python's parser, or (generated-looking code) what
+    CPython cannot compile or tcaudit cannot analyse in reasonable time."""
+    return python_syntax_error(source.text, source.display_path) or beyond_analysis(source.text, source.display_path)
 
 
 def scan_file(

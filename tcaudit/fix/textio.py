@@ -92,9 +92,9 @@ def write_atomically(path: Path, data: bytes, expected: bytes | None = None) -> 
     if backup.exists():
         raise NotWritable(f"an interrupted fix left its backup {backup.name} beside it: compare the two, "
                           "remove the backup, then run fix again")
-    if expected is not None:
-        _still_as_read(target, expected)
     if status.st_nlink > 1:
+        if expected is not None:
+            _still_as_read(target, expected)
         _write_in_place(target, data, backup)
         return
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
@@ -114,6 +114,8 @@ def write_atomically(path: Path, data: bytes, expected: bytes | None = None) -> 
         os.replace(tmp, target)
     except _KeepInode:
         os.unlink(tmp)
+        if expected is not None:
+            _still_as_read(target, expected)
         _write_in_place(target, data, backup)
     except BaseException:
         try:

@@ -289,12 +289,13 @@ class Zygote:
     def close(self, graceful: bool = True) -> None:
         process = getattr(self, "process", None)
         if process is not None and process.poll() is None:
-            try:
-                if not graceful:
-                    raise subprocess.TimeoutExpired(process.args, 0)
-                process.stdin.close()
-                process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
+            if graceful:  # end of input: the zygote exits on its own
+                try:
+                    process.stdin.close()
+                    process.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            if process.poll() is None:
                 process.kill()
                 process.wait()
         if process is not None:

@@ -62,12 +62,9 @@ def layer_widths(facts: ModelFacts) -> tuple[set[int], set[int]]:
         elif role == "mha":
             produced.add(attrs.get("embed_dim", 0))
             consumed.add(attrs.get("embed_dim", 0))
-        elif role == "norm":
-            for key in ("normalized_shape", "num_features", "num_channels"):
-                value = attrs.get(key)
-                widths = value if isinstance(value, (list, tuple)) else [value]
-                consumed.update(w for w in widths if isinstance(w, int))
-                produced.update(w for w in widths if isinstance(w, int))
+        elif role == "norm":  # batch norm passes its width on
+            produced.add(attrs.get("num_features", 0))
+            consumed.add(attrs.get("num_features", 0))
     return produced, consumed
 
 
@@ -88,7 +85,8 @@ class GemmDimUnaligned(ModelRule):
         reached_paths = {op.module for op in facts.ops}
         head = facts.last_layer_path() if not facts.ops else None
         produced, consumed = layer_widths(facts)
-        layers = [m for m in facts.modules.values() if m.attrs.get("role") in ("linear", "conv", "rnn", "mha", "embedding")]
+        # One layer alone says nothing of what feeds it or what it feeds.
+        wired = sum(m.attrs.get("role") in ("linear", "conv", "rnn", "mha", "embedding") for m in facts.modules.values()) > 1
         for module in facts.unreached("linear"):
             if module.path in reached_paths or module.attrs.get("tied_to"):
                 continue
@@ -97,7 +95,6 @@ class GemmDimUnaligned(ModelRule):
             # No graph shows where the layer's input comes from or where its output goes: a width no
             # other layer produces is the data's (an observation's 4 features), one no other layer reads
             # is the task's (a detector's 3 classes, an actor's 2 actions, a critic's 1 value).
-            wired = len(layers) > 1  # one layer alone says nothing of what feeds it or what it feeds
             fixed = {"K": wired and k not in produced, "N": module.path == head or (wired and n not in consumed)}
             bad = [(name, dim) for name, dim in (("K", k), ("N", n))
                    if not cost.aligned(dim, dtype) and dim not in vocab and not fixed[name]]

@@ -198,6 +198,7 @@ class MissingAutocast(ScriptRule):
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
         cost = cost_note(self.spec, context.settings.gpu, "autocast")
+        small = little_to_gain(facts, context)  # the same for every step of the file
         for function, steps in decision.uncovered.items():
             first_node = _step_statements(facts, steps[0])[0]
             where = f"in `{function.name.value}`" if function is not None else "at module level"
@@ -214,7 +215,6 @@ class MissingAutocast(ScriptRule):
                 message = f"training step {where} runs forward and loss in fp32 (line {lines})"
                 explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
             severity = None
-            small = little_to_gain(facts, context)
             if small is not None:
                 message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
             yield self.finding(
@@ -232,7 +232,6 @@ class MissingAutocast(ScriptRule):
             )
         for step, coverage in decision.partly:
             finding = self._partly_covered(facts, step, coverage)
-            small = little_to_gain(facts, context)
             if small is not None:
                 finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small[0])
             yield finding

@@ -138,6 +138,9 @@ def literal_value(expr: cst.BaseExpression | None) -> object:
     return ...
 
 
+RL_LIBRARIES = frozenset({"gym", "gymnasium", "dm_control", "pettingzoo"})  # imported: an RL script
+
+
 def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
     return facts.module.code_for_node(node)
 
@@ -474,14 +477,14 @@ class DistributedFacts:
     @functools.cached_property
     def is_rl_script(self) -> bool:
         roots = self.facts.imported_roots()
-        return bool(self.env_step_loops) or bool(roots & {"gym", "gymnasium", "dm_control", "pettingzoo"})
+        return bool(self.env_step_loops) or bool(roots & RL_LIBRARIES)
 
     @functools.cached_property
     def steps_an_environment(self) -> bool:
         """A reinforcement-learning script for sure: it imports an environment library, or steps an
         object named like one (``env.step(action)``, ``self.envs.step(actions)``); a trainer's own
         ``self.step(batch)`` is not one."""
-        if self.facts.imported_roots() & {"gym", "gymnasium", "dm_control", "pettingzoo"}:
+        if self.facts.imported_roots() & RL_LIBRARIES:
             return True
         return any(
             "env" in (call.receiver_name or "").split(".")[-1].lower()

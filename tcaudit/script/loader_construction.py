@@ -406,39 +406,38 @@ class LoaderConstructionFacts(TrainedModelFacts):
                     out += self._dataset_values(source, depth + 1)
         return out
 
+    def _unpackings(self, name: str) -> list[tuple[cst.Call, int, int]]:
+        """(the call, ``name``'s position, the number of targets) of every ``a, name, b = call(...)`` in
+        the file."""
+        out = []
+        for node in self._tuple_assignments:
+            for target in node.targets:
+                if not isinstance(target.target, (cst.Tuple, cst.List)):
+                    continue
+                names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.target.elements]
+                if name in names:
+                    out.append((node.value, names.index(name), len(names)))
+        return out
+
     def _returned_at_position(self, name: str) -> list[cst.BaseExpression]:
         """What a function of this file returns in the place ``name`` takes when it is unpacked from
         its call (``dataset, model, optimizer = load_train_objs()`` whose ``return train_set, model,
         optimizer``): the ``train_set`` expression."""
         out: list[cst.BaseExpression] = []
-        for node in self._tuple_assignments:
-            func = get_full_name_for_node(node.value.func) if isinstance(node.value, cst.Call) else None
-            if not func or func not in self.facts.functions_by_name:
-                continue
-            for target in node.targets:
-                if not isinstance(target.target, (cst.Tuple, cst.List)):
-                    continue
-                names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.target.elements]
-                if name not in names:
-                    continue
-                position = names.index(name)
-                for fn in self.facts.functions_by_name[func]:
-                    for returned in function_returns(fn):
-                        if isinstance(returned, cst.Tuple) and len(returned.elements) == len(names):
-                            out.append(returned.elements[position].value)
+        for call, position, width in self._unpackings(name):
+            func = get_full_name_for_node(call.func)
+            for fn in self.facts.functions_by_name.get(func or "", []):
+                for returned in function_returns(fn):
+                    if isinstance(returned, cst.Tuple) and len(returned.elements) == width:
+                        out.append(returned.elements[position].value)
         return out
 
     def _unpacked_from(self, name: str) -> list[cst.BaseExpression]:
         """The calls ``name`` is unpacked from (``name, other = call(...)``), anywhere in the file."""
-        return [
-            node.value
-            for node in self._tuple_assignments
-            if any(
-                isinstance(t.target, (cst.Tuple, cst.List))
-                and any(isinstance(e.value, cst.Name) and e.value.value == name for e in t.target.elements)
-                for t in node.targets
-            )
-        ]
+        calls: dict[int, cst.BaseExpression] = {}
+        for call, _, _ in self._unpackings(name):
+            calls.setdefault(id(call), call)  # one per assignment, however many of its targets name it
+        return list(calls.values())
 
     @functools.cached_property
     def _tuple_assignments(self) -> list[cst.Assign]:

@@ -142,7 +142,7 @@ def beyond_analysis(text: str, filename: str = "<unknown>") -> SourceError | Non
             warnings.simplefilter("ignore")
             tree = ast.parse(text, filename=filename)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return _parse_error(text, filename)
+        return python_syntax_error(text, filename)
     error = _compile_error(text)
     if error is not None:
         return error
@@ -200,13 +200,7 @@ def _compile_error(text: str) -> SourceError | None:
 
 
 def python_syntax_error(text: str, filename: str = "<unknown>") -> SourceError | None:
-    """Python's own verdict on ``text``: None when it parses, else a SourceError with its position
-    (and, for generated-looking code, :func:`beyond_analysis`'s verdict)."""
-    error = _parse_error(text, filename)
-    return error if error is not None else beyond_analysis(text, filename)
-
-
-def _parse_error(text: str, filename: str) -> SourceError | None:
+    """Python's own verdict on ``text``: None when it parses, else a SourceError with its position."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # invalid escape sequences and the like are not our business
