@@ -139,7 +139,7 @@ LAUNCH_BOUND_WHY = (
     " The model audit found the trained model's GEMMs and convolutions, on average, within the time an "
     "eager step takes to launch one at this batch: on an H200 such models (an MNIST Net at batch 64, "
     "LeNet, a DQN, a PPO agent) ran 0.69-0.91x under bf16 autocast, 0.66-0.84x with channels_last and "
-    "0.90-1.13x with TF32 (benchmarks/results/h200/launch_bound.json): expect no gain until the model "
+    "0.90-1.13x with TF32 (benchmarks/results/h200/launch_bound*.json): expect no gain until the model "
     "or the batch grows (the same Net at batch 1024 gained 1.40x)."
 )
 
@@ -149,7 +149,7 @@ RL_LOOP_WHY = (
     " The model was not measured (the audit did not build it), and the loop steps an environment on the "
     "host between updates: the policies of such scripts are small MLPs or Atari-sized convnets, launch-bound "
     "(on an H200 a 4-128-128-2 DQN and a PPO agent at batch 128 ran 0.72-0.85x under bf16 autocast and "
-    "0.90-1.09x with TF32: benchmarks/results/h200/launch_bound.json)."
+    "0.90-1.09x with TF32: benchmarks/results/h200/launch_bound*.json)."
 )
 
 
