@@ -145,18 +145,36 @@ def test_credentials_do_not_reach_the_model(monkeypatch):
 
 
 def test_the_guard_allows_its_private_folder_and_reads(tmp_path):
-    from tcaudit.model.guard import Guard, SandboxRefusal
+    from tcaudit.model.guard import SandboxRefusal, make_hook
 
-    guard = Guard(str(tmp_path))
-    guard.active = True
-    guard("open", (str(tmp_path / "result.json"), "w", 0))
-    guard("open", ("/etc/hostname", "r", os.O_RDONLY))
-    guard("os.rename", (str(tmp_path / "a"), str(tmp_path / "b"), -1, -1))
+    read, write = os.pipe()
+    hook = make_hook(str(tmp_path), write)
+    hook("open", (str(tmp_path / "result.json"), "w", 0))
+    hook("open", ("/etc/hostname", "r", os.O_RDONLY))
+    hook("os.rename", (str(tmp_path / "a"), str(tmp_path / "b"), -1, -1))
+    hook("sqlite3.connect", (":memory:",))
     with pytest.raises(SandboxRefusal):
-        guard("open", (str(tmp_path / ".." / "escape.txt"), None, os.O_WRONLY | os.O_CREAT))
+        hook("open", (str(tmp_path / ".." / "escape.txt"), None, os.O_WRONLY | os.O_CREAT))
     with pytest.raises(SandboxRefusal):
-        guard("os.symlink", (str(tmp_path / "link"), "/etc/passwd", -1))
-    assert len(guard.refused) == 2
+        hook("os.symlink", (str(tmp_path / "link"), "/etc/passwd", -1))
+    with pytest.raises(SandboxRefusal):  # relative to a descriptor of a folder outside
+        outside = os.open(str(tmp_path.parent), os.O_RDONLY)
+        try:
+            hook("os.remove", ("victim.txt", outside))
+        finally:
+            os.close(outside)
+    with pytest.raises(SandboxRefusal):  # ``open`` does not say which folder a relative path is in
+        hook("open", ("relative.txt", "w", 0))
+    with pytest.raises(SandboxRefusal):
+        hook("gc.get_objects", (-1,))
+    with pytest.raises(SandboxRefusal):
+        hook("sqlite3.connect", (str(tmp_path.parent / "x.db"),))
+    with pytest.raises(SandboxRefusal):
+        hook("object.__setattr__", (hook, "__code__", None))
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    assert len(lines) == 7 and lines[0].startswith("writing ") and "gc.get_objects" in lines[4], lines
 
 
 # -- OS-level isolation (issue 31): what the audit hook cannot stop, the namespaces do ---------------

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tcaudit.model import guard
 from tcaudit.model.facts import ModelFacts
 
 DEFAULT_TIME_LIMIT = 60.0  # seconds per model, from the moment its process starts
@@ -71,44 +72,94 @@ def is_credential_name(name: str) -> bool:
 HOOK_LEVEL = "audit hook"
 NAMESPACE_LEVEL = "audit hook; no network: user and network namespaces"
 PROCESS_LEVEL = "audit hook; no network, own processes: user, network, PID, mount, IPC and UTS namespaces"
+_JAIL = ("audit hook; read-only file system (home, /tmp, /run and sockets hidden), no network, own "
+         "processes, no capabilities: {tool} with user, network, PID, mount, IPC and UTS namespaces")
+BWRAP_LEVEL = _JAIL.format(tool="bubblewrap")
+UNSHARE_LEVEL = _JAIL.format(tool="unshare")
+_UNSHARE_PROCESS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
+                    "--mount-proc", "--ipc", "--uts", "--")
 # The strongest first. With a PID namespace the audit process is its namespace's init: when it ends
-# (or ``unshare``, its parent, is killed: --kill-child) the kernel kills every process it started,
+# (or ``unshare``/``bwrap``, its parent, is killed) the kernel kills every process it started,
 # ``setsid`` daemons included, and no process of the scan is visible or can be signalled from inside.
+# The two file-system levels add the view of :mod:`tcaudit.model.jail`: made by bubblewrap where its
+# ``bwrap`` is installed, else by the audit process itself inside unshare's namespaces.
 _LEVELS = (
-    (PROCESS_LEVEL, ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
-                     "--mount-proc", "--ipc", "--uts", "--")),
-    (NAMESPACE_LEVEL, ("--user", "--map-root-user", "--net", "--")),
+    (BWRAP_LEVEL, "bwrap", ()),
+    (UNSHARE_LEVEL, "unshare", _UNSHARE_PROCESS),
+    (PROCESS_LEVEL, "unshare", _UNSHARE_PROCESS),
+    (NAMESPACE_LEVEL, "unshare", ("--user", "--map-root-user", "--net", "--")),
 )
+_JAIL_LEVELS = (BWRAP_LEVEL, UNSHARE_LEVEL)
+
+
+def _probe(level: str, tool: str, flags: tuple[str, ...]) -> bool:
+    from tcaudit.model import jail
+
+    binary = shutil.which(tool)
+    if binary is None:
+        return False
+    workdir = tempfile.mkdtemp(prefix="tcaudit-probe-")
+    try:
+        plan = jail.make_plan(workdir, [os.getcwd()])
+        if level == BWRAP_LEVEL:
+            command, env = [binary, *jail.bwrap_arguments(plan), sys.executable, "-c", ""], None
+        elif level == UNSHARE_LEVEL:
+            command = [binary, *flags, sys.executable, "-m", "tcaudit.model.jail", "probe"]
+            env = {**child_environment(level), "TCAUDIT_JAIL": plan.to_json()}
+        else:
+            command, env = [binary, *flags, "true"], None
+        probe = subprocess.run(command, capture_output=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return probe.returncode == 0
 
 
 @functools.lru_cache(maxsize=1)
-def _isolation() -> tuple[str, tuple[str, ...]]:
-    unshare = shutil.which("unshare")
-    if sys.platform.startswith("linux") and unshare and os.environ.get("TCAUDIT_SANDBOX_NAMESPACES", "1") != "0":
-        for level, flags in _LEVELS:
-            try:
-                probe = subprocess.run([unshare, *flags, "true"], capture_output=True, timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if probe.returncode == 0:
-                return level, (unshare, *flags)
-    return HOOK_LEVEL, ()
+def _isolation() -> tuple[str, str, tuple[str, ...]]:
+    """The strongest level this machine allows: ``TCAUDIT_SANDBOX_NAMESPACES=0`` turns the
+    namespaces off, ``TCAUDIT_SANDBOX_TOOL=unshare`` (or ``bwrap``) uses that tool only."""
+    wanted = os.environ.get("TCAUDIT_SANDBOX_TOOL", "")
+    if sys.platform.startswith("linux") and os.environ.get("TCAUDIT_SANDBOX_NAMESPACES", "1") != "0":
+        for level, tool, flags in _LEVELS:
+            if (not wanted or wanted == tool) and _probe(level, tool, flags):
+                return level, tool, flags
+    return HOOK_LEVEL, "", ()
 
 
 def isolation_level() -> str:
-    """What contains the model's code besides the limits: always the audit hook; where an
-    unprivileged user may create namespaces (``unshare``), a network namespace too, and with PID,
-    mount, IPC and UTS namespaces where those can be made as well."""
+    """What contains the model's code besides the limits: always the audit hook; where bubblewrap
+    is installed or an unprivileged user may create namespaces (``unshare``), a read-only view of
+    the file system, no network and a PID namespace of its own; failing those, what of them the
+    platform allows (see the README's "Running on code you do not trust")."""
     return _isolation()[0]
 
 
 def own_pid_namespace() -> bool:
     """Whether the audit process's PIDs are its own namespace's (the parent cannot signal them by number)."""
-    return isolation_level() == PROCESS_LEVEL
+    return isolation_level() in (*_JAIL_LEVELS, PROCESS_LEVEL)
 
 
-def child_command(arguments: list[str]) -> list[str]:
-    return [*_isolation()[1], sys.executable, "-m", "tcaudit.model.worker", *arguments]
+def read_only_view() -> bool:
+    """Whether the audit process sees the file system read-only, home, /tmp, /run and sockets hidden."""
+    return isolation_level() in _JAIL_LEVELS
+
+
+def child_command(arguments: list[str], workdir: str, visible: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The audit process's command line and environment, writing to ``workdir``, reading ``visible``."""
+    from tcaudit.model import jail
+
+    level, tool, flags = _isolation()
+    env = _private_environment(workdir)
+    python = [sys.executable, "-m", "tcaudit.model.worker", *arguments]
+    visible = [*visible, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    if level == BWRAP_LEVEL:
+        plan = jail.make_plan(workdir, visible)
+        return [shutil.which(tool) or tool, *jail.bwrap_arguments(plan), *python], env
+    if level == UNSHARE_LEVEL:
+        env["TCAUDIT_JAIL"] = jail.make_plan(workdir, visible).to_json()
+    return [*((shutil.which(tool) or tool, *flags) if tool else ()), *python], env
 
 
 def _kill_group(pgid: int) -> None:
@@ -136,10 +187,11 @@ def is_allowed_name(name: str) -> bool:
     return (name in _ALLOWED_NAMES or name.startswith(_ALLOWED_PREFIXES)) and not is_credential_name(name)
 
 
-def child_environment() -> dict[str, str]:
+def child_environment(level: str | None = None) -> dict[str, str]:
     """The audit process's environment: the allowlisted variables, none that looks like a credential."""
     env = {name: value for name, value in os.environ.items() if is_allowed_name(name)}
-    env["TCAUDIT_SANDBOX_LEVEL"] = isolation_level()
+    env.pop("TCAUDIT_JAIL", None)
+    env["TCAUDIT_SANDBOX_LEVEL"] = level or isolation_level()
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
@@ -180,6 +232,8 @@ def describe_status(status: int | None, timed_out: bool, limits: Limits) -> str:
         return f"the model's code crashed the audit process ({name})"
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
+        if code == guard.REPORT_LOST:
+            return "the model's code closed the channel on which the sandbox reports what it refused"
         return f"the audit process exited with code {code} without a result"
     return "the audit process ended without a result"
 
@@ -221,19 +275,21 @@ class _LineReader:
 class Zygote:
     """One ``worker serve`` process that forks a fresh process per model."""
 
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], visible: tuple[str, ...] = ()) -> None:
         self.workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
         self.log_path = os.path.join(self.workdir, "zygote.log")
         self.preload = list(preload)
+        self.visible = tuple(visible)  # the folders it can read where the file system view is narrowed
         self.counter = 0
+        command, env = child_command(["serve", *preload], self.workdir, list(self.visible))
         log = open(self.log_path, "wb")
         try:
             self.process = subprocess.Popen(
-                child_command(["serve", *preload]),
+                command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=_private_environment(self.workdir),
+                env=env,
                 cwd=self.workdir,
                 start_new_session=True,
             )
@@ -279,6 +335,7 @@ class Zygote:
                 pass
             finished = self.reader.read(30.0)
         facts = _read_result(job["target"], result_path, log_path, (finished or {}).get("status"), timed_out, limits)
+        facts = _refused((finished or {}).get("refused"), job["target"]) or facts
         for path in (job_path, result_path, log_path):
             try:
                 os.unlink(path)
@@ -329,6 +386,15 @@ def _untrusted_facts(data: Any) -> ModelFacts:
     return facts
 
 
+def _refused(refused: Any, target: dict[str, Any]) -> ModelFacts | None:
+    """TC100 for a model whose process had operations refused, as the audit hook wrote them to the
+    parent's pipe (whatever the model's process then wrote as its result)."""
+    if not isinstance(refused, list) or not refused:
+        return None
+    texts = [clean_text(text)[:300] for text in refused[:guard.MAX_REFUSALS]]
+    return ModelFacts.failed(target, clean_text(guard.describe(texts, isolation_level())))
+
+
 def _read_result(target: dict[str, Any], result_path: str, log_path: str, status: int | None,
                  timed_out: bool, limits: Limits) -> ModelFacts:
     if not timed_out:
@@ -356,10 +422,10 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     with open(job_path, "w", encoding="utf-8") as handle:
         json.dump(job, handle)
     timed_out = False
+    command, env = child_command(["run", job_path, result_path], workdir, list(job["target"].get("roots", [])))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            child_command(["run", job_path, result_path]),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_private_environment(workdir), cwd=workdir,
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=workdir,
             **({"start_new_session": True} if hasattr(os, "killpg") else {}),
         )
         try:
@@ -394,22 +460,38 @@ class Sandbox:
         return results
 
     def _run_forked(self, job: dict[str, Any], limits: Limits, preload: list[str]) -> ModelFacts:
+        needed = readable_folders(job["target"])
         for attempt in range(2):
+            if self.zygote is not None and not _covers(self.zygote.visible, needed):
+                needed = tuple(dict.fromkeys((*self.zygote.visible, *needed)))
+                self.close()  # a model of another project: a new view that shows both
             if self.zygote is None or not self.zygote.alive():
-                self.zygote = Zygote(preload)
+                self.zygote = Zygote(preload, needed)
             try:
                 return self.zygote.run(job, limits)
             except (EOFError, BrokenPipeError, OSError, ValueError):
-                # The zygote itself died (never the model's fault): start a new one once.
+                # The audit process died or said something that is not the protocol: whether its own
+                # fault or the model's code's (it can signal it where there is no PID namespace), the
+                # scan goes on; a new one gets the model once more, then the model is TC100.
                 self.close()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        return ModelFacts.failed(job["target"], "the audit process ended twice while this model was built "
+                                 "(killed or signalled, by the system or by the model's code)")
 
     def close(self) -> None:
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None
+
+
+def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
+    """What a model's audit must be able to read: its roots and its script's folder, and the folder
+    the scan runs in (where a script's relative paths point)."""
+    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or "")), os.getcwd()]
+    return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
+
+
+def _covers(shown: tuple[str, ...], needed: tuple[str, ...]) -> bool:
+    return all(any(n == s or n.startswith(s.rstrip(os.sep) + os.sep) for s in shown) for n in needed)
 
 
 _SANDBOX: Sandbox | None = None

@@ -42,25 +42,35 @@ def _virtual_size() -> int:
     return 0
 
 
+MAX_OPEN_FILES = 1024
+MAX_FILE_SIZE = 256 * 1024**2  # the result is refused past 64 MiB; the log needs far less
+MAX_TASKS = 256  # processes and threads of the audit's user namespace
+
+
 def apply_limits(memory_budget: int, time_limit: float) -> None:
-    """Cap the address space (torch's own mappings plus the budget), disable core dumps, and
-    arm a last-resort alarm in case the parent dies while the model hangs."""
+    """Cap the address space (torch's own mappings plus the budget), open files, the size of a
+    written file, CPU time and (in a user namespace of its own, where the count is the
+    namespace's) processes; soft and hard alike, so that the model's code cannot raise them again.
+    No core dumps, and a last-resort alarm in case the parent dies while the model hangs."""
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows
         return
-    limit = _virtual_size() + memory_budget
-    for kind, value in ((resource.RLIMIT_AS, limit), (resource.RLIMIT_CORE, 0)):
+    limits = [(resource.RLIMIT_AS, _virtual_size() + memory_budget), (resource.RLIMIT_CORE, 0),
+              (resource.RLIMIT_NOFILE, MAX_OPEN_FILES), (resource.RLIMIT_FSIZE, MAX_FILE_SIZE)]
+    if time_limit > 0:
+        limits.append((resource.RLIMIT_CPU, int(time_limit) + 30))
+    if os.environ.get("TCAUDIT_SANDBOX_LEVEL", "audit hook") != "audit hook" and hasattr(resource, "RLIMIT_NPROC"):
+        limits.append((resource.RLIMIT_NPROC, MAX_TASKS))
+    for kind, value in limits:
         try:
             soft, hard = resource.getrlimit(kind)
             if hard != resource.RLIM_INFINITY and value > hard:
                 value = hard
-            resource.setrlimit(kind, (value, hard))
+            resource.setrlimit(kind, (value, value))
         except (ValueError, OSError):  # macOS refuses RLIMIT_AS; the parent's timeout still holds
             pass
     if hasattr(os, "fork") and time_limit > 0:
-        import signal
-
         signal.alarm(int(time_limit) + 15)
 
 
@@ -174,22 +184,17 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def guarded_run(job: dict[str, Any], private_dir: str) -> dict[str, Any]:
-    """``run_target`` behind the guard rail (:mod:`tcaudit.model.guard`); a model whose code tried
-    something refused is reported as not audited, naming what was refused, even if it went on."""
+def guarded_run(job: dict[str, Any], private_dir: str, report_fd: int) -> dict[str, Any]:
+    """``run_target`` behind the audit hook (:mod:`tcaudit.model.guard`), which writes what it
+    refuses to ``report_fd``: the parent reads it there and reports the model as not audited,
+    naming what was refused, whatever this process then writes as its result."""
     from tcaudit.model import guard
 
-    installed = guard.install(private_dir)
-    result = run_target(job)
-    if installed.refused:
-        from tcaudit.model.facts import ModelFacts
-
-        level = os.environ.get("TCAUDIT_SANDBOX_LEVEL", "audit hook")
-        result = ModelFacts.failed(job["target"], guard.describe(installed, level)).to_json()
-    return result
+    guard.install(private_dir, report_fd)
+    return run_target(job)
 
 
-def _child(request: dict[str, Any]) -> None:
+def _child(request: dict[str, Any], report_fd: int) -> None:
     """In the forked process: its own process group (killed as a whole when it ends), limits, the
     guard rail, run, write, exit without running the zygote's cleanup."""
     code = 0
@@ -199,7 +204,7 @@ def _child(request: dict[str, Any]) -> None:
         job = _load_job(request["job"])
         limits = job.get("limits", {})
         apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-        _write_result(request["result"], guarded_run(job, os.path.dirname(os.path.abspath(request["result"]))))
+        _write_result(request["result"], guarded_run(job, os.path.dirname(os.path.abspath(request["result"])), report_fd))
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         code = 3
@@ -262,15 +267,37 @@ def serve(preload: list[str]) -> int:
         if not line:
             continue
         request = json.loads(line)
+        report_read, report_write = os.pipe()  # the audit hook's refusals, read here after the model
         pid = os.fork()
         if pid == 0:
             protocol.close()
-            _child(request)
+            os.close(report_read)
+            _child(request, report_write)
+        os.close(report_write)
         protocol.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
         _kill_group(pid)  # whatever the model's process left behind
-        protocol.write(json.dumps({"pid": pid, "status": status}) + "\n")
+        refused = _drain(report_read)
+        protocol.write(json.dumps({"pid": pid, "status": status, "refused": refused}) + "\n")
     return 0
+
+
+def _drain(fd: int, limit: int = 64 * 1024) -> list[str]:
+    """The refusals waiting in the pipe, without blocking (a process the model left holding its
+    write end cannot stall the audit); closes it."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
 
 
 def _kill_group(pgid: int) -> None:
@@ -286,11 +313,54 @@ def run_once(job_path: str, result_path: str) -> int:
 
     limits = job.get("limits", {})
     apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-    _write_result(result_path, guarded_run(job, os.path.dirname(os.path.abspath(result_path))))
+    # One process for one model (no fork): the refusals come back through a pipe of this process.
+    report_read, report_write = os.pipe()
+    result = guarded_run(job, os.path.dirname(os.path.abspath(result_path)), report_write)
+    refused = _drain(report_read)
+    if refused:
+        from tcaudit.model import guard
+        from tcaudit.model.facts import ModelFacts
+
+        level = os.environ.get("TCAUDIT_SANDBOX_LEVEL", "audit hook")
+        result = ModelFacts.failed(job["target"], guard.describe(refused, level)).to_json()
+    _write_result(result_path, result)
     return 0
 
 
+def isolate() -> None:
+    """First thing in the audit process, before any import of torch or the user's code: apply the
+    file system view the parent planned (unshare's namespaces; bubblewrap applied it already), give
+    up every capability, and close every descriptor it may have inherited beyond stdin, stdout and
+    stderr."""
+    plan = os.environ.pop("TCAUDIT_JAIL", None)
+    if sys.platform.startswith("linux"):
+        from tcaudit.model import jail
+
+        if plan:
+            jail.enter(jail.Plan.from_json(plan))
+        jail.drop_privileges()
+    os.closerange(3, _descriptor_limit())
+    # The audit process may be its PID namespace's init, which takes only the signals it handles:
+    # handle none (Python's SIGINT handler would let the model's code interrupt it).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _descriptor_limit() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return soft if 0 < soft < 1 << 20 else 1 << 16
+    except (ImportError, ValueError, OSError):  # pragma: no cover - Windows
+        return 256
+
+
 def main(argv: list[str]) -> int:
+    try:
+        isolate()
+    except Exception as exc:  # noqa: BLE001 - the parent reads this as the reason the audit did not start
+        print(json.dumps({"error": f"setting up the sandbox failed: {exc}"}), flush=True)
+        return 1
     if argv and argv[0] == "serve":
         return serve([name for name in argv[1:] if name])
     if len(argv) == 3 and argv[0] == "run":
