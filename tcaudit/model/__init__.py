@@ -106,6 +106,12 @@ def run_model_audit(
         except StartupError as exc:
             result.notes.append(f"model checks (TC1) skipped: {exc}")
             return result
+        from tcaudit.model.sandbox import isolation_level, read_only_view
+
+        if result.cached < len(jobs) and not read_only_view():
+            result.notes.append(
+                f"model audit: the models were built without the read-only file system view (sandbox: "
+                f"{isolation_level()}); see \"Running on code you do not trust\" in the README")
     result.facts = facts_list
     report(facts_list, rules, settings, sources, result, script_uses_cuda)
     if facts_list:

@@ -140,8 +140,9 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
             hidden.add(folder)
     hidden_folders = tuple(h for h in _outermost(hidden) if h not in _SYSTEM)
     blanked.update(r for r in map(_real, _BLANKED) if r)
-    blanked_files = tuple(sorted(b for b in blanked if not any(_under(b, h) for h in hidden_folders)
-                                 and not _under(b, writable)))
+    # A file under a hidden folder is gone, unless a visible folder brings it back.
+    blanked_files = tuple(sorted(b for b in blanked if not _under(b, writable) and (
+        any(_under(b, s) for s in shown) or not any(_under(b, h) for h in hidden_folders))))
     return Plan(writable, shown, hidden_folders, blanked_files)
 
 
