@@ -1,7 +1,8 @@
 """What the model-build sandbox costs: the audit process's start and one model's build, per level.
 
 For each isolation level this machine offers (the audit hook alone; user and network namespaces;
-user, network, PID, mount, IPC and UTS namespaces) it starts the audit process (the zygote that
+user, network, PID, mount, IPC and UTS namespaces; those with the read-only file system view, made by
+the audit process inside unshare's namespaces or by bubblewrap) it starts the audit process (the zygote that
 imports torch once) and audits the same small model several times, and reports the median start
 time and the median time per model build. CPU only; the levels differ only in how the process is
 started, so the figures say what the namespaces add.
@@ -45,15 +46,16 @@ def _jobs(folder: Path) -> list[dict]:
     return jobs
 
 
-def measure(level: str, flags: tuple[str, ...], jobs: list[dict], builds: int) -> dict:
+def measure(isolation: tuple[str, str, tuple[str, ...]], jobs: list[dict], builds: int, folder: str) -> dict:
+    level = isolation[0]
     sandbox._isolation.cache_clear()
     original = sandbox._isolation
-    sandbox._isolation = lambda: (level, flags)  # type: ignore[assignment]
+    sandbox._isolation = lambda: isolation  # type: ignore[assignment]
     try:
         starts, times = [], []
         for _ in range(3):
             begun = time.perf_counter()
-            zygote = sandbox.Zygote([])
+            zygote = sandbox.Zygote([], (folder,))
             starts.append(time.perf_counter() - begun)
             for _ in range(builds):
                 begun = time.perf_counter()
@@ -72,23 +74,15 @@ def main() -> int:
     parser.add_argument("--out")
     parser.add_argument("--builds", type=int, default=5)
     args = parser.parse_args()
-    import shutil
-
-    unshare = shutil.which("unshare")
-    levels = [(sandbox.HOOK_LEVEL, ())]
-    for level, flags in reversed(sandbox._LEVELS):
-        levels.append((level, (unshare, *flags)))
+    levels = [(sandbox.HOOK_LEVEL, "", ()), *reversed(sandbox._LEVELS)]
     with tempfile.TemporaryDirectory() as folder:
         jobs = _jobs(Path(folder))
         rows = []
-        for level, flags in levels:
-            if flags:
-                import subprocess
-
-                if subprocess.run([*flags, "true"], capture_output=True).returncode != 0:
-                    rows.append({"level": level, "available": False})
-                    continue
-            rows.append(measure(level, flags, jobs, args.builds))
+        for level, tool, flags in levels:
+            if tool and not sandbox._probe(level, tool, flags):
+                rows.append({"level": level, "available": False})
+                continue
+            rows.append(measure((level, tool, flags), jobs, args.builds, folder))
             print(json.dumps(rows[-1]), flush=True)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs (CPU numbers)", "python": platform.python_version(),
               "command": "python " + " ".join(sys.argv), "rows": rows}

@@ -166,6 +166,27 @@ ATTACKS = {
             return original(data, handle, **kwargs)
         json.dump = dump
 ''',
+    # What the scanner had open (a secret, inheritable) read through an inherited descriptor.
+    "inherited_fd": '''
+    def attack(self):
+        found = []
+        for fd in range(3, 1024):
+            try:
+                found.append(os.pread(fd, 200, 0).decode("utf-8", "replace"))
+            except OSError:
+                pass
+        raise RuntimeError("descriptors: " + repr(found))
+''',
+    # What the model's process may use, as it sees it.
+    "limits": '''
+    def attack(self):
+        import resource
+        names = ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_AS")
+        with open("/proc/self/status") as status:
+            capabilities = [line.split()[1] for line in status if line.startswith("CapEff:")]
+        raise RuntimeError(f"limits: {{[(n, resource.getrlimit(getattr(resource, n))) for n in names]}} "
+                           f"capabilities: {{capabilities}}")
+''',
     # The capabilities of root in its user namespace used to undo the view.
     "undo_view": '''
     def attack(self):
@@ -255,12 +276,15 @@ def outcome(request, tmp_path_factory):
     monkeypatch.setenv("DATABASE_URL", f"postgres://user:{SECRET}@db/prod")
     monkeypatch.setenv("CI_JOB_JWT", SECRET)
     monkeypatch.setenv("TCAUDIT_MODEL_TIMEOUT", "40")
+    held = os.open(home / ".ssh" / "id_rsa", os.O_RDONLY)
+    os.set_inheritable(held, True)
     try:
         code, out, err = run_cli("scan", ".", "--isolated", "--no-cache", "--select", "TC1,TC202",
                                  "--format", "json", cwd=project)
         level = sandbox.isolation_level()
         sandbox.shared_sandbox().close()
     finally:
+        os.close(held)
         stop.set()
         for thread in threads:
             thread.join()
@@ -348,3 +372,15 @@ def test_the_audit_process_killed_by_the_model_ends_only_that_model_without_name
     assert [n for n in json.loads(out)["notes"] if "read-only file system view" in n] == [
         'model audit: the models were built without the read-only file system view (sandbox: audit hook); '
         'see "Running on code you do not trust" in the README']
+
+
+def test_the_model_inherits_no_descriptor_and_runs_within_limits_without_capabilities(outcome):
+    from tcaudit.model import worker
+
+    descriptors = _reason(outcome, "inherited_fd")
+    assert "descriptors: [" in descriptors and SECRET not in descriptors
+    limits = _reason(outcome, "limits")
+    for name, value in (("RLIMIT_NOFILE", worker.MAX_OPEN_FILES), ("RLIMIT_FSIZE", worker.MAX_FILE_SIZE),
+                        ("RLIMIT_NPROC", worker.MAX_TASKS), ("RLIMIT_CPU", 70)):
+        assert f"('{name}', ({value}, {value}))" in limits, (name, limits)
+    assert "capabilities: ['0000000000000000']" in limits
