@@ -73,8 +73,8 @@ def test_a_torch_that_cannot_be_imported_is_a_note(monkeypatch, tmp_path):
     (broken / "__init__.py").write_text("raise ImportError('libtorch_cpu.so: cannot open shared object file')\n")
     environment = sandbox.child_environment
 
-    def with_broken_torch():
-        env = environment()
+    def with_broken_torch(*args):
+        env = environment(*args)
         env["PYTHONPATH"] = f"{tmp_path / 'site'}:{env['PYTHONPATH']}"
         return env
 

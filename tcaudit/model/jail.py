@@ -5,12 +5,14 @@ The parent (:mod:`tcaudit.model.sandbox`) makes a :class:`Plan`: which folders s
 project, the Python environment, the model caches), which are hidden (``$HOME``, ``/home``,
 ``/root``, ``/run``, ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/etc/ssh``, every folder holding a Unix
 socket of the host), which files are blanked (a socket in a visible folder, ``/etc/shadow``), and the
-one writable folder. With bubblewrap (``bwrap``) the plan becomes its arguments
-(:func:`bwrap_arguments`); otherwise the audit process, started by ``unshare`` in new user and mount
-namespaces, applies it to itself before anything else (:func:`enter`, ``mount(2)`` and
-``mount_setattr(2)`` through ctypes). Either way the audit process then gives up every capability
-(:func:`drop_privileges`), so that the model's code, root of its user namespace, cannot undo the
-mounts, and cannot be traced (``PR_SET_DUMPABLE``).
+one writable folder, for each model (only its own project is visible). The audit process is started
+in new user, PID, network, IPC, UTS and mount namespaces, by bubblewrap (``bwrap``,
+:func:`bwrap_arguments`) where it is installed, else by ``unshare``; it keeps its capabilities inside
+its user namespace and runs none of the user's code. Each model's process, forked from it, makes a
+mount namespace of its own and applies its plan there (:func:`enter`: ``mount(2)`` and
+``mount_setattr(2)`` through ctypes), then gives up every capability (:func:`drop_privileges`), so
+that the model's code, root of its user namespace, cannot undo the mounts, before any of the
+user's code runs.
 
 Reading is still possible inside the visible folders: the project itself (its ``.env``, its
 ``.git``) is visible to the model's code, as it must be to build the model.
@@ -146,23 +148,13 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
     return Plan(writable, shown, hidden_folders, blanked_files)
 
 
-def bwrap_arguments(plan: Plan) -> list[str]:
-    """bubblewrap's arguments for the plan (the order matters: later mounts cover earlier ones)."""
-    arguments = ["--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
-                 "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for folder in plan.hidden:
-        arguments += ["--tmpfs", folder]
-    for path in plan.visible:
-        if any(_under(path, h) for h in plan.hidden):
-            arguments += ["--ro-bind", path, path]
-    for path in plan.blanked:
-        arguments += ["--ro-bind", "/dev/null", path]
-    arguments += ["--bind", plan.writable, plan.writable]
-    for folder in plan.hidden:
-        arguments += ["--remount-ro", folder]
-    arguments += ["--chdir", plan.writable]
-    return arguments
+def bwrap_arguments(workdir: str) -> list[str]:
+    """bubblewrap's arguments for the audit process: the namespaces, the process's capabilities kept
+    inside its user namespace (each model's process makes its own view with them, then gives them
+    up), a PID namespace whose init it is, killed with its parent."""
+    return ["--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-add", "ALL",
+            "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--chdir", workdir]
 
 
 # --- inside the audit process ---------------------------------------------------------------------
@@ -244,10 +236,16 @@ def _make_mount_point(path: str, is_dir: bool) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
+_CLONE_NEWNS = 0x00020000
+
+
 def enter(plan: Plan) -> None:
-    """Apply the plan to this process's mount namespace (it must be its own, and this process root
-    in its user namespace: ``unshare --user --map-root-user --mount``)."""
+    """Apply the plan to a mount namespace of this process's own, made here (the process must be
+    single-threaded, a fresh fork, and hold CAP_SYS_ADMIN in its user namespace: root of one made by
+    ``unshare --user --map-root-user`` or ``bwrap --unshare-user --cap-add ALL``)."""
     libc = _libc()
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise JailError(f"a mount namespace of its own: {os.strerror(ctypes.get_errno())}")
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
     # Hold every folder to keep before hiding anything: a hidden folder's content is gone afterwards.
     kept = [p for p in plan.visible if any(_under(p, h) for h in plan.hidden)]
@@ -291,6 +289,12 @@ def drop_privileges() -> None:
     libc.capset(header, data)
     if effective_capabilities() != 0:
         raise JailError("the audit process could not give up its capabilities")
+
+
+def untraceable() -> None:
+    """Neither traced nor read (``/proc/PID/mem``) by processes without capabilities: the audit
+    process, whose children run the model's code."""
+    _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def effective_capabilities() -> int:

@@ -84,7 +84,7 @@ _UNSHARE_PROCESS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--
 # The two file-system levels add the view of :mod:`tcaudit.model.jail`: made by bubblewrap where its
 # ``bwrap`` is installed, else by the audit process itself inside unshare's namespaces.
 _LEVELS = (
-    (BWRAP_LEVEL, "bwrap", ()),
+    (BWRAP_LEVEL, "bwrap", ()),  # its arguments: jail.bwrap_arguments
     (UNSHARE_LEVEL, "unshare", _UNSHARE_PROCESS),
     (PROCESS_LEVEL, "unshare", _UNSHARE_PROCESS),
     (NAMESPACE_LEVEL, "unshare", ("--user", "--map-root-user", "--net", "--")),
@@ -93,6 +93,8 @@ _JAIL_LEVELS = (BWRAP_LEVEL, UNSHARE_LEVEL)
 
 
 def _probe(level: str, tool: str, flags: tuple[str, ...]) -> bool:
+    """Whether ``tool`` starts a process here with these namespaces (and, for the file-system
+    levels, whether a process forked in them can make its view and give up its capabilities)."""
     from tcaudit.model import jail
 
     binary = shutil.which(tool)
@@ -100,15 +102,13 @@ def _probe(level: str, tool: str, flags: tuple[str, ...]) -> bool:
         return False
     workdir = tempfile.mkdtemp(prefix="tcaudit-probe-")
     try:
-        plan = jail.make_plan(workdir, [os.getcwd()])
-        if level == BWRAP_LEVEL:
-            command, env = [binary, *jail.bwrap_arguments(plan), sys.executable, "-c", ""], None
-        elif level == UNSHARE_LEVEL:
-            command = [binary, *flags, sys.executable, "-m", "tcaudit.model.jail", "probe"]
-            env = {**child_environment(level), "TCAUDIT_JAIL": plan.to_json()}
+        launcher = [binary, *(jail.bwrap_arguments(workdir) if tool == "bwrap" else flags)]
+        if level in _JAIL_LEVELS:
+            command = [*launcher, sys.executable, "-m", "tcaudit.model.jail", "probe"]
+            env = {**child_environment(level), "TCAUDIT_JAIL": jail.make_plan(workdir, [os.getcwd()]).to_json()}
         else:
-            command, env = [binary, *flags, "true"], None
-        probe = subprocess.run(command, capture_output=True, timeout=30, env=env)
+            command, env = [*launcher, "true"], None
+        probe = subprocess.run(command, capture_output=True, timeout=30, env=env, cwd=workdir)
     except (OSError, subprocess.TimeoutExpired):
         return False
     finally:
@@ -146,20 +146,26 @@ def read_only_view() -> bool:
     return isolation_level() in _JAIL_LEVELS
 
 
-def child_command(arguments: list[str], workdir: str, visible: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The audit process's command line and environment, writing to ``workdir``, reading ``visible``."""
+def child_command(arguments: list[str], workdir: str) -> tuple[list[str], dict[str, str]]:
+    """The audit process's command line and environment, its private folder ``workdir``."""
     from tcaudit.model import jail
 
     level, tool, flags = _isolation()
-    env = _private_environment(workdir)
     python = [sys.executable, "-m", "tcaudit.model.worker", *arguments]
-    visible = [*visible, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    if level == BWRAP_LEVEL:
-        plan = jail.make_plan(workdir, visible)
-        return [shutil.which(tool) or tool, *jail.bwrap_arguments(plan), *python], env
-    if level == UNSHARE_LEVEL:
-        env["TCAUDIT_JAIL"] = jail.make_plan(workdir, visible).to_json()
-    return [*((shutil.which(tool) or tool, *flags) if tool else ()), *python], env
+    if tool == "bwrap":
+        return [shutil.which(tool) or tool, *jail.bwrap_arguments(workdir), *python], _private_environment(workdir)
+    return [*((shutil.which(tool) or tool, *flags) if tool else ()), *python], _private_environment(workdir)
+
+
+def view_for(target: dict[str, Any], workdir: str) -> str | None:
+    """The file system view of one model's process (:mod:`tcaudit.model.jail`), as JSON: its
+    project and the Python environment visible, ``workdir`` writable; None without namespaces."""
+    if not read_only_view():
+        return None
+    from tcaudit.model import jail
+
+    search_path = [p for p in child_environment().get("PYTHONPATH", "").split(os.pathsep) if p]
+    return jail.make_plan(workdir, [*readable_folders(target), *search_path]).to_json()
 
 
 def _kill_group(pgid: int) -> None:
@@ -191,7 +197,8 @@ def child_environment(level: str | None = None) -> dict[str, str]:
     """The audit process's environment: the allowlisted variables, none that looks like a credential."""
     env = {name: value for name, value in os.environ.items() if is_allowed_name(name)}
     env.pop("TCAUDIT_JAIL", None)
-    env["TCAUDIT_SANDBOX_LEVEL"] = level or isolation_level()
+    env["TCAUDIT_SANDBOX_LEVEL"] = level = level or isolation_level()
+    env["TCAUDIT_SANDBOX_VIEWS"] = "1" if level in _JAIL_LEVELS else "0"  # each model's process makes one
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
@@ -275,13 +282,12 @@ class _LineReader:
 class Zygote:
     """One ``worker serve`` process that forks a fresh process per model."""
 
-    def __init__(self, preload: list[str], visible: tuple[str, ...] = ()) -> None:
+    def __init__(self, preload: list[str]) -> None:
         self.workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
         self.log_path = os.path.join(self.workdir, "zygote.log")
         self.preload = list(preload)
-        self.visible = tuple(visible)  # the folders it can read where the file system view is narrowed
         self.counter = 0
-        command, env = child_command(["serve", *preload], self.workdir, list(self.visible))
+        command, env = child_command(["serve", *preload], self.workdir)
         log = open(self.log_path, "wb")
         try:
             self.process = subprocess.Popen(
@@ -315,7 +321,8 @@ class Zygote:
         job_path, result_path, log_path = f"{base}.job.json", f"{base}.result.json", f"{base}.log"
         with open(job_path, "w", encoding="utf-8") as handle:
             json.dump(job, handle)
-        request = {"job": job_path, "result": result_path, "log": log_path}
+        request = {"job": job_path, "result": result_path, "log": log_path,
+                   "view": view_for(job["target"], self.workdir)}
         self.process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
         self.process.stdin.flush()
         started = self.reader.read(30.0)
@@ -422,7 +429,10 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     with open(job_path, "w", encoding="utf-8") as handle:
         json.dump(job, handle)
     timed_out = False
-    command, env = child_command(["run", job_path, result_path], workdir, list(job["target"].get("roots", [])))
+    command, env = child_command(["run", job_path, result_path], workdir)
+    view = view_for(job["target"], workdir)
+    if view:
+        env["TCAUDIT_JAIL"] = view
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=workdir,
@@ -460,13 +470,9 @@ class Sandbox:
         return results
 
     def _run_forked(self, job: dict[str, Any], limits: Limits, preload: list[str]) -> ModelFacts:
-        needed = readable_folders(job["target"])
         for attempt in range(2):
-            if self.zygote is not None and not _covers(self.zygote.visible, needed):
-                needed = tuple(dict.fromkeys((*self.zygote.visible, *needed)))
-                self.close()  # a model of another project: a new view that shows both
             if self.zygote is None or not self.zygote.alive():
-                self.zygote = Zygote(preload, needed)
+                self.zygote = Zygote(preload)
             try:
                 return self.zygote.run(job, limits)
             except (EOFError, BrokenPipeError, OSError, ValueError):
@@ -488,10 +494,6 @@ def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
     the scan runs in (where a script's relative paths point)."""
     folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or "")), os.getcwd()]
     return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
-
-
-def _covers(shown: tuple[str, ...], needed: tuple[str, ...]) -> bool:
-    return all(any(n == s or n.startswith(s.rstrip(os.sep) + os.sep) for s in shown) for n in needed)
 
 
 _SANDBOX: Sandbox | None = None

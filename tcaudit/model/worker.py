@@ -201,6 +201,7 @@ def _child(request: dict[str, Any], report_fd: int) -> None:
     try:
         os.setpgid(0, 0)
         _redirect_output(request["log"])
+        confine(request.get("view"))
         job = _load_job(request["job"])
         limits = job.get("limits", {})
         apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
@@ -308,6 +309,7 @@ def _kill_group(pgid: int) -> None:
 
 
 def run_once(job_path: str, result_path: str) -> int:
+    confine(os.environ.pop("TCAUDIT_JAIL", None))
     job = _load_job(job_path)
     import torch  # noqa: F401 - imported before the limit so that the limit is relative to it
 
@@ -328,21 +330,32 @@ def run_once(job_path: str, result_path: str) -> int:
 
 
 def isolate() -> None:
-    """First thing in the audit process, before any import of torch or the user's code: apply the
-    file system view the parent planned (unshare's namespaces; bubblewrap applied it already), give
-    up every capability, and close every descriptor it may have inherited beyond stdin, stdout and
-    stderr."""
-    plan = os.environ.pop("TCAUDIT_JAIL", None)
+    """First thing in the audit process, before any import of torch: close every descriptor it may
+    have inherited beyond stdin, stdout and stderr, and handle no signal (it may be its PID
+    namespace's init, which receives only the signals it handles: Python's SIGINT handler would let
+    the model's code interrupt it). Where each model's process makes its own file system view, the
+    audit process keeps its capabilities for them (it runs none of the user's code) and is made
+    untraceable; elsewhere it gives them up at once."""
+    os.closerange(3, _descriptor_limit())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         from tcaudit.model import jail
 
-        if plan:
-            jail.enter(jail.Plan.from_json(plan))
+        if os.environ.get("TCAUDIT_SANDBOX_VIEWS") == "1":
+            jail.untraceable()
+        else:
+            jail.drop_privileges()
+
+
+def confine(view: str | None) -> None:
+    """In a model's process, before the job is read: its own file system view (``view``, a
+    :class:`~tcaudit.model.jail.Plan` as JSON), then no capabilities at all."""
+    if sys.platform.startswith("linux"):
+        from tcaudit.model import jail
+
+        if view:
+            jail.enter(jail.Plan.from_json(view))
         jail.drop_privileges()
-    os.closerange(3, _descriptor_limit())
-    # The audit process may be its PID namespace's init, which takes only the signals it handles:
-    # handle none (Python's SIGINT handler would let the model's code interrupt it).
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _descriptor_limit() -> int:
