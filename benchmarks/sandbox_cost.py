@@ -46,7 +46,7 @@ def _jobs(folder: Path) -> list[dict]:
     return jobs
 
 
-def measure(isolation: tuple[str, str, tuple[str, ...]], jobs: list[dict], builds: int, folder: str) -> dict:
+def measure(isolation: tuple[str, str, tuple[str, ...]], jobs: list[dict], builds: int) -> dict:
     level = isolation[0]
     sandbox._isolation.cache_clear()
     original = sandbox._isolation
@@ -55,7 +55,7 @@ def measure(isolation: tuple[str, str, tuple[str, ...]], jobs: list[dict], build
         starts, times = [], []
         for _ in range(3):
             begun = time.perf_counter()
-            zygote = sandbox.Zygote([], (folder,))
+            zygote = sandbox.Zygote([])
             starts.append(time.perf_counter() - begun)
             for _ in range(builds):
                 begun = time.perf_counter()
@@ -82,7 +82,7 @@ def main() -> int:
             if tool and not sandbox._probe(level, tool, flags):
                 rows.append({"level": level, "available": False})
                 continue
-            rows.append(measure((level, tool, flags), jobs, args.builds, folder))
+            rows.append(measure((level, tool, flags), jobs, args.builds))
             print(json.dumps(rows[-1]), flush=True)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs (CPU numbers)", "python": platform.python_version(),
               "command": "python " + " ".join(sys.argv), "rows": rows}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import textwrap
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,3 +385,63 @@ def test_the_model_inherits_no_descriptor_and_runs_within_limits_without_capabil
                         ("RLIMIT_NPROC", worker.MAX_TASKS), ("RLIMIT_CPU", 70)):
         assert f"('{name}', ({value}, {value}))" in limits, (name, limits)
     assert "capabilities: ['0000000000000000']" in limits
+
+
+def _confined(plan_json: str, code: str) -> "subprocess.CompletedProcess[str]":
+    """``code`` run after :func:`tcaudit.model.jail.enter` and ``drop_privileges``, in the user and
+    mount namespaces unshare makes (no torch: a plain interpreter)."""
+    import shutil
+    import subprocess
+    import sys
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare here")
+    prologue = ("import os, sys\nfrom tcaudit.model import jail\n"
+                "jail.enter(jail.Plan.from_json(os.environ['PLAN']))\njail.drop_privileges()\n")
+    env = {**os.environ, "PLAN": plan_json, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    probe = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "--", sys.executable, "-c", "pass"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare cannot make user and mount namespaces here: {probe.stderr.decode()[:200]}")
+    return subprocess.run([unshare, "--user", "--map-root-user", "--mount", "--", sys.executable, "-c",
+                           prologue + code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_home_folder_that_is_the_project_keeps_its_secrets_hidden(tmp_path, monkeypatch):
+    """``tcaudit scan train.py`` run from the home folder shows the home folder (the project), but
+    not ``~/.ssh``, ``~/.aws`` or ``~/.netrc`` in it; the project's own files stay readable."""
+    from tcaudit.model import jail
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text(SECRET)
+    (home / ".netrc").write_text(SECRET)
+    (home / "model.py").write_text("WIDTH = 64\n")
+    private = tmp_path / "private"
+    private.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    plan = jail.make_plan(str(private), [str(home)])
+    assert str(home / ".ssh") in plan.hidden and str(home / ".netrc") in plan.blanked
+    result = _confined(plan.to_json(), textwrap.dedent(f'''
+        seen = []
+        for path in ({str(home / ".ssh" / "id_rsa")!r}, {str(home / ".aws" / "credentials")!r},
+                     {str(home / ".netrc")!r}, {str(home / "model.py")!r}):
+            try:
+                seen.append(open(path).read())
+            except OSError as exc:
+                seen.append(type(exc).__name__)
+        try:
+            open({str(home / "written.txt")!r}, "w")
+        except OSError as exc:
+            seen.append(exc.strerror)
+        open({str(private / "ok.txt")!r}, "w").write("ok")
+        print(seen)
+    '''))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['FileNotFoundError', 'FileNotFoundError', '', 'WIDTH = 64\\n', " \
+                                    "'Read-only file system']"
+    assert (private / "ok.txt").read_text() == "ok" and not (home / "written.txt").exists()
+    assert SECRET not in result.stdout

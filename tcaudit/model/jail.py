@@ -34,6 +34,11 @@ from typing import Iterable
 # Folders replaced by empty tmpfs: where credentials, agents' sockets and other users' files live.
 _HIDDEN = ("/home", "/root", "/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm", "/etc/ssh", "/var/lib/docker",
            "/var/spool", "/var/mail")
+# Where credentials live in a home folder: hidden even when the home folder itself is visible (a
+# project that is the home folder, a script run from it).
+_HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".config", ".docker", ".kube", ".netrc", ".pypirc",
+                 ".git-credentials", ".cache/tcaudit", ".local/share/keyrings", ".password-store", ".bash_history",
+                 ".python_history", ".zsh_history")
 # Files replaced by an empty one (a folder of the system that cannot be hidden as a whole).
 _BLANKED = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd")
 # Never hidden as a whole, whatever socket they hold: the system the audit runs on.
@@ -141,6 +146,15 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
         else:
             hidden.add(folder)
     hidden_folders = tuple(h for h in _outermost(hidden) if h not in _SYSTEM)
+    # Secrets inside a folder that stays visible (a home folder that is the project) are hidden on top.
+    for home in _home_folders():
+        for name in _HOME_SECRETS:
+            secret = _real(os.path.join(home, name))
+            if secret and any(_under(secret, s) for s in shown) and not _under(writable, secret):
+                if os.path.isdir(secret):
+                    hidden_folders += (secret,)
+                else:
+                    blanked.add(secret)
     blanked.update(r for r in map(_real, _BLANKED) if r)
     # A file under a hidden folder is gone, unless a visible folder brings it back.
     blanked_files = tuple(sorted(b for b in blanked if not _under(b, writable) and (
@@ -249,15 +263,20 @@ def enter(plan: Plan) -> None:
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
     # Hold every folder to keep before hiding anything: a hidden folder's content is gone afterwards.
     kept = [p for p in plan.visible if any(_under(p, h) for h in plan.hidden)]
+    # Hidden folders inside a visible one are hidden after it is shown again; the others before.
+    inner = [h for h in plan.hidden if any(_under(h, v) and h != v for v in plan.visible)]
+    outer = [h for h in plan.hidden if h not in inner]
     handles = {}
     try:
         for path in (*kept, plan.writable):
             handles[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        for folder in plan.hidden:
+        for folder in outer:
             _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=755")
         for path in (*kept, plan.writable):
             _make_mount_point(path, stat.S_ISDIR(os.fstat(handles[path]).st_mode))
             _mount(libc, f"/proc/self/fd/{handles[path]}", path, None, _MS_BIND | _MS_REC)
+        for folder in inner:
+            _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
     except OSError as exc:
         raise JailError(f"preparing the file system view: {exc}") from exc
     finally:
