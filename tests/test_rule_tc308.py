@@ -163,3 +163,94 @@ def test_parenthesised_tuples_do_not_break_the_analysis(tmp_path):
             return x, z
     ''', select=("TC308",))
     assert result.findings == []
+
+
+# Issue 32: causal masks built in forward become is_causal=True (the flash kernel's condition).
+LOCAL_ATTENTION = '''
+    import math
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Attention(nn.Module):
+        def __init__(self, dim=32, heads=4):
+            super().__init__()
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.heads = heads
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.qkv(x).split(C, dim=2)
+            q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+            k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+            v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+            {mask}
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            {use}
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+            return y.transpose(1, 2).contiguous().view(B, T, C){extra}
+'''
+
+CAUSAL_FORMS = {
+    "tril_eq_0": ("mask = torch.tril(torch.ones(T, T, device=x.device))",
+                  'att = att.masked_fill(mask == 0, float("-inf"))'),
+    "tril_bool_invert": ("mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))",
+                         'att = att.masked_fill(~mask, float("-inf"))'),
+    "triu_filled": ("mask = torch.triu(torch.ones(T, T, device=x.device), diagonal=1).bool()",
+                    "att = att.masked_fill(mask, -math.inf)"),
+    "triu_additive": ('causal = torch.triu(torch.full((T, T), float("-inf"), device=x.device), diagonal=1)',
+                      "att = att + causal"),
+    "size_call": ("mask = torch.tril(torch.ones(x.size(1), x.size(1))).to(x.device)",
+                  'att = att.masked_fill(mask == 0, float("-inf"))'),
+}
+
+
+def _attention_pair(tmp_path, mask: str, use: str, extra: str = ""):
+    return _pair(tmp_path, LOCAL_ATTENTION.format(mask=mask, use=use, extra=extra))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", sorted(CAUSAL_FORMS))
+def test_a_causal_mask_built_in_forward_becomes_is_causal(tmp_path, form):
+    mask, use = CAUSAL_FORMS[form]
+    original, patched, text = _attention_pair(tmp_path, mask, use)
+    assert "is_causal=True" in text and "attn_mask" not in text
+    assert mask.split(" = ")[0] + " = " not in text  # the mask, read by nothing else, is gone
+    a, b = _same_model(original, patched, lambda module: module.Attention())
+    x = torch.randn(2, 7, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    out_a, out_b = a(x), b(x2)
+    torch.testing.assert_close(out_b, out_a, rtol=1e-5, atol=1e-6)
+    out_a.sum().backward()
+    out_b.sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_mask_read_elsewhere_stays_and_is_causal_is_used(tmp_path):
+    mask, use = CAUSAL_FORMS["tril_eq_0"]
+    _, _, text = _attention_pair(tmp_path, mask, use, extra="\n            self.last_mask = mask")
+    assert "is_causal=True" in text and "mask = torch.tril(torch.ones(T, T, device=x.device))" in text
+
+
+@pytest.mark.parametrize("mask, use", [
+    # a literal size: a 1 x 1 or 8 x 8 mask need not be the scores' T x T
+    ("mask = torch.tril(torch.ones(8, 8))", 'att = att.masked_fill(mask == 0, float("-inf"))'),
+    # another diagonal: not the causal mask
+    ("mask = torch.tril(torch.ones(T, T), diagonal=-1)", 'att = att.masked_fill(mask == 0, float("-inf"))'),
+    ("mask = torch.triu(torch.ones(T, T))", 'att = att.masked_fill(mask.bool(), float("-inf"))'),
+    # rectangular, or sizes not read from a shape
+    ("mask = torch.tril(torch.ones(T, T + 1))", 'att = att.masked_fill(mask == 0, float("-inf"))'),
+    ("mask = torch.tril(torch.ones(n, n))", 'att = att.masked_fill(mask == 0, float("-inf"))'),
+    # the wrong polarity: tril filled where set masks the past, not the future
+    ("mask = torch.tril(torch.ones(T, T)).bool()", 'att = att.masked_fill(mask, float("-inf"))'),
+])
+def test_other_masks_stay_an_attn_mask(tmp_path, mask, use):
+    code = LOCAL_ATTENTION.replace("B, T, C = x.size()", "B, T, C = x.size()\n            n = 8")
+    original = tmp_path / "original.py"
+    original.write_text(textwrap.dedent(code.format(mask=mask, use=use, extra="")).lstrip(), encoding="utf-8")
+    result = fix_file(original, Settings(select=("TC308",)))
+    assert result.applied == ["TC308"], result.declined
+    assert "is_causal" not in result.fixed and "attn_mask=" in result.fixed
+    assert mask in result.fixed

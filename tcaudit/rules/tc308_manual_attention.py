@@ -6,7 +6,8 @@ where ``F.scaled_dot_product_attention`` runs one fused (flash or memory-efficie
 Fix (numerics): the chain of statements becomes one ``F.scaled_dot_product_attention`` call with the
 same semantics: the scale kept as written (``scale=``), a ``masked_fill(cond, -inf)`` mask as the
 boolean ``attn_mask`` of the positions kept, a causal ``tril`` buffer sliced ``[:T, :T]`` as
-``is_causal=True``, an additive mask as a float ``attn_mask``, and dropout only in training. Declined
+``is_causal=True`` (so is a T x T causal mask built in the function from a shape's T, whose statement
+goes too: the flash kernel needs ``is_causal`` and no mask tensor), an additive mask as a float ``attn_mask``, and dropout only in training. Declined
 where the attention weights are used for anything else (returned, stored, logged), where the mask
 fills a finite value (fully masked rows would differ), or where dropout is not tied to ``training``.
 """
@@ -51,6 +52,10 @@ class _Chain:
     decline: str | None = None
     # Every name the scores and weights had: ``weights = scores.softmax(-1)`` renames them.
     names: list[str] = field(default_factory=list)
+    # The statements before the scores in the same block (where a local mask is built).
+    earlier: Sequence[cst.BaseStatement] = ()
+    # A causal mask built in the function for this chain alone: removed with the chain.
+    mask_statement: cst.BaseStatement | None = None
 
 
 def _assigned(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
@@ -114,6 +119,7 @@ class ManualAttention(ScriptRule):
             if chain is None:
                 index += 1
                 continue
+            chain.earlier = block[:index]
             end = self._follow(facts, function, chain, block, index + 1)
             if end is None:
                 index += 1
@@ -129,11 +135,12 @@ class ManualAttention(ScriptRule):
                 )
             call = self._call_text(facts, chain, output)
             statements = tuple(chain.statements)
+            removed = statements + ((chain.mask_statement,) if chain.mask_statement is not None else ())
 
-            def plan(chain=chain, statements=statements, output=output, call=call) -> AttentionPlan:
+            def plan(chain=chain, removed=removed, output=output, call=call) -> AttentionPlan:
                 if chain.decline:
                     raise DeclineFix(chain.decline)
-                return AttentionPlan(statements, output, call, facts.line_of(statements[0]))
+                return AttentionPlan(removed, output, call, facts.line_of(removed[0]))
 
             yield self.finding(
                 facts,
@@ -232,14 +239,52 @@ class ManualAttention(ScriptRule):
                     f"the mask fills `{code(fill)}`, not -inf: with a boolean attn_mask rows that are fully "
                     "masked would come out differently"
                 )
-            chain.causal = _causal_buffer(facts, function, cond)
+            chain.causal = _causal_buffer(facts, function, cond) or self._local_causal(
+                facts, function, chain, cond, "filled")
             if not chain.causal:
                 chain.mask = _kept_positions(code, cond)
             return True
         if (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add)
                 and _is_name(expr.left, weights) and not _mentions(expr.right, weights)):
-            chain.mask = code(expr.right)
+            chain.causal = self._local_causal(facts, function, chain, expr.right, "additive")
+            if not chain.causal:
+                chain.mask = code(expr.right)
             return True
+        return False
+
+    def _local_causal(self, facts: ScriptFacts, function: cst.FunctionDef, chain: _Chain,
+                      use: cst.BaseExpression, how: str) -> bool:
+        """A mask built just before, in the same block, as the top-left causal mask of T x T, where T is
+        the sequence length read from a tensor's shape: ``torch.tril(torch.ones(T, T))`` filled where
+        ``== 0`` (or ``~mask``), ``torch.triu(torch.ones(T, T), diagonal=1)`` filled where set, or
+        ``torch.triu(torch.full((T, T), -inf), diagonal=1)`` added. Exactly what ``is_causal=True``
+        masks when the scores are T x T, which broadcasting them against a T x T mask requires (T is
+        not a literal: a 1 x 1 mask would broadcast and mask nothing). The mask's statement goes with
+        the chain when nothing else reads it."""
+        use = _unparen(use)
+        wanted: tuple[str, ...]
+        if how == "additive":
+            name, wanted = use, ("additive",)
+        elif (isinstance(use, cst.Comparison) and len(use.comparisons) == 1
+              and isinstance(use.comparisons[0].operator, cst.Equal) and _is_integer(use.comparisons[0].comparator, "0")):
+            name, wanted = use.left, ("kept",)
+        elif isinstance(use, cst.UnaryOperation) and isinstance(use.operator, cst.BitInvert):
+            name, wanted = _unparen(use.expression), ("kept",)
+        else:
+            name, wanted = use, ("filled",)
+        if not isinstance(name, cst.Name):
+            return False
+        for statement in reversed(chain.earlier):
+            assigned = _assigned(statement)
+            if assigned is not None and assigned[0] == name.value:
+                kind = _causal_construction(facts, function, assigned[1])
+                if kind not in wanted:
+                    return False
+                if _count_name(function.body, name.value) == 2:  # its assignment and this use
+                    chain.mask_statement = statement
+                return True
+            if _assigns_any(statement, {name.value}):
+                return False
         return False
 
     def _softmax(self, facts, expr: cst.BaseExpression, weights: str) -> bool:
@@ -455,6 +500,88 @@ def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.Base
     if upper[0].value != upper[1].value:
         return False
     return _tril_buffer(facts, function, subscript.value.attr.value)
+
+
+_MASK_KEYWORDS = {"device", "dtype"}
+
+
+def _strip_conversions(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x.bool()``, ``x.to(device)``, ``x.float()``, ``x.type_as(y)`` → ``x`` (values and shape kept)."""
+    node = _unparen(node)
+    while (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+           and node.func.attr.value in {"bool", "to", "float", "half", "bfloat16", "type_as", "cuda"}
+           and (node.func.attr.value in {"to", "type_as", "cuda"} or not node.args)):
+        node = _unparen(node.func.value)
+    return node
+
+
+def _square(facts: ScriptFacts, function: cst.FunctionDef, dims: Sequence[cst.BaseExpression]) -> bool:
+    """Two identical sizes, each the sequence length read from a tensor's shape: a name unpacked or
+    assigned from ``x.size()``/``x.shape`` in the function, or ``x.size(i)``/``x.shape[i]`` itself."""
+    if len(dims) != 2:
+        return False
+    code = facts.module.code_for_node
+    first, second = (_unparen(d) for d in dims)
+    if code(first) != code(second):
+        return False
+    if isinstance(first, cst.Name):
+        return first.value in _shape_names(facts, function)
+    return _reads_shape(first)
+
+
+def _reads_shape(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
+        return len(node.args) == 1
+    return isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape"
+
+
+def _shape_names(facts: ScriptFacts, function: cst.FunctionDef) -> set[str]:
+    """The names the function assigns from a tensor's shape: ``B, T, C = x.size()``, ``T = x.shape[1]``."""
+    names: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            value = _unparen(node.value)
+            whole = (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                     and value.func.attr.value == "size" and not value.args) or (
+                isinstance(value, cst.Attribute) and value.attr.value == "shape")
+            for target in node.targets:
+                if whole and isinstance(target.target, (cst.Tuple, cst.List)):
+                    names.update(e.value.value for e in target.target.elements if isinstance(e.value, cst.Name))
+                elif _reads_shape(value) and isinstance(target.target, cst.Name):
+                    names.add(target.target.value)
+
+    function.body.visit(Visitor())
+    return names
+
+
+def _causal_construction(facts: ScriptFacts, function: cst.FunctionDef, value: cst.BaseExpression) -> str | None:
+    """``kept`` for ``torch.tril(torch.ones(T, T))`` (ones where attention is allowed), ``filled`` for
+    ``torch.triu(torch.ones(T, T), diagonal=1)`` (ones where it is not), ``additive`` for
+    ``torch.triu(torch.full((T, T), -inf), diagonal=1)``; None for anything else."""
+    node = _strip_conversions(value)
+    if not isinstance(node, cst.Call) or not node.args:
+        return None
+    function_name = facts.qualname(node.func)
+    diagonal = _argument(node.args, "diagonal", 1)
+    inner = _strip_conversions(node.args[0].value)
+    if not isinstance(inner, cst.Call) or any(a.keyword is not None and a.keyword.value != "diagonal"
+                                               for a in node.args):
+        return None
+    factory = facts.qualname(inner.func)
+    positional = [a.value for a in inner.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value for a in inner.args if a.keyword is not None}
+    if factory == "torch.ones" and keywords <= _MASK_KEYWORDS and _square(facts, function, positional):
+        if function_name == "torch.tril" and (diagonal is None or _is_integer(diagonal, "0")):
+            return "kept"
+        if function_name == "torch.triu" and _is_integer(diagonal, "1"):
+            return "filled"
+    if (factory == "torch.full" and len(positional) == 2 and keywords <= _MASK_KEYWORDS
+            and isinstance(shape := _unparen(positional[0]), (cst.Tuple, cst.List))
+            and _negative_infinity(positional[1]) and function_name == "torch.triu" and _is_integer(diagonal, "1")
+            and _square(facts, function, [e.value for e in shape.elements])):
+        return "additive"
+    return None
 
 
 def _class_of(facts: ScriptFacts, function: cst.FunctionDef) -> cst.ClassDef | None:
