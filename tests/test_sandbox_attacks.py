@@ -188,6 +188,20 @@ ATTACKS = {
         raise RuntimeError(f"limits: {{[(n, resource.getrlimit(getattr(resource, n))) for n in names]}} "
                            f"capabilities: {{capabilities}}")
 ''',
+    # A daemon left by one model's build (its own session), and the next model looking for it.
+    "daemon_first": '''
+    def attack(self):
+        import time
+        if libc.fork() == 0:
+            libc.setsid()
+            time.sleep(30)
+            libc._exit(0)
+''',
+    "daemon_witness": '''
+    def attack(self):
+        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        raise RuntimeError(f"others: {{others}}")
+''',
     # The capabilities of root in its user namespace used to undo the view.
     "undo_view": '''
     def attack(self):
@@ -445,3 +459,9 @@ def test_a_home_folder_that_is_the_project_keeps_its_secrets_hidden(tmp_path, mo
                                     "'Read-only file system']"
     assert (private / "ok.txt").read_text() == "ok" and not (home / "written.txt").exists()
     assert SECRET not in result.stdout
+
+
+def test_nothing_of_one_models_build_reaches_the_next(outcome):
+    """A daemon the first model's code left (setsid, out of its process group) is gone before the
+    next model is built: that model's process sees no other process in the namespace."""
+    assert "others: []" in _reason(outcome, "daemon_witness")

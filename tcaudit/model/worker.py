@@ -278,9 +278,34 @@ def serve(preload: list[str]) -> int:
         protocol.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
         _kill_group(pid)  # whatever the model's process left behind
+        if os.getpid() == 1:
+            _end_the_rest()  # and what left its group (setsid): nothing outlives the model's build
         refused = _drain(report_read)
         protocol.write(json.dumps({"pid": pid, "status": status, "refused": refused}) + "\n")
     return 0
+
+
+def _end_the_rest() -> None:
+    """As its PID namespace's init: kill every other process in the namespace (a daemon the last
+    model's code started, whatever its session or group) and reap them, so that nothing of one
+    model's build reaches the next one's."""
+    for _ in range(10):
+        others = [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != 1]
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while True:
+            try:
+                reaped, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                reaped = 0
+            if reaped == 0:
+                break
+        if not others:
+            return
+        time.sleep(0.01)
 
 
 def _drain(fd: int, limit: int = 64 * 1024) -> list[str]:
