@@ -22,6 +22,8 @@ import libcst as cst  # plain isinstance tests, not libcst.matchers: importing t
 from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.attention import causal_construction, negative_infinity
+from tcaudit.script.expressions import argument, is_integer, unparen
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.triggers import all_of
 
@@ -75,8 +77,6 @@ def _is_name(node: cst.CSTNode, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
-def _is_integer(node: cst.CSTNode | None, value: str) -> bool:
-    return isinstance(node, cst.Integer) and node.value == value
 
 
 def _minus_one(node: cst.CSTNode | None) -> bool:
@@ -162,7 +162,7 @@ class ManualAttention(ScriptRule):
         scale: str | None = None
         product = expr
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
-            left, right = _unparen(expr.left), _unparen(expr.right)
+            left, right = unparen(expr.left), unparen(expr.right)
             code = facts.module.code_for_node
             if _matmul_parts(left) is not None:
                 product = left
@@ -171,11 +171,11 @@ class ManualAttention(ScriptRule):
                 product, scale = right, code(left)
             else:
                 return None
-        parts = _matmul_parts(_unparen(product))
+        parts = _matmul_parts(unparen(product))
         if parts is None:
             return None
         query, transposed = parts
-        key = _transposed_key(_unparen(transposed))
+        key = _transposed_key(unparen(transposed))
         if key is None:
             return None
         return _Chain(name, query, key, scale, [statement], names=[name])
@@ -234,7 +234,7 @@ class ManualAttention(ScriptRule):
             if len(args) != 2:
                 return False
             cond, fill = args[0].value, args[1].value
-            if not _negative_infinity(fill):
+            if not negative_infinity(fill):
                 chain.decline = (
                     f"the mask fills `{code(fill)}`, not -inf: with a boolean attn_mask rows that are fully "
                     "masked would come out differently"
@@ -261,15 +261,15 @@ class ManualAttention(ScriptRule):
         masks when the scores are T x T, which broadcasting them against a T x T mask requires (T is
         not a literal: a 1 x 1 mask would broadcast and mask nothing). The mask's statement goes with
         the chain when nothing else reads it."""
-        use = _unparen(use)
+        use = unparen(use)
         wanted: tuple[str, ...]
         if how == "additive":
             name, wanted = use, ("additive",)
         elif (isinstance(use, cst.Comparison) and len(use.comparisons) == 1
-              and isinstance(use.comparisons[0].operator, cst.Equal) and _is_integer(use.comparisons[0].comparator, "0")):
+              and isinstance(use.comparisons[0].operator, cst.Equal) and is_integer(use.comparisons[0].comparator, "0")):
             name, wanted = use.left, ("kept",)
         elif isinstance(use, cst.UnaryOperation) and isinstance(use.operator, cst.BitInvert):
-            name, wanted = _unparen(use.expression), ("kept",)
+            name, wanted = unparen(use.expression), ("kept",)
         else:
             name, wanted = use, ("filled",)
         if not isinstance(name, cst.Name):
@@ -277,7 +277,7 @@ class ManualAttention(ScriptRule):
         for statement in reversed(chain.earlier):
             assigned = _assigned(statement)
             if assigned is not None and assigned[0] == name.value:
-                kind = _causal_construction(facts, function, assigned[1])
+                kind = causal_construction(facts, function, assigned[1])
                 if kind not in wanted:
                     return False
                 if _count_name(function.body, name.value) == 2:  # its assignment and this use
@@ -302,8 +302,8 @@ class ManualAttention(ScriptRule):
         if not isinstance(expr, cst.Call) or not expr.args or not _is_name(expr.args[0].value, chain.weights):
             return False
         if facts.qualname(expr.func) == "torch.nn.functional.dropout":
-            p = _argument(expr.args, "p", 1)
-            training = _argument(expr.args, "training", 2)
+            p = argument(expr.args, "p", 1)
+            training = argument(expr.args, "training", 2)
             p_text = code(p) if p is not None else "0.5"
             chain.dropout = p_text if training is None else f"({p_text} if {code(training)} else 0.0)"
             return True
@@ -353,15 +353,10 @@ def _suites(statement: cst.CSTNode) -> Iterator[cst.BaseSuite]:
         yield handler.body
 
 
-def _unparen(node: cst.BaseExpression) -> cst.BaseExpression:
-    """The expression without its own parentheses (a tuple keeps them: ``()`` needs them)."""
-    if not getattr(node, "lpar", None) or isinstance(node, cst.Tuple):
-        return node
-    return node.with_changes(lpar=[], rpar=[])
 
 
 def _matmul_parts(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    node = _unparen(node)
+    node = unparen(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
         return node.left, node.right
     func = node.func if isinstance(node, cst.Call) else None
@@ -379,14 +374,14 @@ def _find_product(statement: cst.BaseStatement, weights: str) -> cst.BaseExpress
     class Finder(cst.CSTVisitor):
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> bool:
             parts = _matmul_parts(node)
-            if parts is not None and _is_name(_unparen(parts[0]), weights):
+            if parts is not None and _is_name(unparen(parts[0]), weights):
                 found.append(node)
                 return False
             return True
 
         def visit_Call(self, node: cst.Call) -> bool:
             parts = _matmul_parts(node)
-            if parts is not None and _is_name(_unparen(parts[0]), weights):
+            if parts is not None and _is_name(unparen(parts[0]), weights):
                 found.append(node)
                 return False
             return True
@@ -455,14 +450,9 @@ def _used_elsewhere(function: cst.FunctionDef, chain: _Chain, last: cst.BaseStat
     )
 
 
-def _negative_infinity(node: cst.BaseExpression) -> bool:
-    text = cst.Module([]).code_for_node(node).replace(" ", "").replace('"', "'")
-    return text in {"float('-inf')", "-float('inf')", "-math.inf", "-torch.inf", "float('-Infinity')", "-np.inf"}
-
-
 def _kept_positions(code, cond: cst.BaseExpression) -> str:
     """The boolean mask of positions kept, from the condition of the positions filled."""
-    cond = _unparen(cond)
+    cond = unparen(cond)
     if (isinstance(cond, cst.Comparison) and len(cond.comparisons) == 1
             and isinstance(cond.comparisons[0].operator, cst.Equal)
             and isinstance(cond.comparisons[0].comparator, cst.Integer)
@@ -476,10 +466,10 @@ def _kept_positions(code, cond: cst.BaseExpression) -> str:
 def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.BaseExpression) -> bool:
     """``self.bias[:, :, :T, :T] == 0`` where ``bias`` is a ``torch.tril(torch.ones(...))`` buffer of
     the same class: exactly the top-left causal mask that ``is_causal=True`` applies."""
-    cond = _unparen(cond)
+    cond = unparen(cond)
     if not (isinstance(cond, cst.Comparison) and len(cond.comparisons) == 1
             and isinstance(cond.comparisons[0].operator, cst.Equal)
-            and _is_integer(cond.comparisons[0].comparator, "0")):
+            and is_integer(cond.comparisons[0].comparator, "0")):
         return False
     subscript = cond.left
     if not (isinstance(subscript, cst.Subscript) and isinstance(subscript.value, cst.Attribute)
@@ -500,88 +490,6 @@ def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.Base
     if upper[0].value != upper[1].value:
         return False
     return _tril_buffer(facts, function, subscript.value.attr.value)
-
-
-_MASK_KEYWORDS = {"device", "dtype"}
-
-
-def _strip_conversions(node: cst.BaseExpression) -> cst.BaseExpression:
-    """``x.bool()``, ``x.to(device)``, ``x.float()``, ``x.type_as(y)`` → ``x`` (values and shape kept)."""
-    node = _unparen(node)
-    while (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-           and node.func.attr.value in {"bool", "to", "float", "half", "bfloat16", "type_as", "cuda"}
-           and (node.func.attr.value in {"to", "type_as", "cuda"} or not node.args)):
-        node = _unparen(node.func.value)
-    return node
-
-
-def _square(facts: ScriptFacts, function: cst.FunctionDef, dims: Sequence[cst.BaseExpression]) -> bool:
-    """Two identical sizes, each the sequence length read from a tensor's shape: a name unpacked or
-    assigned from ``x.size()``/``x.shape`` in the function, or ``x.size(i)``/``x.shape[i]`` itself."""
-    if len(dims) != 2:
-        return False
-    code = facts.module.code_for_node
-    first, second = (_unparen(d) for d in dims)
-    if code(first) != code(second):
-        return False
-    if isinstance(first, cst.Name):
-        return first.value in _shape_names(facts, function)
-    return _reads_shape(first)
-
-
-def _reads_shape(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
-        return len(node.args) == 1
-    return isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape"
-
-
-def _shape_names(facts: ScriptFacts, function: cst.FunctionDef) -> set[str]:
-    """The names the function assigns from a tensor's shape: ``B, T, C = x.size()``, ``T = x.shape[1]``."""
-    names: set[str] = set()
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            value = _unparen(node.value)
-            whole = (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
-                     and value.func.attr.value == "size" and not value.args) or (
-                isinstance(value, cst.Attribute) and value.attr.value == "shape")
-            for target in node.targets:
-                if whole and isinstance(target.target, (cst.Tuple, cst.List)):
-                    names.update(e.value.value for e in target.target.elements if isinstance(e.value, cst.Name))
-                elif _reads_shape(value) and isinstance(target.target, cst.Name):
-                    names.add(target.target.value)
-
-    function.body.visit(Visitor())
-    return names
-
-
-def _causal_construction(facts: ScriptFacts, function: cst.FunctionDef, value: cst.BaseExpression) -> str | None:
-    """``kept`` for ``torch.tril(torch.ones(T, T))`` (ones where attention is allowed), ``filled`` for
-    ``torch.triu(torch.ones(T, T), diagonal=1)`` (ones where it is not), ``additive`` for
-    ``torch.triu(torch.full((T, T), -inf), diagonal=1)``; None for anything else."""
-    node = _strip_conversions(value)
-    if not isinstance(node, cst.Call) or not node.args:
-        return None
-    function_name = facts.qualname(node.func)
-    diagonal = _argument(node.args, "diagonal", 1)
-    inner = _strip_conversions(node.args[0].value)
-    if not isinstance(inner, cst.Call) or any(a.keyword is not None and a.keyword.value != "diagonal"
-                                               for a in node.args):
-        return None
-    factory = facts.qualname(inner.func)
-    positional = [a.value for a in inner.args if a.keyword is None and not a.star]
-    keywords = {a.keyword.value for a in inner.args if a.keyword is not None}
-    if factory == "torch.ones" and keywords <= _MASK_KEYWORDS and _square(facts, function, positional):
-        if function_name == "torch.tril" and (diagonal is None or _is_integer(diagonal, "0")):
-            return "kept"
-        if function_name == "torch.triu" and _is_integer(diagonal, "1"):
-            return "filled"
-    if (factory == "torch.full" and len(positional) == 2 and keywords <= _MASK_KEYWORDS
-            and isinstance(shape := _unparen(positional[0]), (cst.Tuple, cst.List))
-            and _negative_infinity(positional[1]) and function_name == "torch.triu" and _is_integer(diagonal, "1")
-            and _square(facts, function, [e.value for e in shape.elements])):
-        return "additive"
-    return None
 
 
 def _class_of(facts: ScriptFacts, function: cst.FunctionDef) -> cst.ClassDef | None:
@@ -623,17 +531,11 @@ def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str)
     return False
 
 
-def _argument(args: Sequence[cst.Arg], keyword: str, position: int) -> cst.BaseExpression | None:
-    for arg in args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg.value
-    positional = [a for a in args if a.keyword is None and not a.star]
-    return positional[position].value if len(positional) > position else None
 
 
 def _last_dim(args: Sequence[cst.Arg], position: int) -> bool:
-    dim = _argument(args, "dim", position)
-    return _minus_one(dim) or _is_integer(dim, "3")
+    dim = argument(args, "dim", position)
+    return _minus_one(dim) or is_integer(dim, "3")
 
 
 def _fused_alternative(facts: ScriptFacts, function: cst.FunctionDef, block) -> bool:

@@ -21,10 +21,8 @@ from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, apply_keyword_edits, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.attention import mha_bindings
 from tcaudit.script.facts import CallSite, ScriptFacts
-
-MHA = {"torch.nn.MultiheadAttention", "torch.nn.modules.activation.MultiheadAttention"}
-
 
 @dataclass(frozen=True)
 class _Use:
@@ -91,31 +89,12 @@ class _OutputOnly(cst.CSTVisitor):
         return found
 
 
-def _attention_attributes(facts: ScriptFacts) -> dict[cst.ClassDef | None, set[str]]:
-    """Per class (None: module level and plain functions), the names bound to an MHA module."""
-    bound: dict[cst.ClassDef | None, set[str]] = {}
-    for call in facts.calls:
-        if call.qualname not in MHA or call.statement is None:
-            continue
-        statement = call.statement.node
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else statement
-        if not isinstance(small, (cst.Assign, cst.AnnAssign)) or small.value is not call.node:
-            continue
-        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-        for target in targets:
-            if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
-                bound.setdefault(call.ctx.class_def, set()).add(f"self.{target.attr.value}")
-            elif isinstance(target, cst.Name):
-                bound.setdefault(None, set()).add(target.value)
-    return bound
-
-
 class MhaNeedWeights(ScriptRule):
     id = "TC314"
     triggers = (r"MultiheadAttention",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        bound = _attention_attributes(facts)
+        bound = mha_bindings(facts)
         if not bound:
             return
         functions: dict[cst.FunctionDef, set[str]] = {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from typing import Sequence
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -190,3 +192,25 @@ DEVICE_FACTORIES = frozenset(
         "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices",
     )
 )
+
+
+def unparen(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without its own parentheses (a tuple keeps them: ``()`` needs them)."""
+    if not getattr(node, "lpar", None) or isinstance(node, cst.Tuple):
+        return node
+    return node.with_changes(lpar=[], rpar=[])
+
+
+def is_integer(node: cst.CSTNode | None, value: str) -> bool:
+    """Whether ``node`` is the integer literal ``value`` (as written: ``"0"``, ``"1"``)."""
+    return isinstance(node, cst.Integer) and node.value == value
+
+
+def argument(args: Sequence[cst.Arg], keyword: str, position: int) -> cst.BaseExpression | None:
+    """A call's argument given as ``keyword=`` or as the positional argument at ``position``."""
+    for arg in args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    positional = [a for a in args if a.keyword is None and not a.star]
+    return positional[position].value if len(positional) > position else None
+
