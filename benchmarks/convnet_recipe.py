@@ -2,7 +2,7 @@
 bf16 autocast against fp16 autocast with GradScaler, fused against foreach SGD, all channels_last
 and compiled (default mode), synthetic data already on the GPU. Per recipe: images/s (median of the
 timed steps, CUDA events, after the compiling warm-up), whether every loss stayed finite, and the
-compile (warm-up) time. A fused SGD step under GradScaler that gives NaN shows as ``finite: false``.
+compile (warm-up) time; ``--eager`` runs the same without compile. A fused SGD step under GradScaler that gives NaN shows as ``finite: false``.
 
     python benchmarks/convnet_recipe.py --out benchmarks/results/h200/convnet_recipe.json
 """
@@ -29,7 +29,7 @@ RECIPES = {
 }
 
 
-def run(recipe: str, batch: int, steps: int, warmup: int) -> dict:
+def run(recipe: str, batch: int, steps: int, warmup: int, eager: bool = False) -> dict:
     dtype_name, fused = RECIPES[recipe]
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
@@ -38,7 +38,7 @@ def run(recipe: str, batch: int, steps: int, warmup: int) -> dict:
                                 **({"fused": True} if fused else {"foreach": True}))
     scaler = torch.amp.GradScaler("cuda", enabled=dtype is torch.float16)
     criterion = nn.CrossEntropyLoss()
-    compiled = torch.compile(model)
+    compiled = model if eager else torch.compile(model)
     images = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device="cuda")
     losses = []
@@ -66,7 +66,7 @@ def run(recipe: str, batch: int, steps: int, warmup: int) -> dict:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     values = [float(loss) for loss in losses]
-    return {"recipe": recipe, "dtype": dtype_name, "sgd": "fused" if fused else "foreach", "grad_scaler": dtype is torch.float16,
+    return {"recipe": recipe, "compiled": not eager, "dtype": dtype_name, "sgd": "fused" if fused else "foreach", "grad_scaler": dtype is torch.float16,
             "images_per_s": round(batch / statistics.median(times), 1), "finite": all(map(math.isfinite, values)),
             "first_loss": round(values[0], 4), "last_loss": round(values[-1], 4), "warmup_s": round(warmup_s, 1)}
 
@@ -78,11 +78,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--eager", action="store_true", help="no torch.compile (the NaN report was eager)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     rows = []
     for recipe in args.recipes:
-        rows.append(run(recipe, args.batch, args.steps, args.warmup))
+        rows.append(run(recipe, args.batch, args.steps, args.warmup, args.eager))
         print(json.dumps(rows[-1]), flush=True)
         torch._dynamo.reset()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "torchvision": torchvision.__version__,
