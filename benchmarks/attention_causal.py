@@ -5,7 +5,7 @@ forward, softmax, product): what TC308 rewrites. ``sdpa_mask`` is ``F.scaled_dot
 given that mask as a boolean ``attn_mask`` (TC308's rewrite before it recognised masks built in
 forward), ``sdpa_causal`` the same with ``is_causal=True`` and no mask (its rewrite now).
 ``mha_mask`` is ``nn.MultiheadAttention(need_weights=False)`` given the subsequent mask, ``mha_hint``
-the same call with ``is_causal=True`` (TC319's fix). bf16 under autocast; the median of the timed
+the same call with ``is_causal=True`` (the hint a rule would add: measured before writing one). bf16 under autocast; the median of the timed
 iterations (CUDA events), after warm-up.
 
     python benchmarks/attention_causal.py --out benchmarks/results/h200/attention_causal.json

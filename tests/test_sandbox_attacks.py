@@ -137,10 +137,11 @@ ATTACKS = {
             libc.write(fd, b"hello", 5)
             libc.close(fd)
 ''',
-    # The user's private key, put in the exception's text (and so in CI logs).
+    # The user's private key (at the home folder's path the scanner runs with: the audit process's
+    # own HOME is private), put in the exception's text (and so in CI logs).
     "ssh_key": '''
     def attack(self):
-        with open(os.path.expanduser("~/.ssh/id_rsa")) as key:
+        with open(os.path.join({home!r}, ".ssh", "id_rsa")) as key:
             raise RuntimeError("key: " + key.read())
 ''',
     # Secrets under names no credential pattern foresees.
@@ -213,6 +214,20 @@ ATTACKS = {
 
 INNOCENT = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
 
+# A model whose build makes its cache folders, as torch and libraries do: in the scanner's
+# $TORCHINDUCTOR_CACHE_DIR (torch sets it in a process that compiled), in ~/.cache. Not an attack: the
+# audit process gets private ones, and the model is audited.
+CACHES = PREAMBLE + '''
+    def attack(self):
+        os.makedirs(os.environ["TORCHINDUCTOR_CACHE_DIR"], exist_ok=True)
+        os.makedirs(os.path.expanduser("~/.cache/some-library"), exist_ok=True)
+        with open(os.path.join(os.environ["XDG_CACHE_HOME"], "note.txt"), "w") as note:
+            note.write("cached")
+
+
+model = Attack()
+'''
+
 
 @dataclass
 class Outcome:
@@ -284,9 +299,11 @@ def outcome(request, tmp_path_factory):
     for name, body in ATTACKS.items():
         source = PREAMBLE + body + "\n\nmodel = Attack()\n"
         source = source.format(out=str(outside), project=str(project), socket_tmp=socket_tmp,
-                               socket_project=socket_project)
+                               socket_project=socket_project, home=str(home))
         (project / f"{name}.py").write_text(source)
     (project / "innocent.py").write_text(INNOCENT)
+    (project / "caches.py").write_text(CACHES.format(out=str(outside), project=str(project)))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor-cache-of-the-scanner"))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("DATABASE_URL", f"postgres://user:{SECRET}@db/prod")
     monkeypatch.setenv("CI_JOB_JWT", SECRET)
@@ -322,7 +339,7 @@ def test_nothing_is_written_or_deleted_outside(outcome):
     assert sorted(p.name for p in outcome.outside.iterdir()) == ["keep.txt"]
     assert (outcome.outside / "keep.txt").read_text() == "keep"
     project_files = {p.name for p in outcome.project.iterdir()}
-    assert project_files == {*(f"{name}.py" for name in ATTACKS), "innocent.py", "keep.txt", "app.sock"}
+    assert project_files == {*(f"{name}.py" for name in ATTACKS), "innocent.py", "caches.py", "keep.txt", "app.sock"}
     assert (outcome.project / "keep.txt").read_text() == "keep"
 
 
@@ -465,3 +482,7 @@ def test_nothing_of_one_models_build_reaches_the_next(outcome):
     """A daemon the first model's code left (setsid, out of its process group) is gone before the
     next model is built: that model's process sees no other process in the namespace."""
     assert "others: []" in _reason(outcome, "daemon_witness")
+
+
+def test_a_build_that_makes_its_cache_folders_is_audited(outcome):
+    assert outcome.for_file("caches.py") == [], outcome.for_file("caches.py")

@@ -212,9 +212,20 @@ def child_environment(level: str | None = None) -> dict[str, str]:
 
 
 def _private_environment(workdir: str) -> dict[str, str]:
-    """With a temporary folder of its own: what torch caches "in /tmp" stays where the guard allows."""
+    """With the private folder as its temporary folder, home and caches: what torch or a library
+    caches ("in /tmp", in ``~/.cache``, in ``$TORCHINDUCTOR_CACHE_DIR``, which torch itself sets in a
+    process that compiled) goes where the audit may write, not to a folder the view hides or shows
+    read-only. The model caches it may read (Hugging Face, torch hub) are named where they are."""
+    from tcaudit.model import jail
+
     env = child_environment()
+    hf_home, torch_home = jail.model_caches()
+    env["HF_HOME"], env["TORCH_HOME"] = hf_home, torch_home
     env["TMPDIR"] = workdir
+    for name, folder in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+                         ("TRITON_CACHE_DIR", "triton")):
+        env[name] = os.path.join(workdir, folder)
+        os.makedirs(env[name], exist_ok=True)
     return env
 
 

@@ -249,13 +249,6 @@ TRIGGER_TABLE = {
             "compile": ((r"DataLoader", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),),
         },
     ),
-    "TC319": (
-        "tc319_mha_causal_hint",
-        (
-            r"MultiheadAttention",
-        ),
-        {},
-    ),
     "TC401": (
         "tc401_dataloader_no_workers",
         (

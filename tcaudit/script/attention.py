@@ -1,4 +1,4 @@
-"""Attention's masks and modules, as the attention rules read them (TC308, TC314, TC319).
+"""Attention's masks and modules, as the attention rules read them (TC308, TC314).
 
 :func:`causal_construction` recognises the T x T top-left causal mask built from a shape's T, in the
 forms training scripts write it; :func:`mha_bindings` finds the names bound to
@@ -113,10 +113,6 @@ def causal_construction(facts: ScriptFacts, function: cst.FunctionDef, value: cs
 
 
 
-def is_boolean_mask(value: cst.BaseExpression) -> bool:
-    """Whether a mask's construction makes it boolean (``.bool()``, ``dtype=torch.bool``)."""
-    text = cst.Module([]).code_for_node(value).replace(" ", "")
-    return ".bool()" in text or "dtype=torch.bool" in text or ".to(torch.bool)" in text
 
 
 def mha_bindings(facts: ScriptFacts) -> dict[cst.ClassDef | None, set[str]]:
