@@ -46,11 +46,15 @@ def test_a_convnet_from_another_modules_factory_gets_the_convnet_recipe(audited)
     assert profile.is_convnet and profile.image_input and profile.assigned == "model"
     assert {"TC302", "TC303"} <= set(_rules(result, "factory_convnet.py"))
     [tc201] = [f for f in result.findings if f.rule == "TC201" and f.location.path.endswith("factory_convnet.py")]
-    assert "fp16 autocast" in tc201.explanation  # the recipe is in the explanation; the message is short
+    # The recipe is in the explanation (the message is short). These settings compile (``fix --compile``),
+    # and compiled convnets get bf16, whose lack of a GradScaler lets SGD be fused (issue 32 item 5).
+    assert "bf16 autocast (convnet under torch.compile" in tc201.explanation
     fixed = fixes["factory_convnet.py"].fixed
     assert "torch.backends.cudnn.benchmark = True" in fixed
     assert "model = model.to(device, memory_format=torch.channels_last)" in fixed
-    assert "dtype=torch.float16" in fixed
+    assert "dtype=torch.bfloat16" in fixed and "GradScaler" not in fixed
+    assert "torch.optim.SGD(model.parameters(), lr=0.1, fused=True)" in fixed
+    assert "model.compile()" in fixed
 
 
 def test_a_transformer_with_a_conv_patch_embedding_is_no_convnet(audited):

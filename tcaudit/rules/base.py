@@ -70,6 +70,15 @@ class RuleContext:
         waits for)."""
         return [f for f in self.findings_of(rule_id, facts) if f.fix is not None and f.fix.available]
 
+    def compiles_trained_models(self, facts: "ScriptFacts") -> bool:
+        """Whether ``fix --compile`` compiles every model this file trains: TC305 (which the asking rule
+        names in its ``after``) reports them all with a fix it will make. False for ``scan`` and a plain
+        ``fix``, and where TC305 declines a model (a recurrent one, one built in a loop): that one runs eager."""
+        if "compile" not in self.settings.structural_fixes or "compile" in self.unplanned:
+            return False
+        found = self.findings_of("TC305", facts)
+        return bool(found) and all(f.fix is not None and f.fix.available for f in found)
+
     def fixed_by(self, rule_id: str, facts: "ScriptFacts") -> "ScriptFacts | None":
         """The facts of ``facts``'s text with every available fix of ``rule_id`` made, in memory; None
         when it has none, or its fix fails or makes a text ``tcaudit fix`` would refuse."""

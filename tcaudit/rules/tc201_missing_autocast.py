@@ -153,9 +153,12 @@ class _Decision:
     why: str
 
 
-def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu: str = "auto") -> _Decision | None:
+def _decide(
+    facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu: str = "auto", compiled: bool = False
+) -> _Decision | None:
     """Whether TC201 reports this file, and with which recipe; None when it does not. ``convnet`` is the
-    model audit's verdict on the trained model (fp16 for a convnet), None to judge from the text."""
+    model audit's verdict on the trained model (fp16 for a convnet, bf16 where ``compiled``: ``fix
+    --compile`` compiles the trained models), None to judge from the text."""
     if facts.frameworks or not facts.uses_accelerator or not facts.updates_parameters:
         return None  # a framework owns precision; a CPU-only script gets no AMP advice
     amp = amp_facts(facts)
@@ -171,7 +174,7 @@ def _decide(facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu
             partly.append((step, coverage))
     if not uncovered and not partly:
         return None
-    dtype, scaler, why = amp.recommended_precision(precision, convnet, gpu)
+    dtype, scaler, why = amp.recommended_precision(precision, convnet, gpu, compiled)
     return _Decision(amp, uncovered, tuple(partly), dtype, scaler, why)
 
 
@@ -188,11 +191,13 @@ class MissingAutocast(ScriptRule):
     id = "TC201"
     triggers = (r"\.backward\(",)
     # TC301's fix first in a round (autocast silences TC301, yet it was reported and TF32 still speeds
-    # up the fp32 matmuls left outside autocast); this fix follows TC206's removal of a model cast.
-    after = ("TC301", "TC206")
+    # up the fp32 matmuls left outside autocast); this fix follows TC206's removal of a model cast. Under
+    # ``fix --compile`` the recipe depends on whether TC305 compiles the trained models.
+    after = ("TC301", "TC206", "TC305")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context), context.settings.gpu)
+        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context), context.settings.gpu,
+                           context.compiles_trained_models(facts))
         if decision is None:
             yield from self._after_cast_removal(facts, context)
             return

@@ -47,7 +47,8 @@ def planned_autocast(facts: ScriptFacts, context: RuleContext) -> str | None:
     off, nothing to fix, or its fix declined): TC201's outcome on this text, from the engine."""
     if not context.fixable("TC201", facts):
         return None
-    return autocast_dtype_for(facts, context.settings.precision, context.models, context.settings.gpu)
+    return autocast_dtype_for(facts, context.settings.precision, context.models, context.settings.gpu,
+                              context.compiles_trained_models(facts))
 
 
 # -- the plan: which calls and statements change ------------------------------------------------------
@@ -98,7 +99,8 @@ class ChannelsLastPlan(FixPlan):
 class ChannelsLastMissing(ScriptRule):
     id = "TC303"
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
-    after = ("TC201",)  # channels_last pays under autocast: also the autocast TC201's fix adds
+    # channels_last pays under autocast: also the autocast TC201's fix adds (whose dtype depends on TC305)
+    after = ("TC201", "TC305")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)

@@ -43,7 +43,8 @@ FUSABLE = {
 class UnfusedOptimizer(ScriptRule):
     id = "TC307"
     triggers = (all_of(r"Adam|SGD", BACKWARD_CALL, CUDA_EVIDENCE),)
-    after = ("TC201",)  # fused SGD is declined under the fp16 autocast and GradScaler TC201's fix adds
+    # fused SGD is declined under the fp16 autocast and GradScaler TC201's fix adds (bf16 where TC305 compiles)
+    after = ("TC201", "TC305")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -103,8 +104,10 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         # fp16 autocast + GradScaler trained fine with foreach SGD and went NaN from step 3 with fused SGD.
         if facts.mentions_gradscaler:
             return _FUSED_SGD_NAN
-        if context.fixable("TC201", facts) and autocast_dtype_for(facts, context.settings.precision,
-                                                                  context.models, context.settings.gpu) == "float16":
+        if context.fixable("TC201", facts) and autocast_dtype_for(
+            facts, context.settings.precision, context.models, context.settings.gpu,
+            context.compiles_trained_models(facts),
+        ) == "float16":
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"
     owners = _parameter_owners(facts, call)
     if not owners:

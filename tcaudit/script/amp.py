@@ -669,14 +669,15 @@ class AmpFacts:
         return None
 
     def recommended_precision(
-        self, setting: str, convnet: bool | None = None, gpu: str = "auto"
+        self, setting: str, convnet: bool | None = None, gpu: str = "auto", compiled: bool = False
     ) -> tuple[str, bool, str]:
         """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting`` on the target
         ``gpu`` (the setting); ``convnet`` is the model audit's verdict on the trained model (None: judge
         from the script's text). A GPU without bf16 Tensor Cores (before sm_80: V100, T4) gets fp16 and
         a GradScaler unless the configuration asks for bf16. A constant fill beyond fp16's range makes
-        it bf16 whatever the setting: fp16 would raise at that fill."""
-        dtype, scaler, why = self._precision_choice(setting, convnet, gpu)
+        it bf16 whatever the setting: fp16 would raise at that fill. ``compiled``: ``fix --compile``
+        compiles every trained model, which changes the convnet recipe (bf16, see ``_precision_choice``)."""
+        dtype, scaler, why = self._precision_choice(setting, convnet, gpu, compiled)
         overflow = self.fp16_overflow
         if dtype != HALF or overflow is None:
             return dtype, scaler, why
@@ -692,7 +693,7 @@ class AmpFacts:
                              f"raises 'value cannot be converted to type at::Half without overflow', so bf16"
                              f"{tail}")
 
-    def _precision_choice(self, setting: str, convnet: bool | None, gpu: str) -> tuple[str, bool, str]:
+    def _precision_choice(self, setting: str, convnet: bool | None, gpu: str, compiled: bool) -> tuple[str, bool, str]:
         from tcaudit import gpus
 
         if setting == "auto" and not gpus.has_bf16(gpu):
@@ -721,6 +722,13 @@ class AmpFacts:
             return BF16, False, ("bf16 needs no GradScaler: the gradient penalty's autograd.grad runs on unscaled "
                                  "outputs, which fp16 would need scaled by hand")
         if self.is_conv_model if convnet is None else convnet:
+            if compiled:
+                # benchmarks/convnet_recipe.py on an H200 (torch 2.11, BENCHMARKS.md): compiled ResNet50 ran
+                # bf16 + fused SGD at 6,533 img/s, fp16 + GradScaler + foreach SGD at 6,175; fused SGD under
+                # a GradScaler went NaN in eager mode, so fp16 cannot have the fused update.
+                return BF16, False, (
+                    "convnet under torch.compile: bf16 with fused SGD trained ResNet50 faster than fp16 + GradScaler"
+                )
             return HALF, True, (
                 "convnet: eager fp16 + channels_last trained ResNet50 faster than bf16"
             )
@@ -942,12 +950,13 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
 
 
 def autocast_dtype_for(
-    facts: ScriptFacts, precision: str, models: "AuditedModels | None", gpu: str = "auto"
+    facts: ScriptFacts, precision: str, models: "AuditedModels | None", gpu: str = "auto", compiled: bool = False
 ) -> str:
     """The autocast dtype (``"float16"``/``"bfloat16"``) TC201's fix writes for this script under the
     ``precision`` setting on the target ``gpu``: the convnet recipe where the model audit (or the
-    script's text) says the trained model is a convnet; fp16 on a GPU without bf16."""
+    script's text) says the trained model is a convnet (another one where ``compiled``: ``fix --compile``
+    compiles the trained models); fp16 on a GPU without bf16."""
     from tcaudit.script.pipeline import pipeline_facts
 
     convnet = pipeline_facts(facts).audited_convnet(models)
-    return amp_facts(facts).recommended_precision(precision, convnet, gpu)[0]
+    return amp_facts(facts).recommended_precision(precision, convnet, gpu, compiled)[0]
