@@ -29,6 +29,7 @@ SHORT = frozenset({
     "TC509",
     "TC214",
     "TC410",
+    "TC411",
 })
 CONCISE = re.compile(r"(?P<path>.+?):\d+:\d+: (?P<rule>TC\d{3}) (?P<message>.*)")
 

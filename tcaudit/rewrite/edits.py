@@ -144,6 +144,27 @@ def index_after_imports(facts: ScriptFacts) -> int:
     return _index_of(list(facts.module.body), import_block_end(facts)) + 1
 
 
+def insert_block(module: cst.Module, code: str, index: int) -> cst.Module:
+    """Module-level ``code`` (a helper function, a comment-headed block) as the module's statement
+    ``index``, two blank lines on either side; a leading comment of ``code`` stays at its head."""
+    parsed = cst.parse_module(code)
+    block = list(parsed.body)
+    body = list(module.body)
+    spacing = [cst.EmptyLine(), cst.EmptyLine()] if index > 0 else []
+    # The block's opening comment is the parsed module's header.
+    block[0] = block[0].with_changes(leading_lines=[*spacing, *parsed.header, *block[0].leading_lines])
+    if index < len(body):
+        following = body[index]
+        blank = 0
+        while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
+            blank += 1
+        if blank < 2:
+            body[index] = following.with_changes(
+                leading_lines=[*(cst.EmptyLine() for _ in range(2 - blank)), *following.leading_lines]
+            )
+    return module.with_changes(body=[*body[:index], *block, *body[index:]])
+
+
 def _is_import_line(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
 

@@ -20,7 +20,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, parse_statement
-from tcaudit.rewrite.edits import CallEditor, index_after_imports
+from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
@@ -64,7 +64,7 @@ class CpuImageDecode(ScriptRule):
             if qual in FOLDER_DATASETS:
                 if keyword_arg(call.node, "loader") is not None or not _training_use(facts, call):
                     continue  # a custom loader= may already skip decoding
-                loaders = [site for site in dataset_loaders(facts, pipeline, call.node) if site.training]
+                loaders = [site for site in pipeline.loaders_over(call.node) if site.training]
                 if loaders and all(_converted(facts, site) for site in loaders):
                     continue  # ``fix --dali`` converted it
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
@@ -91,16 +91,6 @@ class CpuImageDecode(ScriptRule):
                 facts, call.node, what, fix=fix,
                 explanation=f"For a fast model this caps the training rate: {ADVICE}{cost}.",
             )
-
-
-def dataset_loaders(facts: ScriptFacts, pipeline: PipelineFacts, dataset: cst.Call) -> list[LoaderSite]:
-    """The DataLoaders whose dataset is this call's result (passed directly or through names)."""
-    out = []
-    for site in pipeline.loaders:
-        argument = site.call.arg("dataset", 0)
-        if argument is not None and any(value is dataset for value in facts.binding_values(argument)):
-            out.append(site)
-    return out
 
 
 def _converted(facts: ScriptFacts, site: LoaderSite) -> bool:
@@ -216,7 +206,7 @@ def training_loaders(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite
     if transform is None:
         raise DeclineFix(f"`{short}` has no transform: its samples are PIL images, not tensors")
     _check_transform(facts, transform.value)
-    loaders = [site for site in dataset_loaders(facts, pipeline, call.node) if site.training]
+    loaders = [site for site in pipeline.loaders_over(call.node) if site.training]
     if not loaders:
         factory = _loader_factory(facts, call.node)
         if factory is not None:
@@ -355,7 +345,7 @@ class CpuImageDecodeFix(Codemod):
         if _defines_helper(module):
             return editor.apply(module)
         # Where the block goes, counted before the edits: they all come after the imports.
-        return _insert_helper(editor.apply(module), index_after_imports(facts))
+        return insert_block(editor.apply(module), helper_block(), index_after_imports(facts))
 
 
 def _defines_helper(module: cst.Module) -> bool:
@@ -371,23 +361,3 @@ def helper_block() -> str:
     """The code inserted after the imports: tcaudit/rewrite/dali_runtime.py from its marker line down."""
     text = RUNTIME.read_text(encoding="utf-8")
     return text[text.index("\n" + BLOCK_START) + 1:]
-
-
-def _insert_helper(module: cst.Module, index: int) -> cst.Module:
-    """The helper block as the module's statement ``index``, two blank lines on either side."""
-    parsed = cst.parse_module(helper_block())
-    block = list(parsed.body)
-    body = list(module.body)
-    spacing = [cst.EmptyLine(), cst.EmptyLine()] if index > 0 else []
-    # The block's opening comment is the parsed module's header.
-    block[0] = block[0].with_changes(leading_lines=[*spacing, *parsed.header, *block[0].leading_lines])
-    if index < len(body):
-        following = body[index]
-        blank = 0
-        while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
-            blank += 1
-        if blank < 2:
-            body[index] = following.with_changes(
-                leading_lines=[*(cst.EmptyLine() for _ in range(2 - blank)), *following.leading_lines]
-            )
-    return module.with_changes(body=[*body[:index], *block, *body[index:]])

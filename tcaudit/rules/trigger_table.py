@@ -319,6 +319,13 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC411": (
+        "tc411_images_normalized_on_host",
+        (
+            (r"ToTensor", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+    ),
     "TC501": (
         "tc501_dataparallel",
         (

@@ -114,6 +114,15 @@ class LoaderConstructionFacts(TrainedModelFacts):
             out.append(LoaderSite(call, keys, complete, dicts, target, self._is_training_loader(call, target)))
         return out
 
+    def loaders_over(self, dataset: cst.Call) -> list[LoaderSite]:
+        """The DataLoaders whose dataset is this call's result (passed directly or through names)."""
+        out = []
+        for site in self.loaders:
+            argument = site.call.arg("dataset", 0)
+            if argument is not None and any(value is dataset for value in self.facts.binding_values(argument)):
+                out.append(site)
+        return out
+
     @functools.cached_property
     def training_loaders(self) -> list[LoaderSite]:
         if not self.trains:

@@ -1,0 +1,576 @@
+"""TC411 images-normalized-on-host: a torchvision pipeline ends in ``ToTensor()`` (+ ``Normalize``), so the
+loader's workers turn every uint8 image into float32 and the training loop pins and copies four times
+the bytes (info).
+
+Detects a ``transforms.Compose([...])`` with ``ToTensor()`` (torchvision's v1 transforms) used as the
+``transform`` of an image dataset (a torchvision dataset of PIL images: ImageFolder, FakeData, CIFAR,
+MNIST...; or a Dataset class of this file whose ``__getitem__`` hands ``self.transform`` a PIL image)
+that a training DataLoader reads, in a script that trains on CUDA.
+
+Fix (numerics): the workers return uint8 (``ToTensor()`` becomes ``PILToTensor()`` and a final
+``Normalize(mean, std)`` leaves the Compose), and every loop over the loaders of those datasets converts
+and normalizes the batch right after it is copied to the device, with ``tcaudit_normalize(images, mean,
+std)`` (a helper inserted after the imports that does what ToTensor and Normalize did: the same
+operations in the same order, so the values are equal on the same device). Declined, with the reason,
+where the pipeline does more after ``ToTensor`` (``RandomErasing``, ``Lambda``), where the samples may
+not be PIL images (a custom ``loader=``, a Dataset that does not build them), where the dataset is used
+beyond its DataLoaders or the loader has a ``collate_fn``, where a loop over the loader has no copy of
+the images to the device, or reads them before it, where ``Normalize``'s statistics are not constants,
+and under ``fix --dali`` (DALI decodes and normalizes on the GPU instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import (
+    DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name,
+)
+from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.costs import cost_note
+from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
+from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite
+from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import nodes_of, parent_map
+from tcaudit.source.triggers import all_of
+
+HELPER = "tcaudit_normalize"
+_STATS = "_TCAUDIT_NORMALIZE_STATS"
+HELPER_CODE = f'''\
+{_STATS} = {{}}
+
+
+def {HELPER}(images, mean=None, std=None):
+    """What ToTensor() and Normalize(mean, std) did in the DataLoader's workers, done on the batch where it
+    is (the GPU): the workers hand over uint8 images, a quarter of the bytes to pin and copy. The same
+    operations in the same order (tcaudit fix, TC411)."""
+    floats = images.to(torch.get_default_dtype())
+    if images.dtype == torch.uint8:
+        floats = floats.div_(255)
+    if mean is None:
+        return floats
+    key = (floats.device, floats.dtype, tuple(mean), tuple(std))
+    if key not in {_STATS}:  # once per device: a copy from the host each step waits for the GPU
+        {_STATS}[key] = tuple(
+            torch.as_tensor(values, dtype=floats.dtype, device=floats.device).view(-1, 1, 1) for values in (mean, std)
+        )
+    mean, std = {_STATS}[key]
+    return floats.sub_(mean).div_(std)
+'''
+
+_TRANSFORMS = "torchvision.transforms."
+# torchvision datasets whose samples are (PIL image, target) pairs of 8-bit RGB or L images, and where
+# their ``transform`` goes when it is passed by position.
+IMAGE_DATASETS = {
+    "ImageFolder": 1, "FakeData": 3, "CIFAR10": 2, "CIFAR100": 2, "MNIST": 2, "FashionMNIST": 2, "KMNIST": 2,
+    "QMNIST": 2, "SVHN": 2, "STL10": 3, "ImageNet": None, "Food101": None, "Flowers102": None,
+    "OxfordIIITPet": None, "StanfordCars": None, "DTD": None, "GTSRB": None, "FGVCAircraft": None,
+    "EuroSAT": None, "Country211": None, "SUN397": None, "Places365": None, "Caltech101": None,
+    "Caltech256": None, "CelebA": None, "LSUN": None,
+}
+# What a Dataset of this file may hand its transform: a PIL image in one of these modes.
+_PIL_MODES = frozenset({"RGB", "L", "RGBA", "LA", "P", "CMYK", "YCbCr", "LAB", "HSV"})
+_SHAPE_READS = frozenset({"size", "shape", "dim", "ndim", "numel", "device", "dtype"})
+_ITERATION_WRAPPERS = ("enumerate", "tqdm", "trange", "iter")
+
+
+class ImagesNormalizedOnHost(ScriptRule):
+    id = "TC411"
+    after = ("TC405",)  # under ``fix --dali`` the DALI conversion normalizes on the GPU instead
+    triggers = (all_of(r"ToTensor", CUDA_EVIDENCE, TRAINS),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.uses_cuda or not pipeline.trains:
+            return
+        cost = cost_note(self.spec, context.settings.gpu, "bytes")
+        for call in facts.calls:
+            steps = _compose_steps(facts, call)
+            if steps is None:
+                continue
+            names = [name for name, _ in steps]
+            if "ToTensor" not in names:
+                continue
+            datasets = _datasets_using(facts, call.node)
+            loaders = [site for dataset in datasets for site in pipeline.loaders_over(dataset.node)]
+            if not any(site.training for site in loaders):
+                continue
+            if any(_converted_to_dali(facts, site) for site in loaders):
+                continue
+            to_tensor = steps[names.index("ToTensor")][1]
+            yield self.finding(
+                facts,
+                to_tensor,
+                "`ToTensor()` makes float32 images in the loader's workers: 4x the bytes to pin and copy",
+                explanation=(
+                    "The workers convert each uint8 image to float32 (and normalize it) on the CPU, and the "
+                    "loop then pins and copies four times the bytes of the decoded image; return uint8 "
+                    f"(`PILToTensor()`) and convert and normalize the batch on the GPU{cost}."
+                ),
+                fix=self.planned_fix(
+                    FixClass.NUMERICS,
+                    "return uint8 images from the workers; convert and normalize each batch on the device",
+                    lambda call=call, steps=steps, datasets=datasets, loaders=loaders: _plan(
+                        facts, pipeline, context, call, steps, datasets, loaders
+                    ),
+                ),
+            )
+
+
+@dataclass(frozen=True)
+class _Dataset:
+    node: cst.Call
+    name: str  # the class, as written
+
+
+def _compose_steps(facts: ScriptFacts, call: CallSite) -> list[tuple[str, cst.Call]] | None:
+    """The steps of a torchvision (v1) ``Compose([...])`` written as a list here, each as (class name,
+    its call), following names bound once to a step; None for anything else."""
+    qual = call.qualname or ""
+    if not qual.startswith(_TRANSFORMS) or qual.startswith(_TRANSFORMS + "v2") or not qual.endswith(".Compose"):
+        return None
+    listed = call.node.args[0].value if call.node.args and call.node.args[0].keyword is None else None
+    if not isinstance(listed, (cst.List, cst.Tuple)):
+        return None
+    steps = []
+    for element in listed.elements:
+        if isinstance(element, cst.StarredElement):
+            return None
+        step = _step_call(facts, element.value)
+        qual = facts.qualname(step.func) if step is not None else None
+        if step is None or not (qual or "").startswith(_TRANSFORMS):
+            steps.append(("", element.value))  # type: ignore[arg-type]
+            continue
+        steps.append((qual.split(".")[-1], step))  # type: ignore[union-attr]
+    return steps
+
+
+def _step_call(facts: ScriptFacts, expr: cst.BaseExpression) -> cst.Call | None:
+    if isinstance(expr, cst.Call):
+        return expr
+    if isinstance(expr, cst.Name):
+        values = [b.value for b in facts.bindings_of(expr.value)]
+        if len(values) == 1 and isinstance(values[0], cst.Call):
+            return values[0]
+    return None
+
+
+def _datasets_using(facts: ScriptFacts, compose: cst.Call) -> list[_Dataset]:
+    """The dataset constructions whose ``transform`` may be this Compose (directly or through names)."""
+    out = []
+    for call in facts.calls:
+        dataset = _dataset_class(facts, call)
+        if dataset is None:
+            continue
+        transform = _transform_argument(facts, call, dataset)
+        if transform is not None and any(value is compose for value in facts.binding_values(transform)):
+            out.append(_Dataset(call.node, dataset))
+    return out
+
+
+def _dataset_class(facts: ScriptFacts, call: CallSite) -> str | None:
+    qual = call.qualname or ""
+    if qual.startswith("torchvision.datasets.") and qual.split(".")[-1] in IMAGE_DATASETS:
+        return qual.split(".")[-1]
+    if call.name and "." not in call.name and call.name in _own_dataset_classes(facts):
+        return call.name
+    return None
+
+
+def _own_dataset_classes(facts: ScriptFacts) -> dict[str, cst.ClassDef]:
+    return {
+        cls.name.value: cls
+        for cls in nodes_of(facts.module, cst.ClassDef)
+        if _method(cls, "__getitem__") is not None and _method(cls, "__init__") is not None
+    }
+
+
+def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def _transform_argument(facts: ScriptFacts, call: CallSite, dataset: str) -> cst.BaseExpression | None:
+    argument = keyword_arg(call.node, "transform")
+    if argument is not None:
+        return argument.value
+    position = IMAGE_DATASETS.get(dataset)
+    if dataset not in IMAGE_DATASETS:
+        init = _method(_own_dataset_classes(facts)[dataset], "__init__")
+        params = [p.name.value for p in init.params.params] if init is not None else []  # type: ignore[union-attr]
+        position = params.index("transform") - 1 if "transform" in params else None
+    if position is None:
+        return None
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    return positional[position].value if position < len(positional) else None
+
+
+def _converted_to_dali(facts: ScriptFacts, site: LoaderSite) -> bool:
+    return any(
+        call.name == DALI_LOADER and call.node.args
+        and (call.node.args[0].value is site.call.node
+             or (site.target is not None and get_full_name_for_node(call.node.args[0].value) == site.target))
+        for call in facts.calls
+    )
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class NormalizeOnDevice(FixPlan):
+    """``ToTensor()`` becomes ``PILToTensor()``, the Compose's final ``Normalize`` goes, and each loop
+    over the loaders normalizes its batch on the device: a statement after the copy, or the copy
+    wrapped where it is made inside an expression (``model(images.cuda())``)."""
+
+    kind = "normalize-on-device"
+    to_tensor: cst.Call
+    compose: cst.Call
+    normalize_index: int | None  # the Normalize step's index in the Compose's list, removed
+    after_statements: tuple[tuple[cst.CSTNode, str], ...]  # (statement, the name to normalize after it)
+    wrapped_copies: tuple[cst.Call, ...]
+    mean: str | None
+    std: str | None
+    lines: tuple[int, ...]  # the loops' lines, for the report
+
+
+def _plan(
+    facts: ScriptFacts, pipeline: PipelineFacts, context: RuleContext, compose: CallSite,
+    steps: list[tuple[str, cst.Call]], datasets: list[_Dataset], loaders: list[LoaderSite],
+) -> NormalizeOnDevice:
+    if "dali" in context.settings.structural_fixes and context.fixable("TC405", facts):
+        raise DeclineFix("`fix --dali` decodes and normalizes these images on the GPU instead")
+    if torch_import_name(facts) != "torch":
+        raise DeclineFix("the file does not import torch as `torch`, which the inserted helper uses")
+    names = [name for name, _ in steps]
+    at = names.index("ToTensor")
+    tail = names[at + 1:]
+    if tail not in ([], ["Normalize"]) or names.count("ToTensor") > 1 or "PILToTensor" in names:
+        shown = ", ".join(name or "a step of this file" for name in tail)
+        raise DeclineFix(f"the transform goes on after `ToTensor()` ({shown}), on float images; convert by hand")
+    to_tensor = steps[at][1]
+    if to_tensor.args:
+        raise DeclineFix("`ToTensor` gets arguments here; convert by hand")
+    mean = std = None
+    if tail:
+        mean, std = _statistics(facts, steps[-1][1])
+    for dataset in datasets:
+        _check_dataset(facts, dataset)
+    after: list[tuple[cst.CSTNode, str]] = []
+    wrapped: list[cst.Call] = []
+    lines: list[int] = []
+    for site in loaders:
+        if site.has("collate_fn") or not site.complete:
+            raise DeclineFix(
+                f"the DataLoader at line {facts.line_of(site.call.node)} has a `collate_fn` or `**kwargs` that may "
+                "expect float images"
+            )
+        loops = [b for b in pipeline.batch_loops if any(s.call.node is site.call.node for s in b.loaders)]
+        if not loops:
+            raise DeclineFix(f"no loop over the DataLoader at line {facts.line_of(site.call.node)} was found")
+        for batch in loops:
+            inserted, copies = _loop_edits(facts, pipeline, batch.loop)
+            after += inserted
+            wrapped += copies
+            lines.append(facts.line_of(batch.loop))
+    return NormalizeOnDevice(
+        to_tensor, compose.node, len(steps) - 1 if tail else None, tuple(after), tuple(wrapped), mean, std,
+        tuple(sorted(set(lines))),
+    )
+
+
+def _statistics(facts: ScriptFacts, normalize: cst.Call) -> tuple[str, str]:
+    """``Normalize``'s mean and std as code valid anywhere in the file: number lists or module constants."""
+    out = []
+    for key, position in (("mean", 0), ("std", 1)):
+        argument = keyword_arg(normalize, key)
+        positional = [a for a in normalize.args if a.keyword is None and not a.star]
+        value = argument.value if argument is not None else (positional[position].value if position < len(positional) else None)
+        if value is None or not _constant(facts, value):
+            raise DeclineFix(f"`Normalize`'s {key} is not a list of numbers or a module-level constant here")
+        out.append(facts.module.code_for_node(value))
+    return out[0], out[1]
+
+
+def _constant(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return bool(value.elements) and all(
+            isinstance(literal(e.value), (int, float)) and not isinstance(literal(e.value), bool) for e in value.elements
+        )
+    if isinstance(value, cst.Name):
+        bindings = facts.bindings_of(value.value)
+        return (len(bindings) == 1 and bindings[0].ctx is facts.module_frame
+                and isinstance(bindings[0].value, (cst.List, cst.Tuple)) and _constant(facts, bindings[0].value))
+    return False
+
+
+def _check_dataset(facts: ScriptFacts, dataset: _Dataset) -> None:
+    call = dataset.node
+    if any(a.star for a in call.args):
+        raise DeclineFix(f"`{dataset.name}` gets `*args`/`**kwargs`: what it hands the transform cannot be read")
+    if keyword_arg(call, "loader") is not None:
+        raise DeclineFix(f"`{dataset.name}` has its own `loader=`, which may not return PIL images")
+    if dataset.name not in IMAGE_DATASETS:
+        _check_own_dataset(facts, dataset.name)
+    _check_dataset_uses(facts, dataset)
+
+
+def _check_own_dataset(facts: ScriptFacts, name: str) -> None:
+    """The Dataset class of this file hands ``self.transform`` a PIL image (``Image.open(...).convert(mode)``
+    or ``Image.fromarray(...)``) and returns the transformed image first."""
+    getitem = _method(_own_dataset_classes(facts)[name], "__getitem__")
+    assert getitem is not None
+    why = f"could not tell that `{name}.__getitem__` hands its transform a PIL image and returns it first"
+    calls = [c for c in nodes_of(getitem, cst.Call) if get_full_name_for_node(c.func) == "self.transform"]
+    if len(calls) != 1 or not calls[0].args:
+        raise DeclineFix(why)
+    transformed = calls[0]
+    if not all(_pil_image(facts, value) for value in _local_values(getitem, calls[0].args[0].value)):
+        raise DeclineFix(why)
+    returns = nodes_of(getitem, cst.Return)
+    for ret in returns:
+        value = ret.value
+        first = value.elements[0].value if isinstance(value, (cst.Tuple, cst.List)) and value.elements else None
+        if first is None or not any(v is transformed for v in _local_values(getitem, first)):
+            raise DeclineFix(why)
+
+
+def _local_values(function: cst.FunctionDef, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What ``expr`` may be inside ``function``: itself, or the values a name of it is assigned there."""
+    if not isinstance(expr, cst.Name):
+        return [expr]
+    values = [
+        assign.value for assign in nodes_of(function, cst.Assign)
+        if any(isinstance(t.target, cst.Name) and t.target.value == expr.value for t in assign.targets)
+    ]
+    return values or [expr]
+
+
+def _pil_image(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    qual = facts.qualname(value.func) or ""
+    if qual == "PIL.Image.fromarray":
+        return True
+    func = value.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "convert" and value.args:
+        mode = literal(value.args[0].value)
+        inner = func.value
+        return mode in _PIL_MODES and isinstance(inner, cst.Call) and (facts.qualname(inner.func) or "") in (
+            "PIL.Image.open", "PIL.Image.fromarray")
+    return False
+
+
+def _check_dataset_uses(facts: ScriptFacts, dataset: _Dataset) -> None:
+    """The dataset reaches nothing but DataLoaders (and ``len``): an item read elsewhere would now be uint8."""
+    names = {b.target for b in facts.bindings if b.value is dataset.node}
+    parents = parent_map(facts.module)
+    for node in nodes_of(facts.module, cst.Name):
+        if node.value not in names:
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, (cst.AssignTarget, cst.Attribute)) or parent is None:
+            continue  # its binding, or an attribute read (``.classes``, ``.targets``)
+        if isinstance(parent, cst.Arg):
+            call = parents.get(id(parent))
+            called = facts.qualname(call.func) if isinstance(call, cst.Call) else None  # type: ignore[union-attr]
+            if called in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader", "len"):
+                continue
+            if isinstance(call, cst.Call) and get_full_name_for_node(call.func) == "len":
+                continue
+        raise DeclineFix(
+            f"`{node.value}` is used at line {facts.line_of(node)} beyond its DataLoader, where its items would now be uint8"
+        )
+
+
+# -- the loops ----------------------------------------------------------------------------------------
+
+
+def _loop_edits(
+    facts: ScriptFacts, pipeline: PipelineFacts, loop: cst.CSTNode
+) -> tuple[list[tuple[cst.CSTNode, str]], list[cst.Call]]:
+    """Where this loop normalizes its images: after the statement that copies them to the device (after
+    the ``if`` holding it, where the copy is conditional: ``if torch.cuda.is_available():``), or around
+    copies made inside expressions."""
+    line = facts.line_of(loop)
+    if not isinstance(loop, cst.For):
+        raise DeclineFix(f"the batches at line {line} are not taken in a `for` loop over the DataLoader")
+    images = _image_name(loop)
+    if images is None:
+        raise DeclineFix(f"could not tell which name holds the images in the loop at line {line}")
+    body = list(loop.body.body) if isinstance(loop.body, cst.IndentedBlock) else []
+    copies = [
+        c for c in facts.calls
+        if c.ctx.inside(loop) and c.method in ("to", "cuda") and moves_to_device(c)
+        and isinstance(c.receiver, cst.Name) and c.receiver.value == images
+    ]
+    if not copies:
+        raise DeclineFix(f"the loop at line {line} does not copy `{images}` to the device")
+    rebound = [c for c in copies if _assigned_to(c) is not None]
+    if rebound and len(rebound) != len(copies):
+        raise DeclineFix(f"`{images}` is copied to the device in several ways in the loop at line {line}")
+    parents = parent_map(loop)
+    if not rebound:
+        _check_reads(facts, images, body, len(body), {id(c.node.func.value) for c in copies}, parents)  # type: ignore[attr-defined]
+        return [], [c.node for c in copies]
+    targets = {_assigned_to(c) for c in copies}
+    holders = {id(_holder(body, c.statement.node)) for c in copies if c.statement is not None}
+    if len(targets) != 1 or len(holders) != 1 or any(c.statement is None for c in copies):
+        raise DeclineFix(f"`{images}` is copied to the device in several places in the loop at line {line}")
+    holder = _holder(body, copies[0].statement.node)  # type: ignore[union-attr]
+    if holder is None:
+        raise DeclineFix(f"the copy of `{images}` at line {facts.line_of(copies[0].node)} is nested too deep to follow")
+    if holder is not copies[0].statement.node and not isinstance(holder, cst.If):  # type: ignore[union-attr]
+        raise DeclineFix(f"the copy of `{images}` at line {facts.line_of(copies[0].node)} sits in a block that uses it")
+    target = targets.pop()
+    allowed = {id(c.node.func.value) for c in copies}  # type: ignore[attr-defined]
+    _check_reads(facts, images, body, body.index(holder) + 1, allowed, parents)
+    if target != images:
+        _check_reads(facts, target, body, body.index(holder) + 1, allowed, parents)
+        _check_later_reads(facts, images, body[body.index(holder) + 1:], parents)
+    return [(holder, target)], []
+
+
+def _image_name(loop: cst.For) -> str | None:
+    """The first element of the batch: ``for images, target in loader``, ``for i, (images, target) in
+    enumerate(loader)``."""
+    target, source = loop.target, loop.iter
+    while isinstance(source, cst.Call) and (get_full_name_for_node(source.func) or "").split(".")[-1] in _ITERATION_WRAPPERS:
+        if (get_full_name_for_node(source.func) or "").endswith("enumerate"):
+            if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+                return None
+            target = target.elements[1].value
+        source = source.args[0].value if source.args else source
+        if not isinstance(source, cst.Call):
+            break
+    if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[0].value, cst.Name):
+        return target.elements[0].value.value
+    return None
+
+
+def _assigned_to(copy: CallSite) -> str | None:
+    """``x = images.cuda()`` or ``images, target = images.cuda(), target.cuda()``: the name bound to the copy."""
+    statement = copy.statement.node if copy.statement is not None else None
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return None
+    target, value = small.targets[0].target, small.value
+    if value is copy.node and isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements):
+        for t, v in zip(target.elements, value.elements):
+            if v.value is copy.node and isinstance(t.value, cst.Name):
+                return t.value.value
+    return None
+
+
+def _holder(body: list[cst.CSTNode], statement: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement of the loop's body that is or holds ``statement``, one ``if`` deep at most."""
+    for item in body:
+        if item is statement:
+            return item
+        if isinstance(item, cst.If) and any(statement is s for s in _if_statements(item)):
+            return item
+    return None
+
+
+def _if_statements(node: cst.If) -> list[cst.CSTNode]:
+    out: list[cst.CSTNode] = list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else []
+    orelse = node.orelse
+    if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        out += list(orelse.body.body)
+    elif isinstance(orelse, cst.If):
+        out += _if_statements(orelse)
+    return out
+
+
+def _check_reads(
+    facts: ScriptFacts, name: str, body: list[cst.CSTNode], stop: int, allowed: set[int], parents: dict[int, cst.CSTNode]
+) -> None:
+    """Before the normalization (``body[:stop]``), ``name`` is only copied, bound, or asked for its shape."""
+    for statement in body[:stop]:
+        for node in nodes_of(statement, cst.Name):
+            if node.value != name or id(node) in allowed:
+                continue
+            parent = parents.get(id(node))
+            if isinstance(parent, (cst.AssignTarget, cst.Element)) and _is_target(statement, node):
+                continue
+            if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _SHAPE_READS:
+                continue
+            raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)} before it reaches the device as floats")
+
+
+def _check_later_reads(facts: ScriptFacts, name: str, body: list[cst.CSTNode], parents: dict[int, cst.CSTNode]) -> None:
+    """After ``x = images.cuda()`` the host batch itself is read no more (it stays uint8)."""
+    for statement in body:
+        for node in nodes_of(statement, cst.Name):
+            parent = parents.get(id(node))
+            if node.value == name and not (isinstance(parent, cst.Attribute) and parent.attr.value in _SHAPE_READS):
+                raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)}, where it would now be uint8")
+
+
+def _is_target(statement: cst.CSTNode, node: cst.Name) -> bool:
+    for assign in nodes_of(statement, cst.Assign):
+        for target in assign.targets:
+            if any(n is node for n in nodes_of(target.target, cst.Name)):
+                return True
+    return False
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class NormalizeOnDeviceFix(Codemod):
+    rule = "TC411"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        facts = context.facts
+        editor = CallEditor()
+        bare = False
+        for finding in findings:
+            plan: NormalizeOnDevice = finding.fix.plan
+            func = plan.to_tensor.func
+            bare = bare or isinstance(func, cst.Name)
+            editor.rewrite_call(plan.to_tensor, _pil_to_tensor)
+            if plan.normalize_index is not None:
+                editor.rewrite_call(plan.compose, lambda node, i=plan.normalize_index: _without_step(node, i))
+            extra = f", {plan.mean}, {plan.std}" if plan.mean is not None else ""
+            for statement, name in plan.after_statements:
+                editor.insert_after(statement, [parse_statement(f"{name} = {HELPER}({name}{extra})", module)])
+            for copy in plan.wrapped_copies:
+                wrapper = parse_expression(f"{HELPER}(images{extra})", module)
+                editor.rewrite_call(
+                    copy, lambda node, w=wrapper: w.with_changes(args=[w.args[0].with_changes(value=node), *w.args[1:]])
+                )
+        updated = editor.apply(module)
+        if bare:
+            updated = ensure_import(updated, "from torchvision.transforms import PILToTensor")
+        if any(isinstance(s, cst.FunctionDef) and s.name.value == HELPER for s in module.body):
+            return updated
+        return insert_block(updated, HELPER_CODE, index_after_imports(facts))
+
+
+def _pil_to_tensor(node: cst.Call) -> cst.Call:
+    func = node.func
+    if isinstance(func, cst.Attribute):
+        return node.with_changes(func=func.with_changes(attr=cst.Name("PILToTensor")))
+    return node.with_changes(func=cst.Name("PILToTensor"))
+
+
+def _without_step(compose: cst.Call, index: int) -> cst.Call:
+    """The Compose without its last step (``index``): the step before takes its comma, so a trailing
+    comma and the closing bracket's line stay as written."""
+    listed = compose.args[0].value
+    elements = list(listed.elements)  # type: ignore[attr-defined]
+    removed = elements.pop(index)
+    elements[-1] = elements[-1].with_changes(comma=removed.comma)
+    return compose.with_changes(args=[compose.args[0].with_changes(value=listed.with_changes(elements=elements)), *compose.args[1:]])
