@@ -89,3 +89,41 @@ def test_the_compiled_recipe_is_what_scan_promises(tmp_path):
     by_rule = {f.rule: f for f in result.findings}
     assert "bf16 autocast (convnet under torch.compile" in by_rule["TC201"].explanation
     assert by_rule["TC307"].fix is not None and by_rule["TC307"].fix.available
+
+
+def test_no_autocast_wraps_a_helper_that_reaches_bce_two_calls_down(tmp_path):
+    """The forward goes through ``_forward``, which calls ``compute_loss``, which takes BCE on
+    probabilities: it raises under autocast (bf16 too), and TC208 cannot take it out of a helper. Where
+    TC201 needed no GradScaler (bf16: a compiled convnet, or ``precision = bf16``) it used to wrap the
+    ``_forward`` call (the oracle's generated corpus found it, gen07 under ``--ddp --compile``)."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        import torch.nn.functional as F
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+        def compute_loss(logits, y):
+            return F.binary_cross_entropy(torch.sigmoid(logits), y)
+
+
+        def main():
+            model = torch.nn.Linear(8, 1).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+            def _forward(x, y):
+                return compute_loss(model(x), y)
+
+            for step in range(3):
+                x, y = torch.randn(4, 8), torch.rand(4, 1)
+                optimizer.zero_grad()
+                loss = _forward(x.to(device), y.to(device))
+                loss.backward()
+                optimizer.step()
+
+
+        main()
+    '''), encoding="utf-8")
+    result = fix_file(path, Settings(select=("TC201", "TC208"), precision="bf16"))
+    assert result.error is None and "autocast" not in result.fixed

@@ -473,12 +473,26 @@ def _refuse_unsafe_ops(facts: ScriptFacts, wrapped: set[int]) -> None:
             continue
         name = (call.name or "").removeprefix("self.")
         for helper in facts.functions_by_name.get(name, []) if name and "." not in name else []:
-            if any(unsafe_kind(facts, inner) == "bce" for inner in facts.calls_in(helper)):
+            if _computes_bce(facts, helper, set()):
                 raise DeclineFix(
                     f"`{name}` computes binary cross-entropy on probabilities, which raises under autocast, "
                     "and TC208 cannot move it out of a helper; use BCEWithLogitsLoss on the logits, or wrap "
                     "the forward by hand"
                 )
+
+
+def _computes_bce(facts: ScriptFacts, function: cst.FunctionDef, seen: set[int], depth: int = 4) -> bool:
+    """Whether ``function``, or a function of this file it calls (a few calls deep: ``_forward`` calling
+    ``compute_loss``), computes binary cross-entropy on probabilities."""
+    seen.add(id(function))
+    for inner in facts.calls_in(function):
+        if unsafe_kind(facts, inner) == "bce":
+            return True
+        name = (inner.name or "").removeprefix("self.")
+        for helper in facts.functions_by_name.get(name, []) if depth and name and "." not in name else []:
+            if id(helper) not in seen and _computes_bce(facts, helper, seen, depth - 1):
+                return True
+    return False
 
 
 def _refuse_log_probabilities(facts: ScriptFacts, wrapped: set[int]) -> None:

@@ -52,9 +52,9 @@ def {HELPER}(images, mean=None, std=None):
     """What ToTensor() and Normalize(mean, std) did in the DataLoader's workers, done on the batch where it
     is (the GPU): the workers hand over uint8 images, a quarter of the bytes to pin and copy. The same
     operations in the same order (tcaudit fix, TC411)."""
-    floats = images.to(torch.get_default_dtype())
-    if images.dtype == torch.uint8:
-        floats = floats.div_(255)
+    if images.dtype != torch.uint8:
+        return images  # a batch from another source of the loop (synthetic data), as it was
+    floats = images.to(torch.get_default_dtype()).div_(255)
     if mean is None:
         return floats
     key = (floats.device, floats.dtype, tuple(mean), tuple(std))
@@ -79,6 +79,8 @@ IMAGE_DATASETS = {
 # What a Dataset of this file may hand its transform: a PIL image in one of these modes.
 _PIL_MODES = frozenset({"RGB", "L", "RGBA", "LA", "P", "CMYK", "YCbCr", "LAB", "HSV"})
 _SHAPE_READS = frozenset({"size", "shape", "dim", "ndim", "numel", "device", "dtype"})
+# Copies and layout changes that keep the values (and uint8), in a statement rebinding the images.
+_LAYOUT_MOVES = frozenset({"to", "cuda", "contiguous"})
 _ITERATION_WRAPPERS = ("enumerate", "tqdm", "trange", "iter")
 
 
@@ -92,23 +94,20 @@ class ImagesNormalizedOnHost(ScriptRule):
         if not pipeline.uses_cuda or not pipeline.trains:
             return
         cost = cost_note(self.spec, context.settings.gpu, "bytes")
+        parents = parent_map(facts.module)
         for call in facts.calls:
-            steps = _compose_steps(facts, call)
-            if steps is None:
+            if call.qualname != _TRANSFORMS + "ToTensor":
                 continue
-            names = [name for name, _ in steps]
-            if "ToTensor" not in names:
-                continue
-            datasets = _datasets_using(facts, call.node)
+            transform, steps = _pipeline_of(facts, call, parents)
+            datasets = _datasets_using(facts, transform)
             loaders = [site for dataset in datasets for site in pipeline.loaders_over(dataset.node)]
             if not any(site.training for site in loaders):
                 continue
             if any(_converted_to_dali(facts, site) for site in loaders):
                 continue
-            to_tensor = steps[names.index("ToTensor")][1]
             yield self.finding(
                 facts,
-                to_tensor,
+                call.node,
                 "`ToTensor()` makes float32 images in the loader's workers: 4x the bytes to pin and copy",
                 explanation=(
                     "The workers convert each uint8 image to float32 (and normalize it) on the CPU, and the "
@@ -118,39 +117,40 @@ class ImagesNormalizedOnHost(ScriptRule):
                 fix=self.planned_fix(
                     FixClass.NUMERICS,
                     "return uint8 images from the workers; convert and normalize each batch on the device",
-                    lambda call=call, steps=steps, datasets=datasets, loaders=loaders: _plan(
-                        facts, pipeline, context, call, steps, datasets, loaders
+                    lambda call=call, transform=transform, steps=steps, datasets=datasets, loaders=loaders: _plan(
+                        facts, pipeline, context, call.node, transform, steps, datasets, loaders
                     ),
                 ),
             )
+
+
+def _pipeline_of(
+    facts: ScriptFacts, to_tensor: CallSite, parents: dict[int, cst.CSTNode]
+) -> tuple[cst.Call, list[tuple[str, cst.BaseExpression]] | None]:
+    """The transform ``ToTensor()`` belongs to: the torchvision (v1) ``Compose([...])`` listing it, with
+    its steps as (class name, expression; "" for a step that is not a torchvision transform), or the
+    ``ToTensor()`` alone (no steps: it is the whole transform, or part of something else)."""
+    element = parents.get(id(to_tensor.node))
+    listed = parents.get(id(element)) if isinstance(element, cst.Element) else None
+    argument = parents.get(id(listed)) if isinstance(listed, (cst.List, cst.Tuple)) else None
+    compose = parents.get(id(argument)) if isinstance(argument, cst.Arg) else None
+    qual = facts.qualname(compose.func) if isinstance(compose, cst.Call) else None
+    if not (qual == _TRANSFORMS + "Compose" and compose.args[0] is argument):  # type: ignore[union-attr]
+        return to_tensor.node, None if element is not None and not isinstance(element, cst.Arg) else [("ToTensor", to_tensor.node)]
+    steps: list[tuple[str, cst.BaseExpression]] = []
+    for item in listed.elements:  # type: ignore[union-attr]
+        if isinstance(item, cst.StarredElement):
+            return compose, None  # type: ignore[return-value]
+        step = _step_call(facts, item.value)
+        name = facts.qualname(step.func) if step is not None else None
+        steps.append((name[len(_TRANSFORMS):] if name and name.startswith(_TRANSFORMS) else "", item.value))
+    return compose, steps  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class _Dataset:
     node: cst.Call
     name: str  # the class, as written
-
-
-def _compose_steps(facts: ScriptFacts, call: CallSite) -> list[tuple[str, cst.Call]] | None:
-    """The steps of a torchvision (v1) ``Compose([...])`` written as a list here, each as (class name,
-    its call), following names bound once to a step; None for anything else."""
-    qual = call.qualname or ""
-    if not qual.startswith(_TRANSFORMS) or qual.startswith(_TRANSFORMS + "v2") or not qual.endswith(".Compose"):
-        return None
-    listed = call.node.args[0].value if call.node.args and call.node.args[0].keyword is None else None
-    if not isinstance(listed, (cst.List, cst.Tuple)):
-        return None
-    steps = []
-    for element in listed.elements:
-        if isinstance(element, cst.StarredElement):
-            return None
-        step = _step_call(facts, element.value)
-        qual = facts.qualname(step.func) if step is not None else None
-        if step is None or not (qual or "").startswith(_TRANSFORMS):
-            steps.append(("", element.value))  # type: ignore[arg-type]
-            continue
-        steps.append((qual.split(".")[-1], step))  # type: ignore[union-attr]
-    return steps
 
 
 def _step_call(facts: ScriptFacts, expr: cst.BaseExpression) -> cst.Call | None:
@@ -232,7 +232,7 @@ class NormalizeOnDevice(FixPlan):
 
     kind = "normalize-on-device"
     to_tensor: cst.Call
-    compose: cst.Call
+    transform: cst.Call  # the Compose (or the ToTensor that is the whole transform)
     normalize_index: int | None  # the Normalize step's index in the Compose's list, removed
     after_statements: tuple[tuple[cst.CSTNode, str], ...]  # (statement, the name to normalize after it)
     wrapped_copies: tuple[cst.Call, ...]
@@ -242,27 +242,31 @@ class NormalizeOnDevice(FixPlan):
 
 
 def _plan(
-    facts: ScriptFacts, pipeline: PipelineFacts, context: RuleContext, compose: CallSite,
-    steps: list[tuple[str, cst.Call]], datasets: list[_Dataset], loaders: list[LoaderSite],
+    facts: ScriptFacts, pipeline: PipelineFacts, context: RuleContext, to_tensor: cst.Call, transform: cst.Call,
+    steps: list[tuple[str, cst.BaseExpression]] | None, datasets: list[_Dataset], loaders: list[LoaderSite],
 ) -> NormalizeOnDevice:
     if "dali" in context.settings.structural_fixes and context.fixable("TC405", facts):
         raise DeclineFix("`fix --dali` decodes and normalizes these images on the GPU instead")
     if torch_import_name(facts) != "torch":
         raise DeclineFix("the file does not import torch as `torch`, which the inserted helper uses")
+    if steps is None:
+        raise DeclineFix("`ToTensor()` is not the transform or a step of a `Compose([...])` listed here")
     names = [name for name, _ in steps]
-    at = names.index("ToTensor")
+    at = next(i for i, (_, step) in enumerate(steps) if _step_call(facts, step) is to_tensor)
     tail = names[at + 1:]
-    if tail not in ([], ["Normalize"]) or names.count("ToTensor") > 1 or "PILToTensor" in names:
+    if tail not in ([], ["Normalize"]) or "PILToTensor" in names:
         shown = ", ".join(name or "a step of this file" for name in tail)
         raise DeclineFix(f"the transform goes on after `ToTensor()` ({shown}), on float images; convert by hand")
-    to_tensor = steps[at][1]
     if to_tensor.args:
         raise DeclineFix("`ToTensor` gets arguments here; convert by hand")
     mean = std = None
     if tail:
-        mean, std = _statistics(facts, steps[-1][1])
+        normalize = _step_call(facts, steps[-1][1])
+        assert normalize is not None
+        mean, std = _statistics(facts, normalize)
     for dataset in datasets:
         _check_dataset(facts, dataset)
+    ours = {id(d.node) for d in datasets}
     after: list[tuple[cst.CSTNode, str]] = []
     wrapped: list[cst.Call] = []
     lines: list[int] = []
@@ -276,14 +280,33 @@ def _plan(
         if not loops:
             raise DeclineFix(f"no loop over the DataLoader at line {facts.line_of(site.call.node)} was found")
         for batch in loops:
+            _check_other_sources(facts, batch.loaders, ours, facts.line_of(batch.loop))
             inserted, copies = _loop_edits(facts, pipeline, batch.loop)
-            after += inserted
-            wrapped += copies
+            after += [edit for edit in inserted if all(edit[0] is not done[0] for done in after)]
+            wrapped += [copy for copy in copies if all(copy is not done for done in wrapped)]
             lines.append(facts.line_of(batch.loop))
     return NormalizeOnDevice(
-        to_tensor, compose.node, len(steps) - 1 if tail else None, tuple(after), tuple(wrapped), mean, std,
+        to_tensor, transform, len(steps) - 1 if tail else None, tuple(after), tuple(wrapped), mean, std,
         tuple(sorted(set(lines))),
     )
+
+
+def _check_other_sources(facts: ScriptFacts, loaders: list[LoaderSite], ours: set[int], line: int) -> None:
+    """A loop may also take batches from elsewhere (a synthetic-data branch): ``tcaudit_normalize`` passes
+    batches that are not uint8 through unchanged. But another dataset with a ``ToTensor`` pipeline of its
+    own would be converted by its own finding, with other statistics: the loop cannot tell them apart."""
+    for site in loaders:
+        argument = site.call.arg("dataset", 0)
+        for value in facts.binding_values(argument) if argument is not None else []:
+            if not isinstance(value, cst.Call) or id(value) in ours:
+                continue
+            transform = keyword_arg(value, "transform")
+            text = facts.module.code_for_node(transform.value if transform is not None else value)
+            if "ToTensor" in text:
+                raise DeclineFix(
+                    f"the loop at line {line} also takes batches from the dataset at line {facts.line_of(value)}, "
+                    "whose transform differs; convert by hand"
+                )
 
 
 def _statistics(facts: ScriptFacts, normalize: cst.Call) -> tuple[str, str]:
@@ -381,8 +404,10 @@ def _check_dataset_uses(facts: ScriptFacts, dataset: _Dataset) -> None:
         if isinstance(parent, cst.Arg):
             call = parents.get(id(parent))
             called = facts.qualname(call.func) if isinstance(call, cst.Call) else None  # type: ignore[union-attr]
-            if called in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader", "len"):
-                continue
+            if called in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader", "len") or (
+                (called or "").startswith("torch.utils.data.") and (called or "").endswith("Sampler")
+            ):
+                continue  # a sampler reads the dataset's length only
             if isinstance(call, cst.Call) and get_full_name_for_node(call.func) == "len":
                 continue
         raise DeclineFix(
@@ -506,6 +531,10 @@ def _check_reads(
                 continue
             if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _SHAPE_READS:
                 continue
+            if isinstance(parent, cst.Attribute) and parent.attr.value in _LAYOUT_MOVES and _rebinds(
+                _line_of(node, parents), name
+            ):
+                continue  # ``images = images.contiguous(memory_format=torch.channels_last)`` (TC303): uint8 too
             raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)} before it reaches the device as floats")
 
 
@@ -516,6 +545,23 @@ def _check_later_reads(facts: ScriptFacts, name: str, body: list[cst.CSTNode], p
             parent = parents.get(id(node))
             if node.value == name and not (isinstance(parent, cst.Attribute) and parent.attr.value in _SHAPE_READS):
                 raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)}, where it would now be uint8")
+
+
+def _line_of(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.CSTNode | None:
+    """The simple statement (line) holding ``node``."""
+    current: cst.CSTNode | None = node
+    while current is not None and not isinstance(current, cst.SimpleStatementLine):
+        current = parents.get(id(current))
+    return current
+
+
+def _rebinds(statement: cst.CSTNode | None, name: str) -> bool:
+    """``name = ...`` (a statement of one assignment to the name alone)."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1
+        and isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+    )
 
 
 def _is_target(statement: cst.CSTNode, node: cst.Name) -> bool:
@@ -542,7 +588,7 @@ class NormalizeOnDeviceFix(Codemod):
             bare = bare or isinstance(func, cst.Name)
             editor.rewrite_call(plan.to_tensor, _pil_to_tensor)
             if plan.normalize_index is not None:
-                editor.rewrite_call(plan.compose, lambda node, i=plan.normalize_index: _without_step(node, i))
+                editor.rewrite_call(plan.transform, lambda node, i=plan.normalize_index: _without_step(node, i))
             extra = f", {plan.mean}, {plan.std}" if plan.mean is not None else ""
             for statement, name in plan.after_statements:
                 editor.insert_after(statement, [parse_statement(f"{name} = {HELPER}({name}{extra})", module)])
