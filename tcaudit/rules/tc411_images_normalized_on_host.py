@@ -355,12 +355,15 @@ def _check_own_dataset(facts: ScriptFacts, name: str) -> None:
     if len(calls) != 1 or not calls[0].args:
         raise DeclineFix(why)
     transformed = calls[0]
-    if not all(_pil_image(facts, value) for value in _local_values(getitem, calls[0].args[0].value)):
+    # ``image = self.transform(image)`` binds the name again: that value is the result, not the input.
+    handed = [v for v in _local_values(getitem, calls[0].args[0].value) if v is not transformed]
+    if not handed or not all(_pil_image(facts, value) for value in handed):
         raise DeclineFix(why)
     returns = nodes_of(getitem, cst.Return)
     for ret in returns:
         value = ret.value
         first = value.elements[0].value if isinstance(value, (cst.Tuple, cst.List)) and value.elements else None
+        # Where a transform is given (this dataset gets one) the value returned is the transformed one.
         if first is None or not any(v is transformed for v in _local_values(getitem, first)):
             raise DeclineFix(why)
 
