@@ -5,10 +5,13 @@
 import argparse
 import time
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.utils.data
 import torchvision.models as models
+import torchvision.transforms as transforms
+from PIL import Image
 
 model_names = sorted(name for name in models.__dict__
                      if name.islower() and not name.startswith("__") and callable(models.__dict__[name]))
@@ -30,24 +33,24 @@ parser.add_argument("--dummy-images", default=64, type=int, help="distinct fake 
 
 
 class FakeImageNet(torch.utils.data.Dataset):
-    """Like torchvision's FakeData, but the images are made once and kept in memory as uint8 (what a
-    decoder hands over); each item is converted to a normalized float tensor, as ToTensor + Normalize do."""
+    """Like torchvision's FakeData, but the images are made once and kept in memory as uint8 arrays (what
+    a decoder hands over); each item is a PIL image passed through the transform, as ImageFolder does."""
 
-    def __init__(self, size, image_size, num_classes, distinct, seed=0):
-        generator = torch.Generator().manual_seed(seed)
+    def __init__(self, size, image_size, num_classes, distinct, transform=None, seed=0):
+        generator = np.random.default_rng(seed)
         self.size = size
-        self.images = torch.randint(0, 256, (distinct, 3, image_size, image_size), dtype=torch.uint8,
-                                    generator=generator)
-        self.targets = torch.randint(0, num_classes, (distinct,), generator=generator)
-        self.mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-        self.std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+        self.images = generator.integers(0, 256, (distinct, image_size, image_size, 3), dtype=np.uint8)
+        self.targets = generator.integers(0, num_classes, (distinct,))
+        self.transform = transform
 
     def __len__(self):
         return self.size
 
     def __getitem__(self, index):
-        image = self.images[index % len(self.images)].float().div(255)
-        return (image - self.mean) / self.std, self.targets[index % len(self.targets)]
+        image = Image.fromarray(self.images[index % len(self.images)])
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index % len(self.targets)])
 
 
 class AverageMeter:
@@ -125,8 +128,14 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     if not args.dummy:
         raise SystemExit("this benchmark copy only has --dummy data")
-    train_dataset = FakeImageNet(1281167, args.image_size, 1000, args.dummy_images)
-    val_dataset = FakeImageNet(50000, args.image_size, 1000, args.dummy_images, seed=1)
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    train_dataset = FakeImageNet(1281167, args.image_size, 1000, args.dummy_images, transforms.Compose([
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize,
+    ]))
+    val_dataset = FakeImageNet(50000, args.image_size, 1000, args.dummy_images,
+                               transforms.Compose([transforms.ToTensor(), normalize]), seed=1)
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, shuffle=True,
                                                num_workers=args.workers)
     val_loader = torch.utils.data.DataLoader(val_dataset, batch_size=args.batch_size, num_workers=args.workers)

@@ -7,10 +7,13 @@ reading the loss only when it prints.
 """
 import argparse
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.utils.data
 import torchvision.models as models
+import torchvision.transforms as transforms
+from PIL import Image
 
 parser = argparse.ArgumentParser(description="PyTorch ImageNet Training (tuned)")
 parser.add_argument("-a", "--arch", default="resnet18")
@@ -29,21 +32,24 @@ parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=
                     help="torch.compile the model (default: on with CUDA)")
 
 
-class FakeImageNetUint8(torch.utils.data.Dataset):
-    """imagenet_style.py's FakeImageNet, handing over the uint8 image: the GPU normalizes."""
+class FakeImageNet(torch.utils.data.Dataset):
+    """imagenet_style.py's FakeImageNet (uint8 arrays in memory, a PIL image through the transform)."""
 
-    def __init__(self, size, image_size, num_classes, distinct, seed=0):
-        generator = torch.Generator().manual_seed(seed)
+    def __init__(self, size, image_size, num_classes, distinct, transform=None, seed=0):
+        generator = np.random.default_rng(seed)
         self.size = size
-        self.images = torch.randint(0, 256, (distinct, 3, image_size, image_size), dtype=torch.uint8,
-                                    generator=generator)
-        self.targets = torch.randint(0, num_classes, (distinct,), generator=generator)
+        self.images = generator.integers(0, 256, (distinct, image_size, image_size, 3), dtype=np.uint8)
+        self.targets = generator.integers(0, num_classes, (distinct,))
+        self.transform = transform
 
     def __len__(self):
         return self.size
 
     def __getitem__(self, index):
-        return self.images[index % len(self.images)], self.targets[index % len(self.targets)]
+        image = Image.fromarray(self.images[index % len(self.images)])
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index % len(self.targets)])
 
 
 def main():
@@ -60,7 +66,9 @@ def main():
     train_model = torch.compile(model) if (cuda if args.compile is None else args.compile) else model
     if not args.dummy:
         raise SystemExit("this benchmark copy only has --dummy data")
-    dataset = FakeImageNetUint8(1281167, args.image_size, 1000, args.dummy_images)
+    # The workers hand over uint8 (PILToTensor): the GPU converts and normalizes.
+    dataset = FakeImageNet(1281167, args.image_size, 1000, args.dummy_images,
+                           transforms.Compose([transforms.RandomHorizontalFlip(), transforms.PILToTensor()]))
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                          pin_memory=cuda, persistent_workers=args.workers > 0,
                                          prefetch_factor=4 if args.workers > 0 else None)

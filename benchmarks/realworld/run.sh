@@ -16,7 +16,7 @@
 #   BUDGET_S (default 510): a run that would start past the budget, or whose estimated cost does not
 #     fit in what is left, is skipped and says so; each verify is also killed at the budget's end (+30s).
 #   PARTS (default "fix ceiling compile", in that order: every script's fix first, then every ceiling,
-#     then every compile), SCRIPTS (default: all six), ROUNDS (default 2; --tiny: 1),
+#     then every compile), SCRIPTS (default: all seven), ROUNDS (default 2; --tiny: 1),
 #     CEILING_ROUNDS (default 1), STEPS/WARMUP (default 20/5; --tiny: 2/1).
 # Resumable: a (script, part) whose verify.json exists in OUT is not run again, so a second call with
 # the same OUT finishes what the budget skipped.
@@ -27,7 +27,9 @@ TINY=0
 HERE=benchmarks/realworld
 BUDGET_S=${BUDGET_S:-510}
 PARTS=${PARTS:-fix ceiling compile}
-SCRIPTS=${SCRIPTS:-imagenet_style gpt_manual_attention word_lm dcgan unet_seg vit_classifier}
+SCRIPTS=${SCRIPTS:-imagenet_style gpt_manual_attention word_lm dcgan unet_seg vit_classifier resnet50_fixture}
+# Scripts kept elsewhere in the repository; the rest are $HERE/<name>.py. Every ceiling is $HERE/<name>_ceiling.py.
+declare -A SOURCE=([resnet50_fixture]=fixtures/resnet50/train.py)
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Kept across calls on the same machine, so that a resumed run compiles from the cache.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tcaudit-realworld-inductor}
@@ -49,6 +51,7 @@ if (( TINY )); then
         [dcgan]="--ngf 8 --ndf 8 --batch-size 4 --workers 1"
         [unet_seg]="--base 8 --image-size 64 --batch-size 2 --workers 1"
         [vit_classifier]="--batch-size 4 --image-size 32 --patch-size 8 --dim 64 --depth 2 --heads 2"
+        [resnet50_fixture]="--synthetic --batch-size 2 --image-size 32 --num-classes 10"
     )
     declare -A COST=([fix]=0 [ceiling]=0 [compile]=0 [h2h]=0)
 else
@@ -60,6 +63,7 @@ else
         [dcgan]="--batch-size 128 --workers 4"
         [unet_seg]="--batch-size 16 --image-size 256 --workers 4"
         [vit_classifier]="--batch-size 128"
+        [resnet50_fixture]="--synthetic --batch-size 256"
     )
     # The least a verify takes on an H200 (process start-ups dominate; a cold torch.compile adds 30-90s):
     # a run that does not fit is skipped, and one that overruns is killed at the budget (resume later).
@@ -97,10 +101,11 @@ for part in $PARTS; do
         start=$SECONDS
         echo "== $name $part (${SECONDS}s elapsed)"
         # timeout signals its whole process group, so the harness processes verify started go too.
-        original="$HERE/$name.py"
+        source="${SOURCE[$name]:-$HERE/$name.py}"
+        original="$source"
         if [ "$part" = h2h ]; then
             original="$dir/$name.py"
-            cp "$HERE/$name.py" "$original"
+            cp "$source" "$original"
             "$PY" -m tcaudit fix --compile --apply --isolated "$original" > "$dir/fix.txt" 2>&1
         fi
         timeout --kill-after=10 $((left + 30)) "$PY" -m tcaudit verify "$original" --steps "$STEPS" \

@@ -23,7 +23,10 @@ import argparse
 import json
 from pathlib import Path
 
-SCRIPTS = ("imagenet_style", "gpt_manual_attention", "word_lm", "dcgan", "unet_seg", "vit_classifier")
+SCRIPTS = ("imagenet_style", "gpt_manual_attention", "word_lm", "dcgan", "unet_seg", "vit_classifier",
+           "resnet50_fixture")
+# Scripts that live elsewhere in the repository (their ceiling is benchmarks/realworld/<name>_ceiling.py).
+SOURCES = {"resnet50_fixture": "fixtures/resnet50/train.py"}
 PARTS = ("fix", "compile", "ceiling")
 ALL_PARTS = PARTS + ("h2h",)
 # What the harness counts as one sample: the leading dimension of the model's first tensor input.
@@ -34,6 +37,7 @@ UNITS = {
     "dcgan": "discriminator images (3 per real image: real, fake for D, fake for G)",
     "unet_seg": "images",
     "vit_classifier": "images",
+    "resnet50_fixture": "images",
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 
@@ -65,7 +69,7 @@ def row(out: Path, script: str) -> dict | None:
     first = present[0]
     head_to_head = runs["h2h"]
     result = {
-        "script": f"benchmarks/realworld/{script}.py",
+        "script": SOURCES.get(script, f"benchmarks/realworld/{script}.py"),
         "unit": UNITS.get(script, "samples"),
         "naive": naive,
         "patched": side("fix", "patched"),
@@ -145,7 +149,7 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
                 r["h2h"] = previous["h2h"]
             _fraction_from_head_to_head(r)
         by_script[r["script"]] = r
-    order = {f"benchmarks/realworld/{name}.py": i for i, name in enumerate(SCRIPTS)}
+    order = {SOURCES.get(name, f"benchmarks/realworld/{name}.py"): i for i, name in enumerate(SCRIPTS)}
     return sorted(by_script.values(), key=lambda r: order.get(r["script"], len(order)))
 
 
