@@ -62,12 +62,10 @@ def fp16_with_scaler(name: str, text: str) -> str:
 
 
 def float32_batches(text: str) -> str:
-    text = _replace(text, "        return self.images[index % len(self.images)], self.targets[index % len(self.targets)]\n",
-                    "        image = self.images[index % len(self.images)].float().div(255)\n"
-                    "        return (image - self.mean) / self.std, self.targets[index % len(self.targets)]\n")
-    anchor = "                                    generator=generator)\n        self.targets = torch.randint(0, num_classes, (distinct,), generator=generator)\n"
-    text = _replace(text, anchor, anchor + "        self.mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)\n"
-                    "        self.std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)\n")
+    """The naive script's pipeline: ToTensor + Normalize in the workers, float32 batches to the GPU."""
+    text = _replace(text, "transforms.Compose([transforms.RandomHorizontalFlip(), transforms.PILToTensor()])",
+                    "transforms.Compose([transforms.RandomHorizontalFlip(), transforms.ToTensor(), transforms.Normalize("
+                    "mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])")
     return _replace(text, "images = ((images.float() - mean) / std).contiguous(memory_format=torch.channels_last)",
                     "images = images.contiguous(memory_format=torch.channels_last)")
 

@@ -153,6 +153,11 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
     return sorted(by_script.values(), key=lambda r: order.get(r["script"], len(order)))
 
 
+def _name(script: str) -> str:
+    """The benchmark's name for a row's script (``resnet50_fixture`` for fixtures/resnet50/train.py)."""
+    return next((name for name, source in SOURCES.items() if source == script), Path(script).stem)
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
@@ -176,7 +181,7 @@ def table(rows: list[dict]) -> str:
             ci = r.get("fraction_of_ceiling_ci")
             fraction += f" [{ci[0]:.0%}, {ci[1]:.0%}] h2h" if ci else " h2h"
         speedup, ci = r.get("speedup", {}), r.get("speedup_ci") or {}
-        lines.append(f"| {Path(r['script']).stem} | {_num(r.get('naive'))} | {_num(r.get('patched'))} | "
+        lines.append(f"| {_name(r['script'])} | {_num(r.get('naive'))} | {_num(r.get('patched'))} | "
                      f"{_num(r.get('patched_compile'))} | {_num(r.get('ceiling'))} | "
                      f"{_times(speedup.get('fix'), ci.get('fix'))} | {_times(speedup.get('compile'), ci.get('compile'))} | "
                      f"{_times(speedup.get('ceiling'), ci.get('ceiling'))} | {fraction} | {parity} |")
