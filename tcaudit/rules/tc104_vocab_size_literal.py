@@ -42,7 +42,7 @@ from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.logits_reads import (
-    LogitsRead, Untraceable, binds, enclosing_function, sampler_calls, sampler_input, size_reads, trace_logits,
+    LogitsRead, Untraceable, binds, enclosing_function, is_parameter, sampler_calls, sampler_input, size_reads, trace_logits,
 )
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
@@ -503,9 +503,9 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
         owner = next((ctx.class_def for fn, ctx in facts.functions if fn is scope), None) if scope is not None else None
         if dotted in ("self", "self.forward"):
             return owner is not None and owner.name.value in classes
-        if dotted in models:
-            return True
-        return scope is not None and _receives_a_model(facts, scope, dotted, models)
+        if scope is not None and is_parameter(scope, dotted.split(".")[0]):
+            return _receives_a_model(facts, scope, dotted, models)
+        return dotted in models
 
     def is_size(expr: cst.BaseExpression) -> bool:
         return _literal_int(expr) == size or _names_the_size(expr, names.own)
@@ -526,10 +526,7 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
             ) from None
     draws = [c for c in facts.calls if _TOKEN_DRAWS.search(c.qualname or c.name or "")]
     for call in [*samplers, *draws]:
-        source = sampler_input(call) if call in samplers else None
         for arg in call.node.args:
-            if arg.value is source:
-                continue
             for tensor in size_reads(arg.value):
                 try:
                     found = trace_logits(facts, tensor, model_output, is_size)

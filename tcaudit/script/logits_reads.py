@@ -69,15 +69,17 @@ def sampler_input(call: CallSite) -> cst.BaseExpression | None:
 
 
 def size_reads(expr: cst.CSTNode) -> list[cst.BaseExpression]:
-    """The tensors whose last dimension ``expr`` reads as a number: ``x.size(-1)``, ``x.shape[-1]``."""
+    """The tensors whose last dimension ``expr`` reads as a number: ``x.size(-1)``, ``x.shape[-1]``; not
+    inside a ``view``/``reshape`` (``x.view(-1, x.size(-1))`` keeps whatever width ``x`` has)."""
     found: list[cst.BaseExpression] = []
 
     class _V(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
+        def visit_Call(self, node: cst.Call) -> bool:
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value == "size" and len(node.args) == 1:
                 if _is_minus_one(node.args[0].value):
                     found.append(func.value)
+            return not (isinstance(func, cst.Attribute) and func.attr.value in ("view", "reshape"))
 
         def visit_Subscript(self, node: cst.Subscript) -> None:
             value = node.value
@@ -216,7 +218,7 @@ class _Tracer:
         assignments, blocks = _assignments(self.facts, scope, name.value)
         if scope is not None and not assignments:
             module_level, _ = _assignments(self.facts, None, name.value)
-            if module_level and not _binds_locally(scope, name.value):
+            if module_level and not is_parameter(scope, name.value):
                 return module_level  # a global: any of its assignments may be the one read
         read = self.facts.position(name).start
         around = self._blocks_around(name, blocks)
@@ -256,10 +258,11 @@ def _before(end, start) -> bool:
 
 def binds(facts: ScriptFacts, scope: cst.FunctionDef | None, name: str) -> bool:
     """Whether ``scope`` (None: module level) assigns ``name`` itself or takes it as a parameter."""
-    return bool(_assignments(facts, scope, name)[0]) or (scope is not None and _binds_locally(scope, name))
+    return bool(_assignments(facts, scope, name)[0]) or (scope is not None and is_parameter(scope, name))
 
 
-def _binds_locally(fn: cst.FunctionDef, name: str) -> bool:
+def is_parameter(fn: cst.FunctionDef, name: str) -> bool:
+    """Whether ``name`` is one of ``fn``'s parameters."""
     params = fn.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
     every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
