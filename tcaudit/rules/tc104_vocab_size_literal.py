@@ -9,15 +9,32 @@ in a file that trains and where a softmax ranges over the vocabulary (an ``nn.Li
 the class that builds the embedding, tied or not, or ``F.linear(h, emb.weight)``; a size passed as
 ``vocab_size=`` to a model built elsewhere counts as one). Fix (numerics): the
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
-where the size is also set from a tokenizer at run time, where the file samples from the logits, and
-where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
-then draw the padded ids as data). In that last case the padding moves to the trained model's
+where the size is also set from a tokenizer at run time, and where the size feeds anything but the
+model's layers (``torch.randint(0, vocab_size, ...)`` would then draw the padded ids as data). In that
+last case the padding moves to the trained model's
 construction instead: ``GPT(config)`` becomes ``GPT(dataclasses.replace(config, vocab_size=<padded>))``
 and ``GPT(vocab_size=v)`` (or ``RNNModel(kind, v)``, by position to a class of this file) becomes
 ``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow while the data keeps drawing ids
 below the real vocabulary; the model's output flattened by the size (``model(x).view(-1, v)``) is
 flattened by the padded size (declined when the training code outside the model shapes anything else
-by the size, e.g. ``F.one_hot(y, vocab_size)``). One finding per
+by the size, e.g. ``F.one_hot(y, vocab_size)``).
+
+Where the file samples or decodes from the logits (``torch.multinomial``, ``argmax``, ``topk``, also in a
+nanoGPT-style ``generate`` method of the model), each sampler's input is followed back to the padded
+model's output (``tcaudit/script/logits_reads.py``) and that read gets ``[..., :<real size>]`` appended
+(``logits[:, -1, :][..., :50257] / temperature``): a slice, not a -inf mask, so argmax, top-k and
+multinomial see exactly the unpadded model's logits and return the same indices, in any dtype. The
+bound is a name that still holds the real size where the read is (outside the model, the construction's
+own argument: ``vocab``, ``config.vocab_size``); inside the model, or after the literal itself is padded,
+every name holds the padded size and the bound is the literal, used only where no other literal or
+command-line option may set the size. A read the script already bounds by the real size is left alone
+(one bounded by a name that the fix pads gets the real size as its bound). Declined, naming the line,
+where the padded ids could still be read as tokens: a ``generate`` this file does not define (Hugging
+Face's), a sampler's input that cannot be followed to the model (a parameter, a helper's result, a view
+that may merge the vocabulary with another dimension, as in beam search), the logits' width
+(``logits.size(-1)`` of an unbounded read) taken as a size by a sampler or a token draw, or no name or
+safe literal for the real size at the read. The loss keeps the padded logits (targets stay below the
+real size). One finding per
 vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
@@ -500,7 +517,7 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
 
     def model_output(call: cst.Call, scope: cst.FunctionDef | None) -> bool:
         dotted = get_full_name_for_node(call.func) or ""
-        owner = next((ctx.class_def for fn, ctx in facts.functions if fn is scope), None) if scope is not None else None
+        owner = _class_of(facts, scope)
         if dotted in ("self", "self.forward"):
             return owner is not None and owner.name.value in classes
         if scope is not None and is_parameter(scope, dotted.split(".")[0]):
@@ -538,6 +555,10 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
                         "the padded logits' last dimension as a size; pad by hand"
                     )
     return list(reads.values())
+
+
+def _class_of(facts: ScriptFacts, fn: cst.FunctionDef | None) -> cst.ClassDef | None:
+    return next((ctx.class_def for other, ctx in facts.functions if other is fn), None) if fn is not None else None
 
 
 def _model_classes(facts: ScriptFacts, size: int, names: _SizeNames) -> set[str]:
@@ -592,9 +613,10 @@ def _slices(
     """Each read bounded to the real vocabulary, by a name that holds it where the read is (the
     script's own: outside the model the construction's argument, ``vocab`` or ``config.vocab_size``, keeps
     the real size) or else the literal; a read the script already slices there is left alone."""
+    classes = _model_classes(facts, size, _size_names(facts, {lit.name for lit in sites}))
     out: list[LogitsSlice] = []
     for read in reads:
-        bound = _real_size_at(facts, read.node, sites, size, arguments)
+        bound = _real_size_at(facts, read.node, sites, size, arguments, classes)
         if read.bound is None:
             out.append(LogitsSlice(read.node, bound))
         elif _literal_int(read.bound) != size and facts.module.code_for_node(read.bound).strip() != bound:
@@ -603,10 +625,15 @@ def _slices(
 
 
 def _real_size_at(
-    facts: ScriptFacts, node: cst.CSTNode, sites: list[VocabLiteral], size: int, arguments: tuple[PaddedArgument, ...]
+    facts: ScriptFacts, node: cst.CSTNode, sites: list[VocabLiteral], size: int, arguments: tuple[PaddedArgument, ...],
+    classes: set[str],
 ) -> str:
     scope = enclosing_function(facts, node)
-    for argument in arguments:
+    owner = _class_of(facts, scope)
+    # Inside the model the script's names are its padded config; a global there (``config``) would tie the
+    # class to one instance, so only the literal bounds a read in the model's own methods.
+    outside = owner is None or owner.name.value not in classes
+    for argument in arguments if outside else ():
         if not argument.real:
             continue
         root = argument.real.split(".")[0]
