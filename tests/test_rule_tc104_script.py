@@ -475,3 +475,18 @@ def test_generate_samples_exactly_what_the_unpadded_model_samples():
         torch.manual_seed(1)
         unbounded = original["GPT"].generate(large, prompt, max_new_tokens=12, top_k=top_k)
         assert int(unbounded.max()) >= config.vocab_size  # without the bound: padded ids
+
+
+def test_a_decoded_output_the_loss_also_reads_is_bounded_at_the_decoder(tmp_path):
+    """``output = model(data).view(-1, ntokens)`` feeds the loss and an accuracy argmax: the view takes the
+    padded size, the loss keeps the padded logits, and only the argmax's reference is bounded."""
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="").replace(
+        "    loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())",
+        "    output = model(x).view(-1, vocab)\n"
+        "    loss = F.cross_entropy(output, x.flatten())\n"
+        "    accuracy = (output.argmax(-1) == x.flatten()).float().mean()",
+    ))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "    output = model(x).view(-1, (vocab + 63) // 64 * 64)\n" in fixed.fixed
+    assert "    loss = F.cross_entropy(output, x.flatten())\n" in fixed.fixed
+    assert "    accuracy = (output[..., :vocab].argmax(-1) == x.flatten()).float().mean()\n" in fixed.fixed

@@ -202,7 +202,10 @@ class _Tracer:
             if isinstance(value, cst.Call) and self.model_output(value, scope):
                 out.append(LogitsRead(outer, bound))  # ``out = model(x)``: the read is ``out`` as indexed here
                 continue
-            out += self._trace(value, value, None, scope)
+            for read in self._trace(value, value, None, scope):
+                # ``out = model(x).view(-1, V)`` holds the output whole (the loss may read it too): the
+                # sampler's read is this reference to it
+                out.append(LogitsRead(outer, read.bound or bound) if read.node is value else read)
         return out
 
     def _stop(self, expr: cst.CSTNode, why: str = "") -> Untraceable:
