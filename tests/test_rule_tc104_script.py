@@ -350,6 +350,8 @@ SAMPLED = FIXTURE.with_name("tc104_sampling_nanogpt.in.py")
                      id="through-a-name"),
         pytest.param("out = model(x)\ntok = out[0].argmax(-1)", "out = model(x)\ntok = out[0][..., :50257].argmax(-1)",
                      id="indexed-name"),
+        pytest.param("def last(x):\n    return model(x)[:, -1]\ntok = last(x).argmax(-1)",
+                     "def last(x):\n    return model(x)[:, -1]\ntok = last(x)[..., :50257].argmax(-1)", id="a-helper-returns-it"),
     ],
 )
 def test_each_sampler_reads_the_logits_bounded_to_the_real_vocabulary(tmp_path, tail, sliced):

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import libcst as cst
 
+from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import CallSite, ScriptFacts
 
 SAMPLERS = frozenset({"multinomial", "argmax", "topk"})
@@ -122,6 +123,7 @@ class _Tracer:
         self.model_output = model_output
         self.is_size = is_size
         self.depth = 0
+        self.following: set[int] = set()  # helpers whose returns are being followed (no recursion)
 
     def reads(self, expr: cst.BaseExpression) -> list[LogitsRead]:
         scope = enclosing_function(self.facts, expr)
@@ -171,6 +173,8 @@ class _Tracer:
             return []
         if qual.startswith("torch.") and short in _SOFTMAX and call.args:
             return self._trace(call.args[0].value, call.args[0].value, None, scope)
+        if isinstance(func, cst.Name) and self._returns_the_output(func.value):
+            return [LogitsRead(outer, bound)]  # ``logits = forward_step(model, x)``: read at the call
         if isinstance(func, cst.Attribute):
             receiver = func.value
             if method in _SOFTMAX or method in _SAME_VALUES:
@@ -181,6 +185,26 @@ class _Tracer:
                 if self.is_size(last) or size_reads(last):
                     return self._trace(receiver, outer, bound, scope)
         raise self._stop(call)
+
+    def _returns_the_output(self, name: str) -> bool:
+        """Whether ``name`` is the file's one module-level function of that name and each of its ``return``
+        values is the model's output whole (``return model(x)``), so its call stands for the output."""
+        helpers = [fn for fn, ctx in self.facts.functions if fn.name.value == name]
+        if len(helpers) != 1 or id(helpers[0]) in self.following:
+            return False
+        helper = helpers[0]
+        if any(ctx.class_def is not None for fn, ctx in self.facts.functions if fn is helper):
+            return False
+        returns = function_returns(helper)
+        self.following.add(id(helper))
+        try:
+            return bool(returns) and all(
+                [(r.node, r.bound) for r in self._trace(value, value, None, helper)] == [(value, None)] for value in returns
+            )
+        except Untraceable:
+            return False
+        finally:
+            self.following.discard(id(helper))
 
     def _trace_name(
         self, name: cst.Name, outer: cst.BaseExpression, bound: cst.BaseExpression | None,
