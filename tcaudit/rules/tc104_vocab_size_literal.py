@@ -30,8 +30,9 @@ every name holds the padded size and the bound is the literal, used only where n
 command-line option may set the size. A read the script already bounds by the real size is left alone
 (one bounded by a name that the fix pads gets the real size as its bound). Declined, naming the line,
 where the padded ids could still be read as tokens: a ``generate`` this file does not define (Hugging
-Face's), a sampler's input that cannot be followed to the model (a parameter, a helper's result, a view
-that may merge the vocabulary with another dimension, as in beam search), the logits' width
+Face's), a sampler's input that cannot be followed to the model (a parameter, a helper's result other
+than the whole output, a view that may merge the vocabulary with another dimension, as in beam search),
+the logits' width
 (``logits.size(-1)`` of an unbounded read) taken as a size by a sampler or a token draw, or no name or
 safe literal for the real size at the read. The loss keeps the padded logits (targets stay below the
 real size). One finding per

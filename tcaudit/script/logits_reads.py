@@ -4,10 +4,11 @@ output it reads. A rule that widens the output's last dimension (TC104's padded 
 there, so the sampler never sees the extra columns.
 
 The trace is deliberately narrow: a name is followed to its assignments before the read in the same
-function (the last one that encloses the read, and the ones in branches after it), and only through
-operations that keep the vocabulary as the last dimension. Anything else (a parameter, a helper's
-return value, a view that may merge the last dimension) is :class:`Untraceable`, with the line, so
-the rule can decline instead of guessing.
+function (the last one that encloses the read, and the ones in branches after it), into a helper of
+the file whose every ``return`` is the model's output whole, and only through operations that keep
+the vocabulary as the last dimension. Anything else (a parameter, another helper's result, a view that
+may merge the last dimension) is :class:`Untraceable`, with the line, so the rule can decline instead
+of guessing.
 """
 
 from __future__ import annotations
