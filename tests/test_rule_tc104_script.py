@@ -492,3 +492,16 @@ def test_a_decoded_output_the_loss_also_reads_is_bounded_at_the_decoder(tmp_path
     assert "    output = model(x).view(-1, (vocab + 63) // 64 * 64)\n" in fixed.fixed
     assert "    loss = F.cross_entropy(output, x.flatten())\n" in fixed.fixed
     assert "    accuracy = (output[..., :vocab].argmax(-1) == x.flatten()).float().mean()\n" in fixed.fixed
+
+
+def test_numpy_samplers_are_bounded_or_declined(tmp_path):
+    """``np.argmax`` over the probabilities moved to numpy reads the bounded logits; ``np.random.choice``
+    sizes its population apart from ``p``, so it is declined."""
+    head = "import numpy as np"
+    probs = "probs = torch.softmax(logits[0, -1], -1).detach().cpu().numpy()\n"
+    fixed = _fixed(tmp_path, TRAIN.format(head=head, tail=probs + "tok = np.argmax(probs)"))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "probs = torch.softmax(logits[0, -1][..., :50257], -1).detach().cpu().numpy()" in fixed.fixed
+    [finding] = _tc104(tmp_path, head=head, tail=probs + "tok = np.random.choice(len(probs), p=probs)")
+    assert not finding.fix.available
+    assert "`np.random.choice(...)` (line 13) may sample from the padded logits" in finding.fix.reason

@@ -542,6 +542,23 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
                 f"the file samples from the logits at line {facts.line_of(call.node)} and tcaudit cannot follow {stop} "
                 f"to the model's output, so the {target - size} padded ids could be emitted; pad by hand"
             ) from None
+    for call in facts.calls:
+        # ``np.random.choice(len(p), p=p)``, ``random.choices(ids, weights=p)``: the population is sized
+        # apart from the probabilities, so bounding the read would not cover it
+        if not (call.name or "").endswith(("choice", "choices")):
+            continue
+        weights = call.arg("p") or call.arg("weights")
+        if weights is None:
+            continue
+        try:
+            covered = not trace_logits(facts, weights, model_output, is_size)
+        except Untraceable:
+            covered = False
+        if not covered:
+            raise DeclineFix(
+                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from the "
+                f"padded logits, which could emit the {target - size} padded ids; pad by hand"
+            )
     draws = [c for c in facts.calls if _TOKEN_DRAWS.search(c.qualname or c.name or "")]
     for call in [*samplers, *draws]:
         for arg in call.node.args:

@@ -24,7 +24,9 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 SAMPLERS = frozenset({"multinomial", "argmax", "topk"})
 _SOFTMAX = frozenset({"softmax", "log_softmax"})
 # Methods that return the same values with the vocabulary still last (the trace goes through them).
-_SAME_VALUES = frozenset({"float", "double", "half", "bfloat16", "detach", "cpu", "cuda", "to", "clone", "contiguous"})
+_SAME_VALUES = frozenset({
+    "float", "double", "half", "bfloat16", "detach", "cpu", "cuda", "to", "clone", "contiguous", "numpy", "tolist",
+})
 # Calls that make a tensor from nothing the model computed: a sampler over one reads no logits.
 _FACTORIES = frozenset({
     "tensor", "as_tensor", "from_numpy", "ones", "zeros", "full", "empty", "rand", "randn", "randint",
@@ -51,21 +53,18 @@ class LogitsRead:
 
 
 def sampler_calls(facts: ScriptFacts) -> list[CallSite]:
-    """``torch.multinomial(p, 1)``, ``torch.argmax(x, -1)``, ``x.argmax(-1)``, ``torch.topk(x, k)``, ..."""
-    out = []
-    for call in facts.calls:
-        qual = call.qualname or ""
-        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in SAMPLERS:
-            out.append(call)
-        elif call.method in SAMPLERS and not qual.startswith(("numpy.", "np.")):
-            out.append(call)
-    return out
+    """``torch.multinomial(p, 1)``, ``torch.argmax(x, -1)``, ``x.argmax(-1)``, ``torch.topk(x, k)``,
+    ``np.argmax(p)``: whatever module the function comes from, a sampler reads values it may emit."""
+    return [
+        call for call in facts.calls
+        if call.method in SAMPLERS or (call.qualname or call.name or "").rsplit(".", 1)[-1] in SAMPLERS
+    ]
 
 
 def sampler_input(call: CallSite) -> cst.BaseExpression | None:
-    """The tensor a sampler reads: the receiver of ``x.argmax()``, else its first argument."""
-    qual = call.qualname or ""
-    if qual.startswith("torch.") or call.receiver is None:
+    """The tensor a sampler reads: the first argument of a module's function (``torch.argmax(x)``,
+    ``np.argmax(x)``, a name resolved through an import), else the receiver of the method (``x.argmax()``)."""
+    if call.qualname is not None or call.receiver is None:
         return call.arg("input", 0)
     return call.receiver
 
