@@ -402,9 +402,9 @@ def test_a_read_sliced_by_the_real_name_is_left_alone(tmp_path):
     [
         pytest.param("out = model.generate(x, max_new_tokens=5)", "`model.generate(...)` (line 12) samples from the logits in code "
                      "outside this file", id="library-generate"),
-        pytest.param("def pick(scores):\n    return scores.argmax(-1)", "cannot follow `scores` (line 13) is not assigned",
+        pytest.param("def pick(scores):\n    return scores.argmax(-1)", "at line 13, but `scores` (line 13) is not assigned before it in the same function",
                      id="a-parameter"),
-        pytest.param("beams = torch.topk((logits + 1.0).view(8, -1), 4)", "cannot follow `(logits + 1.0).view(8, -1)` (line 12)",
+        pytest.param("beams = torch.topk((logits + 1.0).view(8, -1), 4)", "but `(logits + 1.0).view(8, -1)` (line 12) cannot be followed to the model's output",
                      id="beam-search-view"),
         pytest.param("tok = torch.multinomial(torch.ones(logits.size(-1)), 1)", "(line 12) takes the padded logits' last dimension",
                      id="last-dim-as-a-size"),

@@ -32,11 +32,11 @@ command-line option may set the size. A read the script already bounds by the re
 where the padded ids could still be read as tokens: a ``generate`` this file does not define (Hugging
 Face's), a sampler's input that cannot be followed to the model (a parameter, a helper's result other
 than the whole output, a view that may merge the vocabulary with another dimension, as in beam search),
-the logits' width
-(``logits.size(-1)`` of an unbounded read) taken as a size by a sampler or a token draw, or no name or
-safe literal for the real size at the read. The loss keeps the padded logits (targets stay below the
-real size). One finding per
-vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
+``np.random.choice``/``random.choices`` weighted by the logits, the logits' width (``logits.size(-1)``
+of an unbounded read) taken as a size by a sampler or a token draw, or no name or safe literal for the
+real size at the read. The loss keeps the padded logits (targets stay below the real size).
+
+One finding per vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
 """
@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -503,8 +503,9 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
     """Every read of the padded model's logits that a sampler or decoder takes (``torch.multinomial``,
     ``argmax``, ``topk``, also inside a ``generate`` method of the model), followed back to the model's
     output. Declined where the padded ids could still be read as tokens: a ``generate`` this file does not
-    define (Hugging Face's), a sampler whose input cannot be followed, or the logits' last dimension
-    (``logits.size(-1)``) of an unsliced read taken as a size by a sampler or a token draw."""
+    define (Hugging Face's), a sampler whose input cannot be followed, a weighted ``choice`` over the
+    logits, or the logits' last dimension (``logits.size(-1)``) of an unsliced read taken as a size by a
+    sampler or a token draw."""
     names = _size_names(facts, {lit.name for lit in sites})
     classes = _model_classes(facts, size, names)
     models = _padded_models(facts, size, names, classes)
@@ -528,43 +529,59 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
     def is_size(expr: cst.BaseExpression) -> bool:
         return _literal_int(expr) == size or _names_the_size(expr, names.own)
 
+    def trace(expr: cst.BaseExpression) -> list[LogitsRead]:
+        return trace_logits(facts, expr, model_output, is_size)
+
     reads: dict[int, LogitsRead] = {}
     samplers = sampler_calls(facts)
     for call in samplers:
         expr = sampler_input(call)
-        if expr is None:
-            continue
         try:
-            for read in trace_logits(facts, expr, model_output, is_size):
+            for read in trace(expr) if expr is not None else ():
                 reads.setdefault(id(read.node), read)
         except Untraceable as stop:
             raise DeclineFix(
-                f"the file samples from the logits at line {facts.line_of(call.node)} and tcaudit cannot follow {stop} "
-                f"to the model's output, so the {target - size} padded ids could be emitted; pad by hand"
+                f"the file samples from the logits at line {facts.line_of(call.node)}, but {stop}, "
+                f"so the {target - size} padded ids could be emitted; pad by hand"
             ) from None
+    _check_weighted_choices(facts, trace, target - size)
+    _check_width_reads(facts, trace, samplers, reads)
+    return list(reads.values())
+
+
+_Trace = Callable[[cst.BaseExpression], "list[LogitsRead]"]  # a sampler's input -> the logits reads it takes
+
+
+def _check_weighted_choices(facts: ScriptFacts, trace: _Trace, extra: int) -> None:
+    """``np.random.choice(len(p), p=p)``, ``random.choices(ids, weights=p)`` over the logits: the population
+    is sized apart from the probabilities, so bounding the read would not cover it; declined."""
     for call in facts.calls:
-        # ``np.random.choice(len(p), p=p)``, ``random.choices(ids, weights=p)``: the population is sized
-        # apart from the probabilities, so bounding the read would not cover it
         if not (call.name or "").endswith(("choice", "choices")):
             continue
         weights = call.arg("p") or call.arg("weights")
         if weights is None:
             continue
         try:
-            covered = not trace_logits(facts, weights, model_output, is_size)
+            covered = not trace(weights)
         except Untraceable:
             covered = False
         if not covered:
             raise DeclineFix(
-                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from the "
-                f"padded logits, which could emit the {target - size} padded ids; pad by hand"
+                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from "
+                f"the padded logits, which could emit the {extra} padded ids; pad by hand"
             )
+
+
+def _check_width_reads(facts: ScriptFacts, trace: _Trace, samplers: list[CallSite], reads: dict[int, LogitsRead]) -> None:
+    """``logits.size(-1)`` taken as a size by a sampler or a token draw must read bounded logits (nanoGPT's
+    ``torch.topk(logits, min(top_k, logits.size(-1)))`` does, after the bound); unbounded it is the padded
+    width: ``torch.randint(0, logits.size(-1), ...)`` would draw padded ids. Declined then."""
     draws = [c for c in facts.calls if _TOKEN_DRAWS.search(c.qualname or c.name or "")]
     for call in [*samplers, *draws]:
         for arg in call.node.args:
             for tensor in size_reads(arg.value):
                 try:
-                    found = trace_logits(facts, tensor, model_output, is_size)
+                    found = trace(tensor)
                 except Untraceable:
                     continue  # not followed to the model: not the padded logits as far as the file shows
                 if any(id(r.node) not in reads and r.bound is None for r in found):
@@ -572,7 +589,6 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
                         f"`{facts.module.code_for_node(call.node).strip()[:60]}` (line {facts.line_of(call.node)}) takes "
                         "the padded logits' last dimension as a size; pad by hand"
                     )
-    return list(reads.values())
 
 
 def _class_of(facts: ScriptFacts, fn: cst.FunctionDef | None) -> cst.ClassDef | None:

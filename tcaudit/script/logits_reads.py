@@ -39,7 +39,8 @@ IsSize = Callable[[cst.BaseExpression], bool]
 
 
 class Untraceable(Exception):
-    """A sampler's input that cannot be followed to the model's output or shown not to be it."""
+    """A sampler's input that cannot be followed to the model's output or shown not to be it; the
+    message names the expression, its line and why (```scores` (line 12) is not assigned ...``)."""
 
 
 @dataclass(frozen=True)
@@ -232,10 +233,10 @@ class _Tracer:
                 out.append(LogitsRead(outer, read.bound or bound) if read.node is value else read)
         return out
 
-    def _stop(self, expr: cst.CSTNode, why: str = "") -> Untraceable:
+    def _stop(self, expr: cst.CSTNode, why: str = "cannot be followed to the model's output") -> Untraceable:
         code = self.facts.module.code_for_node(expr).strip()
         code = code if len(code) <= 40 else code[:37] + "..."
-        return Untraceable(f"`{code}` (line {self.facts.line_of(expr)}){' ' + why if why else ''}")
+        return Untraceable(f"`{code}` (line {self.facts.line_of(expr)}) {why}")
 
     # -- assignments --------------------------------------------------------------------------------
 
