@@ -505,3 +505,18 @@ def test_numpy_samplers_are_bounded_or_declined(tmp_path):
     [finding] = _tc104(tmp_path, head=head, tail=probs + "tok = np.random.choice(len(probs), p=probs)")
     assert not finding.fix.available
     assert "`np.random.choice(...)` (line 13) may sample from the padded logits" in finding.fix.reason
+
+
+def test_the_last_position_picked_by_indexing_is_bounded_where_it_is_picked(tmp_path):
+    """``logits = logits[:, -1, :]`` then top-k by ``logits.size(-1)`` and multinomial: one bound, at the
+    indexing, so the width top-k reads is the real one."""
+    tail = (
+        "last = logits[:, -1, :]\n"
+        "v, _ = torch.topk(last, min(10, last.size(-1)))\n"
+        "last[last < v[:, [-1]]] = -float('inf')\n"
+        "tok = torch.multinomial(torch.softmax(last, -1), 1)"
+    )
+    fixed = _fixed(tmp_path, TRAIN.format(head="", tail=tail))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "last = logits[:, -1, :][..., :50257]\n" in fixed.fixed
+    assert fixed.fixed.count("[..., :50257]") == 1

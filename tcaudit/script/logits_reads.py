@@ -227,10 +227,14 @@ class _Tracer:
             if isinstance(value, cst.Call) and self.model_output(value, scope):
                 out.append(LogitsRead(outer, bound))  # ``out = model(x)``: the read is ``out`` as indexed here
                 continue
+            flattened = isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in (
+                "view", "reshape")
             for read in self._trace(value, value, None, scope):
-                # ``out = model(x).view(-1, V)`` holds the output whole (the loss may read it too): the
-                # sampler's read is this reference to it
-                out.append(LogitsRead(outer, read.bound or bound) if read.node is value else read)
+                # ``output = model(x).view(-1, V)`` is the output flattened for the loss, which keeps the
+                # padded logits: the sampler's read is its reference to it. Indexing (``logits[:, -1, :]``)
+                # picks what is sampled, and is bounded where it is written.
+                moved = flattened and read.node is value
+                out.append(LogitsRead(outer, read.bound or bound) if moved else read)
         return out
 
     def _stop(self, expr: cst.CSTNode, why: str = "cannot be followed to the model's output") -> Untraceable:
