@@ -198,10 +198,13 @@ class _Tracer:
             return False
         returns = function_returns(helper)
         self.following.add(id(helper))
+
+        def whole(value: cst.BaseExpression) -> bool:
+            found = self._trace(value, value, None, helper)
+            return len(found) == 1 and found[0].node is value and found[0].bound is None
+
         try:
-            return bool(returns) and all(
-                [(r.node, r.bound) for r in self._trace(value, value, None, helper)] == [(value, None)] for value in returns
-            )
+            return bool(returns) and all(whole(value) for value in returns)
         except Untraceable:
             return False
         finally:
