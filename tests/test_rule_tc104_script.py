@@ -48,7 +48,6 @@ def test_module_constant_is_fixable(tmp_path):
     "tail,reason",
     [
         ("model.load_state_dict(torch.load('ckpt.pt'))", "loads weights"),
-        ("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)", "samples from the logits"),
         ("VOCAB_SIZE = len(tokenizer)", "set at run time"),
         ("noise = torch.randint(0, VOCAB_SIZE, (8,))", "also feeds `torch.randint"),
     ],
@@ -253,7 +252,6 @@ def test_a_size_that_feeds_the_data_is_padded_where_the_model_is_built(tmp_path)
     [
         ("flat = x.view(-1, vocab)", "outside the model"),  # the data, not the model's output
         ("hot = F.one_hot(x, vocab)", "outside the model"),
-        ("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)", "samples from the logits"),
         ("model.load_state_dict(torch.load('ckpt.pt'))", "loads weights"),
     ],
 )
@@ -331,3 +329,194 @@ def test_realworld_gpt_is_padded_at_its_construction():
     assert fixed.applied == ["TC104"], fixed.declined
     assert "model = GPT(dataclasses.replace(config, vocab_size=(config.vocab_size + 63) // 64 * 64)).to(device)" in fixed.fixed
     assert "torch.randint(0, config.vocab_size, (1_000_000,)" in fixed.fixed
+
+
+# -- sampling from the padded logits ------------------------------------------------------------------------
+
+SAMPLED = FIXTURE.with_name("tc104_sampling_nanogpt.in.py")
+
+
+@pytest.mark.parametrize(
+    "tail,sliced",
+    [
+        pytest.param("sample = torch.multinomial(torch.softmax(logits[-1], -1), 1)",
+                     "sample = torch.multinomial(torch.softmax(logits[-1][..., :50257], -1), 1)", id="multinomial"),
+        pytest.param("best = logits.argmax(-1)", "best = logits[..., :50257].argmax(-1)", id="argmax-method"),
+        pytest.param("best = torch.argmax(model(x), dim=-1)", "best = torch.argmax(model(x)[..., :50257], dim=-1)",
+                     id="argmax-of-the-call"),
+        pytest.param("top = torch.topk(logits / 0.8, 5)", "top = torch.topk(logits[..., :50257] / 0.8, 5)", id="topk"),
+        pytest.param("probs = F.softmax(logits[:, -1, :], dim=-1)\ntok = probs.multinomial(1)",
+                     "probs = F.softmax(logits[:, -1, :][..., :50257], dim=-1)\ntok = probs.multinomial(1)",
+                     id="through-a-name"),
+        pytest.param("out = model(x)\ntok = out[0].argmax(-1)", "out = model(x)\ntok = out[0][..., :50257].argmax(-1)",
+                     id="indexed-name"),
+        pytest.param("def last(x):\n    return model(x)[:, -1]\ntok = last(x).argmax(-1)",
+                     "def last(x):\n    return model(x)[:, -1]\ntok = last(x)[..., :50257].argmax(-1)", id="a-helper-returns-it"),
+    ],
+)
+def test_each_sampler_reads_the_logits_bounded_to_the_real_vocabulary(tmp_path, tail, sliced):
+    """The literal is padded; every sampler's first read of the model's output gets ``[..., :50257]``
+    (no name holds the real size after the fix), once, and a second fix changes nothing."""
+    head = "import torch.nn.functional as F"
+    fixed = _fixed(tmp_path, TRAIN.format(head=head, tail=tail))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "VOCAB_SIZE = 50304" in fixed.fixed
+    assert fixed.fixed.endswith(sliced + "\n")
+    assert fixed.fixed.count("[..., :50257]") == 1
+    again = _fixed(tmp_path, fixed.fixed)
+    assert again.fixed == fixed.fixed and not again.applied
+
+
+def test_outside_the_model_the_scripts_own_name_bounds_the_read(tmp_path):
+    """Built padded at the construction (the size feeds the data): ``vocab`` keeps the real size beside
+    the model, so the read is bounded by it."""
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="tok = torch.multinomial(F.softmax(logits[-1], -1), 1)"))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "model = LM(vocab_size=(vocab + 63) // 64 * 64)" in fixed.fixed
+    assert "tok = torch.multinomial(F.softmax(logits[-1][..., :vocab], -1), 1)" in fixed.fixed
+    assert _fixed(tmp_path, fixed.fixed).fixed == fixed.fixed
+
+
+@pytest.mark.parametrize(
+    "tail,kept",
+    [
+        pytest.param("best = logits[..., :50257].argmax(-1)", "best = logits[..., :50257].argmax(-1)", id="literal"),
+        # ``VOCAB_SIZE`` is 50304 after the fix: its bound becomes the real size, no second slice
+        pytest.param("best = logits[..., :VOCAB_SIZE].argmax(-1)", "best = logits[..., :50257].argmax(-1)", id="padded-name"),
+    ],
+)
+def test_a_read_the_script_slices_already_is_not_sliced_again(tmp_path, tail, kept):
+    fixed = _fixed(tmp_path, TRAIN.format(head="", tail=tail))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert fixed.fixed.endswith(kept + "\n")
+
+
+def test_a_read_sliced_by_the_real_name_is_left_alone(tmp_path):
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="tok = logits[:, -1, :vocab].argmax(-1)"))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert fixed.fixed.endswith("tok = logits[:, -1, :vocab].argmax(-1)\n")
+
+
+@pytest.mark.parametrize(
+    "tail,reason",
+    [
+        pytest.param("out = model.generate(x, max_new_tokens=5)", "`model.generate(...)` (line 12) samples from the logits in code "
+                     "outside this file", id="library-generate"),
+        pytest.param("def pick(scores):\n    return scores.argmax(-1)", "at line 13, but `scores` (line 13) is not assigned before it in the same function",
+                     id="a-parameter"),
+        pytest.param("beams = torch.topk((logits + 1.0).view(8, -1), 4)", "but `(logits + 1.0).view(8, -1)` (line 12) cannot be followed to the model's output",
+                     id="beam-search-view"),
+        pytest.param("tok = torch.multinomial(torch.ones(logits.size(-1)), 1)", "(line 12) takes the padded logits' last dimension",
+                     id="last-dim-as-a-size"),
+        pytest.param("noise = torch.randint(0, logits.size(-1), (8,))", "(line 12) takes the padded logits' last dimension",
+                     id="token-draw-by-the-width"),
+    ],
+)
+def test_sampling_the_fix_cannot_cover_is_declined_with_the_line(tmp_path, tail, reason):
+    [finding] = _tc104(tmp_path, tail=tail)
+    assert not finding.fix.available
+    assert reason in finding.fix.reason, finding.fix.reason
+
+
+def test_no_name_holds_the_real_size_where_the_literal_is_an_option(tmp_path):
+    """An argparse default that the literal padding changes: ``args.vocab_size`` is the padded size after
+    the fix and 50257 may not be the size run; declined."""
+    result = scan_code(tmp_path, """
+        import argparse
+        import torch
+        import torch.nn as nn
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--vocab-size", type=int, default=50257)
+        args = parser.parse_args()
+        model = nn.Sequential(nn.Embedding(args.vocab_size, 64), nn.Linear(64, args.vocab_size))
+        optimizer = torch.optim.AdamW(model.parameters())
+        for x, y in batches:
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+            optimizer.step()
+        print(logits.argmax(-1))
+    """, select=("TC104",))
+    [finding] = result.findings
+    assert not finding.fix.available
+    assert "samples from the logits at line 14, where no name holds the real vocabulary" in finding.fix.reason
+
+
+def test_generate_samples_exactly_what_the_unpadded_model_samples():
+    """The oracle for sampling: the padded model (the original's weights copied in, its padded logits
+    forced far above every real one) generates, with one seed, exactly the original's tokens; the
+    original ``generate`` on the padded model emits padded ids, so the bound is what keeps them out."""
+    torch = pytest.importorskip("torch")
+    original, patched = _load(SAMPLED), _load(SAMPLED.with_name("tc104_sampling_nanogpt.out.py"))
+    torch.manual_seed(0)
+    config = original["GPTConfig"]()
+    small = original["GPT"](config).eval()
+    large = patched["GPT"](patched["dataclasses"].replace(config, vocab_size=50304)).eval()
+    with torch.no_grad():
+        state = large.state_dict()
+        for key, value in small.state_dict().items():
+            if value.shape == state[key].shape:
+                state[key].copy_(value)
+            else:
+                state[key].zero_()
+                state[key][:config.vocab_size].copy_(value)
+        large.load_state_dict(state)
+
+    def dominate(module, inputs, output):
+        output[..., config.vocab_size:] = 1e4  # what training could leave there, at its worst
+        return output
+
+    large.lm_head.register_forward_hook(dominate)
+    prompt = torch.zeros((2, 1), dtype=torch.long)
+    for top_k in (None, 50):
+        torch.manual_seed(1)
+        expected = small.generate(prompt, max_new_tokens=12, top_k=top_k)
+        torch.manual_seed(1)
+        got = large.generate(prompt, max_new_tokens=12, top_k=top_k)
+        assert torch.equal(got, expected)
+        torch.manual_seed(1)
+        unbounded = original["GPT"].generate(large, prompt, max_new_tokens=12, top_k=top_k)
+        assert int(unbounded.max()) >= config.vocab_size  # without the bound: padded ids
+
+
+def test_a_decoded_output_the_loss_also_reads_is_bounded_at_the_decoder(tmp_path):
+    """``output = model(data).view(-1, ntokens)`` feeds the loss and an accuracy argmax: the view takes the
+    padded size, the loss keeps the padded logits, and only the argmax's reference is bounded."""
+    fixed = _fixed(tmp_path, KEYWORD_TRAIN.format(tail="").replace(
+        "    loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())",
+        "    output = model(x).view(-1, vocab)\n"
+        "    loss = F.cross_entropy(output, x.flatten())\n"
+        "    accuracy = (output.argmax(-1) == x.flatten()).float().mean()",
+    ))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "    output = model(x).view(-1, (vocab + 63) // 64 * 64)\n" in fixed.fixed
+    assert "    loss = F.cross_entropy(output, x.flatten())\n" in fixed.fixed
+    assert "    accuracy = (output[..., :vocab].argmax(-1) == x.flatten()).float().mean()\n" in fixed.fixed
+
+
+def test_numpy_samplers_are_bounded_or_declined(tmp_path):
+    """``np.argmax`` over the probabilities moved to numpy reads the bounded logits; ``np.random.choice``
+    sizes its population apart from ``p``, so it is declined."""
+    head = "import numpy as np"
+    probs = "probs = torch.softmax(logits[0, -1], -1).detach().cpu().numpy()\n"
+    fixed = _fixed(tmp_path, TRAIN.format(head=head, tail=probs + "tok = np.argmax(probs)"))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "probs = torch.softmax(logits[0, -1][..., :50257], -1).detach().cpu().numpy()" in fixed.fixed
+    [finding] = _tc104(tmp_path, head=head, tail=probs + "tok = np.random.choice(len(probs), p=probs)")
+    assert not finding.fix.available
+    assert "`np.random.choice(...)` (line 13) may sample from the padded logits" in finding.fix.reason
+
+
+def test_the_last_position_picked_by_indexing_is_bounded_where_it_is_picked(tmp_path):
+    """``logits = logits[:, -1, :]`` then top-k by ``logits.size(-1)`` and multinomial: one bound, at the
+    indexing, so the width top-k reads is the real one."""
+    tail = (
+        "last = logits[:, -1, :]\n"
+        "v, _ = torch.topk(last, min(10, last.size(-1)))\n"
+        "last[last < v[:, [-1]]] = -float('inf')\n"
+        "tok = torch.multinomial(torch.softmax(last, -1), 1)"
+    )
+    fixed = _fixed(tmp_path, TRAIN.format(head="", tail=tail))
+    assert fixed.applied == ["TC104"], fixed.declined
+    assert "last = logits[:, -1, :][..., :50257]\n" in fixed.fixed
+    assert fixed.fixed.count("[..., :50257]") == 1

@@ -9,25 +9,44 @@ in a file that trains and where a softmax ranges over the vocabulary (an ``nn.Li
 the class that builds the embedding, tied or not, or ``F.linear(h, emb.weight)``; a size passed as
 ``vocab_size=`` to a model built elsewhere counts as one). Fix (numerics): the
 literal becomes the next multiple of 64. Declined where a checkpoint or pretrained weights are loaded,
-where the size is also set from a tokenizer at run time, where the file samples from the logits, and
-where the size feeds anything but the model's layers (``torch.randint(0, vocab_size, ...)`` would
-then draw the padded ids as data). In that last case the padding moves to the trained model's
+where the size is also set from a tokenizer at run time, and where the size feeds anything but the
+model's layers (``torch.randint(0, vocab_size, ...)`` would then draw the padded ids as data). In that
+last case the padding moves to the trained model's
 construction instead: ``GPT(config)`` becomes ``GPT(dataclasses.replace(config, vocab_size=<padded>))``
 and ``GPT(vocab_size=v)`` (or ``RNNModel(kind, v)``, by position to a class of this file) becomes
 ``GPT(vocab_size=<v padded>)``, so the model's embedding and head grow while the data keeps drawing ids
 below the real vocabulary; the model's output flattened by the size (``model(x).view(-1, v)``) is
 flattened by the padded size (declined when the training code outside the model shapes anything else
-by the size, e.g. ``F.one_hot(y, vocab_size)``). One finding per
-vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
+by the size, e.g. ``F.one_hot(y, vocab_size)``).
+
+Where the file samples or decodes from the logits (``torch.multinomial``, ``argmax``, ``topk``, also in a
+nanoGPT-style ``generate`` method of the model), each sampler's input is followed back to the padded
+model's output (``tcaudit/script/logits_reads.py``) and that read gets ``[..., :<real size>]`` appended
+(``logits[:, -1, :][..., :50257] / temperature``): a slice, not a -inf mask, so argmax, top-k and
+multinomial see exactly the unpadded model's logits and return the same indices, in any dtype. The
+bound is a name that still holds the real size where the read is (outside the model, the construction's
+own argument: ``vocab``, ``config.vocab_size``); inside the model, or after the literal itself is padded,
+every name holds the padded size and the bound is the literal, used only where no other literal or
+command-line option may set the size. A read the script already bounds by the real size is left alone
+(one bounded by a name that the fix pads gets the real size as its bound). Declined, naming the line,
+where the padded ids could still be read as tokens: a ``generate`` this file does not define (Hugging
+Face's), a sampler's input that cannot be followed to the model (a parameter, a helper's result other
+than the whole output, a view that may merge the vocabulary with another dimension, as in beam search),
+``np.random.choice``/``random.choices`` weighted by the logits, the logits' width (``logits.size(-1)``
+of an unbounded read) taken as a size by a sampler or a token draw, or no name or safe literal for the
+real size at the read. The loss keeps the padded logits (targets stay below the real size).
+
+One finding per vocabulary size (``VocabSizeLiteral.merge_model_findings``): a
 fixable literal stands for the model audit's finding; a declined one gives its reason to the model
 audit's finding, which keeps its location and measured cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -36,9 +55,13 @@ from tcaudit.findings import Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
+from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.logits_reads import (
+    LogitsRead, Untraceable, binds, enclosing_function, is_parameter, sampler_calls, sampler_input, size_reads, trace_logits,
+)
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
@@ -55,7 +78,6 @@ _EMBEDDING = ("torch.nn.Embedding", "torch.nn.modules.sparse.Embedding")
 _LINEAR = ("torch.nn.Linear", "torch.nn.modules.linear.Linear")
 # Calls a vocabulary size may feed without its padding reaching the data or the output.
 _SHAPE_METHODS = frozenset({"view", "reshape", "expand", "new_zeros", "new_empty", "new_full", "unflatten"})
-_SAMPLING = re.compile(r"(^|\.)(multinomial|argmax|generate)$")
 # Synthetic token draws: below the real vocabulary they stay valid ids of the padded model.
 _TOKEN_DRAWS = re.compile(r"(^|\.)randint$")
 
@@ -77,6 +99,17 @@ class VocabLiteral:
     where: str  # "default", "assignment", "keyword", "argparse", "layer"
 
 
+@dataclass(frozen=True)
+class LogitsSlice:
+    """A read of the padded model's logits by a sampler or decoder: ``node`` gets ``[..., :bound]``
+    appended (the real vocabulary), or, with ``replace``, ``node`` is the upper bound of the script's
+    own slice, which would hold the padded size after the fix, and becomes ``bound``."""
+
+    node: cst.BaseExpression
+    bound: str
+    replace: bool = False
+
+
 @dataclass(frozen=True, eq=False)
 class PadVocab(FixPlan):
     kind = "replace-literal"
@@ -84,14 +117,18 @@ class PadVocab(FixPlan):
     vocab_size: int
     padded: int
     lines: tuple[int, ...]
+    slices: tuple[LogitsSlice, ...] = ()
 
 
 @dataclass(frozen=True)
 class PaddedArgument:
-    """An argument of the trained model's construction that becomes ``code`` (the size padded)."""
+    """An argument of the trained model's construction that becomes ``code`` (the size padded);
+    ``real`` is the expression that still holds the real size after the edit (``vocab``,
+    ``config.vocab_size``), empty for the model's output flattened by the size."""
 
     node: cst.BaseExpression
     code: str
+    real: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +140,7 @@ class PadAtConstruction(FixPlan):
     vocab_size: int
     padded: int
     needs_dataclasses: bool
+    slices: tuple[LogitsSlice, ...] = ()
 
 
 def padded_code(expr: str) -> str:
@@ -434,7 +472,7 @@ def _matmuls(module: cst.Module) -> list[cst.BinaryOperation]:
 # -- the plan ---------------------------------------------------------------------------------------------
 
 
-def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int) -> PadVocab:
+def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int) -> PadVocab | PadAtConstruction:
     for call in facts.calls:
         name = call.name or ""
         qual = call.qualname or ""
@@ -444,23 +482,210 @@ def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int)
                 f"the file loads weights ({where}) whose embedding has {size} rows; pad the vocabulary by hand "
                 "(and the checkpoint's embedding and head) or not at all"
             )
-        if _SAMPLING.search(name) or _SAMPLING.search(qual):
-            raise DeclineFix(
-                f"the file samples from the logits ({where}), which could emit the {target - size} padded ids; "
-                f"pad by hand and mask `logits[..., {size}:]` to -inf there"
-            )
     names = {lit.name for lit in sites}
+    reads = _sampled_reads(facts, sites, size, target)
+    bounds = {id(read.bound) for read in reads if read.bound is not None}
     _check_runtime_sizes(facts, names)
     try:
-        _check_uses(facts, names)
+        _check_uses(facts, names, bounds)
     except DeclineFix as feeds_data:
-        return _construction_plan(facts, sites, names, size, target, feeds_data)
+        plan = _construction_plan(facts, sites, names, size, target, feeds_data, bounds)
+        return dataclasses.replace(plan, slices=_slices(facts, reads, sites, size, plan.arguments))
     literals = tuple(lit.node for lit in sites)
-    return PadVocab(literals, size, target, tuple(sorted(facts.line_of(n) for n in literals)))
+    slices = _slices(facts, reads, sites, size, ())
+    return PadVocab(literals, size, target, tuple(sorted(facts.line_of(n) for n in literals)), slices)
+
+
+# -- sampling from the padded logits -----------------------------------------------------------------------
+
+
+def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int) -> list[LogitsRead]:
+    """Every read of the padded model's logits that a sampler or decoder takes (``torch.multinomial``,
+    ``argmax``, ``topk``, also inside a ``generate`` method of the model), followed back to the model's
+    output. Declined where the padded ids could still be read as tokens: a ``generate`` this file does not
+    define (Hugging Face's), a sampler whose input cannot be followed, a weighted ``choice`` over the
+    logits, or the logits' last dimension (``logits.size(-1)``) of an unsliced read taken as a size by a
+    sampler or a token draw."""
+    names = _size_names(facts, {lit.name for lit in sites})
+    classes = _model_classes(facts, size, names)
+    models = _padded_models(facts, size, names, classes)
+    defined = {fn.name.value for fn, ctx in facts.functions if ctx.class_def is None or ctx.class_def.name.value in classes}
+    for call in facts.calls:
+        if (call.method or call.name) == "generate" and "generate" not in defined:
+            raise DeclineFix(
+                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) samples from the "
+                f"logits in code outside this file, which could emit the {target - size} padded ids; pad by hand"
+            )
+
+    def model_output(call: cst.Call, scope: cst.FunctionDef | None) -> bool:
+        dotted = get_full_name_for_node(call.func) or ""
+        owner = _class_of(facts, scope)
+        if dotted in ("self", "self.forward"):
+            return owner is not None and owner.name.value in classes
+        if scope is not None and is_parameter(scope, dotted.split(".")[0]):
+            return _receives_a_model(facts, scope, dotted, models)
+        return dotted in models
+
+    def is_size(expr: cst.BaseExpression) -> bool:
+        return _literal_int(expr) == size or _names_the_size(expr, names.own)
+
+    def trace(expr: cst.BaseExpression) -> list[LogitsRead]:
+        return trace_logits(facts, expr, model_output, is_size)
+
+    reads: dict[int, LogitsRead] = {}
+    samplers = sampler_calls(facts)
+    for call in samplers:
+        expr = sampler_input(call)
+        try:
+            for read in trace(expr) if expr is not None else ():
+                reads.setdefault(id(read.node), read)
+        except Untraceable as stop:
+            raise DeclineFix(
+                f"the file samples from the logits at line {facts.line_of(call.node)}, but {stop}, "
+                f"so the {target - size} padded ids could be emitted; pad by hand"
+            ) from None
+    _check_weighted_choices(facts, trace, target - size)
+    _check_width_reads(facts, trace, samplers, reads)
+    return list(reads.values())
+
+
+_Trace = Callable[[cst.BaseExpression], "list[LogitsRead]"]  # a sampler's input -> the logits reads it takes
+
+
+def _check_weighted_choices(facts: ScriptFacts, trace: _Trace, extra: int) -> None:
+    """``np.random.choice(len(p), p=p)``, ``random.choices(ids, weights=p)`` over the logits: the population
+    is sized apart from the probabilities, so bounding the read would not cover it; declined."""
+    for call in facts.calls:
+        if not (call.name or "").endswith(("choice", "choices")):
+            continue
+        weights = call.arg("p") or call.arg("weights")
+        if weights is None:
+            continue
+        try:
+            covered = not trace(weights)
+        except Untraceable:
+            covered = False
+        if not covered:
+            raise DeclineFix(
+                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from "
+                f"the padded logits, which could emit the {extra} padded ids; pad by hand"
+            )
+
+
+def _check_width_reads(facts: ScriptFacts, trace: _Trace, samplers: list[CallSite], reads: dict[int, LogitsRead]) -> None:
+    """``logits.size(-1)`` taken as a size by a sampler or a token draw must read bounded logits (nanoGPT's
+    ``torch.topk(logits, min(top_k, logits.size(-1)))`` does, after the bound); unbounded it is the padded
+    width: ``torch.randint(0, logits.size(-1), ...)`` would draw padded ids. Declined then."""
+    draws = [c for c in facts.calls if _TOKEN_DRAWS.search(c.qualname or c.name or "")]
+    for call in [*samplers, *draws]:
+        for arg in call.node.args:
+            for tensor in size_reads(arg.value):
+                try:
+                    found = trace(tensor)
+                except Untraceable:
+                    continue  # not followed to the model: not the padded logits as far as the file shows
+                if any(id(r.node) not in reads and r.bound is None for r in found):
+                    raise DeclineFix(
+                        f"`{facts.module.code_for_node(call.node).strip()[:60]}` (line {facts.line_of(call.node)}) takes "
+                        "the padded logits' last dimension as a size; pad by hand"
+                    )
+
+
+def _class_of(facts: ScriptFacts, fn: cst.FunctionDef | None) -> cst.ClassDef | None:
+    return next((ctx.class_def for other, ctx in facts.functions if other is fn), None) if fn is not None else None
+
+
+def _model_classes(facts: ScriptFacts, size: int, names: _SizeNames) -> set[str]:
+    """This file's classes that build the embedding of this size (the model whose logits are padded)."""
+    return {
+        c.ctx.class_def.name.value for c in facts.calls
+        if (c.qualname or "") in _EMBEDDING and c.ctx.class_def is not None
+        and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c))
+    }
+
+
+def _padded_models(facts: ScriptFacts, size: int, names: _SizeNames, classes: set[str]) -> set[str]:
+    """The names that hold a trained model built with the padded embedding: one of ``classes``, or a
+    construction that holds the embedding itself (``nn.Sequential(nn.Embedding(V, d), ...)``)."""
+    embeddings = {
+        id(c.node) for c in facts.calls
+        if (c.qualname or "") in _EMBEDDING and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c))
+    }
+    out = set()
+    for site in pipeline_facts(facts).trained_models:
+        if _callee_class(facts, site.construction) in classes or _contains(site.construction, embeddings):
+            out.add(site.name)
+    return out
+
+
+def _contains(node: cst.CSTNode, ids: set[int]) -> bool:
+    found = False
+
+    class _V(cst.CSTVisitor):
+        def on_visit(self, inner: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= id(inner) in ids
+            return not found
+
+    node.visit(_V())
+    return found
+
+
+def _receives_a_model(facts: ScriptFacts, fn: cst.FunctionDef, dotted: str, models: set[str]) -> bool:
+    """``model`` is a parameter of ``fn`` and every call of ``fn`` in the file passes it a padded model
+    (``def sample(model, idx)`` called as ``sample(model, x)``)."""
+    callers = direct_callers(facts, fn)
+    if not callers:
+        return False
+    return all(any(parameter_receiving(fn, c.node, m) == dotted for m in models) for c in callers)
+
+
+def _slices(
+    facts: ScriptFacts, reads: list[LogitsRead], sites: list[VocabLiteral], size: int,
+    arguments: tuple[PaddedArgument, ...],
+) -> tuple[LogitsSlice, ...]:
+    """Each read bounded to the real vocabulary, by a name that holds it where the read is (the
+    script's own: outside the model the construction's argument, ``vocab`` or ``config.vocab_size``, keeps
+    the real size) or else the literal; a read the script already slices there is left alone."""
+    classes = _model_classes(facts, size, _size_names(facts, {lit.name for lit in sites}))
+    out: list[LogitsSlice] = []
+    for read in reads:
+        bound = _real_size_at(facts, read.node, sites, size, arguments, classes)
+        if read.bound is None:
+            out.append(LogitsSlice(read.node, bound))
+        elif _literal_int(read.bound) != size and facts.module.code_for_node(read.bound).strip() != bound:
+            out.append(LogitsSlice(read.bound, bound, replace=True))  # its name holds the padded size after the fix
+    return tuple(out)
+
+
+def _real_size_at(
+    facts: ScriptFacts, node: cst.CSTNode, sites: list[VocabLiteral], size: int, arguments: tuple[PaddedArgument, ...],
+    classes: set[str],
+) -> str:
+    scope = enclosing_function(facts, node)
+    owner = _class_of(facts, scope)
+    # Inside the model the script's names are its padded config; a global there (``config``) would tie the
+    # class to one instance, so only the literal bounds a read in the model's own methods.
+    outside = owner is None or owner.name.value not in classes
+    for argument in arguments if outside else ():
+        if not argument.real:
+            continue
+        root = argument.real.split(".")[0]
+        built_in = enclosing_function(facts, argument.node)
+        if built_in is scope or (built_in is None and binds(facts, None, root) and not binds(facts, scope, root)):
+            return argument.real
+    others = {_value(lit) for lit in _vocab_literals(facts) if lit.name in {s.name for s in sites}}
+    if others == {size} and not any(lit.where == "argparse" for lit in sites):
+        return str(size)
+    raise DeclineFix(
+        f"the file samples from the logits at line {facts.line_of(node)}, where no name holds the real vocabulary "
+        f"and the literal {size} may not be it (set elsewhere or on the command line); pad by hand"
+    )
 
 
 def _construction_plan(
-    facts: ScriptFacts, sites: list[VocabLiteral], names: set[str], size: int, target: int, feeds_data: DeclineFix
+    facts: ScriptFacts, sites: list[VocabLiteral], names: set[str], size: int, target: int, feeds_data: DeclineFix,
+    bounds: set[int],
 ) -> PadAtConstruction:
     """Pad where the trained model is built, when the size reaches it as a keyword (``GPT(vocab_size=v)``)
     or through a config dataclass instance of this file (``GPT(config)``); otherwise decline with
@@ -475,19 +700,20 @@ def _construction_plan(
         for arg in call.args:
             value = arg.value
             code = facts.module.code_for_node(value).strip()
+            plain = code if isinstance(value, (cst.Name, cst.Attribute)) else ""
             if arg.keyword is not None and is_vocab_name(arg.keyword.value) and _mentions(value, names):
-                arguments.append(PaddedArgument(value, padded_code(code)))
+                arguments.append(PaddedArgument(value, padded_code(code), plain))
             elif _names_the_size(value, names) and _positional_parameter(facts, call, arg) is not None:
-                arguments.append(PaddedArgument(value, padded_code(code)))
+                arguments.append(PaddedArgument(value, padded_code(code), plain))
             elif not arg.star and isinstance(value, cst.Name) and _holds_config(facts, value, config_classes):
                 field = next(lit.name for lit in sites if lit.where == "default")
                 replaced = f"dataclasses.replace({code}, {field}={padded_code(f'{code}.{field}')})"
-                arguments.append(PaddedArgument(value, replaced))
+                arguments.append(PaddedArgument(value, replaced, f"{code}.{field}"))
                 needs_dataclasses = True
     unique = {id(a.node): a for a in arguments}
     if not unique:
         raise feeds_data
-    for view in _check_uses_beside_model(facts, names, set(unique)):
+    for view in _check_uses_beside_model(facts, names, set(unique), bounds):
         unique[id(view.node)] = view
     return PadAtConstruction(tuple(unique.values()), size, target, needs_dataclasses)
 
@@ -525,7 +751,9 @@ def _holds_config(facts: ScriptFacts, name: cst.Name, config_classes: set[str]) 
     )
 
 
-def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_arguments: set[int]) -> list[PaddedArgument]:
+def _check_uses_beside_model(
+    facts: ScriptFacts, names: set[str], padded_arguments: set[int], bounds: set[int]
+) -> list[PaddedArgument]:
     """With the model built padded, its own classes see the padded size and the rest of the script the
     real one: the rest may draw tokens below it, log it and pass it on. The model's output flattened by
     the size (``model(data).view(-1, ntokens)``, ``logits.view(-1, vocab_size)``) is flattened by the padded
@@ -548,7 +776,7 @@ def _check_uses_beside_model(facts: ScriptFacts, names: set[str], padded_argumen
         for arg in call.node.args:
             if (arg.keyword is not None and arg.keyword.value in names) or id(arg.value) in padded_arguments:
                 continue
-            if _mentions(arg.value, names):
+            if _mentions(arg.value, names, bounds):
                 raise DeclineFix(
                     f"the vocabulary size feeds the data, so only the model could be built padded, but it "
                     f"also feeds `{facts.module.code_for_node(call.node).strip()}` (line {facts.line_of(call.node)}) "
@@ -629,8 +857,9 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
     facts.module.visit(_V())
 
 
-def _check_uses(facts: ScriptFacts, names: set[str]) -> None:
-    """The size may feed the model's layers, shapes of its outputs, configs and logging; anything else
+def _check_uses(facts: ScriptFacts, names: set[str], bounds: set[int]) -> None:
+    """The size may feed the model's layers, shapes of its outputs, configs, logging and the bounds of
+    the logits' slices before sampling (``bounds``, this fix's to keep at the real size); anything else
     (``torch.randint(0, vocab_size, ...)``, ``F.one_hot(y, vocab_size)``) would see the padded ids."""
     for call in facts.calls:
         qual = call.qualname or ""
@@ -643,18 +872,22 @@ def _check_uses(facts: ScriptFacts, names: set[str]) -> None:
         for arg in call.node.args:
             if arg.keyword is not None and arg.keyword.value in names:
                 continue  # passed on to a config or model under its own name
-            if _mentions(arg.value, names):
+            if _mentions(arg.value, names, bounds):
                 raise DeclineFix(
                     f"the vocabulary size also feeds `{facts.module.code_for_node(call.node).strip()}` "
                     f"(line {facts.line_of(call.node)}), which would then see the padded ids; pad by hand"
                 )
 
 
-def _mentions(expr: cst.CSTNode, names: set[str]) -> bool:
-    """Whether ``expr`` itself names the size; a call inside it is judged as a call of its own."""
+def _mentions(expr: cst.CSTNode, names: set[str], skip: set[int] = frozenset()) -> bool:
+    """Whether ``expr`` itself names the size; a call inside it is judged as a call of its own, and the
+    nodes in ``skip`` (by id) are not looked at."""
     found = False
 
     class _V(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            return id(node) not in skip and super().on_visit(node)
+
         def visit_Call(self, node: cst.Call) -> bool:
             return False
 
@@ -679,9 +912,15 @@ class PadVocabFix(Codemod):
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         replace: dict[int, str] = {}
         arguments: dict[int, cst.BaseExpression] = {}
+        slices: dict[int, cst.Subscript] = {}
         needs_dataclasses = False
         for finding in findings:
             plan = finding.fix.plan
+            for cut in plan.slices:
+                if cut.replace:
+                    arguments[id(cut.node)] = parse_expression(cut.bound, module)
+                else:
+                    slices[id(cut.node)] = parse_expression(f"_[..., :{cut.bound}]", module)
             if isinstance(plan, PadAtConstruction):
                 for argument in plan.arguments:
                     arguments[id(argument.node)] = parse_expression(argument.code, module)
@@ -693,9 +932,12 @@ class PadVocabFix(Codemod):
         class _T(cst.CSTTransformer):
             def on_leave(self, original_node, updated_node):
                 if id(original_node) in arguments:
-                    return arguments[id(original_node)]
-                if isinstance(original_node, cst.Integer) and id(original_node) in replace:
-                    return updated_node.with_changes(value=replace[id(original_node)])
+                    updated_node = arguments[id(original_node)]
+                elif isinstance(original_node, cst.Integer) and id(original_node) in replace:
+                    updated_node = updated_node.with_changes(value=replace[id(original_node)])
+                if id(original_node) in slices:
+                    # the read as it is now (a view in it may have its size padded), then the real vocabulary
+                    return slices[id(original_node)].with_changes(value=updated_node)
                 return updated_node
 
         new = module.visit(_T())
