@@ -84,10 +84,13 @@ class NotCompiled(ScriptRule):
                 + "." + _graph_note(graphs, self.spec, context)
             )
             suffix = "" if graphs is None else " (a small step)" if graphs.safe else " (a small step; no CUDA graphs)"
+            message = f"{subject} is never compiled: `{code}`"
+            if len(message + suffix) <= MESSAGE_LIMIT:  # the mode is in the code; the why, in the explanation
+                message += suffix
             yield self.finding(
                 facts,
                 node,
-                f"{subject} is never compiled: `{code}`{suffix}",
+                message,
                 explanation=explanation,
                 fix=self.planned_fix(
                     FixClass.STRUCTURAL,
@@ -101,6 +104,7 @@ class NotCompiled(ScriptRule):
 # -- the mode ---------------------------------------------------------------------------------------------
 
 REDUCE_OVERHEAD = 'mode="reduce-overhead"'
+MESSAGE_LIMIT = 120
 
 
 def _graph_choice(facts: ScriptFacts, context: RuleContext, pipeline, attempts) -> GraphSafety | None:
