@@ -6,6 +6,13 @@ that is not compiled in place already. Fix (structural, ``fix --compile``), per 
 in place, on CUDA only, after the statements that build and prepare that model, before a DDP or
 DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
 torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
+
+Where the model audit finds the step small (``PipelineFacts.audited_small_step``: the trained models'
+forwards modelled within ``SMALL_STEP_MS``, or each launch-bound), the mode is chosen for all the file's
+models at once: ``model.compile(mode="reduce-overhead")`` (CUDA graphs) plus
+``torch.compiler.cudagraph_mark_step_begin()`` first in every loop that calls them, where
+``tcaudit/script/cuda_graphs.py`` finds the step graph-safe; the default mode otherwise, with the
+failed check in the explanation and the fix's description. The message names the mode in its code.
 """
 
 from __future__ import annotations
