@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from helpers import run_training
+from helpers import audited_fixture_models, run_training
 from tcaudit.config import Settings
 from tcaudit.engine import instantiate_rules
 from tcaudit.fix.engine import fix_file
@@ -41,15 +41,7 @@ def _settings_for(path: Path) -> Settings:
 
 @functools.lru_cache(maxsize=None)
 def _models_for(path: Path):
-    """``compile_small_x.in.py`` (and its ``.out.py``) is fixed with what the model audit measures about
-    its models, as ``tcaudit fix --compile`` does: a small step chooses CUDA graphs where it is safe."""
-    if not path.name.startswith("compile_small_"):
-        return None
-    pytest.importorskip("torch")
-    from tcaudit.engine import audited_models_for
-
-    models = audited_models_for([path], Settings(select=("ALL",), root=path.parent))
-    return models.get(os.path.realpath(path))
+    return audited_fixture_models(path)
 
 
 def _out(path: Path) -> Path:
