@@ -255,6 +255,36 @@ def test_outputs_that_outlive_their_iteration_keep_the_default_mode(tmp_path, bo
     assert reason in finding.explanation, finding.explanation
 
 
+def test_an_output_returned_after_its_loop_keeps_the_default_mode(tmp_path):
+    """``train_epoch`` hands its last loss (the model's own output) to a caller that may run the model
+    again (an evaluation) before reading it."""
+    path = tmp_path / "returns.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.nn as nn\n\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(8, 1)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x).mean()\n\n\n"
+        "model = Net().cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\n"
+        "def train_epoch():\n"
+        "    for step in range(10):\n"
+        "        loss = model(torch.randn(4, 8, device='cuda'))\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "    return loss\n\n\n"
+        "for epoch in range(2):\n"
+        "    print(train_epoch())\n",
+        encoding="utf-8",
+    )
+    [finding] = _scan_with(path, _small(("model", "Net()")))
+    assert "a compiled model's output is returned after its loop (line 24)" in finding.explanation
+
+
 def test_gradient_accumulation_and_kept_gradients_keep_the_default_mode(tmp_path):
     accumulation = "    logits = model(x)\n    if (step + 1) % 4 == 0:\n        pass\n"
     finding, _ = _mlp(tmp_path, body="    logits = model(x)\n", name="plain.py")

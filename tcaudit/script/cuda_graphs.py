@@ -451,6 +451,10 @@ class _LoopOutputs:
             if c.name in self.models and self.facts.line_of(c.node) > end and _inside(scope, c.node)
         ]
         first_call = min(later_calls) if later_calls else None
+        for returned in _returns(scope):
+            line = self.facts.line_of(returned)
+            if line > end and any(n.value in held for n in _names(returned)):
+                return f"a compiled model's output is returned after its loop (line {line})"
         for node in _names(scope):
             if node.value not in held:
                 continue
@@ -485,6 +489,21 @@ def _names(node: cst.CSTNode) -> list[cst.Name]:
     class _V(cst.CSTVisitor):
         def visit_Name(self, n: cst.Name) -> None:
             out.append(n)
+
+    node.visit(_V())
+    return out
+
+
+def _returns(node: cst.CSTNode) -> list[cst.Return]:
+    """The ``return`` statements of ``node``'s own body (not of functions defined in it)."""
+    out: list[cst.Return] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Return(self, n: cst.Return) -> None:
+            out.append(n)
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return n is node
 
     node.visit(_V())
     return out
