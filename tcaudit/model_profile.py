@@ -18,6 +18,13 @@ from dataclasses import asdict, dataclass
 # speed follows the conv kernels' memory format. A ViT's patch embedding (one strided conv) stays
 # far below it (ViT-S/16: ~2%); ResNets, U-Nets and DCGAN nets are above 90%.
 CONVNET_SHARE = 0.5
+# A step whose trained models' forwards the audit models at no more than this much device time (at the
+# script's batch, at the table's peak rates) is small: its hundreds of eager launches, and the Python
+# around them, take about as long as its math, and CUDA graphs (one launch a step) are what compiling
+# can win there. DCGAN's two nets at batch 64 model at 0.51 ms (with the discriminator on an assumed
+# 224x224 input; 0.08 ms at its real 64x64); the ResNet50, ViT-S/16, U-Net and GPT-2 of
+# benchmarks/realworld model at 3.4-16 ms (measured with benchmarks/cuda_graphs.py on the H200).
+SMALL_STEP_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,9 @@ class ModelProfile:
     # launch.hidden_flops): a tutorial toy, whose step precision, TF32 and memory format cannot change
     # measurably (LeNet at batch 4 ran slower under fp16 autocast).
     launch_bound: bool = False
+    # The forward's modelled device time at the script's batch (or the large one the audit assumed),
+    # in milliseconds at the cost table's rates for the target GPU; 0 where nothing ran.
+    forward_ms: float = 0.0
 
     @property
     def is_convnet(self) -> bool:

@@ -49,3 +49,16 @@ def run_training(command: list[str], cwd: Path, env: dict, timeout: float = 300,
             for stale in cwd.glob(pattern):
                 stale.unlink()
     return proc
+
+
+def audited_fixture_models(path: Path):
+    """``fixtures/fix/compile_small_x.in.py`` (and its ``.out.py``) is fixed with what the model audit
+    measures about its models, as ``tcaudit fix --compile`` does (a small step chooses CUDA graphs where
+    it is safe); every other fixture without (None). The audit builds the models in a subprocess."""
+    if not path.name.startswith("compile_small_"):
+        return None
+    import os
+
+    from tcaudit.engine import audited_models_for
+
+    return audited_models_for([path], Settings(select=("ALL",), root=path.parent)).get(os.path.realpath(path))

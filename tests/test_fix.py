@@ -3,6 +3,7 @@ safety net (nothing unparsable is written, encodings and line endings survive)."
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from helpers import run_training
+from helpers import audited_fixture_models, run_training
 from tcaudit.config import Settings
 from tcaudit.engine import instantiate_rules
 from tcaudit.fix.engine import fix_file
@@ -38,6 +39,11 @@ def _settings_for(path: Path) -> Settings:
     return Settings(select=("ALL",) if prefix == "ALL" else (prefix,))
 
 
+@functools.lru_cache(maxsize=None)
+def _models_for(path: Path):
+    return audited_fixture_models(path)
+
+
 def _out(path: Path) -> Path:
     return path.with_name(path.name.replace(".in.py", ".out.py"))
 
@@ -45,7 +51,7 @@ def _out(path: Path) -> Path:
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name.replace(".in.py", ""))
 def test_fix_matches_expected_output_exactly(path):
     settings = _settings_for(path)
-    result = fix_file(path, settings)
+    result = fix_file(path, settings, models=_models_for(path))
     assert result.error is None
     assert result.source.encode(result.fixed) == _out(path).read_bytes()
     # Each round makes every fix it can from one analysis; only fixes that wait for another rule's
@@ -56,7 +62,7 @@ def test_fix_matches_expected_output_exactly(path):
 
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name.replace(".in.py", ""))
 def test_fix_is_idempotent(path):
-    result = fix_file(_out(path), _settings_for(path))
+    result = fix_file(_out(path), _settings_for(path), models=_models_for(_out(path)))
     assert result.error is None
     assert not result.changed, result.diff()
 

@@ -53,10 +53,54 @@ def test_verify_json_has_the_recorded_facts(verified):
         assert run["samples"] == [12] * 6  # the model's batch, not the loss module's input again
         assert all(isinstance(l, float) for l in run["losses"])
         assert run["samples_per_s"] > 0
+        assert run["graph_replays"] == 0 and run["cudagraph_skips"] == 0  # no CUDA graphs on a CPU
+    for path in (out / "runs").glob("*.r*.json"):
+        raw = json.loads(path.read_text())
+        assert raw["graph_replays"] == [0] * len(raw["step_times"])
     # On a CPU the patch's autocast is disabled, so both runs compute the same numbers.
     assert data["original"]["losses"] == data["patched"]["losses"]
     assert data["loss_parity"] is True
     assert data["speedup"] > 0
+
+
+def test_graph_replays_are_counted_per_step_and_shown_when_there_are_any(tmp_path):
+    """No GPU here: the counting wrapper is tested on a stand-in for ``torch.cuda.CUDAGraph``, the
+    recorder and runner on the numbers it produced, and the table on a run that replayed."""
+    import types
+
+    from rich.console import Console
+
+    from tcaudit.verify.harness import Recorder, count_graph_replays
+    from tcaudit.verify.report import graph_cell
+    from tcaudit.verify.runner import summarize
+
+    class Graph:
+        def replay(self):
+            return "replayed"
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(CUDAGraph=Graph))
+    import torch
+
+    recorder = Recorder(steps=3, warmup=1, out=tmp_path / "run.json", torch=torch)
+    recorder.progress = None
+    count_graph_replays(recorder, fake_torch)
+    graph = Graph()
+    recorder.step_post(None, (), {})  # opens the clock
+    for replays in (2, 3, 3):
+        for _ in range(replays):
+            assert graph.replay() == "replayed"
+        recorder.step_post(None, (), {})
+    assert recorder.graph_replays == [2, 3, 3]
+    run = summarize("patched", [{
+        "status": "completed", "device": "GPU", "cuda": True, "torch": torch.__version__, "world_size": 1,
+        "warmup": 1, "step_times": [0.01] * 3, "samples": [8] * 3, "losses": [1.0] * 3, "peak_memory_gib": 1.0,
+        "graph_replays": recorder.graph_replays, "cudagraph_skips": 1,
+    }])
+    assert run.graph_replays == 6 and run.cudagraph_skips == 1  # the warm-up step's 2 are not timed
+    assert graph_cell(run) == "6 (3.0/step), 1 skipped"
+    console = Console(record=True, width=200)
+    console.print(graph_cell(run))
+    assert "3.0/step" in console.export_text()
 
 
 def test_verify_reports_rounds_and_an_interval_computed_from_the_runs(verified):

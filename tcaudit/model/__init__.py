@@ -286,6 +286,14 @@ def _launch_bound(facts: "ModelFacts") -> bool:
     return CostModel(facts).step_within_launch(ops)
 
 
+def _forward_ms(facts: "ModelFacts") -> float:
+    """The forward's modelled device time, in ms, at the script's batch or the large one assumed."""
+    from tcaudit.model.cost import CostModel
+
+    cost = CostModel(facts)
+    return round(cost.current_time * 1e3 * (cost.assumed_scale() or 1.0), 4)
+
+
 def _small_mlp_profile(facts: "ModelFacts") -> "ModelProfile | None":
     """A model the audit could only read from its parameters (its forward has another name, takes
     several inputs) whose layers are all Linear, each within a launch at any batch a script uses (a
@@ -337,6 +345,7 @@ def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]"
             conv3d=any(len(op.info.get("kernel") or []) == 3 for op in facts.ops_of("conv")),
             image_input=image_input,
             launch_bound=_launch_bound(facts),
+            forward_ms=_forward_ms(facts),
         )
         by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
     return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}

@@ -6,12 +6,19 @@ that is not compiled in place already. Fix (structural, ``fix --compile``), per 
 in place, on CUDA only, after the statements that build and prepare that model, before a DDP or
 DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
 torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
+
+Where the model audit finds the step small (``PipelineFacts.audited_small_step``: the trained models'
+forwards modelled within ``SMALL_STEP_MS``, or each launch-bound), the mode is chosen for all the file's
+models at once: ``model.compile(mode="reduce-overhead")`` (CUDA graphs) plus
+``torch.compiler.cudagraph_mark_step_begin()`` first in every loop that calls them, where
+``tcaudit/script/cuda_graphs.py`` finds the step graph-safe; the default mode otherwise, with the
+failed check in the explanation and the fix's description. The message names the mode in its code.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import libcst as cst
@@ -23,6 +30,8 @@ from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.costs import cost_note
 from tcaudit.script.amp import gradient_penalty_call
+from tcaudit.model_profile import SMALL_STEP_MS
+from tcaudit.script.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
@@ -49,12 +58,12 @@ class NotCompiled(ScriptRule):
         trained = _trained_models(facts, pipeline)
         models = [(name, site) for name, site in trained if name not in compiled]
         planned: set[tuple[int, str]] = set()  # (the statement it goes after, what is inserted)
+        attempts = []
         for name, site in models:
             node = site.construction if site is not None else facts.training_steps[0].backward.node
             # In place (nn.Module.compile): ``model = torch.compile(model)`` would prefix every state_dict
             # key with ``_orig_mod.`` and break loading checkpoints.
-            code = f"{name}.compile()"
-            plan = _attempt(lambda: _compile_plan(facts, name, code, facts.position(node).end.line))
+            plan = _attempt(lambda: _compile_plan(facts, name, f"{name}.compile()", facts.position(node).end.line))
             if isinstance(plan, CompileInPlace):
                 if plan.compiled in compiled:
                     continue  # ``model.compile()`` before ``ddp_model = DDP(model)``: compiled already
@@ -62,6 +71,16 @@ class NotCompiled(ScriptRule):
                 if key in planned:
                     continue  # ``opt1 = SGD(model...)``, ``opt2 = SGD(ddp_model...)``: one model, one compile
                 planned.add(key)
+            attempts.append((name, site, node, plan))
+        graphs = _graph_choice(facts, context, pipeline, attempts)
+        for name, site, node, plan in attempts:
+            if isinstance(plan, CompileInPlace) and graphs is not None and graphs.safe:
+                plan = replace(
+                    plan, code=f"{name}.compile({REDUCE_OVERHEAD})",
+                    statement=plan.statement.replace(".compile()\n", f".compile({REDUCE_OVERHEAD})\n"),
+                    mark_steps=graphs.mark_steps,
+                )
+            code = plan.code if isinstance(plan, CompileInPlace) else f"{name}.compile()"
             profile = pipeline.profile_of(site, context.models) if site is not None else None
             subject = f"trained model `{name}`"
             explanation = (
@@ -69,20 +88,67 @@ class NotCompiled(ScriptRule):
                 "overhead" + cost_note(self.spec, context.settings.gpu, "compiled")
                 + (f" ({profile.describe()})" if profile is not None else "")
                 + (f"; one of {len(trained)} models trained here, each compiled on its own" if len(trained) > 1 else "")
-                + "."
+                + "." + _graph_note(graphs, self.spec, context)
             )
+            suffix = "" if graphs is None else " (a small step)" if graphs.safe else " (a small step; no CUDA graphs)"
+            message = f"{subject} is never compiled: `{code}`"
+            if len(message + suffix) <= MESSAGE_LIMIT:  # the mode is in the code; the why, in the explanation
+                message += suffix
             yield self.finding(
                 facts,
                 node,
-                f"{subject} is never compiled: `{code}`",
+                message,
                 explanation=explanation,
                 fix=self.planned_fix(
                     FixClass.STRUCTURAL,
-                    "compile the model in place on CUDA (tcaudit fix --compile)",
+                    _fix_description(graphs),
                     lambda plan=plan: _made(plan),
                     option="compile", context=context,
                 ),
             )
+
+
+# -- the mode ---------------------------------------------------------------------------------------------
+
+REDUCE_OVERHEAD = 'mode="reduce-overhead"'
+MESSAGE_LIMIT = 120
+
+
+def _graph_choice(facts: ScriptFacts, context: RuleContext, pipeline, attempts) -> GraphSafety | None:
+    """None where the model audit did not find the step small (launch-bound, or its forwards modelled
+    within SMALL_STEP_MS): the default mode. Otherwise whether the compiled models' step can run as
+    CUDA graphs, and where the markers go."""
+    if not attempts or not pipeline.audited_small_step(context.models):
+        return None
+    if not all(isinstance(plan, CompileInPlace) for _, _, _, plan in attempts):
+        return GraphSafety(False, "not every trained model can be compiled")
+    return cuda_graph_safety(facts, [(name, site.construction if site else None) for name, site, _, _ in attempts])
+
+
+def _graph_note(graphs: GraphSafety | None, spec, context: RuleContext) -> str:
+    if graphs is None:
+        return ""
+    if graphs.safe:
+        return (
+            f" The model audit found the step small (its forwards model within {SMALL_STEP_MS:g} ms, or each is "
+            "launch-bound), so launches and Python cost about as much as its math: CUDA graphs "
+            f"(`{REDUCE_OVERHEAD}`) replay each compiled forward and backward with one launch"
+            + cost_note(spec, context.settings.gpu, "graphs")
+            + "; every loop that calls the model starts with `torch.compiler.cudagraph_mark_step_begin()`, so one "
+            "iteration's outputs and gradients stay valid until the next iteration begins."
+        )
+    return (
+        " The model audit found the step small, where CUDA graphs (`mode=\"reduce-overhead\"`) "
+        f"would pay most, but they are not safe here: {graphs.reason}; the default mode is kept."
+    )
+
+
+def _fix_description(graphs: GraphSafety | None) -> str:
+    if graphs is not None and graphs.safe:
+        return f"compile the model in place on CUDA with CUDA graphs ({REDUCE_OVERHEAD}; a small step)"
+    if graphs is not None:
+        return f"compile the model in place on CUDA (default mode: CUDA graphs unsafe, {graphs.reason})"
+    return "compile the model in place on CUDA (tcaudit fix --compile)"
 
 
 def _trained_models(facts: ScriptFacts, pipeline) -> list[tuple[str, ModelSite | None]]:
@@ -120,6 +186,9 @@ class CompileInPlace(FixPlan):
     code: str  # ``model.compile()``, as the message says
     statement: str  # what is inserted: the compile under its device condition
     compiled: str  # the module compiled: the model, the module inside its wrapper, or the name wrapped
+    # With CUDA graphs: the first statement of each loop body that calls a compiled model, where
+    # ``torch.compiler.cudagraph_mark_step_begin()`` goes (shared by the file's models, inserted once).
+    mark_steps: tuple[cst.CSTNode, ...] = ()
 
 
 def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> CompileInPlace:
@@ -628,9 +697,15 @@ class NotCompiledFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         editor = StatementEditor()
+        torch_name = torch_import_name(context.facts) or "torch"
+        marked: set[int] = set()
         for finding in findings:  # one per trained model, each with its own place (the check made them distinct)
             plan: CompileInPlace = finding.fix.plan
             editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+            for first in plan.mark_steps:
+                if id(first) not in marked:
+                    marked.add(id(first))
+                    editor.insert_before(first, [parse_statement(f"{torch_name}.{MARK_STEP}\n", module)])
         new = editor.apply(module)
         if torch_import_name(context.facts) is None:
             new = ensure_import(new, "import torch")

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.model_profile import AuditedModels, ModelProfile
+from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
 from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, keyword_arg, literal
 from tcaudit.script.facts import CallSite
 from tcaudit.script.training_code import TrainingCodeFacts
@@ -340,6 +340,15 @@ class TrainedModelFacts(TrainingCodeFacts):
         at least one): precision, TF32 and memory-format advice cannot pay there."""
         profiles = [self.profile_of(site, models) for site in self.trained_models]
         return bool(profiles) and all(p is not None and p.launch_bound for p in profiles)
+
+    def audited_small_step(self, models: "AuditedModels | None") -> bool:
+        """Every trained model was audited, and together their forwards model within
+        :data:`~tcaudit.model_profile.SMALL_STEP_MS` (or each is launch-bound): a step whose launches
+        cost about as much as its math, where CUDA graphs pay."""
+        profiles = [self.profile_of(site, models) for site in self.trained_models]
+        if not profiles or any(p is None for p in profiles):
+            return False
+        return all(p.launch_bound for p in profiles) or sum(p.forward_ms for p in profiles) <= SMALL_STEP_MS
 
     def audited_convnet(self, models: "AuditedModels | None") -> bool | None:
         """Whether the audited trained models include a convnet; None when the audit measured none of them."""

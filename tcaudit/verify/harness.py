@@ -21,6 +21,11 @@ unscaled by then), which parameters had a gradient, GradScaler steps that were s
 went down in ``update``), and the peak memory; at the end, the parameters that never had a gradient
 and whether the model is DDP-wrapped with ``find_unused_parameters``.
 
+CUDA graph replays (``model.compile(mode="reduce-overhead")``, or the script's own ``torch.cuda.graph``) are
+counted by wrapping ``torch.cuda.CUDAGraph.replay`` (a Python increment per replay, none without graphs),
+per step like the samples; Inductor's count of graphs it declined to capture
+(``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``) is read once at the end.
+
 At each step boundary the device is synchronised and the wall clock read, so step times are real
 device times for both runs alike. After ``warmup + steps`` steps the results are written and the
 process exits at once (the rest of the user's loop does not run).
@@ -71,6 +76,8 @@ class Recorder:
         self.samples: list[int] = []
         self.losses: list = []
         self.input_waits: list[float] = []
+        self.graph_replays: list[int] = []  # CUDA graph replays per step
+        self._replays = 0
         self._pending_wait: float | None = None
         self.health = health
         self.model_module = None
@@ -158,6 +165,7 @@ class Recorder:
             self.samples.append(self._pending_samples)
             self.losses.append(self._pending_loss)
             self.input_waits.append(self._pending_wait or 0.0)
+            self.graph_replays.append(self._replays)
             if self.health:
                 self.grad_norms.append(self._pending_norm)
                 self.peak_memory_per_step.append(peak)
@@ -171,6 +179,7 @@ class Recorder:
         self._pending_loss = None
         self._pending_wait = None
         self._pending_norm = None
+        self._replays = 0
         if len(self.step_times) >= self.warmup + self.steps:
             self.finish()
 
@@ -200,6 +209,8 @@ class Recorder:
             "peak_memory_gib": peak,
             "peak_memory_kind": "torch.cuda.max_memory_allocated" if self.cuda else "process max RSS",
             "input_waits": self.input_waits,
+            "graph_replays": self.graph_replays,
+            "cudagraph_skips": _cudagraph_skips(),
         }
         if self.health:
             data["health"] = self.health_facts()
@@ -240,6 +251,33 @@ class Recorder:
         }
 
 
+def _cudagraph_skips() -> int:
+    """Graphs Inductor declined to run as CUDA graphs (a CPU tensor, a mutated input, dynamic shapes...),
+    where Dynamo was imported at all (importing it here would cost seconds for nothing)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["inductor"]["cudagraph_skips"])
+    except Exception:  # a torch whose counters differ: no figure rather than a failed run
+        return 0
+
+
+def count_graph_replays(recorder: Recorder, torch) -> None:
+    """Wraps ``torch.cuda.CUDAGraph.replay`` (Inductor's CUDA graph trees and ``torch.cuda.graph`` both
+    replay through it) to count replays per step."""
+    graph = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
+    original = getattr(graph, "replay", None)
+    if original is None:
+        return
+
+    def replay(self, *args, **kwargs):
+        recorder._replays += 1
+        return original(self, *args, **kwargs)
+
+    graph.replay = replay
+
+
 def install(recorder: Recorder, torch) -> None:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -247,6 +285,7 @@ def install(recorder: Recorder, torch) -> None:
     register_module_forward_pre_hook(recorder.forward_pre)
     register_module_forward_hook(recorder.forward_post)
     register_optimizer_step_post_hook(recorder.step_post)
+    count_graph_replays(recorder, torch)
     if recorder.health:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 

@@ -51,8 +51,9 @@ def render_table(result: VerifyResult, console: Console) -> None:
     table = Table(title=f"{title} ({kind}, torch {result.original.torch}, {result.rounds} round(s))")
     multi = any(run.world_size > 1 for runs in result.runs.values() for run in runs)
     table.add_column("run", no_wrap=True)
+    graphs = any(run.graph_replays or run.cudagraph_skips for runs in result.runs.values() for run in runs)
     for column in (*(["processes"] if multi else []), "samples/s", "per round", "p50 ms", "p90 ms",
-                   "input wait", unit, "final loss", "mean loss"):
+                   "input wait", unit, "final loss", "mean loss", *(["graph replays"] if graphs else [])):
         table.add_column(column, justify="right")
     for label, runs in result.runs.items():
         run = median_run(runs)
@@ -60,7 +61,8 @@ def render_table(result: VerifyResult, console: Console) -> None:
         table.add_row(name, *([str(run.world_size)] if multi else []), _fmt(run.samples_per_s, ".1f"),
                       " ".join(_fmt(r.samples_per_s, ".0f") for r in runs),
                       _fmt(run.step_ms_p50, ".1f"), _fmt(run.step_ms_p90, ".1f"), _percent(result.input_wait(label)),
-                      _fmt(run.peak_memory_gib, ".2f"), _fmt(run.final_loss, ".4f"), _fmt(run.mean_loss, ".4f"))
+                      _fmt(run.peak_memory_gib, ".2f"), _fmt(run.final_loss, ".4f"), _fmt(run.mean_loss, ".4f"),
+                      *([graph_cell(run)] if graphs else []))
     console.print(table)
     console.print(speedup_line(result) + (" (CPU timings: not a GPU claim)" if result.cpu_timings else ""))
     if result.aa and result.interval.interval is not None:
@@ -87,6 +89,16 @@ def render_table(result: VerifyResult, console: Console) -> None:
     if result.attribution is not None:
         render_attribution(result, console)
     console.print(f"fixes applied: {', '.join(result.applied) or 'none'}; results in {result.out_dir}")
+
+
+def graph_cell(run: RunMetrics) -> str:
+    """CUDA graph replays in the timed steps, per step where there were any; the captures Inductor
+    skipped (``cudagraph_skips``) after them: a compiled step that meant to replay but did not."""
+    steps = max(0, len(run.step_times) - run.warmup)
+    cell = str(run.graph_replays)
+    if run.graph_replays and steps:
+        cell += f" ({run.graph_replays / steps:.1f}/step)"
+    return cell + (f", {run.cudagraph_skips} skipped" if run.cudagraph_skips else "")
 
 
 def render_health(result: VerifyResult, console: Console) -> None:

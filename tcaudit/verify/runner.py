@@ -54,6 +54,10 @@ class RunMetrics:
     # Share of the timed steps' wall time spent waiting for the next batch (see the harness).
     input_wait_fraction: float = float("nan")
     health: dict | None = None
+    # CUDA graph replays in the timed steps (``mode="reduce-overhead"``); 0 without graphs and on a CPU.
+    graph_replays: int = 0
+    # Graphs Inductor declined to capture as CUDA graphs over the whole run (torch's counter).
+    cudagraph_skips: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -102,6 +106,8 @@ def summarize(label: str, ranks: list[dict], round_index: int = 0) -> RunMetrics
         input_waits=waits,
         input_wait_fraction=timed_wait / sum(times0) if times0 and sum(times0) > 0 else float("nan"),
         health=run_health(first["losses"], warmup, first["health"]) if "health" in first else None,
+        graph_replays=sum(first.get("graph_replays", [])[warmup:]),
+        cudagraph_skips=int(first.get("cudagraph_skips", 0)),
     )
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import audited_fixture_models
 from oracle.corpus import build_corpus
 from oracle.harness import REPO
 from tcaudit.config import Settings
@@ -100,7 +101,7 @@ def patch(case: OracleCase, workdir: Path) -> Patched:
     if path is None:
         path = workdir / f"{case.id.replace('+', '_')}.py"
         path.write_text(case.text, encoding="utf-8")
-    result = fix_file(path, case.settings)
+    result = fix_file(path, case.settings, models=audited_fixture_models(path))
     assert result.error is None, result.error
     declined = tuple(f"{finding.rule}: {reason}" for finding, reason in result.declined)
     fixed = result.fixed.removeprefix("\ufeff")
