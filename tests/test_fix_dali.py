@@ -141,7 +141,8 @@ def test_layout_follows_the_scripts_channels_last():
 def _other_findings(path: Path) -> Counter:
     result = scan_paths([str(path)], select=("ALL",), root=path.parent)
     # Messages may cite line numbers, which the inserted block shifts; the flagged code does not change.
-    return Counter((f.rule, " ".join(f.source_line.split())) for f in result.findings if f.rule != "TC405")
+    # TC411 (float images made in the workers) goes with the conversion: DALI normalizes on the GPU.
+    return Counter((f.rule, " ".join(f.source_line.split())) for f in result.findings if f.rule not in ("TC405", "TC411"))
 
 
 def test_conversion_changes_no_other_rules_findings(tmp_path):

@@ -54,17 +54,17 @@ def _fixed(path) -> str:
 
 def test_a_lone_to_tensor_becomes_pil_to_tensor_and_the_loop_converts(tmp_path):
     path = _write(tmp_path, '''
-        train_set = datasets.FakeData(64, (3, 32, 32), 10, transforms.ToTensor())
+        train_set = datasets.FakeData(64, (3, 224, 224), 10, transforms.ToTensor())
         loader = torch.utils.data.DataLoader(train_set, batch_size=8)
     ''')
     fixed = _fixed(path)
-    assert "datasets.FakeData(64, (3, 32, 32), 10, transforms.PILToTensor())" in fixed
+    assert "datasets.FakeData(64, (3, 224, 224), 10, transforms.PILToTensor())" in fixed
     assert "    images = tcaudit_normalize(images)\n" in fixed
 
 
 def test_a_copy_inside_the_forward_call_is_wrapped(tmp_path):
     path = _write(tmp_path, f'''
-        train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
+        train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
         loader = torch.utils.data.DataLoader(train_set, batch_size=8)
     ''', loop='''
         for images, target in loader:
@@ -81,10 +81,10 @@ def test_an_imported_to_tensor_gets_pil_to_tensor_imported(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent('''
         import torch
-        from torchvision.datasets import MNIST
+        from torchvision.datasets import ImageFolder
         from torchvision.transforms import Compose, Normalize, ToTensor
 
-        train_set = MNIST("data", True, Compose([ToTensor(), Normalize((0.1307,), (0.3081,))]))
+        train_set = ImageFolder("scans", Compose([ToTensor(), Normalize((0.1307,), (0.3081,))]))
         loader = torch.utils.data.DataLoader(train_set, batch_size=64)
         for x, y in loader:
             x = x.cuda()
@@ -94,7 +94,7 @@ def test_an_imported_to_tensor_gets_pil_to_tensor_imported(tmp_path):
     '''), encoding="utf-8")
     fixed = _fixed(path)
     assert "from torchvision.transforms import PILToTensor" in fixed
-    assert 'MNIST("data", True, Compose([PILToTensor()]))' in fixed
+    assert 'ImageFolder("scans", Compose([PILToTensor()]))' in fixed
     assert "\n    x = tcaudit_normalize(x, (0.1307,), (0.3081,))\n" in fixed
 
 
@@ -102,20 +102,20 @@ def test_an_imported_to_tensor_gets_pil_to_tensor_imported(tmp_path):
     ("body", "loop", "reason"),
     [
         pytest.param(f'''
-            train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
+            train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
             loader = torch.utils.data.DataLoader(train_set, batch_size=8)
             first, _ = train_set[0]
         ''', LOOP, "`train_set` is used at line 10 beyond its DataLoader", id="dataset-read-elsewhere"),
         pytest.param(f'''
-            train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
+            train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
             loader = torch.utils.data.DataLoader(train_set, batch_size=8, collate_fn=my_collate)
         ''', LOOP, "has a `collate_fn`", id="collate-fn"),
         pytest.param('''
-            train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize(args.mean, args.std)]))
+            train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize(args.mean, args.std)]))
             loader = torch.utils.data.DataLoader(train_set, batch_size=8)
         ''', LOOP, "`Normalize`'s mean is not a list of numbers", id="statistics-at-run-time"),
         pytest.param(f'''
-            train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
+            train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
             loader = torch.utils.data.DataLoader(train_set, batch_size=8)
         ''', '''
             for images, target in loader:
@@ -126,7 +126,7 @@ def test_an_imported_to_tensor_gets_pil_to_tensor_imported(tmp_path):
                 optimizer.step()
         ''', "`images` is read at line 12 before it reaches the device as floats", id="read-before-the-copy"),
         pytest.param(f'''
-            train_set = datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
+            train_set = datasets.ImageFolder("train", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize({STATS})]))
             loader = torch.utils.data.DataLoader(train_set, batch_size=8)
         ''', '''
             for images, target in loader:
@@ -177,7 +177,7 @@ def test_silent_for_v2_transforms_an_eval_pipeline_and_a_cpu_only_script(tmp_pat
     '''), encoding="utf-8")
     assert _tc411(path) == []
     cpu = _write(tmp_path, f'''
-        train_set = datasets.CIFAR10("data", transform=transforms.ToTensor())
+        train_set = datasets.ImageFolder("train", transform=transforms.ToTensor())
         loader = torch.utils.data.DataLoader(train_set, batch_size=8)
     ''', loop=LOOP.replace("images.to(device), target.to(device)", "images, target"))
     cpu.write_text(cpu.read_text().replace('device = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n', ""))
@@ -218,3 +218,39 @@ def test_the_helper_computes_what_to_tensor_and_normalize_computed(mode):
     floats = torch.stack([transforms.ToTensor()(p) for p in pictures])
     assert torch.equal(normalize_on_device(torch.stack([transforms.PILToTensor()(p) for p in pictures])), floats)
     assert normalize_on_device(floats, mean, std) is floats  # another source's float batch passes as it was
+
+
+@pytest.mark.parametrize(
+    ("dataset", "reported"),
+    [
+        ('datasets.CIFAR10("data", transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize(M, S)]))', False),
+        ('datasets.MNIST("data", True, transforms.ToTensor())', False),
+        ('datasets.FakeData(64, (3, 32, 32), 10, transforms.ToTensor())', False),
+        ('datasets.CIFAR10("data", transform=transforms.Compose([transforms.Resize(224), transforms.ToTensor()]))', True),
+        ('datasets.FakeData(64, transform=transforms.ToTensor())', True),  # FakeData's default is 224x224
+    ],
+)
+def test_small_images_are_not_reported(tmp_path, dataset, reported):
+    """28x28 and 32x32 datasets make float batches of a few MB: not reported unless the pipeline resizes."""
+    path = _write(tmp_path, f"""
+        train_set = {dataset.replace("M, S", STATS)}
+        loader = torch.utils.data.DataLoader(train_set, batch_size=8)
+    """)
+    assert bool(_tc411(path)) is reported
+
+
+def test_a_batch_taken_whole_and_indexed_is_normalized_where_its_images_are_copied(tmp_path):
+    """The CIFAR-10 tutorial's loop (``data[0].to(device)``), here on images resized to 224."""
+    path = _write(tmp_path, f'''
+        train_set = datasets.CIFAR10("data", transform=transforms.Compose([
+            transforms.Resize(224), transforms.ToTensor(), transforms.Normalize({STATS})]))
+        loader = torch.utils.data.DataLoader(train_set, batch_size=8)
+    ''', loop='''
+        for i, data in enumerate(loader, 0):
+            inputs, labels = data[0].to(device), data[1].to(device)
+            loss = criterion(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+    ''')
+    fixed = _fixed(path)
+    assert f"    inputs, labels = data[0].to(device), data[1].to(device)\n    inputs = tcaudit_normalize(inputs, {STATS})\n" in fixed

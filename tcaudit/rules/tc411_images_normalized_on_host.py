@@ -76,6 +76,10 @@ IMAGE_DATASETS = {
     "EuroSAT": None, "Country211": None, "SUN397": None, "Places365": None, "Caltech101": None,
     "Caltech256": None, "CelebA": None, "LSUN": None,
 }
+# Datasets of images under 64 pixels a side (28x28, 32x32), not reported unless the pipeline makes them larger.
+_SMALL_IMAGE_DATASETS = frozenset({"MNIST", "FashionMNIST", "KMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN"})
+_SMALL_SIDE = 64
+_RESIZES = frozenset({"Resize", "RandomResizedCrop", "CenterCrop", "RandomCrop"})
 # What a Dataset of this file may hand its transform: a PIL image in one of these modes.
 _PIL_MODES = frozenset({"RGB", "L", "RGBA", "LA", "P", "CMYK", "YCbCr", "LAB", "HSV"})
 _SHAPE_READS = frozenset({"size", "shape", "dim", "ndim", "numel", "device", "dtype"})
@@ -101,7 +105,7 @@ class ImagesNormalizedOnHost(ScriptRule):
             transform, steps = _pipeline_of(facts, call, parents)
             datasets = _datasets_using(facts, transform)
             loaders = [site for dataset in datasets for site in pipeline.loaders_over(dataset.node)]
-            if not any(site.training for site in loaders):
+            if not any(site.training for site in loaders) or _small_images(facts, datasets, steps):
                 continue
             if any(_converted_to_dali(facts, site) for site in loaders):
                 continue
@@ -136,7 +140,9 @@ def _pipeline_of(
     compose = parents.get(id(argument)) if isinstance(argument, cst.Arg) else None
     qual = facts.qualname(compose.func) if isinstance(compose, cst.Call) else None
     if not (qual == _TRANSFORMS + "Compose" and compose.args[0] is argument):  # type: ignore[union-attr]
-        return to_tensor.node, None if element is not None and not isinstance(element, cst.Arg) else [("ToTensor", to_tensor.node)]
+        # The whole transform: passed as it is, or bound to a name first (``tf = transforms.ToTensor()``).
+        alone = element is None or isinstance(element, (cst.Arg, cst.Assign))
+        return to_tensor.node, [("ToTensor", to_tensor.node)] if alone else None
     steps: list[tuple[str, cst.BaseExpression]] = []
     for item in listed.elements:  # type: ignore[union-attr]
         if isinstance(item, cst.StarredElement):
@@ -151,6 +157,42 @@ def _pipeline_of(
 class _Dataset:
     node: cst.Call
     name: str  # the class, as written
+
+
+def _small_images(facts: ScriptFacts, datasets: list[_Dataset], steps: list[tuple[str, cst.BaseExpression]] | None) -> bool:
+    """Every dataset holds images of under 64 pixels a side (MNIST, CIFAR, SVHN; FakeData of a literal small
+    size) and no step resizes or crops them larger: a float batch of such images is a few MB, and what
+    the workers spend on it was not measured to matter. Those are not reported."""
+    for _, step in steps or []:
+        call = _step_call(facts, step)
+        name = (facts.qualname(call.func) or "").split(".")[-1] if call is not None else ""
+        if name in _RESIZES and call is not None and call.args:
+            sizes = _numbers(call.args[0].value)
+            if not all(isinstance(v, int) and v < _SMALL_SIDE for v in sizes):
+                return False
+    for dataset in datasets:
+        if dataset.name == "FakeData":
+            size = _fake_data_size(dataset.node)
+            if not (len(size) == 3 and all(isinstance(v, int) for v in size) and max(size[1:]) < _SMALL_SIDE):  # type: ignore[type-var]
+                return False
+        elif dataset.name not in _SMALL_IMAGE_DATASETS:
+            return False
+    return bool(datasets)
+
+
+def _fake_data_size(call: cst.Call) -> list[object]:
+    """FakeData's ``image_size`` (its default is (3, 224, 224)), as written: numbers, or ``...`` for the rest."""
+    argument = keyword_arg(call, "image_size")
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    value = argument.value if argument is not None else (positional[1].value if len(positional) > 1 else None)
+    return [3, 224, 224] if value is None else _numbers(value)
+
+
+def _numbers(value: cst.BaseExpression) -> list[object]:
+    """``224`` or ``(3, 32, 32)`` as written: the values, ``...`` for what is not a literal."""
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return [literal(e.value) for e in value.elements]
+    return [literal(value)]
 
 
 def _step_call(facts: ScriptFacts, expr: cst.BaseExpression) -> cst.Call | None:
@@ -430,23 +472,29 @@ def _loop_edits(
     line = facts.line_of(loop)
     if not isinstance(loop, cst.For):
         raise DeclineFix(f"the batches at line {line} are not taken in a `for` loop over the DataLoader")
-    images = _image_name(loop)
-    if images is None:
+    found = _image_name(loop)
+    if found is None:
         raise DeclineFix(f"could not tell which name holds the images in the loop at line {line}")
+    images, whole_batch = found
     body = list(loop.body.body) if isinstance(loop.body, cst.IndentedBlock) else []
     copies = [
         c for c in facts.calls
         if c.ctx.inside(loop) and c.method in ("to", "cuda") and moves_to_device(c)
-        and isinstance(c.receiver, cst.Name) and c.receiver.value == images
+        and _copies_images(c.receiver, images, whole_batch)
     ]
+    shown = f"{images}[0]" if whole_batch else images
     if not copies:
-        raise DeclineFix(f"the loop at line {line} does not copy `{images}` to the device")
+        raise DeclineFix(f"the loop at line {line} does not copy `{shown}` to the device")
     rebound = [c for c in copies if _assigned_to(c) is not None]
     if rebound and len(rebound) != len(copies):
         raise DeclineFix(f"`{images}` is copied to the device in several ways in the loop at line {line}")
     parents = parent_map(loop)
+    # The names the copies read: ``images`` in ``images.cuda()``, ``data`` in ``data[0].to(device)``.
+    allowed = {id(n) for c in copies for n in nodes_of(c.node.func.value, cst.Name) if n.value == images}  # type: ignore[attr-defined]
+    if whole_batch:
+        allowed |= _other_items(loop, images, parents)
     if not rebound:
-        _check_reads(facts, images, body, len(body), {id(c.node.func.value) for c in copies}, parents)  # type: ignore[attr-defined]
+        _check_reads(facts, images, body, len(body), allowed, parents)
         return [], [c.node for c in copies]
     targets = {_assigned_to(c) for c in copies}
     holders = {id(_holder(body, c.statement.node)) for c in copies if c.statement is not None}
@@ -458,17 +506,42 @@ def _loop_edits(
     if holder is not copies[0].statement.node and not isinstance(holder, cst.If):  # type: ignore[union-attr]
         raise DeclineFix(f"the copy of `{images}` at line {facts.line_of(copies[0].node)} sits in a block that uses it")
     target = targets.pop()
-    allowed = {id(c.node.func.value) for c in copies}  # type: ignore[attr-defined]
     _check_reads(facts, images, body, body.index(holder) + 1, allowed, parents)
     if target != images:
         _check_reads(facts, target, body, body.index(holder) + 1, allowed, parents)
-        _check_later_reads(facts, images, body[body.index(holder) + 1:], parents)
+        _check_later_reads(facts, images, body[body.index(holder) + 1:], parents, allowed)
     return [(holder, target)], []
 
 
-def _image_name(loop: cst.For) -> str | None:
-    """The first element of the batch: ``for images, target in loader``, ``for i, (images, target) in
-    enumerate(loader)``."""
+def _copies_images(receiver: cst.BaseExpression | None, images: str, whole_batch: bool) -> bool:
+    if not whole_batch:
+        return isinstance(receiver, cst.Name) and receiver.value == images
+    return _first_item(receiver, images)
+
+
+def _first_item(node: cst.CSTNode | None, batch: str) -> bool:
+    """``batch[0]``."""
+    return (
+        isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == batch
+        and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+        and isinstance(node.slice[0].slice.value, cst.Integer) and node.slice[0].slice.value.value == "0"
+    )
+
+
+def _other_items(loop: cst.For, batch: str, parents: dict[int, cst.CSTNode]) -> set[int]:
+    """The reads of ``batch[k]`` for another element ``k`` (the labels): they stay as they were."""
+    out = set()
+    for node in nodes_of(loop.body, cst.Name):
+        parent = parents.get(id(node))
+        if node.value == batch and isinstance(parent, cst.Subscript) and parent.value is node and not _first_item(parent, batch):
+            out.add(id(node))
+    return out
+
+
+def _image_name(loop: cst.For) -> tuple[str, bool] | None:
+    """The first element of the batch: ``images`` for ``for images, target in loader`` or ``for i, (images,
+    target) in enumerate(loader)``, (name, False); the batch itself where the loop takes it whole and
+    indexes it (``for i, data in enumerate(loader, 0): inputs = data[0].to(device)``), (name, True)."""
     target, source = loop.target, loop.iter
     while isinstance(source, cst.Call) and (get_full_name_for_node(source.func) or "").split(".")[-1] in _ITERATION_WRAPPERS:
         if (get_full_name_for_node(source.func) or "").endswith("enumerate"):
@@ -479,7 +552,9 @@ def _image_name(loop: cst.For) -> str | None:
         if not isinstance(source, cst.Call):
             break
     if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[0].value, cst.Name):
-        return target.elements[0].value.value
+        return target.elements[0].value.value, False
+    if isinstance(target, cst.Name):
+        return target.value, True
     return None
 
 
@@ -541,11 +616,15 @@ def _check_reads(
             raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)} before it reaches the device as floats")
 
 
-def _check_later_reads(facts: ScriptFacts, name: str, body: list[cst.CSTNode], parents: dict[int, cst.CSTNode]) -> None:
+def _check_later_reads(
+    facts: ScriptFacts, name: str, body: list[cst.CSTNode], parents: dict[int, cst.CSTNode], allowed: set[int]
+) -> None:
     """After ``x = images.cuda()`` the host batch itself is read no more (it stays uint8)."""
     for statement in body:
         for node in nodes_of(statement, cst.Name):
             parent = parents.get(id(node))
+            if id(node) in allowed:
+                continue
             if node.value == name and not (isinstance(parent, cst.Attribute) and parent.attr.value in _SHAPE_READS):
                 raise DeclineFix(f"`{name}` is read at line {facts.line_of(node)}, where it would now be uint8")
 
