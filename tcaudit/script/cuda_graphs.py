@@ -43,6 +43,7 @@ from tcaudit.script.expressions import DEVICE_FACTORIES
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.forward_breaks import branches, host_read, reads_tensor_value, tensor_params, under_flag
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import contains, nodes_of
 
 MARK_STEP = "compiler.cudagraph_mark_step_begin()"  # after the name torch is imported as
 
@@ -448,14 +449,14 @@ class _LoopOutputs:
         scope = self._scope()
         later_calls = [
             self.facts.line_of(c.node) for c in self.facts.calls
-            if c.name in self.models and self.facts.line_of(c.node) > end and _inside(scope, c.node)
+            if c.name in self.models and self.facts.line_of(c.node) > end and contains(scope, c.node)
         ]
         first_call = min(later_calls) if later_calls else None
         for returned in _returns(scope):
             line = self.facts.line_of(returned)
-            if line > end and any(n.value in held for n in _names(returned)):
+            if line > end and any(n.value in held for n in nodes_of(returned, cst.Name)):
                 return f"a compiled model's output is returned after its loop (line {line})"
-        for node in _names(scope):
+        for node in nodes_of(scope, cst.Name):
             if node.value not in held:
                 continue
             line = self.facts.line_of(node)
@@ -465,33 +466,9 @@ class _LoopOutputs:
 
     def _scope(self) -> cst.CSTNode:
         for call in self.facts.calls:
-            if call.name in self.models and _inside(self.loop, call.node):
+            if call.name in self.models and contains(self.loop, call.node):
                 return call.ctx.function or self.facts.module
         return self.facts.module
-
-
-def _inside(outer: cst.CSTNode, node: cst.CSTNode) -> bool:
-    found = False
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= n is node
-            return not found
-
-    outer.visit(_V())
-    return found
-
-
-def _names(node: cst.CSTNode) -> list[cst.Name]:
-    out: list[cst.Name] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            out.append(n)
-
-    node.visit(_V())
-    return out
 
 
 def _returns(node: cst.CSTNode) -> list[cst.Return]:
