@@ -70,6 +70,7 @@ def test_head_to_head_sets_the_fraction_and_survives_a_later_merge(tmp_path):
     low, high = row["fraction_of_ceiling_ci"]
     assert low < 0.8 < high and abs(low - 1 / (1.25 * 1.02)) < 1e-9
     assert row["naive"] == 1000.0 and row["h2h"]["patched_compile"] == 4000.0 and row["h2h"]["ceiling"] == 5000.0
+    assert row["patch_over_ceiling"] == row["fraction_of_ceiling"] and row["patch_over_ceiling_ci"] == [low, high]
 
     later = tmp_path / "later"
     (later / "vit_classifier" / "fix").mkdir(parents=True)

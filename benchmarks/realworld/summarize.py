@@ -121,6 +121,9 @@ def _fraction_from_head_to_head(r: dict) -> None:
         r["fraction_of_ceiling"] = head["fraction"]
         r["fraction_source"] = "h2h"
         r["fraction_of_ceiling_ci"] = head.get("fraction_ci")
+        # The head-to-head figure under its own name: the `fix --compile` patch over the ceiling, in one verify.
+        r["patch_over_ceiling"] = head["fraction"]
+        r["patch_over_ceiling_ci"] = head.get("fraction_ci")
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
