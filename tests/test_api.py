@@ -50,7 +50,7 @@ def test_settings_keywords_layer_over_the_config_as_flags_do(project):
     assert "TC201" not in {f.rule for f in api.scan(path)}
     assert {f.rule for f in api.scan(path, select=["TC201"])} == {"TC201"}  # --select wins over the config's ignore
     assert "TC201" in {f.rule for f in api.scan(path, isolated=True, exec_models=False)}
-    assert {f.rule for f in api.scan(path, select="TC4", extend_ignore=["TC403"])} == {"TC401", "TC402", "TC404", "TC405"}
+    assert {f.rule for f in api.scan(path, select="TC4", extend_ignore=["TC403"])} == {"TC401", "TC402", "TC404", "TC405", "TC411"}
 
 
 def test_per_file_ignores_and_suppressions_apply_to_texts(project):
