@@ -31,7 +31,7 @@ from tcaudit.script.expressions import is_in_place_name, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import call_nodes, expression_chain, strip_comments
+from tcaudit.source.syntax import call_nodes, expression_chain, method_of, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(
@@ -565,7 +565,7 @@ def _audited_image_input(pipeline: PipelineFacts, site: ModelSite, context: Rule
 def _class_takes_images(facts: ScriptFacts, cls: cst.ClassDef, by_name: dict, depth: int) -> bool:
     if depth > 3:
         return False
-    forward = _method(cls, "forward")
+    forward = method_of(cls, "forward")
     if forward is None:
         return False
     params = [p.name.value for p in forward.params.params]
@@ -603,14 +603,8 @@ def _builds_image_layer(facts: ScriptFacts, value: cst.BaseExpression, by_name: 
     return cls is not None and not qual and _class_takes_images(facts, cls, by_name, depth + 1)
 
 
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    if not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
-
-
 def _init_value(facts: ScriptFacts, cls: cst.ClassDef, attribute: str) -> cst.BaseExpression | None:
-    init = _method(cls, "__init__")
+    init = method_of(cls, "__init__")
     values = [b.value for b in facts.bindings_of(attribute) if init is not None and b.ctx.function is init]
     return values[0] if len(values) == 1 else None
 

@@ -65,7 +65,7 @@ class CpuImageDecode(ScriptRule):
                 if keyword_arg(call.node, "loader") is not None or not _training_use(facts, call):
                     continue  # a custom loader= may already skip decoding
                 loaders = [site for site in pipeline.loaders_over(call.node) if site.training]
-                if loaders and all(_converted(facts, site) for site in loaders):
+                if loaders and all(pipeline.dali_wrapped(site) for site in loaders):
                     continue  # ``fix --dali`` converted it
                 what = f"`{qual.split('.')[-1]}` decodes every JPEG with PIL on the CPU"
                 fix = self.planned_fix(
@@ -91,17 +91,6 @@ class CpuImageDecode(ScriptRule):
                 facts, call.node, what, fix=fix,
                 explanation=f"For a fast model this caps the training rate: {ADVICE}{cost}.",
             )
-
-
-def _converted(facts: ScriptFacts, site: LoaderSite) -> bool:
-    """``tcaudit_dali_loader(DataLoader(...))``, or ``loader = tcaudit_dali_loader(loader)``."""
-    for call in facts.calls:
-        if call.name != DALI_LOADER or not call.node.args:
-            continue
-        first = call.node.args[0].value
-        if first is site.call.node or (site.target is not None and get_full_name_for_node(first) == site.target):
-            return True
-    return False
 
 
 def _training_use(facts: ScriptFacts, call: CallSite) -> bool:

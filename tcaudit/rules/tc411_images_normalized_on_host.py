@@ -37,9 +37,9 @@ from tcaudit.rules.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite
+from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import nodes_of, parent_map
+from tcaudit.source.syntax import method_of, nodes_of, parent_map
 from tcaudit.source.triggers import all_of
 
 HELPER = "tcaudit_normalize"
@@ -107,7 +107,7 @@ class ImagesNormalizedOnHost(ScriptRule):
             loaders = [site for dataset in datasets for site in pipeline.loaders_over(dataset.node)]
             if not any(site.training for site in loaders) or _small_images(facts, datasets, steps):
                 continue
-            if any(_converted_to_dali(facts, site) for site in loaders):
+            if any(pipeline.dali_wrapped(site) for site in loaders):
                 continue
             yield self.finding(
                 facts,
@@ -222,21 +222,17 @@ def _dataset_class(facts: ScriptFacts, call: CallSite) -> str | None:
     qual = call.qualname or ""
     if qual.startswith("torchvision.datasets.") and qual.split(".")[-1] in IMAGE_DATASETS:
         return qual.split(".")[-1]
-    if call.name and "." not in call.name and call.name in _own_dataset_classes(facts):
+    if call.name and "." not in call.name and _own_dataset_class(facts, call.name) is not None:
         return call.name
     return None
 
 
-def _own_dataset_classes(facts: ScriptFacts) -> dict[str, cst.ClassDef]:
-    return {
-        cls.name.value: cls
-        for cls in nodes_of(facts.module, cst.ClassDef)
-        if _method(cls, "__getitem__") is not None and _method(cls, "__init__") is not None
-    }
-
-
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+def _own_dataset_class(facts: ScriptFacts, name: str) -> cst.ClassDef | None:
+    """The Dataset class of this file called ``name`` (one with ``__init__`` and ``__getitem__``)."""
+    cls = facts.classes_by_name.get(name)
+    if cls is None or method_of(cls, "__getitem__") is None or method_of(cls, "__init__") is None:
+        return None
+    return cls
 
 
 def _transform_argument(facts: ScriptFacts, call: CallSite, dataset: str) -> cst.BaseExpression | None:
@@ -245,22 +241,13 @@ def _transform_argument(facts: ScriptFacts, call: CallSite, dataset: str) -> cst
         return argument.value
     position = IMAGE_DATASETS.get(dataset)
     if dataset not in IMAGE_DATASETS:
-        init = _method(_own_dataset_classes(facts)[dataset], "__init__")
+        init = method_of(_own_dataset_class(facts, dataset), "__init__")  # type: ignore[arg-type]
         params = [p.name.value for p in init.params.params] if init is not None else []  # type: ignore[union-attr]
         position = params.index("transform") - 1 if "transform" in params else None
     if position is None:
         return None
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     return positional[position].value if position < len(positional) else None
-
-
-def _converted_to_dali(facts: ScriptFacts, site: LoaderSite) -> bool:
-    return any(
-        call.name == DALI_LOADER and call.node.args
-        and (call.node.args[0].value is site.call.node
-             or (site.target is not None and get_full_name_for_node(call.node.args[0].value) == site.target))
-        for call in facts.calls
-    )
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -306,8 +293,9 @@ def _plan(
         normalize = _step_call(facts, steps[-1][1])
         assert normalize is not None
         mean, std = _statistics(facts, normalize)
+    parents = parent_map(facts.module)
     for dataset in datasets:
-        _check_dataset(facts, dataset)
+        _check_dataset(facts, dataset, parents)
     ours = {id(d.node) for d in datasets}
     after: list[tuple[cst.CSTNode, str]] = []
     wrapped: list[cst.Call] = []
@@ -376,7 +364,7 @@ def _constant(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
     return False
 
 
-def _check_dataset(facts: ScriptFacts, dataset: _Dataset) -> None:
+def _check_dataset(facts: ScriptFacts, dataset: _Dataset, parents: dict[int, cst.CSTNode]) -> None:
     call = dataset.node
     if any(a.star for a in call.args):
         raise DeclineFix(f"`{dataset.name}` gets `*args`/`**kwargs`: what it hands the transform cannot be read")
@@ -384,13 +372,13 @@ def _check_dataset(facts: ScriptFacts, dataset: _Dataset) -> None:
         raise DeclineFix(f"`{dataset.name}` has its own `loader=`, which may not return PIL images")
     if dataset.name not in IMAGE_DATASETS:
         _check_own_dataset(facts, dataset.name)
-    _check_dataset_uses(facts, dataset)
+    _check_dataset_uses(facts, dataset, parents)
 
 
 def _check_own_dataset(facts: ScriptFacts, name: str) -> None:
     """The Dataset class of this file hands ``self.transform`` a PIL image (``Image.open(...).convert(mode)``
     or ``Image.fromarray(...)``) and returns the transformed image first."""
-    getitem = _method(_own_dataset_classes(facts)[name], "__getitem__")
+    getitem = method_of(_own_dataset_class(facts, name), "__getitem__")  # type: ignore[arg-type]
     assert getitem is not None
     why = f"could not tell that `{name}.__getitem__` hands its transform a PIL image and returns it first"
     calls = [c for c in nodes_of(getitem, cst.Call) if get_full_name_for_node(c.func) == "self.transform"]
@@ -436,10 +424,9 @@ def _pil_image(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
     return False
 
 
-def _check_dataset_uses(facts: ScriptFacts, dataset: _Dataset) -> None:
+def _check_dataset_uses(facts: ScriptFacts, dataset: _Dataset, parents: dict[int, cst.CSTNode]) -> None:
     """The dataset reaches nothing but DataLoaders (and ``len``): an item read elsewhere would now be uint8."""
     names = {b.target for b in facts.bindings if b.value is dataset.node}
-    parents = parent_map(facts.module)
     for node in nodes_of(facts.module, cst.Name):
         if node.value not in names:
             continue

@@ -114,6 +114,17 @@ class LoaderConstructionFacts(TrainedModelFacts):
             out.append(LoaderSite(call, keys, complete, dicts, target, self._is_training_loader(call, target)))
         return out
 
+    def dali_wrapped(self, site: LoaderSite) -> bool:
+        """``tcaudit_dali_loader(DataLoader(...))``, or ``loader = tcaudit_dali_loader(loader)``: ``fix --dali``
+        converted this loader."""
+        for call in self.facts.calls:
+            if call.name != DALI_LOADER or not call.node.args:
+                continue
+            first = call.node.args[0].value
+            if first is site.call.node or (site.target is not None and get_full_name_for_node(first) == site.target):
+                return True
+        return False
+
     def loaders_over(self, dataset: cst.Call) -> list[LoaderSite]:
         """The DataLoaders whose dataset is this call's result (passed directly or through names)."""
         out = []

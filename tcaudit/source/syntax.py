@@ -124,3 +124,10 @@ def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
 
     container.visit(_Find())
     return found
+
+
+def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    """The method ``name`` defined in ``cls``'s own body, if any."""
+    if not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
