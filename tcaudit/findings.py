@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any
 
 
+# The longest a finding's message may be (ruff-like: what and where); the why goes in its explanation.
+MESSAGE_LIMIT = 120
+
+
 class Severity(enum.IntEnum):
     INFO = 0
     WARNING = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from tcaudit.findings import Finding
+from tcaudit.findings import MESSAGE_LIMIT, Finding
 from tcaudit.model.facts import ModelFacts
 from tcaudit.model.rules import ModelContext, ModelRule
 
@@ -21,7 +21,6 @@ _UNDEFINED = re.compile(r"name '([^']+)' is not defined")
 _RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Warning)\b.*")
 _METHOD = re.compile(r"^(export|dynamo|fx): ")
 SHORT_REASON = 200
-MESSAGE_LIMIT = 120
 FACTORY_HELP = "give a factory that builds it with [[tool.tcaudit.models]] or --model pkg.mod:factory"
 INPUT_HELP = (
     'give the input shape: input = "8x3x224x224" in [[tool.tcaudit.models]] or --model pkg.mod:factory --input 8x3x224x224'

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
+from tcaudit.findings import MESSAGE_LIMIT, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -111,7 +111,6 @@ class NotCompiled(ScriptRule):
 # -- the mode ---------------------------------------------------------------------------------------------
 
 REDUCE_OVERHEAD = 'mode="reduce-overhead"'
-MESSAGE_LIMIT = 120
 
 
 def _graph_choice(facts: ScriptFacts, context: RuleContext, pipeline, attempts) -> GraphSafety | None:
@@ -697,7 +696,8 @@ class NotCompiledFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         editor = StatementEditor()
-        torch_name = torch_import_name(context.facts) or "torch"
+        torch_local = torch_import_name(context.facts)
+        torch_name = torch_local or "torch"
         marked: set[int] = set()
         for finding in findings:  # one per trained model, each with its own place (the check made them distinct)
             plan: CompileInPlace = finding.fix.plan
@@ -707,6 +707,6 @@ class NotCompiledFix(Codemod):
                     marked.add(id(first))
                     editor.insert_before(first, [parse_statement(f"{torch_name}.{MARK_STEP}\n", module)])
         new = editor.apply(module)
-        if torch_import_name(context.facts) is None:
+        if torch_local is None:
             new = ensure_import(new, "import torch")
         return new
