@@ -35,8 +35,9 @@ MODELS = {
 def one(name: str, path: Path, repeat: int) -> dict:
     """Runs in its own process: start the audit child, then audit one model ``repeat`` times."""
     from tcaudit.config import Settings
-    from tcaudit.model import ModelAuditResult, discover_file, report
-    from tcaudit.model.rules import discover_model_rules
+    from tcaudit.engine import report
+    from tcaudit.model import ModelAuditResult, discover_file
+    from tcaudit.rules.registry import discover_model_rules
     from tcaudit.model.sandbox import Limits, Sandbox, Zygote
     from tcaudit.source.parsing import read_source
 

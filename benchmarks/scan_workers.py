@@ -44,7 +44,7 @@ def main() -> None:
 
     _scan_in_worker = engine._scan_in_worker
     engine._scan_in_worker = timed_scan_in_worker  # forked workers see the patched module
-    from tcaudit.cli import main as tcaudit
+    from tcaudit.cli.main import main as tcaudit
 
     with contextlib.redirect_stdout(io.StringIO()):
         tcaudit(["scan", "--no-cache", "--no-exec", "--jobs", "2", target])

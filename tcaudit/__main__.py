@@ -1,3 +1,3 @@
-from tcaudit.cli import main
+from tcaudit.cli.main import main
 
 raise SystemExit(main())

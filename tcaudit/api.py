@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 from tcaudit.config import KNOWN_KEYS, ConfigError, Settings, load_settings
-from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit
+from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit, parse_classes
 
 if TYPE_CHECKING:
     from tcaudit.engine import ScanResult
@@ -248,8 +248,6 @@ class FixResult:
 
 def parse_fix_classes(classes: "str | Iterable[str | FixClass]") -> frozenset[FixClass]:
     """``"safe,numerics"``, ``["safe"]`` or FixClass members as the set of fix classes."""
-    from tcaudit.fix.command import parse_classes
-
     text = classes if isinstance(classes, str) else ",".join(str(c.value if isinstance(c, FixClass) else c)
                                                              for c in classes)
     try:

@@ -47,6 +47,8 @@ if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them
 
     from tcaudit.cache import ScanCache
     from tcaudit.model import ModelAuditResult
+    from tcaudit.model.facts import ModelFacts
+    from tcaudit.rules.graph.model_rule import ModelRule
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
     from tcaudit.rules.registry import LazyRule
@@ -118,7 +120,7 @@ def tc000(path: str, error: SourceError) -> Finding:
 
 
 def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
-    from tcaudit.rules.base import discover_script_rules
+    from tcaudit.rules.registry import discover_script_rules
 
     enabled = set(settings.enabled_rules())
     rules = [cls() for rule_id, cls in sorted(discover_script_rules().items()) if rule_id in enabled]
@@ -249,7 +251,8 @@ def analyse_source(
     ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them.
     ``edit_lines``: (first, last): edits only for the findings on those lines."""
     source.module
-    from tcaudit.rules.base import RuleContext, in_rule_order
+    from tcaudit.rules.base import in_rule_order
+    from tcaudit.rules.registry import context as rule_context
     from tcaudit.rules.situations import block_created
     from tcaudit.script.facts import ScriptFacts
 
@@ -258,7 +261,7 @@ def analyse_source(
         facts = facts if facts is not None else ScriptFacts(source)
     except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
         return None, [], [f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}"]
-    context = RuleContext(settings, models, unplanned=unplanned)
+    context = rule_context(settings, models, unplanned)
     findings: list[Finding] = []
     errors: list[str] = []
     # A rule runs after the rules whose outcome it reads (its ``after``), and reads theirs from here.
@@ -535,8 +538,6 @@ def run_audit(
     and verify ask the same, so all three decide with the same facts. None where it does not run."""
     if not model_audit_wanted(settings):
         return None
-    from tcaudit.model import run_model_audit  # imports no torch itself
-
     sources = []
     for path, display in zip(files, displays):
         try:
@@ -546,6 +547,100 @@ def run_audit(
     return call_with_deep_stack(
         run_model_audit, sources, settings, scan_cache=cache, script_uses_cuda=scripts_using_cuda(sources)
     )
+
+
+def run_model_audit(
+    sources: "list[SourceFile]",
+    settings: Settings,
+    *,
+    limits=None,
+    scan_cache=None,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> "ModelAuditResult":
+    """The model audit: every model the sources build measured (:mod:`tcaudit.model`, in a sandbox,
+    within ``settings.model_budget``), then judged by the enabled model rules. ``script_uses_cuda(path)``
+    says whether the script at that real path may run on CUDA (None: assume so); a model built by a
+    CPU-only script gets its advice as info."""
+    from tcaudit.model import TORCH_MISSING_NOTE, ModelAuditResult, ModelsNotMeasured, measure_models, torch_available
+
+    result = ModelAuditResult()
+    if not settings.exec_models:
+        return result
+    if not torch_available():
+        result.notes.append(TORCH_MISSING_NOTE)
+        return result
+    from tcaudit.rules.registry import model_rules
+
+    rules = model_rules(settings)
+    if not rules:
+        return result
+    try:
+        measure_models(sources, settings, result, limits=limits, scan_cache=scan_cache)
+    except ModelsNotMeasured:
+        return result
+    report(result.facts, rules, settings, sources, result, script_uses_cuda)
+    if result.facts:
+        from tcaudit.model.cost import table_notes
+
+        result.notes.extend(f"model audit: {note}" for note in table_notes())
+    return result
+
+
+def report(
+    facts_list: "list[ModelFacts]",
+    rules: "Sequence[ModelRule]",
+    settings: "Settings",
+    sources,
+    result: ModelAuditResult,
+    script_uses_cuda: "Callable[[str], bool] | None" = None,
+) -> None:
+    """The model rules' findings on each model's facts, into ``result`` (an internal error in one rule
+    costs only its findings), with the notes the capture left."""
+    from tcaudit.model.cost import CostModel
+    from tcaudit.rules.graph.model_rule import ModelContext
+
+    by_path = {os.path.realpath(str(source.path)): source for source in sources}
+    seen: set[tuple] = set()
+    for facts in facts_list:
+        if facts.status == "error":
+            result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
+            continue
+        context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
+        target = facts.target
+        if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
+            context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
+        _notes(facts, context, result)
+        for rule in rules:
+            try:
+                findings = list(rule.check(facts, context))
+            except Exception as exc:  # noqa: BLE001
+                result.errors.append(
+                    f"{context.display_path(facts.target.get('path', '?'))}: internal error in {rule.id}: "
+                    f"{exc!r}\n{traceback.format_exc()}"
+                )
+                continue
+            for finding in findings:
+                loc = finding.location
+                key = (finding.rule, loc.path, loc.line, loc.column, finding.message)
+                if key in seen:
+                    continue
+                seen.add(key)
+                result.findings.append(finding)
+
+
+def _notes(facts: "ModelFacts", context, result: ModelAuditResult) -> None:
+    if facts.status != "ok":
+        return
+    site = context.target_site()
+    where = f"{context.display_path(site.path)}:{site.line}"
+    label = facts.target.get("label") or facts.model_class
+    for note in facts.capture.notes:
+        if facts.capture.method != "parameters":
+            result.notes.append(f"model audit of `{label}` ({where}): {note}")
+    if facts.capture.failures and facts.capture.method != "parameters":
+        result.notes.append(
+            f"model audit of `{label}` ({where}) used {facts.capture.method} after: " + "; ".join(facts.capture.failures)
+        )
 
 
 def audited_models_for(

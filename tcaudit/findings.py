@@ -39,6 +39,27 @@ class FixClass(str, enum.Enum):
         return self.value
 
 
+def parse_classes(text: str) -> frozenset[FixClass]:
+    """``--classes safe,numerics`` as the set of fix classes; ValueError, with the message the command
+    line prints, for an unknown or structural class or none at all."""
+    out = set()
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        try:
+            fix_class = FixClass(part)
+        except ValueError:
+            raise ValueError(f"unknown fix class {part!r} (expected safe, numerics)") from None
+        if fix_class is FixClass.STRUCTURAL:
+            raise ValueError("structural fixes are asked for by name: --ddp, --dali, --compile "
+                             "(or structural-fixes in the config); --classes takes safe, numerics")
+        out.add(fix_class)
+    if not out:
+        raise ValueError("--classes needs at least one of safe, numerics")
+    return frozenset(out)
+
+
 @dataclass(frozen=True, order=True)
 class Location:
     """1-based line and column, end inclusive of the last character's line, exclusive column. In a

@@ -28,7 +28,7 @@ def run_cli(*args: str, cwd: Path | None = None):
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     old = Path.cwd()

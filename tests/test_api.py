@@ -160,7 +160,7 @@ def test_opt_in_fixes_come_from_settings(tmp_path):
 
 def test_the_cli_and_the_server_go_through_the_api():
     """The command line's stdin paths and the server call tcaudit.api (one road for embedders)."""
-    for module in ("tcaudit/cli.py", "tcaudit/fix/command.py", "tcaudit/lsp/server.py"):
+    for module in ("tcaudit/cli/main.py", "tcaudit/cli/fix.py", "tcaudit/lsp/server.py"):
         source = (REPO / module).read_text()
         assert "api.scan(" in source or "api.fix(" in source, module
 

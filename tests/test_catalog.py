@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tcaudit.catalog import load_catalog, rules_dir
-from tcaudit.rules.base import discover_script_rules
+from tcaudit.rules.registry import discover_script_rules
 
 from helpers import scan_code
 
@@ -27,7 +27,7 @@ def implemented_ids() -> set[str]:
     ids.add("TC000")  # the engine itself reports parse errors
     ids.add("TC001")  # and unused suppressions, in its filtering stage (tcaudit/unused_suppressions.py)
     try:
-        from tcaudit.model.rules import discover_model_rules
+        from tcaudit.rules.registry import discover_model_rules
     except ImportError:
         return ids
     return ids | set(discover_model_rules())
@@ -104,7 +104,7 @@ FIX_NEEDS_A_RUN = {"TC508": "tests/test_rule_tc508.py"}
 
 def test_every_fixable_rule_shows_its_fix():
     """A rule whose codemod exists carries at least one bad example with its exact fixed form."""
-    from tcaudit.rules.base import discover_codemods
+    from tcaudit.rules.registry import discover_codemods
 
     with_fixed = {spec.id for spec, _ in (p.values for p in FIXABLE)}
     missing = sorted(set(discover_codemods()) - with_fixed - set(FIX_NEEDS_A_RUN))
@@ -113,7 +113,7 @@ def test_every_fixable_rule_shows_its_fix():
 
 def _expanded(fixed: str) -> str:
     """A fixed form with TC405's one-line stand-in for the inserted DALI helper block, expanded."""
-    from tcaudit.rules.tc405_cpu_image_decode import HELPER_PLACEHOLDER, helper_block
+    from tcaudit.rules.pipeline.tc405_cpu_image_decode import HELPER_PLACEHOLDER, helper_block
 
     return fixed.replace(HELPER_PLACEHOLDER + "\n", helper_block())
 

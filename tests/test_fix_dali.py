@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli
 from tcaudit.config import Settings
 from tcaudit.fix.engine import fix_file
-from tcaudit.rules.tc405_cpu_image_decode import helper_block
+from tcaudit.rules.pipeline.tc405_cpu_image_decode import helper_block
 from helpers import scan_paths
 
 ROOT = Path(__file__).resolve().parent.parent

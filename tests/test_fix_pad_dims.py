@@ -1,4 +1,4 @@
-"""``fix --pad-dims`` (TC101/TC102's script halves, tcaudit/script/layer_widths.py): which widths are
+"""``fix --pad-dims`` (TC101/TC102's script halves, tcaudit/rules/graph/widths.py): which widths are
 padded and where, which are declined and why, and that without the opt-in nothing is edited."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from helpers import scan_code
 from tcaudit.config import Settings, load_settings
-from tcaudit.script.layer_widths import one_width_finding
+from tcaudit.rules.graph.widths import one_width_finding
 from tcaudit.findings import Finding, Fix, FixClass, Location, Severity
 from tcaudit.fix.engine import fix_file
 
@@ -207,8 +207,8 @@ def test_verify_takes_the_flag_and_hands_it_to_the_fix_it_runs():
     the command it records."""
     import argparse
 
-    from tcaudit.fix.command import with_structural_flags
-    from tcaudit.verify.command import add_verify_parser
+    from tcaudit.cli.fix import with_structural_flags
+    from tcaudit.cli.verify import add_verify_parser
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

@@ -17,7 +17,7 @@ from tcaudit import gpus
 from tcaudit.catalog import load_catalog
 from tcaudit.config import GPUS, ConfigError, Settings, load_settings
 from tcaudit.fix.engine import fix_file
-from tcaudit.rules.costs import cost_note, figures, measured_entries
+from tcaudit.costs import cost_note, figures, measured_entries
 
 from conftest import REPO, run_cli
 from helpers import scan_code

@@ -234,7 +234,7 @@ def test_a_missing_or_unreadable_named_table_falls_back_with_a_note(monkeypatch,
 def test_the_scan_reports_the_note(monkeypatch, isolated, tmp_path):
     """run_model_audit passes the cost table's note on (the sandbox is stubbed: no torch here)."""
     from tcaudit.config import Settings
-    from tcaudit.model import run_model_audit
+    from tcaudit.engine import run_model_audit
     from tcaudit.model import sandbox as sandbox_module
     from tcaudit.source.parsing import read_source
 

@@ -15,7 +15,8 @@ import pytest
 from conftest import FIXTURES, REPO, run_cli
 from tcaudit.config import Settings
 from tcaudit.engine import scan
-from tcaudit.model import discover_file, run_model_audit
+from tcaudit.engine import run_model_audit
+from tcaudit.model import discover_file
 from tcaudit.model.sandbox import Limits, shared_sandbox
 from tcaudit.source.parsing import read_source
 

@@ -17,9 +17,10 @@ from conftest import REPO
 from tcaudit.cache import ScanCache
 from tcaudit.config import Settings
 from tcaudit.findings import Severity
-from tcaudit.model import ModelAuditResult, collect_jobs, discover_file, report, run_model_audit
+from tcaudit.engine import report, run_model_audit
+from tcaudit.model import ModelAuditResult, collect_jobs, discover_file
 from tcaudit.model.facts import CaptureInfo, ModelFacts
-from tcaudit.model.rules import discover_model_rules
+from tcaudit.rules.registry import discover_model_rules
 from tcaudit.model.sandbox import Limits
 from tcaudit.source.parsing import read_source
 

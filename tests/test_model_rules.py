@@ -11,10 +11,11 @@ import pytest
 from tcaudit.catalog import load_catalog
 from tcaudit.config import Settings
 from tcaudit.findings import Severity
-from tcaudit.model import ModelAuditResult, report
+from tcaudit.engine import report
+from tcaudit.model import ModelAuditResult
 from tcaudit.model.cost import CostModel, byte_alignment, is_aligned, load_table, suggest
 from tcaudit.model.facts import CaptureInfo, ModelFacts, ModuleFact, OpFact, Site
-from tcaudit.model.rules import discover_model_rules
+from tcaudit.rules.registry import discover_model_rules
 
 FILE = "/project/train.py"
 
@@ -278,7 +279,7 @@ def test_rule_modules_import_no_torch():
     assert "torch" not in sys.modules or Path(sys.modules["torch"].__file__).exists()
     import subprocess
 
-    code = "import sys; from tcaudit.model.rules import discover_model_rules; discover_model_rules(); " \
+    code = "import sys; from tcaudit.rules.registry import discover_model_rules; discover_model_rules(); " \
            "import tcaudit.model.cost, tcaudit.model.slicing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

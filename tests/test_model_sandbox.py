@@ -14,7 +14,8 @@ import tcaudit.model as model_audit
 import tcaudit.model.sandbox as sandbox
 from conftest import FIXTURES, REPO
 from tcaudit.config import Settings
-from tcaudit.model import discover_file, run_model_audit
+from tcaudit.engine import run_model_audit
+from tcaudit.model import discover_file
 from tcaudit.model.sandbox import Limits, Sandbox, run_once
 from tcaudit.source.parsing import read_source
 
@@ -23,7 +24,7 @@ MLP = FIXTURES / "models" / "mlp_4095.py"
 PROBE = textwrap.dedent(
     """
     import json, sys
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     code = main(sys.argv[1:])
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision", "numpy"))

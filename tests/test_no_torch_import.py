@@ -15,7 +15,7 @@ from conftest import FIXTURES, REPO
 PROBE = textwrap.dedent(
     """
     import json, sys
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     code = main(sys.argv[1:])
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision", "numpy"))

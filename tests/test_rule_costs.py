@@ -11,8 +11,8 @@ import pytest
 
 from tcaudit.catalog import load_catalog
 from tcaudit import gpus
-from tcaudit.rules.base import discover_script_rules
-from tcaudit.rules.costs import (
+from tcaudit.rules.registry import discover_script_rules
+from tcaudit.costs import (
     ENTRY_LABELS,
     PUBLISHED_PATHS,
     cost_note,
@@ -164,7 +164,7 @@ def test_explain_in_a_terminal_shows_the_cost_table(monkeypatch):
     terminal = _Terminal()
     monkeypatch.setattr("sys.stdout", terminal)
     monkeypatch.setenv("COLUMNS", "160")
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     assert main(["explain", "TC604"]) == 0
     out = re.sub(r"\x1b\[[0-9;]*m", "", terminal.getvalue())

@@ -63,7 +63,7 @@ def test_a_rule_with_its_own_match_code_is_loaded_up_front(monkeypatch):
     table = registry.build_table()
     assert all(triggers is not None for _module, triggers, _ in table.values())
     monkeypatch.setattr(
-        "tcaudit.rules.base.discover_script_rules", lambda: {"TC201": OwnMatch}
+        "tcaudit.rules.registry.discover_script_rules", lambda: {"TC201": OwnMatch}
     )
     assert registry.build_table()["TC201"][1] is None
     monkeypatch.setitem(registry.TRIGGER_TABLE, "TC201", (OwnMatch.__module__, None, {}))
@@ -92,10 +92,11 @@ PROBE = textwrap.dedent(
     read = []
     load = catalog.load_rule_file
     catalog.load_rule_file = lambda path: read.append(path.stem) or load(path)
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     code = main(sys.argv[1:])
-    modules = sorted(m for m in sys.modules if m == "libcst" or m.startswith("tcaudit.rules.tc"))
+    import re
+    modules = sorted(m for m in sys.modules if m == "libcst" or re.match("tcaudit[.]rules[.][a-z]+[.]tc[0-9]", m))
     print(json.dumps({"code": code, "modules": modules, "read": sorted(read)}), file=sys.stderr)
     """
 )
@@ -121,5 +122,5 @@ def test_scan_imports_only_the_rules_a_file_triggers(tmp_path):
     # catalog file read for the finding.
     report = _scan(tmp_path, "import torch\nwith torch.cuda.amp.autocast():\n    pass\n", "--format", "json")
     assert report["code"] == 1
-    assert report["modules"] == ["libcst", "tcaudit.rules.tc202_deprecated_amp_api"]
+    assert report["modules"] == ["libcst", "tcaudit.rules.amp.tc202_deprecated_amp_api"]
     assert report["read"] == ["TC202"]

@@ -203,7 +203,7 @@ def test_the_helper_computes_what_to_tensor_and_normalize_computed(mode):
     import numpy as np
     from PIL import Image
 
-    from tcaudit.rules.tc411_images_normalized_on_host import HELPER, HELPER_CODE
+    from tcaudit.rules.pipeline.tc411_images_normalized_on_host import HELPER, HELPER_CODE
 
     namespace: dict = {"torch": torch}
     exec(HELPER_CODE, namespace)

@@ -12,9 +12,10 @@ import pytest
 
 from tcaudit.config import Settings
 from tcaudit.findings import Severity
-from tcaudit.model import ModelAuditResult, report
+from tcaudit.engine import report
+from tcaudit.model import ModelAuditResult
 from tcaudit.model.facts import CaptureInfo, ModelFacts, ModuleFact, OpFact, Site, rnn_gate_gemms
-from tcaudit.model.rules import discover_model_rules
+from tcaudit.rules.registry import discover_model_rules
 
 FILE = "/project/train.py"
 

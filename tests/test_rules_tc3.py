@@ -12,7 +12,8 @@ from tcaudit.catalog import load_catalog
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass, Severity
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, discover_script_rules
+from tcaudit.rules.registry import context as rule_context
+from tcaudit.rules.registry import discover_script_rules
 from tcaudit.source.parsing import read_source
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
@@ -61,7 +62,7 @@ def test_triggers_hide_nothing(name):
     """Running every rule without its trigger finds nothing the engine (with triggers) did not."""
     source = read_source(SCRIPTS / name, name)
     facts = ScriptFacts(source)
-    context = RuleContext(settings=Settings())  # the rules quote figures for settings.gpu
+    context = rule_context(Settings())  # the rules quote figures for settings.gpu
     rules = discover_script_rules()
     for rule_id in MY_RULES:
         rule = rules[rule_id]()

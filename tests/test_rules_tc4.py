@@ -11,8 +11,9 @@ from helpers import scan_code, scan_paths
 from tcaudit.config import Settings
 from tcaudit.findings import FixClass, Severity
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, discover_script_rules
-from tcaudit.rules.tc401_dataloader_no_workers import WORKERS
+from tcaudit.rules.registry import context as rule_context
+from tcaudit.rules.registry import discover_script_rules
+from tcaudit.rules.pipeline.tc401_dataloader_no_workers import WORKERS
 from tcaudit.source.parsing import read_source
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
@@ -76,7 +77,7 @@ def test_fixture_findings(name):
 def test_triggers_hide_nothing(name):
     source = read_source(SCRIPTS / name, name)
     facts = ScriptFacts(source)
-    context = RuleContext(settings=Settings())  # the rules quote figures for settings.gpu
+    context = rule_context(Settings())  # the rules quote figures for settings.gpu
     rules = discover_script_rules()
     for rule_id in TC4_RULES:
         rule = rules[rule_id]()

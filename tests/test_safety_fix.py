@@ -180,7 +180,7 @@ def test_the_cli_reports_a_file_edited_meanwhile_and_fixes_the_others(tmp_path, 
         return result
 
     monkeypatch.setattr(engine, "fix_file", fix_then_edit)
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     code = main(["fix", ".", "--apply", "--isolated", "--select", "TC202"])

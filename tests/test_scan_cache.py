@@ -358,7 +358,7 @@ def test_workers_started_with_spawn_find_the_same(corpus, monkeypatch):
 WARM_PROBE = textwrap.dedent(
     """
     import json, sys
-    from tcaudit.cli import main
+    from tcaudit.cli.main import main
 
     code = main(sys.argv[1:])
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("libcst", "torch"))

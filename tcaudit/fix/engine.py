@@ -45,9 +45,9 @@ MAX_ROUNDS = 6
 
 def discover_codemods() -> "dict[str, type[Codemod]]":
     """Every rule's fix, by rule id (imported with the first file that has to be fixed)."""
-    from tcaudit.rules import base
+    from tcaudit.rules import registry
 
-    return base.discover_codemods()
+    return registry.discover_codemods()
 
 
 @dataclass

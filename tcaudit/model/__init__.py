@@ -67,30 +67,14 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_model_audit(
-    sources: "list[SourceFile]",
-    settings: "Settings",
-    *,
-    limits=None,
-    scan_cache=None,
-    script_uses_cuda: "Callable[[str], bool] | None" = None,
-) -> ModelAuditResult:
-    """Audit every model the sources build, within ``settings.model_budget`` seconds of building and
-    tracing; results come from and go to the model cache beside ``scan_cache`` (None: no cache).
-    ``script_uses_cuda(path)`` says whether the script at that real path may run on CUDA (None: assume
-    so); a model built by a CPU-only script gets its advice as info."""
-    result = ModelAuditResult()
-    if not settings.exec_models:
-        return result
-    if not torch_available():
-        result.notes.append(TORCH_MISSING_NOTE)
-        return result
-    from tcaudit.model.rules import discover_model_rules
-
-    enabled = set(settings.enabled_rules())
-    rules = [cls() for rule_id, cls in sorted(discover_model_rules().items()) if rule_id in enabled]
-    if not rules:
-        return result
+def measure_models(
+    sources: "list[SourceFile]", settings: "Settings", result: ModelAuditResult, *, limits=None, scan_cache=None
+) -> None:
+    """Build and capture every model the sources build (and the configured factories), within
+    ``settings.model_budget`` seconds of building and tracing, into ``result.facts`` (one per model, in
+    discovery order), with what kept one from being measured in ``result.notes``; results come from
+    and go to the model cache beside ``scan_cache`` (None: no cache). Judging the facts is the rules'
+    (``tcaudit.engine.run_model_audit``)."""
     from tcaudit.model.sandbox import Limits, StartupError
 
     limits = limits or Limits.from_env()
@@ -105,7 +89,7 @@ def run_model_audit(
             facts_list.extend(_run_within_budget(jobs, settings.model_budget, cache, limits, preload, result))
         except StartupError as exc:
             result.notes.append(f"model checks (TC1) skipped: {exc}")
-            return result
+            raise ModelsNotMeasured from None
         from tcaudit.model.sandbox import isolation_level, read_only_view
 
         if result.cached < len(jobs) and not read_only_view():
@@ -113,12 +97,10 @@ def run_model_audit(
                 f"model audit: the models were built without the read-only file system view (sandbox: "
                 f"{isolation_level()}); see \"Running on code you do not trust\" in the README")
     result.facts = facts_list
-    report(facts_list, rules, settings, sources, result, script_uses_cuda)
-    if facts_list:
-        from tcaudit.model.cost import table_notes
 
-        result.notes.extend(f"model audit: {note}" for note in table_notes())
-    return result
+
+class ModelsNotMeasured(Exception):
+    """The audit child could not start: no model was measured (``result.notes`` says why)."""
 
 
 def budget_reason(budget: float, spent: float, audited: int) -> str:
@@ -405,58 +387,3 @@ def _factory_location(spec: "ModelSpec", settings: "Settings") -> tuple[str, int
         if file.is_file():
             return str(file.resolve()), 1
     return spec.factory, 1
-
-
-def report(
-    facts_list: "list[ModelFacts]",
-    rules,
-    settings: "Settings",
-    sources,
-    result: ModelAuditResult,
-    script_uses_cuda: "Callable[[str], bool] | None" = None,
-) -> None:
-    from tcaudit.model.cost import CostModel
-    from tcaudit.model.rules import ModelContext
-
-    by_path = {os.path.realpath(str(source.path)): source for source in sources}
-    seen: set[tuple] = set()
-    for facts in facts_list:
-        if facts.status == "error":
-            result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
-            continue
-        context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
-        target = facts.target
-        if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
-            context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
-        _notes(facts, context, result)
-        for rule in rules:
-            try:
-                findings = list(rule.check(facts, context))
-            except Exception as exc:  # noqa: BLE001
-                result.errors.append(
-                    f"{context.display_path(facts.target.get('path', '?'))}: internal error in {rule.id}: "
-                    f"{exc!r}\n{traceback.format_exc()}"
-                )
-                continue
-            for finding in findings:
-                loc = finding.location
-                key = (finding.rule, loc.path, loc.line, loc.column, finding.message)
-                if key in seen:
-                    continue
-                seen.add(key)
-                result.findings.append(finding)
-
-
-def _notes(facts: "ModelFacts", context, result: ModelAuditResult) -> None:
-    if facts.status != "ok":
-        return
-    site = context.target_site()
-    where = f"{context.display_path(site.path)}:{site.line}"
-    label = facts.target.get("label") or facts.model_class
-    for note in facts.capture.notes:
-        if facts.capture.method != "parameters":
-            result.notes.append(f"model audit of `{label}` ({where}): {note}")
-    if facts.capture.failures and facts.capture.method != "parameters":
-        result.notes.append(
-            f"model audit of `{label}` ({where}) used {facts.capture.method} after: " + "; ".join(facts.capture.failures)
-        )

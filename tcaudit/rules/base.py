@@ -9,8 +9,6 @@ the codemod only performs that edit. So ``scan`` promises exactly what ``fix`` d
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
@@ -21,15 +19,12 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan, Location, Severity
 from tcaudit.rewrite.codemod import DeclineFix, FixContext
-from tcaudit.rules.registry import triggers_under
+from tcaudit.source.triggers import triggers_under
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
     from tcaudit.model_profile import AuditedModels
     from tcaudit.script.facts import ScriptFacts
-
-_RULE_MODULE = re.compile(r"^tc\d{3}_\w+$")
-
 
 @dataclass(frozen=True)
 class RuleContext:
@@ -44,6 +39,15 @@ class RuleContext:
     # (rule id, id of the facts), with the facts kept alive beside them; and the texts with a rule's
     # fixes made in memory.
     outcomes: dict = field(default_factory=dict, compare=False, repr=False)
+    # How a rule that reads another's outcome gets that rule, made for ``settings``: the engine's
+    # (``tcaudit.rules.registry.load_rule``), so that no rule module imports another.
+    load_rule: "Callable[[str, Settings], ScriptRule] | None" = field(default=None, compare=False, repr=False)
+
+    def leader(self, rule_id: str) -> "ScriptRule":
+        """Rule ``rule_id``, made for these settings, to read its outcome."""
+        if self.load_rule is None:
+            raise RuntimeError("this RuleContext was made without a rule loader (tcaudit.rules.registry.context)")
+        return self.load_rule(rule_id, self.settings)
 
     def findings_of(self, rule_id: str, facts: "ScriptFacts") -> list[Finding]:
         """What rule ``rule_id`` (one the asking rule names in its ``after``) reports on ``facts``: the
@@ -53,9 +57,7 @@ class RuleContext:
         if key not in self.outcomes:
             found: list[Finding] = []
             if rule_id in self.settings.enabled_rules():
-                from tcaudit.rules.registry import load_rule
-
-                leader = load_rule(rule_id, self.settings)
+                leader = self.leader(rule_id)
                 if leader.may_match(facts.source.text):
                     found = list(leader.check(facts, self))
             self.outcomes[key] = (facts, found)
@@ -87,9 +89,7 @@ class RuleContext:
             after = None
             theirs = [f for f in self.fixable(rule_id, facts) if f.waits_for is None]
             if theirs:
-                from tcaudit.rules.registry import load_rule
-
-                after = text_with_fixes(facts, theirs, load_rule(rule_id, self.settings), self.settings)
+                after = text_with_fixes(facts, theirs, self.leader(rule_id), self.settings)
             self.outcomes[key] = (facts, after)
         return self.outcomes[key][1]
 
@@ -311,43 +311,12 @@ def text_with_fixes(
         return None
 
 
-def _rule_modules():
-    import tcaudit.rules as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if _RULE_MODULE.match(info.name):
-            yield importlib.import_module(f"tcaudit.rules.{info.name}")
-
-
 def defined_in(module, base: type) -> list[type]:
     return [
         value for value in vars(module).values()
         if isinstance(value, type) and issubclass(value, base) and value is not base
         and getattr(value, "__module__", None) == module.__name__
     ]
-
-
-def discover_script_rules() -> dict[str, type[ScriptRule]]:
-    """Every ``tcaudit/rules/tcNNN_*.py`` module's ScriptRule subclass, by rule id."""
-    found: dict[str, type[ScriptRule]] = {}
-    for module in _rule_modules():
-        for value in defined_in(module, ScriptRule):
-            if value.id in found:
-                raise RuntimeError(f"two implementations of {value.id}")
-            found[value.id] = value
-    return found
-
-
-def discover_codemods() -> dict[str, type[Codemod]]:
-    """Every rule module's fix, by rule id; a fix lives in the module of the rule it fixes."""
-    found: dict[str, type[Codemod]] = {}
-    for module in _rule_modules():
-        rules = {rule.id for rule in defined_in(module, ScriptRule)}
-        for value in defined_in(module, Codemod):
-            if value.rule not in rules:
-                raise RuntimeError(f"{module.__name__}: the fix for {value.rule} must live in that rule's module")
-            found[value.rule] = value
-    return found
 
 
 def dotted(node: cst.CSTNode | None) -> str | None:

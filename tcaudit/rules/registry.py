@@ -1,4 +1,6 @@
-"""The enabled script rules, each imported only when a file's text needs it.
+"""The one rule registry: it walks the wings (``tcaudit/rules/<wing>/tcNNN_*.py``) and finds script
+rules, model rules and fixes alike (:func:`rule_modules`), and gives the engine the enabled script
+rules, each imported only when a file's text needs it.
 
 A rule module imports LibCST and the facts it checks; a scan that reads one trivial file, or only
 files no trigger matches, needs none of them. So the engine starts from :data:`TRIGGER_TABLE`
@@ -13,29 +15,24 @@ This module imports neither LibCST nor a rule module at import time.
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Union
+from typing import TYPE_CHECKING, Union
 
-from tcaudit.rules.trigger_table import TRIGGER_TABLE
-from tcaudit.source.triggers import all_of, all_of_parts
+from tcaudit.rules.trigger_table import MODEL_RULE_TABLE, TRIGGER_TABLE
+from tcaudit.source.triggers import all_of, all_of_parts, triggers_under
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
-    from tcaudit.rules.base import ScriptRule
+    from tcaudit.model_profile import AuditedModels
+    from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+    from tcaudit.rules.graph.model_rule import ModelRule
 
 # One trigger as the table stores it: a regex, or the parts of an ``all_of`` regex (so that the
 # engine can check them part by part, as it does for the rule's own).
 StoredTrigger = Union[str, "tuple[str, ...]"]
-
-
-def triggers_under(
-    triggers: tuple[str, ...], structural_triggers: dict[str, tuple[str, ...]], structural_fixes: Iterable[str]
-) -> tuple[str, ...]:
-    """A rule's triggers under the structural conversions ``fix`` may make: each conversion the rule
-    names in ``structural_triggers`` replaces ``triggers`` with its own (several are OR-ed)."""
-    replaced = [pattern for option in sorted(set(structural_fixes)) for pattern in structural_triggers.get(option, ())]
-    return tuple(replaced) if replaced else triggers
 
 
 def _restore(stored: StoredTrigger) -> str:
@@ -96,6 +93,29 @@ def load_rule(rule_id: str, settings: "Settings") -> "ScriptRule":
     return held[1]
 
 
+def context(
+    settings: "Settings", models: "AuditedModels | None" = None, unplanned: frozenset[str] = frozenset()
+) -> "RuleContext":
+    """A :class:`~tcaudit.rules.base.RuleContext` whose rules read their leaders through this registry."""
+    from tcaudit.rules.base import RuleContext
+
+    return RuleContext(settings, models, unplanned=unplanned, load_rule=load_rule)
+
+
+def model_rules(settings: "Settings") -> "list[ModelRule]":
+    """The model rules ``settings`` enables, made, sorted by id: only their modules are imported."""
+    from tcaudit.rules.base import defined_in
+    from tcaudit.rules.graph.model_rule import ModelRule
+
+    enabled = set(settings.enabled_rules())
+    rules = []
+    for rule_id, module in sorted(MODEL_RULE_TABLE.items()):
+        if rule_id in enabled:
+            (cls,) = [c for c in defined_in(importlib.import_module(f"tcaudit.rules.{module}"), ModelRule) if c.id == rule_id]
+            rules.append(cls())
+    return rules
+
+
 def lazy_rules(settings: "Settings") -> list[LazyRule]:
     """The rules ``settings`` enables, sorted by id, none imported yet (those whose triggers are code
     are loaded now)."""
@@ -115,6 +135,62 @@ def lazy_rules(settings: "Settings") -> list[LazyRule]:
     return rules
 
 
+# -- the rule modules, found in the wings -------------------------------------------------------------
+RULE_MODULE = re.compile(r"^tc\d{3}_\w+$")
+
+
+def rule_modules():
+    """Every rule module (``tcaudit/rules/<wing>/tcNNN_*.py``), imported: the one walk over the wings
+    that finds script rules, model rules and fixes alike."""
+    import tcaudit.rules as package
+
+    for info in pkgutil.walk_packages(package.__path__, prefix="tcaudit.rules."):
+        if not info.ispkg and RULE_MODULE.match(info.name.rpartition(".")[2]):
+            yield importlib.import_module(info.name)
+
+
+def discover_script_rules() -> "dict[str, type[ScriptRule]]":
+    """Every rule module's :class:`~tcaudit.rules.base.ScriptRule` subclass, by rule id."""
+    from tcaudit.rules.base import ScriptRule, defined_in
+
+    found: dict[str, type[ScriptRule]] = {}
+    for module in rule_modules():
+        for value in defined_in(module, ScriptRule):
+            if value.id in found:
+                raise RuntimeError(f"two implementations of {value.id}")
+            found[value.id] = value
+    return found
+
+
+def discover_codemods() -> "dict[str, type[Codemod]]":
+    """Every rule module's fix, by rule id; a fix lives in the module of the rule it fixes."""
+    from tcaudit.rules.base import Codemod, ScriptRule, defined_in
+
+    found: dict[str, type[Codemod]] = {}
+    for module in rule_modules():
+        rules = {rule.id for rule in defined_in(module, ScriptRule)}
+        for value in defined_in(module, Codemod):
+            if value.rule not in rules:
+                raise RuntimeError(f"{module.__name__}: the fix for {value.rule} must live in that rule's module")
+            found[value.rule] = value
+    return found
+
+
+def discover_model_rules() -> "dict[str, type[ModelRule]]":
+    """Every rule module's :class:`~tcaudit.rules.graph.model_rule.ModelRule` subclass (the TC1 rules'
+    halves over the model audit's facts), by rule id."""
+    from tcaudit.rules.base import defined_in
+    from tcaudit.rules.graph.model_rule import ModelRule
+
+    found: dict[str, type[ModelRule]] = {}
+    for module in rule_modules():
+        for value in defined_in(module, ModelRule):
+            if value.id in found:
+                raise RuntimeError(f"two implementations of {value.id}")
+            found[value.id] = value
+    return found
+
+
 # -- the table, generated from the rule modules ------------------------------------------------------
 def _stored(pattern: str) -> StoredTrigger:
     parts = all_of_parts(pattern)
@@ -123,11 +199,11 @@ def _stored(pattern: str) -> StoredTrigger:
 
 def build_table() -> dict[str, tuple[str, tuple[StoredTrigger, ...] | None, dict[str, tuple[StoredTrigger, ...]]]]:
     """What :data:`TRIGGER_TABLE` must hold, read from the rule modules (imports them all)."""
-    from tcaudit.rules.base import ScriptRule, discover_script_rules
+    from tcaudit.rules.base import ScriptRule
 
     table = {}
     for rule_id, cls in sorted(discover_script_rules().items()):
-        module = cls.__module__.rpartition(".")[2]
+        module = cls.__module__.removeprefix("tcaudit.rules.")
         own_code = cls.may_match is not ScriptRule.may_match or cls.configure is not ScriptRule.configure
         if own_code:
             table[rule_id] = (module, None, {})
@@ -140,7 +216,8 @@ def build_table() -> dict[str, tuple[str, tuple[StoredTrigger, ...] | None, dict
 
 
 TABLE_PATH = Path(__file__).with_name("trigger_table.py")
-TABLE_HEADER = '''"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it.
+TABLE_HEADER = '''"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it,
+and each model rule's module.
 
 Generated from the rule modules (their ``triggers`` and ``structural_triggers``) by
 ``python -m tcaudit.rules.registry --write``; do not edit. tests/test_rule_registry.py fails when
@@ -164,8 +241,14 @@ def _trigger_literal(stored: StoredTrigger) -> str:
     return _literal(stored)
 
 
-def render_table(table: dict | None = None) -> str:
+def build_model_table() -> dict[str, str]:
+    """What :data:`MODEL_RULE_TABLE` must hold: each model rule's module (imports them all)."""
+    return {rule_id: cls.__module__.removeprefix("tcaudit.rules.") for rule_id, cls in sorted(discover_model_rules().items())}
+
+
+def render_table(table: dict | None = None, model_table: dict | None = None) -> str:
     table = build_table() if table is None else table
+    model_table = build_model_table() if model_table is None else model_table
     lines = [TABLE_HEADER.rstrip("\n"), "", "TRIGGER_TABLE = {"]
     for rule_id, (module, triggers, structural) in table.items():
         lines.append(f'    "{rule_id}": (')
@@ -185,6 +268,9 @@ def render_table(table: dict | None = None) -> str:
         else:
             lines.append("        {},")
         lines.append("    ),")
+    lines.append("}")
+    lines += ["", "# Each model rule's module (the TC1 rules' halves over the model audit's facts).", "MODEL_RULE_TABLE = {"]
+    lines.extend(f'    "{rule_id}": "{module}",' for rule_id, module in model_table.items())
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,5 @@
-"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it.
+"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it,
+and each model rule's module.
 
 Generated from the rule modules (their ``triggers`` and ``structural_triggers``) by
 ``python -m tcaudit.rules.registry --write``; do not edit. tests/test_rule_registry.py fails when
@@ -8,182 +9,182 @@ this differs from what the modules declare. A trigger is a regex, or a tuple of 
 
 TRIGGER_TABLE = {
     "TC101": (
-        "tc101_hidden_width_literal",
+        "graph.tc101_gemm_dim_unaligned",
         (
             (r"\.\s*backward\b", r"Linear"),
         ),
         {},
     ),
     "TC102": (
-        "tc102_channel_width_literal",
+        "graph.tc102_conv_channels_unaligned",
         (
             (r"\.\s*backward\b", r"Conv[123]d"),
         ),
         {},
     ),
     "TC104": (
-        "tc104_vocab_size_literal",
+        "graph.tc104_vocab_unaligned",
         (
             (r"\.\s*backward\b", r"vocab|tokens|Embedding"),
         ),
         {},
     ),
     "TC201": (
-        "tc201_missing_autocast",
+        "amp.tc201_missing_autocast",
         (
             r"\.backward\(",
         ),
         {},
     ),
     "TC202": (
-        "tc202_deprecated_amp_api",
+        "amp.tc202_deprecated_amp_api",
         (
             r"amp\b(?<!\wamp)",
         ),
         {},
     ),
     "TC203": (
-        "tc203_gradscaler_with_bf16",
+        "amp.tc203_gradscaler_with_bf16",
         (
             r"Scaler",
         ),
         {},
     ),
     "TC204": (
-        "tc204_fp16_without_gradscaler",
+        "amp.tc204_fp16_without_gradscaler",
         (
             r"\.backward\(",
         ),
         {},
     ),
     "TC205": (
-        "tc205_clip_before_unscale",
+        "amp.tc205_clip_before_unscale",
         (
             r"clip_grad",
         ),
         {},
     ),
     "TC206": (
-        "tc206_half_model_training",
+        "amp.tc206_half_model_training",
         (
             (r"half|bfloat16|float16|HalfTensor", r"\.\s*backward\b"),
         ),
         {},
     ),
     "TC207": (
-        "tc207_backward_inside_autocast",
+        "amp.tc207_backward_inside_autocast",
         (
             (r"autocast", r"\.\s*backward\b"),
         ),
         {},
     ),
     "TC208": (
-        "tc208_autocast_unsafe_op",
+        "amp.tc208_autocast_unsafe_op",
         (
             (r"binary_cross_entropy|BCELoss|sparse", r"(?i:autocast)|\.\s*backward\b"),
         ),
         {},
     ),
     "TC209": (
-        "tc209_apex_amp",
+        "amp.tc209_apex_amp",
         (
             r"apex",
         ),
         {},
     ),
     "TC210": (
-        "tc210_scaler_not_checkpointed",
+        "amp.tc210_scaler_not_checkpointed",
         (
             r"Scaler",
         ),
         {},
     ),
     "TC212": (
-        "tc212_double_optimizer_step",
+        "amp.tc212_double_optimizer_step",
         (
             r"\.step\(",
         ),
         {},
     ),
     "TC213": (
-        "tc213_clip_after_step",
+        "amp.tc213_clip_after_step",
         (
             r"clip_grad",
         ),
         {},
     ),
     "TC214": (
-        "tc214_accumulation_loss_not_divided",
+        "amp.tc214_accumulation_loss_not_divided",
         (
             (r"\.\s*backward\b", r"\.\s*step\s*\(", r"%", r"zero_grad"),
         ),
         {},
     ),
     "TC301": (
-        "tc301_tf32_disabled",
+        "compile.tc301_tf32_disabled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC302": (
-        "tc302_cudnn_benchmark_off",
+        "compile.tc302_cudnn_benchmark_off",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC303": (
-        "tc303_channels_last_missing",
+        "compile.tc303_channels_last_missing",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC304": (
-        "tc304_legacy_jit_flags",
+        "compile.tc304_legacy_jit_flags",
         (
             r"_jit_|graph_executor_optimize",
         ),
         {},
     ),
     "TC305": (
-        "tc305_not_compiled",
+        "compile.tc305_not_compiled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC306": (
-        "tc306_debug_mode_on",
+        "compile.tc306_debug_mode_on",
         (
             r"anomaly|profile|nvtx|emit_itt|gradcheck|CUDA_LAUNCH_BLOCKING",
         ),
         {},
     ),
     "TC307": (
-        "tc307_unfused_optimizer",
+        "compile.tc307_unfused_optimizer",
         (
             (r"Adam|SGD", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC308": (
-        "tc308_manual_attention",
+        "compile.tc308_manual_attention",
         (
             (r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),
         ),
         {},
     ),
     "TC309": (
-        "tc309_deterministic_kernels",
+        "compile.tc309_deterministic_kernels",
         (
             (r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC310": (
-        "tc310_graph_break_in_forward",
+        "compile.tc310_graph_break_in_forward",
         (
             (r"def forward", r"(?<!\bre\.)\bcompile\b"),
         ),
@@ -192,56 +193,56 @@ TRIGGER_TABLE = {
         },
     ),
     "TC311": (
-        "tc311_compile_in_loop",
+        "compile.tc311_compile_in_loop",
         (
             (r"compile\(", r"\.backward\("),
         ),
         {},
     ),
     "TC312": (
-        "tc312_deprecated_sdp_kernel",
+        "compile.tc312_deprecated_sdp_kernel",
         (
             r"sdp_kernel",
         ),
         {},
     ),
     "TC313": (
-        "tc313_arch_list_variable",
+        "compile.tc313_arch_list_variable",
         (
             r"TORCH_CUDA_ARCH_LIST",
         ),
         {},
     ),
     "TC314": (
-        "tc314_mha_need_weights",
+        "compile.tc314_mha_need_weights",
         (
             r"MultiheadAttention",
         ),
         {},
     ),
     "TC315": (
-        "tc315_checkpoint_use_reentrant",
+        "compile.tc315_checkpoint_use_reentrant",
         (
             r"checkpoint",
         ),
         {},
     ),
     "TC316": (
-        "tc316_requires_grad_typo",
+        "compile.tc316_requires_grad_typo",
         (
             r"req\w*_g(?:rad|ard)",
         ),
         {},
     ),
     "TC317": (
-        "tc317_torch_load_weights_only",
+        "compile.tc317_torch_load_weights_only",
         (
             r"\bload\b",
         ),
         {},
     ),
     "TC318": (
-        "tc318_compile_partial_batch",
+        "compile.tc318_compile_partial_batch",
         (
             (r"DataLoader", r"\bcompile\b", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
@@ -250,105 +251,105 @@ TRIGGER_TABLE = {
         },
     ),
     "TC401": (
-        "tc401_dataloader_no_workers",
+        "pipeline.tc401_dataloader_no_workers",
         (
             (r"DataLoader", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC402": (
-        "tc402_dataloader_no_pin_memory",
+        "pipeline.tc402_dataloader_no_pin_memory",
         (
             (r"DataLoader", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC403": (
-        "tc403_blocking_h2d_copy",
+        "pipeline.tc403_blocking_h2d_copy",
         (
             (r"DataLoader", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC404": (
-        "tc404_workers_not_persistent",
+        "pipeline.tc404_workers_not_persistent",
         (
             (r"DataLoader", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC405": (
-        "tc405_cpu_image_decode",
+        "pipeline.tc405_cpu_image_decode",
         (
             (r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC406": (
-        "tc406_tensor_created_then_moved",
+        "pipeline.tc406_tensor_created_then_moved",
         (
             (r"\.(?:cuda|to)\b", r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor", r"\b(?:zeros|ones|empty|full|rand\w*|arange|linspace|logspace|eye|tensor|as_tensor|\w+_like|tril_indices|triu_indices)\("),
         ),
         {},
     ),
     "TC407": (
-        "tc407_dali_pipeline_without_input",
+        "pipeline.tc407_dali_pipeline_without_input",
         (
             r"pipeline_def",
         ),
         {},
     ),
     "TC408": (
-        "tc408_host_tensors_copied_each_step",
+        "pipeline.tc408_host_tensors_copied_each_step",
         (
             (r"\.(?:cuda|to)\b", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC409": (
-        "tc409_d2h_non_blocking_read",
+        "pipeline.tc409_d2h_non_blocking_read",
         (
             (r"non_blocking", r"\.\s*(?:to|copy_)\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
     ),
     "TC410": (
-        "tc410_dataset_rng_shared_by_workers",
+        "pipeline.tc410_dataset_rng_shared_by_workers",
         (
             (r"DataLoader", r"__getitem__", r"default_rng|RandomState|Random|Generator", r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC411": (
-        "tc411_images_normalized_on_host",
+        "pipeline.tc411_images_normalized_on_host",
         (
             (r"ToTensor", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
     ),
     "TC501": (
-        "tc501_dataparallel",
+        "distributed.tc501_dataparallel",
         (
             r"(?<!Distributed)DataParallel",
         ),
         {},
     ),
     "TC502": (
-        "tc502_ddp_bucket_view",
+        "distributed.tc502_ddp_bucket_view",
         (
             r"DistributedDataParallel",
         ),
         {},
     ),
     "TC503": (
-        "tc503_ddp_without_distributed_sampler",
+        "distributed.tc503_ddp_without_distributed_sampler",
         (
             r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",
         ),
         {},
     ),
     "TC504": (
-        "tc504_sampler_without_set_epoch",
+        "distributed.tc504_sampler_without_set_epoch",
         (
             (r"DistributedSampler", r"\.\s*(?:backward|step)\b"),
             (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard", r"\.\s*(?:backward|step)\b"),
@@ -356,56 +357,56 @@ TRIGGER_TABLE = {
         {},
     ),
     "TC505": (
-        "tc505_single_process_training",
+        "distributed.tc505_single_process_training",
         (
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*backward\b", r"\.\s*step\b"),
         ),
         {},
     ),
     "TC506": (
-        "tc506_gloo_on_cuda",
+        "distributed.tc506_gloo_on_cuda",
         (
             r"gloo",
         ),
         {},
     ),
     "TC507": (
-        "tc507_ddp_accumulation_sync",
+        "distributed.tc507_ddp_accumulation_sync",
         (
             r"DistributedDataParallel",
         ),
         {},
     ),
     "TC508": (
-        "tc508_find_unused_parameters",
+        "distributed.tc508_find_unused_parameters",
         (
             r"find_unused_parameters",
         ),
         {},
     ),
     "TC509": (
-        "tc509_batchnorm_small_per_gpu_batch",
+        "distributed.tc509_batchnorm_small_per_gpu_batch",
         (
             (r"DistributedDataParallel", r"DataLoader", r"BatchNorm|resne|densenet|efficientnet|mobilenet|regnet|mnasnet|shufflenet|inception|googlenet|vgg|get_model|create_model|__dict__|getattr"),
         ),
         {},
     ),
     "TC601": (
-        "tc601_per_step_sync",
+        "loop.tc601_per_step_sync",
         (
             r"\.backward\(|\.step\(",
         ),
         {},
     ),
     "TC602": (
-        "tc602_zero_grad_not_none",
+        "loop.tc602_zero_grad_not_none",
         (
             r"set_to_none\s*=\s*False|zero_grad\(\s*False",
         ),
         {},
     ),
     "TC603": (
-        "tc603_loader_relisted",
+        "loop.tc603_loader_relisted",
         (
             r"list(?<!\wlist)\s*\([^)]*(?i:loader|dl)\b",
             (r"DataLoader", r"list(?<!\wlist)\s*\("),
@@ -413,25 +414,41 @@ TRIGGER_TABLE = {
         {},
     ),
     "TC604": (
-        "tc604_batch_size_unaligned",
+        "loop.tc604_batch_size_unaligned",
         (
             r"(?is)\A(?=.*(?:\.backward\(|\.step\()).*(?:batch[-_]?size|bsz?\b)",
         ),
         {},
     ),
     "TC605": (
-        "tc605_empty_cache_in_loop",
+        "loop.tc605_empty_cache_in_loop",
         (
             r"empty_cache",
         ),
         {},
     ),
     "TC606": (
-        "tc606_eval_without_no_grad",
+        "loop.tc606_eval_without_no_grad",
         (
             r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)",
             (r"def _*(?:eval|valid|test|infer|predict|sample|generate)", r"(?<![\w.])\w*(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\)?\s*\(|\.\s*(?:named_)?parameters\s*\(|\.eval\("),
         ),
         {},
     ),
+}
+
+# Each model rule's module (the TC1 rules' halves over the model audit's facts).
+MODEL_RULE_TABLE = {
+    "TC100": "graph.tc100_model_not_audited",
+    "TC101": "graph.tc101_gemm_dim_unaligned",
+    "TC102": "graph.tc102_conv_channels_unaligned",
+    "TC103": "graph.tc103_stem_conv_channels",
+    "TC104": "graph.tc104_vocab_unaligned",
+    "TC105": "graph.tc105_batch_unaligned",
+    "TC106": "graph.tc106_attention_head_dim",
+    "TC107": "graph.tc107_rnn_size_unaligned",
+    "TC108": "graph.tc108_fp8_candidate",
+    "TC110": "graph.tc110_redundant_cast",
+    "TC111": "graph.tc111_fp32_gemm",
+    "TC112": "graph.tc112_conv_bias_before_norm",
 }

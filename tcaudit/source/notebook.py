@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tcaudit.source.parsing import SourceError
+from tcaudit.source.errors import SourceError
 
 if TYPE_CHECKING:
     from tcaudit.findings import Finding, TextEdit

@@ -14,20 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tcaudit.source.errors import SourceError  # noqa: F401 - re-exported: the readers of files catch it from here
+
 if TYPE_CHECKING:
     import libcst as cst
 
     from tcaudit.source.notebook import Notebook
-
-
-class SourceError(Exception):
-    """A file that cannot be read, decoded or parsed; reported as TC000."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1):
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
 
 
 def looks_like_python2(text: str) -> bool:

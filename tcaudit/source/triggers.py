@@ -16,7 +16,7 @@ that starts with a literal gets the regex engine's fast literal scan, which a lo
 from __future__ import annotations
 
 import re
-from typing import Union
+from typing import Iterable, Union
 
 try:  # Python 3.11+
     from re import _constants as _sre
@@ -141,3 +141,12 @@ def trigger(pattern: str, flags: int = 0) -> Trigger:
     if found is None:
         found = _TRIGGERS[(pattern, flags)] = Trigger(pattern, flags)
     return found
+
+
+def triggers_under(
+    triggers: tuple[str, ...], structural_triggers: dict[str, tuple[str, ...]], structural_fixes: Iterable[str]
+) -> tuple[str, ...]:
+    """A rule's triggers under the structural conversions ``fix`` may make: each conversion the rule
+    names in ``structural_triggers`` replaces ``triggers`` with its own (several are OR-ed)."""
+    replaced = [pattern for option in sorted(set(structural_fixes)) for pattern in structural_triggers.get(option, ())]
+    return tuple(replaced) if replaced else triggers

@@ -17,7 +17,7 @@ def rule_groups() -> tuple[tuple[str, ...], ...]:
     names in ``fixed_with`` (fp16 autocast and its GradScaler fixes, pinned memory and non_blocking
     copies, workers and persistent workers), and each structural conversion with its rules and
     companions (tcaudit/structural.py), joined where they share a rule. Groups of one are left out."""
-    from tcaudit.rules.base import discover_script_rules
+    from tcaudit.rules.registry import discover_script_rules
     from tcaudit.structural import CONVERSIONS
 
     parent: dict[str, str] = {}
@@ -73,7 +73,7 @@ def plan(script: Path, work: Path, settings, classes, applied: list[str], full_t
          original_text: str) -> list[LeaveOut]:
     """One patch per group, each made by the fix engine with that group ignored."""
     from tcaudit.fix.engine import fix_file
-    from tcaudit.verify.runner import audited_models, copy_bytes, copy_name
+    from tcaudit.verify.copies import audited_models, copy_bytes, copy_name
 
     models = audited_models(script, settings)
     plans = []

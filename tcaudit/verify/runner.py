@@ -19,6 +19,7 @@ from tcaudit.config import Settings
 from tcaudit.findings import FixClass
 from tcaudit.progress import current as current_progress
 from tcaudit.runtime_facts import text_digest
+from tcaudit.verify.copies import audited_models, copy_bytes, copy_name
 from tcaudit.verify.stats import METHOD, RatioInterval, mean_log, ratio_interval
 
 DEFAULT_TOLERANCE = 0.10
@@ -171,21 +172,6 @@ def rounds_parity(originals: list[RunMetrics], patcheds: list[RunMetrics], toler
     return False, f"{len(failed)} of {len(checks)} rounds outside: {first}"
 
 
-def copy_name(script: Path) -> str:
-    """The name of a run's copy of ``script``: its own, or for a notebook the script its code cells make
-    (``train.ipynb`` runs as ``train.py``)."""
-    from tcaudit.source.notebook import is_notebook
-
-    return f"{script.stem}.py" if is_notebook(script) else script.name
-
-
-def copy_bytes(source, text: str) -> bytes:
-    """What a run's copy holds for ``text``, a version of ``source``'s (a :class:`SourceText`): the file's
-    bytes; for a notebook its virtual script (the code cells in order, IPython lines masked as comments,
-    tcaudit/source/notebook.py), which runs as a script."""
-    return text.encode("utf-8") if source.notebook is not None else source.encode(text)
-
-
 def _write_copy(script: Path, copy: Path) -> None:
     from tcaudit.fix.textio import read_text
 
@@ -233,15 +219,6 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
     patched_copy.write_bytes(copy_bytes(result.source, result.fixed))
     (work / "patch.diff").write_text(result.diff())
     return original_copy, patched_copy, result.applied, result.fixed
-
-
-def audited_models(script: Path, settings: Settings):
-    """What the model audit measures about the models ``script`` builds, as ``tcaudit fix`` passes it to
-    its rules (channels_last, cudnn.benchmark, compile and the precision follow the model's FLOP shares),
-    so that verify times the patch ``fix`` writes; None where the audit does not run."""
-    from tcaudit.engine import audited_models_for
-
-    return audited_models_for([script], settings).get(os.path.realpath(script))
 
 
 def _torchrun_ready(path: Path) -> bool:

@@ -1,0 +1,228 @@
+"""``tcaudit fix``: show the unified diff of every applicable fix; ``--apply`` writes them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tcaudit.findings import FixClass, parse_classes
+
+DEFAULT_CLASSES = "safe,numerics"
+# How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
+INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
+                  "not fixed: CPython cannot compile it", "not fixed: too large to analyse",
+                  "not fixed: cannot read file")  # a FIFO, a symlink to nothing: a note, not a failure
+
+
+def add_fix_parser(sub, add_selection) -> None:
+    fix = sub.add_parser(
+        "fix",
+        help="show (or --apply) the fixes for files and folders",
+        description="Show the unified diff of all applicable fixes (exit 1 if there is one); --apply writes them. "
+        "Files that cannot be parsed or fixed safely are left byte-for-byte as they were.",
+    )
+    fix.add_argument(
+        "paths", nargs="*", default=["."], metavar="PATH",
+        help="files and folders; - reads one script from stdin and writes the fixed script to stdout",
+    )
+    fix.add_argument(
+        "--stdin-filename", metavar="PATH",
+        help="the name of the script read from stdin (-): for messages, per-file-ignores and finding the config",
+    )
+    fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
+    fix.add_argument(
+        "--follow-external-symlinks", action="store_true",
+        help="also fix files that symlinks inside the project point to outside the project root "
+        "(by default those are left alone, with a message)",
+    )
+    fix.add_argument(
+        "--classes",
+        default=DEFAULT_CLASSES,
+        metavar="CLASSES",
+        help="fix classes to apply, comma-separated: safe, numerics (default: safe,numerics)",
+    )
+    fix.add_argument(
+        "--no-exec", action="store_true",
+        help="never build the user's models (the fixes then judge the model from the script's text alone)",
+    )
+    add_structural_flags(fix)
+    fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    fix.add_argument(
+        "--cache-dir", metavar="DIR",
+        help="the result cache scan keeps (default: .tcaudit_cache beside the config file; config key cache-dir)",
+    )
+    fix.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
+    add_selection(fix)
+
+
+def add_structural_flags(parser) -> None:
+    """``--ddp``, ``--dali``, ``--compile``: the structural conversions, each only on request; and
+    ``--pad-dims``, the numerics fix that changes the model's shape (also only on request)."""
+    from tcaudit.structural import CONVERSIONS
+
+    group = parser.add_argument_group("structural conversions (only on request; always shown as a diff first)")
+    for conversion in CONVERSIONS:
+        group.add_argument(conversion.flag, dest=conversion.name, action="store_true", help=conversion.help)
+    parser.add_argument(
+        "--pad-dims", action="store_true",
+        help="also pad unaligned layer widths the script sets as literals (TC101/TC102; numerics: the model's "
+        "shape changes, so its checkpoints no longer load; or pad-dims = true in the config)",
+    )
+
+
+def with_structural_flags(settings, args: argparse.Namespace):
+    """Settings with the structural options and ``--pad-dims`` the command line asked for added to the
+    config's."""
+    import dataclasses
+
+    from tcaudit.structural import NAMES
+
+    asked = [name for name in NAMES if getattr(args, name, False)]
+    if asked:
+        settings = dataclasses.replace(
+            settings, structural_fixes=tuple(dict.fromkeys((*settings.structural_fixes, *asked))))
+    if getattr(args, "pad_dims", False):
+        settings = dataclasses.replace(settings, pad_dims=True)
+    return settings
+
+
+def run_fix_stdin(script, settings, classes_text: str) -> int:
+    """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
+    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
+    ``script``: a :class:`tcaudit.cli.main.StdinScript`. The model audit does not run (no neighbours to
+    import on stdin): the fixes judge the model from the script's text."""
+    from tcaudit import api
+
+    classes = parse_classes(classes_text)
+    display = script.display
+    result = api.fix(script.raw, filename=display, settings=settings, classes=classes)
+    out = script.raw
+    code = 0
+    if result.error:
+        print(f"{display}: {result.error}", file=sys.stderr)
+        is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
+        code = 0 if is_input_problem else 2
+    else:
+        for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
+                                                 for d in result.declined}):
+            print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
+        if result.notice:
+            print(f"{display}: {result.notice}", file=sys.stderr)
+        if result.changed:
+            out = result.data
+            print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is not None:
+        sys.stdout.flush()
+        stream.write(out)
+        stream.flush()
+    else:  # a text stream (tests, embedders)
+        sys.stdout.write(out.decode("utf-8", "surrogateescape"))
+    return code
+
+
+def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
+    from tcaudit.progress import showing
+
+    with showing(None) as progress:  # on a terminal only: the models audited, the file being fixed
+        return _run_fix(args, settings, color, progress)
+
+
+def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
+    from rich.console import Console
+
+    from tcaudit.engine import audited_models_for, display_path
+    from tcaudit.fix.engine import fix_file, write_fix
+    from tcaudit.fix.textio import NotWritable, real_path
+    from tcaudit.source.deep import call_with_deep_stack
+    from tcaudit.source.discovery import discover
+
+    classes = parse_classes(args.classes)
+    settings = with_structural_flags(settings, args)
+    discovered = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                          respect_gitignore=settings.respect_gitignore, include=settings.included)
+    if discovered.missing:
+        for path in discovered.missing:
+            print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
+        return 2
+    console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
+    # Messages go above the progress display where there is one: its console knows where it is drawn.
+    err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
+    would_change = 0
+    fixed_findings = 0
+    errors = 0
+    root = real_path(Path(settings.root))
+    cache = None
+    if not args.no_cache:
+        from tcaudit.cache import open_cache
+
+        cache = open_cache(settings, args.cache_dir, warn=lambda reason: err.print(
+            f"tcaudit: warning: {reason}; fixing without the cache (--no-cache silences this)"))
+    models_of = audited_models_for(discovered.files, settings, cache)
+    stage = progress.stage("fixing", total=len(discovered.files), unit="files")
+    for path in discovered.files:
+        display = display_path(path)
+        stage.show(display)
+        stage.advance()  # counted as it starts: the line says which file is being fixed
+        target = real_path(Path(path))
+        inside = Path(os.path.abspath(path)).is_relative_to(root)
+        if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
+            err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
+                      "(--follow-external-symlinks fixes such files too)")
+            continue
+        try:
+            models = models_of.get(os.path.realpath(path))
+            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models, cache)
+        except (RecursionError, MemoryError) as exc:
+            err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
+            continue
+        if result.error:
+            if result.error.startswith(INPUT_PROBLEMS):
+                err.print(f"{display}: {result.error}")
+            else:
+                err.print(f"{display}: {result.error}")
+                errors += 1
+            continue
+        # Lines of the file as it is on disk: the original until --apply writes the fixed text.
+        where = (lambda line: line) if args.apply else result.original_line
+        for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
+            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
+        if result.notice:
+            err.print(f"{display}: {result.notice}")
+        if not result.changed:
+            continue
+        would_change += 1
+        fixed_findings += len(result.applied)
+        if args.apply:
+            try:
+                write_fix(result, Path(path))
+            except NotWritable as exc:
+                err.print(f"{display}: not fixed: {exc}")
+                errors += 1
+                continue
+            except OSError as exc:
+                err.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
+                errors += 1
+                continue
+            err.print(f"fixed {display} ({', '.join(result.applied)})")
+        else:
+            if color:
+                from rich.syntax import Syntax  # (pygments: only for a coloured diff)
+
+                with progress.paused():
+                    console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+            else:
+                diff = result.diff()
+                with progress.paused():
+                    sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
+                    sys.stdout.flush()
+    if errors:
+        return 2
+    if args.apply:
+        return 0
+    if would_change:
+        err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
+        return 1
+    return 0

@@ -1,0 +1,52 @@
+"""Why advice cannot pay in a file, for the rules of several families to quote: a model the audit
+measured as launch-bound, or a reinforcement-learning loop whose models it did not measure."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tcaudit.rules.base import RuleContext
+    from tcaudit.script.facts import ScriptFacts
+
+LAUNCH_BOUND = " (a launch-bound model: little to gain)"
+LAUNCH_BOUND_WHY = (
+    " The model audit found the trained model's GEMMs and convolutions, on average, within the time an "
+    "eager step takes to launch one at this batch: on an H200 such models (an MNIST Net at batch 64, "
+    "LeNet, a DQN, a PPO agent) ran 0.69-0.91x under bf16 autocast, 0.66-0.84x with channels_last and "
+    "0.90-1.13x with TF32 (benchmarks/results/h200/launch_bound*.json): expect no gain until the model "
+    "or the batch grows (the same Net at batch 1024 gained 1.40x)."
+)
+
+
+RL_LOOP = " (an RL loop: little to gain)"
+RL_LOOP_WHY = (
+    " The model was not measured (the audit did not build it), and the loop steps an environment on the "
+    "host between updates: the policies of such scripts are small MLPs or Atari-sized convnets, launch-bound "
+    "(on an H200 a 4-128-128-2 DQN and a PPO agent at batch 128 ran 0.72-0.85x under bf16 autocast and "
+    "0.90-1.09x with TF32: benchmarks/results/h200/launch_bound*.json)."
+)
+
+
+def launch_bound(facts: "ScriptFacts", context: "RuleContext") -> bool:
+    """Every trained model of the file is one the model audit measured as launch-bound at its batch."""
+    from tcaudit.script.pipeline import pipeline_facts
+
+    return pipeline_facts(facts).audited_launch_bound(context.models)
+
+
+def little_to_gain(facts: "ScriptFacts", context: "RuleContext") -> tuple[str, str] | None:
+    """Why precision, TF32 or memory-format advice cannot pay in this file, as the (message, explanation)
+    suffixes of an info finding: a model the audit measured as launch-bound, or a reinforcement-learning
+    loop whose models the audit did not measure. None: the advice stands."""
+    from tcaudit.script.distributed import distributed_facts
+    from tcaudit.script.pipeline import pipeline_facts
+
+    if launch_bound(facts, context):
+        return LAUNCH_BOUND, LAUNCH_BOUND_WHY
+    pipeline = pipeline_facts(facts)
+    if distributed_facts(facts).steps_an_environment and not any(
+        pipeline.profile_of(site, context.models) is not None for site in pipeline.trained_models
+    ):
+        return RL_LOOP, RL_LOOP_WHY
+    return None

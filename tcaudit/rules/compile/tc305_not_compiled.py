@@ -1,0 +1,712 @@
+"""TC305 not-compiled: a trained model never goes through ``torch.compile`` (info).
+
+Detects a CUDA training script that compiles, scripts or exports nothing through torch's APIs (a legacy
+TorchScript flag that TC304's fix deletes does not count), one finding per model an optimizer trains
+that is not compiled in place already. Fix (structural, ``fix --compile``), per model: ``model.compile()``
+in place, on CUDA only, after the statements that build and prepare that model, before a DDP or
+DataParallel wrap (under DataParallel only with one visible GPU); declined for a model whose forward is
+torch.nn's own, one built in a loop, a TorchScript module, or FSDP.
+
+Where the model audit finds the step small (``PipelineFacts.audited_small_step``: the trained models'
+forwards modelled within ``SMALL_STEP_MS``, or each launch-bound), the mode is chosen for all the file's
+models at once: ``model.compile(mode="reduce-overhead")`` (CUDA graphs) plus
+``torch.compiler.cudagraph_mark_step_begin()`` first in every loop that calls them, where
+``tcaudit/rules/compile/cuda_graphs.py`` finds the step graph-safe; the default mode otherwise, with the
+failed check in the explanation and the fix's description. The message names the mode in its code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Iterator, Sequence
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import MESSAGE_LIMIT, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
+from tcaudit.rewrite.edits import contains
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.costs import cost_note
+from tcaudit.script.amp import gradient_penalty_call
+from tcaudit.model_profile import SMALL_STEP_MS
+from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
+from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.facts import Binding, CallSite, ScriptFacts
+from tcaudit.script.guards import training_phase
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.trained_models import MODEL_CHAIN, ModelSite
+from tcaudit.source.syntax import call_nodes, nodes_of, parent_map
+from tcaudit.source.triggers import all_of
+
+# Any of these means the script already compiles, scripts or exports something on purpose.
+COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "torch.export", "torch._inductor")
+
+
+class NotCompiled(ScriptRule):
+    id = "TC305"
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
+    after = ("TC304",)  # the legacy TorchScript flags TC304's fix deletes are not the script's compiling
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training or _compiles_on_purpose(facts, context):
+            return
+        compiled = _compiled_in_place(facts)
+        trained = _trained_models(facts, pipeline)
+        models = [(name, site) for name, site in trained if name not in compiled]
+        planned: set[tuple[int, str]] = set()  # (the statement it goes after, what is inserted)
+        attempts = []
+        for name, site in models:
+            node = site.construction if site is not None else facts.training_steps[0].backward.node
+            # In place (nn.Module.compile): ``model = torch.compile(model)`` would prefix every state_dict
+            # key with ``_orig_mod.`` and break loading checkpoints.
+            plan = _attempt(lambda: _compile_plan(facts, name, f"{name}.compile()", facts.position(node).end.line))
+            if isinstance(plan, CompileInPlace):
+                if plan.compiled in compiled:
+                    continue  # ``model.compile()`` before ``ddp_model = DDP(model)``: compiled already
+                key = (id(plan.after), plan.statement)
+                if key in planned:
+                    continue  # ``opt1 = SGD(model...)``, ``opt2 = SGD(ddp_model...)``: one model, one compile
+                planned.add(key)
+            attempts.append((name, site, node, plan))
+        graphs = _graph_choice(facts, context, pipeline, attempts)
+        for name, site, node, plan in attempts:
+            if isinstance(plan, CompileInPlace) and graphs is not None and graphs.safe:
+                plan = replace(
+                    plan, code=f"{name}.compile({REDUCE_OVERHEAD})",
+                    statement=plan.statement.replace(".compile()\n", f".compile({REDUCE_OVERHEAD})\n"),
+                    mark_steps=graphs.mark_steps,
+                )
+            code = plan.code if isinstance(plan, CompileInPlace) else f"{name}.compile()"
+            profile = pipeline.profile_of(site, context.models) if site is not None else None
+            subject = f"trained model `{name}`"
+            explanation = (
+                f"`{code}` (in place, so checkpoint keys stay the same) fuses its elementwise ops and cuts Python "
+                "overhead" + cost_note(self.spec, context.settings.gpu, "compiled")
+                + (f" ({profile.describe()})" if profile is not None else "")
+                + (f"; one of {len(trained)} models trained here, each compiled on its own" if len(trained) > 1 else "")
+                + "." + _graph_note(graphs, self.spec, context)
+            )
+            suffix = "" if graphs is None else " (a small step)" if graphs.safe else " (a small step; no CUDA graphs)"
+            message = f"{subject} is never compiled: `{code}`"
+            if len(message + suffix) <= MESSAGE_LIMIT:  # the mode is in the code; the why, in the explanation
+                message += suffix
+            yield self.finding(
+                facts,
+                node,
+                message,
+                explanation=explanation,
+                fix=self.planned_fix(
+                    FixClass.STRUCTURAL,
+                    _fix_description(graphs),
+                    lambda plan=plan: _made(plan),
+                    option="compile", context=context,
+                ),
+            )
+
+
+# -- the mode ---------------------------------------------------------------------------------------------
+
+REDUCE_OVERHEAD = 'mode="reduce-overhead"'
+
+
+def _graph_choice(facts: ScriptFacts, context: RuleContext, pipeline, attempts) -> GraphSafety | None:
+    """None where the model audit did not find the step small (launch-bound, or its forwards modelled
+    within SMALL_STEP_MS): the default mode. Otherwise whether the compiled models' step can run as
+    CUDA graphs, and where the markers go."""
+    if not attempts or not pipeline.audited_small_step(context.models):
+        return None
+    if not all(isinstance(plan, CompileInPlace) for _, _, _, plan in attempts):
+        return GraphSafety(False, "not every trained model can be compiled")
+    return cuda_graph_safety(facts, [(name, site.construction if site else None) for name, site, _, _ in attempts])
+
+
+def _graph_note(graphs: GraphSafety | None, spec, context: RuleContext) -> str:
+    if graphs is None:
+        return ""
+    if graphs.safe:
+        return (
+            f" The model audit found the step small (its forwards model within {SMALL_STEP_MS:g} ms, or each is "
+            "launch-bound), so launches and Python cost about as much as its math: CUDA graphs "
+            f"(`{REDUCE_OVERHEAD}`) replay each compiled forward and backward with one launch"
+            + cost_note(spec, context.settings.gpu, "graphs")
+            + "; every loop that calls the model starts with `torch.compiler.cudagraph_mark_step_begin()`, so one "
+            "iteration's outputs and gradients stay valid until the next iteration begins."
+        )
+    return (
+        " The model audit found the step small, where CUDA graphs (`mode=\"reduce-overhead\"`) "
+        f"would pay most, but they are not safe here: {graphs.reason}; the default mode is kept."
+    )
+
+
+def _fix_description(graphs: GraphSafety | None) -> str:
+    if graphs is not None and graphs.safe:
+        return f"compile the model in place on CUDA with CUDA graphs ({REDUCE_OVERHEAD}; a small step)"
+    if graphs is not None:
+        return f"compile the model in place on CUDA (default mode: CUDA graphs unsafe, {graphs.reason})"
+    return "compile the model in place on CUDA (tcaudit fix --compile)"
+
+
+def _trained_models(facts: ScriptFacts, pipeline) -> list[tuple[str, ModelSite | None]]:
+    """Every model an optimizer trains (a GAN's two nets, a trainer's student and critic), with the call
+    that builds it where one is found. A model no optimizer names (a frozen teacher, an evaluator) is
+    not compiled: this rule is about the training step, and such a model often comes from a checkpoint
+    or runs under other shapes. Without any optimizer, the first model-like name, as before."""
+    names = pipeline.optimized_model_names or pipeline.trained_model_names[:1] or ["model"]
+    first_site: dict[str, ModelSite] = {}
+    for site in pipeline.trained_models:
+        first_site.setdefault(site.name, site)
+    return [(name, first_site.get(name)) for name in names]
+
+
+def _attempt(plan) -> "CompileInPlace | DeclineFix":
+    try:
+        return plan()
+    except DeclineFix as exc:
+        return exc
+
+
+def _made(plan: "CompileInPlace | DeclineFix") -> "CompileInPlace":
+    """The plan ``_attempt`` made; its decline raised again, for ``planned_fix`` to report."""
+    if isinstance(plan, DeclineFix):
+        raise plan
+    return plan
+
+
+@dataclass(frozen=True, eq=False)
+class CompileInPlace(FixPlan):
+    kind = "insert-after"
+    after: cst.CSTNode  # the statement the compile goes after
+    line: int
+    target: str  # the trained model's name
+    code: str  # ``model.compile()``, as the message says
+    statement: str  # what is inserted: the compile under its device condition
+    compiled: str  # the module compiled: the model, the module inside its wrapper, or the name wrapped
+    # With CUDA graphs: the first statement of each loop body that calls a compiled model, where
+    # ``torch.compiler.cudagraph_mark_step_begin()`` goes (shared by the file's models, inserted once).
+    mark_steps: tuple[cst.CSTNode, ...] = ()
+
+
+def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> CompileInPlace:
+    penalty = gradient_penalty_call(facts)
+    if penalty is not None:
+        # A compiled module's backward cannot be differentiated again: the penalty's second backward
+        # raises ("torch.compile with aot_autograd does not currently support double backward").
+        raise DeclineFix(
+            f"the script differentiates gradients again (autograd.grad with create_graph=True, line "
+            f"{facts.line_of(penalty.node)}), which a compiled model does not support; compile by hand what "
+            "the gradient penalty does not run through"
+        )
+    torch_name = torch_import_name(facts) or "torch"
+    compiled, after, condition = _plan(facts, name, torch_name)
+    if isinstance(after, cst.If) and facts.module.code_for_node(after.test) == condition:
+        # ``if device == "cuda": model = model.cuda()`` gains the compile in the same block.
+        return CompileInPlace(after.body.body[-1], line, name, code, f"{compiled}.compile()\n", _unwrapped(compiled))
+    return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n", _unwrapped(compiled))
+
+
+def _compiles_on_purpose(facts: ScriptFacts, context: RuleContext) -> bool:
+    """Whether the script compiles, scripts or exports anything through torch's APIs (also behind a
+    flag): then compiling is the author's decision, for every model. The private TorchScript flags
+    TC304's fix deletes do not count."""
+    deleted = {
+        id(f.fix.plan.call.func) for f in context.fixable("TC304", facts) if isinstance(getattr(f.fix.plan, "call", None), cst.Call)
+    }
+    return any(
+        ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
+    )
+
+
+def _compiled_in_place(facts: ScriptFacts) -> set[str]:
+    """The names ``nn.Module.compile()`` is called on (``model.compile()``, ``model.module.compile()``
+    inside a DDP wrapper → ``model``): those models are compiled, the others of the script may not be."""
+    return {_unwrapped(call.receiver_name) for call in facts.calls if call.method == "compile" and call.receiver_name}
+
+
+def _unwrapped(name: str) -> str:
+    return name.removesuffix(".module")
+
+
+# -- the plan -------------------------------------------------------------------------------------------
+
+# Methods that prepare a built model without changing what it is: the compile goes after them. Those a
+# model's chain is followed through (MODEL_CHAIN), plus the ones a script also prepares the model with.
+_PREP = MODEL_CHAIN | {"cpu", "double", "load_state_dict", "share_memory"}
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tuple[str, cst.CSTNode, str]:
+    """(what to compile, the statement to put the compile after, the device condition)."""
+    bindings = [b for b in facts.bindings_of(name) if not facts.in_eval(b.ctx)]
+    if not bindings:
+        raise DeclineFix(f"could not find where the trained model `{name}` is built")
+    # ``model = Net(); model.load_state_dict(torch.load(...))`` after the loop rebuilds the model for
+    # evaluation: compiling there would leave the training uncompiled (and compile after training).
+    training = [b for b in bindings if b.statement is None or training_phase(facts, b.ctx, b.statement.node) != "after"]
+    if not training:
+        raise DeclineFix(f"`{name}` is only built after its training loop here; compile it by hand where it trains")
+    bindings = training
+    replicated = _check_wraps(facts, name)
+    builds, wraps_of_other = [], []
+    for binding in bindings:
+        kind, inner = _classify(facts, binding, name)
+        if kind == "build":
+            builds.append(binding)
+        elif kind == "wrap-other":
+            wraps_of_other.append((binding, inner))
+        elif kind == "wrap-build":
+            builds.append(binding)
+            # ``model = DataParallel(Net()).cuda()``: replicated as well, though no name goes in.
+            replicated = replicated or _wrap_kind(facts, _strip_chain(binding.value)) == "dataparallel"
+    if wraps_of_other and not builds:
+        # ``ddp_model = DDP(model)``: compile ``model`` before it is wrapped.
+        inners = {inner for _, inner in wraps_of_other}
+        if len(inners) != 1 or depth > 2:
+            raise DeclineFix(f"`{name}` wraps different models on different paths; compile it by hand")
+        compiled, after, condition = _plan(facts, inners.pop(), torch_name, depth + 1)
+        if replicated and not condition.endswith(_ONE_DEVICE.format(torch=torch_name)):
+            condition += _ONE_DEVICE.format(torch=torch_name)
+        return compiled, after, condition
+    if not builds:
+        raise DeclineFix(f"could not find the statement that builds `{name}`")
+    for binding in builds:
+        _check_build(facts, binding, name)
+    recurrent = [layer for layer in (_recurrent_layer(facts, b.value) for b in builds) if layer is not None]
+    if recurrent and len(recurrent) == len(builds):
+        raise DeclineFix(
+            f"`{name}` computes in `{recurrent[0]}`: cuDNN's recurrent kernels, which torch.compile does not fuse; "
+            f"compiling the rest made a word LM slower ({_RECURRENT_COST})"
+        )
+    functions = {id(b.ctx.function) for b in builds}
+    if len(functions) != 1:
+        raise DeclineFix(f"`{name}` is built in several functions; compile it by hand where it is used")
+    after, block = _common_statement(facts, [b.statement.node for b in builds])
+    in_wrap = [b for b in builds if _classify(facts, b, name)[0] == "wrap-build"]
+    if in_wrap:
+        if len(builds) != 1:
+            raise DeclineFix(f"`{name}` is built inside a DDP wrap on one path only; compile it by hand")
+        target = f"{name}.module"
+    else:
+        target = name
+        after = _after_prep(facts, block, after, name)
+    condition = _device_condition(facts, name, builds, block, after, torch_name)
+    if recurrent:
+        # Built recurrent on some paths only (``--model LSTM`` or ``Transformer``): compile where it is not.
+        condition += f" and not any(isinstance(m, {torch_name}.nn.RNNBase) for m in {target}.modules())"
+    if replicated:
+        condition += _ONE_DEVICE.format(torch=torch_name)
+    return target, after, condition
+
+
+# -- what each binding does ------------------------------------------------------------------------------
+
+
+def _strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``Net().cuda().to(device)`` → ``Net()``."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _PREP:
+        expr = expr.func.value
+    return expr
+
+
+def _wrap_kind(facts: ScriptFacts, call: cst.Call) -> str | None:
+    dotted = get_full_name_for_node(call.func)
+    qual = callee_type(facts, CallSite(call, dotted, facts.qualname(call.func), facts.module_frame, None))
+    if is_ddp(qual):
+        return "ddp"
+    if is_dataparallel(qual):
+        return "dataparallel"
+    if is_fsdp(qual):
+        return "fsdp"
+    return None
+
+
+def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str | None]:
+    """``build`` (a new model, or another name's), ``prep`` (``model = model.cuda()``), ``wrap-self``
+    (``model = DDP(model)``), ``wrap-other`` (``ddp = DDP(model)``: the inner name), ``wrap-build``
+    (``model = DDP(Net().cuda())``), ``other``."""
+    expr = _strip_chain(binding.value)
+    kind = _wrap_kind(facts, expr) if isinstance(expr, cst.Call) else None
+    if kind == "fsdp":
+        _decline_fsdp()
+    if kind is not None:
+        positional = [a.value for a in expr.args if a.keyword is None and not a.star]
+        if not positional:
+            return "other", None
+        inner = _strip_chain(positional[0])
+        inner_name = get_full_name_for_node(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
+        if inner_name == name:
+            return "wrap-self", None
+        if inner_name is not None:
+            return "wrap-other", inner_name
+        return "wrap-build", None
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if dotted == name:
+        return "prep", None
+    if _converts_in_place(facts, expr, name):
+        return "prep", None
+    if isinstance(expr, cst.Name) and expr.value == "None":
+        return "other", None
+    return "build", None
+
+
+# torch functions that take a model and hand back the same model with some layers swapped (the
+# torchvision classification reference: ``model = nn.SyncBatchNorm.convert_sync_batchnorm(model)``
+# under --sync-bn): the model's own forward still runs, so they are preparation, not a new build.
+_IN_PLACE_CONVERSIONS = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
+
+
+def _converts_in_place(facts: ScriptFacts, expr: cst.BaseExpression, name: str) -> bool:
+    if not isinstance(expr, cst.Call) or facts.qualname(expr.func) not in _IN_PLACE_CONVERSIONS:
+        return False
+    positional = [a.value for a in expr.args if a.keyword is None and not a.star]
+    return bool(positional) and get_full_name_for_node(_strip_chain(positional[0])) == name
+
+
+def _check_wraps(facts: ScriptFacts, name: str) -> bool:
+    """Declines FSDP; True when DataParallel wraps the model (or a part of it, ``model.features``)."""
+    replicated = False
+    for wrap in distributed_facts(facts).wraps:
+        if wrap.kind == "ddp":
+            continue
+        args = [a.value for a in wrap.call.node.args if a.keyword is None and not a.star]
+        inner = get_full_name_for_node(_strip_chain(args[0])) if args else None
+        if wrap.target == name or inner == name or (inner or "").startswith(f"{name}."):
+            if wrap.kind == "fsdp":
+                _decline_fsdp()
+            replicated = True
+    return replicated
+
+
+# ``nn.Module.compile()`` stores the compiled ``_call_impl`` bound to this module, and DataParallel's
+# replicas copy it: on more than one GPU every replica would run the original's parameters. With one
+# visible GPU DataParallel calls the module itself, so the compile is guarded by the device count.
+_ONE_DEVICE = " and {torch}.cuda.device_count() == 1"
+
+
+def _decline_fsdp() -> None:
+    raise DeclineFix("the model is sharded with FSDP: compile its blocks before sharding, by hand")
+
+
+def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
+    if innermost_loop(binding.ctx) is not None:
+        raise DeclineFix(f"`{name}` is built in a loop; compile each model by hand")
+    statement = binding.statement
+    if statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
+        raise DeclineFix(f"`{name}` is built in a one-line suite; split the line first")
+    if _from_loop_or_comprehension(facts, binding.value):
+        raise DeclineFix(f"`{name}` is one of several models built in a loop or a comprehension; "
+                         "compile each by hand")
+    for call in call_nodes(binding.value):
+        qual = facts.qualname(call.func) or ""
+        if qual.startswith("torch.jit"):
+            raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
+    pipeline = pipeline_facts(facts)
+    classes = facts.classes_by_name
+    for call in pipeline.constructions(binding.value):
+        cls = classes.get((get_full_name_for_node(call.func) or "").split(".")[-1])
+        if cls is not None and any(
+            (get_full_name_for_node(base.value) or "").endswith("ScriptModule") for base in cls.bases
+        ):
+            raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
+        native = _torch_forward(facts, call, classes)
+        if native is not None:
+            raise DeclineFix(
+                f"`{name}` is a `{native}`, whose forward is torch's own: `{name}.compile()` compiles "
+                f"nothing there (seen on torch 2.11), and `{name} = torch.compile({name})` would prefix "
+                "its checkpoint keys with `_orig_mod.`; compile it by hand"
+            )
+        if cls is not None and _defines_no_forward(facts, cls, classes):
+            raise DeclineFix(
+                f"`{name}` is a `{cls.name.value}`, which defines no `forward`: the script calls its other "
+                f"methods, and `{name}.compile()` compiles only `forward`; compile those methods or its "
+                "submodules by hand"
+            )
+
+
+# Measured on one H200, torch 2.11 (benchmarks/realworld/results.json, word_lm): the patched LSTM LM.
+_RECURRENT_COST = "H200, LSTM 650x2, batch 64: 4,881 samples/s after `fix`, 3,520 after `fix --compile`"
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"})
+_RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN_TANH", "RNN_RELU", "RNN"})
+_RECURRENT_NAME = re.compile(r"rnn|lstm|gru", re.IGNORECASE)
+
+
+def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | None:
+    """The recurrent torch.nn layer (``nn.LSTM``) a built model holds, following the classes of this file
+    it constructs (``Seq2Seq`` holding an ``Encoder`` with an LSTM); ``getattr(nn, rnn_type)(...)`` (the
+    word-language-model shape) counts where the class names a recurrent type in a string."""
+    classes = facts.classes_by_name
+    pipeline = pipeline_facts(facts)
+    seen: set[str] = set()
+    # The parts passed to the constructor count too: ``Seq2Seq(Encoder(...), Decoder(...))``.
+    pending = [
+        (get_full_name_for_node(call.func) or "").split(".")[-1]
+        for construction in pipeline.constructions(value)
+        for call in call_nodes(construction)
+    ]
+    while pending:
+        cls = classes.get(pending.pop())
+        if cls is None or cls.name.value in seen:
+            continue
+        seen.add(cls.name.value)
+        strings = {
+            node.evaluated_value for node in nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
+        }
+        for call in call_nodes(cls):
+            qual = facts.qualname(call.func) or ""
+            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1] in _RECURRENT:
+                return f"nn.{qual.rsplit('.', 1)[-1]}"
+            picked = _picked_from_torch_nn(facts, call)
+            if picked is not None and (strings & _RECURRENT_TYPES or _RECURRENT_NAME.search(picked)):
+                return f"getattr(nn, {picked})"
+            callee = (get_full_name_for_node(call.func) or "").split(".")[-1]
+            if callee in classes:
+                pending.append(callee)
+    return None
+
+
+def _picked_from_torch_nn(facts: ScriptFacts, call: cst.Call) -> str | None:
+    """``getattr(nn, rnn_type)(...)``: the code of the name picked from torch.nn (``rnn_type``)."""
+    picker = call.func
+    if not (isinstance(picker, cst.Call) and get_full_name_for_node(picker.func) == "getattr" and len(picker.args) > 1):
+        return None
+    if facts.qualname(picker.args[0].value) != "torch.nn":
+        return None
+    return facts.module.code_for_node(picker.args[1].value)
+
+
+def _torch_forward(facts: ScriptFacts, call: cst.Call, classes: dict, depth: int = 0) -> str | None:
+    """The torch.nn class whose ``forward`` a model built by ``call`` runs (``nn.Sequential(...)``, or a
+    class of this file that derives from one without defining ``forward``); None for a forward of its
+    own (a class of this file, torchvision, timm). Dynamo skips torch.nn's own frames, and
+    ``nn.Module.compile()`` starts tracing at them: torch 2.11 captures nothing for such a model (torch
+    2.14 wraps that frame and does)."""
+    qual = facts.qualname(call.func) or ""
+    if qual.startswith("torch.nn.") and qual.split(".")[-1] != "Module":
+        return qual
+    cls = classes.get((get_full_name_for_node(call.func) or "").split(".")[-1]) if not qual else None
+    return _class_torch_forward(facts, cls, classes, depth) if cls is not None else None
+
+
+def _class_torch_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, depth: int) -> str | None:
+    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
+        return None
+    for base in cls.bases:
+        dotted = get_full_name_for_node(base.value) or ""
+        qual = facts.qualname(base.value) or ""
+        if qual.startswith("torch.nn.") and qual.split(".")[-1] != "Module":
+            return qual
+        parent = classes.get(dotted.split(".")[-1]) if not qual else None
+        if parent is not None and parent is not cls:
+            found = _class_torch_forward(facts, parent, classes, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _defines_no_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, depth: int = 0) -> bool:
+    """A class of this file derived from ``nn.Module`` (through classes of this file) where no class
+    defines ``forward``: an RL agent's ``get_action_and_value`` is called directly, never ``agent(x)``."""
+    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
+        return False
+    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
+        return False
+    for base in cls.bases:
+        qual = facts.qualname(base.value) or ""
+        if qual == "torch.nn.Module":
+            continue
+        parent = classes.get((get_full_name_for_node(base.value) or "").split(".")[-1]) if not qual else None
+        if parent is None or parent is cls or not _defines_no_forward(facts, parent, classes, depth + 1):
+            return False
+    return bool(cls.bases)
+
+
+def _from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, depth: int = 0) -> bool:
+    """``[Net() for _ in range(k)]``, or ``models[0]`` / ``ensemble`` whose value was built so."""
+    if _has_comprehension(value):
+        return True
+    expr = _strip_chain(value)
+    while isinstance(expr, cst.Subscript):
+        expr = expr.value
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if dotted is None or depth > 3:
+        return False
+    for binding in facts.bindings_of(dotted):
+        if binding.value is value:
+            continue
+        if expr is not value and innermost_loop(binding.ctx) is not None:
+            return True
+        if _from_loop_or_comprehension(facts, binding.value, depth + 1):
+            return True
+    return False
+
+
+def _has_comprehension(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= isinstance(n, _COMPREHENSIONS)
+            return not found
+
+    node.visit(_V())
+    return found
+
+
+# -- where the compile goes --------------------------------------------------------------------------------
+
+
+def _common_statement(facts: ScriptFacts, statements: list[cst.CSTNode]) -> tuple[cst.CSTNode, list]:
+    """The statement of the innermost block holding all ``statements`` that contains the last of them
+    (``if pretrained: model = A() else: model = B()`` → the ``if``), and that block."""
+    parents = parent_map(facts.module)
+    chains = []
+    for statement in statements:
+        chain = []  # (block body, statement in it), innermost first
+        node: cst.CSTNode | None = statement
+        while node is not None:
+            parent = parents.get(id(node))
+            if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+                chain.append((parent, node))
+            node = parent
+        chains.append(list(reversed(chain)))
+    last = max(range(len(statements)), key=lambda i: facts.line_of(statements[i]))
+    depth = 0
+    while all(len(c) > depth for c in chains) and len({id(c[depth][0]) for c in chains}) == 1:
+        depth += 1
+    if depth == 0:
+        raise DeclineFix("the model is built in unrelated places; compile it by hand")
+    block, after = chains[last][depth - 1]
+    return after, list(block.body)
+
+
+def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) -> cst.CSTNode:
+    """The last statement after ``after`` in its block that still prepares the model (``model.cuda()``,
+    ``model = model.to(device)``, ``model.load_state_dict(...)``), stopping at the first statement
+    that uses the model otherwise (an optimizer, a DDP wrap, the training loop)."""
+    index = next(i for i, item in enumerate(block) if item is after)
+    for statement in block[index + 1:]:
+        mentions = name in names_in(statement)
+        if not mentions:
+            continue
+        if _is_prep(statement, name):
+            after = statement
+            continue
+        break
+    return after
+
+
+def _is_prep(statement: cst.CSTNode, name: str) -> bool:
+    """``model = model.cuda()``, ``model.to(device)``, or ``if device == "cuda":`` around such lines only."""
+    if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
+        return all(_is_prep(item, name) for item in statement.body.body)
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Assign):
+        if len(small.targets) != 1 or get_full_name_for_node(small.targets[0].target) != name:
+            return False
+        value = small.value
+    elif isinstance(small, cst.Expr):
+        value = small.value
+    else:
+        return False
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _PREP):
+        return False
+    root = _strip_chain(value)
+    return get_full_name_for_node(root) == name
+
+
+# -- on which device -------------------------------------------------------------------------------------
+
+
+def _device_condition(
+    facts: ScriptFacts, name: str, builds: list[Binding], block: list, after: cst.CSTNode, torch_name: str
+) -> str:
+    """``device.type == "cuda"`` when the model is moved with ``.to(device)`` and ``device`` is a
+    ``torch.device`` (or a plain "cuda"/"cpu" string); ``torch.cuda.is_available()`` otherwise."""
+    statements = [b.statement.node for b in builds]
+    first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
+    last = next(i for i, item in enumerate(block) if item is after)
+    moves: list[cst.BaseExpression] = []
+    for statement in [*statements, *block[first:last + 1]]:
+        for call in call_nodes(statement):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to":
+                device = _device_argument(call)
+                if device is not None:
+                    moves.append(device)
+    conditions = {_condition_for(facts, device, torch_name) for device in moves}
+    conditions.discard(None)
+    if len(conditions) == 1:
+        return conditions.pop()
+    # ``if device == "cuda": model = model.cuda()`` (or ``if args.cuda:``): the script's own test.
+    tests = {
+        facts.module.code_for_node(item.test)
+        for item in block[first:last + 1]
+        if isinstance(item, cst.If) and _is_prep(item, name)
+        and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in call_nodes(item.body))
+    }
+    if len(tests) == 1 and "\n" not in next(iter(tests)):
+        return tests.pop()
+    return f"{torch_name}.cuda.is_available()"
+
+
+def _device_argument(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "device":
+            return arg.value
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    return positional[0] if positional else None
+
+
+def _condition_for(facts: ScriptFacts, device: cst.BaseExpression, torch_name: str) -> str | None:
+    if not isinstance(device, (cst.Name, cst.Attribute)):
+        return None
+    dotted = get_full_name_for_node(device)
+    if not dotted or not facts.bindings_of(dotted):
+        return None
+    leaves = [
+        v for v in facts.binding_values(device)
+        if v is not device
+        and not isinstance(v, (cst.IfExp, cst.BooleanOperation))
+        and not (isinstance(v, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(v) or ""))
+    ]
+    if not leaves:
+        return None
+    if all(isinstance(v, cst.Call) and facts.qualname(v.func) == "torch.device" for v in leaves):
+        return f'{dotted}.type == "cuda"'
+    if all(isinstance(v, cst.SimpleString) for v in leaves):
+        values = [str(v.evaluated_value) for v in leaves]
+        if all(":" not in v for v in values):
+            return f'{dotted} == "cuda"'
+        return f'{torch_name}.device({dotted}).type == "cuda"'
+    return None
+
+
+# -- the fix ------------------------------------------------------------------------------------------
+
+
+class NotCompiledFix(Codemod):
+    rule = "TC305"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = StatementEditor()
+        torch_local = torch_import_name(context.facts)
+        torch_name = torch_local or "torch"
+        marked: set[int] = set()
+        for finding in findings:  # one per trained model, each with its own place (the check made them distinct)
+            plan: CompileInPlace = finding.fix.plan
+            editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+            for first in plan.mark_steps:
+                if id(first) not in marked:
+                    marked.add(id(first))
+                    editor.insert_before(first, [parse_statement(f"{torch_name}.{MARK_STEP}\n", module)])
+        new = editor.apply(module)
+        if torch_local is None:
+            new = ensure_import(new, "import torch")
+        return new

@@ -1,0 +1,399 @@
+"""TC601 per-step-sync: a device-to-host sync in the body of the training loop, every step.
+
+No automatic fix (each finding says why): how often to log is the user's decision, and an
+accumulator (``running_loss += loss.item()``) kept on the device changes the type every later use of
+it sees, so the change is left to the user, with the recipe in the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.script.distributed import (
+    DistributedFacts,
+    distributed_facts,
+    in_test_code,
+    literal_value,
+)
+from tcaudit.script.facts import CallSite, Frame, ScriptFacts
+from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
+from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.costs import cost_note
+from tcaudit.script.steps import runs_every_step
+from tcaudit.source.syntax import expression_chain, nodes_of
+
+TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
+_LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
+_PACKING = re.compile(r"pack_padded_sequence|pack_sequence")
+_NUMPY_CHAIN = re.compile(r"\bnp\.|\bnumpy\.")
+
+
+def _is_sync_method_call(node: cst.BaseExpression) -> bool:
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in SYNC_METHODS
+        and not any(a.keyword is None for a in node.args)
+    )
+
+
+def _numpy_rooted(facts: ScriptFacts, receiver: cst.BaseExpression, depth: int = 0) -> bool:
+    """The receiver is built only from NumPy values (``np.…(...)``, ``x.numpy()``, names every binding of
+    which is one, numbers): its ``.tolist()`` reads host memory; any sync happened at the ``.cpu()``
+    that made it, which is reported on its own line."""
+    if depth > 4:
+        return False
+    operands = [receiver]
+    numpy = False
+    while operands:
+        node = operands.pop()
+        if isinstance(node, cst.BinaryOperation):
+            operands += [node.left, node.right]
+        elif isinstance(node, cst.Comparison):
+            operands += [node.left] + [target.comparator for target in node.comparisons]
+        elif isinstance(node, cst.UnaryOperation):
+            operands.append(node.expression)
+        elif isinstance(node, (cst.Integer, cst.Float)):
+            continue
+        elif _is_numpy_call(facts, node):
+            numpy = True
+        else:
+            root = list(expression_chain(node))[-1]
+            if _is_numpy_call(facts, root) or any(_is_numpy_call(facts, part) for part in expression_chain(node)):
+                numpy = True
+                continue
+            if not isinstance(root, cst.Name):
+                return False
+            bindings = facts.bindings_of(root.value)
+            if not bindings or not all(
+                binding.value is not None and _numpy_rooted(facts, binding.value, depth + 1) for binding in bindings
+            ):
+                return False
+            numpy = True
+    return numpy
+
+
+def _is_numpy_call(facts: ScriptFacts, node: cst.BaseExpression) -> bool:
+    """``x.numpy()`` or a call of a NumPy function (``np.array(...)``)."""
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "numpy":
+        return True
+    return _NUMPY_CHAIN.match((facts.qualname(node.func) or get_full_name_for_node(node.func) or "") + ".") is not None
+
+
+class _Tensors:
+    """Names that hold tensors in training code: losses and model outputs, never rebound to a number."""
+
+    def __init__(self, facts: ScriptFacts) -> None:
+        names: set[str] = set()
+        for step in facts.training_steps:
+            loss = step.loss
+            if isinstance(loss, cst.Call) and loss.args and step.scaler:
+                loss = loss.args[0].value
+            dotted = get_full_name_for_node(loss) if isinstance(loss, (cst.Name, cst.Attribute)) else None
+            if dotted:
+                names.add(dotted)
+        for binding in facts.bindings:
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                continue
+            func = get_full_name_for_node(value.func) or ""
+            qual = facts.qualname(value.func) or ""
+            last = func.split(".")[-1]
+            if qual.startswith("torch.nn.") and last[:1].isupper():
+                continue  # ``criterion = nn.CrossEntropyLoss()`` builds a module, not a tensor
+            if func in facts.model_names or _LOSS_CALL.search(last) or qual.startswith("torch.nn.functional."):
+                names.add(binding.target)
+        self.names = {n for n in names if not any(self._is_number(facts, b.value) for b in facts.bindings_of(n))}
+
+    @staticmethod
+    def _is_number(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
+        if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+            return True
+        if isinstance(value, cst.Call):
+            func = get_full_name_for_node(value.func) or ""
+            if func in ("float", "int", "str", "round", "len") or func.endswith((".item", ".tolist")):
+                return True
+        return False
+
+    def raw_uses(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """Tensor names an expression formats or passes as they are (``loss``, ``f"{loss:.3f}"``,
+        ``"%f" % loss``, ``loss.detach()``), not through ``loss.item()`` or ``loss.shape``."""
+        out: list[cst.BaseExpression] = []
+        self._collect(expr, out)
+        return out
+
+    def _collect(self, expr: cst.BaseExpression, out: list[cst.BaseExpression]) -> None:
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            dotted = get_full_name_for_node(expr)
+            if dotted in self.names:
+                out.append(expr)
+        elif isinstance(expr, cst.FormattedString):
+            for part in expr.parts:
+                if isinstance(part, cst.FormattedStringExpression):
+                    self._collect(part.expression, out)
+        elif isinstance(expr, cst.ConcatenatedString):
+            self._collect(expr.left, out)
+            self._collect(expr.right, out)
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+            self._collect(expr.right, out)
+        elif isinstance(expr, (cst.Tuple, cst.List)):
+            for element in expr.elements:
+                self._collect(element.value, out)
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            method = expr.func.attr.value
+            if method == "format":
+                for arg in expr.args:
+                    self._collect(arg.value, out)
+            elif method in ("detach", "mean", "sum", "float", "clone"):
+                self._collect(expr.func.value, out)
+        elif isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) == "str" and expr.args:
+            self._collect(expr.args[0].value, out)
+
+
+def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """Drop names that are parameters of the enclosing function: ``def log(loss): print(loss)`` is
+    often handed ``loss.item()``, a float (and that ``.item()`` is reported where it is called)."""
+    fn = call.ctx.function
+    if fn is None:
+        return uses
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params -= {"self", "cls"}
+    return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
+
+
+# tqdm / rich progress bars and loggers that turn what they are handed into text at once.
+_PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_description", "set_description_str", "log_metrics"})
+# Calls that take a tensor as a tensor (the step itself, tensorboard's own check).
+_PASSES_TENSORS = frozenset({"str"})
+
+
+def _converts_if_tensor(facts: ScriptFacts, call: CallSite, receiver_text: str) -> bool:
+    """``if isinstance(v, torch.Tensor): v = v.item()`` in a helper (torchvision's
+    ``MetricLogger.update``): the value is a tensor only when a caller hands one over, usually
+    ``loss.item()``, a float; a sync there is the caller's, reported where it is called."""
+    if call.ctx.function is None:
+        return False
+    for frame in call.ctx.chain():
+        if frame.kind in ("def", "class", "lambda"):
+            break
+        test = frame.node.test if frame.kind == "if" and isinstance(frame.node, cst.If) else None
+        if (
+            isinstance(test, cst.Call) and get_full_name_for_node(test.func) == "isinstance" and len(test.args) == 2
+            and facts.module.code_for_node(test.args[0].value) == receiver_text
+            and facts.qualname(test.args[1].value) == "torch.Tensor"
+        ):
+            return True
+    return False
+
+
+def _is_formatting(expr: cst.BaseExpression) -> bool:
+    """An f-string, ``"...".format(...)`` or ``"..." % (...)``: text made from its values now."""
+    if isinstance(expr, (cst.FormattedString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+        return isinstance(expr.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
+    return (
+        isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format"
+        and isinstance(expr.func.value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _dict_uses(tensors: "_Tensors", expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """Tensor values of a dict literal (``wandb.log({"loss": loss})``, ``set_postfix({"loss": loss})``)."""
+    out: list[cst.BaseExpression] = []
+    if isinstance(expr, cst.Dict):
+        for element in expr.elements:
+            if isinstance(element, cst.DictElement):
+                out += tensors.raw_uses(element.value)
+    return out
+
+
+def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -> str | None:
+    """How many micro-steps a gradient-accumulation loop runs before the sync at ``ctx``: the sync sits
+    in the optimizer-step loop, after an inner loop that holds the backward (nanoGPT's
+    ``for micro_step in range(gradient_accumulation_steps): ... loss.backward()``). None otherwise."""
+    loops = [f for f in ctx.chain() if f.kind == "loop"]
+    if not loops:
+        return None
+    outer = loops[0]
+    for step in facts.training_steps:
+        if step.ctx.inside(outer.node) and not ctx.inside(step.ctx.nearest("loop").node if step.ctx.nearest("loop") else outer.node):
+            inner = step.ctx.nearest("loop")
+            if inner is None or inner.node is outer.node or not any(
+                c.ctx.inside(outer.node) and not c.ctx.inside(inner.node) for c in facts.optimizer_steps
+            ):
+                continue
+            node = inner.node
+            if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and get_full_name_for_node(node.iter.func) == "range" and node.iter.args:
+                return f"`{facts.module.code_for_node(node.iter.args[-1].value)}`"
+            return "several"
+    return None
+
+
+_FINITE_CHECKS = frozenset({"math.isfinite", "math.isnan", "math.isinf", "numpy.isfinite", "numpy.isnan", "numpy.isinf"})
+
+
+def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
+    """The name a sync's value is assigned to when the next statements test it for a non-finite value
+    and stop the run (``loss_value = loss.item()`` then ``if not math.isfinite(loss_value): sys.exit(1)``,
+    the torchvision references' guard): a correctness check, not logging."""
+    statement = call.statement
+    if statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
+        return None
+    assign = statement.node.body[0] if len(statement.node.body) == 1 else None
+    if not isinstance(assign, cst.Assign) or assign.value is not call.node or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    if not isinstance(target, cst.Name):
+        return None
+    for later in statement.block[statement.index + 1:statement.index + 4]:
+        if not isinstance(later, cst.If):
+            continue
+        tests = [c for c in nodes_of(later.test, cst.Call)
+                 if (facts.qualname(c.func) or "") in _FINITE_CHECKS
+                 and any(isinstance(a.value, cst.Name) and a.value.value == target.value for a in c.args)]
+        stops = nodes_of(later.body, (cst.Raise, cst.Return, cst.Break)) or [
+            c for c in nodes_of(later.body, cst.Call) if (facts.qualname(c.func) or "") in ("sys.exit", "exit", "quit")
+        ]
+        if tests and stops:
+            return target.value
+    return None
+
+
+class PerStepSync(ScriptRule):
+    id = "TC601"
+    # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
+    triggers = (r"\.backward\(|\.step\(",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        if not info.step_loops or info.is_rl_script:
+            # RL: every environment step already brings the action to the host, so the GPU waits on
+            # the environment, not on a loss.item() in the update.
+            return
+        if not (facts.uses_cuda or facts.uses_accelerator):
+            return  # a CPU-only script: the host is the device, there is nothing to wait for
+        tensors = _Tensors(facts)
+        cost = cost_note(self.spec, context.settings.gpu, "per_step")
+        for call in facts.calls:
+            described = self._sync(facts, info, tensors, call)
+            if described is None or in_test_code(call.ctx):
+                continue
+            what, node = described
+            if not runs_every_step(facts, call.ctx):
+                continue
+            micro = _after_micro_steps(facts, info, call.ctx)
+            if micro is not None:
+                yield self.finding(
+                    facts,
+                    node,
+                    f"{what} syncs once per optimizer step, after {micro} accumulation micro-steps",
+                    explanation="A small cost, worth moving under a logging interval.",
+                    severity=Severity.INFO,
+                    fix=self._fix(facts, call),
+                )
+                continue
+            guard = _guarded_name(facts, call)
+            if guard is not None:
+                yield self.finding(
+                    facts,
+                    node,
+                    f"{what} feeds a per-step non-finite-loss guard on `{guard}` (deliberate; it syncs every step)",
+                    explanation="The guard stops a diverged run at once, which needs the value on the host: "
+                    "keep it, or check it under a logging interval if a few more steps of NaN are acceptable.",
+                    severity=Severity.INFO,
+                    fix=self._fix(facts, call),
+                )
+                continue
+            yield self.finding(
+                facts,
+                node,
+                f"{what} makes the host wait for the GPU every training step",
+                fix=self._fix(facts, call),
+                explanation=f"A sync per step stalls the queue of GPU work{cost}. Sync under a logging interval "
+                "(`if step % log_interval == 0:`).",
+            )
+
+    def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
+        node = call.node
+        method = call.method
+        if _is_sync_method_call(node):
+            receiver = call.receiver
+            assert receiver is not None
+            if any(_is_sync_method_call(inner) for inner in list(expression_chain(receiver))):
+                return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
+            receiver_text = facts.module.code_for_node(receiver)
+            if _converts_if_tensor(facts, call, receiver_text):
+                return None
+            if method == "cpu":
+                if call.receiver_name in info.module_names or (call.receiver_name or "").endswith(".module"):
+                    return None  # moving a model, not reading a value
+                if call.statement is not None and _PACKING.search(facts.module.code_for_node(call.statement.node)):
+                    return None  # pack_padded_sequence needs its lengths on the CPU
+            if method == "numpy" and not any(
+                arg.keyword is not None and arg.keyword.value == "force" and literal_value(arg.value) is True
+                for arg in node.args
+            ):
+                return None  # .numpy() refuses CUDA tensors: its sync is the .cpu() before it
+            if method == "tolist" and _NUMPY_CHAIN.search(receiver_text):
+                return None
+            if method == "tolist" and isinstance(receiver, (cst.Name, cst.Attribute)) and receiver_text not in tensors.names:
+                return None  # a list or array as often as a tensor
+            if method == "tolist" and _numpy_rooted(facts, receiver):
+                return None  # ``(scores > 0.5).tolist()`` of ``scores = probs.numpy()``: a NumPy array
+            receiver_text = " ".join(receiver_text.split())
+            short = receiver_text if len(receiver_text) <= 40 else receiver_text[:37] + "…"
+            return f"`{short}.{method}()`", node
+        if call.qualname and SYNCHRONIZE.match(call.qualname):
+            return f"`{call.name}()`", node
+        if method in _PROGRESS_METHODS or (method == "log" and call.receiver_name in ("wandb", "run", "mlflow")):
+            for arg in node.args:
+                uses = _not_parameters(call, tensors.raw_uses(arg.value) + _dict_uses(tensors, arg.value))
+                if uses:
+                    return f"`{call.name}(...)` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+            return None
+        if call.name != "print" and call.name not in _PASSES_TENSORS:
+            for arg in node.args:
+                if _is_formatting(arg.value):
+                    uses = _not_parameters(call, tensors.raw_uses(arg.value))
+                    if uses:
+                        return f"formatting the tensor `{facts.module.code_for_node(uses[0])}`", node
+        if call.name == "print" and not call.method:
+            for arg in node.args:
+                uses = _not_parameters(call, tensors.raw_uses(arg.value))
+                if uses:
+                    return f"`print` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+            return None
+        if method in TENSORBOARD_METHODS and len(node.args) >= 2:
+            value = call.arg("scalar_value", 1) or call.arg("values", 1) or node.args[1].value
+            uses = _not_parameters(call, tensors.raw_uses(value)) if method != "add_histogram" else [value]
+            if uses and (method != "add_histogram" or literal_value(value) is ...):
+                return f"`{call.name}(...)` of a tensor", node
+        return None
+
+    @staticmethod
+    def _fix(facts: ScriptFacts, call: CallSite) -> Fix:
+        statement = call.statement
+        small = statement.node.body[0] if statement is not None and isinstance(statement.node, cst.SimpleStatementLine) and len(statement.node.body) == 1 else None
+        if call.method == "item" and isinstance(small, cst.AugAssign) and small.value is call.node:
+            target = facts.module.code_for_node(small.target)
+            return Fix(
+                FixClass.SAFE,
+                f"accumulate `{target}` as a tensor (`.detach()` instead of `.item()`) and call `.item()` where it is logged",
+                available=False,
+                reason=f"`{target}` would then hold a tensor wherever it is read later (formatting, JSON, "
+                "comparisons); accumulate `.detach()` and call `.item()` where it is logged, by hand",
+            )
+        return Fix(
+            FixClass.SAFE,
+            "move the sync under a logging interval",
+            available=False,
+            reason="how often to log is the user's decision; the value must be kept on the device or logged less often by hand",
+        )

@@ -1,0 +1,60 @@
+"""TC401 dataloader-no-workers: a training DataLoader that loads in the main process.
+
+Fix (numerics: the order of random augmentations changes): pass ``num_workers=min(16, os.cpu_count()
+or 1)`` (replacing a written ``num_workers=0``), importing ``os`` when the file does not. Declined
+when the key comes from a ``**kwargs`` dict, when the script has no ``__main__`` guard (worker
+processes started with spawn would re-run it), or when the dataset draws from its own generator and
+no ``worker_init_fn`` reseeds it (every worker would repeat the same draws: TC410,
+:mod:`tcaudit.script.dataset_rng`; the decline is made in :func:`tcaudit.rewrite.workers.plan_workers`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import libcst as cst
+
+from tcaudit.findings import Finding, FixClass
+from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
+from tcaudit.rewrite.workers import WORKERS, plan_workers
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.costs import cost_note
+from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.triggers import all_of
+
+class DataLoaderNoWorkers(ScriptRule):
+    id = "TC401"
+    triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        pipeline = pipeline_facts(facts)
+        cost = cost_note(self.spec, context.settings.gpu, "workers")
+        for site in loaders_without_workers(pipeline):
+            yield self.finding(
+                facts,
+                site.call.node,
+                "training DataLoader loads every batch in the main process (num_workers=0)",
+                explanation="The GPU waits for each batch to be loaded and augmented; use worker processes: "
+                f"`num_workers={WORKERS}`{cost}.",
+                fix=self.planned_fix(
+                    FixClass.NUMERICS, f"set num_workers={WORKERS}", lambda site=site: plan_workers(pipeline, site)
+                ),
+            )
+
+
+# -- the fix ------------------------------------------------------------------------------------
+
+
+class DataLoaderNoWorkersFix(Codemod):
+    rule = "TC401"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        plans: list[KeywordPlan] = [finding.fix.plan for finding in findings]
+        new = apply_keyword_edits(module, plans)
+        if any("os" in plan.imports for plan in plans):
+            new = add_stdlib_import(new, "os")
+        return new
