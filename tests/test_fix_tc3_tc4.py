@@ -16,9 +16,9 @@ import pytest
 
 from tcaudit.config import Settings
 from tcaudit.engine import analyse_source, instantiate_rules
-from tcaudit.findings import FixClass, Severity
+from tcaudit.findings import DeclineFix, FixClass, Severity
 from tcaudit.fix.engine import fix_file
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.pipeline.tc401_dataloader_no_workers import WORKERS
 from tcaudit.rules.pipeline.tc404_workers_not_persistent import WorkersNotPersistentFix
 from tcaudit.source.parsing import read_source

@@ -439,7 +439,8 @@ class _Run:
                 return self._codemod(facts, findings, rule_id)
             finally:
                 self.declined = declined
-        from tcaudit.rewrite.codemod import DeclineFix, FixContext
+        from tcaudit.rewrite.codemod import FixContext
+        from tcaudit.findings import DeclineFix
         from tcaudit.script.guards import structural_refusal
 
         try:

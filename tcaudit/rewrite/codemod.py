@@ -9,21 +9,7 @@ from typing import Iterable, Sequence
 import libcst as cst
 
 from tcaudit.config import Settings
-from tcaudit.findings import Situation
 from tcaudit.script.facts import ScriptFacts
-
-
-class DeclineFix(Exception):
-    """Raised where a fix cannot be made safely; the message is the reason shown to the user.
-
-    Rules raise it while planning a fix at detection time (the finding then says ``no fix: reason``);
-    an edit helper may still raise it while applying, which the fix engine reports the same way.
-    ``protects`` names the situations the decline keeps the script out of: the fix engine refuses
-    any other rule's edit that would bring one about."""
-
-    def __init__(self, reason: str, *, protects: "tuple[Situation, ...]" = ()) -> None:
-        super().__init__(reason)
-        self.protects = tuple(protects)
 
 
 @dataclass

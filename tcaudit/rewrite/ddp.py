@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.rewrite.codemod import DeclineFix, parse_expression, parse_statement, torch_import_name
+from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
+from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in

@@ -11,19 +11,30 @@ from typing import Iterable
 
 import libcst as cst
 
-from tcaudit.findings import FixPlan
-from tcaudit.rewrite.codemod import (
-    DeclineFix,
-    StatementEditor,
-    ensure_import,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.findings import DeclineFix, FixPlan
+from tcaudit.rewrite.codemod import StatementEditor, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end
 from tcaudit.source.syntax import contains  # noqa: F401 - its home is source.syntax; fixes import it here too
+
+
+@dataclass(frozen=True, eq=False)
+class InsertSetting(FixPlan):
+    """A global setting inserted after the leading imports (:func:`insert_setting` picks
+    the exact statement: after a later ``import torch`` too, beside settings already inserted)."""
+
+    kind = "insert-statement"
+    after_line: int  # the last line of the leading import block (0: none)
+    code: str
+    imports: tuple[str, ...] = ("torch",)
+
+
+def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
+    """The plan for inserting ``code`` as a module-level statement after the leading imports."""
+    last = import_block_end(facts)
+    return InsertSetting(facts.position(last).end.line if last is not None else 0, code)
+
 
 
 def keyword(call: cst.Call, key: str) -> cst.Arg | None:

@@ -11,7 +11,8 @@ from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.rewrite.codemod import DeclineFix, parse_expression
+from tcaudit.rewrite.codemod import parse_expression
+from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.script.distributed import distributed_facts, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts

@@ -4,7 +4,7 @@ random generator every worker would copy (TC410, :mod:`tcaudit.script.dataset_rn
 
 from __future__ import annotations
 
-from tcaudit.rewrite.codemod import DeclineFix
+from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.edits import KeywordPlan, decline_key_in_dict, plan_loader_keyword
 from tcaudit.script.dataset_rng import workers_repeat_generators
 from tcaudit.script.facts import ScriptFacts

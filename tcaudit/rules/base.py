@@ -17,8 +17,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import RuleSpec, load_catalog
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan, Location, Severity
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Severity
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.source.triggers import triggers_under
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tcaudit.findings import FixPlan
 from tcaudit.script.batch_loops import BatchLoopFacts
 from tcaudit.script.facts import ScriptFacts
 
@@ -61,18 +60,3 @@ def import_block_end(facts: ScriptFacts) -> cst.CSTNode | None:
     return last
 
 
-@dataclass(frozen=True, eq=False)
-class InsertSetting(FixPlan):
-    """A global setting inserted after the leading imports (``insert_setting`` in rewrite/edits.py picks
-    the exact statement: after a later ``import torch`` too, beside settings already inserted)."""
-
-    kind = "insert-statement"
-    after_line: int  # the last line of the leading import block (0: none)
-    code: str
-    imports: tuple[str, ...] = ("torch",)
-
-
-def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
-    """The plan for inserting ``code`` as a module-level statement after the leading imports."""
-    last = import_block_end(facts)
-    return InsertSetting(facts.position(last).end.line if last is not None else 0, code)

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import Frame, Reference, ScriptFacts
 from tcaudit.source.syntax import nodes_of

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, UNKNOWN, amp_facts, dtypes_of
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, GRADSCALER_SUFFIXES, CallSite, ScriptFacts

@@ -15,9 +15,9 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.autocast import AutocastEditor, GradScalerPlan, plan_grad_scaler
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, torch_import_name
+from tcaudit.rewrite.codemod import FixContext, ensure_import, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import HALF, amp_facts, cast_dtype
 from tcaudit.script.distributed import names_in

@@ -12,8 +12,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import Frame, ScriptFacts, TrainingStep

@@ -15,13 +15,13 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit import gpus
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rewrite.edits import InsertSetting, insert_setting, setting_plan
 from tcaudit.costs import cost_note
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import InsertSetting, pipeline_facts, setting_plan
+from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import strip_comments
 from tcaudit.source.triggers import all_of
 

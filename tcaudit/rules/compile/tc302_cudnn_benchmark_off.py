@@ -12,11 +12,11 @@ import libcst as cst
 
 from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.edits import insert_setting
+from tcaudit.rewrite.edits import InsertSetting, insert_setting, setting_plan
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.pipeline import InsertSetting, pipeline_facts, setting_plan
+from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
 FIX_CODE = "torch.backends.cudnn.benchmark = True"

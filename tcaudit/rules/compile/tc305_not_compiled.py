@@ -24,8 +24,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import MESSAGE_LIMIT, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, MESSAGE_LIMIT
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note

@@ -15,8 +15,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
 from tcaudit.rewrite.edits import add_stdlib_import
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts

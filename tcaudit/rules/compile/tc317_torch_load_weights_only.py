@@ -20,8 +20,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, ScriptFacts

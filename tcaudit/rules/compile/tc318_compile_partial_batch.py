@@ -30,8 +30,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import matches_selector
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note

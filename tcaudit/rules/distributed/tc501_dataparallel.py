@@ -15,8 +15,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan, Severity
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code

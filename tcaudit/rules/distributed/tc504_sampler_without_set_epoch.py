@@ -17,8 +17,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan, FollowsFix
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_statement
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.distributed import (

@@ -15,8 +15,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, StatementEditor, parse_expression
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression
 from tcaudit.rewrite.edits import add_stdlib_import, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.accumulation import ACCUMULATION_NAME

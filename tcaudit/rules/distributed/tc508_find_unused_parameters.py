@@ -21,8 +21,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit import runtime_facts
-from tcaudit.findings import Finding, FixClass, FixPlan, Severity
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts

@@ -55,9 +55,9 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.costs import cost_note
-from tcaudit.findings import Finding, FixClass, FixPlan, Severity
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, ensure_import, parse_expression
+from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.graph.logits_reads import (
     LogitsRead,

@@ -33,8 +33,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.config import PAD_DIMS
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import nodes_of, parent_map

@@ -14,8 +14,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, replace_argument
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code, literal_value

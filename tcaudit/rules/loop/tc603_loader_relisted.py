@@ -14,8 +14,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code

@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.batch_loops import BatchLoop, element_source

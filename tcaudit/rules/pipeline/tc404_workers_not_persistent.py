@@ -14,8 +14,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.catalog import matches_selector
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rewrite.workers import plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression, parse_statement
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note

@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan, Severity
-from tcaudit.rewrite.codemod import DeclineFix, FixContext, parse_expression
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
+from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import ACCELERATOR_NAMED

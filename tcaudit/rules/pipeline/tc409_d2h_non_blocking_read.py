@@ -29,8 +29,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import DeclineFix, FixContext
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note

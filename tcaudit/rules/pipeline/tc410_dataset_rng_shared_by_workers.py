@@ -23,15 +23,8 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    DeclineFix,
-    FixContext,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-    unique_name,
-)
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement, torch_import_name, unique_name
 from tcaudit.rewrite.edits import (
     CallEditor,
     KeywordPlan,

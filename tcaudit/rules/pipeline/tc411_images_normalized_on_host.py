@@ -27,10 +27,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    DeclineFix, FixContext, ensure_import, parse_expression, parse_statement, torch_import_name,
-)
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note
