@@ -85,7 +85,7 @@ def with_detected_gpu(settings: Settings) -> Settings:
         return settings
     from tcaudit import gpus
 
-    found = gpus.detect()
+    found = gpus.detected()
     if found is None:
         return settings
     return dataclasses.replace(settings, gpu=found.setting, detected_gpu=found)

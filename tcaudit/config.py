@@ -103,6 +103,12 @@ class Settings:
     root: Path = field(default_factory=Path.cwd)
 
     @property
+    def target(self) -> gpus.Target:
+        """The target GPU, resolved once (``gpu``: ``auto`` made concrete where detected, a GPU's key or
+        an architecture): what the rules quote figures for and fit their fixes to."""
+        return gpus.target(self.gpu)
+
+    @property
     def included(self) -> tuple[str, ...]:
         """The patterns of the files a folder expands to: ``include`` plus ``extend-include``."""
         return self.include + self.extend_include

@@ -72,14 +72,13 @@ def figures(entry: dict) -> dict[str, str]:
     return {k: str(v) for k, v in entry.items() if k not in ENTRY_LABELS}
 
 
-def measured(spec: RuleSpec, gpu: str) -> dict | None:
-    """The measurements for the target GPU's architecture (``sm_90``, ``h100``), or the only measured
-    GPU when ``gpu`` is ``auto``; None when there is none for it."""
+def measured(spec: RuleSpec, target: gpus.Target) -> dict | None:
+    """The measurements for the target GPU's architecture (``sm_90`` for ``h100``), or the only measured
+    GPU when the target is ``auto``; None when there is none for it."""
     entries = measured_entries(spec)
-    arch = gpus.architecture(gpu)
-    if arch in entries:
-        return entries[arch]
-    if gpu == gpus.AUTO and len(entries) == 1:
+    if target.arch in entries:
+        return entries[target.arch]
+    if target.setting == gpus.AUTO and len(entries) == 1:
         return next(iter(entries.values()))
     return None
 
@@ -107,22 +106,22 @@ def published_note(gpu: gpus.Gpu, ratio: str) -> str:
             f"FP32 {gpu.fp32:g} TFLOPS, {peak / gpu.fp32:.1f}× peak")
 
 
-def cost_note(spec: RuleSpec, gpu: str, key: str) -> str:
+def cost_note(spec: RuleSpec, target: gpus.Target, key: str) -> str:
     """The figure a message quotes for the target GPU, naming the GPU: `` (H200, torch 2.11: <figure>)``
     where it was measured, `` (A100, published, not measured: ...)`` where NVIDIA publishes the ratio
     that bounds it, `` (RTX 3090: not measured on this GPU)`` otherwise; ``""`` for ``auto`` with no
     measurement, or a key the rule has no figure for anywhere."""
-    entry = measured(spec, gpu)
+    entry = measured(spec, target)
     if entry and key in entry:
-        label = entry.get("gpu", gpu)
+        label = entry.get("gpu", target.setting)
         torch = entry.get("torch")
         where = f"{label}, torch {torch}" if torch else label
         return f" ({where}: {entry[key]})"
-    target = gpus.resolve(gpu)
-    if target is None or not any(key in e for e in measured_entries(spec).values()):
+    gpu = target.gpu
+    if gpu is None or not any(key in e for e in measured_entries(spec).values()):
         return ""
     ratio = published_ratios(spec).get(key)
-    published = published_note(target, ratio) if ratio else ""
+    published = published_note(gpu, ratio) if ratio else ""
     if published:
         return f" ({published})"
-    return f" ({target.name}: not measured on this GPU)"
+    return f" ({gpu.name}: not measured on this GPU)"

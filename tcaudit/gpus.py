@@ -109,21 +109,33 @@ def resolve(setting: str) -> Gpu | None:
     return None
 
 
-def architecture(setting: str) -> str:
-    """The ``sm_NN`` of a setting (``a10`` -> ``sm_86``); ``auto`` stays ``auto``."""
-    gpu = resolve(setting)
-    return gpu.sm if gpu is not None else setting
+@dataclass(frozen=True)
+class Target:
+    """A ``gpu`` setting resolved once (:func:`target`): the GPU it stands for, or None for ``auto`` when
+    no GPU was detected (then today's GPUs are assumed: bf16 and TF32, no FP8 claim), and what it has."""
+
+    setting: str
+    gpu: Gpu | None
+
+    @property
+    def arch(self) -> str:
+        """The ``sm_NN`` of the target (``a10`` -> ``sm_86``); ``auto`` stays ``auto``."""
+        return self.gpu.sm if self.gpu is not None else self.setting
+
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the target has bf16 Tensor Cores; True for ``auto`` (no GPU known: today's GPUs do)."""
+        return self.gpu is None or self.gpu.has_bf16
+
+    @property
+    def has_tf32(self) -> bool:
+        return self.gpu is None or self.gpu.has_tf32
 
 
-def has_bf16(setting: str) -> bool:
-    """Whether the target GPU has bf16 Tensor Cores; True for ``auto`` (no GPU known: today's GPUs do)."""
-    gpu = resolve(setting)
-    return gpu is None or gpu.has_bf16
-
-
-def has_tf32(setting: str) -> bool:
-    gpu = resolve(setting)
-    return gpu is None or gpu.has_tf32
+@functools.lru_cache(maxsize=None)
+def target(setting: str) -> Target:
+    """The :class:`Target` a ``gpu`` setting stands for, resolved once per setting in a process."""
+    return Target(setting, resolve(setting))
 
 
 # -- detection ----------------------------------------------------------------------------------
@@ -208,5 +220,19 @@ def _from_loaded_torch() -> Detected | None:
 
 
 def detect() -> Detected | None:
-    """The GPU of this machine, or None ("unknown")."""
+    """The GPU of this machine, or None ("unknown"). Asks anew each time: :func:`detected` is the cached
+    answer the scan, the API and the editor use."""
     return _from_nvidia_smi() or _from_loaded_torch()
+
+
+def detected() -> Detected | None:
+    """:func:`detect`, asked once per process for each ``PATH`` (which nvidia-smi runs) and each state of
+    torch (imported or not): an editor's settings are made anew per folder, a keystroke must not start
+    nvidia-smi."""
+    key = (os.environ.get("PATH", ""), "torch" in sys.modules)
+    if key not in _DETECTED:
+        _DETECTED[key] = detect()
+    return _DETECTED[key]
+
+
+_DETECTED: dict[tuple[str, bool], Detected | None] = {}

@@ -71,8 +71,16 @@ def test_features_follow_the_architecture():
     assert not t4.has_bf16 and not t4.has_tf32 and not t4.has_fp8
     assert a100.has_bf16 and a100.has_tf32 and not a100.has_fp8
     assert l4.has_fp8 and h200.has_fp8
-    assert gpus.has_bf16("auto") and not gpus.has_bf16("v100")
-    assert gpus.architecture("a10") == "sm_86" and gpus.architecture("auto") == "auto"
+    assert gpus.target("auto").has_bf16 and not gpus.target("v100").has_bf16
+    assert gpus.target("a10").arch == "sm_86" and gpus.target("auto").arch == "auto"
+
+
+def test_a_setting_is_resolved_once_and_settings_carry_the_resolved_target():
+    assert gpus.target("a10") is gpus.target("a10")
+    target = Settings(gpu="h100").target
+    assert target is gpus.target("h100")
+    assert (target.arch, target.gpu.name, target.has_bf16, target.has_tf32) == ("sm_90", "H100", True, True)
+    assert Settings().target.gpu is None and Settings().target.setting == "auto"
 
 
 # -- detection --------------------------------------------------------------------------------------------
@@ -176,6 +184,16 @@ def test_an_explicit_gpu_is_not_overridden_by_detection(fake_path):
     assert "(H200, torch 2.11:" in data["findings"][0]["explanation"]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for nvidia-smi")
+def test_auto_is_detected_once_per_process_for_each_path(fake_path, tmp_path):
+    _fake_nvidia_smi(fake_path, "NVIDIA H200, 9.0\n")
+    first = gpus.detected()
+    assert first is not None and first.setting == "h200"
+    _fake_nvidia_smi(fake_path, "Tesla T4, 7.5\n")
+    assert gpus.detected() is first  # the same PATH: nvidia-smi is not asked again
+    assert gpus.detect().setting == "t4"  # detect() itself always asks
+
+
 def test_detection_does_not_import_torch():
     import subprocess
 
@@ -243,10 +261,10 @@ def test_a_gpu_without_a_published_row_says_not_measured(tmp_path):
 def test_every_figure_names_its_gpu_and_says_whether_it_was_measured(gpu):
     for rule, spec in CATALOG.items():
         for key in {k for e in measured_entries(spec).values() for k in figures(e)}:
-            note = cost_note(spec, gpu, key)
+            note = cost_note(spec, gpus.target(gpu), key)
             assert note, (rule, gpu, key)
             target = gpus.resolve(gpu)
-            if gpus.architecture(gpu) == "sm_90":
+            if gpus.target(gpu).arch == "sm_90":
                 assert note.startswith(" (H200, torch 2.11: "), (rule, gpu, note)
             else:
                 assert note.startswith(f" ({target.name}, published, not measured: NVIDIA ") or note == (

@@ -465,9 +465,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 def _gpu_metadata(settings) -> dict:
     """The target GPU as machine output reports it (JSON ``gpu``, SARIF run ``properties.gpu``)."""
-    from tcaudit import gpus
-
-    target = gpus.resolve(settings.gpu)
+    target = settings.target.gpu
     data: dict = {"setting": settings.gpu}
     if target is not None:
         data.update(name=target.name, sm=target.sm)

@@ -67,8 +67,6 @@ class TcauditServer(LanguageServer):
         self.options: dict[str, Any] = {}  # initializationOptions.settings: config keys
         self.model_audit = True  # initializationOptions.modelAudit
         self._settings: dict[str, Settings] = {}  # by the folder the config is looked for from
-        self._gpu: Settings | None = None  # the GPU detected once (nvidia-smi) for gpu = "auto"
-        self._gpu_looked = False
         self.scans = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tcaudit-scan")
         self.audits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tcaudit-audit")
 
@@ -84,21 +82,9 @@ class TcauditServer(LanguageServer):
             except ConfigError as exc:
                 self.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Error, message=f"tcaudit: {exc}"))
                 settings = load_settings(start, None, None, isolated=True)
-            settings = self._with_gpu(settings)
+            settings = api.with_detected_gpu(settings)  # detected once per process (tcaudit.gpus.detected)
             self._settings[folder] = settings
         return settings
-
-    def _with_gpu(self, settings: Settings) -> Settings:
-        """``gpu = "auto"`` resolved once per server, not once per keystroke (nvidia-smi is a process)."""
-        if settings.gpu != "auto":
-            return settings
-        if not self._gpu_looked:
-            self._gpu_looked = True
-            detected = api.with_detected_gpu(Settings())
-            self._gpu = detected if detected.detected_gpu is not None else None
-        if self._gpu is None:
-            return settings
-        return dataclasses.replace(settings, gpu=self._gpu.gpu, detected_gpu=self._gpu.detected_gpu)
 
     def forget_settings(self) -> None:
         self._settings.clear()

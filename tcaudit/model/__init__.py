@@ -154,10 +154,9 @@ def _shown(target: dict[str, Any]) -> str:
 
 
 def _precision(settings: "Settings") -> str:
-    from tcaudit import gpus
     from tcaudit.model.cost import PRECISION_DTYPES, load_table
 
-    if settings.precision == "auto" and not gpus.has_bf16(settings.gpu):
+    if settings.precision == "auto" and not settings.target.has_bf16:
         return PRECISION_DTYPES["fp16"]  # no bf16 Tensor Cores before sm_80: autocast there is fp16
     return PRECISION_DTYPES.get(settings.precision, load_table().get("auto_precision", "bfloat16"))
 

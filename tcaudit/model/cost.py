@@ -275,7 +275,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         default = self.table["default_gpu"]
-        arch = gpus.architecture(self.gpu)  # ``a10`` -> ``sm_86``: the table is keyed by architecture
+        arch = gpus.target(self.gpu).arch  # ``a10`` -> ``sm_86``: the table is keyed by architecture
         self.gpu_key = arch if arch in self.table["gpus"] else default
         self.entry = self.table["gpus"][self.gpu_key]
         self.alignment_bytes = int(self.entry.get("alignment_bytes", self.table.get("alignment_bytes", 16)))

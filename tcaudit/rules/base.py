@@ -17,6 +17,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import RuleSpec, load_catalog
+from tcaudit.costs import cost_note
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.source.triggers import triggers_under
@@ -42,6 +43,11 @@ class RuleContext:
     # How a rule that reads another's outcome gets that rule, made for ``settings``: the engine's
     # (``tcaudit.rules.registry.load_rule``), so that no rule module imports another.
     load_rule: "Callable[[str, Settings], ScriptRule] | None" = field(default=None, compare=False, repr=False)
+
+    def cost(self, spec: RuleSpec, key: str) -> str:
+        """The figure ``spec``'s rule quotes under ``key`` for the target GPU, naming the GPU
+        (:func:`tcaudit.costs.cost_note`)."""
+        return cost_note(spec, self.settings.target, key)
 
     def leader(self, rule_id: str) -> "ScriptRule":
         """Rule ``rule_id``, made for these settings, to read its outcome."""

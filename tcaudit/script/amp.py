@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit import gpus
 from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
@@ -669,36 +670,33 @@ class AmpFacts:
         return None
 
     def recommended_precision(
-        self, setting: str, convnet: bool | None = None, gpu: str = "auto", compiled: bool = False
+        self, setting: str, convnet: bool | None = None, gpu: "gpus.Target | None" = None, compiled: bool = False
     ) -> tuple[str, bool, str]:
         """(dtype, needs GradScaler, why) for a TC201 fix under ``precision = setting`` on the target
-        ``gpu`` (the setting); ``convnet`` is the model audit's verdict on the trained model (None: judge
+        ``gpu`` (None: ``auto``, no GPU known); ``convnet`` is the model audit's verdict on the trained model (None: judge
         from the script's text). A GPU without bf16 Tensor Cores (before sm_80: V100, T4) gets fp16 and
         a GradScaler unless the configuration asks for bf16. A constant fill beyond fp16's range makes
         it bf16 whatever the setting: fp16 would raise at that fill. ``compiled``: ``fix --compile``
         compiles every trained model, which changes the convnet recipe (bf16, see ``_precision_choice``)."""
-        dtype, scaler, why = self._precision_choice(setting, convnet, gpu, compiled)
+        target = gpu if gpu is not None else gpus.target(gpus.AUTO)
+        dtype, scaler, why = self._precision_choice(setting, convnet, target, compiled)
         overflow = self.fp16_overflow
         if dtype != HALF or overflow is None:
             return dtype, scaler, why
-        from tcaudit import gpus
-
         call, value = overflow
         what = call.method or call.name or "a fill"
         where = f" at line {self.facts.line_of(call.node)}"
-        target = gpus.resolve(gpu)
-        tail = "" if gpus.has_bf16(gpu) else (
-            f" ({target.label if target else gpu} has no bf16 Tensor Cores: slower, but it trains)")
+        tail = "" if target.has_bf16 else (
+            f" ({target.gpu.label if target.gpu else target.setting} has no bf16 Tensor Cores: slower, but it trains)")
         return BF16, False, (f"`{what}` fills {value:g}{where}, beyond fp16's range (±65,504): under fp16 it "
                              f"raises 'value cannot be converted to type at::Half without overflow', so bf16"
                              f"{tail}")
 
-    def _precision_choice(self, setting: str, convnet: bool | None, gpu: str, compiled: bool) -> tuple[str, bool, str]:
-        from tcaudit import gpus
-
-        if setting == "auto" and not gpus.has_bf16(gpu):
-            target = gpus.resolve(gpu)
-            lacks = f"{target.label if target else gpu} has no bf16 Tensor Cores"
+    def _precision_choice(
+        self, setting: str, convnet: bool | None, target: gpus.Target, compiled: bool
+    ) -> tuple[str, bool, str]:
+        if setting == "auto" and not target.has_bf16:
+            lacks = f"{target.gpu.label if target.gpu else target.setting} has no bf16 Tensor Cores"
             if self.uses_lbfgs or not self.has_optimizer:
                 return BF16, False, (f"{lacks}, but fp16 needs a GradScaler, which cannot drive an LBFGS closure "
                                      "or manual updates: bf16 runs, without Tensor Cores")
@@ -950,7 +948,8 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
 
 
 def autocast_dtype_for(
-    facts: ScriptFacts, precision: str, models: "AuditedModels | None", gpu: str = "auto", compiled: bool = False
+    facts: ScriptFacts, precision: str, models: "AuditedModels | None", gpu: "gpus.Target | None" = None,
+    compiled: bool = False,
 ) -> str:
     """The autocast dtype (``"float16"``/``"bfloat16"``) TC201's fix writes for this script under the
     ``precision`` setting on the target ``gpu``: the convnet recipe where the model audit (or the

@@ -25,11 +25,11 @@ from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 
+from tcaudit.gpus import Target
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.script.amp import (
     BRANCH,
@@ -155,7 +155,8 @@ class _Decision:
 
 
 def _decide(
-    facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu: str = "auto", compiled: bool = False
+    facts: ScriptFacts, precision: str, convnet: bool | None = None, gpu: "Target | None" = None,
+    compiled: bool = False,
 ) -> _Decision | None:
     """Whether TC201 reports this file, and with which recipe; None when it does not. ``convnet`` is the
     model audit's verdict on the trained model (fp16 for a convnet, bf16 where ``compiled``: ``fix
@@ -197,13 +198,13 @@ class MissingAutocast(ScriptRule):
     after = ("TC301", "TC206", "TC305")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context), context.settings.gpu,
+        decision = _decide(facts, context.settings.precision, audited_convnet(facts, context), context.settings.target,
                            context.compiles_trained_models(facts))
         if decision is None:
             yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
-        cost = cost_note(self.spec, context.settings.gpu, "autocast")
+        cost = context.cost(self.spec, "autocast")
         small = little_to_gain(facts, context)  # the same for every step of the file
         for function, steps in decision.uncovered.items():
             first_node = _step_statements(facts, steps[0])[0]

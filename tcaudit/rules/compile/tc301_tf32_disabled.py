@@ -12,11 +12,9 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit import gpus
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import InsertSetting, insert_setting, setting_plan
-from tcaudit.costs import cost_note
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
@@ -39,7 +37,7 @@ class Tf32Disabled(ScriptRule):
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if not gpus.has_tf32(context.settings.gpu):
+        if not context.settings.target.has_tf32:
             return  # TF32 Tensor Cores start with Ampere (sm_80): on a V100 or T4 the setting does nothing
         pipeline = pipeline_facts(facts)
         if not pipeline.owns_cuda_training:
@@ -57,7 +55,7 @@ class Tf32Disabled(ScriptRule):
             return  # only convolutions (DCGAN, a 1x1 conv): cuDNN runs them in TF32 by default, no matmul to speed up
         convnet = bool(models) and all(pipeline.is_convnet(m, context.models) for m in models)
         if convnet:
-            cost = cost_note(self.spec, context.settings.gpu, "convnet")
+            cost = context.cost(self.spec, "convnet")
             message = "fp32 training without TF32 matmuls (a convnet: small gain)"
             explanation = (
                 f"This convnet gains little{cost}, only its linear layers would: `{FIX_CODE}` after the imports."

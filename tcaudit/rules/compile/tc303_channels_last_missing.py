@@ -23,7 +23,6 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
@@ -48,7 +47,7 @@ def planned_autocast(facts: ScriptFacts, context: RuleContext) -> str | None:
     off, nothing to fix, or its fix declined): TC201's outcome on this text, from the engine."""
     if not context.fixable("TC201", facts):
         return None
-    return autocast_dtype_for(facts, context.settings.precision, context.models, context.settings.gpu,
+    return autocast_dtype_for(facts, context.settings.precision, context.models, context.settings.target,
                               context.compiles_trained_models(facts))
 
 
@@ -121,7 +120,7 @@ class ChannelsLastMissing(ScriptRule):
         else:
             return
         reported: set[str] = set()
-        cost = cost_note(self.spec, context.settings.gpu, "resnet50")
+        cost = context.cost(self.spec, "resnet50")
         for model in convnets:
             if model.name in reported:
                 continue

@@ -28,7 +28,6 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, MESSAGE_LIM
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.amp import gradient_penalty_call
 from tcaudit.model_profile import SMALL_STEP_MS
 from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
@@ -85,7 +84,7 @@ class NotCompiled(ScriptRule):
             subject = f"trained model `{name}`"
             explanation = (
                 f"`{code}` (in place, so checkpoint keys stay the same) fuses its elementwise ops and cuts Python "
-                "overhead" + cost_note(self.spec, context.settings.gpu, "compiled")
+                "overhead" + context.cost(self.spec, "compiled")
                 + (f" ({profile.describe()})" if profile is not None else "")
                 + (f"; one of {len(trained)} models trained here, each compiled on its own" if len(trained) > 1 else "")
                 + "." + _graph_note(graphs, self.spec, context)
@@ -132,7 +131,7 @@ def _graph_note(graphs: GraphSafety | None, spec, context: RuleContext) -> str:
             f" The model audit found the step small (its forwards model within {SMALL_STEP_MS:g} ms, or each is "
             "launch-bound), so launches and Python cost about as much as its math: CUDA graphs "
             f"(`{REDUCE_OVERHEAD}`) replay each compiled forward and backward with one launch"
-            + cost_note(spec, context.settings.gpu, "graphs")
+            + context.cost(spec, "graphs")
             + "; every loop that calls the model starts with `torch.compiler.cudagraph_mark_step_begin()`, so one "
             "iteration's outputs and gradients stay valid until the next iteration begins."
         )

@@ -105,7 +105,7 @@ def _why_not(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, contex
         if facts.mentions_gradscaler:
             return _FUSED_SGD_NAN
         if context.fixable("TC201", facts) and autocast_dtype_for(
-            facts, context.settings.precision, context.models, context.settings.gpu,
+            facts, context.settings.precision, context.models, context.settings.target,
             context.compiles_trained_models(facts),
         ) == "float16":
             return f"TC201's fix adds fp16 autocast with a GradScaler, and {_FUSED_SGD_NAN}"

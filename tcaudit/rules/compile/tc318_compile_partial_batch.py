@@ -34,7 +34,6 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, STEP_OR_BACKWARD_CALL
 from tcaudit.script.batch_loops import BatchLoop
@@ -101,7 +100,7 @@ class CompilePartialBatch(ScriptRule):
         companion = not options and _compiled_by_fix(facts, context)
         if not options and not companion:
             return
-        cost = cost_note(self.spec, context.settings.gpu, "recompile")
+        cost = context.cost(self.spec, "recompile")
         seen: set[int] = set()
         for batch in pipeline.batch_loops:
             if not _trains(facts, pipeline, batch, compiled_steps):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from tcaudit.catalog import RuleSpec, load_catalog
+from tcaudit.costs import cost_note
 from tcaudit.findings import Finding, Location, Severity
 from tcaudit.model.cost import CostModel, Cost
 from tcaudit.model.facts import ModelFacts, ModuleFact, OpFact, Site
@@ -38,6 +39,11 @@ class ModelContext:
     # The script that builds this model never puts work on CUDA: no Tensor Core runs these layers where it
     # runs, so the alignment and precision advice is info, not a warning.
     cpu_only: bool = False
+
+    def cost(self, spec: RuleSpec, key: str) -> str:
+        """The figure ``spec``'s rule quotes under ``key`` for the target GPU, naming the GPU
+        (:func:`tcaudit.costs.cost_note`)."""
+        return cost_note(spec, self.settings.target, key)
 
     def display_path(self, path: str) -> str:
         source = self.sources.get(os.path.realpath(path))

@@ -21,7 +21,6 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.costs import cost_note
 from tcaudit.findings import Finding
 from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
@@ -206,7 +205,7 @@ class HiddenWidthLiteral(ScriptRule):
         for width in script_widths(facts):
             if width.rule == self.id:
                 key = "n_multiple_of_4" if width.value % 4 == 0 else "odd_n"
-                cost = cost_note(self.spec, context.settings.gpu, key)
+                cost = context.cost(self.spec, key)
                 effect = f"the GEMMs of {width_layers(facts, width)} miss the fast bf16/fp16 Tensor Core kernels{cost}"
                 what = f"hidden width {width.value}{width_named(width)}"
                 yield width_finding(self, facts, width, what, effect, "units")

@@ -20,7 +20,6 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.costs import cost_note
 from tcaudit.findings import Finding
 from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
@@ -123,7 +122,7 @@ class ChannelWidthLiteral(ScriptRule):
             return  # an opt-in: without it the model audit's findings are the whole report, as before
         for width in script_widths(facts):
             if width.rule == self.id:
-                cost = cost_note(self.spec, context.settings.gpu, "channels")
+                cost = context.cost(self.spec, "channels")
                 effect = f"cuDNN cannot use its fast bf16/fp16 Tensor Core kernels for {width_layers(facts, width)}{cost}"
                 what = f"channel count {width.value}{width_named(width)}"
                 yield width_finding(self, facts, width, what, effect, "channels")

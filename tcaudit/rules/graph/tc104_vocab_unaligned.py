@@ -54,7 +54,6 @@ from typing import Callable, Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.costs import cost_note
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression
@@ -317,7 +316,7 @@ class VocabSizeLiteral(ScriptRule):
             if lit.name in padded_where_built:
                 continue  # the model is built with the size padded (this fix's construction edit)
             by_size.setdefault(size, []).append(lit)
-        cost = cost_note(self.spec, context.settings.gpu, "gpt2_head")
+        cost = context.cost(self.spec, "gpt2_head")
         for size, sites in sorted(by_size.items()):
             if not _feeds_a_softmax_over_rows(facts, size, _size_names(facts, {lit.name for lit in sites})):
                 continue

@@ -10,7 +10,6 @@ from tcaudit.findings import Finding
 from tcaudit.model.cost import LARGE_BATCH, Cost, CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, rnn_gate_gemms, short_dtype
 from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
-from tcaudit.costs import cost_note
 
 HALF = {"bfloat16", "float16"}
 # Measured on one NVIDIA H200, torch 2.11.0+cu130 (benchmarks/results/h200/small_layers.json, "rnn": one
@@ -117,8 +116,8 @@ class RnnSizeUnaligned(ModelRule):
         multiple = "not a multiple" if len(bad) == 1 else "not multiples"
         message = (f"{shown} ({mode} {info['input_size']}→{info['hidden_size']}, {short_dtype(dtype)}) has {sizes}, "
                    f"{multiple} of {align}; pad to {targets}")
-        measured = cost_note(self.spec, context.settings.gpu, "unaligned_hidden")
-        input_only = cost_note(self.spec, context.settings.gpu, "input_only")
+        measured = context.cost(self.spec, "unaligned_hidden")
+        input_only = context.cost(self.spec, "input_only")
         explanation = (
             f"cuDNN's recurrent kernels take their fast Tensor Core path when the sizes are multiples of {align} "
             f"in {short_dtype(dtype)}{measured}. The gain depends on the sizes{input_only}: time a step before "

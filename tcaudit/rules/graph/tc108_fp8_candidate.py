@@ -11,7 +11,7 @@ from tcaudit import gpus
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, percent
-from tcaudit.costs import cost_note, measured
+from tcaudit.costs import measured
 
 HALF = {"bfloat16", "float16"}
 FP8 = {"float8_e4m3fn", "float8_e5m2"}
@@ -35,7 +35,7 @@ def large(op: OpFact) -> bool:
 def target_arch(context: ModelContext) -> int | None:
     """The target GPU's architecture number (90 for ``sm_90``); with ``gpu = "auto"`` and none
     detected, that of the GPU the cost table was measured on, as the rest of the model audit assumes."""
-    arch = gpus.architecture(context.settings.gpu)
+    arch = context.settings.target.arch
     if arch == gpus.AUTO:
         arch = context.cost.gpu_key
     try:
@@ -86,16 +86,16 @@ class Fp8Candidate(ModelRule):
         dtype = short_dtype(context.cost.dtype(largest))
         gpu = context.settings.gpu
         info = largest.info
-        entry = measured(self.spec, gpu)
+        entry = measured(self.spec, context.settings.target)
         if entry and "speedup" in entry:
             figure = f"FP8 ran them {entry['speedup']} faster ({entry.get('gpu', gpu)})"
         else:
-            target = gpus.resolve(gpu)
+            target = context.settings.target.gpu
             figure = f"FP8 may run them faster (not measured on {target.name if target else gpu})"
         message = (f"≥{MIN_DIM}³ {dtype} GEMMs do {percent(share)} of GEMM FLOPs: {figure}; "
                    "needs TE/torchao.float8 fused casts")
-        faster = cost_note(self.spec, context.settings.gpu, "gemm")
-        naive = cost_note(self.spec, context.settings.gpu, "naive")
+        faster = context.cost(self.spec, "gemm")
+        naive = context.cost(self.spec, "naive")
         explanation = (
             f"FP8 Tensor Cores run GEMMs this large faster than {dtype}{faster}, but quantizing both operands in "
             f"separate kernels every step eats most of the gain{naive}: train with TransformerEngine (`te.Linear` "

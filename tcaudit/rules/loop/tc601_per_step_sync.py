@@ -23,7 +23,6 @@ from tcaudit.script.distributed import (
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.rules.base import RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.steps import runs_every_step
 from tcaudit.source.syntax import expression_chain, nodes_of
 
@@ -281,7 +280,7 @@ class PerStepSync(ScriptRule):
         if not (facts.uses_cuda or facts.uses_accelerator):
             return  # a CPU-only script: the host is the device, there is nothing to wait for
         tensors = _Tensors(facts)
-        cost = cost_note(self.spec, context.settings.gpu, "per_step")
+        cost = context.cost(self.spec, "per_step")
         for call in facts.calls:
             described = self._sync(facts, info, tensors, call)
             if described is None or in_test_code(call.ctx):

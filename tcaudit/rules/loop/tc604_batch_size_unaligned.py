@@ -14,7 +14,6 @@ import libcst as cst
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.costs import cost_note
 from tcaudit.rules.base import RuleContext, ScriptRule
 
 ALIGNMENT = 8
@@ -40,7 +39,7 @@ class BatchSizeUnaligned(ScriptRule):
         info = distributed_facts(facts)
         if not facts.uses_accelerator or not info.step_calls or _SEQUENCE_MODEL.search(info.text):
             return
-        cost = cost_note(self.spec, context.settings.gpu, "batch")
+        cost = context.cost(self.spec, "batch")
         for node, where in self._literals(facts, info):
             value = literal_value(node)
             if not _unaligned(value):

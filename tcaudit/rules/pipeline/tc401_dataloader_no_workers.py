@@ -19,7 +19,6 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
@@ -32,7 +31,7 @@ class DataLoaderNoWorkers(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        cost = cost_note(self.spec, context.settings.gpu, "workers")
+        cost = context.cost(self.spec, "workers")
         for site in loaders_without_workers(pipeline):
             yield self.finding(
                 facts,

@@ -22,7 +22,6 @@ from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -58,7 +57,7 @@ class CpuImageDecode(ScriptRule):
         pipeline = pipeline_facts(facts)
         if not pipeline.uses_cuda or not pipeline.trains:
             return
-        cost = cost_note(self.spec, context.settings.gpu, "decode")
+        cost = context.cost(self.spec, "decode")
         for call in facts.calls:
             qual = call.qualname or ""
             if qual in FOLDER_DATASETS:

@@ -33,7 +33,6 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE
 from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -628,7 +627,7 @@ class D2HNonBlockingRead(ScriptRule):
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if "torch" not in facts.imported_roots() or not facts.uses_cuda:
             return
-        cost = cost_note(self.spec, context.settings.gpu, "wrong_reads")
+        cost = context.cost(self.spec, "wrong_reads")
         for call in facts.calls:
             if call.method not in ("to", "copy_"):
                 continue

@@ -31,7 +31,6 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.costs import cost_note
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -95,7 +94,7 @@ class ImagesNormalizedOnHost(ScriptRule):
         pipeline = pipeline_facts(facts)
         if not pipeline.uses_cuda or not pipeline.trains:
             return
-        cost = cost_note(self.spec, context.settings.gpu, "bytes")
+        cost = context.cost(self.spec, "bytes")
         parents = parent_map(facts.module)
         for call in facts.calls:
             if call.qualname != _TRANSFORMS + "ToTensor":
