@@ -39,8 +39,7 @@ from tcaudit.source.parsing import (
 )
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
-from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
-from tcaudit.unused_suppressions import Usage, rules_that_ran, unused_suppressions
+from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION, Usage, rules_that_ran, unused_suppressions
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from typing import Callable, Sequence
@@ -48,7 +47,7 @@ if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them
     from tcaudit.cache import ScanCache
     from tcaudit.model import ModelAuditResult
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.rules.graph.model_rule import ModelRule
+    from tcaudit.rules.base import ModelRule
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import ScriptRule
     from tcaudit.rules.registry import LazyRule
@@ -597,7 +596,7 @@ def report(
     """The model rules' findings on each model's facts, into ``result`` (an internal error in one rule
     costs only its findings), with the notes the capture left."""
     from tcaudit.model.cost import CostModel
-    from tcaudit.rules.graph.model_rule import ModelContext
+    from tcaudit.rules.base import ModelContext
 
     by_path = {os.path.realpath(str(source.path)): source for source in sources}
     seen: set[tuple] = set()

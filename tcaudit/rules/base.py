@@ -9,9 +9,11 @@ the codemod only performs that edit. So ``scan`` promises exactly what ``fix`` d
 
 from __future__ import annotations
 
+import linecache
+import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -24,8 +26,11 @@ from tcaudit.source.triggers import triggers_under
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
+    from tcaudit.model.cost import Cost, CostModel
+    from tcaudit.model.facts import ModelFacts, OpFact, Site
     from tcaudit.model_profile import AuditedModels
     from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import SourceFile
 
 @dataclass(frozen=True)
 class RuleContext:
@@ -327,3 +332,140 @@ def defined_in(module, base: type) -> list[type]:
 
 def dotted(node: cst.CSTNode | None) -> str | None:
     return get_full_name_for_node(node) if node is not None else None
+
+
+# -- the model rules (TC1): checks over what the model audit measured ------------------------------------
+MINOR_SHARE = 0.01  # below 1% of the model's FLOPs (or time) a finding is info, whatever its rule
+
+
+@dataclass
+class ModelContext:
+    """What a model rule may use besides the facts: settings, the cost model, and the scanned files."""
+
+    settings: "Settings"
+    facts: ModelFacts
+    cost_model: CostModel
+    sources: dict[str, "SourceFile"] = field(default_factory=dict)  # resolved absolute path → file
+    # The script that builds this model never puts work on CUDA: no Tensor Core runs these layers where it
+    # runs, so the alignment and precision advice is info, not a warning.
+    cpu_only: bool = False
+
+    def cost(self, spec: RuleSpec, key: str) -> str:
+        """The figure ``spec``'s rule quotes under ``key`` for the target GPU, naming the GPU
+        (:func:`tcaudit.costs.cost_note`)."""
+        return cost_note(spec, self.settings.target, key)
+
+    def display_path(self, path: str) -> str:
+        source = self.sources.get(os.path.realpath(path))
+        if source is not None:
+            return source.display_path
+        try:
+            return os.path.relpath(path).replace(os.sep, "/") if not os.path.relpath(path).startswith("..") else path
+        except ValueError:
+            return path
+
+    def line_text(self, path: str, line: int) -> str:
+        source = self.sources.get(os.path.realpath(path))
+        if source is not None:
+            return source.line_text(line)
+        return linecache.getline(path, line).rstrip("\n")
+
+    def target_site(self) -> Site:
+        """Where the model itself was constructed (or named, for a configured factory)."""
+        from tcaudit.model.facts import Site  # the model package loads only where a model was audited
+
+        target = self.facts.target
+        construction = target.get("construction") or {}
+        if self.facts.construction is not None and target.get("kind") == "factory":
+            return self.facts.construction
+        return Site(
+            target.get("path", ""),
+            int(construction.get("line", 1)),
+            int(construction.get("column", 1)),
+            int(construction.get("end_line", construction.get("line", 1))),
+            int(construction.get("end_column", 0)),
+        )
+
+    def module_site(self, path: str | None) -> Site | None:
+        """The construction line of a module, or of its nearest ancestor that has one."""
+        while path is not None:
+            module = self.facts.module(path)
+            if module is not None and module.site is not None:
+                return module.site
+            if not path:
+                break
+            path = path.rpartition(".")[0]
+        return None
+
+    def op_site(self, op: OpFact) -> Site:
+        """Where to report an op: the construction of the torch.nn layer that ran it; for code in the
+        user's own forward (a matmul, a cast), the line that ran it."""
+        module = self.facts.module(op.module)
+        if module is not None and module.builtin and module.site is not None:
+            return module.site
+        if op.site is not None:
+            return op.site
+        return self.module_site(op.module) or self.target_site()
+
+
+class ModelRule:
+    """A check over one model's :class:`~tcaudit.model.facts.ModelFacts` (plain data from the audit child,
+    never torch): the TC1 rules' half over what the model audit measured. The engine runs it
+    (:func:`tcaudit.engine.run_model_audit`); a rule with a script half defines both classes in its module."""
+
+    id: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.spec: RuleSpec = load_catalog()[self.id]
+
+    def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
+        raise NotImplementedError
+
+    def severity_for(self, cost: Cost | None) -> Severity:
+        """The catalog severity, lowered to info when the layer is under 1% of the model's FLOPs or
+        runs within a kernel launch, fixed or not (a launch-bound step gains nothing from padding it)."""
+        if cost is not None and cost.launch_bound:
+            return Severity.INFO
+        if cost is not None:
+            share = cost.flop_share if cost.flop_share is not None else cost.time_share
+            if share < MINOR_SHARE:
+                return Severity.INFO
+        return self.spec.severity
+
+    def finding(
+        self,
+        context: ModelContext,
+        site: Site,
+        message: str,
+        *,
+        cost: Cost | None = None,
+        severity: Severity | None = None,
+        details: dict[str, Any] | None = None,
+        explanation: str = "",
+    ) -> Finding:
+        path = context.display_path(site.path)
+        end_line = site.end_line or site.line
+        end_column = site.end_column if site.end_column else len(context.line_text(site.path, end_line)) + 1
+        data: dict[str, Any] = {"model": context.facts.model_class or context.facts.target.get("label", "")}
+        if details:
+            data.update(details)
+        if cost is not None:
+            data.update(cost.details())
+            data["cost_source"] = context.cost_model.source
+        severity = severity if severity is not None else self.severity_for(cost)
+        if context.cpu_only:
+            severity = Severity.INFO
+            data["script_uses_cuda"] = False
+            explanation = " ".join(filter(None, (
+                explanation, "Info: the script that builds this model never uses CUDA, so no GPU runs it there.")))
+        return Finding(
+            rule=self.id,
+            name=self.spec.name,
+            severity=severity,
+            location=Location(path, site.line, site.column, end_line, max(end_column, 1)),
+            message=message,
+            details=data,
+            source_line=context.line_text(site.path, site.line),
+            scope=context.facts.model_class,
+            explanation=explanation,
+        )

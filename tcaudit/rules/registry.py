@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tcaudit.config import Settings
     from tcaudit.model_profile import AuditedModels
     from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-    from tcaudit.rules.graph.model_rule import ModelRule
+    from tcaudit.rules.base import ModelRule
 
 # One trigger as the table stores it: a regex, or the parts of an ``all_of`` regex (so that the
 # engine can check them part by part, as it does for the rule's own).
@@ -105,7 +105,7 @@ def context(
 def model_rules(settings: "Settings") -> "list[ModelRule]":
     """The model rules ``settings`` enables, made, sorted by id: only their modules are imported."""
     from tcaudit.rules.base import defined_in
-    from tcaudit.rules.graph.model_rule import ModelRule
+    from tcaudit.rules.base import ModelRule
 
     enabled = set(settings.enabled_rules())
     rules = []
@@ -177,10 +177,10 @@ def discover_codemods() -> "dict[str, type[Codemod]]":
 
 
 def discover_model_rules() -> "dict[str, type[ModelRule]]":
-    """Every rule module's :class:`~tcaudit.rules.graph.model_rule.ModelRule` subclass (the TC1 rules'
+    """Every rule module's :class:`~tcaudit.rules.base.ModelRule` subclass (the TC1 rules'
     halves over the model audit's facts), by rule id."""
     from tcaudit.rules.base import defined_in
-    from tcaudit.rules.graph.model_rule import ModelRule
+    from tcaudit.rules.base import ModelRule
 
     found: dict[str, type[ModelRule]] = {}
     for module in rule_modules():

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from tcaudit.findings import MESSAGE_LIMIT, Finding
 from tcaudit.model.facts import ModelFacts
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule
+from tcaudit.rules.base import ModelContext, ModelRule
 
 _UNDEFINED = re.compile(r"name '([^']+)' is not defined")
 # Where a reason names the exception that stopped the build: the message starts there,

@@ -25,16 +25,9 @@ from tcaudit.findings import Finding
 from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
 from tcaudit.rules.graph.literals import pad_literals
-from tcaudit.rules.graph.model_rule import (
-    ModelContext,
-    ModelRule,
-    attention_core,
-    describe_modules,
-    group_by_site,
-    impact_text,
-)
+from tcaudit.rules.graph.model_reports import attention_core, describe_modules, group_by_site, impact_text
 from tcaudit.rules.graph.widths import one_width_finding, script_widths, width_finding, width_layers, width_named
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
@@ -95,7 +88,7 @@ class GemmDimUnaligned(ModelRule):
     id = "TC101"
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
-        cost = context.cost
+        cost = context.cost_model
         vocab = vocab_sizes(facts)
         flagged = []
         for op in facts.ops_of("gemm"):
@@ -140,7 +133,7 @@ class GemmDimUnaligned(ModelRule):
             )
 
     def _report(self, context: ModelContext, site, ops: list[OpFact], vocab: set[int]) -> Finding:
-        cost = context.cost
+        cost = context.cost_model
         first = ops[0]
         k, n, m, dtype = first.info["k"], first.info["n"], first.info["m"], cost.dtype(first)
         bad = unaligned_dims(first, cost, vocab)
@@ -173,7 +166,7 @@ class GemmDimUnaligned(ModelRule):
         dims = " and ".join(f"{name}={dim}" for name, dim in bad)
         pads = ", ".join(f"{name} {dim}→{suggest(dim, dtype)}" for name, dim in bad)
         align = alignment_elements(dtype)
-        device = context.cost.device_name
+        device = context.cost_model.device_name
         multiple = "not a multiple" if len(bad) == 1 else "not multiples"
         message = f"{shown} ({layer}) runs a {short_dtype(dtype)} GEMM with {dims}, {multiple} of {align}; pad {pads}"
         explanation = (

@@ -24,9 +24,9 @@ from tcaudit.findings import Finding
 from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
 from tcaudit.rules.graph.literals import pad_literals
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
 from tcaudit.rules.graph.widths import one_width_finding, script_widths, width_finding, width_layers, width_named
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
@@ -48,7 +48,7 @@ class ConvChannelsUnaligned(ModelRule):
     id = "TC102"
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
-        cost = context.cost
+        cost = context.cost_model
         flagged = [op for op in facts.ops_of("conv") if reported_channels(op, cost)]
         for site, ops in group_by_site(context, flagged, lambda op: (op.info["c_in"], op.info["c_out"], op.dtype)):
             first = ops[0]
@@ -101,7 +101,7 @@ class ConvChannelsUnaligned(ModelRule):
         message = f"{shown} ({layer} {info['c_in']}→{info['c_out']}) has {counts}, not a multiple of {align}; pad {pads}"
         explanation = (
             f"cuDNN cannot use its fast {short_dtype(dtype)} Tensor Core kernels "
-            f"(~{context.cost.conv_penalty():.1f}× slower on {context.cost.device_name})"
+            f"(~{context.cost_model.conv_penalty():.1f}× slower on {context.cost_model.device_name})"
         )
         return message, explanation + (f" [{impact}]" if impact else "") + "."
 

@@ -6,7 +6,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 
 class StemConvChannels(ModelRule):
@@ -17,7 +18,7 @@ class StemConvChannels(ModelRule):
                  and not op.info.get("transposed")]
         for site, ops in group_by_site(context, stems, lambda op: (op.info["c_in"], op.info["c_out"])):
             first = ops[0]
-            estimate = context.cost.compute_cost(ops, 1.0)
+            estimate = context.cost_model.compute_cost(ops, 1.0)
             shown, module_details = describe_modules(ops)
             yield self.finding(
                 context,

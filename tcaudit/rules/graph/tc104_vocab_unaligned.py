@@ -57,7 +57,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression
-from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
 from tcaudit.rules.graph.logits_reads import (
     LogitsRead,
     Untraceable,
@@ -69,7 +69,7 @@ from tcaudit.rules.graph.logits_reads import (
     size_reads,
     trace_logits,
 )
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, impact_text
+from tcaudit.rules.graph.model_reports import impact_text
 from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
@@ -119,7 +119,7 @@ class VocabUnaligned(ModelRule):
                 yield self._report(context, rows, paths, heads)
 
     def _report(self, context: ModelContext, rows: int, embedding_paths: list[str], heads: list[OpFact]) -> Finding:
-        cost = context.cost
+        cost = context.cost_model
         facts = context.facts
         dtype = cost.dtype(heads[0]) if heads else facts.compute_dtype
         padded = -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE

@@ -7,7 +7,8 @@ from typing import Iterator
 from tcaudit.findings import Finding
 from tcaudit.model.cost import alignment_elements
 from tcaudit.model.facts import ModelFacts
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, attention_core, impact_text
+from tcaudit.rules.graph.model_reports import attention_core, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 
 class BatchUnaligned(ModelRule):
@@ -16,7 +17,7 @@ class BatchUnaligned(ModelRule):
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
         if facts.input.get("assumed"):
             return  # the batch (or sequence) is the audit's guess, not the script's choice
-        cost = context.cost
+        cost = context.cost_model
         by_m: dict[int, list] = {}
         aligned_ms: set[int] = set()
         for op in facts.ops_of("gemm"):

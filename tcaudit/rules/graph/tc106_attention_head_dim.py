@@ -7,7 +7,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 MAX_HEAD_DIM = 256
 
@@ -22,7 +23,7 @@ class AttentionHeadDim(ModelRule):
     id = "TC106"
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
-        cost = context.cost
+        cost = context.cost_model
         groups: dict[tuple, list] = {}
         for op in facts.ops_of("sdpa"):
             head = op.info["head_dim"]
@@ -83,8 +84,8 @@ class AttentionHeadDim(ModelRule):
         width = f" ({heads} heads × {head})" if heads else ""
         explanation = (
             f"Head dim {head}{width} is {reason}: the flash-attention kernels refuse it and "
-            f"scaled_dot_product_attention falls back to a slower kernel (~{context.cost.sdpa_penalty():.1f}× slower "
-            f"on {context.cost.device_name}); use a head dim of {suggested_head_dim(head)} (fewer, wider heads, "
+            f"scaled_dot_product_attention falls back to a slower kernel (~{context.cost_model.sdpa_penalty():.1f}× slower "
+            f"on {context.cost_model.device_name}); use a head dim of {suggested_head_dim(head)} (fewer, wider heads, "
             f"or pad the head dim)"
         )
         if impact:

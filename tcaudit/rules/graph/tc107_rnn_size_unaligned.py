@@ -9,7 +9,8 @@ from typing import Iterator
 from tcaudit.findings import Finding
 from tcaudit.model.cost import LARGE_BATCH, Cost, CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, rnn_gate_gemms, short_dtype
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 HALF = {"bfloat16", "float16"}
 # Measured on one NVIDIA H200, torch 2.11.0+cu130 (benchmarks/results/h200/small_layers.json, "rnn": one
@@ -86,7 +87,7 @@ class RnnSizeUnaligned(ModelRule):
     id = "TC107"
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
-        cost = context.cost
+        cost = context.cost_model
         flagged: list[OpFact] = []
         for op in facts.ops_of("rnn"):
             if not op.info.get("batch") or op.flops <= 0:
@@ -102,7 +103,7 @@ class RnnSizeUnaligned(ModelRule):
             yield self._report(context, site, ops)
 
     def _report(self, context: ModelContext, site, ops: list[OpFact]) -> Finding:
-        cost = context.cost
+        cost = context.cost_model
         first = ops[0]
         info, dtype = first.info, first.dtype
         bad = unaligned_sizes(first, dtype, cost)

@@ -10,7 +10,8 @@ from typing import Iterator
 from tcaudit import gpus
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, percent
+from tcaudit.rules.graph.model_reports import percent
+from tcaudit.rules.base import ModelContext, ModelRule
 from tcaudit.costs import measured
 
 HALF = {"bfloat16", "float16"}
@@ -37,7 +38,7 @@ def target_arch(context: ModelContext) -> int | None:
     detected, that of the GPU the cost table was measured on, as the rest of the model audit assumes."""
     arch = context.settings.target.arch
     if arch == gpus.AUTO:
-        arch = context.cost.gpu_key
+        arch = context.cost_model.gpu_key
     try:
         return gpus.arch_number(arch)
     except ValueError:
@@ -64,7 +65,7 @@ class Fp8Candidate(ModelRule):
             return
         if facts.input.get("assumed", True):
             return  # M is batch × tokens: with a guessed batch or sequence the sizes are the audit's, not the script's
-        cost = context.cost
+        cost = context.cost_model
         gemms = [op for op in facts.ops_of("gemm") if op.flops > 0]
         total = sum(op.flops for op in gemms)
         if not total or any(op.dtype in FP8 for op in facts.ops):
@@ -83,7 +84,7 @@ class Fp8Candidate(ModelRule):
 
     def _report(self, context: ModelContext, facts: ModelFacts, big: list[OpFact], share: float) -> Finding:
         largest = max(big, key=lambda op: op.flops)
-        dtype = short_dtype(context.cost.dtype(largest))
+        dtype = short_dtype(context.cost_model.dtype(largest))
         gpu = context.settings.gpu
         info = largest.info
         entry = measured(self.spec, context.settings.target)
@@ -106,7 +107,7 @@ class Fp8Candidate(ModelRule):
         details = {
             "flop_share_large_gemms": round(share, 4),
             "gemms": len(big),
-            "dtype": context.cost.dtype(largest),
+            "dtype": context.cost_model.dtype(largest),
             "largest": {"module": largest.module or "", "m": info["m"], "n": info["n"], "k": info["k"],
                         "line": site.line},
             "min_dim": MIN_DIM,

@@ -6,7 +6,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Severity
 from tcaudit.model.facts import DTYPE_BYTES, ModelFacts, OpFact, short_dtype
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 
 class RedundantCast(ModelRule):
@@ -38,7 +39,7 @@ class RedundantCast(ModelRule):
             bytes_moved = sum(
                 2 * b.info["numel"] * (DTYPE_BYTES.get(start, 4) + DTYPE_BYTES.get(middle, 4)) for _, b in pairs
             )
-            estimate = context.cost.memory_cost(bytes_moved)
+            estimate = context.cost_model.memory_cost(bytes_moved)
             shown, module_details = describe_modules([second for _, second in pairs])
             wider = DTYPE_BYTES.get(middle, 4) > DTYPE_BYTES.get(start, 4)
             effect = "gives back the same values" if wider else f"can only lose precision through {short_dtype(middle)}"

@@ -7,7 +7,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts, short_dtype
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 WIDE = {"float32", "float64"}
 
@@ -16,7 +17,7 @@ class Fp32Gemm(ModelRule):
     id = "TC111"
 
     def check(self, facts: ModelFacts, context: ModelContext) -> Iterator[Finding]:
-        cost = context.cost
+        cost = context.cost_model
         target = facts.compute_dtype if facts.compute_dtype in ("bfloat16", "float16") else "bfloat16"
         wide = [op for op in facts.ops_of("gemm", "conv", "sdpa") if cost.dtype(op) in WIDE and op.flops > 0]
         for site, ops in group_by_site(context, wide, lambda op: (op.dtype, op.op)):

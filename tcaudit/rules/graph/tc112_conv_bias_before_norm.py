@@ -6,7 +6,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.model.facts import DTYPE_BYTES, ModelFacts
-from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, describe_modules, group_by_site, impact_text
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
+from tcaudit.rules.base import ModelContext, ModelRule
 
 
 class ConvBiasBeforeNorm(ModelRule):
@@ -24,8 +25,8 @@ class ConvBiasBeforeNorm(ModelRule):
         for site, group in group_by_site(context, convs):
             first = group[0]
             norm = norm_of[first.index]
-            size = DTYPE_BYTES.get(context.cost.dtype(first), 2)
-            estimate = context.cost.memory_cost(sum(2 * size * conv.info.get("out_numel", 0) for conv in group))
+            size = DTYPE_BYTES.get(context.cost_model.dtype(first), 2)
+            estimate = context.cost_model.memory_cost(sum(2 * size * conv.info.get("out_numel", 0) for conv in group))
             shown, module_details = describe_modules(group)
             message, explanation = self._message(shown, first.module_type or first.op, norm.module, impact_text(estimate))
             yield self.finding(
