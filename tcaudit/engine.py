@@ -458,6 +458,15 @@ def scan_text(
     )
 
 
+def silenced(finding: Finding, settings: Settings, usage: Usage) -> bool:
+    """Whether the config's per-file-ignores (for the finding's file) or a suppression comment of the
+    file (``usage``, which records the comments that silenced something) silence ``finding``: the one
+    filter scan's reports and the fix engine's analyses apply."""
+    if any(matches_selector(finding.rule, s) for s in settings.ignored_for(finding.location.path)):
+        return True
+    return usage.suppress(finding)
+
+
 def kept_findings(
     findings: list[Finding],
     displays: list[str],
@@ -482,13 +491,9 @@ def kept_findings(
         return usage_of[path]
 
     for finding in findings:
-        path = finding.location.path
         if finding.rule not in enabled:
             continue
-        if any(matches_selector(finding.rule, s) for s in settings.ignored_for(path)):
-            suppressed += 1
-            continue
-        if usage(path).suppress(finding):
+        if silenced(finding, settings, usage(finding.location.path)):
             suppressed += 1
             continue
         kept.append(finding)

@@ -14,7 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Sequence
 
 from tcaudit.findings import Finding
-from tcaudit.rewrite.textedits import edits_between, line_map
+from tcaudit.rewrite.textedits import edits_between, position_map
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -60,13 +60,20 @@ def _after_leader(
     rule: "ScriptRule",
     context: "RuleContext",
 ) -> str | None:
-    """The text after the leader's fixes and then this finding's own, made from the leader's text."""
+    """The text after the leader's fixes (``context.fixed_by``: the one place that makes it) and then this
+    finding's own, made from the leader's text: the rule's finding there on the node this finding's node
+    became (:func:`~tcaudit.rewrite.textedits.position_map`: the leader may re-indent the statement under
+    a new ``with``, or add a keyword to the same call), never a finding picked by its line's text."""
     if after is None:
         return None
     from tcaudit.rules.base import fixed_text
 
-    line = line_map(facts.source.text, after.source.text).get(finding.location.line)
-    key = _line_key(finding.source_line)
+    where = position_map(facts.source.text, after.source.text)
+    location = finding.location
+    start = where(location.line, location.column)
+    end = where(location.end_line, location.end_column - 1) if location.end_column > 1 else None
+    if start is None:
+        return None
     try:
         found = [
             f for f in rule.check(after, context)
@@ -74,18 +81,14 @@ def _after_leader(
         ]
     except Exception:  # noqa: BLE001 - the finding stands without edits
         return None
-    # The same statement in the leader's text: by its text (the leader may re-indent it, under a new
-    # ``with``), the nearest to where its line went when the text repeats; by the line itself when
-    # the leader's edit changed that line (a keyword added to the same call).
-    candidates = [f for f in found if _line_key(f.source_line) == key] or [f for f in found if f.location.line == line]
-    if len(candidates) > 1 and line is not None:
-        distance = sorted(abs(f.location.line - line) for f in candidates)
-        if distance[0] < distance[1]:
-            candidates = [f for f in candidates if abs(f.location.line - line) == distance[0]]
+    # The node where this finding's node went; else the one node inside it (the leader's fix may give
+    # the follower a new node to stand on there: TC504 at the sampler TC503 put into the loader's call).
+    candidates = [f for f in found if (f.location.line, f.location.column) == start]
+    if len(candidates) > 1:  # nodes that start at one place (a call and its callee): the one that ends there too
+        candidates = [f for f in candidates if (f.location.end_line, f.location.end_column - 1) == end]
+    if not candidates and end is not None:
+        candidates = [f for f in found if start <= (f.location.line, f.location.column)
+                      and (f.location.end_line, f.location.end_column - 1) <= end]
     if len(candidates) != 1:
         return None
     return fixed_text(after, candidates, rule, context.settings)
-
-
-def _line_key(line: str) -> str:
-    return " ".join(line.split())

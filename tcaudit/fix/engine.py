@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tcaudit.config import Settings
-from tcaudit.catalog import matches_selector
-from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules
+from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules, silenced
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
 from tcaudit.source.parsing import SourceError, SourceFile, decode_source
 from tcaudit.source.suppressions import directives
 from tcaudit.structural import companion_enabled
+from tcaudit.unused_suppressions import Usage
 
 # LibCST, the rules and the codemods load with the first file that has to be fixed: a fix answered
 # from the cache needs none of them (BENCHMARKS.md, "Fix speed").
@@ -134,12 +134,8 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
                                              unplanned=unplanned)
     if errors:
         raise FixAnalysisError(errors[0].splitlines()[0])
-    ignored = settings.ignored_for(display)
-    found = directives(text)
-    return facts, [
-        f for f in findings
-        if not found.suppresses(f) and not any(matches_selector(f.rule, s) for s in ignored)
-    ]
+    usage = Usage(directives(text))
+    return facts, [f for f in findings if not silenced(f, settings, usage)]
 
 
 class FixAnalysisError(Exception):
@@ -161,14 +157,6 @@ def fix_enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[s
 def _decline_key(finding: Finding) -> tuple[str, str, str]:
     """Identifies a finding across rounds: lines shift as fixes insert code, the line's text does not."""
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
-
-
-def keep_lone_cr(original: str, new: str) -> str:
-    """LibCST's code for a file whose lines end in a lone CR (classic Mac OS) drops the last one:
-    put it back, so that an unchanged file stays byte for byte and a fixed one keeps its ending."""
-    if original.endswith("\r") and not original.endswith("\r\n") and new and not new.endswith("\r"):
-        return new + "\r"
-    return new
 
 
 def _parsed(code: str, display: str) -> "tuple[cst.Module | None, str | None]":
@@ -439,33 +427,12 @@ class _Run:
                 return self._codemod(facts, findings, rule_id)
             finally:
                 self.declined = declined
-        from tcaudit.rewrite.codemod import FixContext
-        from tcaudit.findings import DeclineFix
-        from tcaudit.script.guards import structural_refusal
+        from tcaudit.rules.base import Refused, made_by
 
         try:
-            new_module = self.codemods[rule_id].apply(facts.module, findings, FixContext(facts, self.settings))
-            new_text = keep_lone_cr(facts.source.text, new_module.code)
-        except DeclineFix as exc:
-            return self._refuse(findings, str(exc))
-        except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes
-            return self._refuse(findings, f"internal error in the {rule_id} fix: {exc!r}")
-        if new_text == facts.source.text:
-            return new_text, new_module
-        try:
-            compile(new_text, self.display, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as exc:
-            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return self._refuse(findings, f"the rewrite did not compile ({problem}); left unchanged")
-        problem = self.cells_problem(new_text)
-        if problem is not None:
-            return self._refuse(findings, f"{problem}; left unchanged")
-        # The statements of the codemod's tree are those of its text (LibCST parses the text the
-        # round keeps, once: ``parse``).
-        refusal = structural_refusal(facts.module, new_module)
-        if refusal is not None:
-            return self._refuse(findings, refusal)
-        return new_text, new_module
+            return made_by(self.codemods[rule_id], facts, findings, self.settings, rule_id, self.cells_problem)
+        except Refused as refused:
+            return self._refuse(findings, refused.reason)
 
     def cells_problem(self, text: str) -> str | None:
         """In a notebook, why ``text`` cannot be written back into its cells (a fix that spans them);

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import difflib
 import re
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from tcaudit.findings import TextEdit
 
@@ -138,3 +138,51 @@ def line_map(old: str, new: str) -> dict[int, int]:
             else:  # deleted
                 out[index + 1] = min(j1 + 1, max(len(new_lines), 1))
     return out
+
+
+def keep_lone_cr(original: str, new: str) -> str:
+    """LibCST's code for a file whose lines end in a lone CR (classic Mac OS) drops the last one:
+    put it back, so that an unchanged file stays byte for byte and a fixed one keeps its ending."""
+    if original.endswith("\r") and not original.endswith("\r\n") and new and not new.endswith("\r"):
+        return new + "\r"
+    return new
+
+
+def position_map(old: str, new: str) -> "Callable[[int, int], tuple[int, int] | None]":
+    """``where(line, column)``: where the character at that 1-based position of ``old`` stands in ``new``
+    after an edit, or None where the edit replaced it. Unchanged lines move as a whole; inside a run of
+    changed lines the characters are aligned one by one, so a statement a fix re-indents (under a new
+    ``with``) or extends (a keyword added to its call) keeps its place: how a rule's finding on ``old``
+    is found again among its findings on ``new``, by its node's position, whatever its line now reads."""
+    old_at, new_at = _Lines(old), _Lines(new)
+    shifts: list[tuple[int, int, "Callable[[int], int | None]"]] = []  # (old start, old end, offset map)
+    matcher = difflib.SequenceMatcher(None, source_lines(old), source_lines(new), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        start, end = old_at.starts[i1], old_at.starts[i2]
+        new_start = new_at.starts[j1]
+        if tag == "equal":
+            shifts.append((start, end, lambda offset, delta=new_start - start: offset + delta))
+        elif tag == "replace":
+            blocks = difflib.SequenceMatcher(
+                None, old[start:end], new[new_start:new_at.starts[j2]], autojunk=False).get_matching_blocks()
+
+            def inside(offset: int, start=start, new_start=new_start, blocks=blocks) -> int | None:
+                for a, b, size in blocks:
+                    if a <= offset - start < a + size:
+                        return new_start + b + (offset - start - a)
+                return None
+
+            shifts.append((start, end, inside))
+
+    def where(line: int, column: int) -> tuple[int, int] | None:
+        try:
+            offset = old_at.offset(line, column)
+        except ValueError:
+            return None
+        for start, end, moved in shifts:
+            if start <= offset < end:
+                found = moved(offset)
+                return new_at.position(found) if found is not None else None
+        return None
+
+    return where

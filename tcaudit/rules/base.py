@@ -275,31 +275,65 @@ _CODEMODS: dict[str, "Codemod | None"] = {}
 _MISSING = object()
 
 
+class Refused(Exception):
+    """A fix that cannot be made on this text: the codemod declined or failed, or its text does not
+    compile or breaks the structure (``reason`` says which, as ``tcaudit fix`` reports it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def made_by(
+    codemod: Codemod,
+    facts: "ScriptFacts",
+    findings: "Sequence[Finding]",
+    settings: "Settings",
+    rule_id: str,
+    check: "Callable[[str], str | None] | None" = None,
+) -> "tuple[str, cst.Module]":
+    """(text, module) after ``codemod`` fixes ``findings`` of ``facts``, behind the one safety net that
+    ``tcaudit fix`` and scan's edits share: the text compiles, passes ``check`` (``fix``'s: a notebook's
+    cells can hold it) and keeps the file's structure (no unreachable code, no name used before its
+    import). Raises :class:`Refused` with the reason otherwise."""
+    from tcaudit.rewrite.textedits import keep_lone_cr
+    from tcaudit.script.guards import structural_refusal
+
+    try:
+        module = codemod.apply(facts.module, list(findings), FixContext(facts, settings))
+        text = keep_lone_cr(facts.source.text, module.code)
+    except DeclineFix as exc:
+        raise Refused(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the other fixes
+        raise Refused(f"internal error in the {rule_id} fix: {exc!r}") from None
+    if text == facts.source.text:
+        return text, module
+    try:
+        compile(text, facts.source.display_path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise Refused(f"the rewrite did not compile ({problem}); left unchanged") from None
+    problem = check(text) if check is not None else None
+    if problem is not None:
+        raise Refused(f"{problem}; left unchanged")
+    refusal = structural_refusal(facts.module, module)
+    if refusal is not None:
+        raise Refused(refusal)
+    return text, module
+
+
 def fixed_text(
     facts: "ScriptFacts", findings: "Sequence[Finding]", rule: "ScriptRule", settings: "Settings"
 ) -> str | None:
     """``facts``'s text after ``rule``'s fix of ``findings`` (findings of that rule, made from
-    ``facts``); None where the fix declines or fails, or makes a text that ``tcaudit fix``'s safety net
-    refuses (it does not compile, adds unreachable code, or uses a name before its import)."""
-    from tcaudit.script.guards import structural_refusal
-
+    ``facts``), as :func:`made_by` makes it; None where the rule has no fix or it is refused."""
     codemod = codemod_of(rule)
     if codemod is None or not findings:
         return None
     try:
-        module = codemod.apply(facts.module, list(findings), FixContext(facts, settings))
-        text = module.code
-    except DeclineFix:
+        return made_by(codemod, facts, findings, settings, rule.id)[0]
+    except Refused:
         return None
-    except Exception:  # noqa: BLE001 - a fix's failure here costs only what depends on it; fix reports it
-        return None
-    if text == facts.source.text:
-        return text
-    try:
-        compile(text, facts.source.display_path, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        return None
-    return text if structural_refusal(facts.module, module) is None else None
 
 
 def text_with_fixes(
