@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tcaudit import __version__, runtime_facts
+from tcaudit.atomic import replace_atomically
 from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity, TextEdit
 
 if TYPE_CHECKING:
@@ -407,17 +408,11 @@ def _umask() -> int:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path`` and rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
-    try:
+    """Write a cache file atomically (:func:`tcaudit.atomic.replace_atomically`), as readable as the
+    user's other files: mkstemp makes 0600."""
+
+    def readable(fd: int) -> None:
         if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a cache is as readable as other files
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            os.fchmod(fd, 0o666 & ~_umask())
+
+    replace_atomically(path, data, prepare=readable)

@@ -103,9 +103,6 @@ class ScanResult:
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
 
-    def max_severity(self) -> Severity | None:
-        return max((f.severity for f in self.findings), default=None)
-
 
 def tc000(path: str, error: SourceError) -> Finding:
     spec = load_catalog()["TC000"]

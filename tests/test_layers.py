@@ -31,7 +31,7 @@ RULE_MODULE = re.compile(r"tc\d{3}_\w+")
 FLOORS: list[tuple[str, ...]] = [
     ("tcaudit",),  # the package itself: its version and addresses
     ("tcaudit.findings", "tcaudit.gpus", "tcaudit.structural", "tcaudit.model_profile", "tcaudit.runtime_facts",
-     "tcaudit.progress"),
+     "tcaudit.progress", "tcaudit.atomic"),
     ("tcaudit.catalog", "tcaudit.baseline"),
     ("tcaudit.source", "tcaudit.costs"),
     ("tcaudit.script", "tcaudit.config", "tcaudit.explain"),
@@ -242,3 +242,25 @@ def test_no_module_imports_another_modules_private_name():
         if imported.startswith("_") and not imported.startswith("__") and target != name
     )
     assert bad == [], "make it public where it lives, or move it to the module that uses it"
+
+
+# A path a comment or docstring of the package cites: it must be a file the repository has. Templates
+# (``rules/TCNNN.toml``, ``docs/rules/TCxxx.md``) stand for many files and are left out.
+CITED = re.compile(r"(?<![\w/.-])((?:tcaudit|tests|benchmarks|fixtures|docs|rules|action)/[\w./-]*\w\."
+                   r"(?:py|md|toml|json|sh|txt|ipynb|yaml|yml))")
+CITED_IN_PACKAGE = re.compile(r"(?<![\w/.-])((?:script|rewrite|rules|model|source|fix|verify|report|lsp|cli|data)/"
+                              r"[\w./-]*\w\.(?:py|toml|json))")
+TEMPLATE = re.compile(r"NNN|xxx|\*|\{|<")
+
+
+def test_the_package_cites_only_files_the_repository_has():
+    missing = []
+    for name, path in modules().items():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for cited in CITED.findall(line):
+                if not TEMPLATE.search(cited) and not (REPO / cited).exists():
+                    missing.append(f"{name}:{number}: {cited}")
+            for cited in CITED_IN_PACKAGE.findall(line):
+                if not TEMPLATE.search(cited) and not (PACKAGE / cited).exists() and not (REPO / cited).exists():
+                    missing.append(f"{name}:{number}: {cited}")
+    assert missing == []

@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from tcaudit import __version__
+from tcaudit.report import FORMATS
 from tcaudit.api import with_detected_gpu
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.add_argument(
         "--format", "--output-format", dest="format", default="text",
-        choices=("text", "concise", "json", "sarif", "github", "junit"),
+        choices=FORMATS,
         help="report format (default text); --output-format is ruff's name for it",
     )
     scan.add_argument(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tcaudit.atomic import replace_atomically
 from tcaudit.source.parsing import SourceError, SourceFile, read_source
 
 if TYPE_CHECKING:
@@ -97,32 +97,24 @@ def write_atomically(path: Path, data: bytes, expected: bytes | None = None) -> 
             _still_as_read(target, expected)
         _write_in_place(target, data, backup)
         return
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
+
+    def as_the_original(fd: int) -> None:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, stat.S_IMODE(status.st_mode))
+        if hasattr(os, "fchown") and (status.st_uid, status.st_gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.fchown(fd, status.st_uid, status.st_gid)
+            except PermissionError:
+                raise _KeepInode from None
+
+    still_as_read = (lambda: _still_as_read(target, expected)) if expected is not None else None
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.chmod(tmp, stat.S_IMODE(status.st_mode))
-            if hasattr(os, "fchown") and (status.st_uid, status.st_gid) != (os.geteuid(), os.getegid()):
-                try:
-                    os.fchown(out.fileno(), status.st_uid, status.st_gid)
-                except PermissionError:
-                    raise _KeepInode from None
-            os.fsync(out.fileno())
-        if expected is not None:
-            _still_as_read(target, expected)
-        os.replace(tmp, target)
+        replace_atomically(target, data, prepare=as_the_original, check=still_as_read, sync=True,
+                           suffix=".tcaudit-tmp")
     except _KeepInode:
-        os.unlink(tmp)
         if expected is not None:
             _still_as_read(target, expected)
         _write_in_place(target, data, backup)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class _KeepInode(Exception):
@@ -150,12 +142,7 @@ def _write_in_place(target: Path, data: bytes, backup: Path) -> None:
     backup is removed once the new text is synced. A failure on the way puts the original back; a
     process killed on the way leaves the backup, which the next fix of the file reports."""
     original = target.read_bytes()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tcaudit-tmp")
-    with os.fdopen(fd, "wb") as out:
-        out.write(original)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, backup)
+    replace_atomically(backup, original, sync=True, suffix=".tcaudit-tmp")
     try:
         with open(target, "r+b") as out:
             out.write(data)

@@ -236,12 +236,6 @@ class ScriptIndex:
                 return parent
         return None
 
-    def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
-        for parent in self.ancestors(node):
-            if isinstance(parent, cst.ClassDef):
-                return parent
-        return None
-
     def owner_class(self, function: cst.FunctionDef) -> cst.ClassDef | None:
         parent = self.parent.get(function)
         while parent is not None and not isinstance(parent, (cst.ClassDef, cst.FunctionDef, cst.Module)):

@@ -1,6 +1,9 @@
-"""What a script rule is made of, and the registry that finds them.
+"""What a rule is made of: the two bases (:class:`ScriptRule` over a script's facts, :class:`ModelRule`
+over what the model audit measured), the contexts they read, a rule's fix (:class:`Codemod`) and the
+one safety net every fix's text passes (:func:`made_by`). The registry that finds them is
+:mod:`tcaudit.rules.registry`.
 
-One module per rule (``tcaudit/rules/tcNNN_name.py``) holds the rule's detection (a
+One module per rule (``tcaudit/rules/<wing>/tcNNN_name.py``) holds the rule's detection (a
 :class:`ScriptRule`) and, where it has one, its fix (a :class:`Codemod`); ``rules/TCNNN.toml`` holds
 its documentation and examples. The two halves meet through a typed :class:`FixPlan` per finding:
 detection decides whether a fix is offered (or declined, and why) and which syntax nodes it edits;

@@ -403,10 +403,6 @@ class VerifyResult:
         }
 
 
-def extra_runs(plans, rounds: int) -> int:
-    return sum(rounds for entry in plans if entry.copy is not None)
-
-
 def verify(
     script: Path,
     args: list[str],
