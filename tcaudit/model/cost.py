@@ -229,11 +229,18 @@ def is_aligned(dim: int, dtype: str | None, alignment_bytes: int = 16) -> bool:
     return (dim * itemsize(dtype)) % alignment_bytes == 0
 
 
+def round_up(size: int, multiple: int) -> int:
+    """``size`` rounded up to a multiple of ``multiple``."""
+    return -(-size // multiple) * multiple
+
+
 def suggest(dim: int, dtype: str | None, table: dict[str, Any] | None = None) -> int:
-    """The padded size to recommend: the next multiple of 64 for large dims, else of the alignment."""
+    """The padded size to recommend for a GEMM or convolution width, the one policy the model audit's
+    messages and ``fix --pad-dims`` share: the next multiple of 64 for large dims, else of the
+    alignment."""
     table = table or load_table()
     multiple = table.get("preferred_multiple", 64) if dim >= table.get("preferred_from", 256) else alignment_elements(dtype)
-    return -(-dim // multiple) * multiple
+    return round_up(dim, multiple)
 
 
 @dataclass

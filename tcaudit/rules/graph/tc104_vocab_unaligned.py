@@ -55,6 +55,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
+from tcaudit.model.cost import round_up
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression
 from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
@@ -77,9 +78,12 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
+# The one padding policy of a vocabulary, for both halves: the next multiple of 64.
 VOCAB_MULTIPLE = 64
-MIN_VOCAB = 512  # smaller tables (class or label embeddings) are lookups with no GEMM behind them
-ALIGNED_VOCAB = 8  # a multiple of 8 is 16-byte aligned: 64 gains ~1% more (rules/TC104.toml), so info
+MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them
+# A vocabulary that is a multiple of 8 is 16-byte aligned already: the LM head misses only the last
+# percent (rules/TC104.toml: 50264 ran 1.01x the time of 50304 on an H200), so the advice is info.
+ALIGNED_VOCAB = 8
 
 
 class VocabUnaligned(ModelRule):
@@ -122,7 +126,7 @@ class VocabUnaligned(ModelRule):
         cost = context.cost_model
         facts = context.facts
         dtype = cost.dtype(heads[0]) if heads else facts.compute_dtype
-        padded = -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        padded = padded_size(rows)
         head_paths = []
         for op in heads:
             if op.module is not None and op.module not in head_paths:
@@ -184,11 +188,6 @@ class VocabUnaligned(ModelRule):
 # -- the script half -------------------------------------------------------------------------------
 
 
-VOCAB_MULTIPLE = 64
-MIN_VOCAB = 512  # smaller tables are class or label lookups with no GEMM behind them (as the model audit)
-# A vocabulary that is a multiple of 8 is 16-byte aligned already: the LM head misses only the last
-# percent (rules/TC104.toml: 50264 ran 1.01x the time of 50304 on an H200), so the advice is info.
-ALIGNED_VOCAB = 8
 ALIGNED_NOTE = " (already a multiple of 8: ~1% to gain)"
 ALIGNED_WHY = ("The size is a multiple of 8, so the LM head's GEMM is 16-byte aligned already: a multiple of "
                "64 gains about 1% more (50264 ran 1.01x the time of 50304 on an H200).")
@@ -205,8 +204,9 @@ def is_vocab_name(name: str | None) -> bool:
     return bool(name) and bool(_VOCAB_NAME.search(name.split(".")[-1]))
 
 
-def padded(size: int) -> int:
-    return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+def padded_size(size: int) -> int:
+    """A vocabulary's padded size: the next multiple of :data:`VOCAB_MULTIPLE`."""
+    return round_up(size, VOCAB_MULTIPLE)
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,7 @@ class VocabSizeLiteral(ScriptRule):
             if not _feeds_a_softmax_over_rows(facts, size, _size_names(facts, {lit.name for lit in sites})):
                 continue
             first = min(sites, key=lambda lit: facts.line_of(lit.node))
-            target = padded(size)
+            target = padded_size(size)
             names = sorted({lit.name for lit in sites})
             aligned8 = size % ALIGNED_VOCAB == 0
             yield self.finding(

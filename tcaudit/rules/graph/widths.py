@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.model.cost import suggest
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal, numeric_constant
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
     from tcaudit.rules.base import ScriptRule
 
 ALIGNMENT = 8  # elements: 16 bytes of bf16/fp16, TC101's and TC102's alignment
-# The model audit's suggestion (tcaudit/model/cost.py ``suggest``, cost_table.json): from 256 on, the
-# next multiple of 64, below it the next multiple of the alignment.
-PREFERRED_MULTIPLE = 64
-PREFERRED_FROM = 256
 # Narrower layers are too small for their GEMMs to be bound by the Tensor Cores: padding buys nothing.
 MIN_WIDTH = 16
 
@@ -69,8 +66,9 @@ _VOCAB = re.compile(r"vocab|token|embed|head", re.IGNORECASE)
 
 
 def padded_width(width: int) -> int:
-    multiple = PREFERRED_MULTIPLE if width >= PREFERRED_FROM else ALIGNMENT
-    return -(-width // multiple) * multiple
+    """What ``fix --pad-dims`` writes for a width: the model audit's own suggestion for a 16-bit layer
+    (:func:`tcaudit.model.cost.suggest`), so the message and the fix name one size."""
+    return suggest(width, "bfloat16")
 
 
 def unaligned(width: int) -> bool:
