@@ -149,17 +149,24 @@ def rule_modules():
             yield importlib.import_module(info.name)
 
 
-def discover_script_rules() -> "dict[str, type[ScriptRule]]":
-    """Every rule module's :class:`~tcaudit.rules.base.ScriptRule` subclass, by rule id."""
-    from tcaudit.rules.base import ScriptRule, defined_in
+def _by_id(base: type) -> dict[str, type]:
+    """Every rule module's subclass of ``base`` (a rule base class), by rule id: one per id."""
+    from tcaudit.rules.base import defined_in
 
-    found: dict[str, type[ScriptRule]] = {}
+    found: dict[str, type] = {}
     for module in rule_modules():
-        for value in defined_in(module, ScriptRule):
+        for value in defined_in(module, base):
             if value.id in found:
                 raise RuntimeError(f"two implementations of {value.id}")
             found[value.id] = value
     return found
+
+
+def discover_script_rules() -> "dict[str, type[ScriptRule]]":
+    """Every rule module's :class:`~tcaudit.rules.base.ScriptRule` subclass, by rule id."""
+    from tcaudit.rules.base import ScriptRule
+
+    return _by_id(ScriptRule)
 
 
 def discover_codemods() -> "dict[str, type[Codemod]]":
@@ -177,18 +184,11 @@ def discover_codemods() -> "dict[str, type[Codemod]]":
 
 
 def discover_model_rules() -> "dict[str, type[ModelRule]]":
-    """Every rule module's :class:`~tcaudit.rules.base.ModelRule` subclass (the TC1 rules'
-    halves over the model audit's facts), by rule id."""
-    from tcaudit.rules.base import defined_in
+    """Every rule module's :class:`~tcaudit.rules.base.ModelRule` subclass (the TC1 rules' halves over
+    the model audit's facts), by rule id."""
     from tcaudit.rules.base import ModelRule
 
-    found: dict[str, type[ModelRule]] = {}
-    for module in rule_modules():
-        for value in defined_in(module, ModelRule):
-            if value.id in found:
-                raise RuntimeError(f"two implementations of {value.id}")
-            found[value.id] = value
-    return found
+    return _by_id(ModelRule)
 
 
 # -- the table, generated from the rule modules ------------------------------------------------------
