@@ -1,11 +1,14 @@
-"""Model audit (TC1): find the models a script builds, build them on fake tensors in a subprocess,
-capture the graph and check shapes and casts. This module imports no torch: the audit runs in a
-child process so that the scanner stays fast and a crashing constructor cannot take it down.
+"""Model audit (TC1): find the models a script builds, build them on fake tensors in a subprocess and
+measure them (the graph's shapes, dtypes, casts and costs). It judges nothing: the engine runs the
+model rules (``tcaudit/rules/graph/``) on the facts it returns. This module imports no torch: the
+audit runs in a child process so that the scanner stays fast and a crashing constructor cannot take
+it down.
 
 Flow: :mod:`discovery` finds model constructions in each scanned file (and ``[[tool.tcaudit.models]]``
 / ``--model`` factories), :mod:`slicing` cuts the statements each one needs out of the script,
 :mod:`sandbox` runs them in the audit child (:mod:`worker`, :mod:`build`, :mod:`capture`), which returns
-:class:`~tcaudit.model.facts.ModelFacts`; the rules in ``tc1NN_*.py`` turn those into findings.
+:class:`~tcaudit.model.facts.ModelFacts` (:func:`measure_models`); :func:`tcaudit.engine.run_model_audit`
+turns those into findings.
 """
 
 from __future__ import annotations
