@@ -252,7 +252,7 @@ def test_fixed_script_runs_on_cpu_and_reads_the_result(tmp_path):
 
 
 def test_tc601_reads_the_same_sync_names_from_the_shared_module():
-    from tcaudit.rules import tc601_per_step_sync
+    from tcaudit.rules.loop import tc601_per_step_sync
     from tcaudit.script import host_sync
 
     assert tc601_per_step_sync.SYNCHRONIZE is host_sync.SYNCHRONIZE
