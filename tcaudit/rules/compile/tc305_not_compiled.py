@@ -629,8 +629,8 @@ def _is_prep(statement: cst.CSTNode, name: str) -> bool:
 def _device_condition(
     facts: ScriptFacts, name: str, builds: list[Binding], block: list, after: cst.CSTNode, torch_name: str
 ) -> str:
-    """The condition on the device the model is moved to between its build and ``after``
-    (:func:`device_expression`), falling back to the script's own test around those moves."""
+    """The condition the compile runs under: :func:`device_expression` over the statements from the
+    model's build to ``after``, with the script's own ``if`` around the model's moves as its guard."""
     statements = [b.statement.node for b in builds]
     first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
     last = next(i for i, item in enumerate(block) if item is after)
