@@ -10,7 +10,7 @@ import libcst as cst
 
 from tcaudit.rewrite.codemod import StatementEditor, parse_expression, parse_statement, torch_import_name, unique_name
 from tcaudit.findings import DeclineFix
-from tcaudit.script.devices import device_type_at
+from tcaudit.script.devices import device_expression
 from tcaudit.script.facts import ScriptFacts, TrainingStep, outermost_loop
 
 
@@ -49,7 +49,8 @@ class DevicePlanner:
         self.variable: DeviceVariable | None = None
 
     def at(self, step: TrainingStep) -> tuple[str, str]:
-        device_type, enabled = device_type_at(self.facts, step, self.torch_name)
+        device_type = device_expression(self.facts, step, "type", self.torch_name)
+        enabled = device_expression(self.facts, step, "condition", self.torch_name)
         if "(" not in device_type:
             return device_type, enabled
         if self.variable is not None:

@@ -14,7 +14,7 @@ Other rules ask what this fix will do: TC208 asks :func:`statements_planned_for_
 statements it puts under autocast, and TC303 runs this rule's check to learn whether autocast comes
 (it reports channels_last on the naive fp32 script because autocast comes with it).
 :class:`GradScalerPlan`, :func:`plan_grad_scaler` and :class:`AutocastEditor` (shared with TC204) are in
-:mod:`tcaudit.rewrite.autocast`; the device-type expression at a step is :func:`tcaudit.script.devices.device_type_at`.
+:mod:`tcaudit.rewrite.autocast`; the device-type expression at a step is :func:`tcaudit.script.devices.device_expression`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.devices import device_expression
 from tcaudit.script.distributed import literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.guards import extra_conditions
@@ -116,7 +117,7 @@ class ApexAmp(ScriptRule):
         if not (isinstance(init_statement, cst.SimpleStatementLine) and len(init_statement.body) == 1):
             raise DeclineFix("`amp.initialize` is part of a larger statement")
         small = init_statement.body[0]
-        device = self._device_type(facts, init)
+        device = device_expression(facts, init, "type", torch)
         codes = [f"{SCALER} = {torch}.amp.GradScaler({device}, enabled={enabled})"]
         if isinstance(small, cst.Assign) and small.value is init.node and len(small.targets) == 1:
             targets = facts.module.code_for_node(small.targets[0].target)
@@ -164,7 +165,7 @@ class ApexAmp(ScriptRule):
                 raise DeclineFix("the forward and loss of the step could not be found before `amp.scale_loss`")
             block = statements[0].block
             forward = tuple(block[statements[0].index: statements[-1].index + 1])
-        step_device = self._device_type(facts, scale)
+        step_device = device_expression(facts, scale, "type", torch)
 
         # where the scaler lives: the step's function gets it as a parameter when it is elsewhere
         init_fn = init.ctx.function
@@ -205,21 +206,6 @@ class ApexAmp(ScriptRule):
             disabled_before=disabled_before,
             disabled_code=f"{SCALER} = {torch}.amp.GradScaler({device}, enabled=False)" if disabled_before else "",
         )
-
-    @staticmethod
-    def _device_type(facts: ScriptFacts, site: CallSite) -> str:
-        """``device.type`` where a ``device = torch.device(...)`` is visible at ``site``, else ``"cuda"``."""
-        function = site.ctx.function
-        visible = [b for b in facts.bindings_of("device") if b.ctx.function in (function, None)]
-        if function is not None and any(p.name.value == "device" for p in function.params.params):
-            candidates = [b for b in facts.bindings_of("device")]
-        else:
-            candidates = visible
-        if candidates and all(
-            isinstance(b.value, cst.Call) and (facts.qualname(b.value.func) or "") == "torch.device" for b in candidates
-        ):
-            return "device.type"
-        return '"cuda"'
 
     @staticmethod
     def _removable_imports(facts: ScriptFacts) -> list:

@@ -29,6 +29,7 @@ from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, 
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import gradient_penalty_call
+from tcaudit.script.devices import device_expression
 from tcaudit.model_profile import SMALL_STEP_MS
 from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
 from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
@@ -627,22 +628,11 @@ def _is_prep(statement: cst.CSTNode, name: str) -> bool:
 def _device_condition(
     facts: ScriptFacts, name: str, builds: list[Binding], block: list, after: cst.CSTNode, torch_name: str
 ) -> str:
-    """``device.type == "cuda"`` when the model is moved with ``.to(device)`` and ``device`` is a
-    ``torch.device`` (or a plain "cuda"/"cpu" string); ``torch.cuda.is_available()`` otherwise."""
+    """The condition the compile runs under: :func:`device_expression` over the statements from the
+    model's build to ``after``, with the script's own ``if`` around the model's moves as its guard."""
     statements = [b.statement.node for b in builds]
     first = min(i for i, item in enumerate(block) if any(contains(item, s) for s in statements))
     last = next(i for i, item in enumerate(block) if item is after)
-    moves: list[cst.BaseExpression] = []
-    for statement in [*statements, *block[first:last + 1]]:
-        for call in call_nodes(statement):
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to":
-                device = _device_argument(call)
-                if device is not None:
-                    moves.append(device)
-    conditions = {_condition_for(facts, device, torch_name) for device in moves}
-    conditions.discard(None)
-    if len(conditions) == 1:
-        return conditions.pop()
     # ``if device == "cuda": model = model.cuda()`` (or ``if args.cuda:``): the script's own test.
     tests = {
         facts.module.code_for_node(item.test)
@@ -650,41 +640,8 @@ def _device_condition(
         if isinstance(item, cst.If) and _is_prep(item, name)
         and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in call_nodes(item.body))
     }
-    if len(tests) == 1 and "\n" not in next(iter(tests)):
-        return tests.pop()
-    return f"{torch_name}.cuda.is_available()"
-
-
-def _device_argument(call: cst.Call) -> cst.BaseExpression | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "device":
-            return arg.value
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    return positional[0] if positional else None
-
-
-def _condition_for(facts: ScriptFacts, device: cst.BaseExpression, torch_name: str) -> str | None:
-    if not isinstance(device, (cst.Name, cst.Attribute)):
-        return None
-    dotted = get_full_name_for_node(device)
-    if not dotted or not facts.bindings_of(dotted):
-        return None
-    leaves = [
-        v for v in facts.binding_values(device)
-        if v is not device
-        and not isinstance(v, (cst.IfExp, cst.BooleanOperation))
-        and not (isinstance(v, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(v) or ""))
-    ]
-    if not leaves:
-        return None
-    if all(isinstance(v, cst.Call) and facts.qualname(v.func) == "torch.device" for v in leaves):
-        return f'{dotted}.type == "cuda"'
-    if all(isinstance(v, cst.SimpleString) for v in leaves):
-        values = [str(v.evaluated_value) for v in leaves]
-        if all(":" not in v for v in values):
-            return f'{dotted} == "cuda"'
-        return f'{torch_name}.device({dotted}).type == "cuda"'
-    return None
+    guard = tests.pop() if len(tests) == 1 and "\n" not in next(iter(tests)) else None
+    return device_expression(facts, [*statements, *block[first:last + 1]], "condition", torch_name, guard=guard)
 
 
 # -- the fix ------------------------------------------------------------------------------------------

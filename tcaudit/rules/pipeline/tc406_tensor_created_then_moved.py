@@ -23,6 +23,7 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.devices import device_expression
 from tcaudit.script.evidence import ACCELERATOR_NAMED
 from tcaudit.script.expressions import DEVICE_FACTORIES, keyword_arg, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -78,7 +79,7 @@ class TensorCreatedThenMoved(ScriptRule):
             name = next((n for n in names if n.startswith("rand")), names[0])
             if name.endswith("_like") and _like_a_device_tensor(facts, by_node, node):
                 continue  # made where its template is: on the device already, the move copies nothing
-            target = _device_text(facts, call)
+            target = device_expression(facts, call, "device")
             # A random draw under no_grad / eval (the samples a VAE decodes after each epoch) is not part
             # of the training step: it costs one copy per evaluation, and the fix would take it off the
             # CPU generator that later shuffles and initialisations share with it.
@@ -280,16 +281,6 @@ def _plan(
             "that work on the moved copy would raise"
         )
     return FoldDevice(call.node, device, method, made[0], removed, tuple(made[1:]))
-
-
-def _device_text(facts: ScriptFacts, call: CallSite) -> str:
-    if call.method == "cuda":
-        arg = call.arg("device", 0)
-        return f'"cuda:{facts.module.code_for_node(arg)}"' if isinstance(arg, cst.Integer) else (
-            facts.module.code_for_node(arg) if arg is not None else '"cuda"'
-        )
-    arg = call.arg("device", 0)
-    return facts.module.code_for_node(arg) if arg is not None else "device"
 
 
 def _per_step(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite) -> bool:
