@@ -235,7 +235,7 @@ def test_a_size_that_feeds_the_data_is_padded_where_the_model_is_built(tmp_path)
     """``torch.randint(0, vocab, ...)`` keeps the real size; the model gets the padded one."""
     from tcaudit.config import Settings
     from tcaudit.fix.engine import fix_file
-    from tcaudit.rules.graph.tc104_vocab_size_literal import PadAtConstruction
+    from tcaudit.rules.graph.tc104_vocab_unaligned import PadAtConstruction
 
     result = scan_code(tmp_path, KEYWORD_TRAIN.format(tail=""), select=("TC104",))
     [finding] = result.findings
