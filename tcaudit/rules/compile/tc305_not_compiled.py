@@ -232,6 +232,7 @@ def _unwrapped(name: str) -> str:
 
 # -- the plan -------------------------------------------------------------------------------------------
 
+
 def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tuple[str, cst.CSTNode, str]:
     """(what to compile, the statement to put the compile after, the device condition)."""
     bindings = [b for b in facts.bindings_of(name) if not facts.in_eval(b.ctx)]
