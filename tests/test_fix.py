@@ -138,7 +138,7 @@ def test_broken_rewrite_is_never_written(tmp_path, monkeypatch):
     """If a codemod produced code that does not compile, the file stays as it was."""
     import libcst as cst
 
-    from tcaudit.rules import tc202_deprecated_amp_api as module
+    from tcaudit.rules.amp import tc202_deprecated_amp_api as module
 
     def broken_apply(self, tree, findings, context):
         return tree.with_changes(body=[cst.SimpleStatementLine([cst.Expr(cst.Name("return"))])])
