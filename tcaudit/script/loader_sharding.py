@@ -20,6 +20,7 @@ from tcaudit.script.distributed import (
     literal_value,
 )
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.model_classes import callee_class
 from tcaudit.script.pipeline import pipeline_facts
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
@@ -50,7 +51,7 @@ def is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bo
             return True
         # A Dataset class of this file that picks its rank's part itself.
         if isinstance(value, cst.Call):
-            cls = classes.get((get_full_name_for_node(value.func) or "").split(".")[-1])
+            cls = classes.get(callee_class(value))
             if cls is not None and SHARDED_TEXT.search(code(facts, cls)):
                 return True
     return False

@@ -1,6 +1,8 @@
 """Facts about the models a script trains: which names hold them, the calls that build them (through
-method chains, wrappers and factory functions of the file), and which of them are convnets with
-fixed 2-D inputs (channels_last, cudnn.benchmark).
+method chains, wrappers and factory functions of the file), the statements that prepare a built model
+(``model = model.cuda()``), whether one is built in a loop, and which of them are convnets with fixed
+2-D inputs (channels_last, cudnn.benchmark). What the file's model classes build is read from
+:mod:`tcaudit.script.model_classes`.
 """
 
 from __future__ import annotations
@@ -15,15 +17,12 @@ import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
+from tcaudit.script.distributed import innermost_loop
 from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, keyword_arg, literal
-from tcaudit.script.facts import CallSite
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
 from tcaudit.script.training_code import TrainingCodeFacts
 
-CONV2D_LAYERS = frozenset(
-    f"torch.nn.{prefix}{name}"
-    for prefix in ("", "modules.conv.", "modules.")
-    for name in ("Conv2d", "ConvTranspose2d", "LazyConv2d", "LazyConvTranspose2d")
-)
 # torchvision/timm convnet families (classification and segmentation backbones with fixed input sizes).
 _CONV_ARCH = re.compile(
     r"^(resnet|resnext|wide_resnet|vgg|efficientnet|mobilenet|densenet|regnet|convnext|mnasnet|shufflenet"
@@ -43,6 +42,10 @@ MODEL_WRAPPERS = (
 )
 # Methods that return the model they are called on (``Net().cuda().train()``).
 MODEL_CHAIN = frozenset({"cuda", "to", "train", "float", "half", "bfloat16", "requires_grad_", "apply", "to_empty"})
+# Methods that prepare a built model without changing what it is (a compile goes after them): those a
+# model's chain is followed through (MODEL_CHAIN), plus the ones a script also prepares the model with.
+PREP = MODEL_CHAIN | {"cpu", "double", "load_state_dict", "share_memory"}
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 @dataclass
@@ -76,14 +79,14 @@ class TrainedModelFacts(TrainingCodeFacts):
             qual = call.qualname or ""
             if not qual.startswith("torch.optim.") or "lr_scheduler" in qual or "swa_utils" in qual:
                 continue
-            inside = _call_ids_within(call.node)
+            inside = calls_within(call.node)
             # ``params = list(enc.parameters()) + list(dec.parameters()); SGD(params)``: the list built
             # before the optimizer names its models too.
             for arg in call.node.args:
                 if isinstance(arg.value, (cst.Name, cst.Attribute)):
                     for value in facts.binding_values(arg.value):
                         if value is not arg.value:
-                            inside |= _call_ids_within(value)
+                            inside |= calls_within(value)
             for inner in facts.calls:
                 if inner.method in ("parameters", "named_parameters") and id(inner.node) in inside:
                     owner = inner.receiver_name
@@ -173,39 +176,17 @@ class TrainedModelFacts(TrainingCodeFacts):
     def conv_classes(self) -> set[str]:
         """Classes of this file that build a 2-D convolution (directly, through another such class,
         a torchvision convnet backbone, or a convnet base class)."""
-        facts = self.facts
-        direct: dict[str, set[str]] = {}
-        conv: set[str] = set()
-        by_class: dict[int, list[CallSite]] = {}
-        for call in facts.calls:
-            owner = call.ctx.class_def
-            if owner is not None:
-                by_class.setdefault(id(owner), []).append(call)
-        for node, _ in facts.classes:
-            name = node.name.value
-            uses: set[str] = set()
-            for base in node.bases:
-                qual = facts.qualname(base.value) or ""
-                if self._is_conv_factory(qual) or qual.startswith("torchvision.models.") and _CONV_ARCH.match(qual.split(".")[-1]):
-                    conv.add(name)
-                dotted = get_full_name_for_node(base.value)
-                if dotted:
-                    uses.add(dotted)
-            for call in by_class.get(id(node), []):
-                qual = call.qualname or ""
-                if (qual in CONV2D_LAYERS and not self._patchifies(call.node)) or self._is_conv_factory(qual):
-                    conv.add(name)
-                elif call.name:
-                    uses.add(call.name)
-            direct[name] = uses
-        changed = True
-        while changed:
-            changed = False
-            for name, uses in direct.items():
-                if name not in conv and uses & conv:
-                    conv.add(name)
-                    changed = True
-        return conv
+        # Other classes are followed by the callee's or base's name as written (``Block``): a dotted
+        # ``blocks.Block`` is taken for another module's class here, as it always has been (by its last name
+        # it would make more classes convnets, and so more models, for TC302 and TC303).
+        return classes_building(
+            self.facts,
+            lambda call: ((call.qualname or "") in CONV2D_LAYERS and not self._patchifies(call.node))
+            or self._is_conv_factory(call.qualname or ""),
+            bases=lambda qual: self._is_conv_factory(qual)
+            or (qual.startswith("torchvision.models.") and bool(_CONV_ARCH.match(qual.split(".")[-1]))),
+            as_written=True,
+        )
 
     def _patchifies(self, call: cst.Call) -> bool:
         """``nn.Conv2d(3, width, kernel_size=patch, stride=patch)``: a vision transformer's patch embedding
@@ -389,17 +370,6 @@ def _is_one(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Integer) and expr.value == "1"
 
 
-def _call_ids_within(container: cst.CSTNode) -> set[int]:
-    found: set[int] = set()
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(inner, n: cst.Call) -> None:  # noqa: N805
-            found.add(id(n))
-
-    container.visit(_V())
-    return found
-
-
 def _model_namespace(qualname: str | None) -> bool:
     """torchvision's classification models (not detection, video, ...) or timm's."""
     return qualname in ("torchvision.models", "timm", "timm.models")
@@ -408,3 +378,68 @@ def _model_namespace(qualname: str | None) -> bool:
 def _prefixes(name: str) -> list[str]:
     parts = name.split(".")
     return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+# -- preparing a built model ---------------------------------------------------------------------------
+
+
+def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``Net().cuda().to(device)`` → ``Net()``."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in PREP:
+        expr = expr.func.value
+    return expr
+
+
+def is_prep(statement: cst.CSTNode, name: str) -> bool:
+    """``model = model.cuda()``, ``model.to(device)``, or ``if device == "cuda":`` around such lines only."""
+    if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
+        return all(is_prep(item, name) for item in statement.body.body)
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Assign):
+        if len(small.targets) != 1 or get_full_name_for_node(small.targets[0].target) != name:
+            return False
+        value = small.value
+    elif isinstance(small, cst.Expr):
+        value = small.value
+    else:
+        return False
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in PREP):
+        return False
+    root = strip_chain(value)
+    return get_full_name_for_node(root) == name
+
+
+def from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, depth: int = 0) -> bool:
+    """``[Net() for _ in range(k)]``, or ``models[0]`` / ``ensemble`` whose value was built so."""
+    if has_comprehension(value):
+        return True
+    expr = strip_chain(value)
+    while isinstance(expr, cst.Subscript):
+        expr = expr.value
+    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if dotted is None or depth > 3:
+        return False
+    for binding in facts.bindings_of(dotted):
+        if binding.value is value:
+            continue
+        if expr is not value and innermost_loop(binding.ctx) is not None:
+            return True
+        if from_loop_or_comprehension(facts, binding.value, depth + 1):
+            return True
+    return False
+
+
+def has_comprehension(node: cst.CSTNode) -> bool:
+    """Whether ``node`` is or holds a list, set or dict comprehension or a generator expression."""
+    found = False
+
+    class _V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found |= isinstance(n, COMPREHENSIONS)
+            return not found
+
+    node.visit(_V())
+    return found

@@ -41,6 +41,7 @@ from tcaudit.script.accumulation import accumulation_loops
 from tcaudit.script.distributed import is_dataparallel, is_ddp, is_fsdp
 from tcaudit.script.expressions import DEVICE_FACTORIES
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.model_classes import callee_class, classes_reached
 from tcaudit.rules.compile.forward_breaks import branches, host_read, reads_tensor_value, tensor_params, under_flag
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import contains, nodes_of
@@ -105,44 +106,17 @@ def _forward_reason(facts: ScriptFacts, models: Sequence[tuple[str, cst.Call | N
     for name, construction in models:
         if construction is None:
             return f"`{name}`'s construction was not found"
-        built = [
-            classes.get((get_full_name_for_node(call.func) or "").split(".")[-1])
-            for call in pipeline.constructions(construction)
-        ]
+        built = [classes.get(callee_class(call)) for call in pipeline.constructions(construction)]
         if not built or any(cls is None for cls in built):
             return f"`{name}`'s forward is not in this file"
-        for cls in _classes_reached(facts, built):  # type: ignore[arg-type]
+        # The classes they build or derive from (a Generator's blocks). ``nested``: the calls of a class
+        # nested in one count as its own, so this check reaches the classes those build too; CUDA graphs
+        # are chosen only where no forward reached breaks, and reaching less would choose them more often.
+        for cls in classes_reached(facts, built, nested=True):  # type: ignore[arg-type]
             reason = _forward_breaks(facts, cls)
             if reason:
                 return reason
     return ""
-
-
-def _classes_reached(facts: ScriptFacts, roots: list[cst.ClassDef]) -> list[cst.ClassDef]:
-    """The classes and the file's classes they build or derive from (a Generator's blocks)."""
-    classes = facts.classes_by_name
-    out: list[cst.ClassDef] = []
-    pending = list(roots)
-    while pending:
-        cls = pending.pop()
-        if any(cls is seen for seen in out):
-            continue
-        out.append(cls)
-        names = [(get_full_name_for_node(base.value) or "").split(".")[-1] for base in cls.bases]
-        names += [(get_full_name_for_node(call.func) or "").split(".")[-1] for call in _calls_of(cls)]
-        pending.extend(classes[n] for n in names if n in classes)
-    return out
-
-
-def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_V())
-    return found
 
 
 def _forward_breaks(facts: ScriptFacts, cls: cst.ClassDef) -> str:

@@ -29,9 +29,10 @@ from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import is_in_place_name, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
+from tcaudit.script.model_classes import calls_within, forward_outputs, init_value, model_classes, takes_images
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import call_nodes, expression_chain, method_of, strip_comments
+from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
+from tcaudit.source.syntax import expression_chain, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(
@@ -39,7 +40,6 @@ CONV3D_LAYERS = frozenset(
     for prefix in ("", "modules.conv.", "modules.")
     for name in ("Conv3d", "ConvTranspose3d", "LazyConv3d", "LazyConvTranspose3d")
 )
-_KNOWN_FACTORIES = ("torchvision.models.", "timm.")
 
 
 def planned_autocast(facts: ScriptFacts, context: RuleContext) -> str | None:
@@ -163,7 +163,7 @@ def _channels_last_plan(
     sites = [site for site in convnets if site.name == name]
     views: dict[int, CallSite] = {}
     for site in sites:
-        views.update((id(view.node), view) for view in _check_model(facts, pipeline, site))
+        views.update((id(view.node), view) for view in _check_model(facts, site))
     edits: list[Edit] = []
     planned: set[int] = set()
     for site in sites:
@@ -172,7 +172,11 @@ def _channels_last_plan(
             continue  # one statement builds the model in both branches of a factory
         planned.add(id(binding.statement.node))
         edits.append(_model_edit(facts, binding, site.name, channels_last))
-    if all(_takes_images(facts, pipeline, site) or _audited_image_input(pipeline, site, context) for site in sites):
+    if all(
+        takes_images(facts, site.construction, pipeline.arch_by_name(site.construction) is not None)
+        or _audited_image_input(pipeline, site, context)
+        for site in sites
+    ):
         edits.extend(_input_edits(facts, pipeline, name, channels_last))
     edits.extend(_noise_edits(facts, name))
     edits.extend(ReshapeView(view.node) for view in views.values())
@@ -183,11 +187,11 @@ def _channels_last_plan(
 # -- the model ------------------------------------------------------------------------------------------
 
 
-def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> list[CallSite]:
+def _check_model(facts: ScriptFacts, site: ModelSite) -> list[CallSite]:
     """Declines what channels_last cannot take; returns the ``.view(...)`` calls of the model's forward code,
     which the fix turns into ``.reshape(...)``."""
-    classes = _model_classes(facts, pipeline, site.construction)
-    inside = _calls_within(site.construction)
+    classes = model_classes(facts, site.construction)
+    inside = calls_within(site.construction)
     views: list[CallSite] = []
     for call in facts.calls:
         in_model = call.ctx.class_def in classes or id(call.node) in inside
@@ -201,7 +205,7 @@ def _check_model(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -
         ):
             _check_reshapable(facts, call)
             views.append(call)
-    outputs = _forward_outputs(facts, site.name)
+    outputs = forward_outputs(facts, site.name)
     for call in facts.calls:
         if call.method != "view":
             continue
@@ -244,7 +248,7 @@ def _views_flat_layer_output(facts: ScriptFacts, view: CallSite) -> bool:
     def flat(expr: cst.BaseExpression | None) -> bool:
         if not (isinstance(expr, cst.Call) and (get_full_name_for_node(expr.func) or "").startswith("self.")):
             return False
-        layer = _init_value(facts, cls, get_full_name_for_node(expr.func))
+        layer = init_value(facts, cls, get_full_name_for_node(expr.func))
         return isinstance(layer, cst.Call) and (facts.qualname(layer.func) or "") in _FLAT_LAYERS
 
     receiver = view.receiver
@@ -358,7 +362,7 @@ def _in_place_write(facts: ScriptFacts, function: cst.FunctionDef | None, name: 
             return call.node
         cls = call.ctx.class_def
         if cls is not None and (call.name or "").startswith("self."):
-            layer = _init_value(facts, cls, call.name)
+            layer = init_value(facts, cls, call.name)
             if isinstance(layer, cst.Call) and _inplace_keyword(layer):
                 return call.node
     for target, statement in _assignment_targets(function):
@@ -371,38 +375,6 @@ def _in_place_write(facts: ScriptFacts, function: cst.FunctionDef | None, name: 
 def _inplace_keyword(call: cst.Call) -> bool:
     arg = keyword(call, "inplace")
     return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"
-
-
-def _model_classes(facts: ScriptFacts, pipeline: PipelineFacts, construction: cst.Call) -> set[cst.ClassDef]:
-    """The classes of this file the model is built from: those called in the construction, their base
-    classes, and the classes they build in turn."""
-    by_name = facts.classes_by_name
-    names = {get_full_name_for_node(c.func) for c in call_nodes(construction)}
-    pending = [by_name[n.split(".")[-1]] for n in names if n and n.split(".")[-1] in by_name]
-    found: set[cst.ClassDef] = set()
-    while pending:
-        cls = pending.pop()
-        if cls in found:
-            continue
-        found.add(cls)
-        for base in cls.bases:
-            dotted = get_full_name_for_node(base.value) or ""
-            if dotted.split(".")[-1] in by_name:
-                pending.append(by_name[dotted.split(".")[-1]])
-        for call in facts.calls:
-            if call.ctx.class_def is cls and call.name and call.name.split(".")[-1] in by_name:
-                pending.append(by_name[call.name.split(".")[-1]])
-    return found
-
-
-def _forward_outputs(facts: ScriptFacts, model: str) -> set[str]:
-    """Names bound to the model's output (``output = model(images)``)."""
-    out: set[str] = set()
-    for binding in facts.bindings:
-        value = binding.value
-        if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == model:
-            out.add(binding.target)
-    return out
 
 
 def _construction_binding(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> Binding:
@@ -541,72 +513,10 @@ def _plain_device_to(facts: ScriptFacts, call: cst.Call) -> bool:
 # -- the input batches ----------------------------------------------------------------------------------
 
 
-def _takes_images(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite, depth: int = 0) -> bool:
-    """Whether the model's input is a rank-4 image batch: a torchvision/timm convnet, an ``nn.Sequential``
-    that starts with a Conv2d, or a class of this file whose ``forward`` passes its input straight to a
-    Conv2d (or to such a class)."""
-    qual = facts.qualname(site.construction.func) or ""
-    if qual.startswith(_KNOWN_FACTORIES) or pipeline.arch_by_name(site.construction) is not None:
-        return True
-    dotted = get_full_name_for_node(site.construction.func) or ""
-    by_name = facts.classes_by_name
-    if qual == "torch.nn.Sequential":
-        return _builds_image_layer(facts, site.construction, by_name, depth)
-    cls = by_name.get(dotted.split(".")[-1])
-    return cls is not None and _class_takes_images(facts, cls, by_name, depth)
-
-
 def _audited_image_input(pipeline: PipelineFacts, site: ModelSite, context: RuleContext) -> bool:
     """The model audit fed this model a rank-4 floating batch."""
     profile = pipeline.profile_of(site, context.models)
     return profile is not None and profile.image_input
-
-
-def _class_takes_images(facts: ScriptFacts, cls: cst.ClassDef, by_name: dict, depth: int) -> bool:
-    if depth > 3:
-        return False
-    forward = method_of(cls, "forward")
-    if forward is None:
-        return False
-    params = [p.name.value for p in forward.params.params]
-    if len(params) < 2:
-        return False
-    x = params[1]
-    first = None
-    for call in facts.calls:
-        if call.ctx.function is not forward:
-            continue
-        if call.receiver_name == x or any(get_full_name_for_node(a.value) == x for a in call.node.args):
-            pos = facts.position(call.node).start
-            if first is None or (pos.line, pos.column) < first[0]:
-                first = ((pos.line, pos.column), call)
-    if first is None:
-        return False
-    call = first[1]
-    if not (call.name or "").startswith("self.") or call.receiver_name == x:
-        return False
-    layer = _init_value(facts, cls, call.name)
-    return layer is not None and _builds_image_layer(facts, layer, by_name, depth)
-
-
-def _builds_image_layer(facts: ScriptFacts, value: cst.BaseExpression, by_name: dict, depth: int) -> bool:
-    if not isinstance(value, cst.Call):
-        return False
-    qual = facts.qualname(value.func) or ""
-    if qual in CONV2D_LAYERS:
-        return True
-    if qual == "torch.nn.Sequential":
-        first = next((a.value for a in value.args if a.keyword is None), None)
-        return first is not None and _builds_image_layer(facts, first, by_name, depth)
-    dotted = get_full_name_for_node(value.func) or ""
-    cls = by_name.get(dotted.split(".")[-1])
-    return cls is not None and not qual and _class_takes_images(facts, cls, by_name, depth + 1)
-
-
-def _init_value(facts: ScriptFacts, cls: cst.ClassDef, attribute: str) -> cst.BaseExpression | None:
-    init = method_of(cls, "__init__")
-    values = [b.value for b in facts.bindings_of(attribute) if init is not None and b.ctx.function is init]
-    return values[0] if len(values) == 1 else None
 
 
 def _input_edits(facts: ScriptFacts, pipeline: PipelineFacts, model: str, channels_last: str) -> list[Edit]:
@@ -718,10 +628,6 @@ def _move_edit(move: CallSite, binding: Binding | None, channels_last: str, conv
         return [AddMemoryFormat(node)]
     name = binding.target
     return [InsertAfter(statement, f"{name} = {name}.contiguous(memory_format={channels_last})")]
-
-
-def _calls_within(node: cst.CSTNode) -> set[int]:
-    return {id(n) for n in call_nodes(node)}
 
 
 # -- the fix ------------------------------------------------------------------------------------------

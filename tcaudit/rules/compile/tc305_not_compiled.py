@@ -17,7 +17,6 @@ failed check in the explanation and the fix's description. The message names the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -36,9 +35,10 @@ from tcaudit.script.distributed import callee_type, distributed_facts, innermost
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
+from tcaudit.script.model_classes import callee_class, defines_no_forward, recurrent_layer, torch_forward
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.script.trained_models import MODEL_CHAIN, ModelSite
-from tcaudit.source.syntax import call_nodes, nodes_of, parent_map
+from tcaudit.script.trained_models import ModelSite, from_loop_or_comprehension, is_prep, strip_chain
+from tcaudit.source.syntax import call_nodes, parent_map
 from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.
@@ -232,11 +232,6 @@ def _unwrapped(name: str) -> str:
 
 # -- the plan -------------------------------------------------------------------------------------------
 
-# Methods that prepare a built model without changing what it is: the compile goes after them. Those a
-# model's chain is followed through (MODEL_CHAIN), plus the ones a script also prepares the model with.
-_PREP = MODEL_CHAIN | {"cpu", "double", "load_state_dict", "share_memory"}
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-
 
 def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tuple[str, cst.CSTNode, str]:
     """(what to compile, the statement to put the compile after, the device condition)."""
@@ -260,7 +255,7 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         elif kind == "wrap-build":
             builds.append(binding)
             # ``model = DataParallel(Net()).cuda()``: replicated as well, though no name goes in.
-            replicated = replicated or _wrap_kind(facts, _strip_chain(binding.value)) == "dataparallel"
+            replicated = replicated or _wrap_kind(facts, strip_chain(binding.value)) == "dataparallel"
     if wraps_of_other and not builds:
         # ``ddp_model = DDP(model)``: compile ``model`` before it is wrapped.
         inners = {inner for _, inner in wraps_of_other}
@@ -274,7 +269,10 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
         raise DeclineFix(f"could not find the statement that builds `{name}`")
     for binding in builds:
         _check_build(facts, binding, name)
-    recurrent = [layer for layer in (_recurrent_layer(facts, b.value) for b in builds) if layer is not None]
+    pipeline = pipeline_facts(facts)
+    recurrent = [
+        layer for layer in (recurrent_layer(facts, pipeline.constructions(b.value)) for b in builds) if layer is not None
+    ]
     if recurrent and len(recurrent) == len(builds):
         raise DeclineFix(
             f"`{name}` computes in `{recurrent[0]}`: cuDNN's recurrent kernels, which torch.compile does not fuse; "
@@ -304,13 +302,6 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
 # -- what each binding does ------------------------------------------------------------------------------
 
 
-def _strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``Net().cuda().to(device)`` → ``Net()``."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _PREP:
-        expr = expr.func.value
-    return expr
-
-
 def _wrap_kind(facts: ScriptFacts, call: cst.Call) -> str | None:
     dotted = get_full_name_for_node(call.func)
     qual = callee_type(facts, CallSite(call, dotted, facts.qualname(call.func), facts.module_frame, None))
@@ -327,7 +318,7 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
     """``build`` (a new model, or another name's), ``prep`` (``model = model.cuda()``), ``wrap-self``
     (``model = DDP(model)``), ``wrap-other`` (``ddp = DDP(model)``: the inner name), ``wrap-build``
     (``model = DDP(Net().cuda())``), ``other``."""
-    expr = _strip_chain(binding.value)
+    expr = strip_chain(binding.value)
     kind = _wrap_kind(facts, expr) if isinstance(expr, cst.Call) else None
     if kind == "fsdp":
         _decline_fsdp()
@@ -335,7 +326,7 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
         positional = [a.value for a in expr.args if a.keyword is None and not a.star]
         if not positional:
             return "other", None
-        inner = _strip_chain(positional[0])
+        inner = strip_chain(positional[0])
         inner_name = get_full_name_for_node(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
         if inner_name == name:
             return "wrap-self", None
@@ -362,7 +353,7 @@ def _converts_in_place(facts: ScriptFacts, expr: cst.BaseExpression, name: str) 
     if not isinstance(expr, cst.Call) or facts.qualname(expr.func) not in _IN_PLACE_CONVERSIONS:
         return False
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
-    return bool(positional) and get_full_name_for_node(_strip_chain(positional[0])) == name
+    return bool(positional) and get_full_name_for_node(strip_chain(positional[0])) == name
 
 
 def _check_wraps(facts: ScriptFacts, name: str) -> bool:
@@ -372,7 +363,7 @@ def _check_wraps(facts: ScriptFacts, name: str) -> bool:
         if wrap.kind == "ddp":
             continue
         args = [a.value for a in wrap.call.node.args if a.keyword is None and not a.star]
-        inner = get_full_name_for_node(_strip_chain(args[0])) if args else None
+        inner = get_full_name_for_node(strip_chain(args[0])) if args else None
         if wrap.target == name or inner == name or (inner or "").startswith(f"{name}."):
             if wrap.kind == "fsdp":
                 _decline_fsdp()
@@ -396,7 +387,7 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
     statement = binding.statement
     if statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
         raise DeclineFix(f"`{name}` is built in a one-line suite; split the line first")
-    if _from_loop_or_comprehension(facts, binding.value):
+    if from_loop_or_comprehension(facts, binding.value):
         raise DeclineFix(f"`{name}` is one of several models built in a loop or a comprehension; "
                          "compile each by hand")
     for call in call_nodes(binding.value):
@@ -406,19 +397,19 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
     pipeline = pipeline_facts(facts)
     classes = facts.classes_by_name
     for call in pipeline.constructions(binding.value):
-        cls = classes.get((get_full_name_for_node(call.func) or "").split(".")[-1])
+        cls = classes.get(callee_class(call))
         if cls is not None and any(
             (get_full_name_for_node(base.value) or "").endswith("ScriptModule") for base in cls.bases
         ):
             raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
-        native = _torch_forward(facts, call, classes)
+        native = torch_forward(facts, call)
         if native is not None:
             raise DeclineFix(
                 f"`{name}` is a `{native}`, whose forward is torch's own: `{name}.compile()` compiles "
                 f"nothing there (seen on torch 2.11), and `{name} = torch.compile({name})` would prefix "
                 "its checkpoint keys with `_orig_mod.`; compile it by hand"
             )
-        if cls is not None and _defines_no_forward(facts, cls, classes):
+        if cls is not None and defines_no_forward(facts, cls):
             raise DeclineFix(
                 f"`{name}` is a `{cls.name.value}`, which defines no `forward`: the script calls its other "
                 f"methods, and `{name}.compile()` compiles only `forward`; compile those methods or its "
@@ -428,134 +419,6 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
 
 # Measured on one H200, torch 2.11 (benchmarks/realworld/results.json, word_lm): the patched LSTM LM.
 _RECURRENT_COST = "H200, LSTM 650x2, batch 64: 4,881 samples/s after `fix`, 3,520 after `fix --compile`"
-_RECURRENT = frozenset({"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"})
-_RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN_TANH", "RNN_RELU", "RNN"})
-_RECURRENT_NAME = re.compile(r"rnn|lstm|gru", re.IGNORECASE)
-
-
-def _recurrent_layer(facts: ScriptFacts, value: cst.BaseExpression) -> str | None:
-    """The recurrent torch.nn layer (``nn.LSTM``) a built model holds, following the classes of this file
-    it constructs (``Seq2Seq`` holding an ``Encoder`` with an LSTM); ``getattr(nn, rnn_type)(...)`` (the
-    word-language-model shape) counts where the class names a recurrent type in a string."""
-    classes = facts.classes_by_name
-    pipeline = pipeline_facts(facts)
-    seen: set[str] = set()
-    # The parts passed to the constructor count too: ``Seq2Seq(Encoder(...), Decoder(...))``.
-    pending = [
-        (get_full_name_for_node(call.func) or "").split(".")[-1]
-        for construction in pipeline.constructions(value)
-        for call in call_nodes(construction)
-    ]
-    while pending:
-        cls = classes.get(pending.pop())
-        if cls is None or cls.name.value in seen:
-            continue
-        seen.add(cls.name.value)
-        strings = {
-            node.evaluated_value for node in nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
-        }
-        for call in call_nodes(cls):
-            qual = facts.qualname(call.func) or ""
-            if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1] in _RECURRENT:
-                return f"nn.{qual.rsplit('.', 1)[-1]}"
-            picked = _picked_from_torch_nn(facts, call)
-            if picked is not None and (strings & _RECURRENT_TYPES or _RECURRENT_NAME.search(picked)):
-                return f"getattr(nn, {picked})"
-            callee = (get_full_name_for_node(call.func) or "").split(".")[-1]
-            if callee in classes:
-                pending.append(callee)
-    return None
-
-
-def _picked_from_torch_nn(facts: ScriptFacts, call: cst.Call) -> str | None:
-    """``getattr(nn, rnn_type)(...)``: the code of the name picked from torch.nn (``rnn_type``)."""
-    picker = call.func
-    if not (isinstance(picker, cst.Call) and get_full_name_for_node(picker.func) == "getattr" and len(picker.args) > 1):
-        return None
-    if facts.qualname(picker.args[0].value) != "torch.nn":
-        return None
-    return facts.module.code_for_node(picker.args[1].value)
-
-
-def _torch_forward(facts: ScriptFacts, call: cst.Call, classes: dict, depth: int = 0) -> str | None:
-    """The torch.nn class whose ``forward`` a model built by ``call`` runs (``nn.Sequential(...)``, or a
-    class of this file that derives from one without defining ``forward``); None for a forward of its
-    own (a class of this file, torchvision, timm). Dynamo skips torch.nn's own frames, and
-    ``nn.Module.compile()`` starts tracing at them: torch 2.11 captures nothing for such a model (torch
-    2.14 wraps that frame and does)."""
-    qual = facts.qualname(call.func) or ""
-    if qual.startswith("torch.nn.") and qual.split(".")[-1] != "Module":
-        return qual
-    cls = classes.get((get_full_name_for_node(call.func) or "").split(".")[-1]) if not qual else None
-    return _class_torch_forward(facts, cls, classes, depth) if cls is not None else None
-
-
-def _class_torch_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, depth: int) -> str | None:
-    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
-        return None
-    for base in cls.bases:
-        dotted = get_full_name_for_node(base.value) or ""
-        qual = facts.qualname(base.value) or ""
-        if qual.startswith("torch.nn.") and qual.split(".")[-1] != "Module":
-            return qual
-        parent = classes.get(dotted.split(".")[-1]) if not qual else None
-        if parent is not None and parent is not cls:
-            found = _class_torch_forward(facts, parent, classes, depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-def _defines_no_forward(facts: ScriptFacts, cls: cst.ClassDef, classes: dict, depth: int = 0) -> bool:
-    """A class of this file derived from ``nn.Module`` (through classes of this file) where no class
-    defines ``forward``: an RL agent's ``get_action_and_value`` is called directly, never ``agent(x)``."""
-    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
-        return False
-    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
-        return False
-    for base in cls.bases:
-        qual = facts.qualname(base.value) or ""
-        if qual == "torch.nn.Module":
-            continue
-        parent = classes.get((get_full_name_for_node(base.value) or "").split(".")[-1]) if not qual else None
-        if parent is None or parent is cls or not _defines_no_forward(facts, parent, classes, depth + 1):
-            return False
-    return bool(cls.bases)
-
-
-def _from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, depth: int = 0) -> bool:
-    """``[Net() for _ in range(k)]``, or ``models[0]`` / ``ensemble`` whose value was built so."""
-    if _has_comprehension(value):
-        return True
-    expr = _strip_chain(value)
-    while isinstance(expr, cst.Subscript):
-        expr = expr.value
-    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-    if dotted is None or depth > 3:
-        return False
-    for binding in facts.bindings_of(dotted):
-        if binding.value is value:
-            continue
-        if expr is not value and innermost_loop(binding.ctx) is not None:
-            return True
-        if _from_loop_or_comprehension(facts, binding.value, depth + 1):
-            return True
-    return False
-
-
-def _has_comprehension(node: cst.CSTNode) -> bool:
-    found = False
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= isinstance(n, _COMPREHENSIONS)
-            return not found
-
-    node.visit(_V())
-    return found
 
 
 # -- where the compile goes --------------------------------------------------------------------------------
@@ -594,32 +457,11 @@ def _after_prep(facts: ScriptFacts, block: list, after: cst.CSTNode, name: str) 
         mentions = name in names_in(statement)
         if not mentions:
             continue
-        if _is_prep(statement, name):
+        if is_prep(statement, name):
             after = statement
             continue
         break
     return after
-
-
-def _is_prep(statement: cst.CSTNode, name: str) -> bool:
-    """``model = model.cuda()``, ``model.to(device)``, or ``if device == "cuda":`` around such lines only."""
-    if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
-        return all(_is_prep(item, name) for item in statement.body.body)
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-        return False
-    small = statement.body[0]
-    if isinstance(small, cst.Assign):
-        if len(small.targets) != 1 or get_full_name_for_node(small.targets[0].target) != name:
-            return False
-        value = small.value
-    elif isinstance(small, cst.Expr):
-        value = small.value
-    else:
-        return False
-    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _PREP):
-        return False
-    root = _strip_chain(value)
-    return get_full_name_for_node(root) == name
 
 
 # -- on which device -------------------------------------------------------------------------------------
@@ -637,7 +479,7 @@ def _device_condition(
     tests = {
         facts.module.code_for_node(item.test)
         for item in block[first:last + 1]
-        if isinstance(item, cst.If) and _is_prep(item, name)
+        if isinstance(item, cst.If) and is_prep(item, name)
         and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in call_nodes(item.body))
     }
     guard = tests.pop() if len(tests) == 1 and "\n" not in next(iter(tests)) else None

@@ -25,6 +25,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.attention import causal_construction, negative_infinity
 from tcaudit.script.expressions import argument, is_integer, unparen
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.model_classes import class_of
 from tcaudit.source.triggers import all_of
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -492,15 +493,8 @@ def _causal_buffer(facts: ScriptFacts, function: cst.FunctionDef, cond: cst.Base
     return _tril_buffer(facts, function, subscript.value.attr.value)
 
 
-def _class_of(facts: ScriptFacts, function: cst.FunctionDef) -> cst.ClassDef | None:
-    for fn, ctx in facts.functions:
-        if fn is function:
-            return ctx.class_def
-    return None
-
-
 def _init_calls(facts: ScriptFacts, function: cst.FunctionDef):
-    cls = _class_of(facts, function)
+    cls = class_of(facts, function)
     if cls is None:
         return []
     return [c for c in facts.calls if c.ctx.class_def is cls]

@@ -34,6 +34,7 @@ from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.script.guards import process_count_of
 from tcaudit.script.loader_sharding import feeds_training, is_training_loader
+from tcaudit.script.model_classes import classes_building
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.training_code import flag_frames
 from tcaudit.source.syntax import nodes_of
@@ -160,8 +161,14 @@ class _NormFacts:
     def __init__(self, facts: ScriptFacts, pipeline: PipelineFacts) -> None:
         self.facts = facts
         self.pipeline = pipeline
-        self.bn_classes = _classes_building(facts, lambda qual: qual in _BN_LAYERS or _is_bn_arch(qual))
-        self.sync_classes = _classes_building(facts, lambda qual: qual in _SYNC_BN)
+        # The classes that build the layer directly or through another such class; a layer named as a
+        # parameter default (``norm_layer=nn.BatchNorm2d``, torchvision's blocks) counts too. Base classes
+        # are not read: a subclass of a BatchNorm model of this file is not taken for one (as this rule
+        # always judged), where TrainedModelFacts.conv_classes reads them.
+        self.bn_classes = classes_building(facts, lambda call: _is_bn(call.qualname or ""), defaults=_is_bn)
+        self.sync_classes = classes_building(
+            facts, lambda call: _is_sync_bn(call.qualname or ""), defaults=_is_sync_bn
+        )
 
     def _own_class(self, call: cst.Call) -> str | None:
         dotted = get_full_name_for_node(call.func)
@@ -239,50 +246,19 @@ class _NormFacts:
         return False
 
 
+def _is_bn(qual: str) -> bool:
+    """A BatchNorm layer, or a torchvision classification model built with them."""
+    return qual in _BN_LAYERS or _is_bn_arch(qual)
+
+
+def _is_sync_bn(qual: str) -> bool:
+    return qual in _SYNC_BN
+
+
 def _is_bn_arch(qual: str) -> bool:
     if not qual.startswith("torchvision.models.") or any(part in qual + "." for part in _NOT_CLASSIFICATION):
         return False
     return bool(_BN_ARCH.match(qual.split(".")[-1]))
-
-
-def _classes_building(facts: ScriptFacts, wanted) -> set[str]:
-    """The classes of this file that construct a layer ``wanted`` accepts (by qualified name), directly or
-    through another such class; a layer named as a default (``norm_layer=nn.BatchNorm2d``) counts too."""
-    direct: dict[str, set[str]] = {}
-    found: set[str] = set()
-    calls_by_class: dict[int, list] = {}
-    for call in facts.calls:
-        if call.ctx.class_def is not None:
-            calls_by_class.setdefault(id(call.ctx.class_def), []).append(call)
-    defaults_by_class: dict[int, list[cst.BaseExpression]] = {}
-    for fn, frame in facts.functions:
-        owner = frame.class_def
-        if owner is None:
-            continue
-        for param in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params):
-            if param.default is not None:
-                defaults_by_class.setdefault(id(owner), []).append(param.default)
-    for node, _ in facts.classes:
-        name = node.name.value
-        uses: set[str] = set()
-        for call in calls_by_class.get(id(node), []):
-            qual = call.qualname or ""
-            if wanted(qual):
-                found.add(name)
-            elif call.name:
-                uses.add(call.name.split(".")[-1])
-        for default in defaults_by_class.get(id(node), []):
-            if wanted(facts.qualname(default) or ""):
-                found.add(name)
-        direct[name] = uses
-    changed = True
-    while changed:
-        changed = False
-        for name, uses in direct.items():
-            if name not in found and uses & found:
-                found.add(name)
-                changed = True
-    return found
 
 
 # -- the per-GPU batch ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import libcst as cst
 
 from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.model_classes import class_of
 
 SAMPLERS = frozenset({"multinomial", "argmax", "topk"})
 _SOFTMAX = frozenset({"softmax", "log_softmax"})
@@ -194,7 +195,7 @@ class _Tracer:
         if len(helpers) != 1 or id(helpers[0]) in self.following:
             return False
         helper = helpers[0]
-        if any(ctx.class_def is not None for fn, ctx in self.facts.functions if fn is helper):
+        if class_of(self.facts, helper) is not None:
             return False
         returns = function_returns(helper)
         self.following.add(id(helper))

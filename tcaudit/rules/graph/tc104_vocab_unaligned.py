@@ -75,6 +75,7 @@ from tcaudit.script.callers import direct_callers, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.script.model_classes import callee_class, class_of, classes_building, holds_config
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
 
@@ -638,7 +639,7 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
 
     def model_output(call: cst.Call, scope: cst.FunctionDef | None) -> bool:
         dotted = get_full_name_for_node(call.func) or ""
-        owner = _class_of(facts, scope)
+        owner = class_of(facts, scope)
         if dotted in ("self", "self.forward"):
             return owner is not None and owner.name.value in classes
         if scope is not None and is_parameter(scope, dotted.split(".")[0]):
@@ -710,17 +711,16 @@ def _check_width_reads(facts: ScriptFacts, trace: _Trace, samplers: list[CallSit
                     )
 
 
-def _class_of(facts: ScriptFacts, fn: cst.FunctionDef | None) -> cst.ClassDef | None:
-    return next((ctx.class_def for other, ctx in facts.functions if other is fn), None) if fn is not None else None
-
-
 def _model_classes(facts: ScriptFacts, size: int, names: _SizeNames) -> set[str]:
     """This file's classes that build the embedding of this size (the model whose logits are padded)."""
-    return {
-        c.ctx.class_def.name.value for c in facts.calls
-        if (c.qualname or "") in _EMBEDDING and c.ctx.class_def is not None
-        and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c))
-    }
+    # Only the classes whose own code builds it (``self(...)`` in their ``generate`` is the padded model).
+    # A class that builds such a class is not followed: it may hold the model without being it (a trainer's
+    # ``self.model = GPT(config)``), and its methods read the logits from outside.
+    return classes_building(
+        facts,
+        lambda c: (c.qualname or "") in _EMBEDDING and _sizes(c.arg("num_embeddings", 0), size, names, _owner(c)),
+        through_classes=False,
+    )
 
 
 def _padded_models(facts: ScriptFacts, size: int, names: _SizeNames, classes: set[str]) -> set[str]:
@@ -732,7 +732,7 @@ def _padded_models(facts: ScriptFacts, size: int, names: _SizeNames, classes: se
     }
     out = set()
     for site in pipeline_facts(facts).trained_models:
-        if _callee_class(facts, site.construction) in classes or _contains(site.construction, embeddings):
+        if callee_class(site.construction) in classes or _contains(site.construction, embeddings):
             out.add(site.name)
     return out
 
@@ -782,7 +782,7 @@ def _real_size_at(
     classes: set[str],
 ) -> str:
     scope = enclosing_function(facts, node)
-    owner = _class_of(facts, scope)
+    owner = class_of(facts, scope)
     # Inside the model the script's names are its padded config; a global there (``config``) would tie the
     # class to one instance, so only the literal bounds a read in the model's own methods.
     outside = owner is None or owner.name.value not in classes
@@ -814,7 +814,7 @@ def _construction_plan(
     needs_dataclasses = False
     for site in pipeline_facts(facts).trained_models:
         call = site.construction
-        if _callee_class(facts, call) in config_classes:
+        if callee_class(call) in config_classes:
             continue
         for arg in call.args:
             value = arg.value
@@ -824,7 +824,7 @@ def _construction_plan(
                 arguments.append(PaddedArgument(value, padded_code(code), plain))
             elif _names_the_size(value, names) and _positional_parameter(facts, call, arg) is not None:
                 arguments.append(PaddedArgument(value, padded_code(code), plain))
-            elif not arg.star and isinstance(value, cst.Name) and _holds_config(facts, value, config_classes):
+            elif not arg.star and isinstance(value, cst.Name) and holds_config(facts, value, config_classes):
                 field = next(lit.name for lit in sites if lit.where == "default")
                 replaced = f"dataclasses.replace({code}, {field}={padded_code(f'{code}.{field}')})"
                 arguments.append(PaddedArgument(value, replaced, f"{code}.{field}"))
@@ -856,18 +856,6 @@ def _config_classes(facts: ScriptFacts, sites: list[VocabLiteral]) -> set[str]:
             ):
                 out.add(node.name.value)
     return out
-
-
-def _callee_class(facts: ScriptFacts, call: cst.Call) -> str:
-    return (get_full_name_for_node(call.func) or "").split(".")[-1]
-
-
-def _holds_config(facts: ScriptFacts, name: cst.Name, config_classes: set[str]) -> bool:
-    """Whether every value the name may hold is an instance of one of ``config_classes`` built here."""
-    values = [v for v in facts.binding_values(name) if v is not name]
-    return bool(values) and all(
-        isinstance(v, cst.Call) and _callee_class(facts, v) in config_classes for v in values
-    )
 
 
 def _check_uses_beside_model(
