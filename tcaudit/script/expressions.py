@@ -141,13 +141,6 @@ def assigned_name(call: CallSite) -> str | None:
     return None
 
 
-def is_in_place_name(name: str | None) -> bool:
-    """``add_``, ``masked_fill_``, ``torch.nn.init.normal_``, ``torch._foreach_add_``: torch's in-place
-    naming (a trailing underscore), dunders such as ``__init__`` aside."""
-    last = (name or "").split(".")[-1]
-    return last.endswith("_") and not last.endswith("__")
-
-
 def assigned_targets(call: CallSite) -> list[cst.BaseExpression]:
     for small in _small_statements(call):
         if isinstance(small, cst.Assign) and small.value is call.node:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.expressions import DEVICE_FACTORIES, attribute_chain, keyword_arg, literal
 from tcaudit.script.facts import ScriptFacts
@@ -141,18 +140,3 @@ def is_host_tensor(facts: ScriptFacts, expr: cst.BaseExpression | None, fn: cst.
             continue
         return False
     return True
-
-
-def receiver_root(expr: cst.BaseExpression) -> str | None:
-    """The dotted name a chain of subscripts, attributes and method calls starts from (``buf`` of
-    ``buf[:n].view(-1)``); None where it starts from anything else."""
-    while True:
-        dotted = attribute_chain(expr)
-        if dotted is not None:
-            return dotted
-        if isinstance(expr, cst.Subscript):
-            expr = expr.value
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-            expr = expr.func.value
-        else:
-            return get_full_name_for_node(expr) if isinstance(expr, cst.Name) else None

@@ -4,8 +4,6 @@ analysis, the rules, the model audit's slicing): one home for each."""
 from __future__ import annotations
 
 import re
-from typing import Iterator
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -83,19 +81,6 @@ def is_main_guard(node: cst.CSTNode) -> bool:
     names = {get_full_name_for_node(side) for side in sides}
     strings = {side.evaluated_value for side in sides if isinstance(side, cst.SimpleString)}
     return "__name__" in names and "__main__" in strings
-
-
-def expression_chain(node: cst.BaseExpression | None) -> Iterator[cst.BaseExpression]:
-    """What an expression is built on, outermost first: ``a.b(c)[0].d`` → itself, ``a.b(c)[0]``,
-    ``a.b(c)``, ``a.b``, ``a`` (through calls, attributes and subscripts)."""
-    while node is not None:
-        yield node
-        if isinstance(node, cst.Call):
-            node = node.func
-        elif isinstance(node, (cst.Attribute, cst.Subscript)):
-            node = node.value
-        else:
-            node = None
 
 
 def target_names(target: cst.BaseExpression) -> set[str]:
