@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of, reachable_functions
 from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
@@ -316,7 +317,7 @@ class AmpFacts:
             for _ in range(3):
                 nxt = []
                 for fn in frontier:
-                    for caller in facts.callers(fn):
+                    for caller in callers_of(facts, fn):
                         if facts.in_autocast(caller.ctx):
                             return True
                         outer = caller.ctx.function
@@ -331,7 +332,7 @@ class AmpFacts:
         covering the step rather than guessed wrong (helpers the trace cannot see into)."""
         facts = self.facts
         function = step.function
-        related = {function} | facts.reachable_functions(function)
+        related = {function} | reachable_functions(facts, function)
         if any(fn in self._functions_around_autocast for fn in related):
             return True
         return any(fn is not None and facts.function_has_autocast_decorator(fn) for fn in related)
@@ -420,7 +421,7 @@ class AmpFacts:
     def _single_training_caller(self, function: cst.FunctionDef) -> CallSite | None:
         facts = self.facts
         calls = [
-            c for c in facts.callers(function)
+            c for c in callers_of(facts, function)
             if c.statement is not None and c.ctx.function is not function and not facts.in_eval(c.ctx)
         ]
         return calls[0] if len(calls) == 1 else None
@@ -510,7 +511,7 @@ class AmpFacts:
     def _helper_opens_autocast(self, call: CallSite) -> bool:
         facts = self.facts
         for helper in self._helpers(call):
-            for fn in {helper} | facts.reachable_functions(helper, depth=2):
+            for fn in {helper} | reachable_functions(facts, helper, depth=2):
                 if fn in self._functions_around_autocast or facts.function_has_autocast_decorator(fn):
                     return True
         return False
@@ -525,7 +526,7 @@ class AmpFacts:
         if self._is_module_name(get_full_name_for_node(func)):
             return True
         for helper in self._helpers(call):
-            for fn in {helper} | self.facts.reachable_functions(helper, depth=2):
+            for fn in {helper} | reachable_functions(self.facts, helper, depth=2):
                 if any(c.name in models for c in self.facts.calls_in(fn) if c.name):
                     return True
         return False

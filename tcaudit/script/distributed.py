@@ -25,6 +25,7 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.source.syntax import strip_comments
 
@@ -435,7 +436,7 @@ class DistributedFacts:
         if fn is None or self.facts.function_is_eval(fn):
             yield ctx
             return
-        callers = [c for c in self.facts.callers(fn) if not c.ctx.inside(fn) and not self.facts.in_eval(c.ctx)]
+        callers = [c for c in callers_of(self.facts, fn, outside=True) if not self.facts.in_eval(c.ctx)]
         if not callers:
             yield ctx
             return

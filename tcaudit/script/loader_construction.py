@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
@@ -372,7 +373,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if function is None:
                 return []
             params = [p.name.value for p in function.params.params]
-            calls = [c for c in facts.callers(function) if not c.ctx.inside(function)]
+            calls = callers_of(facts, function, outside=True)
         if name not in params or not calls:
             return []
         out = []
@@ -589,7 +590,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
     def _param_loaders(self, name: str, fn: cst.FunctionDef, depth: int) -> list[LoaderSite] | None:
         params = _positional_params(fn)
         index = params.index(name) if name in params else None
-        callers = [c for c in self.direct_callers(fn) if not c.ctx.inside(fn)]
+        callers = callers_of(self.facts, fn, how="self", outside=True)
         sites: list[LoaderSite] = []
         for caller in callers:
             offset = 1 if params and params[0] in ("self", "cls") and (caller.name or "").startswith(("self.", "cls.")) else 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
@@ -101,9 +102,7 @@ def _values(facts: ScriptFacts, expr: cst.BaseExpression, fn: cst.FunctionDef | 
         if value.value not in params and value.value not in {p.name.value for p in fn.params.kwonly_params}:
             continue
         index = params.index(value.value) if value.value in params else None
-        for caller in facts.callers(fn):
-            if caller.ctx.inside(fn):
-                continue
+        for caller in callers_of(facts, fn, outside=True):
             position = index
             if position is not None and params[:1] in (["self"], ["cls"]) and caller.method is not None:
                 position -= 1
@@ -185,7 +184,7 @@ def made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
         return []
     if not any(isinstance(s, cst.Return) and s.value is call.node for s in statement.node.body):
         return []
-    return [c.node for c in facts.callers(fn) if not c.ctx.inside(fn)]
+    return [c.node for c in callers_of(facts, fn, outside=True)]
 
 
 def is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:

@@ -20,7 +20,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.callers import direct_callers, parameter_receiving
+from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
@@ -408,7 +408,7 @@ def _visible_at(facts: ScriptFacts, dotted: str, ctx: Frame, line: int, depth: i
     if fn is None or depth > 1:
         return None
     # Passed in: every call of the function hands the same visible name to one parameter.
-    callers = direct_callers(facts, fn)
+    callers = callers_of(facts, fn, how="exact", outside=True)
     chosen: set[str] = set()
     for caller in callers:
         param = parameter_receiving(fn, caller.node, head)

@@ -29,6 +29,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import code, distributed_facts, in_test_code
 from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import Frame, ScriptFacts
@@ -398,7 +399,7 @@ class _Bounds:
         params = {p.name.value: p for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
         if dotted not in params:
             return None
-        callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+        callers = callers_of(facts, fn, outside=True)
         if not callers:
             return None
         index = positional.index(dotted) if dotted in positional else None

@@ -71,7 +71,7 @@ from tcaudit.rules.graph.logits_reads import (
     trace_logits,
 )
 from tcaudit.rules.graph.model_rule import ModelContext, ModelRule, impact_text
-from tcaudit.script.callers import direct_callers, parameter_receiving
+from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -754,7 +754,7 @@ def _contains(node: cst.CSTNode, ids: set[int]) -> bool:
 def _receives_a_model(facts: ScriptFacts, fn: cst.FunctionDef, dotted: str, models: set[str]) -> bool:
     """``model`` is a parameter of ``fn`` and every call of ``fn`` in the file passes it a padded model
     (``def sample(model, idx)`` called as ``sample(model, x)``)."""
-    callers = direct_callers(facts, fn)
+    callers = callers_of(facts, fn, how="exact", outside=True)
     if not callers:
         return False
     return all(any(parameter_receiving(fn, c.node, m) == dotted for m in models) for c in callers)

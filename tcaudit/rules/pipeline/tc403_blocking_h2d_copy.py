@@ -16,6 +16,7 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.batch_loops import BatchLoop, element_source
+from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -125,7 +126,7 @@ def _copies_batch_elements(
     if parameter not in params:
         return False
     index = params.index(parameter)
-    callers = [c for c in facts.calls if c.name == function.name.value]
+    callers = callers_of(facts, function, how="bare")
     # Every call of the helper hands it a batch of a loader loop (this one or another): then what it
     # copies is always a loader's batch, whose memory the loader does not reuse while it is referenced.
     return any(_in_loop(c, batch) for c in callers) and all(

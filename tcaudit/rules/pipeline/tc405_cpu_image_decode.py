@@ -23,6 +23,7 @@ from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statemen
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note
+from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -117,7 +118,7 @@ def _in_sample_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSit
         for arg in c.node.args
     ):
         return True
-    return any(_in_sample_loader(facts, pipeline, c, depth - 1) for c in pipeline.direct_callers(fn) if not c.ctx.inside(fn))
+    return any(_in_sample_loader(facts, pipeline, c, depth - 1) for c in callers_of(facts, fn, how="self", outside=True))
 
 
 def _in_dataset_class(cls: cst.ClassDef | None) -> bool:
