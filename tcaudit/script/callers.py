@@ -11,6 +11,9 @@ spelling the question takes (the answers differ on purpose, and ``how`` names th
   ``name(...)`` otherwise (never ``model.train()`` for a ``def train``).
 * ``how="bare"``: ``name(...)`` alone; for a class, its constructions (``Net(...)``).
 
+A lambda has no name of its own: its callers are the calls of the names it is bound to (``make =
+lambda ds: DataLoader(ds)`` ... ``make(train_set)``), however ``how`` asks.
+
 ``outside=True`` leaves out the calls from inside the function itself (its recursion).
 
 Around it: under which parameter name a caller's value arrives (:func:`parameter_receiving`: how a
@@ -39,10 +42,14 @@ _T = TypeVar("_T")
 
 
 def callers_of(
-    facts: ScriptFacts, fn: cst.FunctionDef | cst.ClassDef, how: How = "name", *, outside: bool = False
+    facts: ScriptFacts, fn: cst.FunctionDef | cst.ClassDef | cst.Lambda, how: How = "name", *, outside: bool = False
 ) -> list[CallSite]:
     """The calls of ``fn`` in this file, in the file's order, found ``how`` (see the module's
     docstring); with ``outside``, only those from outside ``fn``."""
+    if isinstance(fn, cst.Lambda):
+        names = [b.target for b in facts.bindings if b.value is fn]
+        found = [c for c in facts.calls if c.name in names]
+        return [c for c in found if not c.ctx.inside(fn)] if outside else found
     name = fn.name.value
     if how == "name":
         if name == "__call__":

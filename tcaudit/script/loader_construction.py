@@ -366,8 +366,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
         lambdas = [f.node for f in site.call.ctx.chain() if f.kind == "lambda"]
         if lambdas:
             params = [p.name.value for p in lambdas[0].params.params]  # type: ignore[attr-defined]
-            names = [b.target for b in facts.bindings if b.value is lambdas[0]]
-            calls = [c for c in facts.calls if c.name in names]
+            calls = callers_of(facts, lambdas[0])
         else:
             function = site.call.ctx.function
             if function is None:

@@ -176,8 +176,7 @@ def made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
     DataLoader(ds, ...)``): the helper's calls in this file."""
     lambdas = [f.node for f in call.ctx.chain() if f.kind == "lambda"]
     if lambdas and lambdas[0].body is call.node:  # type: ignore[attr-defined]
-        names = [b.target for b in facts.bindings if b.value is lambdas[0]]
-        return [c.node for c in facts.calls if c.name in names]
+        return [c.node for c in callers_of(facts, lambdas[0])]
     fn = call.ctx.function
     statement = call.statement
     if lambdas or fn is None or statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
