@@ -22,28 +22,45 @@ calls (:func:`callees`, :func:`reachable_functions`) and the functions that call
 (:func:`calling_functions`), both by ``name(...)`` and ``self.name(...)``.
 
 ScriptFacts itself asks who calls a function that takes a device (``uses_cuda``), so this module
-imports the facts' types for type checking only, and keeps its indexes beside the facts it is given.
+sits below tcaudit/script/facts.py and imports nothing of it: it reads the facts it is given through
+:class:`CallFacts`, and keeps its indexes beside them.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
+from collections.abc import Mapping, Sequence, Set as AbstractSet
+from typing import Any, Callable, Literal, Protocol, TypeVar
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-if TYPE_CHECKING:  # tcaudit.script.facts imports this module
-    from tcaudit.script.facts import CallSite, ScriptFacts
-
 How = Literal["name", "self", "exact", "bare"]
+_CallSite = Any  # a tcaudit.script.facts.CallSite (not imported: see the module's docstring)
 _T = TypeVar("_T")
 
 
+class CallFacts(Protocol):
+    """What this module reads of a file's facts (a :class:`tcaudit.script.facts.ScriptFacts`)."""
+
+    @property
+    def calls(self) -> Sequence[_CallSite]: ...
+
+    @property
+    def functions(self) -> Sequence[tuple[cst.FunctionDef, Any]]: ...  # (function, its Frame)
+
+    @property
+    def bindings(self) -> Sequence[Any]: ...  # Binding
+
+    @property
+    def functions_by_name(self) -> Mapping[str, list[cst.FunctionDef]]: ...
+
+    def calls_in(self, function: cst.FunctionDef | None) -> Sequence[_CallSite]: ...
+
+
 def callers_of(
-    facts: ScriptFacts, fn: cst.FunctionDef | cst.ClassDef | cst.Lambda, how: How = "name", *, outside: bool = False
-) -> list[CallSite]:
+    facts: CallFacts, fn: cst.FunctionDef | cst.ClassDef | cst.Lambda, how: How = "name", *, outside: bool = False
+) -> list[_CallSite]:
     """The calls of ``fn`` in this file, in the file's order, found ``how`` (see the module's
     docstring); with ``outside``, only those from outside ``fn``."""
     if isinstance(fn, cst.Lambda):
@@ -90,7 +107,7 @@ def parameter_receiving(fn: cst.FunctionDef, call: cst.Call, dotted: str) -> str
 # -- the call graph by name ---------------------------------------------------------------------------
 
 
-def callees(facts: ScriptFacts, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
+def callees(facts: CallFacts, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
     """Functions of this file that ``function`` (None: the module's own code) calls by name or as
     ``self.name``."""
     out: set[cst.FunctionDef] = set()
@@ -105,7 +122,7 @@ def callees(facts: ScriptFacts, function: cst.FunctionDef | None) -> set[cst.Fun
     return out
 
 
-def reachable_functions(facts: ScriptFacts, function: cst.FunctionDef | None, depth: int = 3) -> set[cst.FunctionDef]:
+def reachable_functions(facts: CallFacts, function: cst.FunctionDef | None, depth: int = 3) -> set[cst.FunctionDef]:
     """The functions ``function`` reaches through :func:`callees`, up to ``depth`` calls deep."""
     seen: set[cst.FunctionDef] = set()
     frontier = {function}
@@ -120,7 +137,7 @@ def reachable_functions(facts: ScriptFacts, function: cst.FunctionDef | None, de
     return seen
 
 
-def calling_functions(facts: ScriptFacts, fn: cst.FunctionDef) -> AbstractSet[cst.FunctionDef]:
+def calling_functions(facts: CallFacts, fn: cst.FunctionDef) -> AbstractSet[cst.FunctionDef]:
     """The functions of this file that call ``fn`` by name or as ``self.name`` (those whose
     :func:`callees` hold it); read it, do not change it."""
     return _cached(facts, "calling_functions", _calling_functions).get(id(fn), frozenset())
@@ -129,9 +146,9 @@ def calling_functions(facts: ScriptFacts, fn: cst.FunctionDef) -> AbstractSet[cs
 # -- the indexes, built once per file on first use ------------------------------------------------------
 
 
-def _calls_by_callee_name(facts: ScriptFacts) -> dict[str, list[CallSite]]:
+def _calls_by_callee_name(facts: CallFacts) -> dict[str, list[_CallSite]]:
     """Calls by their dotted callee, and a method call also by the method's name."""
-    table: dict[str, list[CallSite]] = {}
+    table: dict[str, list[_CallSite]] = {}
     for call in facts.calls:
         if not call.name:
             continue
@@ -144,7 +161,7 @@ def _calls_by_callee_name(facts: ScriptFacts) -> dict[str, list[CallSite]]:
     return table
 
 
-def _instance_calls(facts: ScriptFacts) -> dict[int, list[CallSite]]:
+def _instance_calls(facts: CallFacts) -> dict[int, list[_CallSite]]:
     """For each ``__call__`` method (by ``id``), the calls of the names its class's instances are bound to."""
     methods = {
         frame.class_def.name.value: node
@@ -156,7 +173,7 @@ def _instance_calls(facts: ScriptFacts) -> dict[int, list[CallSite]]:
         value = binding.value
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in methods:
             holders[binding.target] = methods[value.func.value]
-    table: dict[int, list[CallSite]] = {}
+    table: dict[int, list[_CallSite]] = {}
     for call in facts.calls:
         method = holders.get(call.name or "")
         if method is not None:
@@ -164,7 +181,7 @@ def _instance_calls(facts: ScriptFacts) -> dict[int, list[CallSite]]:
     return table
 
 
-def _calling_functions(facts: ScriptFacts) -> dict[int, set[cst.FunctionDef]]:
+def _calling_functions(facts: CallFacts) -> dict[int, set[cst.FunctionDef]]:
     """For each function (by ``id``), the functions that call it by name or as ``self.name``."""
     table: dict[int, set[cst.FunctionDef]] = {}
     for call in facts.calls:
@@ -181,7 +198,7 @@ def _calling_functions(facts: ScriptFacts) -> dict[int, set[cst.FunctionDef]]:
     return table
 
 
-def _cached(facts: ScriptFacts, key: str, build: Callable[[ScriptFacts], _T]) -> _T:
+def _cached(facts: CallFacts, key: str, build: Callable[[CallFacts], _T]) -> _T:
     # Kept beside the facts by a weak reference (a corpus scan does not keep every file alive); the
     # indexes hold the file's nodes, never the facts themselves.
     tables = _TABLES.get(facts)
@@ -192,4 +209,4 @@ def _cached(facts: ScriptFacts, key: str, build: Callable[[ScriptFacts], _T]) ->
     return tables[key]
 
 
-_TABLES: "weakref.WeakKeyDictionary[ScriptFacts, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_TABLES: "weakref.WeakKeyDictionary[CallFacts, dict[str, Any]]" = weakref.WeakKeyDictionary()
