@@ -19,8 +19,9 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodePosition
 
-from tcaudit.script.expressions import attribute_chain, keyword_arg
+from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import keyword
 
 # -- chains -----------------------------------------------------------------------------------------------
 
@@ -81,7 +82,7 @@ def is_in_place_name(name: str | None) -> bool:
 
 def inplace_keyword(call: cst.Call) -> bool:
     """Whether ``call`` passes ``inplace=True`` (``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``)."""
-    arg = keyword_arg(call, "inplace")
+    arg = keyword(call, "inplace")
     return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"
 
 

@@ -17,7 +17,7 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import call_nodes, nodes_of, param_names, strip_comments
+from tcaudit.source.syntax import call_nodes, keyword, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
@@ -585,7 +585,7 @@ class AmpFacts:
                     out[id(receiver)] = call
                 if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) \
                         and receiver.func.attr.value in ("to", "cuda", "cpu", "train") \
-                        and not any(a.keyword is not None and a.keyword.value == "dtype" for a in receiver.args):
+                        and keyword(receiver, "dtype") is None:
                     receiver = receiver.func.value
                     continue
                 break
@@ -939,15 +939,11 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
     """The expression ``call`` passes for ``param`` of ``function``; None when it cannot be told."""
     if any(arg.star for arg in call.node.args):
         return None
-    for arg in call.node.args:
-        if arg.keyword is not None and arg.keyword.value == param:
-            return arg.value
     names = param_names(function, stars=False)
     bound = "." in (call.name or "") or function.name.value == "__call__"  # ``obj.m(x)``, ``obj(x)``: self is bound
     offset = 1 if names and names[0] in ("self", "cls") and bound else 0
-    index = names.index(param) - offset
-    positional = [arg for arg in call.node.args if arg.keyword is None]
-    return positional[index].value if 0 <= index < len(positional) else None
+    given = keyword(call.node, param, names.index(param) - offset)
+    return given.value if given is not None else None
 
 
 def autocast_dtype_for(

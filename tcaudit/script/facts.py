@@ -26,7 +26,7 @@ from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.walk import code_positions, walk
-from tcaudit.source.syntax import strip_comments
+from tcaudit.source.syntax import keyword, strip_comments
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {
@@ -158,14 +158,13 @@ class CallSite:
         receiver = self.receiver
         return get_full_name_for_node(receiver) if receiver is not None else None
 
-    def arg(self, keyword: str, position: int | None = None) -> cst.BaseExpression | None:
-        for index, arg in enumerate(a for a in self.node.args if a.keyword is None and not a.star):
-            if position is not None and index == position:
-                return arg.value
-        for arg in self.node.args:
-            if arg.keyword is not None and arg.keyword.value == keyword:
-                return arg.value
-        return None
+    def arg(self, key: str, position: int | None = None) -> cst.BaseExpression | None:
+        """The value the call passes at ``position`` (``*args`` not counted), else as ``key=``; None when
+        it passes neither."""
+        found = keyword(self.node, None, position)
+        if found is None:
+            found = keyword(self.node, key)
+        return found.value if found is not None else None
 
     @property
     def has_star_kwargs(self) -> bool:

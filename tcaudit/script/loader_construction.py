@@ -18,11 +18,11 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
-from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal, moves_to_device
+from tcaudit.script.expressions import assigned_name, function_returns, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import nodes_of, param_names
+from tcaudit.source.syntax import keyword, nodes_of, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.
@@ -476,7 +476,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
                     site = CallSite(value, None, None, self.facts.module_frame, None)
                     if moves_to_device(site):
                         return True
-                if keyword_arg(value, "device") is not None and literal(keyword_arg(value, "device").value) != "cpu":
+                if keyword(value, "device") is not None and literal(keyword(value, "device").value) != "cpu":
                     return True
         return False
 

@@ -15,9 +15,9 @@ import functools
 import libcst as cst
 
 from tcaudit.script.callers import callers_of, calling_functions
-from tcaudit.script.expressions import keyword_arg, literal
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import is_main_guard
+from tcaudit.source.syntax import is_main_guard, keyword
 
 
 def flag_frames(ctx: Frame) -> list[Frame]:
@@ -148,9 +148,9 @@ class TrainingCodeFacts:
     def _disabled_autocast(self, expr: cst.BaseExpression) -> bool:
         if not isinstance(expr, cst.Call):
             return False
-        enabled = keyword_arg(expr, "enabled")
+        enabled = keyword(expr, "enabled")
         if enabled is not None and literal(enabled.value) is False:
             return True
-        device = keyword_arg(expr, "device_type")
+        device = keyword(expr, "device_type")
         first = device.value if device is not None else (expr.args[0].value if expr.args and expr.args[0].keyword is None else None)
         return literal(first) == "cpu" or (self.facts.qualname(expr.func) or "").startswith("torch.cpu.")

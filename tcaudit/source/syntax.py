@@ -70,6 +70,21 @@ def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
     return names
 
 
+def keyword(call: cst.Call, key: str | None, position: int | None = None) -> cst.Arg | None:
+    """The argument ``call`` passes as ``key=`` (the first, should it repeat one); failing that, with
+    ``position``, its positional argument there, ``*args`` and ``**kwargs`` not counted (a negative
+    position is none). ``key`` None looks at the position alone. The one look-up of a call's argument
+    (``CallSite.arg`` asks it too)."""
+    if key is not None:
+        found = next((a for a in call.args if a.keyword is not None and a.keyword.value == key), None)
+        if found is not None:
+            return found
+    if position is None or position < 0:
+        return None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position] if position < len(positional) else None
+
+
 def is_main_guard(node: cst.CSTNode) -> bool:
     """``if __name__ == "__main__":`` (either side first)."""
     if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):

@@ -21,7 +21,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.costs import cost_note
 from tcaudit.rules.advice import little_to_gain
@@ -33,7 +33,7 @@ from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import CONV2D_LAYERS, MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import call_nodes, method_of, strip_comments
+from tcaudit.source.syntax import call_nodes, keyword, method_of, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(

@@ -287,7 +287,7 @@ def _receiver(facts: ScriptFacts, sampler: CallSite, loop: Frame) -> tuple[str, 
         loader_type = _other_iterables(facts, owner, bindings, loader)
         if loader_type is not None:
             guards.append(f"isinstance({seen}, {loader_type})")
-        if _may_be_none(facts, [_sampler_argument(loader.node)]):
+        if _may_be_none(facts, [loader.arg("sampler")]):
             guards.append(f"{seen}.sampler is not None")
         return f"{seen}.sampler", " and ".join(guards) or None
     raise DeclineFix("the DataLoader holding the sampler has no name the epoch loop can see")
@@ -426,10 +426,6 @@ def _first_param(fn: cst.FunctionDef) -> str | None:
 
 
 # -- the loader that holds the sampler ------------------------------------------------------------------
-
-
-def _sampler_argument(loader: cst.Call) -> cst.BaseExpression:
-    return next(a.value for a in loader.args if a.keyword is not None and a.keyword.value == "sampler")
 
 
 def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> CallSite | None:

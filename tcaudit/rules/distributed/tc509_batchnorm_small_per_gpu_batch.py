@@ -37,7 +37,7 @@ from tcaudit.script.guards import process_count_of
 from tcaudit.script.loader_sharding import feeds_training, is_training_loader
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import keyword, nodes_of
 from tcaudit.source.triggers import all_of
 
 SMALL_BATCH = 16  # fewer samples per GPU than this: BN statistics get noisy (Wu & He 2018, Fig. 1)
@@ -175,7 +175,7 @@ class _NormFacts:
         """A call that builds a model with plain BatchNorm layers: a torchvision BN architecture (by
         factory or by a name whose every value is one), a class of this file, or a container of them."""
         facts = self.facts
-        if any(a.keyword is not None and a.keyword.value == "norm_layer" for a in call.args):
+        if keyword(call, "norm_layer") is not None:
             return False  # ``resnet50(norm_layer=...)``: another normalisation
         qual = facts.qualname(call.func) or ""
         if _is_bn_arch(qual):

@@ -76,6 +76,7 @@ from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 VOCAB_MULTIPLE = 64
@@ -300,7 +301,7 @@ class VocabSizeLiteral(ScriptRule):
             return
         builds_vocab = any(
             (c.qualname or "") in _EMBEDDING
-            or any(a.keyword is not None and a.keyword.value == "vocab_size" for a in c.node.args)
+            or keyword(c.node, "vocab_size") is not None
             for c in facts.calls
         )
         if not builds_vocab:
@@ -420,15 +421,14 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
             if qual in _EMBEDDING and positional and _integer(positional[0]) is not None:
                 found.append(VocabLiteral(positional[0], "num_embeddings", "layer"))
             if qual in _LINEAR:
-                out = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "out_features"),
-                           positional[1] if len(positional) > 1 else None)
-                if _integer(out) is not None:
-                    found.append(VocabLiteral(out, "out_features", "layer"))
+                out = keyword(node, "out_features", 1)
+                if out is not None and _integer(out.value) is not None:
+                    found.append(VocabLiteral(out.value, "out_features", "layer"))
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
                 dest = flag_dest(node)
-                default = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"), None)
-                if _integer(default) is not None and is_vocab_name(dest):
-                    found.append(VocabLiteral(default, dest, "argparse"))
+                default = keyword(node, "default")
+                if default is not None and _integer(default.value) is not None and is_vocab_name(dest):
+                    found.append(VocabLiteral(default.value, dest, "argparse"))
 
     facts.module.visit(_V())
     # Literals in the layers are a vocabulary only as a pair: an embedding and a head of the same size

@@ -21,6 +21,7 @@ from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 
@@ -82,7 +83,7 @@ def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
 def _copies_batch(facts: ScriptFacts, call: CallSite, batch: BatchLoop, loops: list[BatchLoop]) -> bool:
     if call.method not in ("cuda", "to") or not moves_to_device(call):
         return False
-    if any(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in call.node.args):
+    if keyword(call.node, "non_blocking") is not None:
         return False  # non_blocking=False written out is a choice
     if call.method == "to" and len([a for a in call.node.args if a.keyword is None]) > 1:
         return False  # .to(device, dtype, non_blocking) positional forms
