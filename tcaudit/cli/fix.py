@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tcaudit.findings import FixClass, parse_classes
+from tcaudit.findings import parse_classes
 
 DEFAULT_CLASSES = "safe,numerics"
 # How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).

@@ -23,7 +23,6 @@ Settings come from the same config files the command line reads (the nearest ``p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor

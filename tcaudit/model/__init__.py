@@ -19,7 +19,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tcaudit import progress
 from tcaudit.findings import Finding
@@ -27,7 +27,7 @@ from tcaudit.findings import Finding
 if TYPE_CHECKING:
     from tcaudit.config import ModelSpec, Settings
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.model_profile import AuditedModels
+    from tcaudit.model_profile import AuditedModels, ModelProfile
     from tcaudit.source.parsing import SourceFile
 
 TORCH_MISSING_NOTE = (

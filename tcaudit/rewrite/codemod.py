@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import libcst as cst
 
 from tcaudit.config import Settings
+from tcaudit.findings import DeclineFix
 from tcaudit.script.facts import ScriptFacts
 
 

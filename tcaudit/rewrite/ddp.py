@@ -43,6 +43,7 @@ from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_imp
 from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
@@ -349,7 +350,7 @@ class DdpConversion:
                 return not contains(plan.guard, node)
             return any(
                 c.ctx.function is None and not contains(plan.guard, c.node)
-                for c in self.pipeline.direct_callers(ctx_function)
+                for c in callers_of(self.facts, ctx_function, how="self")
             )
         if ctx_function is None:
             imports_end = import_block_end(self.facts)
@@ -501,7 +502,7 @@ class DdpConversion:
         if plan.model.startswith("self.") or plan.model not in names:
             return False
         index = names.index(plan.model) - (1 if names[:1] in (["self"], ["cls"]) else 0)
-        callers = self.pipeline.direct_callers(function)
+        callers = callers_of(facts, function, how="self")
         return bool(callers) and all(
             caller.ctx.function is plan.wrap_function
             and facts.line_of(caller.node) >= plan.wrap_line
@@ -540,7 +541,7 @@ class DdpConversion:
         """A call of ``function`` that may run before the wrap: in the wrap's scope above it, or in a
         function (other than the wrap's) that has such a call itself, two calls deep."""
         facts = self.facts
-        for caller in self.pipeline.direct_callers(function):
+        for caller in callers_of(facts, function, how="self"):
             scope = caller.ctx.function
             if scope is plan.wrap_function:
                 if facts.line_of(caller.node) < plan.wrap_line:

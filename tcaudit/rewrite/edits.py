@@ -17,6 +17,7 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end
 from tcaudit.source.syntax import contains  # noqa: F401 - its home is source.syntax; fixes import it here too
+from tcaudit.source.syntax import keyword
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,11 +35,6 @@ def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
     """The plan for inserting ``code`` as a module-level statement after the leading imports."""
     last = import_block_end(facts)
     return InsertSetting(facts.position(last).end.line if last is not None else 0, code)
-
-
-
-def keyword(call: cst.Call, key: str) -> cst.Arg | None:
-    return next((a for a in call.args if a.keyword is not None and a.keyword.value == key), None)
 
 
 def add_keyword(call: cst.Call, key: str, value: cst.BaseExpression) -> cst.Call:

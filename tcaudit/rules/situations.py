@@ -18,7 +18,8 @@ from typing import Iterable
 
 from tcaudit.findings import Finding, Situation, SituationKind
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.script.expressions import keyword_arg, literal
+from tcaudit.script.expressions import literal
+from tcaudit.source.syntax import keyword
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def instances(situation: Situation, facts: ScriptFacts) -> int:
         return sum(
             1 for call in facts.calls
             if (call.qualname or "").endswith(".SGD")
-            and (fused := keyword_arg(call.node, "fused")) is not None and literal(fused.value) is True
+            and (fused := keyword(call.node, "fused")) is not None and literal(fused.value) is True
         )
     raise ValueError(f"no count for {situation.kind}")
 

@@ -13,11 +13,12 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit import gpus
+from tcaudit.script.callers import callers_of, reachable_functions
 from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import call_nodes, nodes_of, param_names, strip_comments
+from tcaudit.source.syntax import call_nodes, keyword, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
@@ -317,7 +318,7 @@ class AmpFacts:
             for _ in range(3):
                 nxt = []
                 for fn in frontier:
-                    for caller in facts.callers(fn):
+                    for caller in callers_of(facts, fn):
                         if facts.in_autocast(caller.ctx):
                             return True
                         outer = caller.ctx.function
@@ -332,7 +333,7 @@ class AmpFacts:
         covering the step rather than guessed wrong (helpers the trace cannot see into)."""
         facts = self.facts
         function = step.function
-        related = {function} | facts.reachable_functions(function)
+        related = {function} | reachable_functions(facts, function)
         if any(fn in self._functions_around_autocast for fn in related):
             return True
         return any(fn is not None and facts.function_has_autocast_decorator(fn) for fn in related)
@@ -421,7 +422,7 @@ class AmpFacts:
     def _single_training_caller(self, function: cst.FunctionDef) -> CallSite | None:
         facts = self.facts
         calls = [
-            c for c in facts.callers(function)
+            c for c in callers_of(facts, function)
             if c.statement is not None and c.ctx.function is not function and not facts.in_eval(c.ctx)
         ]
         return calls[0] if len(calls) == 1 else None
@@ -511,7 +512,7 @@ class AmpFacts:
     def _helper_opens_autocast(self, call: CallSite) -> bool:
         facts = self.facts
         for helper in self._helpers(call):
-            for fn in {helper} | facts.reachable_functions(helper, depth=2):
+            for fn in {helper} | reachable_functions(facts, helper, depth=2):
                 if fn in self._functions_around_autocast or facts.function_has_autocast_decorator(fn):
                     return True
         return False
@@ -526,7 +527,7 @@ class AmpFacts:
         if self._is_module_name(get_full_name_for_node(func)):
             return True
         for helper in self._helpers(call):
-            for fn in {helper} | self.facts.reachable_functions(helper, depth=2):
+            for fn in {helper} | reachable_functions(self.facts, helper, depth=2):
                 if any(c.name in models for c in self.facts.calls_in(fn) if c.name):
                     return True
         return False
@@ -585,7 +586,7 @@ class AmpFacts:
                     out[id(receiver)] = call
                 if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) \
                         and receiver.func.attr.value in ("to", "cuda", "cpu", "train") \
-                        and not any(a.keyword is not None and a.keyword.value == "dtype" for a in receiver.args):
+                        and keyword(receiver, "dtype") is None:
                     receiver = receiver.func.value
                     continue
                 break
@@ -936,15 +937,11 @@ def _argument_for(function: cst.FunctionDef, call: CallSite, param: str) -> cst.
     """The expression ``call`` passes for ``param`` of ``function``; None when it cannot be told."""
     if any(arg.star for arg in call.node.args):
         return None
-    for arg in call.node.args:
-        if arg.keyword is not None and arg.keyword.value == param:
-            return arg.value
     names = param_names(function, stars=False)
     bound = "." in (call.name or "") or function.name.value == "__call__"  # ``obj.m(x)``, ``obj(x)``: self is bound
     offset = 1 if names and names[0] in ("self", "cls") and bound else 0
-    index = names.index(param) - offset
-    positional = [arg for arg in call.node.args if arg.keyword is None]
-    return positional[index].value if 0 <= index < len(positional) else None
+    given = keyword(call.node, param, names.index(param) - offset)
+    return given.value if given is not None else None
 
 
 def autocast_dtype_for(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
@@ -149,7 +150,7 @@ class BatchLoopFacts(LoaderConstructionFacts):
         fn = ctx.function
         if fn is None or depth == 0:
             return False
-        return any(self.repeats(c.ctx, depth - 1) for c in self.direct_callers(fn) if not c.ctx.inside(fn))
+        return any(self.repeats(c.ctx, depth - 1) for c in callers_of(self.facts, fn, how="self", outside=True))
 
 
 def _add_unpacked(batch: BatchLoop) -> None:

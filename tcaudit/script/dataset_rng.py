@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
@@ -346,9 +347,7 @@ def _from_callers(
     params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
     index = params.index(name) if name in params else None
     out: list[tuple[cst.BaseExpression, bool]] = []
-    for caller in pipeline.direct_callers(fn):
-        if caller.ctx.inside(fn):
-            continue
+    for caller in callers_of(pipeline.facts, fn, how="self", outside=True):
         offset = 1 if params and params[0] in ("self", "cls") and (caller.name or "").startswith(("self.", "cls.")) else 0
         arg = caller.arg(name, None if index is None else index - offset)
         if arg is not None:

@@ -25,8 +25,9 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import strip_comments
+from tcaudit.source.syntax import keyword, strip_comments
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -221,15 +222,15 @@ def star_kwargs_keys(facts: ScriptFacts, call: CallSite) -> set[str] | None:
     return keys
 
 
-def passes_keyword(facts: ScriptFacts, call: CallSite, keyword: str) -> bool | None:
-    """True when the call passes ``keyword`` (directly or through a visible ``**kwargs`` dict), False
+def passes_keyword(facts: ScriptFacts, call: CallSite, key: str) -> bool | None:
+    """True when the call passes ``key=`` (directly or through a visible ``**kwargs`` dict), False
     when it certainly does not, None when a ``**kwargs`` dict cannot be seen."""
-    if any(a.keyword is not None and a.keyword.value == keyword for a in call.node.args):
+    if keyword(call.node, key) is not None:
         return True
     keys = star_kwargs_keys(facts, call)
     if keys is None:
         return None
-    return keyword in keys
+    return key in keys
 
 
 _TEST_FUNCTION = re.compile(r"^_*test")
@@ -435,7 +436,7 @@ class DistributedFacts:
         if fn is None or self.facts.function_is_eval(fn):
             yield ctx
             return
-        callers = [c for c in self.facts.callers(fn) if not c.ctx.inside(fn) and not self.facts.in_eval(c.ctx)]
+        callers = [c for c in callers_of(self.facts, fn, outside=True) if not self.facts.in_eval(c.ctx)]
         if not callers:
             yield ctx
             return

@@ -1,17 +1,17 @@
-"""Values read out of syntax, shared by the facts modules: literals, keyword arguments, the
-``return`` values of a function, the names a call's statement assigns, an argparse option's dest,
-and whether an expression names a device (``.to(device)`` moves a tensor, ``.to(torch.float16)`` does not)."""
+"""Values read out of syntax, shared by the facts modules: literals, the ``return`` values of a
+function, the names a call's statement assigns, an argparse option's dest, and whether an expression
+names a device (``.to(device)`` moves a tensor, ``.to(torch.float16)`` does not). A call's argument by
+keyword or position is :func:`tcaudit.source.syntax.keyword` (``CallSite.arg`` for a call site)."""
 
 from __future__ import annotations
 
 import re
 
-from typing import Sequence
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import keyword
 
 # Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
 CHECKPOINT_LOAD = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
@@ -89,17 +89,10 @@ def attribute_chain(expr: cst.BaseExpression) -> str | None:
     return None
 
 
-def keyword_arg(call: cst.Call, key: str) -> cst.Arg | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == key:
-            return arg
-    return None
-
-
 def flag_dest(call: cst.Call) -> str | None:
     """The attribute an ``add_argument(...)`` call sets: ``dest=``, else the first long option
     (``"-a", "--arch"`` → ``arch``, ``--vocab-size`` → ``vocab_size``), else the positional name."""
-    named = keyword_arg(call, "dest")
+    named = keyword(call, "dest")
     if named is not None:
         value = literal(named.value)
         return value if isinstance(value, str) else None
@@ -139,13 +132,6 @@ def assigned_name(call: CallSite) -> str | None:
         if isinstance(small, cst.AnnAssign) and small.value is call.node:
             return get_full_name_for_node(small.target)
     return None
-
-
-def is_in_place_name(name: str | None) -> bool:
-    """``add_``, ``masked_fill_``, ``torch.nn.init.normal_``, ``torch._foreach_add_``: torch's in-place
-    naming (a trailing underscore), dunders such as ``__init__`` aside."""
-    last = (name or "").split(".")[-1]
-    return last.endswith("_") and not last.endswith("__")
 
 
 def assigned_targets(call: CallSite) -> list[cst.BaseExpression]:
@@ -204,13 +190,4 @@ def unparen(node: cst.BaseExpression) -> cst.BaseExpression:
 def is_integer(node: cst.CSTNode | None, value: str) -> bool:
     """Whether ``node`` is the integer literal ``value`` (as written: ``"0"``, ``"1"``)."""
     return isinstance(node, cst.Integer) and node.value == value
-
-
-def argument(args: Sequence[cst.Arg], keyword: str, position: int) -> cst.BaseExpression | None:
-    """A call's argument given as ``keyword=`` or as the positional argument at ``position``."""
-    for arg in args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg.value
-    positional = [a for a in args if a.keyword is None and not a.star]
-    return positional[position].value if len(positional) > position else None
 

@@ -22,10 +22,11 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.walk import code_positions, walk
-from tcaudit.source.syntax import strip_comments
+from tcaudit.source.syntax import keyword, strip_comments
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {
@@ -157,14 +158,13 @@ class CallSite:
         receiver = self.receiver
         return get_full_name_for_node(receiver) if receiver is not None else None
 
-    def arg(self, keyword: str, position: int | None = None) -> cst.BaseExpression | None:
-        for index, arg in enumerate(a for a in self.node.args if a.keyword is None and not a.star):
-            if position is not None and index == position:
-                return arg.value
-        for arg in self.node.args:
-            if arg.keyword is not None and arg.keyword.value == keyword:
-                return arg.value
-        return None
+    def arg(self, key: str, position: int | None = None) -> cst.BaseExpression | None:
+        """The value the call passes at ``position`` (``*args`` not counted), else as ``key=``; None when
+        it passes neither."""
+        found = keyword(self.node, None, position)
+        if found is None:
+            found = keyword(self.node, key)
+        return found.value if found is not None else None
 
     @property
     def has_star_kwargs(self) -> bool:
@@ -683,73 +683,6 @@ class ScriptFacts:
         """The classes of this file by name (of two with one name, the later); read it, do not change it."""
         return {node.name.value: node for node, _ in self.classes}
 
-    def callees(self, function: cst.FunctionDef | None) -> set[cst.FunctionDef]:
-        """Functions of this file that ``function`` calls by name or as ``self.name``."""
-        out: set[cst.FunctionDef] = set()
-        for call in self.calls_in(function):
-            name = call.name or ""
-            short = name[5:] if name.startswith("self.") else name
-            if "." in short:
-                continue
-            for target in self.functions_by_name.get(short, []):
-                if target is not function:
-                    out.add(target)
-        return out
-
-    def reachable_functions(self, function: cst.FunctionDef | None, depth: int = 3) -> set[cst.FunctionDef]:
-        seen: set[cst.FunctionDef] = set()
-        frontier = {function}
-        for _ in range(depth):
-            nxt: set[cst.FunctionDef] = set()
-            for fn in frontier:
-                for callee in self.callees(fn):
-                    if callee not in seen:
-                        seen.add(callee)
-                        nxt.add(callee)
-            frontier = nxt  # type: ignore[assignment]
-        return seen
-
-    def callers(self, function: cst.FunctionDef) -> list[CallSite]:
-        """Calls by the function's name: ``name(...)``, ``self.name(...)``, ``anything.name(...)``; for a
-        ``__call__`` method, calls of the names its class's instances are bound to (``scaler =
-        NativeScaler()`` ... ``scaler(loss, optimizer)``)."""
-        if function.name.value == "__call__":
-            return self._instance_calls.get(id(function), [])
-        return self._calls_by_callee_name.get(function.name.value, [])
-
-    @functools.cached_property
-    def _instance_calls(self) -> dict[int, list[CallSite]]:
-        methods = {
-            frame.class_def.name.value: node
-            for node, frame in self.functions
-            if node.name.value == "__call__" and frame.class_def is not None
-        }
-        holders: dict[str, cst.FunctionDef] = {}
-        for binding in self.bindings:
-            value = binding.value
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in methods:
-                holders[binding.target] = methods[value.func.value]
-        table: dict[int, list[CallSite]] = {}
-        for call in self.calls:
-            method = holders.get(call.name or "")
-            if method is not None:
-                table.setdefault(id(method), []).append(call)
-        return table
-
-    @functools.cached_property
-    def _calls_by_callee_name(self) -> dict[str, list[CallSite]]:
-        table: dict[str, list[CallSite]] = {}
-        for call in self.calls:
-            if not call.name:
-                continue
-            keys = {call.name}
-            method = call.method
-            if method and call.name.endswith("." + method):
-                keys.add(method)
-            for key in keys:
-                table.setdefault(key, []).append(call)
-        return table
-
     # -- classification -----------------------------------------------------------------------------
     def is_autocast_expr(self, expr: cst.BaseExpression) -> bool:
         """True when ``expr`` may be (or make) an autocast context: a direct call, an alias,
@@ -967,11 +900,11 @@ class ScriptFacts:
         for fn in functions:
             positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
             index = positional.index(name) if name in positional else None
-            callers = [c for c in self.callers(fn) if not c.ctx.inside(fn)]
+            callers = callers_of(self, fn, outside=True)
             if not callers and fn.name.value == "__init__":
                 cls = next((c for c, _ in self.classes if _defines(c, fn)), None)
                 if cls is not None:
-                    callers = [c for c in self.calls if c.name == cls.name.value]
+                    callers = callers_of(self, cls, how="bare")
                     index = index - 1 if index is not None and positional[:1] == ["self"] else index
             elif index is not None and positional[:1] in (["self"], ["cls"]):
                 index -= 1

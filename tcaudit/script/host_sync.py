@@ -7,11 +7,10 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.expressions import DEVICE_FACTORIES, attribute_chain, keyword_arg, literal
+from tcaudit.script.expressions import DEVICE_FACTORIES, attribute_chain, literal
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.syntax import param_names
+from tcaudit.source.syntax import keyword, param_names
 
 # Tensor methods that bring a value to the host; on a CUDA tensor each waits for the stream.
 SYNC_METHODS = ("item", "cpu", "numpy", "tolist")
@@ -86,7 +85,7 @@ def names_host_device(facts: ScriptFacts, expr: cst.BaseExpression | None, fn: c
         if isinstance(value, str) and value.split(":")[0] == "cpu":
             continue
         if isinstance(leaf, cst.Call) and facts.qualname(leaf.func) == "torch.device":
-            kind = keyword_arg(leaf, "type")
+            kind = keyword(leaf, "type")
             first = kind.value if kind is not None else (leaf.args[0].value if leaf.args else None)
             value = literal(first)
             if isinstance(value, str) and value.split(":")[0] == "cpu":
@@ -118,20 +117,20 @@ def is_host_tensor(facts: ScriptFacts, expr: cst.BaseExpression | None, fn: cst.
         func = leaf.func
         method = func.attr.value if isinstance(func, cst.Attribute) else None
         qual = facts.qualname(func) or ""
-        pinned = keyword_arg(leaf, "pin_memory")
+        pinned = keyword(leaf, "pin_memory")
         if pinned is not None and literal(pinned.value) is True:
             continue
         if method in _HOST_METHODS or qual in _HOST_FUNCTIONS:
             continue
         if method == "to":
-            device = keyword_arg(leaf, "device")
+            device = keyword(leaf, "device")
             first = device.value if device is not None else next((a.value for a in leaf.args if a.keyword is None), None)
-            blocking = keyword_arg(leaf, "non_blocking")
+            blocking = keyword(leaf, "non_blocking")
             if names_host_device(facts, first, fn) and (blocking is None or literal(blocking.value) is False):
                 continue
             return False
         if qual in DEVICE_FACTORIES:
-            device = keyword_arg(leaf, "device")
+            device = keyword(leaf, "device")
             if device is not None:
                 if names_host_device(facts, device.value, fn):
                     continue
@@ -141,18 +140,3 @@ def is_host_tensor(facts: ScriptFacts, expr: cst.BaseExpression | None, fn: cst.
             continue
         return False
     return True
-
-
-def receiver_root(expr: cst.BaseExpression) -> str | None:
-    """The dotted name a chain of subscripts, attributes and method calls starts from (``buf`` of
-    ``buf[:n].view(-1)``); None where it starts from anything else."""
-    while True:
-        dotted = attribute_chain(expr)
-        if dotted is not None:
-            return dotted
-        if isinstance(expr, cst.Subscript):
-            expr = expr.value
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-            expr = expr.func.value
-        else:
-            return get_full_name_for_node(expr) if isinstance(expr, cst.Name) else None

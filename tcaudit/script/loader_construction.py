@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal, moves_to_device
+from tcaudit.script.callers import callers_of
+from tcaudit.script.expressions import assigned_name, function_returns, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import nodes_of, param_names
+from tcaudit.source.syntax import keyword, nodes_of, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.
@@ -365,14 +366,13 @@ class LoaderConstructionFacts(TrainedModelFacts):
         lambdas = [f.node for f in site.call.ctx.chain() if f.kind == "lambda"]
         if lambdas:
             params = [p.name.value for p in lambdas[0].params.params]  # type: ignore[attr-defined]
-            names = [b.target for b in facts.bindings if b.value is lambdas[0]]
-            calls = [c for c in facts.calls if c.name in names]
+            calls = callers_of(facts, lambdas[0])
         else:
             function = site.call.ctx.function
             if function is None:
                 return []
             params = [p.name.value for p in function.params.params]
-            calls = [c for c in facts.callers(function) if not c.ctx.inside(function)]
+            calls = callers_of(facts, function, outside=True)
         if name not in params or not calls:
             return []
         out = []
@@ -476,7 +476,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
                     site = CallSite(value, None, None, self.facts.module_frame, None)
                     if moves_to_device(site):
                         return True
-                if keyword_arg(value, "device") is not None and literal(keyword_arg(value, "device").value) != "cpu":
+                if keyword(value, "device") is not None and literal(keyword(value, "device").value) != "cpu":
                     return True
         return False
 
@@ -589,7 +589,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
     def _param_loaders(self, name: str, fn: cst.FunctionDef, depth: int) -> list[LoaderSite] | None:
         params = _positional_params(fn)
         index = params.index(name) if name in params else None
-        callers = [c for c in self.direct_callers(fn) if not c.ctx.inside(fn)]
+        callers = callers_of(self.facts, fn, how="self", outside=True)
         sites: list[LoaderSite] = []
         for caller in callers:
             offset = 1 if params and params[0] in ("self", "cls") and (caller.name or "").startswith(("self.", "cls.")) else 0

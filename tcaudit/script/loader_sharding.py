@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
@@ -102,9 +103,7 @@ def _values(facts: ScriptFacts, expr: cst.BaseExpression, fn: cst.FunctionDef | 
         if value.value not in params and value.value not in {p.name.value for p in fn.params.kwonly_params}:
             continue
         index = params.index(value.value) if value.value in params else None
-        for caller in facts.callers(fn):
-            if caller.ctx.inside(fn):
-                continue
+        for caller in callers_of(facts, fn, outside=True):
             position = index
             if position is not None and params[:1] in (["self"], ["cls"]) and caller.method is not None:
                 position -= 1
@@ -178,15 +177,14 @@ def made_by(facts: ScriptFacts, call: CallSite) -> list[cst.Call]:
     DataLoader(ds, ...)``): the helper's calls in this file."""
     lambdas = [f.node for f in call.ctx.chain() if f.kind == "lambda"]
     if lambdas and lambdas[0].body is call.node:  # type: ignore[attr-defined]
-        names = [b.target for b in facts.bindings if b.value is lambdas[0]]
-        return [c.node for c in facts.calls if c.name in names]
+        return [c.node for c in callers_of(facts, lambdas[0])]
     fn = call.ctx.function
     statement = call.statement
     if lambdas or fn is None or statement is None or not isinstance(statement.node, cst.SimpleStatementLine):
         return []
     if not any(isinstance(s, cst.Return) and s.value is call.node for s in statement.node.body):
         return []
-    return [c.node for c in facts.callers(fn) if not c.ctx.inside(fn)]
+    return [c.node for c in callers_of(facts, fn, outside=True)]
 
 
 def is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSite, name: str | None) -> bool:

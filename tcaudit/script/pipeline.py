@@ -15,7 +15,6 @@ for inserting a global setting after the imports (TC301, TC302).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import libcst as cst
 

@@ -15,6 +15,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value, names_in
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive
@@ -155,7 +156,7 @@ def runs_every_step(facts: ScriptFacts, ctx: Frame, depth: int = MAX_CALL_DEPTH)
             assert isinstance(fn, cst.FunctionDef)
             if facts.function_is_eval(fn) or depth <= 0:
                 return False
-            callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+            callers = callers_of(facts, fn, outside=True)
             return any(runs_every_step(facts, c.ctx, depth - 1) for c in callers)
         if kind in ("class", "lambda"):
             return False

@@ -18,10 +18,11 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
 from tcaudit.script.distributed import innermost_loop
-from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, keyword_arg, literal
+from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
 from tcaudit.script.training_code import TrainingCodeFacts
+from tcaudit.source.syntax import keyword
 
 # torchvision/timm convnet families (classification and segmentation backbones with fixed input sizes).
 _CONV_ARCH = re.compile(
@@ -194,12 +195,9 @@ class TrainedModelFacts(TrainingCodeFacts):
         qual = self.facts.qualname(call.func) or ""
         if not qual.endswith("Conv2d") or "Transpose" in qual:
             return False
-        kernel_arg, stride_arg = keyword_arg(call, "kernel_size"), keyword_arg(call, "stride")
+        kernel_arg, stride_arg = keyword(call, "kernel_size", 2), keyword(call, "stride", 3)
         kernel = kernel_arg.value if kernel_arg is not None else None
         stride = stride_arg.value if stride_arg is not None else None
-        positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
-        kernel = kernel if kernel is not None else (positional[2] if len(positional) > 2 else None)
-        stride = stride if stride is not None else (positional[3] if len(positional) > 3 else None)
         if kernel is None or stride is None:
             return False
         code = self.facts.module.code_for_node
@@ -240,11 +238,8 @@ class TrainedModelFacts(TrainingCodeFacts):
                 return args[1]
             return None
         if (facts.qualname(func) or "") in _NAMED_FACTORIES:
-            named = keyword_arg(call, "model_name") or keyword_arg(call, "name")
-            if named is not None:
-                return named.value
-            positional = [a.value for a in call.args if a.keyword is None and not a.star]
-            return positional[0] if positional else None
+            named = keyword(call, "model_name") or keyword(call, "name", 0)
+            return named.value if named is not None else None
         return None
 
     def _picked_arch_is_conv(self, name: cst.BaseExpression) -> bool:
@@ -270,7 +265,7 @@ class TrainedModelFacts(TrainingCodeFacts):
         found = []
         for call in self.facts.calls:
             if call.method == "add_argument" and flag_dest(call.node) == dest:
-                default = keyword_arg(call.node, "default")
+                default = keyword(call.node, "default")
                 found.append(literal(default.value) if default is not None else ...)
         return found[0] if len(found) == 1 else ...
 

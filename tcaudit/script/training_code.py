@@ -2,7 +2,8 @@
 
 * **Is this CUDA training the user owns?** A training step in the file, CUDA text, no framework
   that owns the loop; whether the steps run under autocast.
-* **Which code reaches a training step:** the functions holding one, and their callers by name.
+* **Which code reaches a training step:** the functions holding one, and the functions calling them
+  (:mod:`tcaudit.script.callers`).
 * **Deliberate settings.** Code under an ``if``/``else`` (other than the main guard), or in a helper
   only called under one, is the user's choice behind a flag.
 """
@@ -13,9 +14,10 @@ import functools
 
 import libcst as cst
 
-from tcaudit.script.expressions import keyword_arg, literal
+from tcaudit.script.callers import callers_of, calling_functions
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import is_main_guard
+from tcaudit.source.syntax import is_main_guard, keyword
 
 
 def flag_frames(ctx: Frame) -> list[Frame]:
@@ -59,11 +61,6 @@ class TrainingCodeFacts:
                 return statement  # type: ignore[return-value]
         return None
 
-    def direct_callers(self, fn: cst.FunctionDef) -> list[CallSite]:
-        """Calls of ``fn`` by its plain name, or as ``self.name`` for a method."""
-        name = fn.name.value
-        return [c for c in self.facts.calls if c.name == name or c.name == f"self.{name}" or c.name == f"cls.{name}"]
-
     def is_flag_guarded(self, ctx: Frame, depth: int = 2) -> bool:
         """Whether code at ``ctx`` runs only behind a condition: an ``if`` around it, or every call of
         its function sits behind one. A function called nowhere in the file is an entry point."""
@@ -72,7 +69,7 @@ class TrainingCodeFacts:
         fn = ctx.function
         if fn is None or depth == 0:
             return False
-        callers = [c for c in self.direct_callers(fn) if not c.ctx.inside(fn)]
+        callers = callers_of(self.facts, fn, how="self", outside=True)
         if not callers:
             return False
         return all(self.is_flag_guarded(c.ctx, depth - 1) for c in callers)
@@ -88,23 +85,11 @@ class TrainingCodeFacts:
     @functools.cached_property
     def functions_reaching_step(self) -> set[cst.FunctionDef]:
         """Functions that hold a training step or call (by name, ``self.name``) one that does."""
-        callers_of: dict[int, set[cst.FunctionDef]] = {}
-        for call in self.facts.calls:
-            caller = call.ctx.function
-            if caller is None:
-                continue
-            name = call.name or ""
-            short = name[5:] if name.startswith("self.") else name
-            if not short or "." in short:
-                continue
-            for target in self.facts.functions_by_name.get(short, []):
-                if target is not caller:
-                    callers_of.setdefault(id(target), set()).add(caller)
         out: set[cst.FunctionDef] = {fn for fn in self.step_functions if fn is not None}
         frontier = list(out)
         while frontier:
             fn = frontier.pop()
-            for caller in callers_of.get(id(fn), ()):
+            for caller in calling_functions(self.facts, fn):
                 if caller not in out:
                     out.add(caller)
                     frontier.append(caller)
@@ -163,9 +148,9 @@ class TrainingCodeFacts:
     def _disabled_autocast(self, expr: cst.BaseExpression) -> bool:
         if not isinstance(expr, cst.Call):
             return False
-        enabled = keyword_arg(expr, "enabled")
+        enabled = keyword(expr, "enabled")
         if enabled is not None and literal(enabled.value) is False:
             return True
-        device = keyword_arg(expr, "device_type")
+        device = keyword(expr, "device_type")
         first = device.value if device is not None else (expr.args[0].value if expr.args and expr.args[0].keyword is None else None)
         return literal(first) == "cpu" or (self.facts.qualname(expr.func) or "").startswith("torch.cpu.")

@@ -4,8 +4,6 @@ analysis, the rules, the model audit's slicing): one home for each."""
 from __future__ import annotations
 
 import re
-from typing import Iterator
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -72,6 +70,21 @@ def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
     return names
 
 
+def keyword(call: cst.Call, key: str | None, position: int | None = None) -> cst.Arg | None:
+    """The argument ``call`` passes as ``key=`` (the first, should it repeat one); failing that, with
+    ``position``, its positional argument there, ``*args`` and ``**kwargs`` not counted (a negative
+    position is none). ``key`` None looks at the position alone. The one look-up of a call's argument
+    (``CallSite.arg`` asks it too)."""
+    if key is not None:
+        found = next((a for a in call.args if a.keyword is not None and a.keyword.value == key), None)
+        if found is not None:
+            return found
+    if position is None or position < 0:
+        return None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position] if position < len(positional) else None
+
+
 def is_main_guard(node: cst.CSTNode) -> bool:
     """``if __name__ == "__main__":`` (either side first)."""
     if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
@@ -83,19 +96,6 @@ def is_main_guard(node: cst.CSTNode) -> bool:
     names = {get_full_name_for_node(side) for side in sides}
     strings = {side.evaluated_value for side in sides if isinstance(side, cst.SimpleString)}
     return "__name__" in names and "__main__" in strings
-
-
-def expression_chain(node: cst.BaseExpression | None) -> Iterator[cst.BaseExpression]:
-    """What an expression is built on, outermost first: ``a.b(c)[0].d`` → itself, ``a.b(c)[0]``,
-    ``a.b(c)``, ``a.b``, ``a`` (through calls, attributes and subscripts)."""
-    while node is not None:
-        yield node
-        if isinstance(node, cst.Call):
-            node = node.func
-        elif isinstance(node, (cst.Attribute, cst.Subscript)):
-            node = node.value
-        else:
-            node = None
 
 
 def target_names(target: cst.BaseExpression) -> set[str]:

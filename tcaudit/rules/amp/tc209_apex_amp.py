@@ -24,6 +24,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.callers import callers_of
 from tcaudit.script.devices import device_expression
 from tcaudit.script.distributed import literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
@@ -173,7 +174,7 @@ class ApexAmp(ScriptRule):
         if step_fn is not init_fn:
             if step_fn is None or scale.ctx.class_def is not None:
                 raise DeclineFix("the step is in a method or at module level, away from `amp.initialize`")
-            callers = [c for c in facts.callers(step_fn) if c.name == step_fn.name.value]  # not ``model.train()``
+            callers = callers_of(facts, step_fn, how="bare")  # not ``model.train()``
             if len(callers) != 1 or callers[0].ctx.function is not init_fn or facts.line_of(callers[0].node) < facts.line_of(init.node):
                 raise DeclineFix(f"`{step_fn.name.value}` is not called once, after `amp.initialize`, from the same function")
             params = step_fn.params

@@ -7,10 +7,13 @@ forms training scripts write it; :func:`mha_bindings` finds the names bound to
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import libcst as cst
 
-from tcaudit.script.expressions import argument, is_integer, unparen
+from tcaudit.script.expressions import is_integer, unparen
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import keyword
 
 MHA = {"torch.nn.MultiheadAttention", "torch.nn.modules.activation.MultiheadAttention"}
 SUBSEQUENT_MASK = {"torch.nn.Transformer.generate_square_subsequent_mask",
@@ -90,7 +93,8 @@ def causal_construction(facts: ScriptFacts, function: cst.FunctionDef, value: cs
         keywords = {a.keyword.value for a in node.args if a.keyword is not None}
         return "additive" if len(size) == 1 and keywords <= _MASK_KEYWORDS and _square(
             facts, function, [size[0], size[0]]) else None
-    diagonal = argument(node.args, "diagonal", 1)
+    given = keyword(node, "diagonal", 1)
+    diagonal = given.value if given is not None else None
     inner = _strip_conversions(node.args[0].value)
     if not isinstance(inner, cst.Call) or any(a.keyword is not None and a.keyword.value != "diagonal"
                                                for a in node.args):

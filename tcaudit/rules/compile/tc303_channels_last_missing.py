@@ -21,18 +21,19 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
-from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.advice import little_to_gain
+from tcaudit.script.aliasing import based_on, chain_root, in_place_write, written_through
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import is_in_place_name, moves_to_device
+from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
 from tcaudit.script.model_classes import calls_within, forward_outputs, init_value, model_classes, takes_images
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import expression_chain, strip_comments
+from tcaudit.source.syntax import keyword, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(
@@ -269,20 +270,20 @@ def _check_reshapable(facts: ScriptFacts, view: CallSite) -> None:
             "`.reshape()` cannot; convert the model by hand"
         )
     function = view.ctx.function
-    if _written_through(facts, function, view.node):
+    if written_through(facts, function, view.node):
         raise DeclineFix(
             f"`{written}` in the model's code is written in place: a `.reshape()` copy would not pass the "
             "write on to the viewed tensor, and `.view()` fails on channels_last activations; convert by hand"
         )
     after = facts.position(view.node).start
-    names = {b.target for b in facts.bindings if b.ctx.function is function and _based_on(b.value, view.node)}
+    names = {b.target for b in facts.bindings if b.ctx.function is function and based_on(b.value, view.node)}
     # The viewed tensor: ``x`` in ``x.view()``, ``x.transpose(1, 2).view()``, ``x[0].view()`` (a layer's
     # output, ``self.conv(x).view()``, is a fresh tensor nothing else holds).
-    source = _chain_root(view.receiver)
+    source = chain_root(view.receiver)
     if isinstance(source, cst.Name) and source.value != "self":
         names.add(source.value)
     for name in sorted(names):
-        mutation = _in_place_write(facts, function, name, after)
+        mutation = in_place_write(facts, function, name, after)
         if mutation is not None:
             raise DeclineFix(
                 f"`{written}` in the model's code shares its storage with `{name}`, which "
@@ -299,82 +300,6 @@ _TORCH_DTYPES = frozenset(
         "float8_e5m2",
     )
 )
-
-
-def _chain_root(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    root = None
-    for root in expression_chain(expr):
-        pass
-    return root
-
-
-def _based_on(expr: cst.BaseExpression | None, node: cst.CSTNode) -> bool:
-    return any(part is node for part in expression_chain(expr))
-
-
-def _written_through(facts: ScriptFacts, function: cst.FunctionDef | None, node: cst.CSTNode) -> bool:
-    """The expression built on ``node`` is the receiver of an in-place method or an assignment target."""
-    for call in facts.calls_in(function):
-        if is_in_place_name(call.method) and _based_on(call.receiver, node):
-            return True
-    return any(_based_on(target, node) for target, _ in _assignment_targets(function))
-
-
-def _assignment_targets(function: cst.FunctionDef | None) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
-    """(target, statement) of ``x[i] = ...``, ``x.data = ...`` and ``x += ...`` in the function (a name
-    rebound by ``=`` is no write to its tensor)."""
-    if function is None:
-        return []
-    targets: list[tuple[cst.BaseExpression, cst.CSTNode]] = []
-
-    class _Targets(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            targets.extend((t.target, node) for t in node.targets if not isinstance(t.target, cst.Name))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            targets.append((node.target, node))
-
-    function.visit(_Targets())
-    return targets
-
-
-def _in_place_write(facts: ScriptFacts, function: cst.FunctionDef | None, name: str, after) -> cst.CSTNode | None:
-    """A write to ``name``'s tensor after position ``after`` in the function: an in-place method or function
-    (``x.add_()``, ``torch.relu_(x)``), ``inplace=True`` or ``out=x``, a layer built with ``inplace=True``
-    (``self.relu(x)``), or ``x[...] = ...`` / ``x += ...``."""
-
-    def later(node: cst.CSTNode) -> bool:
-        start = facts.position(node).start
-        return (start.line, start.column) > (after.line, after.column)
-
-    for call in facts.calls_in(function):
-        if not later(call.node):
-            continue
-        root = _chain_root(call.receiver)
-        if is_in_place_name(call.method) and isinstance(root, cst.Name) and root.value == name:
-            return call.node
-        passed = [a for a in call.node.args if get_full_name_for_node(a.value) == name]
-        if not passed:
-            continue
-        if any(a.keyword is not None and a.keyword.value == "out" for a in passed):
-            return call.node
-        if is_in_place_name(call.name) or _inplace_keyword(call.node):
-            return call.node
-        cls = call.ctx.class_def
-        if cls is not None and (call.name or "").startswith("self."):
-            layer = init_value(facts, cls, call.name)
-            if isinstance(layer, cst.Call) and _inplace_keyword(layer):
-                return call.node
-    for target, statement in _assignment_targets(function):
-        root = _chain_root(target)
-        if isinstance(root, cst.Name) and root.value == name and later(target):
-            return statement
-    return None
-
-
-def _inplace_keyword(call: cst.Call) -> bool:
-    arg = keyword(call, "inplace")
-    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"
 
 
 def _construction_binding(facts: ScriptFacts, pipeline: PipelineFacts, site: ModelSite) -> Binding:

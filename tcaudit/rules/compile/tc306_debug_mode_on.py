@@ -19,9 +19,10 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.expressions import keyword_arg, literal
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import Frame, ScriptFacts, Statement
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import keyword
 
 SET_ANOMALY = frozenset(
     {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly", "torch.set_anomaly_enabled"}
@@ -107,9 +108,9 @@ class DebugModeOn(ScriptRule):
                     what = "autograd anomaly detection wraps training"
                     why = "Every backward op records a traceback and checks for NaN."
                 elif qual in PROFILERS:
-                    if keyword_arg(call, "schedule") is not None:
+                    if keyword(call, "schedule") is not None:
                         continue  # profiles a window of steps, the intended use
-                    enabled = keyword_arg(call, "enabled")
+                    enabled = keyword(call, "enabled")
                     if enabled is not None and literal(enabled.value) is not True:
                         continue  # enabled=args.profile: deliberate
                     if qual.endswith(("emit_nvtx", "emit_itt")):

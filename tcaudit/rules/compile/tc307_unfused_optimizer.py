@@ -21,11 +21,11 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import function_returns, keyword_arg, literal, moves_to_device
+from tcaudit.script.expressions import function_returns, literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
-from tcaudit.source.syntax import call_nodes
+from tcaudit.source.syntax import call_nodes, keyword
 from tcaudit.source.triggers import all_of
 
 _SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
@@ -57,9 +57,9 @@ class UnfusedOptimizer(ScriptRule):
             node = call.node
             if any(arg.star for arg in node.args):
                 continue  # ``**opt_kwargs`` may hold fused/foreach
-            if keyword_arg(node, "fused") is not None or keyword_arg(node, "foreach") is not None:
+            if keyword(node, "fused") is not None or keyword(node, "foreach") is not None:
                 continue  # either way a deliberate choice (foreach=False to save memory, fused=args.fused)
-            differentiable = keyword_arg(node, "differentiable")
+            differentiable = keyword(node, "differentiable")
             if differentiable is not None and literal(differentiable.value) is not False:
                 continue  # fused kernels do not support differentiable=True
             yield self.finding(
@@ -249,14 +249,8 @@ def _arguments_passed(
         if any(arg.star for arg in call.node.args):
             out.append((call, None))
             continue
-        positional = [a for a in call.node.args if a.keyword is None]
-        by_keyword = next((a for a in call.node.args if a.keyword is not None and a.keyword.value == parameter), None)
-        if by_keyword is not None:
-            value = by_keyword.value
-        elif index is not None and 0 <= index < len(positional):
-            value = positional[index].value
-        else:
-            value = None  # the parameter's default: no model of the caller's
+        given = keyword(call.node, parameter, index)
+        value = given.value if given is not None else None  # None: the default, no model of the caller's
         dotted = get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
         out.append((call, dotted))
     return out

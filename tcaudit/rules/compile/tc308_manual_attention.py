@@ -23,9 +23,10 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.attention import causal_construction, negative_infinity
-from tcaudit.script.expressions import argument, is_integer, unparen
+from tcaudit.script.expressions import is_integer, unparen
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import class_of
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -293,9 +294,9 @@ class ManualAttention(ScriptRule):
             return False
         if (isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "softmax"
                 and _is_name(expr.func.value, weights)):
-            return _last_dim(expr.args, position=0)
+            return _last_dim(expr, position=0)
         if facts.qualname(expr.func) in SOFTMAX and expr.args and _is_name(expr.args[0].value, weights):
-            return _last_dim(expr.args, position=1)
+            return _last_dim(expr, position=1)
         return False
 
     def _dropout(self, facts, function, chain: _Chain, expr: cst.BaseExpression) -> bool:
@@ -303,10 +304,10 @@ class ManualAttention(ScriptRule):
         if not isinstance(expr, cst.Call) or not expr.args or not _is_name(expr.args[0].value, chain.weights):
             return False
         if facts.qualname(expr.func) == "torch.nn.functional.dropout":
-            p = argument(expr.args, "p", 1)
-            training = argument(expr.args, "training", 2)
-            p_text = code(p) if p is not None else "0.5"
-            chain.dropout = p_text if training is None else f"({p_text} if {code(training)} else 0.0)"
+            p = keyword(expr, "p", 1)
+            training = keyword(expr, "training", 2)
+            p_text = code(p.value) if p is not None else "0.5"
+            chain.dropout = p_text if training is None else f"({p_text} if {code(training.value)} else 0.0)"
             return True
         if (len(expr.args) == 1 and isinstance(expr.func, cst.Attribute) and _is_name(expr.func.value, "self")
                 and _dropout_attribute(facts, function, expr.func.attr.value)):
@@ -527,8 +528,9 @@ def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str)
 
 
 
-def _last_dim(args: Sequence[cst.Arg], position: int) -> bool:
-    dim = argument(args, "dim", position)
+def _last_dim(call: cst.Call, position: int) -> bool:
+    given = keyword(call, "dim", position)
+    dim = given.value if given is not None else None
     return _minus_one(dim) or is_integer(dim, "3")
 
 

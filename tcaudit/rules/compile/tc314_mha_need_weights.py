@@ -19,10 +19,11 @@ import libcst as cst
 
 from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, apply_keyword_edits, keyword
+from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.attention import mha_bindings
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import keyword
 
 @dataclass(frozen=True)
 class _Use:
@@ -132,10 +133,7 @@ class MhaNeedWeights(ScriptRule):
 def _plan(site: CallSite) -> KeywordPlan | None:
     if site.has_star_kwargs:
         return None  # need_weights may come from the dict
-    written = keyword(site.node, "need_weights")
-    positional = [a for a in site.node.args if a.keyword is None and not a.star]
-    if written is None and len(positional) >= 5:
-        written = positional[4]  # query, key, value, key_padding_mask, need_weights
+    written = keyword(site.node, "need_weights", 4)  # query, key, value, key_padding_mask, need_weights
     if written is None:
         return AddKeyword(site.node, "need_weights", "False")
     value = written.value

@@ -50,12 +50,9 @@ def _state_dict_arguments(facts: ScriptFacts) -> set[int]:
     """The ids of the expressions passed as the state dict of a ``.load_state_dict(...)`` call."""
     out: set[int] = set()
     for call in facts.method_calls("load_state_dict"):
-        positional = [a for a in call.node.args if a.keyword is None and not a.star]
-        given = positional[0] if positional else next(
-            (a for a in call.node.args if a.keyword is not None and a.keyword.value == "state_dict"), None
-        )
+        given = call.arg("state_dict", 0)
         if given is not None:
-            out.add(id(given.value))
+            out.add(id(given))
     return out
 
 

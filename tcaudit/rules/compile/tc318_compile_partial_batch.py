@@ -43,6 +43,7 @@ from tcaudit.script.guards import training_phase
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.loader_sharding import made_by
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 COMPILE = "torch.compile"
@@ -211,7 +212,7 @@ def _chooses_shapes(call: cst.Call | None) -> bool:
     """``dynamic=`` written (any value: the author chose how shapes are traced), or options from ``**``."""
     if call is None:
         return False
-    return any(arg.star == "**" or (arg.keyword is not None and arg.keyword.value == "dynamic") for arg in call.args)
+    return any(arg.star == "**" for arg in call.args) or keyword(call, "dynamic") is not None
 
 
 # -- whether the loader gives a smaller last batch ---------------------------------------------------------
@@ -291,10 +292,11 @@ def _tensor_length(facts: ScriptFacts, expr: cst.BaseExpression, depth: int = 0)
         return _tensor_length(facts, call.func.value, depth + 1)
     qual = facts.qualname(call.func) or ""
     positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    size = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "size"), None)
+    sized = keyword(call, "size")
+    size = sized.value if sized is not None else None
     if qual in _SIZED_FACTORIES:
-        first = size if size is not None else (positional[0] if positional else None)
-        return _leading(first)
+        first = keyword(call, "size", 0)
+        return _leading(first.value if first is not None else None)
     if qual == "torch.randint":
         shape = size if size is not None else next((p for p in positional if isinstance(p, (cst.Tuple, cst.List))), None)
         return _leading(shape)
@@ -374,8 +376,8 @@ def _check_order(facts: ScriptFacts, site: LoaderSite) -> None:
                 plain = plain or literal(value) is None
                 continue
             if isinstance(value, cst.Call) and facts.qualname(value.func) in _SHUFFLING_SAMPLERS:
-                shuffle = next((a.value for a in value.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
-                if shuffle is None or literal(shuffle) is True:
+                shuffle = keyword(value, "shuffle")
+                if shuffle is None or literal(shuffle.value) is True:
                     continue
             raise DeclineFix(
                 f"the sampler (`{facts.module.code_for_node(value)}`) may keep one order: drop_last=True would "

@@ -20,7 +20,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.callers import direct_callers, parameter_receiving
+from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
@@ -287,7 +287,7 @@ def _receiver(facts: ScriptFacts, sampler: CallSite, loop: Frame) -> tuple[str, 
         loader_type = _other_iterables(facts, owner, bindings, loader)
         if loader_type is not None:
             guards.append(f"isinstance({seen}, {loader_type})")
-        if _may_be_none(facts, [_sampler_argument(loader.node)]):
+        if _may_be_none(facts, [loader.arg("sampler")]):
             guards.append(f"{seen}.sampler is not None")
         return f"{seen}.sampler", " and ".join(guards) or None
     raise DeclineFix("the DataLoader holding the sampler has no name the epoch loop can see")
@@ -408,7 +408,7 @@ def _visible_at(facts: ScriptFacts, dotted: str, ctx: Frame, line: int, depth: i
     if fn is None or depth > 1:
         return None
     # Passed in: every call of the function hands the same visible name to one parameter.
-    callers = direct_callers(facts, fn)
+    callers = callers_of(facts, fn, how="exact", outside=True)
     chosen: set[str] = set()
     for caller in callers:
         param = parameter_receiving(fn, caller.node, head)
@@ -426,10 +426,6 @@ def _first_param(fn: cst.FunctionDef) -> str | None:
 
 
 # -- the loader that holds the sampler ------------------------------------------------------------------
-
-
-def _sampler_argument(loader: cst.Call) -> cst.BaseExpression:
-    return next(a.value for a in loader.args if a.keyword is not None and a.keyword.value == "sampler")
 
 
 def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> CallSite | None:

@@ -19,6 +19,7 @@ from tcaudit.rewrite.edits import imported_module
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import Frame, ScriptFacts
+from tcaudit.source.syntax import keyword
 
 # The script puts its model or tensors on a GPU (not just mentions CUDA in a check).
 _CUDA_TRAINING = re.compile(
@@ -179,7 +180,7 @@ class _HostTensors(cst.CSTVisitor):
             return
         qual = self.facts.qualname(func) or ""
         if qual.startswith("torch.") and qual.split(".")[-1] in _FACTORIES and qual.count(".") == 1:
-            if not any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+            if keyword(node, "device") is None:
                 self.found = self.facts.module.code_for_node(node)
 
 

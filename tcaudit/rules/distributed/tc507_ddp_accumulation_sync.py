@@ -20,7 +20,7 @@ from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expressio
 from tcaudit.rewrite.edits import add_stdlib_import, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.accumulation import ACCUMULATION_NAME
-from tcaudit.script.callers import direct_callers, parameter_receiving
+from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
@@ -193,7 +193,7 @@ def _site(facts: ScriptFacts, step: TrainingStep) -> tuple[CallSite, Frame]:
     if loop is not None:
         return backward, loop
     fn = backward.ctx.function
-    callers = [c for c in direct_callers(facts, fn) if not facts.in_eval(c.ctx)] if fn is not None else []
+    callers = [c for c in callers_of(facts, fn, how="exact", outside=True) if not facts.in_eval(c.ctx)] if fn is not None else []
     looped = [c for c in callers if innermost_loop(c.ctx) is not None]
     if len(looped) != 1:
         raise DeclineFix("the backward runs in a helper called from several places; add no_sync by hand")
@@ -300,7 +300,7 @@ def _ddp_names(facts: ScriptFacts, ctx: Frame, depth: int = 0) -> dict[str, str]
             continue
         out[name] = name
     if fn is not None and depth < 2:
-        callers = direct_callers(facts, fn)
+        callers = callers_of(facts, fn, how="exact", outside=True)
         for param in params:
             if param in out or not callers:
                 continue

@@ -27,6 +27,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.guards import exclusive
+from tcaudit.source.syntax import keyword
 
 KEYWORD = "find_unused_parameters"
 
@@ -51,9 +52,7 @@ class FindUnusedParameters(ScriptRule):
         for wrap in info.wraps_of("ddp"):
             if in_test_code(wrap.call.ctx):
                 continue
-            argument = next(
-                (a for a in wrap.call.node.args if a.keyword is not None and a.keyword.value == KEYWORD), None
-            )
+            argument = keyword(wrap.call.node, KEYWORD)
             if argument is None or not (isinstance(argument.value, cst.Name) and argument.value.value == "True"):
                 continue
             if not measured_looked_up:

@@ -29,6 +29,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import code, distributed_facts, in_test_code
 from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import Frame, ScriptFacts
@@ -37,7 +38,7 @@ from tcaudit.script.loader_sharding import feeds_training, is_training_loader
 from tcaudit.script.model_classes import classes_building
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import keyword, nodes_of
 from tcaudit.source.triggers import all_of
 
 SMALL_BATCH = 16  # fewer samples per GPU than this: BN statistics get noisy (Wu & He 2018, Fig. 1)
@@ -181,7 +182,7 @@ class _NormFacts:
         """A call that builds a model with plain BatchNorm layers: a torchvision BN architecture (by
         factory or by a name whose every value is one), a class of this file, or a container of them."""
         facts = self.facts
-        if any(a.keyword is not None and a.keyword.value == "norm_layer" for a in call.args):
+        if keyword(call, "norm_layer") is not None:
             return False  # ``resnet50(norm_layer=...)``: another normalisation
         qual = facts.qualname(call.func) or ""
         if _is_bn_arch(qual):
@@ -374,7 +375,7 @@ class _Bounds:
         params = {p.name.value: p for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
         if dotted not in params:
             return None
-        callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+        callers = callers_of(facts, fn, outside=True)
         if not callers:
             return None
         index = positional.index(dotted) if dotted in positional else None

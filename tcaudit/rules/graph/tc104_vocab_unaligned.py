@@ -71,12 +71,13 @@ from tcaudit.rules.graph.logits_reads import (
     trace_logits,
 )
 from tcaudit.rules.graph.model_reports import impact_text
-from tcaudit.script.callers import direct_callers, parameter_receiving
+from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import callee_class, class_of, classes_building, holds_config
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 # The one padding policy of a vocabulary, for both halves: the next multiple of 64.
@@ -300,7 +301,7 @@ class VocabSizeLiteral(ScriptRule):
             return
         builds_vocab = any(
             (c.qualname or "") in _EMBEDDING
-            or any(a.keyword is not None and a.keyword.value == "vocab_size" for a in c.node.args)
+            or keyword(c.node, "vocab_size") is not None
             for c in facts.calls
         )
         if not builds_vocab:
@@ -420,15 +421,14 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
             if qual in _EMBEDDING and positional and _integer(positional[0]) is not None:
                 found.append(VocabLiteral(positional[0], "num_embeddings", "layer"))
             if qual in _LINEAR:
-                out = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "out_features"),
-                           positional[1] if len(positional) > 1 else None)
-                if _integer(out) is not None:
-                    found.append(VocabLiteral(out, "out_features", "layer"))
+                out = keyword(node, "out_features", 1)
+                if out is not None and _integer(out.value) is not None:
+                    found.append(VocabLiteral(out.value, "out_features", "layer"))
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
                 dest = flag_dest(node)
-                default = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"), None)
-                if _integer(default) is not None and is_vocab_name(dest):
-                    found.append(VocabLiteral(default, dest, "argparse"))
+                default = keyword(node, "default")
+                if default is not None and _integer(default.value) is not None and is_vocab_name(dest):
+                    found.append(VocabLiteral(default.value, dest, "argparse"))
 
     facts.module.visit(_V())
     # Literals in the layers are a vocabulary only as a pair: an embedding and a head of the same size
@@ -753,7 +753,7 @@ def _contains(node: cst.CSTNode, ids: set[int]) -> bool:
 def _receives_a_model(facts: ScriptFacts, fn: cst.FunctionDef, dotted: str, models: set[str]) -> bool:
     """``model`` is a parameter of ``fn`` and every call of ``fn`` in the file passes it a padded model
     (``def sample(model, idx)`` called as ``sample(model, x)``)."""
-    callers = direct_callers(facts, fn)
+    callers = callers_of(facts, fn, how="exact", outside=True)
     if not callers:
         return False
     return all(any(parameter_receiving(fn, c.node, m) == dotted for m in models) for c in callers)

@@ -35,9 +35,9 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.model.cost import suggest
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, keyword_arg, literal, numeric_constant
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.syntax import nodes_of, parent_map
+from tcaudit.source.syntax import keyword, nodes_of, parent_map
 
 if TYPE_CHECKING:
     from tcaudit.rules.base import ScriptRule
@@ -221,12 +221,10 @@ class _Model:
                 self.place[id(layer.call)] = (chain, index)
 
 
-def _argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
-    named = keyword_arg(call, keyword)
-    if named is not None:
-        return named.value
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    return positional[position].value if position < len(positional) else None
+def _argument(call: cst.Call, position: int, key: str) -> cst.BaseExpression | None:
+    """The value ``call`` passes as ``key=``, or else at ``position``."""
+    given = keyword(call, key, position)
+    return given.value if given is not None else None
 
 
 # -- the widths -----------------------------------------------------------------------------------------
@@ -284,7 +282,7 @@ def _named_widths(facts: ScriptFacts, model: _Model, parents: dict[int, cst.CSTN
             if dest:
                 flags.setdefault(dest, []).append(site)
     for dest, sites in flags.items():
-        default = keyword_arg(sites[0].node, "default")
+        default = keyword(sites[0].node, "default")
         if len(sites) != 1 or default is None or not isinstance(default.value, cst.Integer) or _VOCAB.search(dest):
             continue
         refs = [n for n in nodes_of(module, cst.Attribute) if n.attr.value == dest]
@@ -347,7 +345,7 @@ def _overridden(facts: ScriptFacts, cls: str, param: str, index: int) -> bool:
         positional = [a for a in site.node.args if a.keyword is None and not a.star]
         if any(a.star for a in site.node.args) or len(positional) > index:
             return True
-        if keyword_arg(site.node, param) is not None:
+        if keyword(site.node, param) is not None:
             return True
     return False
 

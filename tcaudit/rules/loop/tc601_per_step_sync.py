@@ -24,7 +24,8 @@ from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.steps import runs_every_step
-from tcaudit.source.syntax import expression_chain, nodes_of
+from tcaudit.script.aliasing import chain_root, expression_chain
+from tcaudit.source.syntax import nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
@@ -62,7 +63,7 @@ def _numpy_rooted(facts: ScriptFacts, receiver: cst.BaseExpression, depth: int =
         elif _is_numpy_call(facts, node):
             numpy = True
         else:
-            root = list(expression_chain(node))[-1]
+            root = chain_root(node)
             if _is_numpy_call(facts, root) or any(_is_numpy_call(facts, part) for part in expression_chain(node)):
                 numpy = True
                 continue

@@ -26,6 +26,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
 from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
 from tcaudit.source.triggers import all_of
@@ -149,7 +150,7 @@ class EvalWithoutNoGrad(ScriptRule):
         loop = frame.node
         fn = frame.function
         if fn is not None and facts.function_is_eval(fn):
-            callers = [c for c in facts.callers(fn) if not c.ctx.inside(fn)]
+            callers = callers_of(facts, fn, outside=True)
             if callers and all(self._grad_off(facts, c.ctx) for c in callers):
                 return None  # ``with torch.no_grad(): evaluate(model)``
             return "eval-function"

@@ -16,10 +16,12 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.batch_loops import BatchLoop, element_source
+from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 
@@ -81,7 +83,7 @@ def _plain_tensor_batches(pipeline: PipelineFacts, batch: BatchLoop) -> bool:
 def _copies_batch(facts: ScriptFacts, call: CallSite, batch: BatchLoop, loops: list[BatchLoop]) -> bool:
     if call.method not in ("cuda", "to") or not moves_to_device(call):
         return False
-    if any(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in call.node.args):
+    if keyword(call.node, "non_blocking") is not None:
         return False  # non_blocking=False written out is a choice
     if call.method == "to" and len([a for a in call.node.args if a.keyword is None]) > 1:
         return False  # .to(device, dtype, non_blocking) positional forms
@@ -125,7 +127,7 @@ def _copies_batch_elements(
     if parameter not in params:
         return False
     index = params.index(parameter)
-    callers = [c for c in facts.calls if c.name == function.name.value]
+    callers = callers_of(facts, function, how="bare")
     # Every call of the helper hands it a batch of a loader loop (this one or another): then what it
     # copies is always a loader's batch, whose memory the loader does not reuse while it is referenced.
     return any(_in_loop(c, batch) for c in callers) and all(

@@ -22,12 +22,14 @@ from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
-from tcaudit.script.expressions import assigned_name, function_returns, keyword_arg, literal
+from tcaudit.script.expressions import assigned_name, function_returns, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.guards import exclusive
 from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite, is_eval_name
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 FOLDER_DATASETS = frozenset(
@@ -61,7 +63,7 @@ class CpuImageDecode(ScriptRule):
         for call in facts.calls:
             qual = call.qualname or ""
             if qual in FOLDER_DATASETS:
-                if keyword_arg(call.node, "loader") is not None or not _training_use(facts, call):
+                if keyword(call.node, "loader") is not None or not _training_use(facts, call):
                     continue  # a custom loader= may already skip decoding
                 loaders = [site for site in pipeline.loaders_over(call.node) if site.training]
                 if loaders and all(pipeline.dali_wrapped(site) for site in loaders):
@@ -72,7 +74,7 @@ class CpuImageDecode(ScriptRule):
                     lambda call=call: plan_conversion(facts, pipeline, call), option="dali", context=context,
                 )
             elif qual in DECODERS:
-                device = keyword_arg(call.node, "device")
+                device = keyword(call.node, "device")
                 if device is not None and literal(device.value) != "cpu":
                     continue  # already decoded on the GPU
                 if not _in_sample_loader(facts, pipeline, call) or facts.in_eval(call.ctx):
@@ -116,7 +118,7 @@ def _in_sample_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSit
         for arg in c.node.args
     ):
         return True
-    return any(_in_sample_loader(facts, pipeline, c, depth - 1) for c in pipeline.direct_callers(fn) if not c.ctx.inside(fn))
+    return any(_in_sample_loader(facts, pipeline, c, depth - 1) for c in callers_of(facts, fn, how="self", outside=True))
 
 
 def _in_dataset_class(cls: cst.ClassDef | None) -> bool:
@@ -183,10 +185,10 @@ def training_loaders(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite
     if any(arg.star for arg in call.node.args):
         raise DeclineFix(f"`{short}` gets `*args`/`**kwargs`: its transform cannot be read")
     for key in ("loader", "target_transform"):
-        if keyword_arg(call.node, key) is not None:
+        if keyword(call.node, key) is not None:
             raise DeclineFix(f"`{short}` has a `{key}=`, which the DALI pipeline would skip; convert by hand")
     positional = [a for a in call.node.args if a.keyword is None]
-    transform = keyword_arg(call.node, "transform")
+    transform = keyword(call.node, "transform")
     if short == "ImageFolder" and len(positional) > 2:
         raise DeclineFix(f"`{short}` has a `target_transform` or `loader`, which the DALI pipeline would skip")
     if transform is None and short == "ImageFolder" and len(positional) == 2:
@@ -294,7 +296,7 @@ def _step_name(facts: ScriptFacts, expr: cst.BaseExpression) -> str:
             )
         if short == "RandomResizedCrop":
             for key in ("interpolation", "antialias"):
-                if keyword_arg(leaf, key) is not None:
+                if keyword(leaf, key) is not None:
                     raise DeclineFix(f"`RandomResizedCrop({key}=...)`: the DALI pipeline resizes bilinearly with antialiasing")
             if len([a for a in leaf.args if a.keyword is None]) > 3:
                 raise DeclineFix("`RandomResizedCrop` with a positional interpolation: the DALI pipeline resizes bilinearly")

@@ -21,15 +21,16 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, parse_expression
-from tcaudit.rewrite.edits import CallEditor, add_keyword, keyword
+from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.devices import device_expression
 from tcaudit.script.evidence import ACCELERATOR_NAMED
-from tcaudit.script.expressions import DEVICE_FACTORIES, keyword_arg, moves_to_device
+from tcaudit.script.expressions import DEVICE_FACTORIES, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.distributed import distributed_facts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.steps import runs_every_step
+from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
 
 _MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}
@@ -71,7 +72,7 @@ class TensorCreatedThenMoved(ScriptRule):
             factory, removed, origin, others = created
             node = factory.node
             made = [node, *(other.node for other in others)]
-            if any(keyword_arg(n, key) is not None for n in made for key in ("device", "generator", "pin_memory", "out")):
+            if any(keyword(n, key) is not None for n in made for key in ("device", "generator", "pin_memory", "out")):
                 continue  # a CPU generator or pinned staging buffer is deliberate
             if any(arg.star for n in made for arg in n.args):
                 continue
@@ -107,7 +108,7 @@ def _like_a_device_tensor(facts: ScriptFacts, by_node: dict[int, CallSite], fact
         return False
     for value in facts.binding_values(factory.args[0].value):
         site = by_node.get(id(value)) if isinstance(value, cst.Call) else None
-        if site is not None and (moves_to_device(site) or keyword_arg(value, "device") is not None):
+        if site is not None and (moves_to_device(site) or keyword(value, "device") is not None):
             return True
     return False
 

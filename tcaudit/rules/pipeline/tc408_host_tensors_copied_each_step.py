@@ -28,11 +28,12 @@ from tcaudit.rewrite.codemod import FixContext, parse_statement
 from tcaudit.rewrite.edits import CallEditor, add_keyword, with_torch_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
-from tcaudit.script.expressions import DEVICE_FACTORIES, is_in_place_name, keyword_arg, literal, moves_to_device
+from tcaudit.script.aliasing import assignment_targets, is_in_place_name
+from tcaudit.script.expressions import DEVICE_FACTORIES, literal, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import param_names, target_names
+from tcaudit.source.syntax import keyword, param_names, target_names
 from tcaudit.source.triggers import all_of
 
 # Host tensors whose size the script does not show: pinning them is declined (see fix_safety).
@@ -117,7 +118,7 @@ def _blocking_copy(call: CallSite) -> bool:
     """``x.cuda()`` / ``x.to(device)`` without ``non_blocking`` (written ``False`` is a choice)."""
     if call.method not in ("cuda", "to") or call.receiver is None or not moves_to_device(call):
         return False
-    if any(arg.star for arg in call.node.args) or keyword_arg(call.node, "non_blocking") is not None:
+    if any(arg.star for arg in call.node.args) or keyword(call.node, "non_blocking") is not None:
         return False
     return len([a for a in call.node.args if a.keyword is None]) <= 1  # ``.cuda(0, True)``: non_blocking by position
 
@@ -376,7 +377,7 @@ def _tensor_origin(facts: ScriptFacts, value: cst.BaseExpression) -> str | None:
         return qualname
     if qualname not in DEVICE_FACTORIES:
         return None
-    if any(keyword_arg(node, key) is not None for key in ("device", "pin_memory", "out")):
+    if any(keyword(node, key) is not None for key in ("device", "pin_memory", "out")):
         return None
     return ""
 
@@ -450,21 +451,12 @@ def _written_in_place(facts: ScriptFacts, host: HostTensors, used_at: Frame) -> 
         if is_in_place_name(method) and call.receiver is not None \
                 and rooted(call.receiver) and call.ctx.inside(scope):
             return facts.line_of(call.node)
-    line = None
-
-    class _Writes(cst.CSTVisitor):
-        def visit_AssignTarget(self, n: cst.AssignTarget) -> None:
-            nonlocal line
-            if isinstance(n.target, cst.Subscript) and rooted(n.target) and line is None:
-                line = facts.line_of(n)
-
-        def visit_AugAssign(self, n: cst.AugAssign) -> None:
-            nonlocal line
-            if rooted(n.target) and line is None:
-                line = facts.line_of(n)
-
-    scope.visit(_Writes())
-    return line
+    for target, statement in assignment_targets(scope):
+        if isinstance(statement, cst.AugAssign) and rooted(target):
+            return facts.line_of(statement)
+        if isinstance(statement, cst.Assign) and isinstance(target, cst.Subscript) and rooted(target):
+            return facts.line_of(next(t for t in statement.targets if t.target is target))  # ``X[i] =``'s line
+    return None
 
 
 # -- the fix ------------------------------------------------------------------------------------

@@ -34,10 +34,11 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import CUDA_EVIDENCE
-from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, keyword_arg, literal
+from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.host_sync import SYNCHRONIZE, WAIT_METHODS, is_host_tensor, names_host_device, receiver_root
-from tcaudit.source.syntax import target_names
+from tcaudit.script.aliasing import receiver_root
+from tcaudit.script.host_sync import SYNCHRONIZE, WAIT_METHODS, is_host_tensor, names_host_device
+from tcaudit.source.syntax import keyword, target_names
 from tcaudit.source.triggers import all_of
 
 KEYWORD = "non_blocking"
@@ -452,7 +453,7 @@ def _call_syncs(facts: ScriptFacts, call: cst.Call, mentions_result) -> bool:
         if method in ("item", "tolist", "cpu"):
             return True
         if method == "to":
-            device = keyword_arg(call, "device")
+            device = keyword(call, "device")
             first = device.value if device is not None else next((a.value for a in call.args if a.keyword is None), None)
             if names_host_device(facts, first, None):
                 return not _passes_non_blocking(call)
@@ -468,7 +469,7 @@ def _call_syncs(facts: ScriptFacts, call: cst.Call, mentions_result) -> bool:
 def _passes_non_blocking(call: cst.Call) -> bool:
     """``non_blocking=`` anything but ``False``, ``**kwargs``, or a third positional argument of
     ``.to(device, dtype, non_blocking)`` that is not ``False``: the copy may not wait."""
-    flag = keyword_arg(call, KEYWORD)
+    flag = keyword(call, KEYWORD)
     if flag is not None:
         return literal(flag.value) is not False
     if any(arg.star == "**" for arg in call.args):
@@ -553,7 +554,7 @@ def _enclosing_body(facts: ScriptFacts, call: CallSite) -> Sequence[cst.CSTNode]
 def _flag(facts: ScriptFacts, call: CallSite) -> _Copy | None:
     """How ``non_blocking=True`` reaches the call; None when it does not, or may not. (A flag passed
     by position, ``.to("cpu", None, True)``, is not looked for: the rule's trigger is the keyword.)"""
-    argument = keyword_arg(call.node, KEYWORD)
+    argument = keyword(call.node, KEYWORD)
     if argument is not None:
         value = literal(argument.value)
         if value is True:
@@ -592,7 +593,7 @@ def _dict_passes_true(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
             if len(entries) != 1 or literal(entries[0].value) is not True:
                 return False
         elif isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "dict":
-            entry = keyword_arg(value, KEYWORD)
+            entry = keyword(value, KEYWORD)
             if entry is None or literal(entry.value) is not True:
                 return False
         else:

@@ -32,11 +32,11 @@ from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression,
 from tcaudit.rewrite.edits import CallEditor, index_after_imports, insert_block
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
-from tcaudit.script.expressions import keyword_arg, literal, moves_to_device
+from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import method_of, nodes_of, parent_map
+from tcaudit.source.syntax import keyword, method_of, nodes_of, parent_map
 from tcaudit.source.triggers import all_of
 
 HELPER = "tcaudit_normalize"
@@ -179,9 +179,8 @@ def _small_images(facts: ScriptFacts, datasets: list[_Dataset], steps: list[tupl
 
 def _fake_data_size(call: cst.Call) -> list[object]:
     """FakeData's ``image_size`` (its default is (3, 224, 224)), as written: numbers, or ``...`` for the rest."""
-    argument = keyword_arg(call, "image_size")
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    value = argument.value if argument is not None else (positional[1].value if len(positional) > 1 else None)
+    argument = keyword(call, "image_size", 1)
+    value = argument.value if argument is not None else None
     return [3, 224, 224] if value is None else _numbers(value)
 
 
@@ -233,7 +232,7 @@ def _own_dataset_class(facts: ScriptFacts, name: str) -> cst.ClassDef | None:
 
 
 def _transform_argument(facts: ScriptFacts, call: CallSite, dataset: str) -> cst.BaseExpression | None:
-    argument = keyword_arg(call.node, "transform")
+    argument = keyword(call.node, "transform")
     if argument is not None:
         return argument.value
     position = IMAGE_DATASETS.get(dataset)
@@ -327,7 +326,7 @@ def _check_other_sources(facts: ScriptFacts, loaders: list[LoaderSite], ours: se
         for value in facts.binding_values(argument) if argument is not None else []:
             if not isinstance(value, cst.Call) or id(value) in ours:
                 continue
-            transform = keyword_arg(value, "transform")
+            transform = keyword(value, "transform")
             text = facts.module.code_for_node(transform.value if transform is not None else value)
             if "ToTensor" in text:
                 raise DeclineFix(
@@ -340,9 +339,8 @@ def _statistics(facts: ScriptFacts, normalize: cst.Call) -> tuple[str, str]:
     """``Normalize``'s mean and std as code valid anywhere in the file: number lists or module constants."""
     out = []
     for key, position in (("mean", 0), ("std", 1)):
-        argument = keyword_arg(normalize, key)
-        positional = [a for a in normalize.args if a.keyword is None and not a.star]
-        value = argument.value if argument is not None else (positional[position].value if position < len(positional) else None)
+        argument = keyword(normalize, key, position)
+        value = argument.value if argument is not None else None
         if value is None or not _constant(facts, value):
             raise DeclineFix(f"`Normalize`'s {key} is not a list of numbers or a module-level constant here")
         out.append(facts.module.code_for_node(value))
@@ -365,7 +363,7 @@ def _check_dataset(facts: ScriptFacts, dataset: _Dataset, parents: dict[int, cst
     call = dataset.node
     if any(a.star for a in call.args):
         raise DeclineFix(f"`{dataset.name}` gets `*args`/`**kwargs`: what it hands the transform cannot be read")
-    if keyword_arg(call, "loader") is not None:
+    if keyword(call, "loader") is not None:
         raise DeclineFix(f"`{dataset.name}` has its own `loader=`, which may not return PIL images")
     if dataset.name not in IMAGE_DATASETS:
         _check_own_dataset(facts, dataset.name)
