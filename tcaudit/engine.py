@@ -39,7 +39,8 @@ from tcaudit.source.parsing import (
 )
 from tcaudit.source.suppressions import Directives, directives
 from tcaudit.source.triggers import Trigger, trigger
-from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION, Usage, rules_that_ran, unused_suppressions
+from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
+from tcaudit.unused_suppressions import Usage, rules_that_ran, unused_suppressions
 
 if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them, not for a cached scan
     from typing import Callable, Sequence
@@ -47,9 +48,8 @@ if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them
     from tcaudit.cache import ScanCache
     from tcaudit.model import ModelAuditResult
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.rules.base import ModelRule
     from tcaudit.model_profile import AuditedModels
-    from tcaudit.rules.base import ScriptRule
+    from tcaudit.rules.base import ModelRule, ScriptRule
     from tcaudit.rules.registry import LazyRule
     from tcaudit.script.facts import ScriptFacts
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import textwrap
 from typing import TextIO
 
-from tcaudit.catalog import RuleSpec
 from tcaudit import gpus
+from tcaudit.catalog import RuleSpec
 from tcaudit.costs import figures, measured_entries, published_note, published_ratios, rule_cost
 
 COST_HEADING = "## Measured cost"

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 # The longest a finding's message may be (ruff-like: what and where); the why goes in its explanation.
 MESSAGE_LIMIT = 120
 

@@ -11,8 +11,8 @@ import sys
 from typing import Sequence
 
 from tcaudit import __version__
-from tcaudit.report import FORMATS
 from tcaudit.api import with_detected_gpu
+from tcaudit.report import FORMATS
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -562,8 +562,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from tcaudit.config import load_settings
     from tcaudit.cli.fix import run_fix
+    from tcaudit.config import load_settings
 
     stdin = _stdin_path(args)
     settings = with_detected_gpu(load_settings(_config_paths(args, stdin), args.config, _overrides(args), args.isolated))
@@ -580,8 +580,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from tcaudit.config import load_settings
     from tcaudit.cli.verify import run_verify
+    from tcaudit.config import load_settings
 
     settings = with_detected_gpu(load_settings([args.script], args.config, _overrides(args), args.isolated))
     try:

@@ -206,8 +206,8 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
 def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
     """(target, failure reason or None, imported packages) for each model the file builds."""
     from tcaudit.model.discovery import ScriptIndex, find_candidates, find_hints
-    from tcaudit.model_profile import construction_key
     from tcaudit.model.slicing import SliceError, Slicer, missing_packages
+    from tcaudit.model_profile import construction_key
     from tcaudit.source.parsing import SourceError
 
     try:

@@ -32,15 +32,14 @@ detection): every decline above is raised there, so ``scan`` says ``no fix: <rea
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
 from tcaudit.findings import DeclineFix
+from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.callers import callers_of
@@ -54,9 +53,9 @@ from tcaudit.script.loader_sharding import (
     plain_sampler,
     unsharded_training_loaders,
 )
-from tcaudit.source.walk import walk
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
 from tcaudit.source.syntax import call_nodes, is_main_guard, param_names
+from tcaudit.source.walk import walk
 
 DDP_NAME = "DistributedDataParallel"
 RANK_ZERO = "{dist}.get_rank() == 0"

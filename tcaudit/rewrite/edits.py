@@ -16,8 +16,10 @@ from tcaudit.rewrite.codemod import StatementEditor, ensure_import, parse_expres
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end
-from tcaudit.source.syntax import contains  # noqa: F401 - its home is source.syntax; fixes import it here too
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import (
+    contains,  # noqa: F401 - its home is source.syntax; fixes import it here too
+    keyword,
+)
 
 
 @dataclass(frozen=True, eq=False)

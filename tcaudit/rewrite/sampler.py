@@ -11,14 +11,15 @@ from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.rewrite.codemod import parse_expression
 from tcaudit.findings import DeclineFix
+from tcaudit.rewrite.codemod import parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.script.distributed import distributed_facts, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import KeyValue, LoaderSite
 from tcaudit.script.loader_sharding import also_feeds_other_loops, plain_sampler
 from tcaudit.script.pipeline import pipeline_facts
+
 
 @dataclass
 class SamplerEdits:

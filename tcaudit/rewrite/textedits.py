@@ -16,7 +16,6 @@ from typing import Callable, Iterable, Sequence
 
 from tcaudit.findings import TextEdit
 
-
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 
 

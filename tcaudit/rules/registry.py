@@ -27,8 +27,7 @@ from tcaudit.source.triggers import all_of, all_of_parts, triggers_under
 if TYPE_CHECKING:
     from tcaudit.config import Settings
     from tcaudit.model_profile import AuditedModels
-    from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-    from tcaudit.rules.base import ModelRule
+    from tcaudit.rules.base import Codemod, ModelRule, RuleContext, ScriptRule
 
 # One trigger as the table stores it: a regex, or the parts of an ``all_of`` regex (so that the
 # engine can check them part by part, as it does for the rule's own).
@@ -104,8 +103,7 @@ def context(
 
 def model_rules(settings: "Settings") -> "list[ModelRule]":
     """The model rules ``settings`` enables, made, sorted by id: only their modules are imported."""
-    from tcaudit.rules.base import defined_in
-    from tcaudit.rules.base import ModelRule
+    from tcaudit.rules.base import ModelRule, defined_in
 
     enabled = set(settings.enabled_rules())
     rules = []

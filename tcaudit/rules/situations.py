@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from tcaudit.findings import Finding, Situation, SituationKind
-from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.expressions import literal
+from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import keyword
 
 

@@ -29,7 +29,8 @@ sits below tcaudit/script/facts.py and imports nothing of it: it reads the facts
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence, Set as AbstractSet
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Literal, Protocol, TypeVar
 
 import libcst as cst

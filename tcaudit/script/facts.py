@@ -25,8 +25,8 @@ from libcst.metadata import CodeRange
 from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.walk import code_positions, walk
 from tcaudit.source.syntax import keyword, strip_comments
+from tcaudit.source.walk import code_positions, walk
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {

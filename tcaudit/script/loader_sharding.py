@@ -15,8 +15,8 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
     DistributedFacts,
-    distributed_facts,
     code,
+    distributed_facts,
     in_test_code,
     literal_value,
 )

@@ -4,6 +4,7 @@ analysis, the rules, the model audit's slicing): one home for each."""
 from __future__ import annotations
 
 import re
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+
 def rule_groups() -> tuple[tuple[str, ...], ...]:
     """The rules whose edits only make sense together, left out together: each rule with those it
     names in ``fixed_with`` (fp16 autocast and its GradScaler fixes, pinned memory and non_blocking

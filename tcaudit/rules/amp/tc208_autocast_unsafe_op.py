@@ -32,6 +32,7 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import call_nodes, nodes_of
 from tcaudit.source.triggers import all_of
 
+
 @dataclass(frozen=True, eq=False)
 class BceOutsideAutocast(FixPlan):
     kind = "bce-outside-autocast"

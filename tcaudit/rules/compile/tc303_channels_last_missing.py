@@ -22,8 +22,8 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword
-from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.aliasing import based_on, chain_root, in_place_write, written_through
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop

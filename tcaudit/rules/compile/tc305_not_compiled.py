@@ -23,15 +23,23 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, MESSAGE_LIMIT
+from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.model_profile import SMALL_STEP_MS
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
 from tcaudit.script.amp import gradient_penalty_call
 from tcaudit.script.devices import device_expression
-from tcaudit.model_profile import SMALL_STEP_MS
-from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
-from tcaudit.script.distributed import callee_type, distributed_facts, innermost_loop, is_dataparallel, is_ddp, is_fsdp, names_in
+from tcaudit.script.distributed import (
+    callee_type,
+    distributed_facts,
+    innermost_loop,
+    is_dataparallel,
+    is_ddp,
+    is_fsdp,
+    names_in,
+)
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase

@@ -17,9 +17,16 @@ import libcst as cst
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.rules.compile.forward_breaks import (
+    branches,
+    host_read,
+    is_module_class,
+    reads_tensor_value,
+    tensor_params,
+    under_flag,
+)
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.rules.compile.forward_breaks import branches, host_read, is_module_class, reads_tensor_value, tensor_params, under_flag
 from tcaudit.source.triggers import all_of
 
 

@@ -25,6 +25,7 @@ from tcaudit.rules.compile.attention import mha_bindings
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import keyword
 
+
 @dataclass(frozen=True)
 class _Use:
     """How one call's result is used: only its output (``[0]`` or a discarded second target)."""

@@ -34,9 +34,9 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, STEP_OR_BACKWARD_CALL
-from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.expressions import assigned_name, literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.guards import training_phase

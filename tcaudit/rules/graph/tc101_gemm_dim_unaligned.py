@@ -33,6 +33,7 @@ from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.triggers import all_of
 
+
 def vocab_sizes(facts: ModelFacts) -> set[int]:
     """Rows of token embeddings (512 rows or more): their GEMMs are TC104's."""
     sizes = {op.info["rows"] for op in facts.ops_of("embedding") if op.info.get("rows", 0) >= 512}

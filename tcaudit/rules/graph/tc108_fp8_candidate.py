@@ -8,11 +8,11 @@ import re
 from typing import Iterator
 
 from tcaudit import gpus
+from tcaudit.costs import measured
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
-from tcaudit.rules.graph.model_reports import percent
 from tcaudit.rules.base import ModelContext, ModelRule
-from tcaudit.costs import measured
+from tcaudit.rules.graph.model_reports import percent
 
 HALF = {"bfloat16", "float16"}
 FP8 = {"float8_e4m3fn", "float8_e5m2"}

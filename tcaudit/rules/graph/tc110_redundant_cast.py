@@ -6,8 +6,8 @@ from typing import Iterator
 
 from tcaudit.findings import Finding, Severity
 from tcaudit.model.facts import DTYPE_BYTES, ModelFacts, OpFact, short_dtype
-from tcaudit.rules.graph.model_reports import describe_modules, impact_text
 from tcaudit.rules.base import ModelContext, ModelRule
+from tcaudit.rules.graph.model_reports import describe_modules, impact_text
 
 
 class RedundantCast(ModelRule):

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.model.cost import suggest
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.model.cost import suggest
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import keyword, nodes_of, parent_map

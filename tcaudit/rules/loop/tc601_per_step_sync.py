@@ -14,6 +14,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.rules.base import RuleContext, ScriptRule
+from tcaudit.script.aliasing import chain_root, expression_chain
 from tcaudit.script.distributed import (
     DistributedFacts,
     distributed_facts,
@@ -22,9 +24,7 @@ from tcaudit.script.distributed import (
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
-from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.steps import runs_every_step
-from tcaudit.script.aliasing import chain_root, expression_chain
 from tcaudit.source.syntax import nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")

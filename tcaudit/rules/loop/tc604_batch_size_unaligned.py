@@ -12,9 +12,9 @@ from typing import Iterator
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.base import RuleContext, ScriptRule
 
 ALIGNMENT = 8
 _BATCH_FLAG = re.compile(r"^--?(train[-_]?)?(batch[-_]?size|bs|bsz)$", re.IGNORECASE)

@@ -19,11 +19,12 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
+
 
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"

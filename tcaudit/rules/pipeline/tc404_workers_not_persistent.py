@@ -19,11 +19,11 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, apply_keyword_edits, plan_loader_keyword
 from tcaudit.rewrite.workers import plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
-from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.triggers import all_of
 

@@ -24,10 +24,10 @@ from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.devices import device_expression
+from tcaudit.script.distributed import distributed_facts
 from tcaudit.script.evidence import ACCELERATOR_NAMED
 from tcaudit.script.expressions import DEVICE_FACTORIES, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.distributed import distributed_facts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.steps import runs_every_step
 from tcaudit.source.syntax import keyword

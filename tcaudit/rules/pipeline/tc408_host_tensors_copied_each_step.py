@@ -27,8 +27,8 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_statement
 from tcaudit.rewrite.edits import CallEditor, add_keyword, with_torch_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.aliasing import assignment_targets, is_in_place_name
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import DEVICE_FACTORIES, literal, moves_to_device
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops

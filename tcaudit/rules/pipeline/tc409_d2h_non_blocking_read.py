@@ -33,10 +33,10 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.aliasing import receiver_root
 from tcaudit.script.evidence import CUDA_EVIDENCE
 from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.aliasing import receiver_root
 from tcaudit.script.host_sync import SYNCHRONIZE, WAIT_METHODS, is_host_tensor, names_host_device
 from tcaudit.source.syntax import keyword, target_names
 from tcaudit.source.triggers import all_of
