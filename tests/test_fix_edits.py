@@ -46,6 +46,21 @@ def test_every_fixable_finding_has_edits_that_compile_alone(case):
     assert not missing, f"fixable findings without edits: {missing}"
 
 
+@pytest.mark.parametrize("path", [REPO / "fixtures" / "fix" / "tc503_torchrun.in.py",
+                                  REPO / "fixtures" / "scripts" / "tc5_mp_spawn_ddp.py"], ids=lambda p: p.stem)
+def test_a_follower_finds_its_node_in_the_leaders_text(path):
+    """TC504 waits for TC503's sampler, and TC503's fix rewrites the loader's line: TC504's finding is
+    found again on the node its node became (the sampler inside that call), so it carries the leader's
+    edits and its own, and they give exactly what ``fix`` writes for the two rules. (Found by the line's
+    text it had none in tc503_torchrun, where TC503's fix changes that line.)"""
+    settings = Settings(select=("TC503", "TC504"), root=path.parent, fix_edits=True)
+    (finding,) = [f for f in scan([str(path)], settings, model_audit=False).findings if f.rule == "TC504"]
+    assert finding.fix.edits, "TC504's fix has no edits"
+    fixed = fix_file(path, settings, DEFAULT_CLASSES, path.name)
+    assert fixed.applied == ["TC503", "TC504"]
+    assert apply_edits(read_source(path).text, finding.fix.edits) == fixed.fixed
+
+
 def test_a_single_fixable_finding_edits_exactly_what_fix_writes(tmp_path):
     """Where one finding is the file's only fix, its edits are fix's whole change."""
     script = tmp_path / "train.py"
