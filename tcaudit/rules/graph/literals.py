@@ -7,6 +7,8 @@ from typing import Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding
+from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rules.base import Codemod
 
 
 def pad_literals(module: cst.Module, findings: Sequence[Finding]) -> cst.Module:
@@ -24,3 +26,10 @@ def pad_literals(module: cst.Module, findings: Sequence[Finding]) -> cst.Module:
             return updated_node.with_changes(value=value) if value is not None else updated_node
 
     return module.visit(_T())
+
+
+class PadWidthLiterals(Codemod):
+    """The fix of TC101's and TC102's script halves (each names its ``rule``): :func:`pad_literals`."""
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        return pad_literals(module, findings)

@@ -16,18 +16,15 @@ count (``rules.graph.widths.one_width_finding``), as TC101's script half.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
-
-import libcst as cst
+from typing import Iterator
 
 from tcaudit.findings import Finding
 from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
-from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
-from tcaudit.rules.graph.literals import pad_literals
+from tcaudit.rules.base import ModelContext, ModelRule, RuleContext
+from tcaudit.rules.graph.literals import PadWidthLiterals
 from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
-from tcaudit.rules.graph.widths import one_width_finding, script_widths, width_finding, width_layers, width_named
+from tcaudit.rules.graph.widths import Width, WidthLiteral, width_layers, width_named
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.triggers import all_of
@@ -109,27 +106,16 @@ class ConvChannelsUnaligned(ModelRule):
 # -- the script half -------------------------------------------------------------------------------
 
 
-class ChannelWidthLiteral(ScriptRule):
+class ChannelWidthLiteral(WidthLiteral):
     id = "TC102"
     triggers = (all_of(BACKWARD_CALL, r"Conv[123]d"),)
+    unit = "channels"
 
-    @classmethod
-    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
-        return one_width_finding(script, model)
-
-    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if not context.settings.pad_dims:
-            return  # an opt-in: without it the model audit's findings are the whole report, as before
-        for width in script_widths(facts):
-            if width.rule == self.id:
-                cost = context.cost(self.spec, "channels")
-                effect = f"cuDNN cannot use its fast bf16/fp16 Tensor Core kernels for {width_layers(facts, width)}{cost}"
-                what = f"channel count {width.value}{width_named(width)}"
-                yield width_finding(self, facts, width, what, effect, "channels")
+    def describe(self, facts: ScriptFacts, width: Width, context: RuleContext) -> tuple[str, str]:
+        cost = context.cost(self.spec, "channels")
+        effect = f"cuDNN cannot use its fast bf16/fp16 Tensor Core kernels for {width_layers(facts, width)}{cost}"
+        return f"channel count {width.value}{width_named(width)}", effect
 
 
-class PadChannelWidth(Codemod):
+class PadChannelWidth(PadWidthLiterals):
     rule = "TC102"
-
-    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        return pad_literals(module, findings)

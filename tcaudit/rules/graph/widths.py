@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterator, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -35,12 +35,13 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model.cost import suggest
+from tcaudit.rules.base import ScriptRule
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import keyword, nodes_of, parent_map
 
 if TYPE_CHECKING:
-    from tcaudit.rules.base import ScriptRule
+    from tcaudit.rules.base import RuleContext
 
 ALIGNMENT = 8  # elements: 16 bytes of bf16/fp16, TC101's and TC102's alignment
 # Narrower layers are too small for their GEMMs to be bound by the Tensor Cores: padding buys nothing.
@@ -566,7 +567,7 @@ def width_named(width: Width) -> str:
     return "" if width.inline else f" (`{width.label}`)"
 
 
-def width_finding(rule: "ScriptRule", facts: ScriptFacts, width: Width, what: str, effect: str, unit: str) -> Finding:
+def width_finding(rule: ScriptRule, facts: ScriptFacts, width: Width, what: str, effect: str, unit: str) -> Finding:
     """The script half's finding for one width: at its literal, with the opt-in padding fix (or its decline).
     The rule says ``what`` the width is, the ``effect`` of leaving it (with its measured cost) and the
     ``unit`` the padding adds."""
@@ -603,3 +604,27 @@ def one_width_finding(script: list[Finding], model: list[Finding]) -> tuple[list
             kept_model.append(finding)
             given.add(id(twin))
     return [f for f in script if id(f) not in given], kept_model
+
+
+class WidthLiteral(ScriptRule):
+    """The script half of TC101 and TC102: an unaligned width the script sets as a literal, reported with
+    ``fix --pad-dims``'s padding (opt-in). A rule says what its widths are (:meth:`describe`) and the
+    ``unit`` the padding adds; one finding per width stands for the model audit's findings of it."""
+
+    unit: ClassVar[str]
+
+    @classmethod
+    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+        return one_width_finding(script, model)
+
+    def describe(self, facts: ScriptFacts, width: Width, context: "RuleContext") -> tuple[str, str]:
+        """(what the width is, the effect of leaving it, with its measured cost)."""
+        raise NotImplementedError
+
+    def check(self, facts: ScriptFacts, context: "RuleContext") -> Iterator[Finding]:
+        if not context.settings.pad_dims:
+            return  # an opt-in: without it the model audit's findings are the whole report, as before
+        for width in script_widths(facts):
+            if width.rule == self.id:
+                what, effect = self.describe(facts, width, context)
+                yield width_finding(self, facts, width, what, effect, self.unit)
