@@ -11,7 +11,8 @@ and its own. A fix whose edits cannot be made alone keeps ``edits=None`` (``tcau
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tcaudit.findings import Finding
 from tcaudit.rewrite.textedits import edits_between, position_map
@@ -36,6 +37,8 @@ def with_edits(
     from tcaudit.rules.base import codemod_of, fixed_text
 
     by_id = {rule.id: rule for rule in rules}
+    # Per (follower rule, leader): the leader's text, made once, with the follower's findings there.
+    after_leaders: dict[tuple[str, str], _LeaderText | None] = {}
     for finding in findings:
         if lines is not None and (finding.location.end_line < lines[0] or finding.location.line > lines[1]):
             continue
@@ -47,40 +50,59 @@ def with_edits(
         if leader is None:
             new_text = fixed_text(facts, [finding], rule, settings)
         else:
-            new_text = _after_leader(facts, finding, context.fixed_by(leader, facts), rule, context)
+            key = (rule.id, leader)
+            if key not in after_leaders:
+                after_leaders[key] = _leader_text(facts, context.fixed_by(leader, facts), rule, context)
+            new_text = _after_leader(finding, after_leaders[key], rule, context)
         if new_text is not None:
             finding.fix = dataclasses.replace(fix, edits=edits_between(facts.source.text, new_text))
     return findings
 
 
-def _after_leader(
-    facts: "ScriptFacts",
-    finding: Finding,
-    after: "ScriptFacts | None",
-    rule: "ScriptRule",
-    context: "RuleContext",
-) -> str | None:
-    """The text after the leader's fixes (``context.fixed_by``: the one place that makes it) and then this
-    finding's own, made from the leader's text: the rule's finding there on the node this finding's node
-    became (:func:`~tcaudit.rewrite.textedits.position_map`: the leader may re-indent the statement under
-    a new ``with``, or add a keyword to the same call), never a finding picked by its line's text."""
-    if after is None:
-        return None
-    from tcaudit.rules.base import fixed_text
+@dataclass(frozen=True)
+class _LeaderText:
+    """The text after a leader's fixes (``context.fixed_by``: the one place that makes it), where each
+    position of the original went in it, and a follower rule's fixable findings there."""
 
-    where = position_map(facts.source.text, after.source.text)
-    location = finding.location
-    start = where(location.line, location.column)
-    end = where(location.end_line, location.end_column - 1) if location.end_column > 1 else None
-    if start is None:
+    after: "ScriptFacts"
+    where: "Callable[[int, int], tuple[int, int] | None]"
+    found: list[Finding]
+
+
+def _leader_text(
+    facts: "ScriptFacts", after: "ScriptFacts | None", rule: "ScriptRule", context: "RuleContext"
+) -> _LeaderText | None:
+    """What the follower ``rule``'s findings are matched against; None where the leader made no text or
+    the rule fails on it (its findings then stand without edits)."""
+    if after is None:
         return None
     try:
         found = [
             f for f in rule.check(after, context)
             if f.fix is not None and f.fix.available and f.waits_for is None
         ]
-    except Exception:  # noqa: BLE001 - the finding stands without edits
+    except Exception:  # noqa: BLE001 - the findings stand without edits
         return None
+    return _LeaderText(after, position_map(facts.source.text, after.source.text), found)
+
+
+def _after_leader(
+    finding: Finding, leader: _LeaderText | None, rule: "ScriptRule", context: "RuleContext"
+) -> str | None:
+    """The text after the leader's fixes and then this finding's own, made from the leader's text: the
+    rule's finding there on the node this finding's node became
+    (:func:`~tcaudit.rewrite.textedits.position_map`: the leader may re-indent the statement under a new
+    ``with``, or add a keyword to the same call), never a finding picked by its line's text."""
+    if leader is None:
+        return None
+    from tcaudit.rules.base import fixed_text
+
+    location = finding.location
+    start = leader.where(location.line, location.column)
+    end = leader.where(location.end_line, location.end_column - 1) if location.end_column > 1 else None
+    if start is None:
+        return None
+    found = leader.found
     # The node where this finding's node went; else the one node inside it (the leader's fix may give
     # the follower a new node to stand on there: TC504 at the sampler TC503 put into the loader's call).
     candidates = [f for f in found if (f.location.line, f.location.column) == start]
@@ -91,4 +113,4 @@ def _after_leader(
                       and (f.location.end_line, f.location.end_column - 1) <= end]
     if len(candidates) != 1:
         return None
-    return fixed_text(after, candidates, rule, context.settings)
+    return fixed_text(leader.after, candidates, rule, context.settings)
