@@ -61,11 +61,9 @@ class LazyRule:
 
     def load(self) -> "ScriptRule":
         if self._rule is None:
-            from tcaudit.rules.base import ScriptRule, defined_in
+            from tcaudit.rules.base import ScriptRule
 
-            module = importlib.import_module(f"tcaudit.rules.{self.module}")
-            (cls,) = [c for c in defined_in(module, ScriptRule) if c.id == self.id]
-            rule = cls()
+            rule = rule_class(self.module, ScriptRule, self.id)()
             rule.configure(self.settings)
             self._rule = rule
         return self._rule
@@ -103,15 +101,20 @@ def context(
 
 def model_rules(settings: "Settings") -> "list[ModelRule]":
     """The model rules ``settings`` enables, made, sorted by id: only their modules are imported."""
-    from tcaudit.rules.base import ModelRule, defined_in
+    from tcaudit.rules.base import ModelRule
 
     enabled = set(settings.enabled_rules())
-    rules = []
-    for rule_id, module in sorted(MODEL_RULE_TABLE.items()):
-        if rule_id in enabled:
-            (cls,) = [c for c in defined_in(importlib.import_module(f"tcaudit.rules.{module}"), ModelRule) if c.id == rule_id]
-            rules.append(cls())
-    return rules
+    return [rule_class(module, ModelRule, rule_id)() for rule_id, module in sorted(MODEL_RULE_TABLE.items())
+            if rule_id in enabled]
+
+
+def rule_class(module: str, base: type, rule_id: str) -> type:
+    """The subclass of ``base`` implementing ``rule_id`` in rule module ``module`` (a table's entry:
+    ``amp.tc201_missing_autocast``), imported now."""
+    from tcaudit.rules.base import defined_in
+
+    (cls,) = [c for c in defined_in(importlib.import_module(f"tcaudit.rules.{module}"), base) if c.id == rule_id]
+    return cls
 
 
 def lazy_rules(settings: "Settings") -> list[LazyRule]:
