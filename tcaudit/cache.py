@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from tcaudit import __version__, runtime_facts
 from tcaudit.atomic import replace_atomically
-from tcaudit.findings import Finding, Fix, FixClass, Location, RenderedPlan, Severity, TextEdit
+from tcaudit.findings import Finding, Fix, FixClass, Location, Related, RenderedPlan, Severity, TextEdit
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -251,6 +251,8 @@ def _finding_to_json(finding: Finding) -> dict[str, Any]:
         "scope": finding.scope,
         "follows": finding.follows,
         "explanation": finding.explanation,
+        "related": [[r.location.path, r.location.line, r.location.column, r.location.end_line,
+                     r.location.end_column, r.message, r.mirror] for r in finding.related],
     }
 
 
@@ -280,6 +282,7 @@ def _finding_from_json(data: dict[str, Any]) -> Finding:
         scope=data["scope"],
         follows=data.get("follows"),
         explanation=data.get("explanation", ""),
+        related=tuple(Related(Location(*r[:5]), r[5], r[6]) for r in data.get("related", ())),
     )
 
 

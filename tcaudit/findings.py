@@ -290,6 +290,30 @@ class Fix:
         return data
 
 
+@dataclass(frozen=True)
+class Related:
+    """Another place a finding concerns: the helper in another module whose sync a per-step call runs,
+    the DataLoader a factory builds. ``mirror``: the finding is also reported at this place when its
+    file is scanned (with the same rule, from the caller's point of view); shown in the text report,
+    JSON ``related``, SARIF ``relatedLocations`` and LSP ``relatedInformation``."""
+
+    location: Location
+    message: str
+    mirror: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        loc = self.location
+        return {
+            "path": loc.path,
+            **({"cell": loc.cell} if loc.cell is not None else {}),
+            "line": loc.line,
+            "column": loc.column,
+            "end_line": loc.end_line,
+            "end_column": loc.end_column,
+            "message": self.message,
+        }
+
+
 @dataclass
 class Finding:
     rule: str
@@ -313,6 +337,8 @@ class Finding:
     # why it matters, the measured figures for the target GPU and what the fix does. Shown by
     # ``scan --show-fixes``, in JSON as ``explanation``, in SARIF as the message's markdown.
     explanation: str = ""
+    # Other places this finding concerns (a helper's line in another module): see :class:`Related`.
+    related: tuple[Related, ...] = ()
 
     def __post_init__(self) -> None:
         if self.follows is None:
@@ -355,6 +381,8 @@ class Finding:
             data["follows"] = self.follows
         if self.explanation:
             data["explanation"] = self.explanation
+        if self.related:
+            data["related"] = [related.to_dict() for related in self.related]
         return data
 
 

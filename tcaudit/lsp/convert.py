@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+from pathlib import Path
 from typing import Sequence
 
 from lsprotocol import types as lsp
@@ -71,6 +72,19 @@ def diagnostic(finding: Finding, lines: Sequence[str], codec: PositionCodec, uri
                     location=lsp.Location(uri=uri, range=finding_range(leader, lines, codec)),
                     message=f"presumes the fix of {leader.rule}: {leader.message}",
                 ))
+    for place in finding.related:
+        loc = place.location
+        # Another file of the project (a helper's module): its lines are not this buffer's, so its
+        # range is given as it is (line and column; UTF-8 and UTF-16 agree on ASCII code).
+        target = Path(loc.path)
+        related.append(lsp.DiagnosticRelatedInformation(
+            location=lsp.Location(
+                uri=target.resolve().as_uri() if not target.is_absolute() else target.as_uri(),
+                range=lsp.Range(start=lsp.Position(line=loc.line - 1, character=max(0, loc.column - 1)),
+                                end=lsp.Position(line=loc.end_line - 1, character=max(0, loc.end_column - 1))),
+            ),
+            message=place.message,
+        ))
     return lsp.Diagnostic(
         range=finding_range(finding, lines, codec),
         message=finding.message,

@@ -99,6 +99,22 @@ def _region(loc) -> dict[str, int]:
     return region
 
 
+def _related(index: int, related) -> dict[str, Any]:
+    """A :class:`~tcaudit.findings.Related` place as a SARIF related location."""
+    uri, relative = artifact_uri(related.location.path)
+    artifact: dict[str, Any] = {"uri": uri}
+    if relative:
+        artifact["uriBaseId"] = SRCROOT
+    out: dict[str, Any] = {
+        "id": index,
+        "physicalLocation": {"artifactLocation": artifact, "region": _region(related.location)},
+        "message": {"text": related.message},
+    }
+    if related.location.cell is not None:
+        out["properties"] = {"cell": related.location.cell}
+    return out
+
+
 def _result(finding, rule_index: int) -> dict[str, Any]:
     uri, relative = artifact_uri(finding.location.path)
     artifact: dict[str, Any] = {"uri": uri}
@@ -113,6 +129,8 @@ def _result(finding, rule_index: int) -> dict[str, Any]:
             {"physicalLocation": {"artifactLocation": artifact, "region": _region(finding.location)}}
         ],
     }
+    if finding.related:
+        data["relatedLocations"] = [_related(index, related) for index, related in enumerate(finding.related)]
     if finding.fingerprint:
         data["partialFingerprints"] = {FINGERPRINT_KEY: finding.fingerprint}
     fix = finding.fix

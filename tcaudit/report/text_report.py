@@ -109,6 +109,8 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                     console.print(Padding(explanation, (0, 0, 0, 4)))
                 else:
                     console.print(Text("    ") + explanation)
+            for place in f.related:
+                console.print(Text(f"  see {place.location.path}:{place.location.position}: {place.message}", style="dim"))
             if cache[path, loc.cell]:
                 console.print(_frame(cache[path, loc.cell], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
             if f.fix is not None:
