@@ -27,7 +27,7 @@ from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
 from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
 from tcaudit.source.deep import call_with_deep_stack
-from tcaudit.source.discovery import discover, identity
+from tcaudit.source.discovery import discover, display_path
 from tcaudit.source.parsing import (
     SourceError,
     SourceFile,
@@ -279,19 +279,6 @@ def analyse_source(
         except Exception as exc:  # noqa: BLE001 - the findings stand without their edits
             errors.append(f"{display}: internal error while making the fixes' edits: {exc!r}\n{traceback.format_exc()}")
     return facts, findings, errors
-
-
-def display_path(path: Path) -> str:
-    """``path`` relative to the working folder where it lies under it, as reports show it."""
-    # A symlink to nothing is shown under its own name: its target's would name a file that is not there.
-    key = os.path.abspath(path) if os.path.islink(path) and not os.path.exists(path) else identity(path)
-    try:
-        display = Path(key).relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        display = path.as_posix()
-    # A file name that is not valid UTF-8 (kept by Python as lone surrogates) is shown with its
-    # bytes escaped (``name_\xff.py``): every report format can encode that.
-    return os.fsencode(display).decode("utf-8", "backslashreplace")
 
 
 def default_jobs() -> int:

@@ -94,7 +94,7 @@ class TcauditServer(LanguageServer):
         if found is None:
             path = Path(to_fs_path(uri)) if uri.startswith("file:") else None
             if path is not None:
-                from tcaudit.engine import display_path
+                from tcaudit.source.discovery import display_path
 
                 display = display_path(path)
             else:

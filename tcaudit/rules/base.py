@@ -23,7 +23,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.costs import cost_note
-from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Severity
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Related, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.source.triggers import triggers_under
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from tcaudit.model.cost import Cost, CostModel
     from tcaudit.model.facts import ModelFacts, OpFact, Site
     from tcaudit.model_profile import AuditedModels
+    from tcaudit.project.symbols import Project
+    from tcaudit.project.values import Values
     from tcaudit.script.facts import ScriptFacts
     from tcaudit.source.parsing import SourceFile
 
@@ -56,6 +58,25 @@ class RuleContext:
         """The figure ``spec``'s rule quotes under ``key`` for the target GPU, naming the GPU
         (:func:`tcaudit.costs.cost_note`)."""
         return cost_note(spec, self.settings.target, key)
+
+    def project(self, facts: "ScriptFacts") -> "Project":
+        """The project seen from ``facts``' file: the modules it imports inside the project
+        (:mod:`tcaudit.project`), made once per file."""
+        from tcaudit.project.symbols import project_of
+
+        return project_of(facts, self.settings.root)
+
+    def values(self, facts: "ScriptFacts") -> "Values":
+        """Values of names in ``facts``' project (:class:`tcaudit.project.values.Values`), deciding
+        ``torch.cuda.is_available()`` and ``torch.cuda.is_bf16_supported()`` for the target GPU."""
+        key = ("values", id(facts))
+        if key not in self.outcomes:
+            from tcaudit.project.values import Values
+
+            target = self.settings.target
+            assume = {"torch.cuda.is_available": True, "torch.cuda.is_bf16_supported": target.has_bf16}
+            self.outcomes[key] = (facts, Values(self.project(facts), assume))
+        return self.outcomes[key][1]
 
     def leader(self, rule_id: str) -> "ScriptRule":
         """Rule ``rule_id``, made for these settings, to read its outcome."""
@@ -188,6 +209,7 @@ class ScriptRule:
         details: dict | None = None,
         follows: str | None = None,
         explanation: str = "",
+        related: "Sequence[Related]" = (),
     ) -> Finding:
         start = facts.position(node)
         end = facts.position(end_node) if end_node is not None else start
@@ -210,7 +232,22 @@ class ScriptRule:
             scope=facts.scope_name(node),
             follows=follows,
             explanation=explanation,
+            related=tuple(related),
         )
+
+    @staticmethod
+    def place(facts: "ScriptFacts", node: cst.CSTNode, message: str, *, mirror: bool = False) -> Related:
+        """``node`` of ``facts``' file (another module of the project) as a related place of a finding;
+        ``mirror``: the finding is also reported there when that file is scanned."""
+        position = facts.position(node)
+        location = Location(
+            path=facts.source.display_path,
+            line=position.start.line,
+            column=position.start.column + 1,
+            end_line=position.end.line,
+            end_column=position.end.column + 1,
+        )
+        return Related(location, message, mirror)
 
 
 class Codemod:

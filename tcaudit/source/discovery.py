@@ -235,3 +235,16 @@ def discover(
                 found.setdefault(identity(file), file)
     files = sorted(found.values(), key=lambda p: p.as_posix())
     return Discovered(files=files, missing=missing, warnings=warnings)
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working folder where it lies under it, as reports show it."""
+    # A symlink to nothing is shown under its own name: its target's would name a file that is not there.
+    key = os.path.abspath(path) if os.path.islink(path) and not os.path.exists(path) else identity(path)
+    try:
+        display = Path(key).relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        display = path.as_posix()
+    # A file name that is not valid UTF-8 (kept by Python as lone surrogates) is shown with its
+    # bytes escaped (``name_\xff.py``): every report format can encode that.
+    return os.fsencode(display).decode("utf-8", "backslashreplace")

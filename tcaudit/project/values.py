@@ -1,0 +1,278 @@
+"""The value a name holds where it is used, judged by what it holds: a literal written there, a name
+bound to one (an earlier notebook cell, a module constant, a constant of another project module), an
+argparse option's default when the flag is not passed (``--workers`` defaults to 0), a dataclass
+field's default (``cfg.num_workers`` of ``cfg = TrainConfig()``), and the arms of ``a if c else b``
+whose test can be decided.
+
+Each answer says how the value was reached (:attr:`Value.how`), so a finding can say "`--workers`
+defaults to 0" rather than "num_workers=0", and whether the user chooses it on the command line
+(:attr:`Value.on_command_line`): a default of an option the project's launch scripts pass is the
+user's choice, not a default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from tcaudit.project.modules import load_module
+from tcaudit.project.symbols import Project
+from tcaudit.script.expressions import literal
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import keyword, param_names
+
+MAX_DEPTH = 8
+# Names scripts give the namespace parse_args() returns (or a config object passed around).
+_ARGS_NAMES = frozenset({"args", "opt", "opts", "options", "cfg", "config", "hparams", "hp", "flags", "FLAGS", "params"})
+_PARSE_ARGS = re.compile(r"(^|\.)parse(_known)?_args$")
+_LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".slurm", ".sbatch", ".cmd", ".bat", ".ps1")
+_LAUNCH_NAMES = frozenset({"Makefile", "makefile", "justfile", "Justfile", "Procfile"})
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value an expression may hold. ``how``: what makes it that value, in a finding's words ("" for
+    a literal written at the use); ``where``: (display path, line) of the place that sets it."""
+
+    value: object
+    how: str = ""
+    where: tuple[str, int] | None = None
+    on_command_line: bool = False
+
+
+class Values:
+    """Values of expressions in the modules of one project (seen from its entry file)."""
+
+    def __init__(self, project: Project, assume: dict[str, object] | None = None) -> None:
+        self.project = project
+        self.assume = dict(assume or {})
+        self._launch_text: str | None = None
+
+    def of(self, facts: ScriptFacts, expr: cst.BaseExpression | None, fn: cst.FunctionDef | None = None,
+           depth: int = 0) -> list[Value] | None:
+        """Every value ``expr`` (written in ``facts``' module, inside ``fn``) may hold, or None when one
+        of them cannot be known."""
+        if expr is None or depth > MAX_DEPTH:
+            return None
+        value = literal(expr)
+        if value is not ...:
+            return [Value(value)]
+        if isinstance(expr, cst.IfExp):
+            test = self.of(facts, expr.test, fn, depth + 1)
+            arms = []
+            if test is None or any(bool(v.value) for v in test):
+                arms.append(expr.body)
+            if test is None or any(not v.value for v in test):
+                arms.append(expr.orelse)
+            return self._all(facts, arms, fn, depth)
+        if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1:
+            return self._compare(facts, expr, fn, depth)
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+            inner = self.of(facts, expr.expression, fn, depth + 1)
+            return None if inner is None else [Value(not v.value, v.how, v.where, v.on_command_line) for v in inner]
+        if isinstance(expr, cst.BooleanOperation):
+            left = self.of(facts, expr.left, fn, depth + 1)
+            right = self.of(facts, expr.right, fn, depth + 1)
+            if left is None or right is None:
+                return None
+            is_and = isinstance(expr.operator, cst.And)
+            return [Value((a.value and b.value) if is_and else (a.value or b.value), a.how or b.how, a.where or b.where,
+                          a.on_command_line or b.on_command_line) for a in left for b in right]
+        if isinstance(expr, cst.Call):
+            qual = facts.qualname(expr.func)
+            if qual in self.assume:
+                return [Value(self.assume[qual])]
+            return None
+        dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if dotted is None:
+            return None
+        return self._name(facts, expr, dotted, fn, depth)
+
+    def _all(self, facts: ScriptFacts, exprs: list[cst.BaseExpression], fn, depth: int) -> list[Value] | None:
+        out: list[Value] = []
+        for expr in exprs:
+            found = self.of(facts, expr, fn, depth + 1)
+            if found is None:
+                return None
+            out += found
+        return out
+
+    def _compare(self, facts: ScriptFacts, expr: cst.Comparison, fn, depth: int) -> list[Value] | None:
+        target = expr.comparisons[0]
+        if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)):
+            return None
+        left = self.of(facts, expr.left, fn, depth + 1)
+        right = self.of(facts, target.comparator, fn, depth + 1)
+        if left is None or right is None:
+            return None
+        equal = isinstance(target.operator, (cst.Equal, cst.Is))
+        return [Value((a.value == b.value) == equal, a.how or b.how, a.where or b.where,
+                      a.on_command_line or b.on_command_line) for a in left for b in right]
+
+    # -- names ---------------------------------------------------------------------------------------
+    def _name(self, facts: ScriptFacts, expr: cst.BaseExpression, dotted: str, fn, depth: int) -> list[Value] | None:
+        root, _, attr = dotted.partition(".")
+        if fn is not None and root in param_names(fn) and root not in ("self", "cls"):
+            if attr and "." not in attr:
+                return self._option(facts, attr)  # ``def get_data(args): ... args.workers``
+            return None
+        bindings = [b for b in facts.bindings_of(dotted) if not b.is_item_write]
+        local = [b for b in bindings if fn is not None and b.ctx.function is fn]
+        if local:
+            bindings = local
+        elif fn is not None:
+            bindings = [b for b in bindings if b.ctx.function is None]
+        if bindings:
+            out: list[Value] = []
+            for binding in bindings:
+                found = self.of(facts, binding.value, binding.ctx.function, depth + 1)
+                if found is None:
+                    return None
+                line = facts.line_of(binding.statement.node if binding.statement is not None else binding.value)
+                code = " ".join(facts.module.code_for_node(binding.value).split())
+                out += [Value(v.value, v.how or f"`{dotted} = {code}` ({_place(facts, line)})",
+                              v.where or (facts.source.display_path, line), v.on_command_line) for v in found]
+            return out
+        symbol = self.project.symbol(facts, dotted)
+        if symbol is not None and symbol.kind == "constant" and isinstance(symbol.node, cst.BaseExpression):
+            found = self.of(symbol.facts, symbol.node, None, depth + 1)
+            if found is None:
+                return None
+            return [Value(v.value, v.how or f"`{symbol.name}` is {v.value!r} in {symbol.where}",
+                          v.where or (symbol.module.display_path, symbol.line), v.on_command_line) for v in found]
+        if attr and "." not in attr:
+            holder = [b for b in facts.bindings_of(root) if not b.is_item_write]
+            if holder and all(isinstance(b.value, cst.Call) and _PARSE_ARGS.search(get_full_name_for_node(b.value.func) or "")
+                              for b in holder):
+                return self._option(facts, attr)
+            if not holder and root in _ARGS_NAMES:
+                return self._option(facts, attr)
+            field = self._field(facts, holder, attr, depth)
+            if field is not None:
+                return field
+        return None
+
+    def _field(self, facts: ScriptFacts, holder: list, attr: str, depth: int) -> list[Value] | None:
+        """``cfg.workers`` where every value of ``cfg`` is ``TrainConfig()`` with no argument for it: the
+        class-level default of the field (a dataclass, or a plain class attribute)."""
+        if not holder:
+            return None
+        out: list[Value] = []
+        for binding in holder:
+            value = binding.value
+            if not isinstance(value, cst.Call) or keyword(value, attr) is not None or any(a.keyword is None for a in value.args):
+                return None
+            name = get_full_name_for_node(value.func)
+            cls_facts, cls = facts, facts.classes_by_name.get(name or "")
+            if cls is None:
+                symbol = self.project.symbol(facts, name)
+                if symbol is None or symbol.kind != "class":
+                    return None
+                cls_facts, cls = symbol.facts, symbol.node
+            default = _class_default(cls, attr)
+            if default is None:
+                return None
+            found = self.of(cls_facts, default, None, depth + 1)
+            if found is None:
+                return None
+            line = cls_facts.line_of(default)
+            out += [Value(v.value, f"`{cls.name.value}.{attr}` defaults to {v.value!r} ({_place(cls_facts, line)})",
+                          (cls_facts.source.display_path, line)) for v in found]
+        return out
+
+    def _option(self, facts: ScriptFacts, dest: str) -> list[Value] | None:
+        """The default of the command-line option whose destination is ``dest``, looked up in the entry
+        script, then in the module asking, then in the project modules they import. None where no
+        such option is found, it has no literal default or is required, or a launch script of the
+        project passes the flag (then the user chooses it)."""
+        seen: set[int] = set()
+        for module in self._option_modules(facts):
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            for call in module.method_calls("add_argument"):
+                flags = [literal(a.value) for a in call.node.args if a.keyword is None]
+                flags = [f for f in flags if isinstance(f, str)]
+                explicit = literal(call.arg("dest"))
+                longs = [f for f in flags if f.startswith("--")] or flags
+                names = {f.lstrip("-").replace("-", "_") for f in flags}
+                if explicit != dest and (explicit is not ... or dest not in names):
+                    continue
+                if literal(call.arg("required")) is True:
+                    return None
+                default = call.arg("default")
+                if default is None:
+                    return None
+                found = self.of(module, default, call.ctx.function, 0)
+                if found is None:
+                    return None
+                flag = longs[0] if longs else dest
+                if self._launch_passes(flags):
+                    return None
+                line = module.line_of(call.node)
+                return [Value(v.value, f"`{flag}` defaults to {v.value!r} ({_place(module, line)})",
+                              (module.source.display_path, line), True) for v in found]
+        return None
+
+    def _option_modules(self, facts: ScriptFacts) -> list[ScriptFacts]:
+        from tcaudit.project.modules import dependencies
+
+        out = [self.project.entry, facts]
+        entry = self.project.entry.source
+        for path in dependencies(entry.path, entry.text, self.project.root).files:
+            module = load_module(path)
+            if module is not None and "add_argument" in module.source.text:
+                out.append(module.facts)
+        return out
+
+    def _launch_passes(self, flags: list[str]) -> bool:
+        """Whether a launch script beside the entry script (``*.sh``, a Makefile...) names it with one
+        of ``flags``: the user then sets the option on the command line."""
+        if self._launch_text is None:
+            entry = self.project.entry.source.path
+            texts = []
+            folders = {entry.parent.resolve()} | ({self.project.root.resolve()} if self.project.root else set())
+            for folder in folders:
+                try:
+                    children = sorted(folder.iterdir())[:500]
+                except OSError:
+                    continue
+                for child in children:
+                    if child.suffix in _LAUNCH_SUFFIXES or child.name in _LAUNCH_NAMES:
+                        try:
+                            if child.is_file() and child.stat().st_size < 200_000:
+                                text = child.read_text(encoding="utf-8", errors="replace")
+                                if entry.name in text or entry.stem in text:
+                                    texts.append(text)
+                        except OSError:
+                            continue
+            self._launch_text = "\n".join(texts)
+        return any(re.search(rf"(^|\s){re.escape(f)}(=|\s|$)", self._launch_text, re.MULTILINE) for f in flags if f.startswith("-"))
+
+
+def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
+    if not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    for statement in cls.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.target.value == attr:
+                return small.value
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name) \
+                    and small.targets[0].target.value == attr:
+                return small.value
+    return None
+
+
+def _place(facts: ScriptFacts, line: int) -> str:
+    """``train.py:9`` in a script or another module, ``cell 2, line 3`` in a notebook."""
+    notebook = facts.source.notebook
+    if notebook is not None:
+        where = notebook.cell_position(line)
+        if where is not None:
+            return f"cell {where[0]}, line {where[1]}"
+    return f"{facts.source.display_path}:{line}"
