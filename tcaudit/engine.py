@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
-from tcaudit.findings import Finding, Location, Severity, assign_fingerprints
+from tcaudit.findings import Finding, Fix, Location, Related, Severity, assign_fingerprints
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, display_path
 from tcaudit.source.parsing import (
@@ -336,7 +336,8 @@ def scan(
                     raw = read_file_bytes(path)
                 except SourceError:
                     continue  # scan_file reports it
-                hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw, _models_key(models_for(path))))
+                hit = cache.load(cache.key(os.path.abspath(path), displays[index], raw,
+                                           _facts_key(path, raw, models_for(path), settings)))
                 if hit is not None:
                     file_results[index] = FileResult(displays[index], list(hit.findings), parsed=hit.parsed)
                     cached += 1
@@ -372,6 +373,7 @@ def scan(
         notes.extend(audit.notes)
         errors.extend(audit.errors)
 
+    findings = mirrored(findings, index_of, source_of)
     not_analysed = {fr.path for fr in results if fr.errors}
     kept, suppressed = kept_findings(findings, displays, lambda display: source_of(index_of[display]),
                                      not_analysed, settings)
@@ -388,6 +390,38 @@ def scan(
         sort=settings.sort,
         texts=dict(texts or {}),
     )
+
+
+def mirrored(findings: list[Finding], index_of: dict[str, int],
+             source_of: "Callable[[int], SourceFile | None]") -> list[Finding]:
+    """``findings`` and, for each related place marked ``mirror`` (a helper's sync in another module
+    that a training loop calls every step) in a file this scan covers, the finding again at that
+    place, from the helper's point of view: its file's suppressions and per-file-ignores then apply
+    to it, and a scan of the helper's folder shows it where the code is. One per place and rule."""
+    out = list(findings)
+    seen = {(f.rule, f.location.path, f.location.line, f.location.column) for f in findings}
+    for finding in findings:
+        for place in finding.related:
+            loc = place.location
+            key = (finding.rule, loc.path, loc.line, loc.column)
+            if not place.mirror or loc.path == finding.location.path or loc.path not in index_of or key in seen:
+                continue
+            seen.add(key)
+            source = source_of(index_of[loc.path])
+            caller = finding.location
+            fix = finding.fix
+            out.append(Finding(
+                rule=finding.rule,
+                name=finding.name,
+                severity=finding.severity,
+                location=loc,
+                message=f"{place.message} (called from {caller.path}:{caller.position})",
+                fix=Fix(fix.fix_class, fix.description, available=False, reason=fix.reason) if fix is not None else None,
+                source_line=source.line_text(loc.line) if source is not None else "",
+                explanation=finding.explanation,
+                related=(Related(caller, "the call in the training loop"),),
+            ))
+    return out
 
 
 def scan_text(
@@ -688,8 +722,20 @@ def merge_model_findings(script: list[Finding], model: list[Finding], settings: 
     return out
 
 
-def _models_key(models: "AuditedModels | None") -> str:
-    return models.digest() if models is not None else ""
+def _facts_key(path: Path, raw: bytes, models: "AuditedModels | None", settings: Settings) -> str:
+    """What the rules read for a file besides its own bytes: the model audit's profiles and the project
+    modules it imports (a changed imported module invalidates the files that import it)."""
+    from tcaudit.project.modules import dependencies
+
+    if path.suffix == ".ipynb":
+        try:
+            text = decode_source(raw, path).text
+        except SourceError:
+            text = ""
+    else:
+        text = raw.decode("utf-8", "replace")
+    models_key = models.digest() if models is not None else ""
+    return f"{models_key}/{dependencies(path, text, settings.root).digest}"
 
 
 # -- analysing the files: in-process or in workers --------------------------------------------------
@@ -713,7 +759,7 @@ def _scan_one(
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.
     if cache is not None and result.source is not None and not result.errors:
-        key = cache.key(os.path.abspath(path), display, result.source.raw, _models_key(models))
+        key = cache.key(os.path.abspath(path), display, result.source.raw, _facts_key(path, result.source.raw, models, settings))
         cache.store(key, result.findings, result.parsed)
     return result
 

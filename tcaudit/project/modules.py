@@ -67,7 +67,7 @@ def module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path | 
         bases: tuple[Path, ...] = (base,)
     else:
         parts = dotted.split(".")
-        bases = roots
+        bases = tuple(root for root in roots if parts[0] in _top_names(root))
     for base in bases:
         target = base.joinpath(*parts)
         candidates = ([target.with_name(target.name + ".py")] if parts else []) + [target / "__init__.py"]
@@ -78,6 +78,35 @@ def module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path | 
             except OSError:
                 continue
     return None
+
+
+_TOP_NAMES: dict[Path, tuple[int, frozenset[str]]] = {}
+
+
+def _top_names(folder: Path) -> frozenset[str]:
+    """The module and package names directly in ``folder`` (``utils`` for ``utils.py`` or ``utils/``),
+    listed again only when the folder changes: most imports (``torch``, ``numpy``) are ruled out
+    without a look at the disk."""
+    try:
+        stamp = folder.stat().st_mtime_ns
+    except OSError:
+        return frozenset()
+    cached = _TOP_NAMES.get(folder)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    names = set()
+    try:
+        for child in os.scandir(folder):
+            name = child.name
+            if name.endswith(".py"):
+                names.add(name[:-3])
+            elif "." not in name and name not in _NOT_PROJECT:
+                names.add(name)
+    except OSError:
+        pass
+    frozen = frozenset(names)
+    _TOP_NAMES[folder] = (stamp, frozen)
+    return frozen
 
 
 @dataclass(eq=False)
@@ -158,6 +187,8 @@ def parse_counts() -> dict[str, int]:
 
 def forget_modules() -> None:
     _MODULES.clear()
+    _IMPORTS.clear()
+    _TOP_NAMES.clear()
     _STATS.update(parsed=0, reused=0)
 
 
@@ -184,40 +215,66 @@ def imported_names(text: str) -> list[str]:
 
 @dataclass
 class Dependencies:
-    files: list[Path] = field(default_factory=list)
+    """The project modules a file imports, directly or through them (sorted), and one digest of their
+    paths and contents: it changes when any of them does."""
 
-    @property
-    def digest(self) -> str:
-        """One digest of the dependencies' paths and contents (changes when any of them does)."""
-        hasher = hashlib.sha256()
-        for path in self.files:
-            hasher.update(os.fsencode(path))
-            module = load_module(path)
-            hasher.update((module.digest if module is not None else "unreadable").encode())
-        return hasher.hexdigest()
+    files: list[Path] = field(default_factory=list)
+    digest: str = ""
+
+
+@dataclass
+class _Imports:
+    key: tuple[int, int, int]
+    digest: str
+    names: list[str]
+
+
+_IMPORTS: dict[Path, _Imports] = {}
+
+
+def _imports_of(path: Path) -> _Imports | None:
+    """A project file's imports and content digest, read with Python's own parser (no LibCST), again
+    only when the file changed: what the scan cache's key needs, cheaply."""
+    key = _stat_key(path)
+    if key is None or key[1] > MAX_MODULE_BYTES:
+        return None
+    cached = _IMPORTS.get(path)
+    if cached is not None and cached.key == key:
+        return cached
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    entry = _Imports(key, hashlib.sha256(raw).hexdigest(), imported_names(raw.decode("utf-8", "replace")))
+    _IMPORTS[path] = entry
+    return entry
 
 
 def dependencies(entry: Path, text: str, root: Path | None) -> Dependencies:
-    """The project modules ``entry`` (whose text is ``text``) imports, directly or through them,
-    sorted; ``entry`` itself is not among them."""
+    """The project modules ``entry`` (whose text is ``text``) imports, directly or through them;
+    ``entry`` itself is not among them."""
     roots = search_roots(entry, root)
     try:
         start = entry.resolve()
     except (OSError, RuntimeError):
         start = entry
     seen: set[Path] = {start}
-    todo: list[tuple[Path, str]] = [(start, text)]
-    found: list[Path] = []
+    todo: list[tuple[Path, list[str]]] = [(start, imported_names(text))]
+    found: list[tuple[Path, str]] = []
     while todo and len(found) < MAX_MODULES:
-        importer, importer_text = todo.pop()
-        for dotted in imported_names(importer_text):
+        importer, names = todo.pop()
+        for dotted in names:
             target = module_file(roots, importer, dotted)
             if target is None or target in seen:
                 continue
             seen.add(target)
-            module = load_module(target)
-            if module is None:
+            imports = _imports_of(target)
+            if imports is None:
                 continue
-            found.append(target)
-            todo.append((target, module.source.text))
-    return Dependencies(sorted(found))
+            found.append((target, imports.digest))
+            todo.append((target, imports.names))
+    found.sort()
+    hasher = hashlib.sha256()
+    for path, digest in found:
+        hasher.update(os.fsencode(path) + b"\0" + digest.encode())
+    return Dependencies([path for path, _ in found], hasher.hexdigest() if found else "")

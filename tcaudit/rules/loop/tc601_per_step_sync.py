@@ -24,7 +24,7 @@ from tcaudit.script.distributed import (
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
-from tcaudit.script.steps import runs_every_step
+from tcaudit.script.steps import is_interval_guard, is_opt_in_flag, runs_every_step
 from tcaudit.source.syntax import nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
@@ -267,6 +267,28 @@ def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
     return None
 
 
+def _every_call(facts: ScriptFacts, ctx: Frame, fn: cst.FunctionDef) -> str | bool:
+    """Whether code at ``ctx`` runs every time ``fn`` (around it) runs: False under an interval or
+    opt-in guard or in an ``except``; else the text of the innermost loop around it inside ``fn``
+    (``p in model.parameters()``: it runs once per item), or "" where it runs once."""
+    loop = ""
+    for frame in ctx.chain():
+        if frame.node is fn:
+            return loop
+        if frame.kind == "if" and (is_interval_guard(facts, frame.node.test) or is_opt_in_flag(facts, frame.node.test)):  # type: ignore[attr-defined]
+            return False
+        if frame.kind in ("except", "lambda", "class") or (frame.kind == "def" and frame.node is not fn):
+            return False
+        if frame.kind == "loop" and not loop:
+            node = frame.node
+            if isinstance(node, cst.For):
+                loop = " ".join(f"{facts.module.code_for_node(node.target)} in {facts.module.code_for_node(node.iter)}".split())
+                loop = loop if len(loop) <= 50 else loop[:47] + "…"
+            else:
+                loop = "a while loop"
+    return False
+
+
 class PerStepSync(ScriptRule):
     id = "TC601"
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
@@ -320,6 +342,84 @@ class PerStepSync(ScriptRule):
                 explanation=f"A sync per step stalls the queue of GPU work{cost}. Sync under a logging interval "
                 "(`if step % log_interval == 0:`).",
             )
+
+        yield from self._in_other_modules(facts, info, context, cost)
+
+    # -- helpers of other modules ---------------------------------------------------------------------
+    def _in_other_modules(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext, cost: str) -> Iterator[Finding]:
+        """A call in the training loop of a function of another project module that syncs every time it
+        runs (a loss helper copying its losses to the host, a clipping helper calling ``.item()`` per
+        parameter): reported at the call, with the sync's line as a related place."""
+        project = context.project(facts)
+        here = facts.source.path.resolve()
+        for call in facts.calls:
+            if call.name is None or in_test_code(call.ctx):
+                continue
+            callee = project.callee(facts, call)
+            if callee is None or callee.function is None or callee.module.path == here:
+                continue
+            if not runs_every_step(facts, call.ctx):
+                continue
+            syncs = self._helper_syncs(project, callee, 0, set())
+            if not syncs:
+                continue
+            what, node, helper, loop = syncs[0]
+            name = f"{callee.owner.name.value}.{callee.name}" if callee.owner is not None else callee.name
+            at = f"{helper.source.display_path}:{helper.line_of(node)}"
+            times = f"once per item of `{loop}`, " if loop else ""
+            more = f" (and {len(syncs) - 1} more)" if len(syncs) > 1 else ""
+            yield self.finding(
+                facts,
+                call.node,
+                f"`{call.name}(...)` runs {what}{more} ({at}), {times}every training step: the host waits for the GPU",
+                explanation=f"`{name}` in {callee.module.display_path} brings a value to the host each time it runs, and the "
+                f"training loop calls it every step{cost}. Keep the values on the device there and read them under a "
+                "logging interval (`if step % log_interval == 0:`).",
+                fix=Fix(
+                    FixClass.SAFE,
+                    "move the sync under a logging interval",
+                    available=False,
+                    reason=f"the sync is in {at} (`{name}`), in another module, and how often to log is the user's "
+                    "decision: keep the values on the device there and read them less often, by hand",
+                ),
+                related=[self.place(helper, n, f"{w} syncs every time `{name}` runs, every training step", mirror=True)
+                         for w, n, helper, _ in syncs[:8]],
+            )
+
+    def _helper_syncs(self, project, callee, depth: int, seen: set[int]) -> list[tuple[str, cst.CSTNode, ScriptFacts, str | None]]:
+        """The syncs ``callee`` (a function of a project module) makes every time it runs: its own (not
+        under an interval or opt-in guard or in an ``except``) and those of the functions it calls, two
+        levels down. Each: (what, node, the module's facts, the loop around it in the function or None)."""
+        fn = callee.function
+        if fn is None or id(fn) in seen or depth > 2:
+            return []
+        seen.add(id(fn))
+        helper = callee.facts
+        if helper.function_is_eval(fn):
+            return []
+        info = distributed_facts(helper)
+        tensors = _Tensors(helper)
+        out: list[tuple[str, cst.CSTNode, ScriptFacts, str | None]] = []
+        for call in helper.calls_in(fn):
+            loop = _every_call(helper, call.ctx, fn)
+            if loop is False:
+                continue
+            described = self._sync(helper, info, tensors, call)
+            if described is not None:
+                out.append((described[0], described[1], helper, loop or None))
+                continue
+            inner = None
+            if call.name is not None and "." not in call.name:
+                local = [f for f in helper.functions_by_name.get(call.name, []) if helper.resolve(call.name) is None]
+                if len(local) == 1:
+                    from tcaudit.project.symbols import Symbol
+
+                    inner = Symbol(callee.module, "function", call.name, local[0])
+            if inner is None and call.name is not None:
+                inner = project.callee(helper, call)
+            if inner is not None and inner.function is not None:
+                out += [(w, n, h, lp or loop or None) for w, n, h, lp in self._helper_syncs(project, inner, depth + 1, seen)]
+        return out
 
     def _sync(self, facts: ScriptFacts, info: DistributedFacts, tensors: _Tensors, call: CallSite) -> tuple[str, cst.CSTNode] | None:
         node = call.node
