@@ -14,12 +14,13 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass
+from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.pipeline.loader_workers import loaders_without_workers
+from tcaudit.rules.pipeline.loader_workers import loaders_with_named_zero, loaders_without_workers
+from tcaudit.rules.pipeline.project_loaders import dataset_built_there, loaders_built_elsewhere, zero_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
@@ -28,21 +29,56 @@ from tcaudit.source.triggers import all_of
 
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
-    triggers = (all_of(r"DataLoader", ACCELERATOR_OR_CUDA, TRAINS),)
+    # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
+    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
         cost = context.cost(self.spec, "workers")
+        explanation = ("The GPU waits for each batch to be loaded and augmented; use worker processes: "
+                       f"`num_workers={WORKERS}`{cost}.")
         for site in loaders_without_workers(pipeline):
             yield self.finding(
                 facts,
                 site.call.node,
                 "training DataLoader loads every batch in the main process (num_workers=0)",
-                explanation="The GPU waits for each batch to be loaded and augmented; use worker processes: "
-                f"`num_workers={WORKERS}`{cost}.",
+                explanation=explanation,
                 fix=self.planned_fix(
                     FixClass.NUMERICS, f"set num_workers={WORKERS}", lambda site=site: plan_workers(pipeline, site)
                 ),
+            )
+        values = context.values(facts)
+        for site, value in loaders_with_named_zero(pipeline, values):
+            yield self.finding(
+                facts,
+                site.call.node,
+                f"training DataLoader loads every batch in the main process: {value.how}",
+                explanation=explanation,
+                fix=Fix(
+                    FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
+                    reason=f"the worker count is set where the value comes from ({value.how}): "
+                    + ("pass the flag, or raise its default there, by hand" if value.on_command_line
+                       else f"set it to `{WORKERS}` there, by hand"),
+                ),
+            )
+        for loader in loaders_built_elsewhere(facts, context):
+            zero = zero_workers(values, loader)
+            if zero is None or not dataset_built_there(loader):
+                continue
+            why = f": {zero.how}" if zero.how else " (num_workers=0)"
+            yield self.finding(
+                facts,
+                loader.call.node,
+                f"training DataLoader built by {loader.described} loads every batch in the main process{why}",
+                explanation=explanation,
+                fix=Fix(
+                    FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
+                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: "
+                    "`tcaudit fix` edits the file it fixes only; set `num_workers` there",
+                ),
+                related=[self.place(loader.pipeline.facts, loader.site.call.node,
+                                    f"the DataLoader `{loader.helper.name}` builds for the training loop of "
+                                    f"{facts.source.display_path}: no worker processes", mirror=True)],
             )
 
 

@@ -10,10 +10,11 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, FixClass
+from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.pipeline.project_loaders import loaders_built_elsewhere
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
@@ -24,7 +25,8 @@ from tcaudit.source.triggers import all_of
 
 class DataLoaderNoPinMemory(ScriptRule):
     id = "TC402"
-    triggers = (all_of(r"DataLoader", CUDA_EVIDENCE, TRAINS),)
+    # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
+    triggers = (all_of(CUDA_EVIDENCE, TRAINS),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -50,6 +52,34 @@ class DataLoaderNoPinMemory(ScriptRule):
                     FixClass.NUMERICS, "set pin_memory=True",
                     lambda site=site: plan_loader_keyword(site, "pin_memory", "True"),
                 ),
+            )
+
+
+        values = context.values(facts)
+        for loader in loaders_built_elsewhere(facts, context):
+            site = loader.site
+            if site.has("pin_memory"):
+                held = [values.of(loader.pipeline.facts, v, site.call.ctx.function) for v in site.values("pin_memory")]
+                if any(h is None or any(v.value is not False for v in h) for h in held):
+                    continue
+            elif not site.complete:
+                continue
+            if loader.pipeline.dataset_kind(site) == "device":
+                continue
+            yield self.finding(
+                facts,
+                loader.call.node,
+                f"DataLoader built by {loader.described} feeds CUDA training from pageable memory: pass `pin_memory=True` there",
+                explanation="Every host-to-device copy from pageable memory is staged through a bounce buffer "
+                "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
+                fix=Fix(
+                    FixClass.NUMERICS, "set pin_memory=True", available=False,
+                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: "
+                    "`tcaudit fix` edits the file it fixes only; set `pin_memory=True` there",
+                ),
+                related=[self.place(loader.pipeline.facts, site.call.node,
+                                    f"the DataLoader `{loader.helper.name}` builds for the CUDA training loop of "
+                                    f"{facts.source.display_path}: pageable memory", mirror=True)],
             )
 
 
