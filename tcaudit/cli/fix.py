@@ -134,11 +134,10 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     from rich.console import Console
 
     from tcaudit.engine import audited_models_for
-    from tcaudit.source.discovery import display_path
     from tcaudit.fix.engine import fix_file, write_fix
     from tcaudit.fix.textio import NotWritable, real_path
     from tcaudit.source.deep import call_with_deep_stack
-    from tcaudit.source.discovery import discover
+    from tcaudit.source.discovery import discover, display_path
 
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)

@@ -22,8 +22,8 @@ from pathlib import Path
 import libcst as cst
 
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.errors import SourceError
 from tcaudit.source.discovery import display_path
+from tcaudit.source.errors import SourceError
 from tcaudit.source.parsing import SourceFile, read_source
 
 # Folders whose modules are never the project's: installed packages and virtual environments.

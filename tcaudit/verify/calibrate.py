@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-
 class CalibrateError(Exception):
     pass
 

@@ -21,10 +21,16 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement
+from tcaudit.rewrite.codemod import (
+    FixContext,
+    StatementEditor,
+    parse_expression,
+    parse_statement,
+)
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import binding_conditions, condition_code, exclusive
+from tcaudit.source.syntax import keyword
 
 SAVE = frozenset({"torch.save"})
 KEY = "scaler"
@@ -45,7 +51,7 @@ class ScalerNotCheckpointed(ScriptRule):
     triggers = (r"Scaler",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if not facts.scalers:
+        if not facts.scalers or all(self._disabled(facts, context, scaler) for scaler in facts.scalers):
             return
         for call in facts.calls_to(*SAVE):
             saved = call.arg("obj", 0)
@@ -69,6 +75,27 @@ class ScalerNotCheckpointed(ScriptRule):
                     lambda: self._plan(facts, call, saved, literal, element, optimizer_name, key, scaler),
                 ),
             )
+
+    @staticmethod
+    def _disabled(facts: ScriptFacts, context: RuleContext, scaler: str) -> bool:
+        """Whether every GradScaler bound to ``scaler`` is created with ``enabled=`` false for the target
+        GPU and the script's defaults (``GradScaler(enabled=(dtype == "float16"))`` with ``dtype =
+        "bfloat16"``, or bfloat16 where the GPU has it): a no-op whose state holds nothing to save."""
+        values = context.values(facts)
+        for binding in facts.bindings_of(scaler):
+            for value in facts.binding_values(binding.value):
+                if not isinstance(value, cst.Call):
+                    continue
+                qual = facts.qualname(value.func) or get_full_name_for_node(value.func) or ""
+                if not qual.endswith("GradScaler"):
+                    continue
+                enabled = keyword(value, "enabled")
+                if enabled is None:
+                    return False
+                held = values.of(facts, enabled.value, binding.ctx.function)
+                if held is None or any(bool(v.value) for v in held):
+                    return False
+        return True
 
     def _plan(self, facts: ScriptFacts, call: CallSite, saved, literal: cst.Dict, element: cst.DictElement,
               optimizer_name: str, key: str | None, scaler: str) -> SaveScalerState:

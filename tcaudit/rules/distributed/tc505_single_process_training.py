@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.project.loaders import loaders_built_elsewhere
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -51,6 +52,14 @@ class SingleProcessTraining(ScriptRule):
 
         def plan() -> ConvertToDdp:
             if not info.dataloaders:
+                elsewhere = loaders_built_elsewhere(facts, context.project(facts))
+                if elsewhere:
+                    where = ", ".join(sorted({loader.described for loader in elsewhere}))
+                    raise DeclineFix(
+                        f"the training DataLoader is built by {where}, in another module: `fix --ddp` edits this "
+                        "file only, and without a DistributedSampler there every rank would read the whole dataset; "
+                        "give that DataLoader a DistributedSampler by hand (or move its construction here)"
+                    )
                 raise DeclineFix(
                     "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                     "across ranks by hand"

@@ -11,10 +11,10 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.project.loaders import loaders_built_elsewhere
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.pipeline.project_loaders import loaders_built_elsewhere
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
@@ -56,7 +56,7 @@ class DataLoaderNoPinMemory(ScriptRule):
 
 
         values = context.values(facts)
-        for loader in loaders_built_elsewhere(facts, context):
+        for loader in loaders_built_elsewhere(facts, context.project(facts)):
             site = loader.site
             if site.has("pin_memory"):
                 held = [values.of(loader.pipeline.facts, v, site.call.ctx.function) for v in site.values("pin_memory")]

@@ -1,20 +1,18 @@
 """Training DataLoaders a script gets from a helper of another project module (``train_loader =
 utils.get_data(args)``, ``train_dl, val_dl = build_loaders(cfg)``): TC401 and TC402 judge them as they
 judge the script's own, by what the helper's module writes, and report them at the script's call
-with the DataLoader's line as a related place. Also the worker count of a loader given by name
-(``num_workers=num_workers`` set to 0 in an earlier notebook cell, ``num_workers=args.workers`` whose
-``--workers`` defaults to 0), judged by the value it holds."""
+with the DataLoader's line as a related place; TC505's ``--ddp`` decline names them."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.symbols import Symbol
+from tcaudit.project.symbols import Project, Symbol
 from tcaudit.project.values import Value, Values
-from tcaudit.rules.base import RuleContext
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.expressions import assigned_targets, function_returns
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -43,20 +41,23 @@ class HelperLoader:
         return f"`{self.helper.name}` ({self.where})"
 
 
-def loaders_built_elsewhere(facts: ScriptFacts, context: RuleContext) -> list[HelperLoader]:
+def loaders_built_elsewhere(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
     """The training DataLoaders the script's calls get from helpers of other project modules, where the
     script trains on CUDA. Made once per file."""
-    key = ("project-loaders", id(facts))
-    if key not in context.outcomes:
-        context.outcomes[key] = (facts, _find(facts, context))
-    return context.outcomes[key][1]
+    found = _FOUND.get(facts)
+    if found is None:
+        found = _find(facts, project)
+        _FOUND[facts] = found
+    return found
 
 
-def _find(facts: ScriptFacts, context: RuleContext) -> list[HelperLoader]:
+_FOUND: "weakref.WeakKeyDictionary[ScriptFacts, list[HelperLoader]]" = weakref.WeakKeyDictionary()
+
+
+def _find(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
     pipeline = pipeline_facts(facts)
     if not pipeline.trains or not (facts.uses_accelerator or pipeline.uses_cuda):
         return []
-    project = context.project(facts)
     here = facts.source.path.resolve()
     out: list[HelperLoader] = []
     seen: set[int] = set()
