@@ -738,7 +738,7 @@ def merge_model_findings(script: list[Finding], model: list[Finding], settings: 
 def _facts_key(path: Path, raw: bytes, models: "AuditedModels | None", settings: Settings) -> str:
     """What the rules read for a file besides its own bytes: the model audit's profiles and the project
     modules it imports (a changed imported module invalidates the files that import it)."""
-    from tcaudit.project.modules import dependencies
+    from tcaudit.project.imports import dependencies
 
     if path.suffix == ".ipynb":
         try:

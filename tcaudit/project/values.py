@@ -218,7 +218,7 @@ class Values:
         return None
 
     def _option_modules(self, facts: ScriptFacts) -> list[ScriptFacts]:
-        from tcaudit.project.modules import dependencies
+        from tcaudit.project.imports import dependencies
 
         out = [self.project.entry, facts]
         entry = self.project.entry.source

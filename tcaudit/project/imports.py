@@ -1,0 +1,203 @@
+"""Where an import of a training script leads inside its project, and which project files a script
+depends on (for the scan cache: a changed imported module invalidates the scripts that import it). Python's
+own parser and the file system only: a scan answered from the cache loads no LibCST.
+
+Python's rules, as far as a scanner can follow them without running anything: an absolute import is
+looked up beside the entry script (``sys.path[0]``), then at the project root and in its ``src/``
+folder; a relative import from the importing module's package. A module under ``site-packages`` or
+``dist-packages``, in a virtual environment, or outside those folders is not the project's: the
+project model stops there (a library's code is the library's business, and its size is unbounded).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Folders whose modules are never the project's: installed packages and virtual environments.
+_NOT_PROJECT = frozenset({"site-packages", "dist-packages", ".venv", "venv", ".tox", ".nox", "node_modules", "__pycache__"})
+# A project module larger than this is not followed (generated code, vendored data as Python).
+MAX_MODULE_BYTES = 2_000_000
+# How many modules one scan follows from one entry file at most (a monorepo's whole tree is not read).
+MAX_MODULES = 200
+
+
+def is_project_file(path: Path) -> bool:
+    return not any(part in _NOT_PROJECT for part in path.parts)
+
+
+def search_roots(entry: Path, root: Path | None) -> tuple[Path, ...]:
+    """Where an absolute import of ``entry`` is looked up: its own folder, then the project root and
+    the root's ``src/`` (a ``src/`` layout), in that order."""
+    out: list[Path] = []
+    for folder in (entry.parent, root, root / "src" if root is not None else None):
+        if folder is None:
+            continue
+        try:
+            resolved = folder.resolve()
+        except (OSError, RuntimeError):
+            continue
+        if resolved not in out and resolved.is_dir():
+            out.append(resolved)
+    return tuple(out)
+
+
+def module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path | None:
+    """The project file an import of ``dotted`` from ``importer`` loads (``.pkg.mod``: relative to
+    ``importer``'s package), or None when it is not a project module."""
+    if dotted.startswith("."):
+        level = len(dotted) - len(dotted.lstrip("."))
+        base = importer.parent
+        for _ in range(level - 1):
+            base = base.parent
+        rest = dotted.lstrip(".")
+        parts = rest.split(".") if rest else []
+        bases: tuple[Path, ...] = (base,)
+    else:
+        parts = dotted.split(".")
+        bases = tuple(root for root in roots if parts[0] in _top_names(root))
+    for base in bases:
+        target = base.joinpath(*parts)
+        candidates = ([target.with_name(target.name + ".py")] if parts else []) + [target / "__init__.py"]
+        for candidate in candidates:
+            try:
+                if candidate.is_file() and is_project_file(candidate):
+                    return candidate.resolve()
+            except OSError:
+                continue
+    return None
+
+
+_TOP_NAMES: dict[Path, tuple[int, frozenset[str]]] = {}
+
+
+def _top_names(folder: Path) -> frozenset[str]:
+    """The module and package names directly in ``folder`` (``utils`` for ``utils.py`` or ``utils/``),
+    listed again only when the folder changes: most imports (``torch``, ``numpy``) are ruled out
+    without a look at the disk."""
+    try:
+        stamp = folder.stat().st_mtime_ns
+    except OSError:
+        return frozenset()
+    cached = _TOP_NAMES.get(folder)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    names = set()
+    try:
+        for child in os.scandir(folder):
+            name = child.name
+            if name.endswith(".py"):
+                names.add(name[:-3])
+            elif "." not in name and name not in _NOT_PROJECT:
+                names.add(name)
+    except OSError:
+        pass
+    frozen = frozenset(names)
+    _TOP_NAMES[folder] = (stamp, frozen)
+    return frozen
+
+
+def imported_names(text: str) -> list[str]:
+    """Every module an ``import`` statement of ``text`` names, with its leading dots for a relative
+    import, and ``pkg.name`` for ``from pkg import name`` (which may be a submodule). Python's own
+    parser: cheap, and enough to list dependencies."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            out.append(base)
+            for alias in node.names:
+                if alias.name != "*":
+                    out.append(f"{base}.{alias.name}" if base and not base.endswith(".") else f"{base}{alias.name}")
+    return out
+
+
+@dataclass
+class Dependencies:
+    """The project modules a file imports, directly or through them (sorted), and one digest of their
+    paths and contents: it changes when any of them does."""
+
+    files: list[Path] = field(default_factory=list)
+    digest: str = ""
+
+
+@dataclass
+class _Imports:
+    key: tuple[int, int, int]
+    digest: str
+    names: list[str]
+
+
+_IMPORTS: dict[Path, _Imports] = {}
+
+
+def stat_key(path: Path) -> tuple[int, int, int] | None:
+    """(modification time, size, inode) of a file, None where it cannot be read: a file is read again
+    only when this changes."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+def forget_imports() -> None:
+    _IMPORTS.clear()
+    _TOP_NAMES.clear()
+
+
+def _imports_of(path: Path) -> _Imports | None:
+    """A project file's imports and content digest, read with Python's own parser (no LibCST), again
+    only when the file changed: what the scan cache's key needs, cheaply."""
+    key = stat_key(path)
+    if key is None or key[1] > MAX_MODULE_BYTES:
+        return None
+    cached = _IMPORTS.get(path)
+    if cached is not None and cached.key == key:
+        return cached
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    entry = _Imports(key, hashlib.sha256(raw).hexdigest(), imported_names(raw.decode("utf-8", "replace")))
+    _IMPORTS[path] = entry
+    return entry
+
+
+def dependencies(entry: Path, text: str, root: Path | None) -> Dependencies:
+    """The project modules ``entry`` (whose text is ``text``) imports, directly or through them;
+    ``entry`` itself is not among them."""
+    roots = search_roots(entry, root)
+    try:
+        start = entry.resolve()
+    except (OSError, RuntimeError):
+        start = entry
+    seen: set[Path] = {start}
+    todo: list[tuple[Path, list[str]]] = [(start, imported_names(text))]
+    found: list[tuple[Path, str]] = []
+    while todo and len(found) < MAX_MODULES:
+        importer, names = todo.pop()
+        for dotted in names:
+            target = module_file(roots, importer, dotted)
+            if target is None or target in seen:
+                continue
+            seen.add(target)
+            imports = _imports_of(target)
+            if imports is None:
+                continue
+            found.append((target, imports.digest))
+            todo.append((target, imports.names))
+    found.sort()
+    hasher = hashlib.sha256()
+    for path, digest in found:
+        hasher.update(os.fsencode(path) + b"\0" + digest.encode())
+    return Dependencies([path for path, _ in found], hasher.hexdigest() if found else "")
