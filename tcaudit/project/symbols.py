@@ -14,12 +14,8 @@ from typing import Literal
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.modules import (
-    ProjectModule,
-    load_module,
-    module_file,
-    search_roots,
-)
+from tcaudit.project.imports import module_file, search_roots
+from tcaudit.project.modules import ProjectModule, load_module
 from tcaudit.script.facts import CallSite, ScriptFacts
 
 Kind = Literal["function", "class", "method", "module", "constant"]
