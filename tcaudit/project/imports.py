@@ -29,11 +29,31 @@ def is_project_file(path: Path) -> bool:
     return not any(part in _NOT_PROJECT for part in path.parts)
 
 
+# Files that mark a project's root folder (where a ``src/`` layout's ``src`` sits).
+_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def project_root(entry: Path) -> Path | None:
+    """The nearest folder at or above ``entry``'s that holds a project marker (``pyproject.toml``,
+    ``setup.py``, ``setup.cfg``, ``.git``)."""
+    try:
+        folder = entry.resolve().parent
+    except (OSError, RuntimeError):
+        return None
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
+            return candidate
+    return None
+
+
 def search_roots(entry: Path, root: Path | None) -> tuple[Path, ...]:
-    """Where an absolute import of ``entry`` is looked up: its own folder, then the project root and
-    the root's ``src/`` (a ``src/`` layout), in that order."""
+    """Where an absolute import of ``entry`` is looked up: its own folder (``sys.path[0]``), then its
+    project's root folder and that root's ``src/`` (a ``src/`` layout installed in development mode),
+    then the configured root and its ``src/``, in that order."""
     out: list[Path] = []
-    for folder in (entry.parent, root, root / "src" if root is not None else None):
+    nearest = project_root(entry)
+    for folder in (entry.parent, nearest, nearest / "src" if nearest is not None else None,
+                   root, root / "src" if root is not None else None):
         if folder is None:
             continue
         try:

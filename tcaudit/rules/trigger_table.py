@@ -394,7 +394,7 @@ TRIGGER_TABLE = {
     "TC601": (
         "loop.tc601_per_step_sync",
         (
-            r"\.backward\(|\.step\(",
+            r"\.backward\(|\.step\(|\b(fit|train)\w*\(",
         ),
         {},
     ),

@@ -13,7 +13,7 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, Severity
+from tcaudit.findings import Finding, Fix, FixClass, Related, Severity
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.aliasing import chain_root, expression_chain
 from tcaudit.script.distributed import (
@@ -267,6 +267,11 @@ def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
     return None
 
 
+def _within(facts: ScriptFacts, fn: cst.FunctionDef, line: int) -> bool:
+    position = facts.position(fn)
+    return position.start.line <= line <= position.end.line
+
+
 def _every_call(facts: ScriptFacts, ctx: Frame, fn: cst.FunctionDef) -> str | bool:
     """Whether code at ``ctx`` runs every time ``fn`` (around it) runs: False under an interval or
     opt-in guard or in an ``except``; else the text of the innermost loop around it inside ``fn``
@@ -292,18 +297,25 @@ def _every_call(facts: ScriptFacts, ctx: Frame, fn: cst.FunctionDef) -> str | bo
 class PerStepSync(ScriptRule):
     id = "TC601"
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
-    triggers = (r"\.backward\(|\.step\(",)
+    # Or a call that may run a training loop of another module (``trainer.fit(...)``, ``train(...)``):
+    # a prefilter only, what is reported is decided by following the call.
+    triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if not info.step_loops or info.is_rl_script:
+        if info.is_rl_script:
             # RL: every environment step already brings the action to the host, so the GPU waits on
             # the environment, not on a loss.item() in the update.
             return
         if not (facts.uses_cuda or facts.uses_accelerator):
             return  # a CPU-only script: the host is the device, there is nothing to wait for
-        tensors = _Tensors(facts)
         cost = context.cost(self.spec, "per_step")
+        if info.step_loops:
+            yield from self._in_this_module(facts, info, cost)
+        yield from self._in_other_modules(facts, info, context, cost)
+
+    def _in_this_module(self, facts: ScriptFacts, info: DistributedFacts, cost: str) -> Iterator[Finding]:
+        tensors = _Tensors(facts)
         for call in facts.calls:
             described = self._sync(facts, info, tensors, call)
             if described is None or in_test_code(call.ctx):
@@ -343,7 +355,6 @@ class PerStepSync(ScriptRule):
                 "(`if step % log_interval == 0:`).",
             )
 
-        yield from self._in_other_modules(facts, info, context, cost)
 
     # -- helpers of other modules ---------------------------------------------------------------------
     def _in_other_modules(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext, cost: str) -> Iterator[Finding]:
@@ -359,6 +370,7 @@ class PerStepSync(ScriptRule):
             if callee is None or callee.function is None or callee.module.path == here:
                 continue
             if not runs_every_step(facts, call.ctx):
+                yield from self._loop_elsewhere(facts, call, callee, context)
                 continue
             syncs = self._helper_syncs(project, callee, 0, set())
             if not syncs:
@@ -385,6 +397,41 @@ class PerStepSync(ScriptRule):
                 related=[self.place(helper, n, f"{w} syncs every time `{name}` runs, every training step", mirror=True)
                          for w, n, helper, _ in syncs[:8]],
             )
+
+    def _loop_elsewhere(self, facts: ScriptFacts, call: CallSite, callee, context: RuleContext) -> Iterator[Finding]:
+        """``trainer.fit(loader)`` of a ``Trainer`` class in another module whose method holds the training
+        loop: that module's own per-step syncs inside the method (what a scan of it reports there),
+        reported at the script's call too, so a scan of the script alone shows them."""
+        helper = callee.facts
+        fn = callee.function
+        if not helper.training_steps or getattr(context, "_tc601_nested", False):
+            return
+        inner = [f for f in self._own_syncs(helper, context) if _within(helper, fn, f.location.line)]
+        if not inner:
+            return
+        first = inner[0]
+        name = f"{callee.owner.name.value}.{callee.name}" if callee.owner is not None else callee.name
+        more = f" (and {len(inner) - 1} more)" if len(inner) > 1 else ""
+        at = f"{first.location.path}:{first.location.line}"
+        yield self.finding(
+            facts,
+            call.node,
+            f"`{call.name}(...)` runs the training loop of `{name}`, which syncs every step ({at}){more}",
+            explanation=f"{first.message} ({at}); " + first.explanation,
+            fix=Fix(FixClass.SAFE, "move the sync under a logging interval", available=False,
+                    reason=f"the loop is in {callee.module.display_path} (`{name}`), another module: move the sync "
+                    "under a logging interval there, by hand"),
+            related=[Related(f.location, f.message, mirror=True) for f in inner[:8]],
+        )
+
+    def _own_syncs(self, helper: ScriptFacts, context: RuleContext) -> list[Finding]:
+        """This rule's findings on another module's own training loops (not followed further)."""
+        key = ("tc601-own", id(helper))
+        if key not in context.outcomes:
+            nested = RuleContext(context.settings, None, context.unplanned, load_rule=context.load_rule)
+            object.__setattr__(nested, "_tc601_nested", True)
+            context.outcomes[key] = (helper, [f for f in self.check(helper, nested) if not f.related])
+        return context.outcomes[key][1]
 
     def _helper_syncs(self, project, callee, depth: int, seen: set[int]) -> list[tuple[str, cst.CSTNode, ScriptFacts, str | None]]:
         """The syncs ``callee`` (a function of a project module) makes every time it runs: its own (not
