@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class ProjectModule:
 
 @dataclass
 class _Entry:
-    key: tuple[int, int, int]
+    key: tuple
     module: ProjectModule | None
 
 
@@ -58,16 +59,18 @@ def load_module(path: Path) -> ProjectModule | None:
     """The project module at ``path`` (resolved), parsed once per process and again only when the
     file changed (its modification time, size or inode); None when it cannot be read or parsed
     (the scan of that file, if it is scanned, says why)."""
-    key = stat_key(path)
-    if key is None:
+    stat = stat_key(path)
+    if stat is None:
         _MODULES.pop(path, None)
         return None
+    # The working folder too: reports name the module relative to it.
+    key = (*stat, os.getcwd())
     cached = _MODULES.get(path)
     if cached is not None and cached.key == key:
         _STATS["reused"] += 1
         return cached.module
     module = None
-    if key[1] <= MAX_MODULE_BYTES:
+    if stat[1] <= MAX_MODULE_BYTES:
         try:
             source = read_source(path, display_path(path))
             source.module  # parse now: a module that does not parse is no module of the project model

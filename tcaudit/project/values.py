@@ -269,10 +269,6 @@ def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
 
 
 def _place(facts: ScriptFacts, line: int) -> str:
-    """``train.py:9`` in a script or another module, ``cell 2, line 3`` in a notebook."""
-    notebook = facts.source.notebook
-    if notebook is not None:
-        where = notebook.cell_position(line)
-        if where is not None:
-            return f"cell {where[0]}, line {where[1]}"
+    """``train.py:9``; in a notebook the virtual script's line (``train.ipynb:7``), which the report
+    gives as the cell's (``train.ipynb:cell 2:2``)."""
     return f"{facts.source.display_path}:{line}"

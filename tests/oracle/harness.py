@@ -27,6 +27,8 @@ class ScriptRun:
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = 240
     world_size: int = 1  # >1: run as that many ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
+    files: tuple[tuple[str, str], ...] = ()  # the project's other files beside the script: (relative path, text)
+    path: tuple[str, ...] = ()  # folders (relative) put on sys.path after the script's, as an installed src/ layout
 
 
 @dataclass
@@ -83,6 +85,10 @@ def _run_once(runs: list[ScriptRun], workdir: Path, mode: str, seed: int, parall
         folder.mkdir(parents=True)
         script = folder / "train.py"
         script.write_text(run.text, encoding="utf-8")
+        for relative, text in run.files:
+            extra = folder / relative
+            extra.parent.mkdir(parents=True, exist_ok=True)
+            extra.write_text(text, encoding="utf-8")
         jobs.append(
             {
                 "id": run.id,
@@ -94,6 +100,7 @@ def _run_once(runs: list[ScriptRun], workdir: Path, mode: str, seed: int, parall
                 "stderr": str(folder / "stderr.txt"),
                 "timeout": run.timeout,
                 "world_size": run.world_size,
+                "path": list(run.path),
             }
         )
     (workdir / "jobs.json").write_text(json.dumps(jobs))

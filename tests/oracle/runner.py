@@ -30,6 +30,7 @@ def _child(job: dict) -> int:
         os.close(target)
     sys.argv = [job["script"], *job["argv"]]
     sys.path[0] = os.path.dirname(job["script"])
+    sys.path[1:1] = [os.path.join(sys.path[0], folder) for folder in job.get("path", ())]
     shim.begin()
     code = 0
     try:

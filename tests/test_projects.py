@@ -1,0 +1,241 @@
+"""Projects, not files (issue 46): the multi-file projects under ``fixtures/projects/`` report (or stay
+silent) as their ``expect.toml`` says, scanned from their entry script and as a folder; a changed
+imported module invalidates the cached result of the scripts that import it; a module imported by
+several entry scripts is parsed once per scan; every related place is in the JSON, SARIF and text
+reports; and each project still trains after ``tcaudit fix --apply`` (run before and after with the
+oracle's shim: the same losses on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PROJECTS = FIXTURES / "projects"
+NAMES = sorted(p.name for p in PROJECTS.iterdir() if (p / "expect.toml").is_file())
+
+
+def expect(name: str) -> dict:
+    return tomllib.loads((PROJECTS / name / "expect.toml").read_text(encoding="utf-8"))
+
+
+def reported(folder: Path, target: str, rules: list[str], *extra: str) -> list[list]:
+    code, out, err = run_cli("scan", target, "--no-exec", "--no-cache", "--isolated", "--format", "json",
+                             "--select", ",".join(rules), *extra, cwd=folder)
+    assert code in (0, 1), err
+    found = []
+    for f in json.loads(out)["findings"]:
+        entry = [f["rule"], f["path"], f["line"]]
+        if "cell" in f:
+            entry.append(f["cell"])
+        found.append(entry)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_entry_script_reports_what_its_project_holds(name):
+    spec = expect(name)
+    assert reported(PROJECTS / name, spec["entry"], spec["rules"]) == sorted(spec["entry_findings"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_folder_scan_reports_each_problem_where_the_code_is(name):
+    spec = expect(name)
+    assert reported(PROJECTS / name, ".", spec["rules"]) == sorted(spec["folder_findings"])
+
+
+def test_a_scaler_live_on_an_older_gpu_is_reported_there():
+    spec = expect("scaler_enabled")
+    assert reported(PROJECTS / "scaler_enabled", "train.py", spec["rules"], "--gpu", "v100") == spec["v100_findings"]
+
+
+def test_related_places_reach_every_report_format():
+    folder = PROJECTS / "loss_helper"
+    code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--format", "json",
+                           "--select", "TC601", cwd=folder)
+    clip = next(f for f in json.loads(out)["findings"] if f["line"] == 28)
+    assert clip["related"] == [{
+        "path": "commons.py", "line": 12, "column": 23, "end_line": 12, "end_column": 40,
+        "message": "`param_norm.item()` syncs every time `clip_grad_value_` runs, every training step",
+    }]
+    assert "once per item of `p in parameters`" in clip["message"]
+    code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--format", "sarif",
+                           "--select", "TC601", cwd=folder)
+    results = json.loads(out)["runs"][0]["results"]
+    places = [r["relatedLocations"][0]["physicalLocation"] for r in results]
+    assert sorted((p["artifactLocation"]["uri"], p["region"]["startLine"]) for p in places) == [
+        ("commons.py", 12), ("utils/loss.py", 11)]
+    code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--select", "TC601", cwd=folder)
+    assert "see commons.py:12:23: `param_norm.item()` syncs" in out
+
+
+def test_the_lsp_diagnostic_carries_the_helper_as_related_information():
+    from pygls.workspace import PositionCodec
+
+    from tcaudit.findings import Finding, Location, Related, Severity
+    from tcaudit.lsp.convert import diagnostic
+
+    finding = Finding("TC601", "per-step-sync", Severity.WARNING, Location("train.py", 2, 1, 2, 10), "sync",
+                      related=(Related(Location("utils/loss.py", 11, 18, 11, 30), "the sync", mirror=True),))
+    result = diagnostic(finding, ["x", "compute_loss(a)"], PositionCodec(), "file:///p/train.py")
+    [info] = result.related_information
+    assert info.location.uri.endswith("/utils/loss.py") and info.location.range.start.line == 10
+    assert info.message == "the sync"
+
+
+def test_fix_declines_a_loader_built_in_another_module_with_the_reason():
+    folder = PROJECTS / "loader_factory"
+    code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--format", "json",
+                           "--select", "TC401,TC505", cwd=folder)
+    findings = {f["rule"]: f for f in json.loads(out)["findings"]}
+    assert "utils.py:29 (`get_data`), another module" in findings["TC401"]["fix"]["reason"]
+    code, out, err = run_cli("fix", "train.py", "--ddp", "--no-exec", "--isolated", "--select", "TC505", cwd=folder)
+    assert "built by `get_data` (utils.py:29), in another module" in out + err
+    assert "no DataLoader to shard" not in out + err
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / name
+    shutil.copytree(PROJECTS / name, target)
+    return target
+
+
+def test_a_changed_imported_module_invalidates_the_cached_result(tmp_path):
+    folder = _copy("loss_helper", tmp_path)
+    cache = tmp_path / "cache"
+
+    def scan() -> list:
+        code, out, err = run_cli("scan", "train.py", "--no-exec", "--isolated", "--cache-dir", str(cache),
+                                 "--format", "json", "--select", "TC601", cwd=folder)
+        return sorted(f["line"] for f in json.loads(out)["findings"])
+
+    assert scan() == [26, 28]
+    assert scan() == [26, 28]  # answered from the cache
+    loss = folder / "utils" / "loss.py"
+    loss.write_text(loss.read_text().replace(".detach().cpu()", ".detach()"), encoding="utf-8")
+    assert scan() == [28]
+    commons = folder / "commons.py"
+    commons.write_text(commons.read_text().replace("param_norm.item()", "float(0)"), encoding="utf-8")
+    assert scan() == []
+
+
+def test_a_module_imported_by_several_entry_scripts_is_parsed_once(tmp_path):
+    from tcaudit import api
+    from tcaudit.project.modules import forget_modules, parse_counts
+
+    folder = _copy("config_module", tmp_path)
+    forget_modules()
+    settings = api.load([folder], isolated=True)
+    result = api.scan([folder / "train_a.py", folder / "train_b.py"], settings=settings, model_audit=False)
+    assert sorted(f.location.line for f in result if f.rule == "TC401") == [12, 14]
+    counts = parse_counts()
+    assert counts["parsed"] <= 2, counts  # config.py (and data.py at most), once for both scripts
+
+
+def test_imports_that_leave_the_project_are_not_followed(tmp_path):
+    from tcaudit.project.imports import dependencies, module_file, search_roots
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from .core import f\n")
+    (tmp_path / "pkg" / "core.py").write_text("import torch\nfrom . import helpers\ndef f():\n    pass\n")
+    (tmp_path / "pkg" / "helpers.py").write_text("")
+    venv = tmp_path / ".venv" / "lib" / "site-packages"
+    venv.mkdir(parents=True)
+    (venv / "torch.py").write_text("")
+    entry = tmp_path / "train.py"
+    entry.write_text("import pkg\nimport torch\n")
+    roots = search_roots(entry, None)
+    assert roots[0] == tmp_path.resolve()
+    assert module_file(roots, entry, "torch") is None
+    assert module_file(roots, tmp_path / "pkg" / "core.py", ".helpers") == (tmp_path / "pkg" / "helpers.py").resolve()
+    deps = dependencies(entry, entry.read_text(), None)
+    assert [p.name for p in deps.files] == ["__init__.py", "core.py", "helpers.py"]
+
+
+def test_values_are_judged_by_what_they_hold(tmp_path, monkeypatch):
+    from tcaudit.project.symbols import project_of
+    from tcaudit.project.values import Values
+    from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import read_source
+
+    (tmp_path / "settings.py").write_text("WORKERS = 0\nDTYPE = 'bfloat16'\n")
+    entry = tmp_path / "train.py"
+    entry.write_text(
+        "import argparse\nimport torch\nfrom settings import WORKERS, DTYPE\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--workers', type=int, default=0)\n"
+        "p.add_argument('--seed', type=int, required=True)\nargs = p.parse_args()\n"
+        "a = WORKERS\nb = args.workers\nc = args.seed\nd = DTYPE == 'float16'\n"
+        "e = 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'\nf = e == 'float16'\ng = len(args)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    facts = ScriptFacts(read_source(entry, "train.py"))
+    values = Values(project_of(facts, tmp_path), {"torch.cuda.is_bf16_supported": True})
+
+    def of(name):
+        found = values.of(facts, facts.bindings_of(name)[0].value)
+        return None if found is None else [(v.value, v.how, v.on_command_line) for v in found]
+
+    assert of("a") == [(0, "`WORKERS` is 0 in settings.py:1", False)]
+    assert of("b") == [(0, "`--workers` defaults to 0 (train.py:5)", True)]
+    assert of("c") is None  # required: the user chooses it
+    assert of("d") == [(False, "`DTYPE` is 'bfloat16' in settings.py:2", False)]
+    assert [v for v, _, _ in of("f")] == [False]
+    assert of("g") is None
+
+
+# -- each project still trains after the fix ----------------------------------------------------------
+
+def _runnable(folder: Path, entry: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The entry's text (a notebook's code cells, joined) and the project's other Python files."""
+    if entry.endswith(".ipynb"):
+        cells = json.loads((folder / entry).read_text(encoding="utf-8"))["cells"]
+        text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code") + "\n"
+    else:
+        text = (folder / entry).read_text(encoding="utf-8")
+    files = tuple(
+        (p.relative_to(folder).as_posix(), p.read_text(encoding="utf-8"))
+        for p in sorted(folder.rglob("*.py")) if p.relative_to(folder).as_posix() != entry
+    )
+    return text, files
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from oracle.harness import ScriptRun, run_scripts
+
+    workdir = tmp_path_factory.mktemp("projects")
+    runs = []
+    for name in NAMES:
+        spec = expect(name)
+        folder = workdir / "patched" / name
+        shutil.copytree(PROJECTS / name, folder)
+        code, out, err = run_cli("fix", spec["entry"], "--apply", "--no-exec", "--isolated", "--no-cache", cwd=folder)
+        assert code in (0, 1), err
+        for label, source in (("original", PROJECTS / name), ("patched", folder)):
+            text, files = _runnable(source, spec["entry"])
+            path = ("src",) if (source / "src").is_dir() else ()
+            runs.append(ScriptRun(f"{name}-{label}", text, files=files, path=path, timeout=300))
+    return run_scripts(runs, workdir / "runs", mode="cpu")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_project_trains_the_same_after_the_fix(trained, name):
+    from oracle.harness import max_relative_difference
+
+    original, patched = trained[f"{name}-original"], trained[f"{name}-patched"]
+    assert original.rc == 0, original.explain()
+    assert patched.rc == 0, patched.explain()
+    assert original.losses, original.explain()
+    assert max_relative_difference(original.losses, patched.losses) <= 1e-4, (original.losses, patched.losses)
