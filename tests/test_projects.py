@@ -239,3 +239,33 @@ def test_each_project_trains_the_same_after_the_fix(trained, name):
     assert patched.rc == 0, patched.explain()
     assert original.losses, original.explain()
     assert max_relative_difference(original.losses, patched.losses) <= 1e-4, (original.losses, patched.losses)
+
+
+def test_click_and_tyro_defaults_are_command_line_defaults(tmp_path, monkeypatch):
+    from tcaudit.project.symbols import project_of
+    from tcaudit.project.values import Values
+    from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import read_source
+
+    entry = tmp_path / "train.py"
+    entry.write_text(
+        "import click\nimport tyro\nfrom dataclasses import dataclass\n\n@dataclass\nclass Cfg:\n    workers: int = 0\n\n"
+        "@click.command()\n@click.option('--workers', default=0, type=int)\n@click.option('--seed', required=True)\n"
+        "def main(workers, seed):\n    a = workers\n    b = tyro.cli(Cfg).workers\n    cfg = tyro.cli(Cfg)\n"
+        "    c = cfg.workers\n    d = seed\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    facts = ScriptFacts(read_source(entry, "train.py"))
+    values = Values(project_of(facts, tmp_path))
+
+    def of(name):
+        binding = facts.bindings_of(name)[0]
+        found = values.of(facts, binding.value, binding.ctx.function)
+        return None if found is None else [(v.value, v.how, v.on_command_line) for v in found]
+
+    assert of("a") == [(0, "`--workers` defaults to 0 (train.py:10)", True)]
+    assert of("c") == [(0, "`Cfg.workers` defaults to 0 (train.py:7)", True)]
+    assert of("d") is None
+    (tmp_path / "launch.sh").write_text("python train.py --workers 4\n")
+    assert Values(project_of(facts, tmp_path)).of(facts, facts.bindings_of("a")[0].value,
+                                                  facts.bindings_of("a")[0].ctx.function) is None

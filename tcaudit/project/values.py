@@ -28,6 +28,8 @@ MAX_DEPTH = 8
 # Names scripts give the namespace parse_args() returns (or a config object passed around).
 _ARGS_NAMES = frozenset({"args", "opt", "opts", "options", "cfg", "config", "hparams", "hp", "flags", "FLAGS", "params"})
 _PARSE_ARGS = re.compile(r"(^|\.)parse(_known)?_args$")
+# Calls that build a config object from a dataclass and the command line (its defaults otherwise).
+_CONFIG_PARSERS = frozenset({"tyro.cli", "simple_parsing.parse", "jsonargparse.CLI"})
 _LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".slurm", ".sbatch", ".cmd", ".bat", ".ps1")
 _LAUNCH_NAMES = frozenset({"Makefile", "makefile", "justfile", "Justfile", "Procfile"})
 
@@ -118,6 +120,8 @@ class Values:
         if fn is not None and root in param_names(fn) and root not in ("self", "cls"):
             if attr and "." not in attr:
                 return self._option(facts, attr)  # ``def get_data(args): ... args.workers``
+            if not attr:
+                return self._click_option(facts, fn, root)  # ``@click.option("--workers", default=0)``
             return None
         bindings = [b for b in facts.bindings_of(dotted) if not b.is_item_write]
         local = [b for b in bindings if fn is not None and b.ctx.function is fn]
@@ -155,6 +159,29 @@ class Values:
                 return field
         return None
 
+    def _click_option(self, facts: ScriptFacts, fn: cst.FunctionDef, name: str) -> list[Value] | None:
+        """The default of ``@click.option("--workers", default=0)`` (or typer's) for the parameter
+        ``name`` of the command ``fn``, when no launch script of the project passes the flag."""
+        for decorator in fn.decorators:
+            call = decorator.decorator
+            if not isinstance(call, cst.Call) or not (facts.qualname(call.func) or "").endswith((".option", ".Option")):
+                continue
+            flags = [v for v in (literal(a.value) for a in call.args if a.keyword is None) if isinstance(v, str)]
+            names = {f.lstrip("-").replace("-", "_") for f in flags if not f.startswith("-") or f.startswith("--")}
+            if name not in names and name not in flags:
+                continue
+            default = keyword(call, "default")
+            if default is None or literal(keyword(call, "required").value if keyword(call, "required") else None) is True:
+                return None
+            found = self.of(facts, default.value, None, 0)
+            if found is None or self._launch_passes(flags):
+                return None
+            flag = next((f for f in flags if f.startswith("--")), name)
+            line = facts.line_of(call)
+            return [Value(v.value, f"`{flag}` defaults to {v.value!r} ({_place(facts, line)})",
+                          (facts.source.display_path, line), True) for v in found]
+        return None
+
     def _field(self, facts: ScriptFacts, holder: list, attr: str, depth: int) -> list[Value] | None:
         """``cfg.workers`` where every value of ``cfg`` is ``TrainConfig()`` with no argument for it: the
         class-level default of the field (a dataclass, or a plain class attribute)."""
@@ -163,6 +190,10 @@ class Values:
         out: list[Value] = []
         for binding in holder:
             value = binding.value
+            command_line = False
+            if isinstance(value, cst.Call) and (facts.qualname(value.func) or "") in _CONFIG_PARSERS and value.args:
+                # ``cfg = tyro.cli(TrainConfig)``: the dataclass's defaults, unless the command line sets them.
+                value, command_line = cst.Call(func=value.args[0].value), True
             if not isinstance(value, cst.Call) or keyword(value, attr) is not None or any(a.keyword is None for a in value.args):
                 return None
             name = get_full_name_for_node(value.func)
@@ -180,7 +211,7 @@ class Values:
                 return None
             line = cls_facts.line_of(default)
             out += [Value(v.value, f"`{cls.name.value}.{attr}` defaults to {v.value!r} ({_place(cls_facts, line)})",
-                          (cls_facts.source.display_path, line)) for v in found]
+                          (cls_facts.source.display_path, line), command_line) for v in found]
         return out
 
     def _option(self, facts: ScriptFacts, dest: str) -> list[Value] | None:
