@@ -66,9 +66,10 @@ def test_related_places_reach_every_report_format():
     clip = next(f for f in json.loads(out)["findings"] if f["line"] == 28)
     assert clip["related"] == [{
         "path": "commons.py", "line": 12, "column": 23, "end_line": 12, "end_column": 40,
-        "message": "`param_norm.item()` syncs every time `clip_grad_value_` runs, every training step",
+        "message": "`param_norm.item()` syncs every training step (in `clip_grad_value_`, called from the loop)",
     }]
-    assert "once per item of `p in parameters`" in clip["message"]
+    assert clip["message"] == ("`commons.clip_grad_value_(...)` syncs every training step: `param_norm.item()` per item "
+                               "of `p in parameters`")
     code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--format", "sarif",
                            "--select", "TC601", cwd=folder)
     results = json.loads(out)["runs"][0]["results"]
@@ -77,6 +78,13 @@ def test_related_places_reach_every_report_format():
         ("commons.py", 12), ("utils/loss.py", 11)]
     code, out, _ = run_cli("scan", "train.py", "--no-exec", "--no-cache", "--isolated", "--select", "TC601", cwd=folder)
     assert "see commons.py:12:23: `param_norm.item()` syncs" in out
+    code, out, _ = run_cli("scan", "train.ipynb", "--no-exec", "--no-cache", "--isolated", "--format", "json",
+                           "--select", "TC401", cwd=PROJECTS / "notebook_settings")
+    [finding] = json.loads(out)["findings"]
+    assert finding["message"] == "training DataLoader loads every batch in the main process: `num_workers = 0`"
+    assert finding["related"] == [{"path": "train.ipynb", "cell": 2, "line": 2, "column": 1, "end_line": 2,
+                                   "end_column": 1, "message": "where `num_workers` gets 0: `num_workers = 0`"}]
+    assert "(train.ipynb:cell 2:2)" in finding["fix"]["reason"]
 
 
 def test_the_lsp_diagnostic_carries_the_helper_as_related_information():
@@ -186,10 +194,11 @@ def test_values_are_judged_by_what_they_hold(tmp_path, monkeypatch):
         found = values.of(facts, facts.bindings_of(name)[0].value)
         return None if found is None else [(v.value, v.how, v.on_command_line) for v in found]
 
-    assert of("a") == [(0, "`WORKERS` is 0 in settings.py:1", False)]
-    assert of("b") == [(0, "`--workers` defaults to 0 (train.py:5)", True)]
+    assert of("a") == [(0, "`WORKERS` is 0 in settings.py", False)]
+    assert of("b") == [(0, "`--workers` defaults to 0", True)]
+    assert values.of(facts, facts.bindings_of("b")[0].value)[0].said == "`--workers` defaults to 0 (train.py:5)"
     assert of("c") is None  # required: the user chooses it
-    assert of("d") == [(False, "`DTYPE` is 'bfloat16' in settings.py:2", False)]
+    assert of("d") == [(False, "`DTYPE` is 'bfloat16' in settings.py", False)]
     assert [v for v, _, _ in of("f")] == [False]
     assert of("g") is None
 
@@ -263,8 +272,8 @@ def test_click_and_tyro_defaults_are_command_line_defaults(tmp_path, monkeypatch
         found = values.of(facts, binding.value, binding.ctx.function)
         return None if found is None else [(v.value, v.how, v.on_command_line) for v in found]
 
-    assert of("a") == [(0, "`--workers` defaults to 0 (train.py:10)", True)]
-    assert of("c") == [(0, "`Cfg.workers` defaults to 0 (train.py:7)", True)]
+    assert of("a") == [(0, "`--workers` defaults to 0", True)]
+    assert of("c") == [(0, "`Cfg.workers` defaults to 0", True)]
     assert of("d") is None
     (tmp_path / "launch.sh").write_text("python train.py --workers 4\n")
     assert Values(project_of(facts, tmp_path)).of(facts, facts.bindings_of("a")[0].value,

@@ -37,12 +37,18 @@ _LAUNCH_NAMES = frozenset({"Makefile", "makefile", "justfile", "Justfile", "Proc
 @dataclass(frozen=True)
 class Value:
     """One value an expression may hold. ``how``: what makes it that value, in a finding's words ("" for
-    a literal written at the use); ``where``: (display path, line) of the place that sets it."""
+    a literal written at the use); ``where``: (display path, line) of the place that sets it;
+    ``on_command_line``: a default of a command-line option (the user may pass another)."""
 
     value: object
     how: str = ""
     where: tuple[str, int] | None = None
     on_command_line: bool = False
+
+    @property
+    def said(self) -> str:
+        """``how`` with its place: "`--workers` defaults to 0 (train.py:7)"."""
+        return f"{self.how} ({self.where[0]}:{self.where[1]})" if self.how and self.where else self.how
 
 
 class Values:
@@ -137,7 +143,7 @@ class Values:
                     return None
                 line = facts.line_of(binding.statement.node if binding.statement is not None else binding.value)
                 code = " ".join(facts.module.code_for_node(binding.value).split())
-                out += [Value(v.value, v.how or f"`{dotted} = {code}` ({_place(facts, line)})",
+                out += [Value(v.value, v.how or f"`{dotted} = {code}`",
                               v.where or (facts.source.display_path, line), v.on_command_line) for v in found]
             return out
         symbol = self.project.symbol(facts, dotted)
@@ -145,7 +151,7 @@ class Values:
             found = self.of(symbol.facts, symbol.node, None, depth + 1)
             if found is None:
                 return None
-            return [Value(v.value, v.how or f"`{symbol.name}` is {v.value!r} in {symbol.where}",
+            return [Value(v.value, v.how or f"`{symbol.name}` is {v.value!r} in {symbol.module.path.name}",
                           v.where or (symbol.module.display_path, symbol.line), v.on_command_line) for v in found]
         if attr and "." not in attr:
             holder = [b for b in facts.bindings_of(root) if not b.is_item_write]
@@ -178,7 +184,7 @@ class Values:
                 return None
             flag = next((f for f in flags if f.startswith("--")), name)
             line = facts.line_of(call)
-            return [Value(v.value, f"`{flag}` defaults to {v.value!r} ({_place(facts, line)})",
+            return [Value(v.value, f"`{flag}` defaults to {v.value!r}",
                           (facts.source.display_path, line), True) for v in found]
         return None
 
@@ -210,7 +216,7 @@ class Values:
             if found is None:
                 return None
             line = cls_facts.line_of(default)
-            out += [Value(v.value, f"`{cls.name.value}.{attr}` defaults to {v.value!r} ({_place(cls_facts, line)})",
+            out += [Value(v.value, f"`{cls.name.value}.{attr}` defaults to {v.value!r}",
                           (cls_facts.source.display_path, line), command_line) for v in found]
         return out
 
@@ -244,7 +250,7 @@ class Values:
                 if self._launch_passes(flags):
                     return None
                 line = module.line_of(call.node)
-                return [Value(v.value, f"`{flag}` defaults to {v.value!r} ({_place(module, line)})",
+                return [Value(v.value, f"`{flag}` defaults to {v.value!r}",
                               (module.source.display_path, line), True) for v in found]
         return None
 
@@ -297,9 +303,3 @@ def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
                     and small.targets[0].target.value == attr:
                 return small.value
     return None
-
-
-def _place(facts: ScriptFacts, line: int) -> str:
-    """``train.py:9``; in a notebook the virtual script's line (``train.ipynb:7``), which the report
-    gives as the cell's (``train.ipynb:cell 2:2``)."""
-    return f"{facts.source.display_path}:{line}"

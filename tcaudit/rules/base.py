@@ -245,6 +245,12 @@ class ScriptRule:
         )
 
     @staticmethod
+    def line_place(where: tuple[str, int], message: str) -> Related:
+        """Line ``where`` = (display path, line) as a related place of a finding (where a value is set)."""
+        path, line = where
+        return Related(Location(path, line, 1, line, 1), message)
+
+    @staticmethod
     def place(facts: "ScriptFacts", node: cst.CSTNode, message: str, *, mirror: bool = False) -> Related:
         """``node`` of ``facts``' file (another module of the project) as a related place of a finding;
         ``mirror``: the finding is also reported there when that file is scanned."""

@@ -440,8 +440,24 @@ def in_cells(finding: "Finding", notebook: Notebook) -> "Finding":
             reason=notebook.cell_lines_in(fix.reason) if fix.reason else fix.reason,
             description=notebook.cell_lines_in(fix.description),
         )
+    related = tuple(_related_in_cells(place, loc.path, notebook) for place in finding.related)
     return dataclasses.replace(finding, location=location, fix=fix, message=notebook.cell_lines_in(finding.message),
-                               explanation=notebook.cell_lines_in(finding.explanation))
+                               explanation=notebook.cell_lines_in(finding.explanation), related=related)
+
+
+def _related_in_cells(place, path: str, notebook: Notebook):
+    """A related place in the same notebook (where a value is set, in an earlier cell) in its cell's lines."""
+    import dataclasses
+
+    loc = place.location
+    if loc.path != path or loc.cell is not None:
+        return place
+    start = notebook.cell_position(loc.line)
+    if start is None:
+        return place
+    span = loc.end_line - loc.line
+    moved = dataclasses.replace(loc, line=start[1], end_line=start[1] + span, cell=start[0])
+    return dataclasses.replace(place, location=moved, message=notebook.cell_lines_in(place.message))
 
 
 def _edit_in_cell(edit: "TextEdit", notebook: Notebook) -> "TextEdit | None":

@@ -267,6 +267,11 @@ def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
     return None
 
 
+def _short(name: str | None, limit: int = 32) -> str:
+    name = name or ""
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
 def _within(facts: ScriptFacts, fn: cst.FunctionDef, line: int) -> bool:
     position = facts.position(fn)
     return position.start.line <= line <= position.end.line
@@ -378,12 +383,12 @@ class PerStepSync(ScriptRule):
             what, node, helper, loop = syncs[0]
             name = f"{callee.owner.name.value}.{callee.name}" if callee.owner is not None else callee.name
             at = f"{helper.source.display_path}:{helper.line_of(node)}"
-            times = f"once per item of `{loop}`, " if loop else ""
-            more = f" (and {len(syncs) - 1} more)" if len(syncs) > 1 else ""
+            times = f" per item of `{loop}`" if loop else ""
+            more = f" and {len(syncs) - 1} more" if len(syncs) > 1 else ""
             yield self.finding(
                 facts,
                 call.node,
-                f"`{call.name}(...)` runs {what}{more} ({at}), {times}every training step: the host waits for the GPU",
+                f"`{_short(call.name)}(...)` syncs every training step: {what}{times}{more}",
                 explanation=f"`{name}` in {callee.module.display_path} brings a value to the host each time it runs, and the "
                 f"training loop calls it every step{cost}. Keep the values on the device there and read them under a "
                 "logging interval (`if step % log_interval == 0:`).",
@@ -394,8 +399,8 @@ class PerStepSync(ScriptRule):
                     reason=f"the sync is in {at} (`{name}`), in another module, and how often to log is the user's "
                     "decision: keep the values on the device there and read them less often, by hand",
                 ),
-                related=[self.place(helper, n, f"{w} syncs every time `{name}` runs, every training step", mirror=True)
-                         for w, n, helper, _ in syncs[:8]],
+                related=[self.place(helper, n, f"{w} syncs every training step (in `{_short(name)}`, called from the loop)",
+                                    mirror=True) for w, n, helper, _ in syncs[:8]],
             )
 
     def _loop_elsewhere(self, facts: ScriptFacts, call: CallSite, callee, context: RuleContext) -> Iterator[Finding]:
@@ -411,12 +416,12 @@ class PerStepSync(ScriptRule):
             return
         first = inner[0]
         name = f"{callee.owner.name.value}.{callee.name}" if callee.owner is not None else callee.name
-        more = f" (and {len(inner) - 1} more)" if len(inner) > 1 else ""
+        more = f" ({len(inner)} places)" if len(inner) > 1 else ""
         at = f"{first.location.path}:{first.location.line}"
         yield self.finding(
             facts,
             call.node,
-            f"`{call.name}(...)` runs the training loop of `{name}`, which syncs every step ({at}){more}",
+            f"`{_short(call.name)}(...)` runs `{_short(name)}`'s training loop, which syncs every step{more}",
             explanation=f"{first.message} ({at}); " + first.explanation,
             fix=Fix(FixClass.SAFE, "move the sync under a logging interval", available=False,
                     reason=f"the loop is in {callee.module.display_path} (`{name}`), another module: move the sync "

@@ -63,10 +63,11 @@ class DataLoaderNoWorkers(ScriptRule):
                 explanation=explanation,
                 fix=Fix(
                     FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
-                    reason=f"the worker count is set where the value comes from ({value.how}): "
+                    reason=f"the worker count is set where the value comes from ({value.said}): "
                     + ("pass the flag, or raise its default there, by hand" if value.on_command_line
                        else f"set it to `{WORKERS}` there, by hand"),
                 ),
+                related=[self.line_place(value.where, f"where `num_workers` gets 0: {value.how}")] if value.where else (),
             )
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
             zero = zero_workers(values, loader)
@@ -76,7 +77,7 @@ class DataLoaderNoWorkers(ScriptRule):
             yield self.finding(
                 facts,
                 loader.call.node,
-                f"training DataLoader built by {loader.described} loads every batch in the main process{why}",
+                f"training DataLoader from `{loader.helper.name}` loads every batch in the main process{why}",
                 explanation=explanation,
                 fix=Fix(
                     FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
@@ -84,8 +85,8 @@ class DataLoaderNoWorkers(ScriptRule):
                     "`tcaudit fix` edits the file it fixes only; set `num_workers` there",
                 ),
                 related=[self.place(loader.pipeline.facts, loader.site.call.node,
-                                    f"the DataLoader `{loader.helper.name}` builds for the training loop of "
-                                    f"{facts.source.display_path}: no worker processes", mirror=True)],
+                                    f"training DataLoader (returned by `{loader.helper.name}`) loads every batch in the "
+                                    f"main process{why}", mirror=True)],
             )
 
 

@@ -69,7 +69,7 @@ class DataLoaderNoPinMemory(ScriptRule):
             yield self.finding(
                 facts,
                 loader.call.node,
-                f"DataLoader built by {loader.described} feeds CUDA training from pageable memory: pass `pin_memory=True` there",
+                f"DataLoader from `{loader.helper.name}` feeds CUDA training from pageable memory: pass `pin_memory=True`",
                 explanation="Every host-to-device copy from pageable memory is staged through a bounce buffer "
                 "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
                 fix=Fix(
@@ -78,8 +78,8 @@ class DataLoaderNoPinMemory(ScriptRule):
                     "`tcaudit fix` edits the file it fixes only; set `pin_memory=True` there",
                 ),
                 related=[self.place(loader.pipeline.facts, site.call.node,
-                                    f"the DataLoader `{loader.helper.name}` builds for the CUDA training loop of "
-                                    f"{facts.source.display_path}: pageable memory", mirror=True)],
+                                    f"DataLoader (returned by `{loader.helper.name}`) feeds CUDA training from pageable "
+                                    "memory: pass `pin_memory=True`", mirror=True)],
             )
 
 
