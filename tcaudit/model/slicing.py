@@ -24,6 +24,7 @@ from typing import Sequence
 
 import libcst as cst
 
+from tcaudit.model.build import MODEL_VAR, MODULE_METHOD
 from tcaudit.model.discovery import Candidate, ScriptIndex, dotted
 from tcaudit.source.syntax import is_main_guard, param_names
 
@@ -566,9 +567,9 @@ class Slicer:
         needed = self.with_dynamic_lookups(used_names(call))
         cast_items = []
         for cast in candidate.casts:
-            cast_items.append({"t": "synthetic", "code": f"__tcaudit_model__ = __tcaudit_model__{cast}",
-                               "line": index.line_of(call)})
-            needed |= used_names(cst.parse_expression(f"__tcaudit_model__{cast}")) - {"__tcaudit_model__"}
+            code = module_method_cast(cast)
+            cast_items.append({"t": "synthetic", "code": f"{MODEL_VAR} = {code}", "line": index.line_of(call)})
+            needed |= used_names(cst.parse_expression(code)) - {MODEL_VAR, MODULE_METHOD}
 
         scopes: list[list[dict]] = []  # innermost first
         global_needs: set[str] = set()
@@ -634,6 +635,18 @@ class Slicer:
         (line, column), (end_line, end_column) = index.span(call)
         construction = {"line": line, "column": column + 1, "end_line": end_line, "end_column": end_column + 1}
         return Plan(program, construction, list(self.skipped), set(self.imports))
+
+
+def module_method_cast(cast: str) -> str:
+    """A cast the script applies to the model (``.to(torch.bfloat16)``) as a call of nn.Module's own
+    method (``__tcaudit_module_method__(__tcaudit_model__, "to", torch.bfloat16)``): the slice never
+    calls a method the user's class may have overridden."""
+    call = cst.parse_expression(f"{MODEL_VAR}{cast}")
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+        raise SliceError(f"the model's cast `{cast}` is not a method call")
+    module = cst.Module([])
+    args = [f'"{call.func.attr.value}"', *(module.code_for_node(arg).strip().rstrip(",") for arg in call.args)]
+    return f"{MODULE_METHOD}({MODEL_VAR}, {', '.join(args)})"
 
 
 def _uncovered_params(function: cst.FunctionDef, call: cst.Call, wanted: set[str], self_passed: bool) -> list[str]:
