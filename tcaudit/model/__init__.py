@@ -258,6 +258,9 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
         if candidate.kind in NOT_BUILDABLE:
             out.append((target, NOT_BUILDABLE[candidate.kind], set()))
             continue
+        if candidate.refused is not None:
+            out.append((target, candidate.refused, set()))
+            continue
         try:
             plan = Slicer(index).plan(candidate)
         except SliceError as exc:

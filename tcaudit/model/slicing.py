@@ -25,7 +25,7 @@ from typing import Sequence
 import libcst as cst
 
 from tcaudit.model.build import MODEL_VAR, MODULE_METHOD
-from tcaudit.model.discovery import Candidate, ScriptIndex, dotted
+from tcaudit.model.discovery import Candidate, ScriptIndex, dotted, function_effect
 from tcaudit.source.syntax import is_main_guard, param_names
 
 MUTATING_METHODS = {
@@ -262,10 +262,20 @@ class Slicer:
         self.skipped: list[str] = []
         self.imports: set[str] = set()
         self.counter = 0
+        self._effects: dict[str, str | None] = {}
 
     # denylist
+    def effect_of(self, name: str) -> str | None:
+        """What a function of the script that a statement calls does beyond building
+        (:func:`~tcaudit.model.discovery.function_effect`): such a statement is left out of the slice."""
+        if name not in self._effects:
+            infos = [i for i in self.index.functions.get(name, []) if i.owner is None] if "." not in name else []
+            self._effects[name] = next(filter(None, (function_effect(self.index, i.node) for i in infos)), None)
+        return self._effects[name]
+
     def denied(self, node: cst.CSTNode) -> str | None:
         index = self.index
+        slicer = self
         reason: str | None = None
 
         class Finder(cst.CSTVisitor):
@@ -291,6 +301,10 @@ class Slicer:
                     text = mode.evaluated_value if isinstance(mode, cst.SimpleString) else ""
                     if isinstance(text, str) and any(ch in text for ch in "wax+"):
                         reason = "writes a file (`open(..., 'w')`)"
+                        return
+                effect = slicer.effect_of(name)
+                if effect is not None:
+                    reason = f"calls {name}(), which {effect}"
 
         node.visit(Finder())
         return reason
