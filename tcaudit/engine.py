@@ -629,38 +629,59 @@ def report(
     result: ModelAuditResult,
     script_uses_cuda: "Callable[[str], bool] | None" = None,
 ) -> None:
-    """The model rules' findings on each model's facts, into ``result`` (an internal error in one rule
-    costs only its findings), with the notes the capture left."""
+    """The model rules' findings on each model's facts, into ``result``, with the notes the capture
+    left. An internal error about one model (in the audit child, or a rule raising on its facts) is a
+    TC100 finding for that model, never a scan error: the other models and files are still reported."""
     from tcaudit.model.cost import CostModel
+    from tcaudit.model.facts import ModelFacts
     from tcaudit.rules.base import ModelContext
 
     by_path = {os.path.realpath(str(source.path)): source for source in sources}
+    not_audited = next((rule for rule in rules if rule.id == "TC100"), None)
     seen: set[tuple] = set()
     for facts in facts_list:
-        if facts.status == "error":
-            result.errors.append(f"{facts.target.get('path', '?')}: {facts.reason}")
-            continue
-        context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
         target = facts.target
-        if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
-            context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
-        _notes(facts, context, result)
+        try:
+            context = ModelContext(settings, facts, CostModel(facts, settings.precision, settings.gpu), by_path)
+            if script_uses_cuda is not None and target.get("kind") == "script" and target.get("path"):
+                context.cpu_only = not script_uses_cuda(os.path.realpath(target["path"]))
+            _notes(facts, context, result)
+        except Exception as exc:  # noqa: BLE001 - a bug about one model must not end the scan
+            result.notes.append(f"model audit of `{target.get('label', '?')}` ({target.get('path', '?')}) not "
+                                f"reported: internal error: {exc!r} (a bug in tcaudit)")
+            continue
+        found: list[Finding] = []
         for rule in rules:
             try:
-                findings = list(rule.check(facts, context))
-            except Exception as exc:  # noqa: BLE001
-                result.errors.append(
-                    f"{context.display_path(facts.target.get('path', '?'))}: internal error in {rule.id}: "
-                    f"{exc!r}\n{traceback.format_exc()}"
-                )
+                found.extend(rule.check(facts, context))
+            except Exception as exc:  # noqa: BLE001 - one rule's bug costs its findings on this model
+                reason = f"internal error in {rule.id}: {exc!r}\n{traceback.format_exc()}"
+                found.extend(_internal_error(ModelFacts.failed(target, reason, "error"), context, not_audited, result))
+        if facts.status == "error" and not_audited is None:
+            found.extend(_internal_error(facts, context, None, result))
+        for finding in found:
+            loc = finding.location
+            key = (finding.rule, loc.path, loc.line, loc.column, finding.message)
+            if key in seen:
                 continue
-            for finding in findings:
-                loc = finding.location
-                key = (finding.rule, loc.path, loc.line, loc.column, finding.message)
-                if key in seen:
-                    continue
-                seen.add(key)
-                result.findings.append(finding)
+            seen.add(key)
+            result.findings.append(finding)
+
+
+def _internal_error(facts: "ModelFacts", context, not_audited: "ModelRule | None",
+                    result: "ModelAuditResult") -> "list[Finding]":
+    """TC100's finding for a model the audit failed on by its own fault (``facts.status`` "error");
+    where TC100 is not enabled, a note, so that the failure is still said."""
+    if not_audited is not None:
+        try:
+            return list(not_audited.check(facts, context))
+        except Exception:  # noqa: BLE001 - fall through to the note
+            pass
+    where = context.display_path(facts.target.get("path", "?"))
+    label = facts.target.get("label") or "a model"
+    first = next((line for line in facts.reason.splitlines() if line.strip()), facts.reason)
+    result.notes.append(f"model audit of `{label}` ({where}) not done: {first} (a bug in tcaudit)")
+    return []
 
 
 def _notes(facts: "ModelFacts", context, result: ModelAuditResult) -> None:

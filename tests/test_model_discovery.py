@@ -133,6 +133,10 @@ def test_create_model_and_local_factory(tmp_path):
         ("create_model", 'timm.create_model("vit_small_patch16_224", pretrained=True)'),
         ("factory", "get_network(args)"),
     ]
+    # No optimizer says that get_network() returns a trained model: it is named, not called (issue 46)
+    refused = {c.label: c.refused for c in find_candidates(index)}
+    assert refused['timm.create_model("vit_small_patch16_224", pretrained=True)'] is None
+    assert refused["get_network(args)"].startswith("no optimizer in this file trains what get_network() returns")
 
 
 def test_class_imported_from_the_users_module(tmp_path):

@@ -119,7 +119,7 @@ def _run_within_budget(jobs, budget: float, cache, limits, preload, result: Mode
     import time
 
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.model.sandbox import shared_sandbox
+    from tcaudit.model.sandbox import StartupError, shared_sandbox
 
     found: dict[int, ModelFacts] = {}
     for number, job in enumerate(jobs):
@@ -138,11 +138,17 @@ def _run_within_budget(jobs, budget: float, cache, limits, preload, result: Mode
                 continue
             stage.show(_shown(job["target"]))
             started = time.perf_counter()
-            facts = shared_sandbox().run([job], limits, preload)[0]
+            try:
+                facts = shared_sandbox().run([job], limits, preload)[0]
+                if cache is not None:
+                    cache.store(job, facts)
+            except StartupError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug about one model: TC100 for it, the others go on
+                facts = ModelFacts.failed(job["target"], f"internal error while auditing the model: {exc!r}\n"
+                                          f"{traceback.format_exc()}", "error")
             spent += time.perf_counter() - started
             audited += 1
-            if cache is not None:
-                cache.store(job, facts)
             found[number] = facts
             stage.advance()
     return [found[number] for number in range(len(jobs))]
@@ -183,13 +189,14 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
         try:
             found = discover_file(source)
         except Exception as exc:  # noqa: BLE001 - a discovery bug must not hide the other files
-            result.errors.append(
-                f"{source.display_path}: internal error in model discovery: {exc!r}\n{traceback.format_exc()}"
-            )
+            # TC100 at the file's first line: its models were not audited, the other files' were
+            static.append(ModelFacts.failed(
+                _file_target(source), f"internal error in model discovery: {exc!r}\n{traceback.format_exc()}", "error"))
             continue
         for target, failure, imports in found:
             if failure is not None:
-                static.append(ModelFacts.failed(target, failure))
+                status = "error" if isinstance(failure, InternalError) else "failed"
+                static.append(ModelFacts.failed(target, failure, status))
                 continue
             preload |= imports & {"torchvision", "timm"}
             jobs.append({"target": target, "precision": precision, "limits": job_limits})
@@ -201,6 +208,17 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
             jobs.append({"target": target, "precision": precision, "limits": job_limits})
     preload = {name for name in preload if importlib.util.find_spec(name) is not None}
     return jobs, static, sorted(preload)
+
+
+class InternalError(str):
+    """A discovery failure that is tcaudit's fault, not the script's: reported as an internal error
+    (TC100 says so) rather than as a model the script builds in a way the audit cannot follow."""
+
+
+def _file_target(source: "SourceFile") -> dict[str, Any]:
+    path = source.path.resolve()
+    return {"kind": "script", "label": source.path.name, "path": str(path), "roots": [str(path.parent)],
+            "construction": {"line": 1, "column": 1, "end_line": 1, "end_column": 1}, "hints": {}}
 
 
 def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None, set[str]]]:
@@ -240,10 +258,17 @@ def discover_file(source: "SourceFile") -> list[tuple[dict[str, Any], str | None
         if candidate.kind in NOT_BUILDABLE:
             out.append((target, NOT_BUILDABLE[candidate.kind], set()))
             continue
+        if candidate.refused is not None:
+            out.append((target, candidate.refused, set()))
+            continue
         try:
             plan = Slicer(index).plan(candidate)
         except SliceError as exc:
             out.append((target, str(exc), set()))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a slicer bug costs this model, not the file's others
+            out.append((target, InternalError(f"internal error while slicing the script: {exc!r}\n"
+                                              f"{traceback.format_exc()}"), set()))
             continue
         target.update(program=plan.program, construction=plan.construction, skipped=plan.skipped)
         missing = missing_packages(plan.imports, index)

@@ -27,6 +27,7 @@ from tcaudit.model.facts import Site
 
 MODEL_VAR = "__tcaudit_model__"
 FROM_CONFIG = "__tcaudit_from_config__"
+MODULE_METHOD = "__tcaudit_module_method__"
 SLICE_MODULE = "__tcaudit_slice__"
 
 
@@ -332,13 +333,15 @@ def _fake_aware_apply(original):
     state = {"depth": 0, "memo": {}}
 
     def _apply(self, fn, recurse=True):
-        if not any(isinstance(t, FakeTensor) for t in itertools.chain(self.parameters(), self.buffers())):
+        # nn.Module's own parameters, buffers and children: a user's module may override them
+        if not any(isinstance(t, FakeTensor)
+                   for t in itertools.chain(nn.Module.parameters(self), nn.Module.buffers(self))):
             return original(self, fn, recurse)
         state["depth"] += 1
         memo = state["memo"]
         try:
             if recurse:
-                for child in self.children():
+                for child in nn.Module.children(self):
                     child._apply(fn)
             for key, param in list(self._parameters.items()):
                 if param is None:
@@ -565,6 +568,17 @@ def from_config_offline(model_class: Any, name: Any = None, *args: Any, **kwargs
     return model
 
 
+def module_method(model: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``nn.Module``'s own ``method`` on the built model, for the casts the slice applies to it
+    (``.half()``, ``.to(torch.bfloat16)``): the user's class may define a method of that name that does
+    something else. Anything that is not an nn.Module is left as it is (the audit then says so)."""
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        return model
+    return getattr(nn.Module, method)(model, *args, **kwargs)
+
+
 @dataclass
 class BuiltModel:
     model: Any
@@ -602,6 +616,7 @@ def build_from_plan(target: dict[str, Any], fake_mode, user_files: UserFiles) ->
     namespace["__tcaudit_namespace__"] = _Namespace
     namespace["__tcaudit_self__"] = types.SimpleNamespace  # `self` of a trainer class's __init__
     namespace[FROM_CONFIG] = from_config_offline
+    namespace[MODULE_METHOD] = module_method
     body = compile_items(target["program"], filename)
     tree = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(tree)

@@ -103,16 +103,16 @@ def role_of(module: nn.Module) -> str | None:
 
 def describe_modules(model: nn.Module) -> dict[str, ModuleFact]:
     embedding_weights = {
-        id(m.weight): path for path, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+        id(m.weight): path for path, m in nn.Module.named_modules(model) if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
     }
     facts: dict[str, ModuleFact] = {}
     sequential_next: dict[str, str] = {}
-    for path, module in model.named_modules():
+    for path, module in nn.Module.named_modules(model):
         if isinstance(module, nn.Sequential):
-            names = [name for name, _ in module.named_children()]
+            names = [name for name, _ in nn.Module.named_children(module)]
             for here, after in zip(names, names[1:]):
                 sequential_next[f"{path}.{here}" if path else here] = f"{path}.{after}" if path else after
-    for path, module in model.named_modules():
+    for path, module in nn.Module.named_modules(model):
         role = role_of(module)
         attrs: dict[str, Any] = {"role": role} if role else {}
         if isinstance(module, nn.Linear):
@@ -156,7 +156,7 @@ def describe_modules(model: nn.Module) -> dict[str, ModuleFact]:
 def parameter_summary(model: nn.Module) -> tuple[int, str]:
     count = 0
     dtypes: dict[str, int] = {}
-    for p in model.parameters():
+    for p in nn.Module.parameters(model):
         count += p.numel()
         if p.is_floating_point():
             name = dtype_name(p.dtype) or "float32"
@@ -198,7 +198,7 @@ def _sequence_length_from_model(model: nn.Module) -> tuple[int | None, str]:
 
 
 def _position_rows(model: nn.Module) -> int | None:
-    for path, module in model.named_modules():
+    for path, module in nn.Module.named_modules(model):
         leaf = path.rpartition(".")[2].lower()
         if isinstance(module, nn.Embedding) and ("pos" in leaf or leaf in {"wpe"}):
             return module.num_embeddings
@@ -231,7 +231,7 @@ def input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) 
 def _input_candidates(model: nn.Module, hints: dict[str, Any], float_dtype: str) -> tuple[list[InputCandidate], str]:
     explicit = hints.get("input_shapes")
     first = next(
-        ((path, m) for path, m in model.named_modules() if role_of(m) in {"linear", "conv", "embedding", "mha", "rnn"}),
+        ((path, m) for path, m in nn.Module.named_modules(model) if role_of(m) in {"linear", "conv", "embedding", "mha", "rnn"}),
         (None, None),
     )[1]
     if explicit:
@@ -464,7 +464,7 @@ class _AuditTracer(torch.fx.Tracer):
             return False
         if isinstance(m, (nn.MultiheadAttention, nn.RNNBase)):
             return True
-        return next(iter(m.children()), None) is None
+        return next(iter(nn.Module.children(m)), None) is None
 
 
 @dataclass
@@ -529,7 +529,7 @@ def trace_fx(model: nn.Module, fake_mode, inputs: int = 1) -> FxTrace:
     gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     trace = FxTrace(gm)
     hooked = [
-        path or type(model).__name__ for path, m in model.named_modules()
+        path or type(model).__name__ for path, m in nn.Module.named_modules(model)
         if m._forward_hooks or m._forward_pre_hooks
     ]
     global_hooks = any(getattr(module_mod, name, None)
@@ -553,7 +553,7 @@ def confirm_unused(trace: FxTrace, model: nn.Module, inputs: tuple, fake_mode, a
     from tcaudit.model.build import cpu_only_patches
 
     unused = set(trace.unused)
-    watched = {id(p): name for name, p in model.named_parameters() if name in unused}
+    watched = {id(p): name for name, p in nn.Module.named_parameters(model) if name in unused}
     read: set[str] = set()
     failure = ""
 
@@ -583,7 +583,7 @@ def unused_parameters(model: nn.Module, gm) -> list[str]:
     reached: set[int] = set()
     for node in gm.graph.nodes:
         if node.op == "call_module":
-            reached.update(id(p) for p in gm.get_submodule(node.target).parameters())
+            reached.update(id(p) for p in nn.Module.parameters(gm.get_submodule(node.target)))
         elif node.op == "get_attr":
             attr: Any = gm
             try:
@@ -592,10 +592,10 @@ def unused_parameters(model: nn.Module, gm) -> list[str]:
             except AttributeError:
                 continue
             if isinstance(attr, nn.Module):
-                reached.update(id(p) for p in attr.parameters())
+                reached.update(id(p) for p in nn.Module.parameters(attr))
             elif isinstance(attr, torch.Tensor):
                 reached.add(id(attr))
-    return [name for name, p in model.named_parameters() if id(p) not in reached]
+    return [name for name, p in nn.Module.named_parameters(model) if id(p) not in reached]
 
 
 def capture_fx(trace: FxTrace, inputs, autocast: bool, dtype: str, fake_mode) -> list[Graph]:
@@ -1441,6 +1441,15 @@ def unwrap(model: Any) -> Any:
     return model
 
 
+def training_mode(model: nn.Module) -> None:
+    """What ``model.train()`` does, without calling ``train`` on the user's modules: a class may
+    override it with a training step of its own (forward-forward's ``train(self, x_pos, x_neg)``), and
+    ``nn.Module.train`` calls each child's ``train``. Every method the audit calls on the user's model
+    is nn.Module's own, for the same reason."""
+    for module in nn.Module.modules(model):
+        module.training = True
+
+
 def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], precision: str, fake_mode,
                 user_files: UserFiles) -> ModelFacts:
     started = time.perf_counter()
@@ -1449,13 +1458,13 @@ def audit_model(model: nn.Module, facts: ModelFacts, hints: dict[str, Any], prec
         facts.status = "failed"
         facts.reason = f"the construction returned {type(model).__name__}, not an nn.Module"
         return facts
-    model.train()
+    training_mode(model)
     facts.model_class = type(model).__name__
     facts.modules = describe_modules(model)
     facts.param_count, facts.param_dtype = parameter_summary(model)
     forced = hints.get("model_dtype")
     if forced:
-        model.to(getattr(torch, forced))
+        nn.Module.to(model, getattr(torch, forced))
         facts.param_dtype = forced
     facts.autocast = facts.param_dtype == "float32"
     facts.compute_dtype = precision if facts.autocast else facts.param_dtype

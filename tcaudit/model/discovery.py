@@ -5,9 +5,11 @@ their aliases, classes and which of them are ``nn.Module`` subclasses, functions
 sites, argparse options, parent links and positions. :func:`find_candidates` then lists the model
 constructions: a local ``nn.Module`` subclass instantiated outside model code, a torchvision factory
 (``models.resnet50(...)``, ``get_model``, ``models.__dict__[args.arch]()``), a ``create_model(...)``
-call (timm or a local registry), an ``nn.Sequential`` or a lone ``torch.nn`` layer assigned to a model
-variable, or a class or
-factory imported from the user's own modules (``from model import GPT``).
+call (timm or a local registry), an ``nn.Sequential`` or a lone ``torch.nn`` layer that is the model,
+or a class imported from the user's own modules (``from model import GPT``). What the optimizers train
+(:func:`trained_models`) decides which functions are called to build a model: only one whose return
+value an optimizer trains, and whose body neither trains, evaluates nor writes files
+(:func:`function_effect`); a variable's name never makes a call a construction (issue 46).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from typing import Iterator
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.trained_models import TrainedModelFacts
+from tcaudit.source.parsing import SourceFile
 
 MODULE_BASES = {
     "torch.nn.Module",
@@ -181,6 +187,7 @@ class ScriptIndex:
         self.functions: dict[str, list[FunctionInfo]] = {}
         self.calls: list[cst.Call] = []
         self.options: dict[str, ArgOption] = {}
+        self._trained: TrainedModels | None = None  # what the optimizers train (trained_models), on first use
         self._collect()
 
     # -- positions and source ------------------------------------------------------------
@@ -433,7 +440,7 @@ class _Foreign:
 
     classes: dict[str, ClassInfo]
     imports: dict[str, str]  # local name → qualified name; relative ones keep their leading dots
-    functions: set[str]
+    functions: dict[str, cst.FunctionDef]
     stars: list[str]
 
 
@@ -443,13 +450,13 @@ def _foreign_module(path: str) -> _Foreign | None:
         tree = cst.parse_module(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
         return None
-    found = _Foreign({}, {}, set(), [])
+    found = _Foreign({}, {}, {}, [])
     for statement in tree.body:
         if isinstance(statement, cst.ClassDef):
             bases = [dotted(a.value) or "" for a in statement.bases if a.keyword is None]
             found.classes[statement.name.value] = ClassInfo(statement, statement.name.value, bases, None)
         elif isinstance(statement, cst.FunctionDef):
-            found.functions.add(statement.name.value)
+            found.functions[statement.name.value] = statement
         for small in _small_statements(statement):
             if isinstance(small, cst.Import):
                 for alias in small.names:
@@ -571,10 +578,161 @@ def star_exports(root: Path, importer: Path, base: str, depth: int = 0) -> dict[
     return names
 
 
+def local_function_node(index: ScriptIndex, name: str) -> cst.FunctionDef | None:
+    """The definition of a function imported from the user's own modules (``from models import
+    build_model``, through the package's re-exports and star imports); None where it is not found."""
+    return _function_in(index.imports, index.path.parent, index.path, name, 0)
+
+
+def _function_in(imports: dict[str, str], root: Path, importer: Path, name: str, depth: int) -> cst.FunctionDef | None:
+    qualified = imports.get(name.split(".")[0])
+    file = _module_file(root, importer, qualified) if qualified is not None and depth <= 6 else None
+    parsed = _foreign_module(str(file)) if file is not None else None
+    if parsed is None:
+        return None
+    symbol = name.split(".")[-1] if "." in name else qualified.split(".")[-1]
+    if symbol in parsed.functions:
+        return parsed.functions[symbol]
+    if symbol in parsed.imports:
+        return _function_in(parsed.imports, root, file, symbol, depth + 1)
+    for star in parsed.stars:
+        target = _module_file(root, file, star)
+        found = _foreign_module(str(target)) if target is not None and target != file else None
+        if found is not None and symbol in found.functions:
+            return found.functions[symbol]
+    return None
+
+
 def local_symbol_kind(index: ScriptIndex, name: str) -> str | None:
     """What an imported name is in the user's own module: "module" (an nn.Module subclass),
     "class", "function", or None when it is not the user's or cannot be read."""
     return _symbol_kind(index.imports, index.path.parent, index.path, name, 0)
+
+
+# -- what a function of the script does ----------------------------------------------------------
+
+# Calls that train, step, evaluate or write: a function that makes one is never called to build a model.
+_EFFECT_METHODS = {
+    "backward": "trains", "zero_grad": "trains", "step": "steps an optimizer", "fit": "trains",
+    "eval": "evaluates a model", "save": "writes files", "save_pretrained": "writes files",
+    "save_checkpoint": "writes files", "savefig": "writes files", "to_csv": "writes files",
+    "write_text": "writes files", "write_bytes": "writes files", "mkdir": "writes files", "unlink": "deletes files",
+}
+_EFFECT_CALLS = {
+    "torch.save": "writes files", "torch.jit.save": "writes files", "numpy.save": "writes files",
+    "numpy.savez": "writes files", "numpy.savetxt": "writes files", "pickle.dump": "writes files",
+    "json.dump": "writes files", "yaml.dump": "writes files", "os.makedirs": "writes files",
+    "os.mkdir": "writes files", "os.remove": "deletes files", "os.unlink": "deletes files",
+    "os.rename": "moves files", "os.replace": "moves files", "os.system": "runs a shell command",
+}
+_EFFECT_PREFIXES = {"shutil.": "changes files", "subprocess.": "runs a process", "requests.": "uses the network",
+                    "urllib.": "uses the network", "wandb.": "talks to an experiment tracker"}
+_LOADER = re.compile(r"loader", re.IGNORECASE)
+
+
+def function_effect(index: ScriptIndex, function: cst.FunctionDef, depth: int = 0,
+                    seen: frozenset = frozenset()) -> str | None:
+    """What a function of the script does beyond building something, read statically: it trains
+    (``.backward()``, ``optimizer.step()``, ``.zero_grad()``, ``.fit()``), evaluates (``.eval()``),
+    loops over a data loader, writes files (``torch.save``, ``open(..., "w")``, ``.savefig``), runs
+    processes or uses the network, itself or through a function of this file it calls. The first such
+    thing, in words with its code (``trains (`loss.backward()`)``); None for a function that only builds."""
+    found: list[str] = []
+    local = function in {info.node for infos in index.functions.values() for info in infos}
+
+    def say(effect: str, node: cst.CSTNode) -> None:
+        if not found:
+            code = " ".join(cst.Module([]).code_for_node(node).split())
+            code = code if len(code) <= 50 else code[:47] + "..."
+            where = f" at line {index.line_of(node)}" if local else ""
+            found.append(f"{effect} (`{code}`{where})")
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            name = dotted(call.func) or ""
+            qualified = index.resolve(name) or name
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in _EFFECT_METHODS:
+                say(_EFFECT_METHODS[call.func.attr.value], call)
+            elif qualified in _EFFECT_CALLS:
+                say(_EFFECT_CALLS[qualified], call)
+            elif any(qualified.startswith(prefix) for prefix in _EFFECT_PREFIXES):
+                say(next(why for prefix, why in _EFFECT_PREFIXES.items() if qualified.startswith(prefix)), call)
+            elif name == "open" and _writes(call):
+                say("writes files", call)
+            elif local and name in index.functions and depth < 3 and name not in seen:
+                for info in index.functions[name]:
+                    effect = function_effect(index, info.node, depth + 1, seen | {function.name.value}) \
+                        if info.owner is None else None
+                    if effect is not None:
+                        say(f"calls {name}(), which {effect}", call)
+
+        def visit_For(self, loop: cst.For) -> None:
+            if _LOADER.search(cst.Module([]).code_for_node(loop.iter)):
+                say("loops over a data loader", loop.iter)
+
+    function.body.visit(Finder())
+    return found[0] if found else None
+
+
+def _writes(call: cst.Call) -> bool:
+    """``open(path, "w")`` (or "a", "x", "+"; positional or ``mode=``)."""
+    mode = next((a.value for a in call.args[1:2] if a.keyword is None), None)
+    mode = mode or next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
+    text = _string_value(mode) or ""
+    return any(ch in text for ch in "wax+")
+
+
+@dataclass
+class TrainedModels:
+    """What the script's optimizers train (``SGD(model.parameters())``, a param-group list, a
+    ``filter(...)`` of the parameters), followed back to the calls that build it
+    (:meth:`tcaudit.script.trained_models.TrainedModelFacts.construction_paths`)."""
+
+    optimizer_visible: bool  # a torch.optim optimizer receives some model's parameters
+    paths: list[tuple[cst.Call, tuple[cst.Call, ...]]]  # (construction, calls of local functions it is returned by)
+
+    @functools.cached_property
+    def calls(self) -> set[int]:
+        """Every call a trained model's value comes from: its constructions and the factory calls."""
+        return {id(call) for construction, through in self.paths for call in (construction, *through)}
+
+    @functools.cached_property
+    def direct(self) -> set[int]:
+        """The constructions a trained model is assigned from where it is trained, not through a
+        function of the script (whose call is the construction then: :attr:`factories`)."""
+        return {id(construction) for construction, through in self.paths if not through}
+
+    @functools.cached_property
+    def factories(self) -> set[int]:
+        """Calls of this file's functions that return a trained model: the innermost of each chain."""
+        return {id(through[-1]) for _, through in self.paths if through}
+
+
+def trained_models(index: ScriptIndex) -> TrainedModels:
+    """The models the script trains; the script facts read from this index's own tree, so that their
+    nodes are the index's."""
+    cached = index._trained
+    if cached is None:
+        source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "replace"), index.text,
+                            "utf-8").with_module(index.module)
+        models = TrainedModelFacts(ScriptFacts(source))
+        paths = []
+        for name in models.optimized_model_names:
+            for binding in models.facts.bindings_of(name):
+                if _in_class_body(index, binding.value):
+                    continue  # a config class's field of that name (``model: ModelConfig = field(...)``)
+                paths.extend(models.construction_paths(binding.value))
+        cached = index._trained = TrainedModels(bool(models.optimized_model_names), paths)
+    return cached
+
+
+def _in_class_body(index: ScriptIndex, node: cst.CSTNode) -> bool:
+    for parent in index.ancestors(node):
+        if isinstance(parent, (cst.FunctionDef, cst.Lambda)):
+            return False
+        if isinstance(parent, cst.ClassDef):
+            return True
+    return False
 
 
 # -- candidates ---------------------------------------------------------------------------------
@@ -589,6 +747,7 @@ class Candidate:
     label: str  # what to call it in messages: "GPT(gptconf)"
     target_name: str | None  # the variable it is assigned to, if any
     casts: list[str] = field(default_factory=list)  # dtype casts applied to it: ".half()", ".to(torch.bfloat16)"
+    refused: str | None = None  # why the audit does not run it (a function that trains, one no optimizer's)
 
 
 _DTYPE_METHODS = {"half", "bfloat16", "double", "float"}
@@ -782,10 +941,11 @@ _NOT_MODELS = re.compile(r"(Config|Tokenizer|Processor|Dataset|DataLoader|Loader
                          r"Scaler|Parallel|Writer|Logger|Accelerator|Namespace|Parser)$")
 
 
-def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> str | None:
+def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str, trained: bool) -> str | None:
     """A model variable filled some other way: ``X.from_pretrained(...)`` or ``torch.load(...)`` (both
-    reported as not buildable offline), or a class or a ``build_model``-like factory from a third-party
-    package (``Mamba(...)``, ``build_model(cfg)``)."""
+    reported as not buildable offline), a class from a third-party package (``Mamba(...)``), or a
+    function of one ("external_function": ``build_model(cfg)``, or any function an optimizer's model
+    comes from)."""
     last = qualified.rsplit(".", 1)[-1]
     if last == "from_pretrained":
         # transformers' classes build from a config (a local one, or the architecture the name says)
@@ -797,8 +957,8 @@ def _other_model_source(index: ScriptIndex, call: cst.Call, qualified: str) -> s
     if head in index.imports and root not in {"torch", "torchvision", "numpy", "builtins"}:
         if last[:1].isupper() and not _NOT_MODELS.search(last):
             return "external"
-        if FACTORY_FUNCTION.match(last):
-            return "external"  # ``build_model(cfg)`` from a package: built if it imports, else TC100 says why
+        if FACTORY_FUNCTION.match(last) or trained:
+            return "external_function"  # built if it imports, else TC100 says why
     return None
 
 
@@ -812,12 +972,37 @@ def _local_functions_with_candidates(index: ScriptIndex, calls: list[cst.Call]) 
 
 
 def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
+    """The model constructions the script's own run reaches, the models its optimizers train first.
+
+    Constructors of nn.Module classes (the file's, the user's modules', a package's), torchvision and
+    timm builders and registry lookups are built as they are. A function of the script or of the
+    user's modules is called only where an optimizer trains the model it returns and its body neither
+    trains, evaluates nor writes files (:func:`function_effect`); otherwise the model is reported as
+    not built, with the reason. A name that looks like a model's (``model``, ``net``) only ranks the
+    constructions and picks which torch layer is the model: it never makes a function call one."""
+    trained = trained_models(index)
     direct: list[tuple[cst.Call, str]] = []
+    refused: dict[int, str] = {}  # constructions found but not to be run, with the reason
+
+    def judge(call: cst.Call, functions: list[cst.FunctionDef] | None) -> bool:
+        """Whether a call of the user's functions is a construction (a refusal is one, not built)."""
+        verdict = _factory_verdict(index, call, functions, trained)
+        if verdict is None:
+            return False
+        if verdict:
+            refused[id(call)] = verdict
+        return True
+
     for call in index.calls:
         if _inside_model_code(index, call) or any(isinstance(p, cst.Lambda) for p in index.ancestors(call)):
             continue  # a lambda's body runs when a registry lookup calls it: that lookup is the construction
+        if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call):
+            continue  # a method of what a call returns (``Net(...).to(device)``): that call is the construction
         name = dotted(call.func)
         qualified = index.resolve(name) or ""
+        target = _assigned_name(index, call) or ""
+        # the optimizer trains what this call returns (not a call that receives the model: ``wrap(model)``)
+        is_trained = id(call) in trained.direct and not _passes_name(call, target)
         kind = None
         if name and name in index.classes and index.is_module_class(name):
             kind = "class"
@@ -825,36 +1010,47 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
             kind = "torchvision"
         elif qualified.rsplit(".", 1)[-1] == "create_model":
             kind = "create_model"
-        elif qualified in {"torch.nn.Sequential"} and MODEL_NAME.match(_assigned_name(index, call) or ""):
-            kind = "sequential"
-        elif qualified in BUILTIN_LAYERS and MODEL_NAME.match(_assigned_name(index, call) or ""):
-            kind = "sequential"  # a lone layer trained as the model (``model = nn.Linear(4, 2).cuda()``)
+        elif qualified in BUILTIN_LAYERS | {"torch.nn.Sequential"} and (MODEL_NAME.match(target) or is_trained):
+            kind = "sequential"  # or a lone layer trained as the model (``model = nn.Linear(4, 2).cuda()``)
         elif name and index.is_local_import(name):
             symbol = local_symbol_kind(index, name)
-            target = _assigned_name(index, call) or ""
-            if symbol == "module" or (symbol in {"function", None} and MODEL_NAME.match(target)):
+            if symbol == "module":
                 kind = "imported"
+            elif symbol in {"function", None} and (MODEL_NAME.match(target) or is_trained):
+                function = local_function_node(index, name)
+                kind = "imported" if judge(call, [function] if function is not None else None) else None
         elif _module_classmethod(index, call):
             kind = "class"  # Net.from_config(cfg): an alternate constructor of a local model class
+            effect = function_effect(index, _classmethod_node(index, call))
+            if effect is not None:
+                refused[id(call)] = f"{name}() {effect}, so the audit does not call it"
         elif _registry_lookup(index, call):
             kind = "factory"  # MODELS[args.model](...), ARCHS[name]()
-        elif MODEL_NAME.match(_assigned_name(index, call) or ""):
-            kind = _other_model_source(index, call, qualified)
+            effect = _registry_effect(index, call)
+            if effect is not None:
+                refused[id(call)] = f"an entry of the registry {effect}, so the audit does not call it"
+        elif MODEL_NAME.match(target) or is_trained:
+            kind = _other_model_source(index, call, qualified, is_trained)
+            if kind == "external_function":  # a package's function: not the user's code, but a call all the same
+                kind = None if trained.optimizer_visible and not is_trained else "external"
+                if not trained.optimizer_visible:
+                    refused[id(call)] = _untrained(name or "the function")
         if kind is not None:
             direct.append((call, kind))
-    # A local factory (get_network(args)) whose body builds nothing recognisable: call it.
+    # A function of the script whose body builds nothing recognisable (get_network(args) returning
+    # zoo[args.net]()): called where the trained model is what it returns, and its body only builds.
     owners = _local_functions_with_candidates(index, [call for call, _ in direct])
     for call in index.calls:
         name = dotted(call.func)
+        if not name or "." in name or name in owners or name in index.classes or _inside_model_code(index, call):
+            continue
+        functions = [info.node for info in index.functions.get(name, []) if info.owner is None]
+        if not functions:
+            continue
         target = _assigned_name(index, call) or ""
-        if (
-            name
-            and name in index.functions
-            and name not in owners
-            and (FACTORY_FUNCTION.match(name) or not _passes_name(call, target))
-            and not _inside_model_code(index, call)
-            and MODEL_NAME.match(target)
-        ):
+        named_like_one = MODEL_NAME.match(target) and (FACTORY_FUNCTION.match(name) or not _passes_name(call, target))
+        candidate = id(call) in trained.factories or (named_like_one and id(call) not in trained.calls)
+        if candidate and judge(call, functions):
             direct.append((call, "factory"))
     # Drop constructions nested inside another construction's arguments (nn.Sequential(Net(), Head())).
     chosen = []
@@ -874,12 +1070,58 @@ def find_candidates(index: ScriptIndex, limit: int = 4) -> list[Candidate]:
         seen_labels.add(key)
         target_name = _assigned_name(index, call)
         casts = _dtype_casts(index, call) + _later_casts(index, call, target_name)
-        candidates.append(Candidate(call, kind, label, target_name, casts))
+        candidates.append(Candidate(call, kind, label, target_name, casts, refused.get(id(call))))
     # Only what the file's own run builds: constructions in functions nothing calls (a registry's
     # alternatives, a model zoo's entries, a library's factories) are not what the script trains.
     candidates = [c for c in candidates if reachable(index, c.call)]
-    candidates.sort(key=lambda c: (not MODEL_NAME.match(c.target_name or ""), index.position(c.call).start.line))
+    candidates.sort(key=lambda c: (id(c.call) not in trained.calls, not MODEL_NAME.match(c.target_name or ""),
+                                   index.position(c.call).start.line))
     return candidates[:limit]
+
+
+def _factory_verdict(index: ScriptIndex, call: cst.Call, functions: list[cst.FunctionDef] | None,
+                     trained: TrainedModels) -> str | None:
+    """Whether a call of the user's function (``functions``: its definitions; None where they cannot be
+    read) is a model construction: None when it is not (an optimizer trains something else, or no
+    optimizer is visible and the function trains, evaluates or writes); "" to call it (an optimizer
+    trains what it returns, and it only builds); else why it is a construction the audit does not call."""
+    name = dotted(call.func) or "the function"
+    effect = next(filter(None, (function_effect(index, fn) for fn in functions or [])), None)
+    if id(call) in trained.direct or id(call) in trained.factories:
+        if functions is None:
+            return (f"{name}() returns the model the optimizer trains, but the audit cannot read what {name}() "
+                    f"does, so it does not call it")
+        if effect is not None:
+            return f"{name}() returns the model the optimizer trains, but it {effect}, so the audit does not call it"
+        return ""
+    if trained.optimizer_visible or effect is not None:
+        return None
+    return _untrained(name)
+
+
+def _untrained(name: str) -> str:
+    return (f"no optimizer in this file trains what {name}() returns, and the audit calls a function only "
+            f"to build a model an optimizer trains")
+
+
+def _classmethod_node(index: ScriptIndex, call: cst.Call) -> cst.FunctionDef:
+    """The classmethod ``Net.from_config`` of a call that :func:`_module_classmethod` accepted."""
+    func = call.func
+    assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+    info = index.classes[func.value.value]
+    return next(s for s in info.node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value)
+
+
+def _registry_effect(index: ScriptIndex, call: cst.Call) -> str | None:
+    """What a registry lookup's function entries (this file's) do beyond building (:func:`function_effect`)."""
+    registry = _module_dict(index, call.func.value.value)  # type: ignore[attr-defined] - _registry_lookup's shape
+    for element in registry.elements if registry is not None else []:
+        name = dotted(getattr(element, "value", None))
+        for info in index.functions.get(name or "", []):
+            effect = function_effect(index, info.node) if info.owner is None else None
+            if effect is not None:
+                return f"{name}() {effect}"
+    return None
 
 
 def reachable(index: ScriptIndex, node: cst.CSTNode, depth: int = 0, seen: frozenset = frozenset()) -> bool:

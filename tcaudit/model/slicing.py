@@ -24,7 +24,8 @@ from typing import Sequence
 
 import libcst as cst
 
-from tcaudit.model.discovery import Candidate, ScriptIndex, dotted
+from tcaudit.model.build import MODEL_VAR, MODULE_METHOD
+from tcaudit.model.discovery import Candidate, ScriptIndex, dotted, function_effect
 from tcaudit.source.syntax import is_main_guard, param_names
 
 MUTATING_METHODS = {
@@ -261,10 +262,20 @@ class Slicer:
         self.skipped: list[str] = []
         self.imports: set[str] = set()
         self.counter = 0
+        self._effects: dict[str, str | None] = {}
 
     # denylist
+    def effect_of(self, name: str) -> str | None:
+        """What a function of the script that a statement calls does beyond building
+        (:func:`~tcaudit.model.discovery.function_effect`): such a statement is left out of the slice."""
+        if name not in self._effects:
+            infos = [i for i in self.index.functions.get(name, []) if i.owner is None] if "." not in name else []
+            self._effects[name] = next(filter(None, (function_effect(self.index, i.node) for i in infos)), None)
+        return self._effects[name]
+
     def denied(self, node: cst.CSTNode) -> str | None:
         index = self.index
+        slicer = self
         reason: str | None = None
 
         class Finder(cst.CSTVisitor):
@@ -290,6 +301,10 @@ class Slicer:
                     text = mode.evaluated_value if isinstance(mode, cst.SimpleString) else ""
                     if isinstance(text, str) and any(ch in text for ch in "wax+"):
                         reason = "writes a file (`open(..., 'w')`)"
+                        return
+                effect = slicer.effect_of(name)
+                if effect is not None:
+                    reason = f"calls {name}(), which {effect}"
 
         node.visit(Finder())
         return reason
@@ -566,9 +581,9 @@ class Slicer:
         needed = self.with_dynamic_lookups(used_names(call))
         cast_items = []
         for cast in candidate.casts:
-            cast_items.append({"t": "synthetic", "code": f"__tcaudit_model__ = __tcaudit_model__{cast}",
-                               "line": index.line_of(call)})
-            needed |= used_names(cst.parse_expression(f"__tcaudit_model__{cast}")) - {"__tcaudit_model__"}
+            code = module_method_cast(cast)
+            cast_items.append({"t": "synthetic", "code": f"{MODEL_VAR} = {code}", "line": index.line_of(call)})
+            needed |= used_names(cst.parse_expression(code)) - {MODEL_VAR, MODULE_METHOD}
 
         scopes: list[list[dict]] = []  # innermost first
         global_needs: set[str] = set()
@@ -634,6 +649,18 @@ class Slicer:
         (line, column), (end_line, end_column) = index.span(call)
         construction = {"line": line, "column": column + 1, "end_line": end_line, "end_column": end_column + 1}
         return Plan(program, construction, list(self.skipped), set(self.imports))
+
+
+def module_method_cast(cast: str) -> str:
+    """A cast the script applies to the model (``.to(torch.bfloat16)``) as a call of nn.Module's own
+    method (``__tcaudit_module_method__(__tcaudit_model__, "to", torch.bfloat16)``): the slice never
+    calls a method the user's class may have overridden."""
+    call = cst.parse_expression(f"{MODEL_VAR}{cast}")
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+        raise SliceError(f"the model's cast `{cast}` is not a method call")
+    module = cst.Module([])
+    args = [f'"{call.func.attr.value}"', *(module.code_for_node(arg).strip().rstrip(",") for arg in call.args)]
+    return f"{MODULE_METHOD}({MODEL_VAR}, {', '.join(args)})"
 
 
 def _uncovered_params(function: cst.FunctionDef, call: cst.Call, wanted: set[str], self_passed: bool) -> list[str]:

@@ -137,6 +137,14 @@ class TrainedModelFacts(TrainingCodeFacts):
         """The calls that build what ``expr`` holds, through assignments, method chains
         (``.cuda()``, ``.to(...)``), wrappers (DataParallel, DDP, ``torch.compile``) and the
         ``return`` of factory functions of this file."""
+        for call, _ in self.construction_paths(expr, depth, seen):
+            yield call
+
+    def construction_paths(self, expr: cst.BaseExpression, depth: int = 0, seen: set[int] | None = None,
+                           through: tuple[cst.Call, ...] = ()) -> Iterator[tuple[cst.Call, tuple[cst.Call, ...]]]:
+        """:meth:`constructions`, each with the calls of this file's functions whose ``return`` it came
+        out of, outermost first (``model = get_model(args)`` → ``(Net(args.width), (get_model(args),))``):
+        the model audit calls such a function only where the trained model is its return value."""
         if depth > 6:
             return
         seen = set() if seen is None else seen
@@ -147,20 +155,20 @@ class TrainedModelFacts(TrainingCodeFacts):
             seen.add(id(value))
             func = value.func
             if isinstance(func, cst.Attribute) and func.attr.value in MODEL_CHAIN:
-                yield from self.constructions(func.value, depth + 1, seen)
+                yield from self.construction_paths(func.value, depth + 1, seen, through)
                 continue
             qual = facts.qualname(func) or ""
             if qual in MODEL_WRAPPERS or qual.endswith(("DistributedDataParallel", "DataParallel")):
                 if value.args:
-                    yield from self.constructions(value.args[0].value, depth + 1, seen)
+                    yield from self.construction_paths(value.args[0].value, depth + 1, seen, through)
                 continue
             dotted = get_full_name_for_node(func)
             if not qual and dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in self.class_names:
                 for fn in facts.functions_by_name[dotted]:
                     for returned in function_returns(fn):
-                        yield from self.constructions(returned, depth + 1, seen)
+                        yield from self.construction_paths(returned, depth + 1, seen, (*through, value))
                 continue
-            yield value
+            yield value, through
 
     @functools.cached_property
     def trained_models(self) -> list[ModelSite]:

@@ -42,4 +42,5 @@ def build_model(name, **kwargs):
 
 
 model = build_model("resmlp", classes=10).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 batch_size = 256

@@ -22,4 +22,5 @@ def make(name):
 
 
 model = make(MODEL_NAME).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(64, 3, 32, 32).cuda()

@@ -38,3 +38,4 @@ def create_model(name, pretrained=False, **kwargs):
 
 model = create_model("mixer_s16", pretrained=True, classes=100)
 model.cuda()
+optimizer = torch.optim.AdamW(model.parameters())

@@ -63,6 +63,20 @@ class ModelNotAudited(ModelRule):
                 explanation=f"{facts.reason}.",
             )
             return
+        if facts.status == "error":
+            # a bug in tcaudit about this model (the audit child, a model rule): this model goes
+            # unaudited, the scan goes on (issue 46: it used to end the scan with exit 2)
+            reason = one_line(facts.reason)
+            yield self.finding(
+                context,
+                context.target_site(),
+                message=(f"could not audit `{label}`: {_flat(facts.reason)}" if verbose
+                         else fitted(f"could not audit `{label}`: ", reason)),
+                details={"reason": facts.reason, "stage": "internal"},
+                explanation=(f"The audit hit an internal error on this model ({reason}); this is a bug in "
+                             f"tcaudit (details.reason has the traceback). The other models were audited."),
+            )
+            return
         if facts.status == "failed":
             reason = one_line(facts.reason) + self._skipped_hint(facts)
             help_text = "" if "[[tool.tcaudit.models]]" in reason else f"; {FACTORY_HELP}"

@@ -6,4 +6,5 @@ from tinyvit.settings import DEFAULTS
 
 device = torch.device(DEFAULTS["device"])
 model = build(DEFAULTS["variant"]).to(device)
+optimizer = torch.optim.AdamW(model.parameters())
 images = torch.randn(DEFAULTS["batch_size"], 3, 224, 224, device=device)

@@ -15,6 +15,7 @@ def main():
     args = parser.parse_args()
     model = setup_model(args)
     model.to(torch.device("cuda"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
 if __name__ == "__main__":
