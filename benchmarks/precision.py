@@ -14,6 +14,14 @@ verdict whose finding is gone is listed as stale.
 
     python benchmarks/precision.py --out benchmarks/results/precision.json
 
+``--projects`` judges the multi-file projects of ``fixtures/projects/`` instead (issue 46: helpers in
+sibling modules and packages, loader factories, a trainer class, notebooks, argparse and config
+defaults), each scanned as a folder from inside it, as a user would, against
+``benchmarks/precision/projects.toml``; it also lists the problems each project plants that the scan
+missed (``misses``: the ``entry_findings`` and ``folder_findings`` of the project's ``expect.toml``).
+
+    python benchmarks/precision.py --projects --out benchmarks/results/precision_projects.json
+
 Needs torch for the model audit (about ten minutes on a 2-core CPU; ``--no-exec`` skips the audit and
 judges the script rules only).
 """
@@ -30,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERDICTS = ROOT / "benchmarks" / "precision" / "verdicts.toml"
+PROJECT_VERDICTS = ROOT / "benchmarks" / "precision" / "projects.toml"
+PROJECTS = ROOT / "fixtures" / "projects"
 
 
 def corpus() -> list[Path]:
@@ -39,24 +49,52 @@ def corpus() -> list[Path]:
     return files
 
 
-def scan(files: list[Path], no_exec: bool) -> list[dict]:
+def scan(files: list[Path], no_exec: bool, cwd: Path = ROOT) -> list[dict]:
     command = [sys.executable, "-m", "tcaudit", "scan", "--format", "json", "--gpu", "sm_90", "--no-cache",
                "--isolated", "--model-budget", "3600", *(["--no-exec"] if no_exec else []), *map(str, files)]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"scan failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout)["findings"]
+    findings = json.loads(proc.stdout)["findings"]
+    for finding in findings:
+        finding["path"] = str(cwd / finding["path"])
+    return findings
+
+
+def projects() -> list[Path]:
+    return sorted(p for p in PROJECTS.iterdir() if (p / "expect.toml").is_file())
+
+
+def project_misses(findings: list[dict]) -> list[str]:
+    """The planted problems (``expect.toml``'s expected findings) that the folder scans did not report."""
+    found = {(Path(f["path"]).resolve().relative_to(ROOT).as_posix(), f["rule"], f["line"]) for f in findings}
+    misses = []
+    for project in projects():
+        spec = tomllib.loads((project / "expect.toml").read_text(encoding="utf-8"))
+        for rule, path, line, *_ in spec["folder_findings"]:
+            key = ((project / path).relative_to(ROOT).as_posix(), rule, line)
+            if key not in found:
+                misses.append(f"{key[0]}:{line} {rule}")
+    return misses
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-exec", action="store_true", help="skip the model audit")
+    parser.add_argument("--projects", action="store_true", help="judge fixtures/projects/ (each scanned as a folder)")
     args = parser.parse_args()
+    source = PROJECT_VERDICTS if args.projects else VERDICTS
     verdicts = {
-        (v["file"], v["rule"], v["line"]): v for v in tomllib.loads(VERDICTS.read_text(encoding="utf-8"))["verdict"]
+        (v["file"], v["rule"], v["line"]): v for v in tomllib.loads(source.read_text(encoding="utf-8"))["verdict"]
     }
-    findings = [f for f in scan(corpus(), args.no_exec) if f["severity"] in ("warning", "error")]
+    if args.projects:
+        every = [f for project in projects() for f in scan([Path(".")], args.no_exec, cwd=project)]
+        files = sum(1 for project in projects() for p in project.rglob("*") if p.suffix in (".py", ".ipynb"))
+    else:
+        every = scan(corpus(), args.no_exec)
+        files = len(corpus())
+    findings = [f for f in every if f["severity"] in ("warning", "error")]
     judged: Counter[str] = Counter()
     per_rule: dict[str, Counter[str]] = {}
     unjudged, false = [], []
@@ -80,20 +118,24 @@ def main() -> int:
         "precision": round(precision, 4),
         "true": judged["true"],
         "false": judged["false"],
-        "files": len(corpus()),
+        "files": files,
+        **({"misses": project_misses(every), "projects": len(projects())} if args.projects else {}),
         "model_audit": not args.no_exec,
         "per_rule": {rule: dict(counts) for rule, counts in sorted(per_rule.items())},
         "false_findings": false,
         "unjudged": unjudged,
         "stale_verdicts": stale,
-        "command": "python benchmarks/precision.py" + (" --no-exec" if args.no_exec else ""),
+        "command": "python benchmarks/precision.py" + (" --projects" if args.projects else "")
+        + (" --no-exec" if args.no_exec else ""),
         "platform": "CPU (the scan needs no GPU; --gpu sm_90 picks the H200 cost table)",
     }
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
     print(f"precision {precision:.1%}: {judged['true']} true, {judged['false']} false of {total} judged warnings "
-          f"and errors in {len(corpus())} files")
+          f"and errors in {files} files")
+    for line in report.get("misses", ()):
+        print("  missed:", line)
     for line in false:
         print("  false:", line)
     for line in unjudged:
