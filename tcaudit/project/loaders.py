@@ -5,13 +5,17 @@ with the DataLoader's line as a related place; TC505's ``--ddp`` decline names t
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.symbols import Project, Symbol
+from tcaudit.project.imports import MAX_MODULE_BYTES, dependencies, is_project_file, project_root, stat_key
+from tcaudit.project.modules import load_module
+from tcaudit.project.symbols import Project, Symbol, project_of
 from tcaudit.project.values import Value, Values
 from tcaudit.script.distributed import in_test_code
 from tcaudit.script.expressions import assigned_targets, function_returns
@@ -110,29 +114,168 @@ def _received_as(call: CallSite, position: int) -> str | None:
     return None
 
 
-def dataset_built_there(loader: HelperLoader) -> bool:
-    """Whether the helper builds the dataset itself (not handed one by its caller, whose kind this
-    module cannot tell) and it is one that gains from workers and pinning."""
-    dataset = loader.site.call.arg("dataset", 0)
-    fn = loader.helper.function
-    if dataset is None or fn is None:
+def dataset_built_there(site: LoaderSite, pipeline: PipelineFacts) -> bool:
+    """Whether the DataLoader's own module builds its dataset (not handed one by its function's caller,
+    whose kind that module cannot tell) and it is one that gains from workers and pinning."""
+    dataset = site.call.arg("dataset", 0)
+    fn = site.call.ctx.function
+    if dataset is None:
         return False
     root = (get_full_name_for_node(dataset) or "").split(".")[0]
-    if root in param_names(fn):
+    if fn is not None and root in param_names(fn):
         return False
-    return loader.pipeline.dataset_kind(loader.site) == "other"
+    return pipeline.dataset_kind(site) == "other"
 
 
-def zero_workers(values: Values, loader: HelperLoader) -> Value | None:
-    """How the helper's DataLoader comes to have no worker processes: a Value (``how`` empty for no
-    ``num_workers`` or a written 0), None when it has workers or a value the user chooses."""
-    site = loader.site
+def by_site(uses: list[TrainingUse]) -> list[tuple[LoaderSite, list[TrainingUse]]]:
+    """The training uses grouped by DataLoader, in line order."""
+    groups: dict[int, tuple[LoaderSite, list[TrainingUse]]] = {}
+    for use in uses:
+        groups.setdefault(id(use.site.call.node), (use.site, []))[1].append(use)
+    return list(groups.values())
+
+
+def zero_workers(values: Values, facts: ScriptFacts, site: LoaderSite) -> Value | None:
+    """How a DataLoader (of ``facts``' module) comes to have no worker processes: a Value (``how`` empty
+    for no ``num_workers`` or a written 0), None when it has workers or a value the user chooses."""
     if not site.has("num_workers"):
         return Value(0) if site.complete else None
     found: list[Value] = []
     for expr in site.values("num_workers"):
-        held = values.of(loader.pipeline.facts, expr, site.call.ctx.function)
+        held = values.of(facts, expr, site.call.ctx.function)
         if not held or any(v.value != 0 or isinstance(v.value, bool) for v in held):
             return None
         found += held
     return next((v for v in found if v.how), found[0] if found else None)
+
+
+# -- the other direction: a helper module's DataLoaders that scripts of the project train with --------
+
+# How many files of the project are looked at for scripts that import a helper module.
+MAX_IMPORTERS_LOOKED_AT = 400
+_TRAINS_TEXT = ("backward(", ".step(")
+
+
+@dataclass(frozen=True)
+class TrainingUse:
+    """A script of the project that trains with a DataLoader this module's function builds."""
+
+    site: LoaderSite  # in the module asked about (its own facts' node)
+    script: ScriptFacts  # the script's facts
+    call: CallSite  # the script's call of the helper
+    helper: str  # the helper function's name
+    guarded: bool  # the script's training code runs under ``if __name__ == "__main__":``
+
+    @property
+    def where(self) -> str:
+        return f"{self.script.source.display_path}:{self.script.line_of(self.call.node)}"
+
+
+def training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:
+    """The DataLoaders built in ``facts``' module (which trains nothing itself) that scripts of the
+    project get from its functions and train with on CUDA (what :func:`loaders_built_elsewhere` finds
+    from each script), found by looking for the project's training scripts that import this module."""
+    found = _USES.get(facts)
+    if found is None:
+        found = _training_uses(facts, root)
+        _USES[facts] = found
+    return found
+
+
+_USES: "weakref.WeakKeyDictionary[ScriptFacts, list[TrainingUse]]" = weakref.WeakKeyDictionary()
+
+
+def _training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:
+    pipeline = pipeline_facts(facts)
+    if pipeline.trains or not any(site.call.ctx.function is not None for site in pipeline.loaders):
+        return []
+    try:
+        here = facts.source.path.resolve()
+    except (OSError, RuntimeError):
+        return []
+    # Matched by function and order, not line: the module asked about may be a fix's in-memory text.
+    by_key = {key: site for key, site in _keyed(facts, pipeline.loaders)}
+    out: list[TrainingUse] = []
+    for script_path in _importers(here, root):
+        module = load_module(script_path)
+        if module is None:
+            continue
+        script = module.facts
+        for loader in loaders_built_elsewhere(script, project_of(script, root)):
+            if loader.helper.module.path != here:
+                continue
+            theirs_keys = dict((id(site.call.node), key) for key, site in _keyed(loader.pipeline.facts, loader.pipeline.loaders))
+            site = by_key.get(theirs_keys.get(id(loader.site.call.node)))
+            if site is None:
+                continue
+            theirs = pipeline_facts(script)
+            guard = theirs.main_guard
+            ctx = loader.call.ctx
+            guarded = guard is not None and (ctx.function is not None or ctx.inside(guard))
+            out.append(TrainingUse(site, script, loader.call, loader.helper.name, guarded))
+    return out
+
+
+def _keyed(facts: ScriptFacts, sites: list[LoaderSite]) -> list[tuple[tuple[str, int], LoaderSite]]:
+    """Each DataLoader with (its function's dotted name, its place among that function's DataLoaders)."""
+    counts: dict[str, int] = {}
+    out = []
+    for site in sites:
+        scope = facts.scope_name(site.call.node)
+        counts[scope] = counts.get(scope, 0) + 1
+        out.append(((scope, counts[scope]), site))
+    return out
+
+
+def _importers(module: Path, root: Path | None) -> list[Path]:
+    """The project's Python files (beside ``module``'s package and under the project root, at most
+    :data:`MAX_IMPORTERS_LOOKED_AT`) that train and import ``module`` directly or through others."""
+    folders = {module.parent}
+    nearest = project_root(module)
+    for folder in (nearest, root):
+        if folder is not None:
+            folders.add(folder.resolve())
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for folder in sorted(folders):
+        for path, text in _training_files(folder):
+            if path in seen or path == module:
+                continue
+            seen.add(path)
+            if module in dependencies(path, text, root).files:
+                out.append(path)
+    return out
+
+
+_TEXTS: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
+
+
+def _training_files(folder: Path) -> list[tuple[Path, str]]:
+    """(path, text) of the Python files under ``folder`` whose text trains (a backward or an optimizer
+    step), at most :data:`MAX_IMPORTERS_LOOKED_AT` files looked at; each file read again only when it
+    changed."""
+    out: list[tuple[Path, str]] = []
+    looked = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if is_project_file(Path(d)) and not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            looked += 1
+            if looked > MAX_IMPORTERS_LOOKED_AT:
+                return out
+            path = Path(dirpath, name)
+            key = stat_key(path)
+            if key is None or key[1] > MAX_MODULE_BYTES:
+                continue
+            cached = _TEXTS.get(path)
+            if cached is None or cached[0] != key:
+                try:
+                    text = path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+                cached = (key, text if any(mark in text for mark in _TRAINS_TEXT) else None)
+                _TEXTS[path] = cached
+            if cached[1] is not None:
+                out.append((path.resolve(), cached[1]))
+    return out

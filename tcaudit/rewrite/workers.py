@@ -14,8 +14,10 @@ from tcaudit.script.pipeline import PipelineFacts
 WORKERS = "min(16, os.cpu_count() or 1)"
 
 
-def plan_workers(pipeline: PipelineFacts, site: LoaderSite) -> KeywordPlan:
-    """The edit that gives this DataLoader workers; DeclineFix when it cannot be made safely."""
+def plan_workers(pipeline: PipelineFacts, site: LoaderSite, unguarded_scripts: tuple[str, ...] | None = None) -> KeywordPlan:
+    """The edit that gives this DataLoader workers; DeclineFix when it cannot be made safely.
+    ``unguarded_scripts``: for a DataLoader of a helper module that scripts of the project train with,
+    those of the scripts without a ``__main__`` guard (the module itself needs none)."""
     facts = pipeline.facts
     decline_key_in_dict(site, "num_workers")
     if workers_repeat_generators(pipeline, site) is not None:
@@ -25,7 +27,12 @@ def plan_workers(pipeline: PipelineFacts, site: LoaderSite) -> KeywordPlan:
         )
     ctx = site.call.ctx
     guard = pipeline.main_guard
-    if guard is None or (ctx.function is None and not ctx.inside(guard)):
+    if unguarded_scripts:
+        raise DeclineFix(
+            f"{', '.join(unguarded_scripts)} train{'s' if len(unguarded_scripts) == 1 else ''} with this DataLoader "
+            "without an `if __name__ == \"__main__\":` guard: worker processes started with spawn would re-run it"
+        )
+    if unguarded_scripts is None and (guard is None or (ctx.function is None and not ctx.inside(guard))):
         raise DeclineFix(
             "the script has no `if __name__ == \"__main__\":` guard around its training code: worker "
             "processes started with spawn/forkserver (Windows, macOS, Linux from Python 3.14) would "

@@ -254,6 +254,7 @@ TRIGGER_TABLE = {
         "pipeline.tc401_dataloader_no_workers",
         (
             ('mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+            r"DataLoader\(",
         ),
         {},
     ),
@@ -261,6 +262,7 @@ TRIGGER_TABLE = {
         "pipeline.tc402_dataloader_no_pin_memory",
         (
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+            r"DataLoader\(",
         ),
         {},
     ),

@@ -16,8 +16,10 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.project.loaders import (
+    by_site,
     dataset_built_there,
     loaders_built_elsewhere,
+    training_uses,
     zero_workers,
 )
 from tcaudit.rewrite.codemod import FixContext
@@ -37,7 +39,8 @@ from tcaudit.source.triggers import all_of
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
     # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
-    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS),)
+    # Or a DataLoader built for a script of the project that trains with it.
+    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS), r"DataLoader\(")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -70,8 +73,8 @@ class DataLoaderNoWorkers(ScriptRule):
                 related=[self.line_place(value.where, f"where `num_workers` gets 0: {value.how}")] if value.where else (),
             )
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
-            zero = zero_workers(values, loader)
-            if zero is None or not dataset_built_there(loader):
+            zero = zero_workers(values, loader.pipeline.facts, loader.site)
+            if zero is None or not dataset_built_there(loader.site, loader.pipeline):
                 continue
             why = f": {zero.how}" if zero.how else " (num_workers=0)"
             yield self.finding(
@@ -81,12 +84,42 @@ class DataLoaderNoWorkers(ScriptRule):
                 explanation=explanation,
                 fix=Fix(
                     FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
-                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: "
-                    "`tcaudit fix` edits the file it fixes only; set `num_workers` there",
+                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: the "
+                    f"fix belongs there (`tcaudit fix {loader.pipeline.facts.source.display_path}` makes it where it is safe)",
                 ),
                 related=[self.place(loader.pipeline.facts, loader.site.call.node,
                                     f"training DataLoader (returned by `{loader.helper.name}`) loads every batch in the "
                                     f"main process{why}", mirror=True)],
+            )
+
+        yield from self._for_scripts(facts, context, pipeline, values, explanation)
+
+    def _for_scripts(self, facts: ScriptFacts, context: RuleContext, pipeline, values, explanation: str) -> Iterator[Finding]:
+        """This module trains nothing, but scripts of the project train on CUDA with a DataLoader one of
+        its functions builds (``utils.get_data``): reported and fixed here, where the DataLoader is."""
+        for site, uses in by_site(training_uses(facts, context.settings.root)):
+            zero = zero_workers(values, facts, site)
+            if zero is None or not dataset_built_there(site, pipeline):
+                continue
+            why = f": {zero.how}" if zero.how else " (num_workers=0)"
+            helper = uses[0].helper
+            unguarded = tuple(sorted({use.script.source.display_path for use in uses if not use.guarded}))
+            if zero.how:
+                fix = Fix(FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
+                          reason=f"the worker count is set where the value comes from ({zero.said}): "
+                          + ("pass the flag, or raise its default there, by hand" if zero.on_command_line
+                             else f"set it to `{WORKERS}` there, by hand"))
+            else:
+                fix = self.planned_fix(FixClass.NUMERICS, f"set num_workers={WORKERS}",
+                                       lambda site=site, unguarded=unguarded: plan_workers(pipeline, site, unguarded))
+            yield self.finding(
+                facts,
+                site.call.node,
+                f"training DataLoader (returned by `{helper}`) loads every batch in the main process{why}",
+                explanation=explanation,
+                fix=fix,
+                related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it")
+                         for use in uses[:8]],
             )
 
 

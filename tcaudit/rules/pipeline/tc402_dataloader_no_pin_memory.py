@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.project.loaders import loaders_built_elsewhere
+from tcaudit.project.loaders import by_site, loaders_built_elsewhere, training_uses
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -26,13 +26,12 @@ from tcaudit.source.triggers import all_of
 class DataLoaderNoPinMemory(ScriptRule):
     id = "TC402"
     # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
-    triggers = (all_of(CUDA_EVIDENCE, TRAINS),)
+    # Or a DataLoader built for a script of the project that trains with it on CUDA.
+    triggers = (all_of(CUDA_EVIDENCE, TRAINS), r"DataLoader\(")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
-        if not pipeline.uses_cuda:
-            return
-        for site in pipeline.training_loaders:
+        for site in pipeline.training_loaders if pipeline.uses_cuda else ():
             if site.has("pin_memory"):
                 if not all(literal(v) is False for v in site.values("pin_memory")):
                     continue  # pinned on some path, or a flag the user controls
@@ -53,18 +52,10 @@ class DataLoaderNoPinMemory(ScriptRule):
                     lambda site=site: plan_loader_keyword(site, "pin_memory", "True"),
                 ),
             )
-
-
         values = context.values(facts)
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
             site = loader.site
-            if site.has("pin_memory"):
-                held = [values.of(loader.pipeline.facts, v, site.call.ctx.function) for v in site.values("pin_memory")]
-                if any(h is None or any(v.value is not False for v in h) for h in held):
-                    continue
-            elif not site.complete:
-                continue
-            if loader.pipeline.dataset_kind(site) == "device":
+            if not _pageable(values, loader.pipeline.facts, site) or loader.pipeline.dataset_kind(site) == "device":
                 continue
             yield self.finding(
                 facts,
@@ -74,13 +65,37 @@ class DataLoaderNoPinMemory(ScriptRule):
                 "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
                 fix=Fix(
                     FixClass.NUMERICS, "set pin_memory=True", available=False,
-                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: "
-                    "`tcaudit fix` edits the file it fixes only; set `pin_memory=True` there",
+                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: the "
+                    f"fix belongs there (`tcaudit fix {loader.pipeline.facts.source.display_path}` makes it where it is safe)",
                 ),
                 related=[self.place(loader.pipeline.facts, site.call.node,
                                     f"DataLoader (returned by `{loader.helper.name}`) feeds CUDA training from pageable "
                                     "memory: pass `pin_memory=True`", mirror=True)],
             )
+
+        for site, uses in by_site(training_uses(facts, context.settings.root)):
+            if not _pageable(values, facts, site) or pipeline.dataset_kind(site) == "device":
+                continue
+            yield self.finding(
+                facts,
+                site.call.node,
+                f"DataLoader (returned by `{uses[0].helper}`) feeds CUDA training from pageable memory: pass `pin_memory=True`",
+                explanation="Every host-to-device copy from pageable memory is staged through a bounce buffer "
+                "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
+                fix=self.planned_fix(
+                    FixClass.NUMERICS, "set pin_memory=True", lambda site=site: plan_loader_keyword(site, "pin_memory", "True"),
+                ),
+                related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it on CUDA")
+                         for use in uses[:8]],
+            )
+
+
+def _pageable(values, facts: ScriptFacts, site) -> bool:
+    """No ``pin_memory``, or one that is False wherever it is set."""
+    if not site.has("pin_memory"):
+        return site.complete
+    held = [values.of(facts, v, site.call.ctx.function) for v in site.values("pin_memory")]
+    return all(h is not None and all(v.value is False for v in h) for h in held)
 
 
 # -- the fix ------------------------------------------------------------------------------------
