@@ -11,9 +11,10 @@ project model stops there (a library's code is the library's business, and its s
 
 from __future__ import annotations
 
-import ast
+import functools
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,25 +121,41 @@ def _top_names(folder: Path) -> frozenset[str]:
     return frozen
 
 
-def imported_names(text: str) -> list[str]:
+# An import statement at the start of a line: ``from .pkg import a, b as c`` (names in parentheses may
+# span lines) or ``import x.y as z, w``.
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]*))", re.MULTILINE
+)
+
+
+@functools.lru_cache(maxsize=64)
+def imported_names(text: str) -> tuple[str, ...]:
     """Every module an ``import`` statement of ``text`` names, with its leading dots for a relative
-    import, and ``pkg.name`` for ``from pkg import name`` (which may be a submodule). Python's own
-    parser: cheap, and enough to list dependencies."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
+    import, and ``pkg.name`` for ``from pkg import name`` (which may be a submodule). Read from the
+    text line by line, not parsed: a warm scan asks this of every file, and an import-looking line in
+    a string only adds a name that resolves to nothing (or one more dependency to key the cache by)."""
     out: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = "." * node.level + (node.module or "")
-            out.append(base)
-            for alias in node.names:
-                if alias.name != "*":
-                    out.append(f"{base}.{alias.name}" if base and not base.endswith(".") else f"{base}{alias.name}")
-    return out
+    for match in _IMPORT.finditer(text):
+        base, names, plain = match.groups()
+        if plain is not None:
+            for part in plain.split(","):
+                name = part.split(" as ")[0].strip()
+                if _DOTTED.fullmatch(name):
+                    out.append(name)
+            continue
+        if not base or (names or "").strip().startswith("*"):
+            if base:
+                out.append(base)
+            continue
+        out.append(base)
+        for part in (names or "").strip("() \t\\").replace("\n", " ").split(","):
+            name = part.split(" as ")[0].strip().strip("()")
+            if _DOTTED.fullmatch(name) and "." not in name:
+                out.append(f"{base}.{name}" if not base.endswith(".") else f"{base}{name}")
+    return tuple(out)
+
+
+_DOTTED = re.compile(r"[A-Za-z_][\w.]*")
 
 
 @dataclass
@@ -154,7 +171,7 @@ class Dependencies:
 class _Imports:
     key: tuple[int, int, int]
     digest: str
-    names: list[str]
+    names: tuple[str, ...]
 
 
 _IMPORTS: dict[Path, _Imports] = {}
@@ -202,7 +219,7 @@ def dependencies(entry: Path, text: str, root: Path | None) -> Dependencies:
     except (OSError, RuntimeError):
         start = entry
     seen: set[Path] = {start}
-    todo: list[tuple[Path, list[str]]] = [(start, imported_names(text))]
+    todo: list[tuple[Path, tuple[str, ...]]] = [(start, imported_names(text))]
     found: list[tuple[Path, str]] = []
     while todo and len(found) < MAX_MODULES:
         importer, names = todo.pop()

@@ -230,10 +230,12 @@ def _keyed(facts: ScriptFacts, sites: list[LoaderSite]) -> list[tuple[tuple[str,
 def _importers(module: Path, root: Path | None) -> list[Path]:
     """The project's Python files (beside ``module``'s package and under the project root, at most
     :data:`MAX_IMPORTERS_LOOKED_AT`) that train and import ``module`` directly or through others."""
+    if not is_project_file(module):
+        return []  # an installed package's module: its users are not the project's scripts
     folders = {module.parent}
     nearest = project_root(module)
     for folder in (nearest, root):
-        if folder is not None:
+        if folder is not None and module.is_relative_to(folder.resolve()):
             folders.add(folder.resolve())
     seen: set[Path] = set()
     out: list[Path] = []

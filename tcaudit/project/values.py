@@ -58,6 +58,7 @@ class Values:
         self.project = project
         self.assume = dict(assume or {})
         self._launch_text: str | None = None
+        self._option_sources: list[ScriptFacts] | None = None
 
     def of(self, facts: ScriptFacts, expr: cst.BaseExpression | None, fn: cst.FunctionDef | None = None,
            depth: int = 0) -> list[Value] | None:
@@ -257,13 +258,14 @@ class Values:
     def _option_modules(self, facts: ScriptFacts) -> list[ScriptFacts]:
         from tcaudit.project.imports import dependencies
 
-        out = [self.project.entry, facts]
-        entry = self.project.entry.source
-        for path in dependencies(entry.path, entry.text, self.project.root).files:
-            module = load_module(path)
-            if module is not None and "add_argument" in module.source.text:
-                out.append(module.facts)
-        return out
+        if self._option_sources is None:
+            entry = self.project.entry.source
+            self._option_sources = []
+            for path in dependencies(entry.path, entry.text, self.project.root).files:
+                module = load_module(path)
+                if module is not None and "add_argument" in module.source.text:
+                    self._option_sources.append(module.facts)
+        return [self.project.entry, facts, *self._option_sources]
 
     def _launch_passes(self, flags: list[str]) -> bool:
         """Whether a launch script beside the entry script (``*.sh``, a Makefile...) names it with one
