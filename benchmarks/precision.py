@@ -86,7 +86,7 @@ def main() -> int:
     args = parser.parse_args()
     source = PROJECT_VERDICTS if args.projects else VERDICTS
     verdicts = {
-        (v["file"], v["rule"], v["line"]): v for v in tomllib.loads(source.read_text(encoding="utf-8"))["verdict"]
+        (v["file"], v["rule"], v["line"]): v for v in tomllib.loads(source.read_text(encoding="utf-8")).get("verdict", [])
     }
     if args.projects:
         every = [f for project in projects() for f in scan([Path(".")], args.no_exec, cwd=project)]

@@ -1235,7 +1235,7 @@ class ConstantEvaluator:
         if isinstance(node, cst.Name):
             if node.value in self.constants:
                 return self.value(self.constants[node.value], depth + 1)
-            return None
+            return self.project_value(node)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
             owner, attr = node.value.value, node.attr.value
             if owner in self.args_names:
@@ -1247,8 +1247,44 @@ class ConstantEvaluator:
                         return int(text) if text and text.isdigit() else None
                     return value
                 return None
-            return self.field_value(owner, attr, depth)
+            found = self.field_value(owner, attr, depth)
+            return found if found is not None else self.project_value(node)
         return None
+
+    def project_value(self, node: cst.BaseExpression) -> int | None:
+        """The value the project model gives a name this file does not bind itself: a constant of
+        another module of the project, a dataclass default (``cfg = TrainConfig()`` from ``config.py``),
+        an earlier notebook cell's assignment. An int only where every value it may hold is that int."""
+        values = self._project_values()
+        if values is None:
+            return None
+        facts, evaluate = values
+        function = self.index.enclosing_function(node)
+        try:
+            found = evaluate.of(facts, node, function)
+        except Exception:  # noqa: BLE001 - a hint is optional; the audit assumes what it cannot tell
+            return None
+        held = {v.value for v in found or ()}
+        value = held.pop() if len(held) == 1 else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _project_values(self):
+        if not hasattr(self, "_values"):
+            self._values = None
+            try:
+                from tcaudit.project.symbols import project_of
+                from tcaudit.project.values import Values
+                from tcaudit.script.facts import ScriptFacts
+                from tcaudit.source.parsing import SourceFile
+
+                index = self.index
+                source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "surrogatepass"),
+                                    index.text, "utf-8").with_module(index.module)
+                facts = ScriptFacts(source)
+                self._values = (facts, Values(project_of(facts, None)))
+            except Exception:  # noqa: BLE001 - no project values: the hints stay the file's own
+                self._values = None
+        return self._values
 
     def field_value(self, owner: str, attr: str, depth: int) -> int | None:
         """``cfg.block_size`` where ``cfg = Config(...)`` at module level or Config is a dataclass."""
