@@ -329,7 +329,7 @@ def scan(
     if audit is not None:
         from tcaudit.model import audited_models
 
-        models_of = audited_models(audit.facts)
+        models_of = handed_in(audited_models(audit.facts), settings)
 
     def models_for(path: Path) -> "AuditedModels | None":
         return models_of.get(os.path.realpath(path)) if models_of else None
@@ -711,7 +711,35 @@ def audited_models_for(
         return {}
     from tcaudit.model import audited_models
 
-    return audited_models(audit.facts)
+    return handed_in(audited_models(audit.facts), settings)
+
+
+def handed_in(models_of: "dict[str, AuditedModels]", settings: Settings) -> "dict[str, AuditedModels]":
+    """``models_of`` (the audited models by the real path of the script that builds them) and, for each
+    project module those scripts import that builds no audited model itself, the profiles of the models
+    of every script that imports it (``AuditedModels.handed_in``): what a ``Trainer`` class in another
+    module trains, for the rules that discount advice a launch-bound model cannot use."""
+    if not models_of:
+        return models_of
+    from tcaudit.model_profile import AuditedModels
+    from tcaudit.project.imports import dependencies
+
+    given: dict[str, list] = {}
+    for script, models in models_of.items():
+        if models.handed_in:
+            continue
+        try:
+            text = Path(script).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for module in dependencies(Path(script), text, settings.root).files:
+            key = os.path.realpath(module)
+            if key not in models_of:
+                given.setdefault(key, []).extend(models.profiles)
+    out = dict(models_of)
+    for key, profiles in given.items():
+        out[key] = AuditedModels(tuple(profiles), handed_in=True)
+    return out
 
 
 def scripts_using_cuda(sources: list[SourceFile]) -> "Callable[[str], bool]":

@@ -67,6 +67,9 @@ class AuditedModels:
     """The audited models of one file, in discovery order."""
 
     profiles: tuple[ModelProfile, ...] = ()
+    # The profiles of the models scripts of the project build and hand to this file's code (a Trainer
+    # class in another module), not of models this file builds itself.
+    handed_in: bool = False
 
     def for_site(self, name: str, construction_code: str) -> ModelProfile | None:
         """The profile of the model a script rule sees as ``name`` built by ``construction_code``:
@@ -81,5 +84,5 @@ class AuditedModels:
 
     def digest(self) -> str:
         """Changes whenever what the rules may read changes (for the scan cache's key)."""
-        text = json.dumps([asdict(p) for p in self.profiles], sort_keys=True)
+        text = json.dumps([asdict(p) for p in self.profiles], sort_keys=True) + ("/handed-in" if self.handed_in else "")
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -313,3 +313,13 @@ def test_click_and_tyro_defaults_are_command_line_defaults(tmp_path, monkeypatch
     (tmp_path / "launch.sh").write_text("python train.py --workers 4\n")
     assert Values(project_of(facts, tmp_path)).of(facts, facts.bindings_of("a")[0].value,
                                                   facts.bindings_of("a")[0].ctx.function) is None
+
+
+def test_a_trainer_module_gets_the_launch_bound_verdict_of_the_model_scripts_hand_it():
+    """src/detector/engine.py trains what train.py builds (a 16-32-4 MLP at batch 8, which the audit
+    measures as launch-bound): its TF32 advice is info there too, as it is in train.py."""
+    code, out, err = run_cli("scan", ".", "--no-cache", "--isolated", "--gpu", "sm_90", "--format", "json",
+                             cwd=PROJECTS / "trainer_package")  # the TC1 rules on: the model audit runs
+    assert code in (0, 1), err
+    [finding] = [f for f in json.loads(out)["findings"] if f["path"] == "src/detector/engine.py" and f["rule"] == "TC301"]
+    assert finding["severity"] == "info" and "launch-bound" in finding["message"]

@@ -327,6 +327,12 @@ class TrainedModelFacts(TrainingCodeFacts):
     def audited_launch_bound(self, models: "AuditedModels | None") -> bool:
         """Every trained model the audit measured is launch-bound at the script's batch (and it measured
         at least one): precision, TF32 and memory-format advice cannot pay there."""
+        if models is not None and models.handed_in and not any(
+            isinstance(site.construction, cst.Call) for site in self.trained_models
+        ):
+            # A module that builds no model and trains what scripts hand it (a Trainer class): every
+            # model those scripts build was measured launch-bound.
+            return bool(models.profiles) and all(p.launch_bound for p in models.profiles)
         profiles = [self.profile_of(site, models) for site in self.trained_models]
         return bool(profiles) and all(p is not None and p.launch_bound for p in profiles)
 
