@@ -125,7 +125,7 @@ class Values:
     def _name(self, facts: ScriptFacts, expr: cst.BaseExpression, dotted: str, fn, depth: int) -> list[Value] | None:
         root, _, attr = dotted.partition(".")
         if fn is not None and root in param_names(fn) and root not in ("self", "cls"):
-            if attr and "." not in attr:
+            if attr and "." not in attr and _args_like(root):
                 return self._option(facts, attr)  # ``def get_data(args): ... args.workers``
             if not attr:
                 return self._click_option(facts, fn, root)  # ``@click.option("--workers", default=0)``
@@ -159,7 +159,7 @@ class Values:
             if holder and all(isinstance(b.value, cst.Call) and _PARSE_ARGS.search(get_full_name_for_node(b.value.func) or "")
                               for b in holder):
                 return self._option(facts, attr)
-            if not holder and root in _ARGS_NAMES:
+            if not holder and _args_like(root):
                 return self._option(facts, attr)
             field = self._field(facts, holder, attr, depth)
             if field is not None:
@@ -290,6 +290,11 @@ class Values:
                             continue
             self._launch_text = "\n".join(texts)
         return any(re.search(rf"(^|\s){re.escape(f)}(=|\s|$)", self._launch_text, re.MULTILINE) for f in flags if f.startswith("-"))
+
+
+def _args_like(name: str) -> bool:
+    """A name scripts give the parsed command line (``args``, ``opt``, ``cfg``, ``hparams``...)."""
+    return name in _ARGS_NAMES or name.lower().startswith(("arg", "opt", "cfg", "conf", "hparam", "flag"))
 
 
 def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
