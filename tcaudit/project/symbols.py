@@ -153,10 +153,26 @@ class Project:
             return found if found.kind in ("function", "method") else None
         receiver = call.receiver_name
         method = call.method
+        if receiver in ("self", "cls") and method is not None:
+            return self._own_method(facts, call, method)
         if receiver is None or method is None or "." in receiver:
             return None
         built = self.built_class(facts, receiver, call)
         return self.method(built, method) if built is not None else None
+
+    def _own_method(self, facts: ScriptFacts, call: CallSite, name: str) -> Symbol | None:
+        """``self.name(...)`` inside a method of a class of a project module (one this project model
+        parsed: its facts are the module's own), as that class's (or a project base class's) method."""
+        cls = call.ctx.class_def
+        if cls is None:
+            return None
+        try:
+            module = load_module(facts.source.path.resolve())
+        except (OSError, RuntimeError):
+            return None
+        if module is None or module.facts is not facts:
+            return None  # a scanned file's own methods: the rules follow those themselves
+        return self.method(Symbol(module, "class", cls.name.value, cls), name)
 
     def built_class(self, facts: ScriptFacts, name: str, at: CallSite | None = None) -> Symbol | None:
         """The project class every visible value of ``name`` is an instance of (``trainer =
