@@ -27,14 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 from tcaudit.config import KNOWN_KEYS, ConfigError, Settings, load_settings
-from tcaudit.findings import (
-    Finding,
-    FixClass,
-    Location,
-    Severity,
-    TextEdit,
-    parse_classes,
-)
+from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit, parse_classes
 
 if TYPE_CHECKING:
     from tcaudit.engine import ScanResult

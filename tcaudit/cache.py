@@ -43,16 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from tcaudit import __version__, runtime_facts
 from tcaudit.atomic import replace_atomically
-from tcaudit.findings import (
-    Finding,
-    Fix,
-    FixClass,
-    Location,
-    Related,
-    RenderedPlan,
-    Severity,
-    TextEdit,
-)
+from tcaudit.findings import Finding, Fix, FixClass, Location, Related, RenderedPlan, Severity, TextEdit
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings

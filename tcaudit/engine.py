@@ -25,14 +25,7 @@ from typing import TYPE_CHECKING
 from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
-from tcaudit.findings import (
-    Finding,
-    Fix,
-    Location,
-    Related,
-    Severity,
-    assign_fingerprints,
-)
+from tcaudit.findings import Finding, Fix, Location, Related, Severity, assign_fingerprints
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, display_path
 from tcaudit.source.parsing import (
@@ -590,13 +583,7 @@ def run_model_audit(
     within ``settings.model_budget``), then judged by the enabled model rules. ``script_uses_cuda(path)``
     says whether the script at that real path may run on CUDA (None: assume so); a model built by a
     CPU-only script gets its advice as info."""
-    from tcaudit.model import (
-        TORCH_MISSING_NOTE,
-        ModelAuditResult,
-        ModelsNotMeasured,
-        measure_models,
-        torch_available,
-    )
+    from tcaudit.model import TORCH_MISSING_NOTE, ModelAuditResult, ModelsNotMeasured, measure_models, torch_available
 
     result = ModelAuditResult()
     if not settings.exec_models:

@@ -10,13 +10,7 @@ from typing import TextIO
 
 from tcaudit import gpus
 from tcaudit.catalog import RuleSpec
-from tcaudit.costs import (
-    figures,
-    measured_entries,
-    published_note,
-    published_ratios,
-    rule_cost,
-)
+from tcaudit.costs import figures, measured_entries, published_note, published_ratios, rule_cost
 
 COST_HEADING = "## Measured cost"
 QUOTED = (

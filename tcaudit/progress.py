@@ -98,13 +98,7 @@ class _RichStage(Stage):
 
 class RichProgress(Progress):
     def __init__(self, console) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Display
 
         self.console = console

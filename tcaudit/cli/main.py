@@ -376,12 +376,7 @@ def render_statistics(result, out, fmt: str) -> None:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from tcaudit.baseline import (
-        BaselineError,
-        filter_baseline,
-        load_baseline,
-        write_baseline,
-    )
+    from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
     from tcaudit.catalog import load_catalog
     from tcaudit.config import load_settings
     from tcaudit.engine import default_jobs, scan

@@ -145,12 +145,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     import json as _json
 
     from tcaudit.model.cost import default_user_table
-    from tcaudit.verify.calibrate import (
-        CalibrateError,
-        build_table,
-        measure,
-        write_table,
-    )
+    from tcaudit.verify.calibrate import CalibrateError, build_table, measure, write_table
 
     if importlib.util.find_spec("torch") is None:
         print("tcaudit: error: calibrate needs torch and a CUDA GPU (pip install 'tcaudit[torch]')", file=sys.stderr)

@@ -34,15 +34,7 @@ import torch
 import torch.nn as nn
 
 from tcaudit.model.build import UserFiles, site_of_module
-from tcaudit.model.facts import (
-    DTYPE_BYTES,
-    CaptureInfo,
-    ModelFacts,
-    ModuleFact,
-    OpFact,
-    Site,
-    rnn_gate_gemms,
-)
+from tcaudit.model.facts import DTYPE_BYTES, CaptureInfo, ModelFacts, ModuleFact, OpFact, Site, rnn_gate_gemms
 
 GEMM_OPS = {"linear", "matmul", "__matmul__", "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "einsum"}
 CONV_OPS = {

@@ -94,13 +94,7 @@ def run_target(job: dict[str, Any]) -> dict[str, Any]:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        from tcaudit.model.build import (
-            BuildError,
-            NotSelected,
-            UserFiles,
-            build_from_factory,
-            build_from_plan,
-        )
+        from tcaudit.model.build import BuildError, NotSelected, UserFiles, build_from_factory, build_from_plan
         from tcaudit.model.capture import audit_model
     except Exception as exc:  # noqa: BLE001
         return ModelFacts.failed(target, f"importing torch in the audit process failed: {exc!r}", "error").to_json()

@@ -9,13 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from tcaudit.findings import DeclineFix
-from tcaudit.rewrite.codemod import (
-    StatementEditor,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-    unique_name,
-)
+from tcaudit.rewrite.codemod import StatementEditor, parse_expression, parse_statement, torch_import_name, unique_name
 from tcaudit.script.devices import device_expression
 from tcaudit.script.facts import ScriptFacts, TrainingStep, outermost_loop
 

@@ -40,22 +40,10 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
-from tcaudit.rewrite.edits import (
-    CallEditor,
-    add_stdlib_import,
-    add_torch_import,
-    contains,
-)
+from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import (
-    DEVICE_SWITCH,
-    Wrap,
-    distributed_facts,
-    in_test_code,
-    literal_value,
-    names_in,
-)
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (

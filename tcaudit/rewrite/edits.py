@@ -12,13 +12,7 @@ from typing import Iterable
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, FixPlan
-from tcaudit.rewrite.codemod import (
-    StatementEditor,
-    ensure_import,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import StatementEditor, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import import_block_end

@@ -23,16 +23,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.costs import cost_note
-from tcaudit.findings import (
-    DeclineFix,
-    Finding,
-    Fix,
-    FixClass,
-    FixPlan,
-    Location,
-    Related,
-    Severity,
-)
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Related, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.source.triggers import triggers_under
 
@@ -461,9 +452,7 @@ class ModelContext:
 
     def target_site(self) -> Site:
         """Where the model itself was constructed (or named, for a configured factory)."""
-        from tcaudit.model.facts import (
-            Site,  # the model package loads only where a model was audited
-        )
+        from tcaudit.model.facts import Site  # the model package loads only where a model was audited
 
         target = self.facts.target
         construction = target.get("construction") or {}

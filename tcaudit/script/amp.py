@@ -16,22 +16,9 @@ from tcaudit import gpus
 from tcaudit.script.callers import callers_of, reachable_functions
 from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
-from tcaudit.script.facts import (
-    AUTOCAST_QUALNAMES,
-    CallSite,
-    Frame,
-    ScriptFacts,
-    TrainingStep,
-    assigned_names,
-)
+from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import (
-    call_nodes,
-    keyword,
-    nodes_of,
-    param_names,
-    strip_comments,
-)
+from tcaudit.source.syntax import call_nodes, keyword, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels

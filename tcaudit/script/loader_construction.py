@@ -18,12 +18,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
-from tcaudit.script.expressions import (
-    assigned_name,
-    function_returns,
-    literal,
-    moves_to_device,
-)
+from tcaudit.script.expressions import assigned_name, function_returns, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.script.training_code import flag_frames

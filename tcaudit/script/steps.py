@@ -16,12 +16,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import (
-    distributed_facts,
-    has_modulo,
-    literal_value,
-    names_in,
-)
+from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value, names_in
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive
 

@@ -18,12 +18,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
 from tcaudit.script.distributed import innermost_loop
-from tcaudit.script.expressions import (
-    assigned_name,
-    flag_dest,
-    function_returns,
-    literal,
-)
+from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
 from tcaudit.script.training_code import TrainingCodeFacts

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+
 class CalibrateError(Exception):
     pass
 

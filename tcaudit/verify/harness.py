@@ -279,10 +279,7 @@ def count_graph_replays(recorder: Recorder, torch) -> None:
 
 
 def install(recorder: Recorder, torch) -> None:
-    from torch.nn.modules.module import (
-        register_module_forward_hook,
-        register_module_forward_pre_hook,
-    )
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_module_forward_pre_hook(recorder.forward_pre)

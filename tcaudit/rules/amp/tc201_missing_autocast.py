@@ -25,31 +25,10 @@ from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import (
-    DeclineFix,
-    Finding,
-    Fix,
-    FixClass,
-    FixPlan,
-    FollowsFix,
-    Severity,
-    Situation,
-    SituationKind,
-)
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.gpus import Target
-from tcaudit.rewrite.autocast import (
-    AutocastEditor,
-    DevicePlanner,
-    DeviceVariable,
-    GradScalerPlan,
-    plan_grad_scaler,
-)
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    ensure_import,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
+from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_statement, torch_import_name
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import (

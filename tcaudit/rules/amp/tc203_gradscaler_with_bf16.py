@@ -22,12 +22,7 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, UNKNOWN, amp_facts, dtypes_of
-from tcaudit.script.facts import (
-    AUTOCAST_QUALNAMES,
-    GRADSCALER_SUFFIXES,
-    CallSite,
-    ScriptFacts,
-)
+from tcaudit.script.facts import AUTOCAST_QUALNAMES, GRADSCALER_SUFFIXES, CallSite, ScriptFacts
 
 _SCALER_METHODS = frozenset({"scale", "step", "update", "unscale_"})
 

@@ -22,22 +22,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import (
-    DeclineFix,
-    Finding,
-    Fix,
-    FixClass,
-    FixPlan,
-    FollowsFix,
-    Situation,
-    SituationKind,
-)
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    parse_expression,
-    torch_import_name,
-    unique_name,
-)
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
+from tcaudit.rewrite.codemod import FixContext, parse_expression, torch_import_name, unique_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind

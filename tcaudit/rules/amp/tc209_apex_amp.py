@@ -22,13 +22,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    StatementEditor,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of
 from tcaudit.script.devices import device_expression

@@ -21,12 +21,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    StatementEditor,
-    parse_expression,
-    parse_statement,
-)
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import binding_conditions, condition_code, exclusive

@@ -22,11 +22,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Severity
 from tcaudit.rules.base import RuleContext, ScriptRule
-from tcaudit.script.accumulation import (
-    ACCUMULATION_NAME,
-    AccumulationLoop,
-    accumulation_loops,
-)
+from tcaudit.script.accumulation import ACCUMULATION_NAME, AccumulationLoop, accumulation_loops
 from tcaudit.script.distributed import in_test_code, names_in
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import attribute_chain, literal

@@ -37,13 +37,7 @@ from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.rules.compile.forward_breaks import (
-    branches,
-    host_read,
-    reads_tensor_value,
-    tensor_params,
-    under_flag,
-)
+from tcaudit.rules.compile.forward_breaks import branches, host_read, reads_tensor_value, tensor_params, under_flag
 from tcaudit.script.accumulation import accumulation_loops
 from tcaudit.script.distributed import is_dataparallel, is_ddp, is_fsdp
 from tcaudit.script.expressions import DEVICE_FACTORIES

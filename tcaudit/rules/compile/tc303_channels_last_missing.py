@@ -20,34 +20,17 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    ensure_import,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.advice import little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.aliasing import (
-    based_on,
-    chain_root,
-    in_place_write,
-    written_through,
-)
+from tcaudit.script.aliasing import based_on, chain_root, in_place_write, written_through
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.batch_loops import BatchLoop
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
-from tcaudit.script.model_classes import (
-    calls_within,
-    forward_outputs,
-    init_value,
-    model_classes,
-    takes_images,
-)
+from tcaudit.script.model_classes import calls_within, forward_outputs, init_value, model_classes, takes_images
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
 from tcaudit.source.syntax import keyword, strip_comments

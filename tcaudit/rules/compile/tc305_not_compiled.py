@@ -25,13 +25,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model_profile import SMALL_STEP_MS
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    StatementEditor,
-    ensure_import,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import contains
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
@@ -49,19 +43,9 @@ from tcaudit.script.distributed import (
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
-from tcaudit.script.model_classes import (
-    callee_class,
-    defines_no_forward,
-    recurrent_layer,
-    torch_forward,
-)
+from tcaudit.script.model_classes import callee_class, defines_no_forward, recurrent_layer, torch_forward
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.script.trained_models import (
-    ModelSite,
-    from_loop_or_comprehension,
-    is_prep,
-    strip_chain,
-)
+from tcaudit.script.trained_models import ModelSite, from_loop_or_comprehension, is_prep, strip_chain
 from tcaudit.source.syntax import call_nodes, parent_map
 from tcaudit.source.triggers import all_of
 

@@ -15,14 +15,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import (
-    DeclineFix,
-    Finding,
-    FixClass,
-    FixPlan,
-    Situation,
-    SituationKind,
-)
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule

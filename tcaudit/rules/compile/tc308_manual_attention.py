@@ -20,12 +20,7 @@ from typing import Iterator, Sequence
 import libcst as cst  # plain isinstance tests, not libcst.matchers: importing those costs ~0.25 s per worker
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    StatementEditor,
-    parse_expression,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.attention import causal_construction, negative_infinity
 from tcaudit.script.expressions import is_integer, unparen

@@ -19,12 +19,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.edits import (
-    AddKeyword,
-    KeywordPlan,
-    ReplaceArgument,
-    apply_keyword_edits,
-)
+from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.attention import mha_bindings
 from tcaudit.script.facts import CallSite, ScriptFacts

@@ -16,20 +16,9 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, ensure_import
-from tcaudit.rewrite.sampler import (
-    SAMPLER_IMPORT,
-    SamplerEditor,
-    SamplerEdits,
-    plan_sampler,
-)
+from tcaudit.rewrite.sampler import SAMPLER_IMPORT, SamplerEditor, SamplerEdits, plan_sampler
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import (
-    DistributedFacts,
-    code,
-    distributed_facts,
-    in_test_code,
-    is_dataloader,
-)
+from tcaudit.script.distributed import DistributedFacts, code, distributed_facts, in_test_code, is_dataloader
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
     SELF_SHARDING_LIBRARIES,

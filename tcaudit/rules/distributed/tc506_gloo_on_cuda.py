@@ -14,22 +14,10 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    ensure_import,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-)
+from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import imported_module
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import (
-    DEVICE_SWITCH,
-    DistributedFacts,
-    distributed_facts,
-    in_test_code,
-    literal_value,
-)
+from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.source.syntax import keyword
 

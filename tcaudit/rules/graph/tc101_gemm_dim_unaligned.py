@@ -24,12 +24,7 @@ from tcaudit.model.cost import CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rules.base import ModelContext, ModelRule, RuleContext
 from tcaudit.rules.graph.literals import PadWidthLiterals
-from tcaudit.rules.graph.model_reports import (
-    attention_core,
-    describe_modules,
-    group_by_site,
-    impact_text,
-)
+from tcaudit.rules.graph.model_reports import attention_core, describe_modules, group_by_site, impact_text
 from tcaudit.rules.graph.widths import Width, WidthLiteral, width_layers, width_named
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import ScriptFacts

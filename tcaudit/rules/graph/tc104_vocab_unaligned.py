@@ -73,19 +73,9 @@ from tcaudit.rules.graph.logits_reads import (
 from tcaudit.rules.graph.model_reports import impact_text
 from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.evidence import BACKWARD_CALL
-from tcaudit.script.expressions import (
-    CHECKPOINT_LOAD,
-    REPORTING_CALL,
-    flag_dest,
-    literal,
-)
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.model_classes import (
-    callee_class,
-    class_of,
-    classes_building,
-    holds_config,
-)
+from tcaudit.script.model_classes import callee_class, class_of, classes_building, holds_config
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of

@@ -10,11 +10,7 @@ from tcaudit.findings import Finding
 from tcaudit.model.cost import LARGE_BATCH, Cost, CostModel, alignment_elements, suggest
 from tcaudit.model.facts import ModelFacts, OpFact, rnn_gate_gemms, short_dtype
 from tcaudit.rules.base import ModelContext, ModelRule
-from tcaudit.rules.graph.model_reports import (
-    describe_modules,
-    group_by_site,
-    impact_text,
-)
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
 
 HALF = {"bfloat16", "float16"}
 # Measured on one NVIDIA H200, torch 2.11.0+cu130 (benchmarks/results/h200/small_layers.json, "rnn": one

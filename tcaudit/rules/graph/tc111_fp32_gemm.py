@@ -8,11 +8,7 @@ from typing import Iterator
 from tcaudit.findings import Finding
 from tcaudit.model.facts import ModelFacts, short_dtype
 from tcaudit.rules.base import ModelContext, ModelRule
-from tcaudit.rules.graph.model_reports import (
-    describe_modules,
-    group_by_site,
-    impact_text,
-)
+from tcaudit.rules.graph.model_reports import describe_modules, group_by_site, impact_text
 
 WIDE = {"float32", "float64"}
 

@@ -36,13 +36,7 @@ from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model.cost import suggest
 from tcaudit.rules.base import ScriptRule
-from tcaudit.script.expressions import (
-    CHECKPOINT_LOAD,
-    REPORTING_CALL,
-    flag_dest,
-    literal,
-    numeric_constant,
-)
+from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import keyword, nodes_of, parent_map
 

@@ -18,12 +18,7 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import CallEditor, replace_argument
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import (
-    DistributedFacts,
-    distributed_facts,
-    in_test_code,
-    literal_value,
-)
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts
 
 # Code that reads or updates .grad in place after zero_grad, expecting a tensor: with None gradients

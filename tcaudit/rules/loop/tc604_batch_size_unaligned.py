@@ -13,14 +13,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.rules.base import RuleContext, ScriptRule
-from tcaudit.script.distributed import (
-    EVAL_NAME,
-    DistributedFacts,
-    code,
-    distributed_facts,
-    in_test_code,
-    literal_value,
-)
+from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
 
 ALIGNMENT = 8

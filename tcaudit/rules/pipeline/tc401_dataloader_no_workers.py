@@ -15,21 +15,12 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
-from tcaudit.project.loaders import (
-    by_site,
-    dataset_built_there,
-    loaders_built_elsewhere,
-    training_uses,
-    zero_workers,
-)
+from tcaudit.project.loaders import by_site, dataset_built_there, loaders_built_elsewhere, training_uses, zero_workers
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.rules.pipeline.loader_workers import (
-    loaders_with_named_zero,
-    loaders_without_workers,
-)
+from tcaudit.rules.pipeline.loader_workers import loaders_with_named_zero, loaders_without_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts

@@ -37,12 +37,7 @@ from tcaudit.script.aliasing import receiver_root
 from tcaudit.script.evidence import CUDA_EVIDENCE
 from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.script.host_sync import (
-    SYNCHRONIZE,
-    WAIT_METHODS,
-    is_host_tensor,
-    names_host_device,
-)
+from tcaudit.script.host_sync import SYNCHRONIZE, WAIT_METHODS, is_host_tensor, names_host_device
 from tcaudit.source.syntax import keyword, target_names
 from tcaudit.source.triggers import all_of
 

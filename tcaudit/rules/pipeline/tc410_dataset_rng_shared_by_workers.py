@@ -24,13 +24,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import (
-    FixContext,
-    parse_expression,
-    parse_statement,
-    torch_import_name,
-    unique_name,
-)
+from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement, torch_import_name, unique_name
 from tcaudit.rewrite.edits import (
     CallEditor,
     KeywordPlan,
@@ -42,11 +36,7 @@ from tcaudit.rewrite.edits import (
     with_torch_name,
 )
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.dataset_rng import (
-    OwnGenerator,
-    SharedGenerators,
-    workers_repeat_generators,
-)
+from tcaudit.script.dataset_rng import OwnGenerator, SharedGenerators, workers_repeat_generators
 from tcaudit.script.evidence import TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
