@@ -18,6 +18,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tcaudit.source.errors import SourceError
+from tcaudit.source.parsing import read_file_bytes
+
 # Folders whose modules are never the project's: installed packages and virtual environments.
 _NOT_PROJECT = frozenset({"site-packages", "dist-packages", ".venv", "venv", ".tox", ".nox", "node_modules", "__pycache__"})
 # A project module larger than this is not followed (generated code, vendored data as Python).
@@ -177,6 +180,19 @@ class _Imports:
 _IMPORTS: dict[Path, _Imports] = {}
 
 
+def read_small(path: Path, limit: int = MAX_MODULE_BYTES) -> bytes | None:
+    """The bytes of a regular file of at most ``limit`` bytes (tcaudit's one safe read: never a FIFO,
+    socket or device), or None."""
+    key = stat_key(path)
+    if key is None or key[1] > limit:
+        return None
+    try:
+        raw = read_file_bytes(path)
+    except SourceError:
+        return None
+    return raw if len(raw) <= limit else None
+
+
 def stat_key(path: Path) -> tuple[int, int, int] | None:
     """(modification time, size, inode) of a file, None where it cannot be read: a file is read again
     only when this changes."""
@@ -193,17 +209,16 @@ def forget_imports() -> None:
 
 
 def _imports_of(path: Path) -> _Imports | None:
-    """A project file's imports and content digest, read with Python's own parser (no LibCST), again
-    only when the file changed: what the scan cache's key needs, cheaply."""
+    """A project file's imports and content digest, read from its text (no parser), again only when
+    the file changed: what the scan cache's key needs, cheaply."""
     key = stat_key(path)
     if key is None or key[1] > MAX_MODULE_BYTES:
         return None
     cached = _IMPORTS.get(path)
     if cached is not None and cached.key == key:
         return cached
-    try:
-        raw = path.read_bytes()
-    except OSError:
+    raw = read_small(path)
+    if raw is None:
         return None
     entry = _Imports(key, hashlib.sha256(raw).hexdigest(), imported_names(raw.decode("utf-8", "replace")))
     _IMPORTS[path] = entry

@@ -13,7 +13,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.imports import MAX_MODULE_BYTES, dependencies, is_project_file, project_root, stat_key
+from tcaudit.project.imports import dependencies, is_project_file, project_root, read_small, stat_key
 from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Project, Symbol, project_of
 from tcaudit.project.values import Value, Values
@@ -166,10 +166,6 @@ class TrainingUse:
     helper: str  # the helper function's name
     guarded: bool  # the script's training code runs under ``if __name__ == "__main__":``
 
-    @property
-    def where(self) -> str:
-        return f"{self.script.source.display_path}:{self.script.line_of(self.call.node)}"
-
 
 def training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:
     """The DataLoaders built in ``facts``' module (which trains nothing itself) that scripts of the
@@ -252,14 +248,22 @@ def _importers(module: Path, root: Path | None) -> list[Path]:
 _TEXTS: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
 
 
+# How many folders one walk for a module's scripts enters at most.
+MAX_FOLDERS_WALKED = 2000
+
+
 def _training_files(folder: Path) -> list[tuple[Path, str]]:
     """(path, text) of the Python files under ``folder`` whose text trains (a backward or an optimizer
-    step), at most :data:`MAX_IMPORTERS_LOOKED_AT` files looked at; each file read again only when it
-    changed."""
+    step), at most :data:`MAX_IMPORTERS_LOOKED_AT` files and :data:`MAX_FOLDERS_WALKED` folders looked
+    at; each file read again only when it changed. Only regular files that are not symlinks are read,
+    and tcaudit's own private folders (``tcaudit-*``, which the model's sandbox writes) are not entered."""
     out: list[tuple[Path, str]] = []
-    looked = 0
+    looked = folders = 0
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if is_project_file(Path(d)) and not d.startswith("."))
+        folders += 1
+        if folders > MAX_FOLDERS_WALKED:
+            break
+        dirnames[:] = sorted(d for d in dirnames if is_project_file(Path(d)) and not d.startswith((".", "tcaudit-")))
         for name in sorted(filenames):
             if not name.endswith(".py"):
                 continue
@@ -267,15 +271,17 @@ def _training_files(folder: Path) -> list[tuple[Path, str]]:
             if looked > MAX_IMPORTERS_LOOKED_AT:
                 return out
             path = Path(dirpath, name)
+            if path.is_symlink():
+                continue
             key = stat_key(path)
-            if key is None or key[1] > MAX_MODULE_BYTES:
+            if key is None:
                 continue
             cached = _TEXTS.get(path)
             if cached is None or cached[0] != key:
-                try:
-                    text = path.read_text(encoding="utf-8", errors="replace")
-                except OSError:
+                raw = read_small(path)
+                if raw is None:
                     continue
+                text = raw.decode("utf-8", "replace")
                 cached = (key, text if any(mark in text for mark in _TRAINS_TEXT) else None)
                 _TEXTS[path] = cached
             if cached[1] is not None:

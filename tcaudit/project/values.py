@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.project.imports import read_small
 from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Project
 from tcaudit.script.expressions import literal
@@ -281,13 +282,10 @@ class Values:
                     continue
                 for child in children:
                     if child.suffix in _LAUNCH_SUFFIXES or child.name in _LAUNCH_NAMES:
-                        try:
-                            if child.is_file() and child.stat().st_size < 200_000:
-                                text = child.read_text(encoding="utf-8", errors="replace")
-                                if entry.name in text or entry.stem in text:
-                                    texts.append(text)
-                        except OSError:
-                            continue
+                        raw = read_small(child, 200_000)
+                        text = raw.decode("utf-8", "replace") if raw is not None else ""
+                        if entry.name in text or entry.stem in text:
+                            texts.append(text)
             self._launch_text = "\n".join(texts)
         return any(re.search(rf"(^|\s){re.escape(f)}(=|\s|$)", self._launch_text, re.MULTILINE) for f in flags if f.startswith("-"))
 
