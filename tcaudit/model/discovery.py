@@ -1255,7 +1255,7 @@ class ConstantEvaluator:
         """The value the project model gives a name this file does not bind itself: a constant of
         another module of the project, a dataclass default (``cfg = TrainConfig()`` from ``config.py``),
         an earlier notebook cell's assignment. An int only where every value it may hold is that int."""
-        values = self._project_values()
+        values = self._project_values
         if values is None:
             return None
         facts, evaluate = values
@@ -1268,23 +1268,22 @@ class ConstantEvaluator:
         value = held.pop() if len(held) == 1 else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    @functools.cached_property
     def _project_values(self):
-        if not hasattr(self, "_values"):
-            self._values = None
-            try:
-                from tcaudit.project.symbols import project_of
-                from tcaudit.project.values import Values
-                from tcaudit.script.facts import ScriptFacts
-                from tcaudit.source.parsing import SourceFile
+        """(this file's ScriptFacts, the project's Values), made on first use; None where they cannot be."""
+        try:
+            from tcaudit.project.symbols import project_of
+            from tcaudit.project.values import Values
+            from tcaudit.script.facts import ScriptFacts
+            from tcaudit.source.parsing import SourceFile
 
-                index = self.index
-                source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "surrogatepass"),
-                                    index.text, "utf-8").with_module(index.module)
-                facts = ScriptFacts(source)
-                self._values = (facts, Values(project_of(facts, None)))
-            except Exception:  # noqa: BLE001 - no project values: the hints stay the file's own
-                self._values = None
-        return self._values
+            index = self.index
+            source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "surrogatepass"),
+                                index.text, "utf-8").with_module(index.module)
+            facts = ScriptFacts(source)
+            return facts, Values(project_of(facts, None))
+        except Exception:  # noqa: BLE001 - no project values: the hints stay the file's own
+            return None
 
     def field_value(self, owner: str, attr: str, depth: int) -> int | None:
         """``cfg.block_size`` where ``cfg = Config(...)`` at module level or Config is a dataclass."""

@@ -46,10 +46,6 @@ class Symbol:
     def line(self) -> int:
         return self.facts.line_of(self.node) if self.node is not None else 1
 
-    @property
-    def where(self) -> str:
-        """``utils/loss.py:12`` (the file as reports show it, and the definition's line)."""
-        return f"{self.module.display_path}:{self.line}"
 
 
 class Project:
@@ -60,9 +56,6 @@ class Project:
         path = facts.source.path
         self.roots = search_roots(path, root)
         self.root = root
-
-    def module_of(self, facts: ScriptFacts) -> Path:
-        return facts.source.path.resolve()
 
     # -- names ---------------------------------------------------------------------------------------
     def symbol(self, facts: ScriptFacts, dotted: str | None) -> Symbol | None:
@@ -157,7 +150,7 @@ class Project:
             return self._own_method(facts, call, method)
         if receiver is None or method is None or "." in receiver:
             return None
-        built = self.built_class(facts, receiver, call)
+        built = self.built_class(facts, receiver)
         return self.method(built, method) if built is not None else None
 
     def _own_method(self, facts: ScriptFacts, call: CallSite, name: str) -> Symbol | None:
@@ -174,7 +167,7 @@ class Project:
             return None  # a scanned file's own methods: the rules follow those themselves
         return self.method(Symbol(module, "class", cls.name.value, cls), name)
 
-    def built_class(self, facts: ScriptFacts, name: str, at: CallSite | None = None) -> Symbol | None:
+    def built_class(self, facts: ScriptFacts, name: str) -> Symbol | None:
         """The project class every visible value of ``name`` is an instance of (``trainer =
         Trainer(...)``), or None."""
         classes: list[Symbol] = []
@@ -198,11 +191,6 @@ def project_of(facts: ScriptFacts, root: Path | None) -> Project:
         cached = Project(facts, root)
         _PROJECTS[facts] = cached
     return cached
-
-
-def module_facts(path: Path) -> ScriptFacts | None:
-    module = load_module(path)
-    return module.facts if module is not None else None
 
 
 _PROJECTS: "weakref.WeakKeyDictionary[ScriptFacts, Project]" = weakref.WeakKeyDictionary()

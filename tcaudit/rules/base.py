@@ -211,15 +211,7 @@ class ScriptRule:
         explanation: str = "",
         related: "Sequence[Related]" = (),
     ) -> Finding:
-        start = facts.position(node)
-        end = facts.position(end_node) if end_node is not None else start
-        location = Location(
-            path=facts.source.display_path,
-            line=start.start.line,
-            column=start.start.column + 1,
-            end_line=end.end.line,
-            end_column=end.end.column + 1,
-        )
+        location = _location(facts, node, end_node)
         return Finding(
             rule=self.id,
             name=self.spec.name,
@@ -245,15 +237,20 @@ class ScriptRule:
     def place(facts: "ScriptFacts", node: cst.CSTNode, message: str, *, mirror: bool = False) -> Related:
         """``node`` of ``facts``' file (another module of the project) as a related place of a finding;
         ``mirror``: the finding is also reported there when that file is scanned."""
-        position = facts.position(node)
-        location = Location(
-            path=facts.source.display_path,
-            line=position.start.line,
-            column=position.start.column + 1,
-            end_line=position.end.line,
-            end_column=position.end.column + 1,
-        )
-        return Related(location, message, mirror)
+        return Related(_location(facts, node), message, mirror)
+
+
+def _location(facts: "ScriptFacts", node: cst.CSTNode, end_node: cst.CSTNode | None = None) -> Location:
+    """Where ``node`` (through ``end_node``'s end) is in ``facts``' file, as reports give it."""
+    start = facts.position(node)
+    end = facts.position(end_node) if end_node is not None else start
+    return Location(
+        path=facts.source.display_path,
+        line=start.start.line,
+        column=start.start.column + 1,
+        end_line=end.end.line,
+        end_column=end.end.column + 1,
+    )
 
 
 class Codemod:

@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, Related, Severity
+from tcaudit.project.symbols import Symbol
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.aliasing import chain_root, expression_chain
 from tcaudit.script.distributed import (
@@ -267,6 +268,13 @@ def _guarded_name(facts: ScriptFacts, call: CallSite) -> str | None:
     return None
 
 
+def _host_waits(facts: ScriptFacts, info: DistributedFacts) -> bool:
+    """Whether a sync in this file's training makes the host wait for a GPU. Not in an RL script (every
+    environment step already brings the action to the host, so the GPU waits on the environment, not
+    on a loss.item() in the update), nor in a CPU-only one (the host is the device)."""
+    return not info.is_rl_script and (facts.uses_cuda or facts.uses_accelerator)
+
+
 def _short(name: str | None, limit: int = 32) -> str:
     name = name or ""
     return name if len(name) <= limit else "…" + name[-(limit - 1):]
@@ -308,12 +316,8 @@ class PerStepSync(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if info.is_rl_script:
-            # RL: every environment step already brings the action to the host, so the GPU waits on
-            # the environment, not on a loss.item() in the update.
+        if not _host_waits(facts, info):
             return
-        if not (facts.uses_cuda or facts.uses_accelerator):
-            return  # a CPU-only script: the host is the device, there is nothing to wait for
         cost = context.cost(self.spec, "per_step")
         if info.step_loops:
             yield from self._in_this_module(facts, info, cost)
@@ -409,7 +413,7 @@ class PerStepSync(ScriptRule):
         reported at the script's call too, so a scan of the script alone shows them."""
         helper = callee.facts
         fn = callee.function
-        if not helper.training_steps or getattr(context, "_tc601_nested", False):
+        if not helper.training_steps:
             return
         inner = [f for f in self._own_syncs(helper, context) if _within(helper, fn, f.location.line)]
         if not inner:
@@ -433,9 +437,11 @@ class PerStepSync(ScriptRule):
         """This rule's findings on another module's own training loops (not followed further)."""
         key = ("tc601-own", id(helper))
         if key not in context.outcomes:
-            nested = RuleContext(context.settings, None, context.unplanned, load_rule=context.load_rule)
-            object.__setattr__(nested, "_tc601_nested", True)
-            context.outcomes[key] = (helper, [f for f in self.check(helper, nested) if not f.related])
+            info = distributed_facts(helper)
+            found = []
+            if info.step_loops and _host_waits(helper, info):
+                found = list(self._in_this_module(helper, info, context.cost(self.spec, "per_step")))
+            context.outcomes[key] = (helper, found)
         return context.outcomes[key][1]
 
     def _helper_syncs(self, project, callee, depth: int, seen: set[int]) -> list[tuple[str, cst.CSTNode, ScriptFacts, str | None]]:
@@ -464,8 +470,6 @@ class PerStepSync(ScriptRule):
             if call.name is not None and "." not in call.name:
                 local = [f for f in helper.functions_by_name.get(call.name, []) if helper.resolve(call.name) is None]
                 if len(local) == 1:
-                    from tcaudit.project.symbols import Symbol
-
                     inner = Symbol(callee.module, "function", call.name, local[0])
             if inner is None and call.name is not None:
                 inner = project.callee(helper, call)

@@ -3,6 +3,7 @@ reports them, TC404 (persistent workers) counts on TC401's fix for them."""
 
 from __future__ import annotations
 
+from tcaudit.project.loaders import zero_workers
 from tcaudit.project.values import Value, Values
 from tcaudit.script.expressions import literal
 from tcaudit.script.loader_construction import LoaderSite
@@ -35,19 +36,10 @@ def loaders_with_named_zero(pipeline: PipelineFacts, values: Values) -> list[tup
         return []
     out = []
     for site in pipeline.training_loaders:
-        written = site.values("num_workers")
-        if not written or all(literal(v) == 0 for v in written):
-            continue  # loaders_without_workers
-        found: list[Value] = []
-        for expr in written:
-            held = values.of(pipeline.facts, expr, site.call.ctx.function)
-            if not held or any(v.value != 0 or isinstance(v.value, bool) for v in held):
-                found = []
-                break
-            found += held
-        named = next((v for v in found if v.how), None)
-        if named is not None and gains_from_workers(pipeline, site):
-            out.append((site, named))
+        zero = zero_workers(values, pipeline.facts, site)
+        # A written 0 or no num_workers at all (``how`` empty) is loaders_without_workers'.
+        if zero is not None and zero.how and gains_from_workers(pipeline, site):
+            out.append((site, zero))
     return out
 
 

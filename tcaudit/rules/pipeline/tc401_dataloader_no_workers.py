@@ -16,6 +16,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.project.loaders import by_site, dataset_built_there, loaders_built_elsewhere, training_uses, zero_workers
+from tcaudit.project.values import Value
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
@@ -55,12 +56,7 @@ class DataLoaderNoWorkers(ScriptRule):
                 site.call.node,
                 f"training DataLoader loads every batch in the main process: {value.how}",
                 explanation=explanation,
-                fix=Fix(
-                    FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
-                    reason=f"the worker count is set where the value comes from ({value.said}): "
-                    + ("pass the flag, or raise its default there, by hand" if value.on_command_line
-                       else f"set it to `{WORKERS}` there, by hand"),
-                ),
+                fix=_set_at_source(value),
                 related=[self.line_place(value.where, f"where `num_workers` gets 0: {value.how}")] if value.where else (),
             )
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
@@ -96,10 +92,7 @@ class DataLoaderNoWorkers(ScriptRule):
             helper = uses[0].helper
             unguarded = tuple(sorted({use.script.source.display_path for use in uses if not use.guarded}))
             if zero.how:
-                fix = Fix(FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
-                          reason=f"the worker count is set where the value comes from ({zero.said}): "
-                          + ("pass the flag, or raise its default there, by hand" if zero.on_command_line
-                             else f"set it to `{WORKERS}` there, by hand"))
+                fix = _set_at_source(zero)
             else:
                 fix = self.planned_fix(FixClass.NUMERICS, f"set num_workers={WORKERS}",
                                        lambda site=site, unguarded=unguarded: plan_workers(pipeline, site, unguarded))
@@ -112,6 +105,16 @@ class DataLoaderNoWorkers(ScriptRule):
                 related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it")
                          for use in uses[:8]],
             )
+
+
+def _set_at_source(value: Value) -> Fix:
+    """The declined fix of a worker count that is 0 through a name: it is changed where the value is set."""
+    return Fix(
+        FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
+        reason=f"the worker count is set where the value comes from ({value.said}): "
+        + ("pass the flag, or raise its default there, by hand" if value.on_command_line
+           else f"set it to `{WORKERS}` there, by hand"),
+    )
 
 
 # -- the fix ------------------------------------------------------------------------------------
