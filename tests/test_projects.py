@@ -8,6 +8,7 @@ oracle's shim: the same losses on the CPU)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -263,13 +264,66 @@ def trained(tmp_path_factory):
         spec = expect(name)
         folder = workdir / "patched" / name
         shutil.copytree(PROJECTS / name, folder)
+        promised = _promised(folder)
         code, out, err = run_cli("fix", ".", "--apply", "--no-exec", "--isolated", "--no-cache", cwd=folder)
         assert code in (0, 1), err
+        applied = _applied(err)
+        before = _contents(folder)
+        code, out, again = run_cli("fix", ".", "--apply", "--no-exec", "--isolated", "--no-cache", cwd=folder)
+        FIXED[name] = {"promised": promised, "applied": applied, "again": _applied(again),
+                       "unchanged": _contents(folder) == before, "after": _reported_rules(folder)}
         for label, source in (("original", PROJECTS / name), ("patched", folder)):
             text, files = _runnable(source, spec["entry"])
             path = ("src",) if (source / "src").is_dir() else ()
             runs.append(ScriptRun(f"{name}-{label}", text, files=files, path=path, timeout=300))
     return run_scripts(runs, workdir / "runs", mode="cpu")
+
+
+# What fix did to each project (filled by ``trained``): what scan promised, what fix applied, what a
+# second fix applied and whether it changed a byte, and what a scan of the fixed project reports.
+FIXED: dict[str, dict] = {}
+
+
+def _promised(folder: Path) -> dict[str, set[str]]:
+    """By file: the rules whose fix scan says plain ``tcaudit fix`` makes."""
+    code, out, err = run_cli("scan", ".", "--no-exec", "--isolated", "--no-cache", "--format", "json", cwd=folder)
+    assert code in (0, 1), err
+    promised: dict[str, set[str]] = {}
+    for finding in json.loads(out)["findings"]:
+        fix = finding["fix"]
+        if fix and fix["available"] and fix["class"] != "structural" and not fix.get("option"):
+            promised.setdefault(finding["path"], set()).add(finding["rule"])
+    return promised
+
+
+def _applied(err: str) -> dict[str, set[str]]:
+    """By file: the rules ``fix --apply`` reports it applied (``fixed utils.py (TC401, TC402)``)."""
+    out: dict[str, set[str]] = {}
+    for match in re.finditer(r"^fixed (\S+) \(([^)]*)\)$", err, re.MULTILINE):
+        out[match.group(1)] = set(match.group(2).split(", "))
+    return out
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _reported_rules(folder: Path) -> dict[str, set[str]]:
+    code, out, err = run_cli("scan", ".", "--no-exec", "--isolated", "--no-cache", "--format", "json", cwd=folder)
+    assert code in (0, 1), err
+    found: dict[str, set[str]] = {}
+    for finding in json.loads(out)["findings"]:
+        found.setdefault(finding["path"], set()).add(finding["rule"])
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fix_makes_what_scan_promised_once_and_the_fixed_project_reports_none_of_it(trained, name):
+    fixed = FIXED[name]
+    assert fixed["applied"] == fixed["promised"]
+    assert fixed["again"] == {} and fixed["unchanged"], fixed["again"]
+    for path, rules in fixed["applied"].items():
+        assert not rules & fixed["after"].get(path, set()), (path, rules & fixed["after"].get(path, set()))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -323,3 +377,27 @@ def test_a_trainer_module_gets_the_launch_bound_verdict_of_the_model_scripts_han
     assert code in (0, 1), err
     [finding] = [f for f in json.loads(out)["findings"] if f["path"] == "src/detector/engine.py" and f["rule"] == "TC301"]
     assert finding["severity"] == "info" and "launch-bound" in finding["message"]
+
+
+def test_the_walk_for_a_helpers_scripts_reads_only_regular_project_files(tmp_path):
+    """A scan of a helper looks for the project's scripts that import it: a FIFO or a symlink named
+    ``*.py``, or tcaudit's own private folders (``tcaudit-model-*``, which the model's sandbox writes),
+    are never opened; the scan ends and reports what it reports without them."""
+    import os
+    import subprocess
+
+    folder = _copy("loader_factory", tmp_path)
+    os.mkfifo(folder / "pipe.py")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("import torch\nloss.backward()\n", encoding="utf-8")
+    (folder / "link.py").symlink_to(secret)
+    private = folder / "tcaudit-model-abc"
+    private.mkdir()
+    os.mkfifo(private / "planted.py")
+    (private / "train_copy.py").write_text((folder / "train.py").read_text(), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", "utils.py", "--no-exec", "--no-cache", "--isolated",
+                           "--format", "json", "--select", "TC401"], cwd=folder, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    [finding] = json.loads(proc.stdout)["findings"]
+    assert [r["path"] for r in finding["related"]] == ["train.py"]  # not the copy in the private folder
