@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
-from tcaudit.findings import Finding, Fix, Location, Related, Severity, assign_fingerprints
+from tcaudit.findings import Finding, Location, Related, Severity, assign_fingerprints
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, display_path
 from tcaudit.source.parsing import (
@@ -416,7 +416,8 @@ def mirrored(findings: list[Finding], index_of: dict[str, int],
                 severity=finding.severity,
                 location=loc,
                 message=place.message,
-                fix=Fix(fix.fix_class, fix.description, available=False, reason=fix.reason) if fix is not None else None,
+                # The caller's fix edits the caller's file: here it is at most a reason.
+                fix=fix.declined(fix.reason or "") if fix is not None else None,
                 source_line=source.line_text(loc.line) if source is not None else "",
                 explanation=finding.explanation,
                 related=(Related(caller, "the call in the training loop"),),
@@ -709,17 +710,16 @@ def handed_in(models_of: "dict[str, AuditedModels]", settings: Settings) -> "dic
     if not models_of:
         return models_of
     from tcaudit.model_profile import AuditedModels
-    from tcaudit.project.imports import dependencies
+    from tcaudit.project.imports import dependencies, read_small
 
     given: dict[str, list] = {}
     for script, models in models_of.items():
         if models.handed_in:
             continue
-        try:
-            text = Path(script).read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        raw = read_small(Path(script))
+        if raw is None:
             continue
-        for module in dependencies(Path(script), text, settings.root).files:
+        for module in dependencies(Path(script), raw.decode("utf-8", "replace"), settings.root).files:
             key = os.path.realpath(module)
             if key not in models_of:
                 given.setdefault(key, []).extend(models.profiles)
