@@ -190,6 +190,14 @@ class ScriptIndex:
         self._trained: TrainedModels | None = None  # what the optimizers train (trained_models), on first use
         self._collect()
 
+    @functools.cached_property
+    def script_facts(self) -> ScriptFacts:
+        """The script rules' facts of this very tree (their nodes are the index's): what the
+        optimizers train, and the project model's values."""
+        source = SourceFile(self.path, self.path.name, self.text.encode("utf-8", "replace"), self.text,
+                            "utf-8").with_module(self.module)
+        return ScriptFacts(source)
+
     # -- positions and source ------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> CodeRange:
         if self._positions is None:
@@ -713,9 +721,7 @@ def trained_models(index: ScriptIndex) -> TrainedModels:
     nodes are the index's."""
     cached = index._trained
     if cached is None:
-        source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "replace"), index.text,
-                            "utf-8").with_module(index.module)
-        models = TrainedModelFacts(ScriptFacts(source))
+        models = TrainedModelFacts(index.script_facts)
         paths = []
         for name in models.optimized_model_names:
             for binding in models.facts.bindings_of(name):
@@ -1274,13 +1280,8 @@ class ConstantEvaluator:
         try:
             from tcaudit.project.symbols import project_of
             from tcaudit.project.values import Values
-            from tcaudit.script.facts import ScriptFacts
-            from tcaudit.source.parsing import SourceFile
 
-            index = self.index
-            source = SourceFile(index.path, index.path.name, index.text.encode("utf-8", "surrogatepass"),
-                                index.text, "utf-8").with_module(index.module)
-            facts = ScriptFacts(source)
+            facts = self.index.script_facts
             return facts, Values(project_of(facts, None))
         except Exception:  # noqa: BLE001 - no project values: the hints stay the file's own
             return None
