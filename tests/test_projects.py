@@ -401,3 +401,41 @@ def test_the_walk_for_a_helpers_scripts_reads_only_regular_project_files(tmp_pat
     assert proc.returncode == 1, proc.stderr
     [finding] = json.loads(proc.stdout)["findings"]
     assert [r["path"] for r in finding["related"]] == ["train.py"]  # not the copy in the private folder
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Each project after ``tcaudit fix . --ddp --apply``: converted ones started as two ranks."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from oracle.harness import ScriptRun, run_scripts
+
+    workdir = tmp_path_factory.mktemp("ddp")
+    outcome: dict[str, tuple[dict[str, set[str]], str]] = {}
+    runs = []
+    for name in NAMES:
+        spec = expect(name)
+        folder = workdir / "patched" / name
+        shutil.copytree(PROJECTS / name, folder)
+        code, out, err = run_cli("fix", ".", "--ddp", "--apply", "--no-exec", "--isolated", "--no-cache", cwd=folder)
+        assert code in (0, 1), err
+        outcome[name] = (_applied(err), err)
+        if "TC505" in _applied(err).get(spec["entry"], set()):
+            text, files = _runnable(folder, spec["entry"])
+            path = ("src",) if (folder / "src").is_dir() else ()
+            runs.append(ScriptRun(name, text, files=files, path=path, timeout=300, world_size=2))
+    return outcome, run_scripts(runs, workdir / "runs", mode="cpu") if runs else {}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_ddp_patch_trains_two_ranks_on_their_own_data_or_says_why_not(ranks, name):
+    outcome, runs = ranks
+    applied, err = outcome[name]
+    entry = expect(name)["entry"]
+    if "TC505" not in applied.get(entry, set()):
+        # Not converted: either no single-process CUDA loop was found, or the decline says why.
+        assert "TC505" not in err or re.search(r"TC505 no fix: \S", err), err
+        return
+    run = runs[name]
+    assert run.rc == 0, run.explain()
+    assert sorted(run.by_rank) == [0, 1] and run.by_rank[0] and run.by_rank[1], run.explain()
+    assert run.by_rank[0] != run.by_rank[1], f"both ranks computed {run.by_rank[0]}"
