@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -134,8 +135,8 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     from rich.console import Console
 
     from tcaudit.engine import audited_models_for
-    from tcaudit.fix.engine import fix_file, write_fix
-    from tcaudit.fix.textio import NotWritable, real_path
+    from tcaudit.fix.engine import FileFix, WriteFailed, fix_file, fixed_elsewhere, write_fixes
+    from tcaudit.fix.textio import real_path
     from tcaudit.source.deep import call_with_deep_stack
     from tcaudit.source.discovery import discover, display_path
 
@@ -162,62 +163,86 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             f"tcaudit: warning: {reason}; fixing without the cache (--no-cache silences this)"))
     models_of = audited_models_for(discovered.files, settings, cache)
     stage = progress.stage("fixing", total=len(discovered.files), unit="files")
-    for path in discovered.files:
-        display = display_path(path)
-        stage.show(display)
-        stage.advance()  # counted as it starts: the line says which file is being fixed
-        target = real_path(Path(path))
+    asked = {os.path.realpath(path) for path in discovered.files}
+    companions_done: set[str] = set()
+
+    def fixed(path: Path, display: str, file_settings, models) -> "FileFix | None":
+        """The file's fix, or None with the reason printed (``errors`` counted where it is tcaudit's)."""
+        nonlocal errors
+        target = real_path(path)
         inside = Path(os.path.abspath(path)).is_relative_to(root)
         if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
             err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
                       "(--follow-external-symlinks fixes such files too)")
-            continue
+            return None
         try:
-            models = models_of.get(os.path.realpath(path))
-            result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models, cache)
+            result = call_with_deep_stack(fix_file, path, file_settings, classes, display, models, cache)
         except (RecursionError, MemoryError) as exc:
             err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
-            continue
+            return None
         if result.error:
-            if result.error.startswith(INPUT_PROBLEMS):
-                err.print(f"{display}: {result.error}")
-            else:
-                err.print(f"{display}: {result.error}")
+            err.print(f"{display}: {result.error}")
+            if not result.error.startswith(INPUT_PROBLEMS):
                 errors += 1
+            return None
+        return result
+
+    for path in discovered.files:
+        display = display_path(path)
+        stage.show(display)
+        stage.advance()  # counted as it starts: the line says which file is being fixed
+        result = fixed(Path(path), display, settings, models_of.get(os.path.realpath(path)))
+        if result is None:
             continue
-        # Lines of the file as it is on disk: the original until --apply writes the fixed text.
-        where = (lambda line: line) if args.apply else result.original_line
-        for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
-            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
-        if result.notice:
-            err.print(f"{display}: {result.notice}")
-        if not result.changed:
+        # The project modules where this file's declined fixes belong (a DataLoader its helper builds),
+        # fixed with it when the command line did not name them: one diff each, written all or none.
+        group = [(Path(path), display, result)]
+        for module, rules in fixed_elsewhere(result, asked | companions_done, root).items():
+            companions_done.add(module)
+            module_display = display_path(Path(module))
+            companion = fixed(Path(module), module_display,
+                              dataclasses.replace(settings, select=tuple(sorted(rules)), extend_select=()), None)
+            if companion is not None:
+                group.append((Path(module), module_display, companion))
+        made_elsewhere = {(rule, os.path.realpath(p)) for p, _, r in group[1:] for rule in r.applied}
+        for file_path, file_display, file_result in group:
+            # Lines of the file as it is on disk: the original until --apply writes the fixed text.
+            where = (lambda line: line) if args.apply else file_result.original_line
+            shown = sorted({(where(f.location.line), f.rule, reason) for f, reason in file_result.declined
+                            if not _made_in(f, made_elsewhere)})
+            for line, rule, reason in shown:
+                err.print(f"{file_display}:{file_result.place(line, args.apply)}: {rule} no fix: "
+                          f"{file_result.in_cells(reason)}")
+            if file_result.notice:
+                err.print(f"{file_display}: {file_result.notice}")
+        changed = [(p, d, r) for p, d, r in group if r.changed]
+        if not changed:
             continue
-        would_change += 1
-        fixed_findings += len(result.applied)
+        would_change += len(changed)
+        fixed_findings += sum(len(r.applied) for _, _, r in changed)
         if args.apply:
             try:
-                write_fix(result, Path(path))
-            except NotWritable as exc:
-                err.print(f"{display}: not fixed: {exc}")
+                write_fixes([(r, p) for p, _, r in changed])
+            except WriteFailed as exc:
+                kept = f" (nor {', '.join(d for _, d, _ in changed if d != exc.display)}: all or none)" \
+                    if len(changed) > 1 else ""
+                err.print(f"{exc.display}: not fixed{kept}: {exc.reason}")
                 errors += 1
                 continue
-            except OSError as exc:
-                err.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
-                errors += 1
-                continue
-            err.print(f"fixed {display} ({', '.join(result.applied)})")
+            for _, file_display, file_result in changed:
+                err.print(f"fixed {file_display} ({', '.join(file_result.applied)})")
         else:
-            if color:
-                from rich.syntax import Syntax  # (pygments: only for a coloured diff)
+            for _, _, file_result in changed:
+                if color:
+                    from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 
-                with progress.paused():
-                    console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
-            else:
-                diff = result.diff()
-                with progress.paused():
-                    sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
-                    sys.stdout.flush()
+                    with progress.paused():
+                        console.print(Syntax(file_result.diff(), "diff", theme="ansi_dark", background_color="default"))
+                else:
+                    diff = file_result.diff()
+                    with progress.paused():
+                        sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
+                        sys.stdout.flush()
     if errors:
         return 2
     if args.apply:
@@ -226,3 +251,10 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
         return 1
     return 0
+
+
+def _made_in(finding, made: set[tuple[str, str]]) -> bool:
+    """Whether ``finding``'s declined fix was made in another file of the same run (the module where its
+    DataLoader is built): then its "no fix" line would say the opposite of what happened."""
+    return any(place.mirror and (finding.rule, os.path.realpath(place.location.path)) in made
+               for place in finding.related)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tcaudit.config import Settings
 from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules, silenced
 from tcaudit.findings import Finding, FixClass, FollowsFix
-from tcaudit.fix.textio import SourceText, read_text, source_text, write_atomically
+from tcaudit.fix.textio import NotWritable, SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
 from tcaudit.source.parsing import SourceError, SourceFile, decode_source
 from tcaudit.source.suppressions import directives
@@ -125,7 +125,7 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     settings do not ask for are not planned (``RuleContext.unplanned``)."""
     from tcaudit.structural import NAMES
 
-    candidates = candidate_rules(rules, text)
+    candidates = candidate_rules(rules, text, path, settings.root)
     if not candidates:
         return None, []
     sf = facts.source if facts is not None else _source_file(path, display, text, source, module)
@@ -552,3 +552,48 @@ def write_fix(result: FileFix, path: Path) -> None:
     assert result.source is not None and result.changed
     data = result.source.encode(result.fixed)
     write_atomically(path, data, expected=result.source.raw)
+
+
+class WriteFailed(Exception):
+    """One file of a group could not be written; the group's other files are as they were."""
+
+    def __init__(self, display: str, reason: str) -> None:
+        super().__init__(f"{display}: {reason}")
+        self.display = display
+        self.reason = reason
+
+
+def write_fixes(group: "list[tuple[FileFix, Path]]") -> None:
+    """Write the fixes of files that belong together (a script and the module where its DataLoader is
+    built) all or none: each atomically, and where one cannot be written, those written before it get
+    their original bytes back (each again atomically) and WriteFailed names the one that failed."""
+    written: list[tuple[FileFix, Path]] = []
+    for result, path in group:
+        try:
+            write_fix(result, path)
+        except (NotWritable, OSError) as exc:
+            reason = str(exc) if isinstance(exc, NotWritable) else f"cannot write it: {exc.strerror or exc}"
+            for done, done_path in reversed(written):
+                assert done.source is not None
+                write_atomically(done_path, done.source.raw, expected=done.source.encode(done.fixed))
+            raise WriteFailed(result.path, reason) from None
+        written.append((result, path))
+
+
+def fixed_elsewhere(result: FileFix, skip: "set[str]", root: Path) -> "dict[str, set[str]]":
+    """The project modules (real paths, inside ``root``, not in ``skip``) where the fixes ``result``
+    declines are made, by rule: a finding reported at the script's call whose code, and fix, sit in
+    another module (its ``mirror`` related place: the DataLoader a helper builds). ``tcaudit fix`` of
+    the script fixes those modules too, for those rules only."""
+    from tcaudit.project.imports import is_project_file
+
+    out: dict[str, set[str]] = {}
+    for finding, _ in result.declined:
+        for place in finding.related:
+            if not place.mirror:
+                continue
+            module = Path(os.path.realpath(place.location.path))
+            if str(module) in skip or not module.is_relative_to(root) or not is_project_file(module):
+                continue
+            out.setdefault(str(module), set()).add(finding.rule)
+    return out

@@ -21,6 +21,7 @@ from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.pipeline.helper_loaders import fix_in_helper
 from tcaudit.rules.pipeline.loader_workers import loaders_with_named_zero, loaders_without_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
 from tcaudit.script.facts import ScriptFacts
@@ -31,8 +32,9 @@ from tcaudit.source.triggers import all_of
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
     # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
-    # Or a DataLoader built for a script of the project that trains with it.
-    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS), r"DataLoader\(")
+    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS),)
+    # A module whose DataLoader a training script of the project gets from one of its functions.
+    helper_triggers = (r"DataLoader\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -69,11 +71,7 @@ class DataLoaderNoWorkers(ScriptRule):
                 loader.call.node,
                 f"training DataLoader from `{loader.helper.name}` loads every batch in the main process{why}",
                 explanation=explanation,
-                fix=Fix(
-                    FixClass.NUMERICS, f"set num_workers={WORKERS}", available=False,
-                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: the "
-                    f"fix belongs there (`tcaudit fix {loader.pipeline.facts.source.display_path}` makes it where it is safe)",
-                ),
+                fix=fix_in_helper(loader, FixClass.NUMERICS, f"set num_workers={WORKERS}"),
                 related=[self.place(loader.pipeline.facts, loader.site.call.node,
                                     f"training DataLoader (returned by `{loader.helper.name}`) loads every batch in the "
                                     f"main process{why}", mirror=True)],

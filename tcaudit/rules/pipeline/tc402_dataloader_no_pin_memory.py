@@ -10,11 +10,12 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import Finding, FixClass
 from tcaudit.project.loaders import by_site, loaders_built_elsewhere, training_uses
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import apply_keyword_edits, plan_loader_keyword
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.rules.pipeline.helper_loaders import fix_in_helper
 from tcaudit.script.evidence import CUDA_EVIDENCE, TRAINS
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
@@ -26,8 +27,9 @@ from tcaudit.source.triggers import all_of
 class DataLoaderNoPinMemory(ScriptRule):
     id = "TC402"
     # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
-    # Or a DataLoader built for a script of the project that trains with it on CUDA.
-    triggers = (all_of(CUDA_EVIDENCE, TRAINS), r"DataLoader\(")
+    triggers = (all_of(CUDA_EVIDENCE, TRAINS),)
+    # A module whose DataLoader a training script of the project gets from one of its functions.
+    helper_triggers = (r"DataLoader\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
@@ -63,11 +65,7 @@ class DataLoaderNoPinMemory(ScriptRule):
                 f"DataLoader from `{loader.helper.name}` feeds CUDA training from pageable memory: pass `pin_memory=True`",
                 explanation="Every host-to-device copy from pageable memory is staged through a bounce buffer "
                 "and cannot overlap compute; pin the batches (and copy them with `non_blocking=True`).",
-                fix=Fix(
-                    FixClass.NUMERICS, "set pin_memory=True", available=False,
-                    reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: the "
-                    f"fix belongs there (`tcaudit fix {loader.pipeline.facts.source.display_path}` makes it where it is safe)",
-                ),
+                fix=fix_in_helper(loader, FixClass.NUMERICS, "set pin_memory=True"),
                 related=[self.place(loader.pipeline.facts, site.call.node,
                                     f"DataLoader (returned by `{loader.helper.name}`) feeds CUDA training from pageable "
                                     "memory: pass `pin_memory=True`", mirror=True)],
