@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
-from tcaudit.findings import Finding, Location, Related, Severity, assign_fingerprints
+from tcaudit.findings import Finding, Location, Severity, assign_fingerprints, mirrored_at
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, display_path
 from tcaudit.source.parsing import (
@@ -125,14 +125,18 @@ def instantiate_rules(settings: Settings) -> list["ScriptRule"]:
     return rules
 
 
-def candidate_rules(rules: "Sequence[ScriptRule | LazyRule]", text: str) -> list["ScriptRule"]:
+def candidate_rules(rules: "Sequence[ScriptRule | LazyRule]", text: str, path: Path | None = None,
+                    root: "Path | None" = None) -> list["ScriptRule"]:
     """The rules whose triggers occur in ``text``: ``[r for r in rules if r.may_match(text)]``, with
     each distinct trigger (and each part of an ``all_of`` trigger) checked once per file, literal text
     first (tcaudit/source/triggers.py). A :class:`LazyRule` is known by its triggers until then: it is
-    imported (:meth:`LazyRule.load`) only when they occur."""
+    imported (:meth:`LazyRule.load`) only when they occur. ``path``: the file the text is, where a
+    rule's ``helper_triggers`` occur instead: the rule runs when a training script of the project
+    imports the file (decided once per file, only then: it walks the project)."""
     from tcaudit.rules.registry import LazyRule
 
     verdicts: dict[Trigger, bool] = {}  # triggers and all_of parts already decided for this text
+    imported: bool | None = None
     out = []
     for rule in rules:
         if isinstance(rule, LazyRule):
@@ -140,10 +144,21 @@ def candidate_rules(rules: "Sequence[ScriptRule | LazyRule]", text: str) -> list
                 loaded = rule.load()
                 if _own_may_match(loaded, text, verdicts):
                     out.append(loaded)
-            elif _triggers_occur(rule.triggers, text, verdicts):
+                continue
+            if _triggers_occur(rule.triggers, text, verdicts):
                 out.append(rule.load())
+                continue
         elif _own_may_match(rule, text, verdicts):
             out.append(rule)
+            continue
+        if path is None or not rule.helper_triggers or not _triggers_occur(rule.helper_triggers, text, verdicts):
+            continue
+        if imported is None:
+            from tcaudit.project.importers import imported_by_training
+
+            imported = imported_by_training(path, root)
+        if imported:
+            out.append(rule.load() if isinstance(rule, LazyRule) else rule)
     return out
 
 
@@ -209,7 +224,7 @@ def scan_source(
     display = source.display_path
     result = FileResult(display)
     result.source = source
-    candidates = candidate_rules(rules, source.text)
+    candidates = candidate_rules(rules, source.text, source.path, settings.root)
     if not candidates:
         # No rule can fire here, so LibCST is skipped; Python's own parser still catches broken files.
         if check_syntax:
@@ -408,20 +423,8 @@ def mirrored(findings: list[Finding], index_of: dict[str, int],
                 continue
             seen.add(key)
             source = source_of(index_of[loc.path])
-            caller = finding.location
-            fix = finding.fix
-            out.append(Finding(
-                rule=finding.rule,
-                name=finding.name,
-                severity=finding.severity,
-                location=loc,
-                message=place.message,
-                # The caller's fix edits the caller's file: here it is at most a reason.
-                fix=fix.declined(fix.reason or "") if fix is not None else None,
-                source_line=source.line_text(loc.line) if source is not None else "",
-                explanation=finding.explanation,
-                related=(Related(caller, "the call in the training loop"),),
-            ))
+            line_text = source.line_text(loc.line) if source is not None else ""
+            out.append(mirrored_at(finding, loc, place.message, line_text))
     return out
 
 
@@ -775,6 +778,7 @@ def _facts_key(path: Path, raw: bytes, models: "AuditedModels | None", settings:
     """What the rules read for a file besides its own bytes: the model audit's profiles and the project
     modules it imports (a changed imported module invalidates the files that import it)."""
     from tcaudit.project.imports import dependencies
+    from tcaudit.rules.registry import any_helper_trigger
 
     if path.suffix == ".ipynb":
         try:
@@ -784,7 +788,12 @@ def _facts_key(path: Path, raw: bytes, models: "AuditedModels | None", settings:
     else:
         text = raw.decode("utf-8", "replace")
     models_key = models.digest() if models is not None else ""
-    return f"{models_key}/{dependencies(path, text, settings.root).digest}"
+    key = f"{models_key}/{dependencies(path, text, settings.root).digest}"
+    if any_helper_trigger(text):  # a helper module: judged from the training scripts that import it
+        from tcaudit.project.importers import importers_digest
+
+        key += f"/{importers_digest(path, settings.root)}"
+    return key
 
 
 # -- analysing the files: in-process or in workers --------------------------------------------------
@@ -997,7 +1006,7 @@ def unused_suppressions_in(source: SourceFile, settings: Settings, models: "Audi
     usage = Usage(directives(source.text))
     if not usage.directives.found:
         return []
-    candidates = candidate_rules(lazy_rules(settings), source.text)
+    candidates = candidate_rules(lazy_rules(settings), source.text, source.path, settings.root)
     if not candidates:
         if syntax_error(source) is not None:
             return []

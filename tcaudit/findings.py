@@ -314,6 +314,24 @@ class Related:
         }
 
 
+def mirrored_at(finding: "Finding", location: Location, message: str, source_line: str) -> "Finding":
+    """``finding`` (reported at a call in a training loop) again at ``location``, the place in another
+    module it concerns (a related place marked ``mirror``), from that place's point of view: its own
+    message, the caller's fix as at most a reason (it edits the caller's file), the call as related."""
+    fix = finding.fix
+    return Finding(
+        rule=finding.rule,
+        name=finding.name,
+        severity=finding.severity,
+        location=location,
+        message=message,
+        fix=fix.declined(fix.reason or "") if fix is not None else None,
+        source_line=source_line,
+        explanation=finding.explanation,
+        related=(Related(finding.location, "the call in the training loop"),),
+    )
+
+
 @dataclass
 class Finding:
     rule: str

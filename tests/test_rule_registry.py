@@ -61,12 +61,12 @@ def test_a_rule_with_its_own_match_code_is_loaded_up_front(monkeypatch):
             return "yes" in text
 
     table = registry.build_table()
-    assert all(triggers is not None for _module, triggers, _ in table.values())
+    assert all(triggers is not None for _module, triggers, _, _ in table.values())
     monkeypatch.setattr(
         "tcaudit.rules.registry.discover_script_rules", lambda: {"TC201": OwnMatch}
     )
     assert registry.build_table()["TC201"][1] is None
-    monkeypatch.setitem(registry.TRIGGER_TABLE, "TC201", (OwnMatch.__module__, None, {}))
+    monkeypatch.setitem(registry.TRIGGER_TABLE, "TC201", (OwnMatch.__module__, None, {}, ()))
     monkeypatch.setattr(LazyRule, "load", lambda self: OwnMatch())
     from tcaudit.engine import candidate_rules
 

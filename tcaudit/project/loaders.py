@@ -5,7 +5,6 @@ with the DataLoader's line as a related place; TC505's ``--ddp`` decline names t
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.imports import dependencies, is_project_file, project_root, read_small, stat_key
+from tcaudit.project.importers import training_importers
 from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Project, Symbol, project_of
 from tcaudit.project.values import Value, Values
@@ -151,11 +150,6 @@ def zero_workers(values: Values, facts: ScriptFacts, site: LoaderSite) -> Value 
 
 # -- the other direction: a helper module's DataLoaders that scripts of the project train with --------
 
-# How many files of the project are looked at for scripts that import a helper module.
-MAX_IMPORTERS_LOOKED_AT = 400
-_TRAINS_TEXT = ("backward(", ".step(")
-
-
 @dataclass(frozen=True)
 class TrainingUse:
     """A script of the project that trains with a DataLoader this module's function builds."""
@@ -192,7 +186,7 @@ def _training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:
     # Matched by function and order, not line: the module asked about may be a fix's in-memory text.
     by_key = {key: site for key, site in _keyed(facts, pipeline.loaders)}
     out: list[TrainingUse] = []
-    for script_path in _importers(here, root):
+    for script_path in training_importers(here, root):
         module = load_module(script_path)
         if module is None:
             continue
@@ -220,70 +214,4 @@ def _keyed(facts: ScriptFacts, sites: list[LoaderSite]) -> list[tuple[tuple[str,
         scope = facts.scope_name(site.call.node)
         counts[scope] = counts.get(scope, 0) + 1
         out.append(((scope, counts[scope]), site))
-    return out
-
-
-def _importers(module: Path, root: Path | None) -> list[Path]:
-    """The project's Python files (beside ``module``'s package and under the project root, at most
-    :data:`MAX_IMPORTERS_LOOKED_AT`) that train and import ``module`` directly or through others."""
-    if not is_project_file(module):
-        return []  # an installed package's module: its users are not the project's scripts
-    folders = {module.parent}
-    nearest = project_root(module)
-    for folder in (nearest, root):
-        if folder is not None and module.is_relative_to(folder.resolve()):
-            folders.add(folder.resolve())
-    seen: set[Path] = set()
-    out: list[Path] = []
-    for folder in sorted(folders):
-        for path, text in _training_files(folder):
-            if path in seen or path == module:
-                continue
-            seen.add(path)
-            if module in dependencies(path, text, root).files:
-                out.append(path)
-    return out
-
-
-_TEXTS: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
-
-
-# How many folders one walk for a module's scripts enters at most.
-MAX_FOLDERS_WALKED = 2000
-
-
-def _training_files(folder: Path) -> list[tuple[Path, str]]:
-    """(path, text) of the Python files under ``folder`` whose text trains (a backward or an optimizer
-    step), at most :data:`MAX_IMPORTERS_LOOKED_AT` files and :data:`MAX_FOLDERS_WALKED` folders looked
-    at; each file read again only when it changed. Only regular files that are not symlinks are read,
-    and tcaudit's own private folders (``tcaudit-*``, which the model's sandbox writes) are not entered."""
-    out: list[tuple[Path, str]] = []
-    looked = folders = 0
-    for dirpath, dirnames, filenames in os.walk(folder):
-        folders += 1
-        if folders > MAX_FOLDERS_WALKED:
-            break
-        dirnames[:] = sorted(d for d in dirnames if is_project_file(Path(d)) and not d.startswith((".", "tcaudit-")))
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            looked += 1
-            if looked > MAX_IMPORTERS_LOOKED_AT:
-                return out
-            path = Path(dirpath, name)
-            if path.is_symlink():
-                continue
-            key = stat_key(path)
-            if key is None:
-                continue
-            cached = _TEXTS.get(path)
-            if cached is None or cached[0] != key:
-                raw = read_small(path)
-                if raw is None:
-                    continue
-                text = raw.decode("utf-8", "replace")
-                cached = (key, text if any(mark in text for mark in _TRAINS_TEXT) else None)
-                _TEXTS[path] = cached
-            if cached[1] is not None:
-                out.append((path.resolve(), cached[1]))
     return out

@@ -150,6 +150,11 @@ class ScriptRule:
     # Triggers that replace ``triggers`` when ``fix`` may make a structural conversion (by its name):
     # a rule that speaks for what the conversion will bring needs less text.
     structural_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Triggers for a helper module the project's training scripts import (a loss helper, a loader
+    # factory), which ``triggers`` do not match because the training happens elsewhere: the engine
+    # runs the rule on a file where one of these occurs when a training script of the project imports
+    # it (tcaudit/project/importers.py); the rule then judges it from those scripts' point of view.
+    helper_triggers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.spec: RuleSpec = load_catalog()[self.id]

@@ -14,6 +14,7 @@ This module imports neither LibCST nor a rule module at import time.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import re
@@ -46,12 +47,14 @@ class LazyRule:
     overrides ``may_match`` or ``configure``): the engine loads it up front and asks it.
     """
 
-    __slots__ = ("id", "module", "triggers", "settings", "_rule")
+    __slots__ = ("id", "module", "triggers", "helper_triggers", "settings", "_rule")
 
-    def __init__(self, rule_id: str, module: str, triggers: tuple[str, ...] | None, settings: "Settings") -> None:
+    def __init__(self, rule_id: str, module: str, triggers: tuple[str, ...] | None, settings: "Settings",
+                 helper_triggers: tuple[str, ...] = ()) -> None:
         self.id = rule_id
         self.module = module
         self.triggers = triggers
+        self.helper_triggers = helper_triggers
         self.settings = settings
         self._rule: "ScriptRule | None" = None
 
@@ -122,7 +125,7 @@ def lazy_rules(settings: "Settings") -> list[LazyRule]:
     are loaded now)."""
     enabled = set(settings.enabled_rules())
     rules = []
-    for rule_id, (module, triggers, structural) in sorted(TRIGGER_TABLE.items()):
+    for rule_id, (module, triggers, structural, helper) in sorted(TRIGGER_TABLE.items()):
         if rule_id not in enabled:
             continue
         if triggers is None:
@@ -131,9 +134,22 @@ def lazy_rules(settings: "Settings") -> list[LazyRule]:
         else:
             restored = tuple(_restore(t) for t in triggers)
             by_option = {option: tuple(_restore(t) for t in patterns) for option, patterns in structural.items()}
-            rule = LazyRule(rule_id, module, triggers_under(restored, by_option, settings.structural_fixes), settings)
+            rule = LazyRule(rule_id, module, triggers_under(restored, by_option, settings.structural_fixes), settings,
+                            tuple(_restore(t) for t in helper))
         rules.append(rule)
     return rules
+
+
+def any_helper_trigger(text: str) -> bool:
+    """Whether a rule's ``helper_triggers`` occur in ``text``: then what the rules say about the file
+    may depend on the project's training scripts that import it (the scan cache's key holds them)."""
+    return any(re.search(pattern, text) for pattern in _helper_patterns())
+
+
+@functools.lru_cache(maxsize=1)
+def _helper_patterns() -> tuple[str, ...]:
+    patterns = {_restore(t) for _, _, _, helper in TRIGGER_TABLE.values() for t in helper}
+    return tuple(sorted(patterns))
 
 
 # -- the rule modules, found in the wings -------------------------------------------------------------
@@ -198,7 +214,8 @@ def _stored(pattern: str) -> StoredTrigger:
     return parts if parts is not None else pattern
 
 
-def build_table() -> dict[str, tuple[str, tuple[StoredTrigger, ...] | None, dict[str, tuple[StoredTrigger, ...]]]]:
+def build_table() -> dict[str, tuple[str, tuple[StoredTrigger, ...] | None, dict[str, tuple[StoredTrigger, ...]],
+                                     tuple[StoredTrigger, ...]]]:
     """What :data:`TRIGGER_TABLE` must hold, read from the rule modules (imports them all)."""
     from tcaudit.rules.base import ScriptRule
 
@@ -207,12 +224,13 @@ def build_table() -> dict[str, tuple[str, tuple[StoredTrigger, ...] | None, dict
         module = cls.__module__.removeprefix("tcaudit.rules.")
         own_code = cls.may_match is not ScriptRule.may_match or cls.configure is not ScriptRule.configure
         if own_code:
-            table[rule_id] = (module, None, {})
+            table[rule_id] = (module, None, {}, ())
             continue
         structural = {
             option: tuple(_stored(p) for p in patterns) for option, patterns in sorted(cls.structural_triggers.items())
         }
-        table[rule_id] = (module, tuple(_stored(p) for p in cls.triggers), structural)
+        table[rule_id] = (module, tuple(_stored(p) for p in cls.triggers), structural,
+                          tuple(_stored(p) for p in cls.helper_triggers))
     return table
 
 
@@ -220,10 +238,11 @@ TABLE_PATH = Path(__file__).with_name("trigger_table.py")
 TABLE_HEADER = '''"""Each script rule's module and triggers, for the engine to import a rule only when a file needs it,
 and each model rule's module.
 
-Generated from the rule modules (their ``triggers`` and ``structural_triggers``) by
+Generated from the rule modules (their ``triggers``, ``structural_triggers`` and ``helper_triggers``) by
 ``python -m tcaudit.rules.registry --write``; do not edit. tests/test_rule_registry.py fails when
 this differs from what the modules declare. A trigger is a regex, or a tuple of the regexes that
-``all_of`` joined; ``None`` means the rule decides in its own code (it is imported up front).
+``all_of`` joined; ``None`` means the rule decides in its own code (it is imported up front). Each
+entry: (module, triggers, structural triggers by option, helper triggers).
 """
 
 '''
@@ -251,7 +270,7 @@ def render_table(table: dict | None = None, model_table: dict | None = None) -> 
     table = build_table() if table is None else table
     model_table = build_model_table() if model_table is None else model_table
     lines = [TABLE_HEADER.rstrip("\n"), "", "TRIGGER_TABLE = {"]
-    for rule_id, (module, triggers, structural) in table.items():
+    for rule_id, (module, triggers, structural, helper) in table.items():
         lines.append(f'    "{rule_id}": (')
         lines.append(f'        "{module}",')
         if triggers is None:
@@ -268,6 +287,10 @@ def render_table(table: dict | None = None, model_table: dict | None = None) -> 
             lines.append("        },")
         else:
             lines.append("        {},")
+        if helper:
+            lines.append("        (" + "".join(f"{_trigger_literal(p)}, " for p in helper).rstrip() + "),")
+        else:
+            lines.append("        (),")
         lines.append("    ),")
     lines.append("}")
     lines += ["", "# Each model rule's module (the TC1 rules' halves over the model audit's facts).", "MODEL_RULE_TABLE = {"]

@@ -1,10 +1,11 @@
 """Each script rule's module and triggers, for the engine to import a rule only when a file needs it,
 and each model rule's module.
 
-Generated from the rule modules (their ``triggers`` and ``structural_triggers``) by
+Generated from the rule modules (their ``triggers``, ``structural_triggers`` and ``helper_triggers``) by
 ``python -m tcaudit.rules.registry --write``; do not edit. tests/test_rule_registry.py fails when
 this differs from what the modules declare. A trigger is a regex, or a tuple of the regexes that
-``all_of`` joined; ``None`` means the rule decides in its own code (it is imported up front).
+``all_of`` joined; ``None`` means the rule decides in its own code (it is imported up front). Each
+entry: (module, triggers, structural triggers by option, helper triggers).
 """
 
 TRIGGER_TABLE = {
@@ -14,6 +15,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", r"Linear"),
         ),
         {},
+        (),
     ),
     "TC102": (
         "graph.tc102_conv_channels_unaligned",
@@ -21,6 +23,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", r"Conv[123]d"),
         ),
         {},
+        (),
     ),
     "TC104": (
         "graph.tc104_vocab_unaligned",
@@ -28,6 +31,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", r"vocab|tokens|Embedding"),
         ),
         {},
+        (),
     ),
     "TC201": (
         "amp.tc201_missing_autocast",
@@ -35,6 +39,7 @@ TRIGGER_TABLE = {
             r"\.backward\(",
         ),
         {},
+        (),
     ),
     "TC202": (
         "amp.tc202_deprecated_amp_api",
@@ -42,6 +47,7 @@ TRIGGER_TABLE = {
             r"amp\b(?<!\wamp)",
         ),
         {},
+        (),
     ),
     "TC203": (
         "amp.tc203_gradscaler_with_bf16",
@@ -49,6 +55,7 @@ TRIGGER_TABLE = {
             r"Scaler",
         ),
         {},
+        (),
     ),
     "TC204": (
         "amp.tc204_fp16_without_gradscaler",
@@ -56,6 +63,7 @@ TRIGGER_TABLE = {
             r"\.backward\(",
         ),
         {},
+        (),
     ),
     "TC205": (
         "amp.tc205_clip_before_unscale",
@@ -63,6 +71,7 @@ TRIGGER_TABLE = {
             r"clip_grad",
         ),
         {},
+        (),
     ),
     "TC206": (
         "amp.tc206_half_model_training",
@@ -70,6 +79,7 @@ TRIGGER_TABLE = {
             (r"half|bfloat16|float16|HalfTensor", r"\.\s*backward\b"),
         ),
         {},
+        (),
     ),
     "TC207": (
         "amp.tc207_backward_inside_autocast",
@@ -77,6 +87,7 @@ TRIGGER_TABLE = {
             (r"autocast", r"\.\s*backward\b"),
         ),
         {},
+        (),
     ),
     "TC208": (
         "amp.tc208_autocast_unsafe_op",
@@ -84,6 +95,7 @@ TRIGGER_TABLE = {
             (r"binary_cross_entropy|BCELoss|sparse", r"(?i:autocast)|\.\s*backward\b"),
         ),
         {},
+        (),
     ),
     "TC209": (
         "amp.tc209_apex_amp",
@@ -91,6 +103,7 @@ TRIGGER_TABLE = {
             r"apex",
         ),
         {},
+        (),
     ),
     "TC210": (
         "amp.tc210_scaler_not_checkpointed",
@@ -98,6 +111,7 @@ TRIGGER_TABLE = {
             r"Scaler",
         ),
         {},
+        (),
     ),
     "TC212": (
         "amp.tc212_double_optimizer_step",
@@ -105,6 +119,7 @@ TRIGGER_TABLE = {
             r"\.step\(",
         ),
         {},
+        (),
     ),
     "TC213": (
         "amp.tc213_clip_after_step",
@@ -112,6 +127,7 @@ TRIGGER_TABLE = {
             r"clip_grad",
         ),
         {},
+        (),
     ),
     "TC214": (
         "amp.tc214_accumulation_loss_not_divided",
@@ -119,6 +135,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", r"\.\s*step\s*\(", r"%", r"zero_grad"),
         ),
         {},
+        (),
     ),
     "TC301": (
         "compile.tc301_tf32_disabled",
@@ -126,6 +143,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC302": (
         "compile.tc302_cudnn_benchmark_off",
@@ -133,6 +151,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC303": (
         "compile.tc303_channels_last_missing",
@@ -140,6 +159,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC304": (
         "compile.tc304_legacy_jit_flags",
@@ -147,6 +167,7 @@ TRIGGER_TABLE = {
             r"_jit_|graph_executor_optimize",
         ),
         {},
+        (),
     ),
     "TC305": (
         "compile.tc305_not_compiled",
@@ -154,6 +175,7 @@ TRIGGER_TABLE = {
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC306": (
         "compile.tc306_debug_mode_on",
@@ -161,6 +183,7 @@ TRIGGER_TABLE = {
             r"anomaly|profile|nvtx|emit_itt|gradcheck|CUDA_LAUNCH_BLOCKING",
         ),
         {},
+        (),
     ),
     "TC307": (
         "compile.tc307_unfused_optimizer",
@@ -168,6 +191,7 @@ TRIGGER_TABLE = {
             (r"Adam|SGD", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC308": (
         "compile.tc308_manual_attention",
@@ -175,6 +199,7 @@ TRIGGER_TABLE = {
             (r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),
         ),
         {},
+        (),
     ),
     "TC309": (
         "compile.tc309_deterministic_kernels",
@@ -182,6 +207,7 @@ TRIGGER_TABLE = {
             (r"deterministic\s*=|benchmark\s*=|use_deterministic_algorithms", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC310": (
         "compile.tc310_graph_break_in_forward",
@@ -191,6 +217,7 @@ TRIGGER_TABLE = {
         {
             "compile": (r"def forward",),
         },
+        (),
     ),
     "TC311": (
         "compile.tc311_compile_in_loop",
@@ -198,6 +225,7 @@ TRIGGER_TABLE = {
             (r"compile\(", r"\.backward\("),
         ),
         {},
+        (),
     ),
     "TC312": (
         "compile.tc312_deprecated_sdp_kernel",
@@ -205,6 +233,7 @@ TRIGGER_TABLE = {
             r"sdp_kernel",
         ),
         {},
+        (),
     ),
     "TC313": (
         "compile.tc313_arch_list_variable",
@@ -212,6 +241,7 @@ TRIGGER_TABLE = {
             r"TORCH_CUDA_ARCH_LIST",
         ),
         {},
+        (),
     ),
     "TC314": (
         "compile.tc314_mha_need_weights",
@@ -219,6 +249,7 @@ TRIGGER_TABLE = {
             r"MultiheadAttention",
         ),
         {},
+        (),
     ),
     "TC315": (
         "compile.tc315_checkpoint_use_reentrant",
@@ -226,6 +257,7 @@ TRIGGER_TABLE = {
             r"checkpoint",
         ),
         {},
+        (),
     ),
     "TC316": (
         "compile.tc316_requires_grad_typo",
@@ -233,6 +265,7 @@ TRIGGER_TABLE = {
             r"req\w*_g(?:rad|ard)",
         ),
         {},
+        (),
     ),
     "TC317": (
         "compile.tc317_torch_load_weights_only",
@@ -240,6 +273,7 @@ TRIGGER_TABLE = {
             r"\bload\b",
         ),
         {},
+        (),
     ),
     "TC318": (
         "compile.tc318_compile_partial_batch",
@@ -249,22 +283,23 @@ TRIGGER_TABLE = {
         {
             "compile": ((r"DataLoader", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),),
         },
+        (),
     ),
     "TC401": (
         "pipeline.tc401_dataloader_no_workers",
         (
             ('mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
-            r"DataLoader\(",
         ),
         {},
+        (r"DataLoader\(",),
     ),
     "TC402": (
         "pipeline.tc402_dataloader_no_pin_memory",
         (
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
-            r"DataLoader\(",
         ),
         {},
+        (r"DataLoader\(",),
     ),
     "TC403": (
         "pipeline.tc403_blocking_h2d_copy",
@@ -272,6 +307,7 @@ TRIGGER_TABLE = {
             (r"DataLoader", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC404": (
         "pipeline.tc404_workers_not_persistent",
@@ -279,6 +315,7 @@ TRIGGER_TABLE = {
             (r"DataLoader", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
+        (),
     ),
     "TC405": (
         "pipeline.tc405_cpu_image_decode",
@@ -286,6 +323,7 @@ TRIGGER_TABLE = {
             (r"ImageFolder|ImageNet|PIL|cv2|read_image|decode_image|decode_jpeg|imread|imageio|skimage", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
+        (),
     ),
     "TC406": (
         "pipeline.tc406_tensor_created_then_moved",
@@ -293,6 +331,7 @@ TRIGGER_TABLE = {
             (r"\.(?:cuda|to)\b", r"\bcuda\b|torch\.accelerator|\bmps\b|\bxpu\b|FloatTensor|HalfTensor", r"\b(?:zeros|ones|empty|full|rand\w*|arange|linspace|logspace|eye|tensor|as_tensor|\w+_like|tril_indices|triu_indices)\("),
         ),
         {},
+        (),
     ),
     "TC407": (
         "pipeline.tc407_dali_pipeline_without_input",
@@ -300,6 +339,7 @@ TRIGGER_TABLE = {
             r"pipeline_def",
         ),
         {},
+        (),
     ),
     "TC408": (
         "pipeline.tc408_host_tensors_copied_each_step",
@@ -307,6 +347,7 @@ TRIGGER_TABLE = {
             (r"\.(?:cuda|to)\b", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC409": (
         "pipeline.tc409_d2h_non_blocking_read",
@@ -314,6 +355,7 @@ TRIGGER_TABLE = {
             (r"non_blocking", r"\.\s*(?:to|copy_)\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {},
+        (),
     ),
     "TC410": (
         "pipeline.tc410_dataset_rng_shared_by_workers",
@@ -321,6 +363,7 @@ TRIGGER_TABLE = {
             (r"DataLoader", r"__getitem__", r"default_rng|RandomState|Random|Generator", r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
+        (),
     ),
     "TC411": (
         "pipeline.tc411_images_normalized_on_host",
@@ -328,6 +371,7 @@ TRIGGER_TABLE = {
             (r"ToTensor", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
         ),
         {},
+        (),
     ),
     "TC501": (
         "distributed.tc501_dataparallel",
@@ -335,6 +379,7 @@ TRIGGER_TABLE = {
             r"(?<!Distributed)DataParallel",
         ),
         {},
+        (),
     ),
     "TC502": (
         "distributed.tc502_ddp_bucket_view",
@@ -342,6 +387,7 @@ TRIGGER_TABLE = {
             r"DistributedDataParallel",
         ),
         {},
+        (),
     ),
     "TC503": (
         "distributed.tc503_ddp_without_distributed_sampler",
@@ -349,6 +395,7 @@ TRIGGER_TABLE = {
             r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",
         ),
         {},
+        (),
     ),
     "TC504": (
         "distributed.tc504_sampler_without_set_epoch",
@@ -357,6 +404,7 @@ TRIGGER_TABLE = {
             (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard", r"\.\s*(?:backward|step)\b"),
         ),
         {},
+        (),
     ),
     "TC505": (
         "distributed.tc505_single_process_training",
@@ -364,6 +412,7 @@ TRIGGER_TABLE = {
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*backward\b", r"\.\s*step\b"),
         ),
         {},
+        (),
     ),
     "TC506": (
         "distributed.tc506_gloo_on_cuda",
@@ -371,6 +420,7 @@ TRIGGER_TABLE = {
             r"gloo",
         ),
         {},
+        (),
     ),
     "TC507": (
         "distributed.tc507_ddp_accumulation_sync",
@@ -378,6 +428,7 @@ TRIGGER_TABLE = {
             r"DistributedDataParallel",
         ),
         {},
+        (),
     ),
     "TC508": (
         "distributed.tc508_find_unused_parameters",
@@ -385,6 +436,7 @@ TRIGGER_TABLE = {
             r"find_unused_parameters",
         ),
         {},
+        (),
     ),
     "TC509": (
         "distributed.tc509_batchnorm_small_per_gpu_batch",
@@ -392,6 +444,7 @@ TRIGGER_TABLE = {
             (r"DistributedDataParallel", r"DataLoader", r"BatchNorm|resne|densenet|efficientnet|mobilenet|regnet|mnasnet|shufflenet|inception|googlenet|vgg|get_model|create_model|__dict__|getattr"),
         ),
         {},
+        (),
     ),
     "TC601": (
         "loop.tc601_per_step_sync",
@@ -399,6 +452,7 @@ TRIGGER_TABLE = {
             r"\.backward\(|\.step\(|\b(fit|train)\w*\(",
         ),
         {},
+        (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",),
     ),
     "TC602": (
         "loop.tc602_zero_grad_not_none",
@@ -406,6 +460,7 @@ TRIGGER_TABLE = {
             r"set_to_none\s*=\s*False|zero_grad\(\s*False",
         ),
         {},
+        (),
     ),
     "TC603": (
         "loop.tc603_loader_relisted",
@@ -414,6 +469,7 @@ TRIGGER_TABLE = {
             (r"DataLoader", r"list(?<!\wlist)\s*\("),
         ),
         {},
+        (),
     ),
     "TC604": (
         "loop.tc604_batch_size_unaligned",
@@ -421,6 +477,7 @@ TRIGGER_TABLE = {
             r"(?is)\A(?=.*(?:\.backward\(|\.step\()).*(?:batch[-_]?size|bsz?\b)",
         ),
         {},
+        (),
     ),
     "TC605": (
         "loop.tc605_empty_cache_in_loop",
@@ -428,6 +485,7 @@ TRIGGER_TABLE = {
             r"empty_cache",
         ),
         {},
+        (),
     ),
     "TC606": (
         "loop.tc606_eval_without_no_grad",
@@ -436,6 +494,7 @@ TRIGGER_TABLE = {
             (r"def _*(?:eval|valid|test|infer|predict|sample|generate)", r"(?<![\w.])\w*(?:model|net|Net|generator|discriminator|encoder|decoder|classifier|backbone)\w*\)?\s*\(|\.\s*(?:named_)?parameters\s*\(|\.eval\("),
         ),
         {},
+        (),
     ),
 }
 

@@ -7,22 +7,21 @@ it sees, so the change is left to the user, with the recipe in the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.findings import Finding, Fix, FixClass, Related, Severity
+from tcaudit.findings import Finding, Fix, FixClass, Related, Severity, mirrored_at
+from tcaudit.project.importers import training_importers
+from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Symbol
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.aliasing import chain_root, expression_chain
-from tcaudit.script.distributed import (
-    DistributedFacts,
-    distributed_facts,
-    in_test_code,
-    literal_value,
-)
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.script.steps import is_interval_guard, is_opt_in_flag, runs_every_step
@@ -313,15 +312,49 @@ class PerStepSync(ScriptRule):
     # Or a call that may run a training loop of another module (``trainer.fit(...)``, ``train(...)``):
     # a prefilter only, what is reported is decided by following the call.
     triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(",)
+    # A helper module with a sync that training scripts of the project import (a loss helper, a meter):
+    # judged from those scripts, so a scan of the helper alone (the editor, pre-commit) reports it.
+    helper_triggers = (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if not _host_waits(facts, info):
-            return
-        cost = context.cost(self.spec, "per_step")
-        if info.step_loops:
-            yield from self._in_this_module(facts, info, cost)
-        yield from self._in_other_modules(facts, info, context, cost)
+        own: list[Finding] = []
+        if _host_waits(facts, info):
+            cost = context.cost(self.spec, "per_step")
+            if info.step_loops:
+                own = list(self._in_this_module(facts, info, cost))
+            own += self._in_other_modules(facts, info, context, cost)
+            yield from own
+        yield from self._for_scripts(facts, context, {(f.location.line, f.location.column) for f in own})
+
+    def _for_scripts(self, facts: ScriptFacts, context: RuleContext,
+                     reported: set[tuple[int, int]]) -> Iterator[Finding]:
+        """This module's syncs that training scripts of the project run every step through its functions
+        (what the scripts' scans report at their calls): reported here too, at the sync, with the call
+        as the related place; a folder scan that has both files shows each once."""
+        if facts.training_steps:
+            return  # a training script itself: what it runs every step is reported where it calls it
+        here = facts.source.path.resolve()
+        for script_path in training_importers(here, context.settings.root):
+            module = load_module(script_path)
+            if module is None:
+                continue
+            script = module.facts
+            info = distributed_facts(script)
+            if not _host_waits(script, info):
+                continue
+            for finding in self._in_other_modules(script, info, context, context.cost(self.spec, "per_step")):
+                for place in finding.related:
+                    loc = place.location
+                    if not place.mirror or (loc.line, loc.column) in reported or Path(loc.path).resolve() != here:
+                        continue
+                    line_text = facts.source.line_text(loc.line)
+                    helper = load_module(here)
+                    if helper is None or helper.facts.source.line_text(loc.line) != line_text:
+                        continue  # this text is not the module on disk (an editor's unsaved buffer)
+                    reported.add((loc.line, loc.column))
+                    at = dataclasses.replace(loc, path=facts.source.display_path)
+                    yield mirrored_at(finding, at, place.message, line_text)
 
     def _in_this_module(self, facts: ScriptFacts, info: DistributedFacts, cost: str) -> Iterator[Finding]:
         tensors = _Tensors(facts)
