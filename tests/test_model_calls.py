@@ -105,6 +105,29 @@ def test_a_factory_of_the_trained_model_that_trains_is_not_called(tmp_path):
                        "(`torch.save({}, 'x.pt')` at line 6), so the audit does not call it")
 
 
+@pytest.mark.parametrize("optimizer", [
+    "bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)",  # bitsandbytes
+    "FusedAdam(model.parameters(), lr=1e-3)",  # apex
+    "create_optimizer_v2(model, 'adamw', lr=1e-3)",  # timm, from the model itself
+    "Lion(model.parameters(), lr=1e-4)",  # lion_pytorch
+])
+def test_a_factory_trained_by_an_optimizer_outside_torch_optim_is_built(tmp_path, optimizer):
+    index = index_of(tmp_path, f"""
+        import bitsandbytes as bnb
+        from apex.optimizers import FusedAdam
+        from lion_pytorch import Lion
+        from timm.optim import create_optimizer_v2
+        import torch.nn as nn
+
+        def build_model(width):
+            return nn.Sequential(nn.Linear(width, width), nn.ReLU())
+
+        model = build_model(64)
+        optimizer = {optimizer}
+    """)
+    assert kinds(index) == [("factory", "build_model(64)", None)]
+
+
 def test_a_function_named_like_a_factory_is_not_called_without_an_optimizer(tmp_path):
     index = index_of(tmp_path, """
         import torch.nn as nn

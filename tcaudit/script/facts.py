@@ -24,6 +24,7 @@ from libcst.metadata import CodeRange
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
+from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.syntax import keyword, strip_comments
 from tcaudit.source.walk import code_positions, walk
@@ -953,7 +954,7 @@ class ScriptFacts:
             for value in self.binding_values(binding.value):
                 if isinstance(value, cst.Call):
                     qual = self.qualname(value.func) or ""
-                    if qual.startswith("torch.optim.") and "lr_scheduler" not in qual and "swa_utils" not in qual:
+                    if is_optimizer(qual):
                         out.add(binding.target)
         return out
 
@@ -1028,7 +1029,7 @@ class ScriptFacts:
         out = set()
         for call in self.calls:
             qual = call.qualname or ""
-            if qual.startswith("torch.optim.") or call.method == "parameters":
+            if is_optimizer(qual) or call.method == "parameters":
                 for arg in call.node.args:
                     value = arg.value
                     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):

@@ -21,6 +21,7 @@ from tcaudit.script.distributed import innermost_loop
 from tcaudit.script.expressions import assigned_name, flag_dest, function_returns, literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
+from tcaudit.script.optimizers import MODEL_OPTIMIZER_FACTORIES, is_optimizer
 from tcaudit.script.training_code import TrainingCodeFacts
 from tcaudit.source.syntax import keyword
 
@@ -78,7 +79,12 @@ class TrainedModelFacts(TrainingCodeFacts):
         names: list[str] = []
         for call in facts.calls:
             qual = call.qualname or ""
-            if not qual.startswith("torch.optim.") or "lr_scheduler" in qual or "swa_utils" in qual:
+            if qual.startswith(MODEL_OPTIMIZER_FACTORIES):  # timm's create_optimizer_v2(model, "adamw")
+                model = call.arg("model_or_params", 0) if "create_optimizer_v2" in qual else call.arg("model", 1)
+                if isinstance(model, (cst.Name, cst.Attribute)):
+                    names.append(get_full_name_for_node(model) or "")
+                continue
+            if not is_optimizer(qual):
                 continue
             inside = calls_within(call.node)
             # ``params = list(enc.parameters()) + list(dec.parameters()); SGD(params)``: the list built
