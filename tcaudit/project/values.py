@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -126,8 +127,13 @@ class Values:
     def _name(self, facts: ScriptFacts, expr: cst.BaseExpression, dotted: str, fn, depth: int) -> list[Value] | None:
         root, _, attr = dotted.partition(".")
         if fn is not None and root in param_names(fn) and root not in ("self", "cls"):
+            if attr and _hydra_main(facts, fn) is not None:
+                return self._hydra(facts, fn, attr)  # ``@hydra.main(...) def main(cfg): cfg.data.workers``
             if attr and "." not in attr and _args_like(root):
-                return self._option(facts, attr)  # ``def get_data(args): ... args.workers``
+                # ``def get_data(args): ... args.workers``; or a config the entry's Hydra main hands on
+                return self._option(facts, attr) or self._entry_hydra(attr)
+            if attr and _args_like(root):
+                return self._entry_hydra(attr)  # ``def get_data(cfg): ... cfg.data.workers``
             if not attr:
                 return self._click_option(facts, fn, root)  # ``@click.option("--workers", default=0)``
             return None
@@ -155,6 +161,11 @@ class Values:
                 return None
             return [Value(v.value, v.how or f"`{symbol.name}` is {v.value!r} in {symbol.module.path.name}",
                           v.where or (symbol.module.display_path, symbol.line), v.on_command_line) for v in found]
+        if attr:
+            holder = [b for b in facts.bindings_of(root) if not b.is_item_write]
+            if holder and all(isinstance(b.value, cst.Call) and (facts.qualname(b.value.func) or "") in _OMEGACONF
+                              for b in holder):
+                return self._omegaconf(facts, holder, attr, depth)
         if attr and "." not in attr:
             holder = [b for b in facts.bindings_of(root) if not b.is_item_write]
             if holder and all(isinstance(b.value, cst.Call) and _PARSE_ARGS.search(get_full_name_for_node(b.value.func) or "")
@@ -166,6 +177,96 @@ class Values:
             if field is not None:
                 return field
         return None
+
+    # -- OmegaConf and Hydra configs ------------------------------------------------------------------
+    def _omegaconf(self, facts: ScriptFacts, holder: list, attr: str, depth: int) -> list[Value] | None:
+        """``cfg.data.workers`` where every value of ``cfg`` is ``OmegaConf.load("conf.yaml")`` (the key in
+        that file), ``OmegaConf.create({...})`` (the dict written there) or ``OmegaConf.structured(Config)``
+        (the dataclass's default)."""
+        out: list[Value] = []
+        for binding in holder:
+            call = binding.value
+            kind = (facts.qualname(call.func) or "").rsplit(".", 1)[-1]
+            first = call.args[0].value if call.args and call.args[0].keyword is None else None
+            if kind == "load":
+                name = literal(first) if first is not None else None
+                if not isinstance(name, str):
+                    return None
+                found = config_value(self._config_file(facts, name), attr)
+                if found is None:
+                    return None
+                value, where = found
+                out.append(Value(value, f"`{attr}` is {value!r} in the YAML config", where))
+            elif kind == "create":
+                found = self._dict_value(facts, first, attr.split("."), depth)
+                if found is None:
+                    return None
+                out += found
+            elif kind == "structured" and first is not None and "." not in attr:
+                found = self._field(facts, [_Bound(cst.Call(func=first))], attr, depth)
+                if found is None:
+                    return None
+                out += found
+            else:
+                return None
+        return out
+
+    def _dict_value(self, facts: ScriptFacts, node, keys: list[str], depth: int) -> list[Value] | None:
+        """The value under ``keys`` in a dict display (``{"data": {"workers": 0}}``, ``dict(workers=0)``)."""
+        for index, key in enumerate(keys):
+            found = None
+            if isinstance(node, cst.Dict):
+                for element in node.elements:
+                    if isinstance(element, cst.DictElement) and literal(element.key) == key:
+                        found = element.value
+            elif isinstance(node, cst.Call) and get_full_name_for_node(node.func) == "dict":
+                argument = keyword(node, key)
+                found = argument.value if argument is not None else None
+            if found is None:
+                return None
+            node = found
+        held = self.of(facts, node, None, depth + 1)
+        if held is None:
+            return None
+        line = facts.line_of(node)
+        where = (facts.source.display_path, line)
+        return [Value(v.value, v.how or f"`{'.'.join(keys)}` is {v.value!r} in the config", where) for v in held]
+
+    def _hydra(self, facts: ScriptFacts, fn: cst.FunctionDef, attr: str) -> list[Value] | None:
+        """``cfg.data.workers`` in ``@hydra.main(config_path="conf", config_name="config") def main(cfg)``:
+        the key in the composed config (the primary file and the groups its ``defaults`` list picks), a
+        default the command line may override (``data.workers=8``), so none where a launch script does."""
+        spec = _hydra_main(facts, fn)
+        if spec is None:
+            return None
+        config_path, config_name = spec
+        folder = facts.source.path.resolve().parent / config_path
+        found = hydra_value(folder, config_name, attr)
+        if found is None or self._launch_overrides(attr):
+            return None
+        value, where = found
+        return [Value(value, f"`{attr}` is {value!r} in the Hydra config", where, True)]
+
+    def _entry_hydra(self, attr: str) -> list[Value] | None:
+        """``attr`` of the config the entry script's Hydra main receives (and hands to this helper)."""
+        entry = self.project.entry
+        for fn in entry.functions_by_name.values():
+            for candidate in fn:
+                if _hydra_main(entry, candidate) is not None:
+                    return self._hydra(entry, candidate, attr)
+        return None
+
+    def _config_file(self, facts: ScriptFacts, name: str) -> Path | None:
+        """A config file a script loads by a relative name: beside the script, or from the project root."""
+        for folder in (facts.source.path.resolve().parent, self.project.root):
+            if folder is not None and (Path(folder) / name).is_file():
+                return Path(folder) / name
+        return None
+
+    def _launch_overrides(self, key: str) -> bool:
+        """Whether a launch script passes the Hydra override ``key=...`` (or ``+key=``, ``++key=``)."""
+        self._launch_passes([])
+        return re.search(rf"(^|\s)\+{{0,2}}{re.escape(key)}=", self._launch_text or "", re.MULTILINE) is not None
 
     def _click_option(self, facts: ScriptFacts, fn: cst.FunctionDef, name: str) -> list[Value] | None:
         """The default of ``@click.option("--workers", default=0)`` (or typer's) for the parameter
@@ -308,3 +409,98 @@ def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
                     and small.targets[0].target.value == attr:
                 return small.value
     return None
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A stand-in binding for :meth:`Values._field` (``OmegaConf.structured(Config)`` is ``Config()``)."""
+
+    value: cst.BaseExpression
+
+
+# OmegaConf's constructors of a config object.
+_OMEGACONF = frozenset(f"omegaconf.{where}OmegaConf.{kind}" for where in ("", "omegaconf.")
+                       for kind in ("load", "create", "structured"))
+# How large a config file is read (a config, not data).
+MAX_CONFIG_BYTES = 1_000_000
+
+
+def _hydra_main(facts: ScriptFacts, fn: cst.FunctionDef) -> tuple[str, str] | None:
+    """(config_path, config_name) of ``@hydra.main(config_path=..., config_name=...)`` on ``fn``."""
+    for decorator in fn.decorators:
+        call = decorator.decorator
+        if not isinstance(call, cst.Call) or (facts.qualname(call.func) or "") != "hydra.main":
+            continue
+        path = literal(keyword(call, "config_path").value) if keyword(call, "config_path") is not None else "."
+        name = literal(keyword(call, "config_name").value) if keyword(call, "config_name") is not None else None
+        if isinstance(path, str) and isinstance(name, str):
+            return path, name.removesuffix(".yaml")
+    return None
+
+
+def hydra_value(folder: Path, config_name: str, key: str) -> tuple[object, tuple[str, int]] | None:
+    """``key`` (dotted) in the Hydra config ``config_name`` of ``folder`` as Hydra composes it: the
+    primary file's own value, else the value in the group file its ``defaults`` list picks for the key's
+    first part (``defaults: [{data: imagenet}]`` → ``data/imagenet.yaml``). None where it is not there,
+    not a plain scalar, or an interpolation."""
+    primary = folder / f"{config_name}.yaml"
+    found = config_value(primary, key)
+    if found is not None:
+        return found
+    head, _, rest = key.partition(".")
+    if not rest:
+        return None
+    data = _yaml_data(primary)
+    defaults = data.get("defaults") if isinstance(data, dict) else None
+    for entry in defaults if isinstance(defaults, list) else ():
+        if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) == head and isinstance(entry[head], str):
+            return config_value(folder / head / f"{entry[head]}.yaml", rest)
+    return None
+
+
+def config_value(path: Path | None, key: str) -> tuple[object, tuple[str, int]] | None:
+    """(value, (display path, line)) of the dotted ``key`` in a YAML config file: a plain scalar only (an
+    interpolation ``${...}`` or a missing ``???`` is not a value)."""
+    import yaml
+
+    from tcaudit.source.discovery import display_path
+
+    node = _yaml_node(path)
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+    if not isinstance(node, yaml.ScalarNode) or "${" in node.value or node.value == "???":
+        return None
+    try:
+        value = yaml.SafeLoader("").construct_object(node)
+    except (yaml.YAMLError, ValueError):
+        return None
+    if not isinstance(value, (int, float, str, bool)) and value is not None:
+        return None
+    assert path is not None
+    return value, (display_path(path), node.start_mark.line + 1)
+
+
+def _yaml_node(path: Path | None):
+    import yaml
+
+    raw = read_small(path, MAX_CONFIG_BYTES) if path is not None else None
+    if raw is None:
+        return None
+    try:
+        return yaml.compose(raw.decode("utf-8", "replace"), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return None
+
+
+def _yaml_data(path: Path):
+    import yaml
+
+    node = _yaml_node(path)
+    if node is None:
+        return None
+    try:
+        return yaml.SafeLoader("").construct_document(node)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return None
