@@ -55,6 +55,18 @@ def test_the_folder_scan_reports_each_problem_where_the_code_is(name):
     assert reported(PROJECTS / name, ".", spec["rules"]) == sorted(spec["folder_findings"])
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_each_file_scanned_alone_reports_what_the_folder_scan_reports_there(name):
+    """A helper scanned alone (the editor, a pre-commit run on the changed file) finds the training
+    scripts that import it and reports what the folder scan reports at it."""
+    spec = expect(name)
+    by_file: dict[str, list] = {}
+    for finding in spec["folder_findings"]:
+        by_file.setdefault(finding[1], []).append(finding)
+    for path, findings in sorted(by_file.items()):
+        assert reported(PROJECTS / name, path, spec["rules"]) == sorted(findings), path
+
+
 def test_a_scaler_live_on_an_older_gpu_is_reported_there():
     spec = expect("scaler_enabled")
     assert reported(PROJECTS / "scaler_enabled", "train.py", spec["rules"], "--gpu", "v100") == spec["v100_findings"]
@@ -131,19 +143,66 @@ def test_fix_edits_the_module_that_builds_the_loader(tmp_path):
     assert reported(folder, "utils.py", ["TC401", "TC402"]) == [["TC401", "utils.py", 29], ["TC402", "utils.py", 29]]
 
 
+# A second script training with utils.get_data's DataLoader, at module level (no ``__main__`` guard).
+QUICK = ("import torch\nimport utils\n\n\nclass A:\n    batch_size = 4\n\n\n"
+         "model = torch.nn.Linear(3, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+         "train_loader, _ = utils.get_data(A)\nfor x, y in train_loader:\n"
+         "    loss = model(x.cuda().mean((2, 3))).sum()\n    loss.backward()\n    opt.step()\n")
+
+
 def test_a_helper_shared_with_a_script_without_a_main_guard_keeps_its_loader(tmp_path):
     folder = _copy("loader_factory", tmp_path)
-    (folder / "quick.py").write_text(
-        "import torch\nimport utils\n\n\nclass A:\n    batch_size = 4\n\n\n"
-        "model = torch.nn.Linear(3, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "train_loader, _ = utils.get_data(A)\nfor x, y in train_loader:\n"
-        "    loss = model(x.cuda().mean((2, 3))).sum()\n    loss.backward()\n    opt.step()\n", encoding="utf-8")
+    (folder / "quick.py").write_text(QUICK, encoding="utf-8")
     code, out, err = run_cli("scan", "utils.py", "--no-exec", "--no-cache", "--isolated", "--format", "json",
                              "--select", "TC401", cwd=folder)
     [finding] = json.loads(out)["findings"]
     assert not finding["fix"]["available"]
     assert "quick.py trains with this DataLoader without an `if __name__" in finding["fix"]["reason"]
     assert sorted(r["path"] for r in finding["related"]) == ["quick.py", "train.py"]
+
+
+def test_fixing_the_script_edits_the_module_that_builds_its_loader(tmp_path):
+    folder = _copy("loader_factory", tmp_path)
+    code, out, err = run_cli("fix", "train.py", "--no-exec", "--isolated", "--no-cache", "--select", "TC401,TC402",
+                             cwd=folder)
+    assert code == 1, err
+    # One diff per file: the script has nothing to change for these rules, its helper module does.
+    assert "--- a/utils.py" in out and "--- a/train.py" not in out
+    assert "+    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, num_workers=" in out
+    assert "no fix" not in err  # the fix the script's findings decline is made, in utils.py
+    assert "1 file would change" in err
+    code, out, err = run_cli("fix", "train.py", "--apply", "--no-exec", "--isolated", "--no-cache",
+                             "--select", "TC401,TC402", cwd=folder)
+    assert code == 0, err
+    assert "fixed utils.py (TC401, TC402)" in err
+    assert reported(folder, "train.py", ["TC401", "TC402"]) == []
+    assert reported(folder, "utils.py", ["TC401", "TC402"]) == []
+
+
+def test_a_script_and_its_helper_module_are_written_all_or_none(tmp_path):
+    folder = _copy("loader_factory", tmp_path)
+    before = {name: (folder / name).read_bytes() for name in ("train.py", "utils.py")}
+    (folder / "utils.py").chmod(0o444)
+    try:
+        code, out, err = run_cli("fix", "train.py", "--apply", "--no-exec", "--isolated", "--no-cache", cwd=folder)
+    finally:
+        (folder / "utils.py").chmod(0o644)
+    assert code == 2, err
+    # train.py is written first and put back when utils.py cannot be: the same bytes as before.
+    assert "utils.py: not fixed (nor train.py: all or none): the file is read-only" in err
+    assert {name: (folder / name).read_bytes() for name in before} == before
+    assert not [p.name for p in folder.iterdir() if p.name.endswith((".tcaudit-tmp", ".tcaudit-backup"))]
+
+
+def test_a_shared_helper_that_cannot_be_fixed_says_why_when_the_script_is_fixed(tmp_path):
+    folder = _copy("loader_factory", tmp_path)
+    (folder / "quick.py").write_text(QUICK, encoding="utf-8")
+    code, out, err = run_cli("fix", "train.py", "--no-exec", "--isolated", "--no-cache", "--select", "TC401",
+                             cwd=folder)
+    assert code == 0 and out == "", err
+    assert ("utils.py:29: TC401 no fix: quick.py trains with this DataLoader without an "
+            "`if __name__ == \"__main__\":` guard") in err, err
+    assert "train.py:20: TC401 no fix: the DataLoader is built in utils.py:29 (`get_data`)" in err
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -169,6 +228,25 @@ def test_a_changed_imported_module_invalidates_the_cached_result(tmp_path):
     commons = folder / "commons.py"
     commons.write_text(commons.read_text().replace("param_norm.item()", "float(0)"), encoding="utf-8")
     assert scan() == [33]
+
+
+def test_a_helper_scanned_alone_is_scanned_again_when_a_script_that_imports_it_changes(tmp_path):
+    folder = _copy("loss_helper", tmp_path)
+    cache = tmp_path / "cache"
+
+    def scan(target: str) -> list:
+        code, out, err = run_cli("scan", target, "--no-exec", "--isolated", "--cache-dir", str(cache),
+                                 "--format", "json", "--select", "TC601", cwd=folder)
+        return sorted(f["line"] for f in json.loads(out)["findings"])
+
+    assert scan("commons.py") == [12]
+    assert scan("commons.py") == [12]  # answered from the cache
+    train = folder / "train.py"
+    # The clipping helper now runs once per epoch, not every step: commons.py's own text did not change.
+    text = train.read_text()
+    step = next(line for line in text.splitlines() if "clip_grad_value_(" in line)
+    train.write_text(text.replace(step + "\n", ""), encoding="utf-8")
+    assert scan("commons.py") == []
 
 
 def test_a_module_imported_by_several_entry_scripts_is_parsed_once(tmp_path):
@@ -240,7 +318,7 @@ def test_values_are_judged_by_what_they_hold(tmp_path, monkeypatch):
 # -- each project still trains after the fix ----------------------------------------------------------
 
 def _runnable(folder: Path, entry: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The entry's text (a notebook's code cells, joined) and the project's other Python files."""
+    """The entry's text (a notebook's code cells, joined) and the project's other Python and YAML files."""
     if entry.endswith(".ipynb"):
         cells = json.loads((folder / entry).read_text(encoding="utf-8"))["cells"]
         text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code") + "\n"
@@ -248,7 +326,7 @@ def _runnable(folder: Path, entry: str) -> tuple[str, tuple[tuple[str, str], ...
         text = (folder / entry).read_text(encoding="utf-8")
     files = tuple(
         (p.relative_to(folder).as_posix(), p.read_text(encoding="utf-8"))
-        for p in sorted(folder.rglob("*.py")) if p.relative_to(folder).as_posix() != entry
+        for p in sorted(folder.rglob("*")) if p.suffix in (".py", ".yaml") and p.relative_to(folder).as_posix() != entry
     )
     return text, files
 
@@ -337,6 +415,54 @@ def test_each_project_trains_the_same_after_the_fix(trained, name):
     assert len(patched.losses) == len(original.losses), (original.losses, patched.losses)
     rtol = expect(name).get("oracle", {}).get("rtol", 1e-4)
     assert max_relative_difference(original.losses, patched.losses) <= rtol, (original.losses, patched.losses)
+
+
+def test_omegaconf_and_hydra_values_are_read_from_their_configs(tmp_path, monkeypatch):
+    from tcaudit.project.symbols import project_of
+    from tcaudit.project.values import Values
+    from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.parsing import read_source
+
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "config.yaml").write_text(
+        "defaults:\n  - data: images\n  - _self_\nlr: 0.1\nmissing: ???\nref: ${lr}\ndata:\n  size: 64\n",
+        encoding="utf-8")
+    (tmp_path / "conf" / "data" / "images.yaml").write_text("size: 32\nworkers: 0\n", encoding="utf-8")
+    (tmp_path / "base.yaml").write_text("train:\n  workers: 0\n  nested: {a: 1}\n", encoding="utf-8")
+    entry = tmp_path / "train.py"
+    entry.write_text(
+        "import hydra\nfrom omegaconf import OmegaConf\nfrom dataclasses import dataclass\n\n\n"
+        "@dataclass\nclass Cfg:\n    workers: int = 0\n\n\n"
+        "loaded = OmegaConf.load('base.yaml')\n"
+        "made = OmegaConf.create({'train': {'workers': 0, 'n': 'x'}})\n"
+        "typed = OmegaConf.structured(Cfg)\n"
+        "a = loaded.train.workers\nb = made.train.workers\nc = typed.workers\nd = loaded.train.nested\n\n\n"
+        "@hydra.main(version_base=None, config_path='conf', config_name='config')\n"
+        "def main(cfg):\n    e = cfg.data.workers\n    f = cfg.data.size\n    g = cfg.missing\n    h = cfg.ref\n"
+        "    return e, f, g, h\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    facts = ScriptFacts(read_source(entry, "train.py"))
+    values = Values(project_of(facts, tmp_path))
+    [main] = facts.functions_by_name["main"]
+
+    def of(name, fn=None):
+        binding = [b for b in facts.bindings_of(name) if b.ctx.function is fn][0]
+        found = values.of(facts, binding.value, fn)
+        return None if found is None else [(v.value, v.said, v.on_command_line) for v in found]
+
+    assert of("a") == [(0, "`train.workers` is 0 in the YAML config (base.yaml:2)", False)]
+    assert of("b") == [(0, "`train.workers` is 0 in the config (train.py:12)", False)]
+    assert of("c") == [(0, "`Cfg.workers` defaults to 0 (train.py:8)", False)]
+    assert of("d") is None  # a mapping, not a value
+    # Hydra: the group file the defaults list picks; the primary file's own key first; never ??? or ${...}
+    assert of("e", main) == [(0, "`data.workers` is 0 in the Hydra config (conf/data/images.yaml:2)", True)]
+    assert of("f", main) == [(64, "`data.size` is 64 in the Hydra config (conf/config.yaml:8)", True)]
+    assert of("g", main) is None and of("h", main) is None
+    # An override a launch script passes is the user's choice.
+    (tmp_path / "run.sh").write_text("python train.py data.workers=8 lr=0.2\n", encoding="utf-8")
+    assert Values(project_of(facts, tmp_path)).of(facts, facts.bindings_of("e")[0].value, main) is None
 
 
 def test_click_and_tyro_defaults_are_command_line_defaults(tmp_path, monkeypatch):
