@@ -120,6 +120,13 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC215": (
+        "amp.tc215_framework_fp32_training",
+        (
+            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI",
+        ),
+        {},
+    ),
     "TC301": (
         "compile.tc301_tf32_disabled",
         (
