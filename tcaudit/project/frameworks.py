@@ -197,6 +197,23 @@ def loop_owners(facts: ScriptFacts) -> list[LoopOwner]:
     return out
 
 
+def lightning_training_steps(facts: ScriptFacts) -> list[cst.FunctionDef]:
+    """The ``training_step`` methods of this module's LightningModule subclasses (Lightning calls each once
+    per batch)."""
+    out = []
+    for name, cls in facts.classes_by_name.items():
+        if not any(_is_lightning_module(facts, base.value) for base in cls.bases):
+            continue
+        if isinstance(cls.body, cst.IndentedBlock):
+            out += [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "training_step"]
+    return out
+
+
+def _is_lightning_module(facts: ScriptFacts, base: cst.BaseExpression) -> bool:
+    qual = facts.qualname(base) or ""
+    return qual.partition(".")[0] in _LIGHTNING_ROOTS and qual.rpartition(".")[2] == "LightningModule"
+
+
 def hf_trainer_calls(facts: ScriptFacts) -> list[CallSite]:
     """``Trainer(...)`` / ``Seq2SeqTrainer(...)`` / ``SFTTrainer(...)`` calls of transformers or TRL."""
     out = []
