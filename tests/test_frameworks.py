@@ -24,12 +24,13 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215"]
+RULES = ["TC215", "TC412", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "lightning_datamodule": (("lightning",), [("TC215", 40)]),
     "hf_trainer": (("transformers",), [("TC215", 22)]),
+    "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
     "hf_argparser": (("transformers",), [("TC215", 15)]),

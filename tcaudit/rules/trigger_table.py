@@ -336,6 +336,13 @@ TRIGGER_TABLE = {
         ),
         {},
     ),
+    "TC412": (
+        "pipeline.tc412_collator_pad_multiple",
+        (
+            r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification|ForLanguageModeling|ForMultipleChoice)",
+        ),
+        {},
+    ),
     "TC501": (
         "distributed.tc501_dataparallel",
         (
