@@ -24,7 +24,7 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215", "TC412", "TC601"]
+RULES = ["TC215", "TC401", "TC412", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
@@ -33,7 +33,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
-    "hf_argparser": (("transformers",), [("TC215", 15)]),
+    "hf_argparser": (("transformers",), [("TC215", 15), ("TC401", 15)]),
     "near_misses": ((), []),
 }
 FIXED = sorted(name for name in SCRIPTS if (FRAMEWORKS / f"{name}.out.py").is_file())
@@ -73,7 +73,7 @@ def test_fix_edits_the_frameworks_own_option_exactly_and_once(name, tmp_path):
 def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_pass():
     reasons = {}
     for name in ("accelerate_argparse", "hf_argparser"):
-        (finding,) = scan(FRAMEWORKS / f"{name}.in.py")
+        finding = next(f for f in scan(FRAMEWORKS / f"{name}.in.py") if f["rule"] == "TC215")
         assert finding["fix"]["available"] is False
         reasons[name] = finding["fix"]["reason"]
     assert "pass `--mixed_precision bf16`" in reasons["accelerate_argparse"]
@@ -82,6 +82,9 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
     (finding,) = scan(PROJECTS / "lightning_cli" / "main.py")
     assert "set `trainer.precision: bf16-mixed` in the config" in finding["fix"]["reason"]
     assert scan(PROJECTS / "lightning_cli_bf16" / "main.py") == []
+    workers = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC401")
+    assert workers["severity"] == "info"
+    assert workers["fix"]["reason"].endswith("pass `--dataloader_num_workers 8` (or the machine's core count)")
 
 
 def test_a_gpu_without_bf16_gets_fp16():
@@ -93,13 +96,14 @@ def test_a_gpu_without_bf16_gets_fp16():
 
 def test_training_arguments_built_in_another_module_are_reported_at_the_trainer_and_fixed_where_built():
     folder = PROJECTS / "hf_args_module"
-    (entry,) = scan(Path("train.py"), cwd=folder)
+    (entry,) = [f for f in scan(Path("train.py"), cwd=folder) if f["rule"] == "TC215"]
     assert (entry["path"], entry["line"]) == ("train.py", 22)
     assert entry["related"][0]["path"] == "settings.py" and entry["related"][0]["line"] == 9
     assert entry["fix"]["available"] is False
     assert "built in settings.py:9, another module" in entry["fix"]["reason"]
-    found = sorted((f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
-    assert found == [("settings.py", 9, True), ("train.py", 22, False)]
+    found = sorted((f["rule"], f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
+    assert found == [("TC215", "settings.py", 9, True), ("TC215", "train.py", 22, False),
+                     ("TC401", "settings.py", 9, False)]
 
 
 # -- the patched scripts train -------------------------------------------------------------------------

@@ -41,7 +41,8 @@ _HF_TRAINERS = {"transformers": ("Trainer", "Seq2SeqTrainer"), "trl": ("SFTTrain
 # What each framework trains in when the option is not written (lightning 2.6, transformers 5, accelerate 1).
 DEFAULTS: dict[str, dict[str, object]] = {
     "lightning": {"precision": "32-true", "accelerator": "auto"},
-    "transformers": {"bf16": False, "fp16": False, "use_cpu": False, "no_cuda": False},
+    "transformers": {"bf16": False, "fp16": False, "use_cpu": False, "no_cuda": False, "dataloader_num_workers": 0,
+                     "optim": "adamw_torch_fused", "torch_compile": False},
     "accelerate": {"mixed_precision": None, "cpu": False},
 }
 # The text a file must hold for :func:`loop_owners` to find anything (a rule's trigger).

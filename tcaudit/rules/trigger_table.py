@@ -262,6 +262,7 @@ TRIGGER_TABLE = {
         (
             ('mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
             r"DataLoader\(",
+            r"TrainingArguments|SFTConfig|HfArgumentParser",
         ),
         {},
     ),
