@@ -24,11 +24,11 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215", "TC401", "TC412", "TC601"]
+RULES = ["TC215", "TC307", "TC401", "TC412", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
-    "lightning_datamodule": (("lightning",), [("TC215", 40)]),
+    "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC307", 26)]),
     "hf_trainer": (("transformers",), [("TC215", 22)]),
     "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
@@ -90,7 +90,7 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
 def test_a_gpu_without_bf16_gets_fp16():
     (finding,) = scan(FRAMEWORKS / "hf_trainer.in.py", "--gpu", "v100")
     assert finding["fix"]["description"] == "set fp16=True"
-    (finding,) = scan(FRAMEWORKS / "lightning_datamodule.in.py", "--gpu", "T4")
+    (finding,) = [f for f in scan(FRAMEWORKS / "lightning_datamodule.in.py", "--gpu", "T4") if f["rule"] == "TC215"]
     assert finding["fix"]["description"] == 'set precision="16-mixed"'
 
 

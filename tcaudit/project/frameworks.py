@@ -201,12 +201,18 @@ def loop_owners(facts: ScriptFacts) -> list[LoopOwner]:
 def lightning_training_steps(facts: ScriptFacts) -> list[cst.FunctionDef]:
     """The ``training_step`` methods of this module's LightningModule subclasses (Lightning calls each once
     per batch)."""
+    return lightning_hooks(facts, "training_step")
+
+
+def lightning_hooks(facts: ScriptFacts, name: str) -> list[cst.FunctionDef]:
+    """The methods called ``name`` of this module's LightningModule subclasses (the hooks Lightning calls:
+    ``training_step``, ``configure_optimizers``, ``train_dataloader``)."""
     out = []
-    for name, cls in facts.classes_by_name.items():
+    for cls in facts.classes_by_name.values():
         if not any(_is_lightning_module(facts, base.value) for base in cls.bases):
             continue
         if isinstance(cls.body, cst.IndentedBlock):
-            out += [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "training_step"]
+            out += [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name]
     return out
 
 

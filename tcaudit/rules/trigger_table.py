@@ -173,6 +173,8 @@ TRIGGER_TABLE = {
         "compile.tc307_unfused_optimizer",
         (
             (r"Adam|SGD", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"adamw_torch\b|adamw_hf|adamw_torch_foreach",
+            (r"Adam", r"configure_optimizers"),
         ),
         {},
     ),
