@@ -153,3 +153,45 @@ def test_the_patched_script_trains_with_the_originals_losses(trained, name):
     assert len(original.losses) >= 3, original.explain()
     assert patched.losses[0] == original.losses[0]
     assert patched.losses == original.losses
+
+
+# -- the model audit reaches the frameworks' models ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_model_audit_builds_a_lightning_module_and_hf_models_from_configs(tmp_path, monkeypatch):
+    if missing("lightning", "transformers"):
+        pytest.skip(f"{', '.join(missing('lightning', 'transformers'))} not installed (pip install -e '.[frameworks]')")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lightning = (FRAMEWORKS / "lightning_datamodule.in.py").read_text(encoding="utf-8")
+    (tmp_path / "lit.py").write_text(lightning.replace("width: int = 64", "width: int = 1001"), encoding="utf-8")
+    project = tmp_path / "hf"
+    shutil.copytree(PROJECTS / "hf_args_module", project)
+    train = (project / "train.py").read_text(encoding="utf-8")
+    (project / "train.py").write_text(train.replace("vocab_size=128", "vocab_size=30001"), encoding="utf-8")
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=50001, n_embd=64, n_layer=1, n_head=2).save_pretrained(str(tmp_path / "ckpt"))
+    (tmp_path / "hub.py").write_text(
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n\n"
+        "if __name__ == '__main__':\n"
+        "    model = AutoModelForCausalLM.from_pretrained('my-org/some-private-llm')\n"
+        "    local = AutoModelForCausalLM.from_pretrained('./ckpt')\n"
+        "    args = TrainingArguments(output_dir='o', bf16=True, dataloader_num_workers=4)\n"
+        "    Trainer(model=model, args=args, train_dataset=ds).train()\n"
+        "    Trainer(model=local, args=args, train_dataset=ds).train()\n", encoding="utf-8")
+    code, out, err = run_cli("scan", "lit.py", "hub.py", "hf/train.py", "--no-cache", "--isolated", "--format", "json",
+                             "--select", "TC100,TC101,TC104", cwd=tmp_path)
+    assert code in (0, 1), err
+    found: dict[tuple, str] = {}
+    for f in json.loads(out)["findings"]:
+        key = (f["rule"], f["path"], f["line"])
+        found[key] = found.get(key, "") + f["message"] + "\n"
+    # The LightningModule's own layers, built in the sandbox: 32 → 1001 → 1.
+    assert "N=1001 K=32" in found[("TC101", "lit.py", 13)] and "K=1001" in found[("TC101", "lit.py", 13)]
+    # A model built inline as the Trainer's model=, from a config of the script.
+    assert "vocabulary size 30001" in found[("TC104", "hf/train.py", 22)]
+    # A local config.json, and a hub name that would need a download.
+    assert "vocabulary size 50001" in found[("TC104", "hub.py", 5)]
+    assert ("TC100", "hub.py", 4) in found
+    assert not any(rule == "TC100" and path != "hub.py" for rule, path, _ in found)
