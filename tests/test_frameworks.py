@@ -195,3 +195,31 @@ def test_the_model_audit_builds_a_lightning_module_and_hf_models_from_configs(tm
     assert "vocabulary size 50001" in found[("TC104", "hub.py", 5)]
     assert ("TC100", "hub.py", 4) in found
     assert not any(rule == "TC100" and path != "hub.py" for rule, path, _ in found)
+
+
+# -- verify counts the frameworks' own steps -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, batch", [("lightning_datamodule", 32), ("hf_trainer", 8), ("accelerate_loop", 16)])
+def test_the_verify_harness_counts_the_frameworks_own_steps_and_samples(name, batch, tmp_path):
+    """Lightning steps its optimizer through a closure, the HF Trainer calls ``model(**batch)`` and steps
+    accelerate's wrapped optimizer: the harness sees each optimizer step, each batch and each loss."""
+    needs = SCRIPTS[name][0]
+    if missing(*needs):
+        pytest.skip(f"{', '.join(missing(*needs))} not installed (pip install -e '.[frameworks]')")
+    import os
+    import subprocess
+
+    text = (FRAMEWORKS / f"{name}.in.py").read_text(encoding="utf-8").replace("max_steps=3", "max_steps=8")
+    (tmp_path / "train.py").write_text(text, encoding="utf-8")
+    env = {**os.environ, **dict(OFFLINE), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "tcaudit.verify.harness", "--steps", "3", "--warmup", "1", "--out",
+                           str(tmp_path / "run.json"), "train.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["samples"] == [batch] * 4
+    assert len(run["step_times"]) == 4
+    assert len(run["losses"]) == 4 and all(isinstance(x, float) for x in run["losses"])
