@@ -1,0 +1,39 @@
+"""A LightningModule (a stack of 1024 -> 4096 -> 1024 MLP blocks, the feed-forward half of a transformer)
+trained by a Lightning Trainer from a CPU TensorDataset, tuned by hand: bf16-mixed, fused AdamW, pinned batches.
+`tcaudit verify` runs it on the device (BENCHMARKS.md, "Frameworks that own the loop")."""
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Blocks(L.LightningModule):
+    def __init__(self, width=1024, depth=6):
+        super().__init__()
+        self.net = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                                   for _ in range(depth)])
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(16384, 1024, generator=g)
+        return DataLoader(TensorDataset(x, x.roll(1, dims=1)), batch_size=512, shuffle=True, pin_memory=True)
+
+
+if __name__ == "__main__":
+    trainer = L.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1, max_steps=10_000,
+                        precision="bf16-mixed",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(Blocks())
