@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md's "Frameworks that own the loop" table (issue 47): one call.
-#   bash benchmarks/gpu_frameworks.sh OUT_DIR
+#   [NAMES="hf_gpt2 lightning_mlp"] bash benchmarks/gpu_frameworks.sh OUT_DIR
 # For each of benchmarks/frameworks/hf_gpt2.py (a Hugging Face Trainer, GPT-2 small from its config, batch
 # 8 x 512 synthetic tokens) and lightning_mlp.py (a Lightning Trainer, 6 MLP blocks 1024-4096-1024, batch 512):
 #   fix:  the script against `tcaudit fix`'s default patch;
@@ -17,7 +17,7 @@ if ! python3 -c "import libcst" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site "$HERE"/.whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 mkdir -p "$OUT"
-for name in hf_gpt2 lightning_mlp; do
+for name in ${NAMES:-hf_gpt2 lightning_mlp}; do
     script=$HERE/benchmarks/frameworks/$name.py
     for part in fix hand; do
         extra=()

@@ -1,15 +1,16 @@
-"""A LightningModule (a stack of 1024 -> 4096 -> 1024 MLP blocks, the feed-forward half of a transformer)
-trained by a Lightning Trainer from a CPU TensorDataset, tuned by hand: bf16-mixed, fused AdamW, pinned batches.
+"""A LightningModule (a stack of 2048 -> 8192 -> 2048 MLP blocks, the feed-forward half of a transformer)
+trained by a Lightning Trainer from a CPU TensorDataset read a batch at a time (one indexing per batch),
+tuned by hand: bf16-mixed, fused AdamW, pinned batches.
 `tcaudit verify` runs it on the device (BENCHMARKS.md, "Frameworks that own the loop")."""
 
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 
 class Blocks(L.LightningModule):
-    def __init__(self, width=1024, depth=6):
+    def __init__(self, width=2048, depth=4):
         super().__init__()
         self.net = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
                                    for _ in range(depth)])
@@ -28,8 +29,10 @@ class Blocks(L.LightningModule):
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(16384, 1024, generator=g)
-        return DataLoader(TensorDataset(x, x.roll(1, dims=1)), batch_size=512, shuffle=True, pin_memory=True)
+        x = torch.randn(32768, 2048, generator=g)
+        data = TensorDataset(x, x.roll(1, dims=1))
+        batches = BatchSampler(RandomSampler(data), batch_size=2048, drop_last=True)
+        return DataLoader(data, sampler=batches, batch_size=None, pin_memory=True)
 
 
 if __name__ == "__main__":

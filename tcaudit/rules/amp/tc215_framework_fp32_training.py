@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import DeclineFix, Finding, FixClass
+from tcaudit.findings import DeclineFix, Finding, FixClass, Severity
 from tcaudit.project.frameworks import OWNER_NAMED, LoopOwner, Setting, loop_owners, owners_reached
 from tcaudit.project.values import Values
 from tcaudit.rewrite.codemod import FixContext, torch_import_name
@@ -50,10 +50,14 @@ class FrameworkFp32Training(ScriptRule):
                 continue
             setting, words = verdict
             option = _option(owner, half)
+            # Left to a config file tcaudit did not find (a bare Accelerator() under `accelerate launch`, a
+            # LightningCLI whose YAML is passed on the command line): fp32 only if that file says nothing.
+            unseen = setting.source == "config" and not any(v.where for v in setting.values or [])
             yield self.finding(
                 facts,
                 owner.node.func,
                 f"{_who(owner)} trains in fp32: {words}",
+                severity=Severity.INFO if unseen else None,
                 explanation=f"{_EXPLANATION} Set `{option}`.",
                 fix=self.planned_fix(FixClass.NUMERICS, f"set {option}",
                                      lambda owner=owner, setting=setting: _plan(owner, setting, half)),
