@@ -22,7 +22,7 @@ import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, Severity
 from tcaudit.project.frameworks import OWNER_NAMED, LoopOwner, Setting, loop_owners, owners_reached
-from tcaudit.project.values import Values
+from tcaudit.project.values import Value, Values
 from tcaudit.rewrite.codemod import FixContext, torch_import_name
 from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, add_torch_import, apply_keyword_edits
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
@@ -110,6 +110,10 @@ def _fp32(owner: LoopOwner, values: Values) -> tuple[Setting, str] | None:
         return None
     if mixed.source == "config":
         return mixed, "`mixed_precision` is not passed, so `accelerate launch`'s config decides (\"no\" unless it says)"
+    if all(v.value is None for v in mixed.values):
+        # ``--mixed_precision`` defaulting to None (diffusers' scripts): the launch config decides.
+        return Setting(mixed.key, mixed.arg, [Value(None)], "config", mixed.flag), f"{mixed.how}, so `accelerate " \
+            "launch`'s config decides (\"no\" unless it says)"
     return mixed, mixed.how
 
 
@@ -135,11 +139,12 @@ def _plan(owner: LoopOwner, setting: Setting, half: str) -> KeywordPlan:
                          f"`trainer.precision: {value}` in the config, or pass `--trainer.precision {value}`")
     if setting.source == "command line":
         flag = setting.flag or setting.key
-        raise DeclineFix(f"the value comes from the command line ({setting.how}): pass `{flag} {half}`, or change "
+        value = _lightning_value(half) if owner.framework == "lightning" else half
+        raise DeclineFix(f"the value comes from the command line ({setting.how}): pass `{flag} {value}`, or change "
                          "the default there by hand")
     if setting.source == "config":
-        raise DeclineFix(f"`Accelerator()` takes the mixed precision `accelerate launch` sets from its config file or "
-                         f"flags: run `accelerate launch --mixed_precision {half}` or set `mixed_precision: {half}` "
+        raise DeclineFix(f"the Accelerator is given no mixed precision of its own, so it takes what `accelerate launch` "
+                         f"sets from its config file or flags: run `accelerate launch --mixed_precision {half}` or set `mixed_precision: {half}` "
                          "in the config (writing it into the script would override them)")
     key = setting.key
     if owner.framework == "transformers":
