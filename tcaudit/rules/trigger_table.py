@@ -159,6 +159,7 @@ TRIGGER_TABLE = {
         "compile.tc305_not_compiled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"TrainingArguments|SFTConfig|HfArgumentParser",
         ),
         {},
     ),
