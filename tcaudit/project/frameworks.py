@@ -69,9 +69,9 @@ class Setting:
         held = [v for v in self.values or []]
         if self.source == "default":
             return f"`{self.key}` is not set (default {held[0].value!r})" if held else f"`{self.key}` is not set"
-        said = next((v.said for v in held if v.how), "")
+        said = next((v.how for v in held if v.how), "")
         if said:
-            return said
+            return said  # where it is set goes into the finding's related place or its fix's reason
         return f"`{self.key}={held[0].value!r}`" if held else f"`{self.key}`"
 
 

@@ -109,11 +109,11 @@ def _fp32(owner: LoopOwner, values: Values) -> tuple[Setting, str] | None:
     if not mixed.values or not all(v.value in ("no", None) for v in mixed.values):
         return None
     if mixed.source == "config":
-        return mixed, "`mixed_precision` is not passed, so `accelerate launch`'s config decides (\"no\" unless it says)"
+        return mixed, "no `mixed_precision` given, so `accelerate launch` decides (\"no\" unless told)"
     if all(v.value is None for v in mixed.values):
         # ``--mixed_precision`` defaulting to None (diffusers' scripts): the launch config decides.
         return Setting(mixed.key, mixed.arg, [Value(None)], "config", mixed.flag), f"{mixed.how}, so `accelerate " \
-            "launch`'s config decides (\"no\" unless it says)"
+            "launch` decides"
     return mixed, mixed.how
 
 

@@ -132,9 +132,15 @@ def _hf_optim_plan(owner: LoopOwner, setting: Setting) -> ReplaceArgument:
     return ReplaceArgument(owner.node, setting.arg, "optim", '"adamw_torch_fused"')
 
 
+_LAZY = re.compile(r"\bLazy(?:Linear|Conv\w*|BatchNorm\w*|InstanceNorm\w*)\b")
+
+
 def _lightning_fused_plan(facts: ScriptFacts, call: CallSite) -> "AddFused":
     if _SPARSE.search(facts.source.text):
         raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
+    if _LAZY.search(facts.source.text):
+        raise DeclineFix("the module has lazy layers, whose parameters take their shape and device at the first "
+                         "forward, after configure_optimizers; fused=True checks them when the optimizer is built")
     return AddFused(call.node)
 
 

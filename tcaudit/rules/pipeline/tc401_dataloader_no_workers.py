@@ -97,7 +97,7 @@ class DataLoaderNoWorkers(ScriptRule):
             yield self.finding(
                 facts,
                 owner.node.func,
-                f"`{owner.label}` has the Trainer load every batch in the main process: {_zero_how(setting)}",
+                f"`{owner.label}`: the Trainer loads each batch in the main process; {_zero_how(setting)}",
                 severity=Severity.INFO,
                 explanation="The Trainer's DataLoader reads, collates and pads each batch while the GPU waits; "
                 f"worker processes do it ahead: `dataloader_num_workers={WORKERS}`.",
@@ -133,7 +133,9 @@ class DataLoaderNoWorkers(ScriptRule):
 
 def _zero_how(setting: Setting) -> str:
     if setting.source == "default":
-        return "`dataloader_num_workers` is not set (default 0)"
+        return "`dataloader_num_workers` defaults to 0"
+    if setting.source == "command line" and setting.arg is None:
+        return f"`{setting.flag}` defaults to 0"
     return setting.how
 
 
