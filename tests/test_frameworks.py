@@ -217,7 +217,7 @@ def test_the_verify_harness_counts_the_frameworks_own_steps_and_samples(name, ba
            "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-m", "tcaudit.verify.harness", "--steps", "3", "--warmup", "1", "--out",
                            str(tmp_path / "run.json"), "train.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["samples"] == [batch] * 4

@@ -112,8 +112,8 @@ def _fp32(owner: LoopOwner, values: Values) -> tuple[Setting, str] | None:
         return mixed, "no `mixed_precision` given, so `accelerate launch` decides (\"no\" unless told)"
     if all(v.value is None for v in mixed.values):
         # ``--mixed_precision`` defaulting to None (diffusers' scripts): the launch config decides.
-        return Setting(mixed.key, mixed.arg, [Value(None)], "config", mixed.flag), f"{mixed.how}, so `accelerate " \
-            "launch` decides"
+        left = Setting(mixed.key, mixed.arg, [Value(None)], "config", mixed.flag)
+        return left, f"{mixed.how}, so `accelerate launch` decides"
     return mixed, mixed.how
 
 
