@@ -31,7 +31,7 @@ EXPECTED = {
     # model from a factory, step split over methods; emit_nvtx around fit(); the rest behind flags.
     "tc3_trainer_class.py": [("TC302", 43), ("TC305", 43), ("TC306", 87)],
     # Lightning owns the loop: only the module-level anomaly switch is plainly user code.
-    "tc3_lightning.py": [("TC306", 13)],
+    "tc3_lightning.py": [("TC306", 15), ("TC307", 36)],
     "tc3_tuned.py": [],
     "tc3_cpu_only.py": [],
     "tc3_inference.py": [],

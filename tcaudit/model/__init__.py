@@ -35,10 +35,14 @@ TORCH_MISSING_NOTE = (
 )
 MAX_MODELS_PER_FILE = 4
 # A file can only build a model if it mentions one of these.
-_MODEL_HINT = re.compile(r"\btorch\b|\btimm\b|\bnn\.|create_model|\bModule\b")
+_MODEL_HINT = re.compile(r"\btorch\b|\btimm\b|\bnn\.|create_model|\bModule\b|\btransformers\b|\blightning\b")
 # A training step in a module that runs nothing itself (``def main(cfg): ... loss.backward()`` for a
 # launcher to call): the models it trains are audited too, or named in a TC100.
 _TRAINS = re.compile(r"\.backward\(")
+# Libraries the audit process imports before the sandbox's audit hook is installed, when a script imports
+# them: trusted site-packages whose import is slow (torchvision, timm) or does what a model build must not
+# (Lightning imports torchmetrics, which imports matplotlib, whose font cache starts ``fc-list``).
+PRELOADED = frozenset({"torchvision", "timm", "lightning", "pytorch_lightning", "transformers"})
 _DTYPES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
     "fp32": "float32", "float32": "float32", "float": "float32", "fp64": "float64", "float64": "float64",
@@ -198,7 +202,7 @@ def collect_jobs(sources, settings, precision: str, limits, result: ModelAuditRe
                 status = "error" if isinstance(failure, InternalError) else "failed"
                 static.append(ModelFacts.failed(target, failure, status))
                 continue
-            preload |= imports & {"torchvision", "timm"}
+            preload |= imports & PRELOADED
             jobs.append({"target": target, "precision": precision, "limits": job_limits})
     for spec in settings.models:
         target, failure = factory_target(spec, settings)

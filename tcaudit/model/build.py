@@ -543,7 +543,7 @@ def _hf_config(name: Any):
     if not matches:
         raise BuildError(
             f"from_pretrained({text!r}) needs the model's config.json, which is not in a local folder or the "
-            "Hugging Face cache, and the name names no architecture transformers knows"
+            "Hugging Face cache (a scan downloads nothing), and the name names no architecture transformers knows"
         )
     return AutoConfig.for_model(max(matches, key=len))
 

@@ -25,6 +25,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from tcaudit.project.frameworks import hf_trainer_calls
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.source.parsing import SourceFile
@@ -728,6 +729,11 @@ def trained_models(index: ScriptIndex) -> TrainedModels:
                 if _in_class_body(index, binding.value):
                     continue  # a config class's field of that name (``model: ModelConfig = field(...)``)
                 paths.extend(models.construction_paths(binding.value))
+        # A Hugging Face Trainer builds the optimizer itself: what it trains is its ``model=`` argument.
+        for trainer in hf_trainer_calls(models.facts):
+            given = trainer.arg("model", 0)
+            if given is not None:
+                paths.extend(models.construction_paths(given))
         cached = index._trained = TrainedModels(bool(models.optimized_model_names), paths)
     return cached
 

@@ -312,7 +312,7 @@ class Values:
                 if symbol is None or symbol.kind != "class":
                     return None
                 cls_facts, cls = symbol.facts, symbol.node
-            default = _class_default(cls, attr)
+            default = class_default(cls, attr)
             if default is None:
                 return None
             found = self.of(cls_facts, default, None, depth + 1)
@@ -396,7 +396,7 @@ def _args_like(name: str) -> bool:
     return name in _ARGS_NAMES or name.lower().startswith(("arg", "opt", "cfg", "conf", "hparam", "flag"))
 
 
-def _class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
+def class_default(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
     if not isinstance(cls.body, cst.IndentedBlock):
         return None
     for statement in cls.body.body:

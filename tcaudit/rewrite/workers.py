@@ -38,13 +38,15 @@ def plan_workers(pipeline: PipelineFacts, site: LoaderSite, unguarded_scripts: t
             "processes started with spawn/forkserver (Windows, macOS, Linux from Python 3.14) would "
             "re-run the whole script"
         )
-    os_name = _os_name(facts)
+    os_name = os_local_name(facts)
     value = WORKERS.replace("os.", f"{os_name}.")
-    imports = ("os",) if os_name == "os" and not _imports_os(facts) else ()
+    imports = ("os",) if os_name == "os" and not imports_os(facts) else ()
     return plan_loader_keyword(site, "num_workers", value, imports)
 
 
-def _os_name(facts: ScriptFacts) -> str:
+def os_local_name(facts: ScriptFacts) -> str:
+    """The name this file gives the ``os`` module (``os`` where it does not import it yet); DeclineFix where
+    ``os`` names something else."""
     for site in facts.imports:
         if site.qualname == "os" and site.ctx is facts.module_frame:
             return site.local
@@ -53,5 +55,6 @@ def _os_name(facts: ScriptFacts) -> str:
     return "os"
 
 
-def _imports_os(facts: ScriptFacts) -> bool:
+def imports_os(facts: ScriptFacts) -> bool:
+    """Whether the file imports ``os`` under its own name at module level."""
     return any(site.qualname == "os" and site.local == "os" and site.ctx is facts.module_frame for site in facts.imports)

@@ -137,6 +137,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC215": (
+        "amp.tc215_framework_fp32_training",
+        (
+            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI",
+        ),
+        {},
+        (),
+    ),
     "TC301": (
         "compile.tc301_tf32_disabled",
         (
@@ -173,6 +181,7 @@ TRIGGER_TABLE = {
         "compile.tc305_not_compiled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"TrainingArguments|SFTConfig|HfArgumentParser",
         ),
         {},
         (),
@@ -189,6 +198,8 @@ TRIGGER_TABLE = {
         "compile.tc307_unfused_optimizer",
         (
             (r"Adam|SGD", r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"adamw_torch\b|adamw_hf|adamw_torch_foreach",
+            (r"Adam", r"configure_optimizers"),
         ),
         {},
         (),
@@ -289,6 +300,7 @@ TRIGGER_TABLE = {
         "pipeline.tc401_dataloader_no_workers",
         (
             ('mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+            r"TrainingArguments|SFTConfig|HfArgumentParser",
         ),
         {},
         (r"DataLoader\(",),
@@ -369,6 +381,14 @@ TRIGGER_TABLE = {
         "pipeline.tc411_images_normalized_on_host",
         (
             (r"ToTensor", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*(?:backward|step)\b|lightning|accelerate|deepspeed|apex|colossalai|composer|MixedPrecision|Trainer"),
+        ),
+        {},
+        (),
+    ),
+    "TC412": (
+        "pipeline.tc412_collator_pad_multiple",
+        (
+            r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification|ForLanguageModeling|ForMultipleChoice)",
         ),
         {},
         (),

@@ -8,7 +8,9 @@ Global hooks, installed before the script runs:
   optimizer does not double the step count);
 - module forward pre/post hooks (``register_module_forward_pre_hook``) count samples: the leading
   dimension of the first tensor given to the model's top-level calls (the first module with trainable
-  parameters that is called with a tensor);
+  parameters that is called with a tensor); for a call with keyword arguments only (``model(**batch)``,
+  as Hugging Face's Trainer makes it), of ``input_ids`` (or ``pixel_values``..., else the first tensor),
+  read by the post-hook, the pre-hook not seeing keyword arguments;
 - ``Tensor.backward`` and ``GradScaler.scale`` are wrapped to keep each step's unscaled loss on the
   device (read back after timing, so no extra sync per step beyond the step boundary);
 - the input wait of each step is the host time from the previous step's end (device synchronised)
@@ -91,6 +93,7 @@ class Recorder:
         self._pending_samples = 0
         self._pending_loss = None
         self._depth = 0
+        self._keyword_call: tuple[int, float] | None = None  # (module, time) of a top-level ``model(**batch)``
         self._scaled: set[int] = set()
         self._last = None
         self.started = time.perf_counter()
@@ -103,19 +106,35 @@ class Recorder:
         if self._depth == 0:
             tensor = next((a for a in args if isinstance(a, self.torch.Tensor) and a.dim() > 0), None)
             if tensor is not None:
-                if self.model_id is None and _has_trainable_parameters(module):
-                    # Parameter-free modules called first (torchvision transforms such as Normalize,
-                    # run in the main process when num_workers=0) are not the model.
-                    self.model_id = id(module)
-                    self.model_module = module
-                if id(module) == self.model_id:
-                    self._pending_samples += int(tensor.shape[0])
-                    if self._pending_wait is None and self._last is not None:
-                        self._pending_wait = time.perf_counter() - self._last
+                self._count(module, tensor, time.perf_counter())
+            elif not args and (id(module) == self.model_id or self.model_id is None):
+                # ``model(**batch)``, as Hugging Face's Trainer and accelerate loops call it: the pre-hook
+                # sees no keyword arguments, so the batch is read when the call returns (forward_post).
+                self._keyword_call = (id(module), time.perf_counter())
         self._depth += 1
 
-    def forward_post(self, module, args, output):
+    def _count(self, module, tensor, called: float) -> None:
+        if self.model_id is None and _has_trainable_parameters(module):
+            # Parameter-free modules called first (torchvision transforms such as Normalize,
+            # run in the main process when num_workers=0) are not the model.
+            self.model_id = id(module)
+            self.model_module = module
+        if id(module) == self.model_id:
+            self._pending_samples += int(tensor.shape[0])
+            if self._pending_wait is None and self._last is not None:
+                self._pending_wait = called - self._last
+
+    def forward_post(self, module, args, kwargs, output):
         self._depth = max(0, self._depth - 1)
+        if self._depth != 0:
+            return
+        keyword_call, self._keyword_call = self._keyword_call, None
+        if keyword_call is not None and keyword_call[0] == id(module) and kwargs:
+            named = [kwargs[k] for k in _BATCH_KEYS if k in kwargs]
+            tensor = next((v for v in (*named, *kwargs.values()) if isinstance(v, self.torch.Tensor) and v.dim() > 0),
+                          None)
+            if tensor is not None:
+                self._count(module, tensor, keyword_call[1])
 
     def on_loss(self, tensor) -> None:
         if self._pending_loss is None and tensor.numel() == 1:
@@ -278,12 +297,16 @@ def count_graph_replays(recorder: Recorder, torch) -> None:
     graph.replay = replay
 
 
+# The keyword a model called as ``model(**batch)`` gets its batch under (transformers' names), first.
+_BATCH_KEYS = ("input_ids", "pixel_values", "input_values", "input_features", "inputs_embeds")
+
+
 def install(recorder: Recorder, torch) -> None:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_module_forward_pre_hook(recorder.forward_pre)
-    register_module_forward_hook(recorder.forward_post)
+    register_module_forward_hook(recorder.forward_post, with_kwargs=True)
     register_optimizer_step_post_hook(recorder.step_post)
     count_graph_replays(recorder, torch)
     if recorder.health:

@@ -26,7 +26,15 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model_profile import SMALL_STEP_MS
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
-from tcaudit.rewrite.edits import contains
+from tcaudit.project.frameworks import LoopOwner, Setting, loop_owners
+from tcaudit.rewrite.edits import (
+    AddKeyword,
+    KeywordPlan,
+    ReplaceArgument,
+    add_torch_import,
+    apply_keyword_edits,
+    contains,
+)
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.compile.cuda_graphs import MARK_STEP, GraphSafety, cuda_graph_safety
 from tcaudit.script.amp import gradient_penalty_call
@@ -41,6 +49,7 @@ from tcaudit.script.distributed import (
     names_in,
 )
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import Binding, CallSite, ScriptFacts
 from tcaudit.script.guards import training_phase
 from tcaudit.script.model_classes import callee_class, defines_no_forward, recurrent_layer, torch_forward
@@ -55,11 +64,13 @@ COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "to
 
 class NotCompiled(ScriptRule):
     id = "TC305"
-    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE), r"TrainingArguments|SFTConfig|HfArgumentParser")
     after = ("TC304",)  # the legacy TorchScript flags TC304's fix deletes are not the script's compiling
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training:
+            yield from self._hf_arguments(facts, context)
         if not pipeline.owns_cuda_training or _compiles_on_purpose(facts, context):
             return
         compiled = _compiled_in_place(facts)
@@ -114,6 +125,48 @@ class NotCompiled(ScriptRule):
                     option="compile", context=context,
                 ),
             )
+
+
+    def _hf_arguments(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """Hugging Face training arguments that leave ``torch_compile`` off: the Trainer compiles the model
+        itself when it is on. Fixed under ``fix --compile`` as ``torch_compile=torch.cuda.is_available()``."""
+        values = context.values(facts)
+        for owner in loop_owners(facts):
+            if owner.framework != "transformers" or owner.cpu_only(values):
+                continue
+            setting = owner.setting(values, "torch_compile")
+            if not setting.values or any(v.value is not False for v in setting.values):
+                continue
+            how = "`torch_compile` is not set" if setting.source == "default" else setting.how
+            yield self.finding(
+                facts,
+                owner.node.func,
+                f"`{owner.label}` never compiles the model: {how}",
+                explanation="With `torch_compile=True` the Trainer passes the model through `torch.compile`, which "
+                "fuses its elementwise ops and cuts Python overhead" + context.cost(self.spec, "compiled") + ".",
+                fix=self.planned_fix(FixClass.STRUCTURAL, "set torch_compile=torch.cuda.is_available()",
+                                     lambda owner=owner, setting=setting: _hf_compile_plan(owner, setting),
+                                     option="compile", context=context),
+            )
+
+
+def _hf_compile_plan(owner: LoopOwner, setting: Setting) -> KeywordPlan:
+    if owner.parsed_by is not None:
+        raise DeclineFix(f"the training arguments come from the command line (`{owner.parsed_by}`): pass "
+                         "`--torch_compile`")
+    if setting.source == "command line":
+        flag = setting.flag or "--torch_compile"
+        raise DeclineFix(f"the value comes from the command line ({setting.how}): pass `{flag}`")
+    if setting.arg is not None and literal(setting.arg.value) is ...:
+        raise DeclineFix(f"`torch_compile` is set where its value comes from ({setting.how}): change it there by hand")
+    if owner.call.has_star_kwargs:
+        raise DeclineFix("the call passes `**kwargs`, which may hold torch_compile; a second one would be a TypeError")
+    torch_local = torch_import_name(owner.facts)
+    code = f"{torch_local or 'torch'}.cuda.is_available()"
+    imports = () if torch_local else ("torch",)
+    if setting.arg is not None:
+        return ReplaceArgument(owner.node, setting.arg, "torch_compile", code, imports)
+    return AddKeyword(owner.node, "torch_compile", code, imports)
 
 
 # -- the mode ---------------------------------------------------------------------------------------------
@@ -501,6 +554,12 @@ class NotCompiledFix(Codemod):
     rule = "TC305"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        # Hugging Face training arguments (``torch_compile=...``): only in a file that owns no loop of its own,
+        # so never beside an in-place compile (the check reports one or the other).
+        options = [f.fix.plan for f in findings if isinstance(f.fix.plan, (AddKeyword, ReplaceArgument))]
+        if options:
+            new = apply_keyword_edits(module, options)
+            return add_torch_import(new, "import torch") if any("torch" in p.imports for p in options) else new
         editor = StatementEditor()
         torch_local = torch_import_name(context.facts)
         torch_name = torch_local or "torch"

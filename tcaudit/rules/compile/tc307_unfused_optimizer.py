@@ -17,7 +17,8 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression
-from tcaudit.rewrite.edits import CallEditor, add_keyword
+from tcaudit.project.frameworks import LoopOwner, Setting, lightning_hooks, loop_owners
+from tcaudit.rewrite.edits import CallEditor, ReplaceArgument, add_keyword, replace_argument
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import autocast_dtype_for
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
@@ -42,11 +43,13 @@ FUSABLE = {
 
 class UnfusedOptimizer(ScriptRule):
     id = "TC307"
-    triggers = (all_of(r"Adam|SGD", BACKWARD_CALL, CUDA_EVIDENCE),)
+    triggers = (all_of(r"Adam|SGD", BACKWARD_CALL, CUDA_EVIDENCE), r"adamw_torch\b|adamw_hf|adamw_torch_foreach",
+                all_of(r"Adam", r"configure_optimizers"))
     # fused SGD is declined under the fp16 autocast and GradScaler TC201's fix adds (bf16 where TC305 compiles)
     after = ("TC201", "TC305")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        yield from self._framework_optimizers(facts, context)
         pipeline = pipeline_facts(facts)
         if not pipeline.owns_cuda_training:
             return
@@ -74,6 +77,71 @@ class UnfusedOptimizer(ScriptRule):
                     lambda call=call: _fused_plan(facts, pipeline, call, context),
                 ),
             )
+
+
+    def _framework_optimizers(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """Hugging Face training arguments that choose an unfused AdamW by name (``optim="adamw_torch"``),
+        and the Adam/AdamW a LightningModule's ``configure_optimizers`` builds without ``fused=``: Lightning
+        calls it after moving the module to its device, so the parameters are on the GPU by then."""
+        values = context.values(facts)
+        owners = loop_owners(facts)
+        for owner in owners:
+            if owner.framework != "transformers" or owner.parsed_by is not None or owner.cpu_only(values):
+                continue
+            setting = owner.setting(values, "optim")
+            if setting.arg is None or not setting.values or not all(v.value in UNFUSED_HF for v in setting.values):
+                continue
+            yield self.finding(
+                facts,
+                setting.arg,
+                f"`{owner.label}` chooses the unfused AdamW: {setting.how}",
+                explanation="`adamw_torch_fused` (transformers' default since 5.0) runs the whole AdamW update in "
+                "one fused kernel per parameter group.",
+                fix=self.planned_fix(FixClass.NUMERICS, 'set optim="adamw_torch_fused"',
+                                     lambda owner=owner, setting=setting: _hf_optim_plan(owner, setting)),
+            )
+        if any(owner.framework == "lightning" and owner.cpu_only(values) for owner in owners):
+            return
+        for fn in lightning_hooks(facts, "configure_optimizers"):
+            for call in facts.calls_in(fn):
+                kind = FUSABLE.get(call.qualname or "")
+                if kind not in ("Adam", "AdamW") or any(arg.star for arg in call.node.args):
+                    continue
+                if keyword(call.node, "fused") is not None or keyword(call.node, "foreach") is not None:
+                    continue
+                differentiable = keyword(call.node, "differentiable")
+                if differentiable is not None and literal(differentiable.value) is not False:
+                    continue
+                yield self.finding(
+                    facts,
+                    call.node,
+                    f"`{kind}` built in `configure_optimizers` without `fused=True`",
+                    explanation=f"Lightning builds the optimizer after moving the module to its device; the fused "
+                    f"kernel does the whole {kind} update in one pass per parameter group.",
+                    fix=self.planned_fix(FixClass.NUMERICS, "pass fused=True",
+                                         lambda call=call: _lightning_fused_plan(facts, call)),
+                )
+
+
+UNFUSED_HF = ("adamw_torch", "adamw_hf", "adamw_torch_foreach")
+
+
+def _hf_optim_plan(owner: LoopOwner, setting: Setting) -> ReplaceArgument:
+    if setting.arg is None or literal(setting.arg.value) is ...:
+        raise DeclineFix(f"`optim` is set where its value comes from ({setting.how}): change it there by hand")
+    return ReplaceArgument(owner.node, setting.arg, "optim", '"adamw_torch_fused"')
+
+
+_LAZY = re.compile(r"\bLazy(?:Linear|Conv\w*|BatchNorm\w*|InstanceNorm\w*)\b")
+
+
+def _lightning_fused_plan(facts: ScriptFacts, call: CallSite) -> "AddFused":
+    if _SPARSE.search(facts.source.text):
+        raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
+    if _LAZY.search(facts.source.text):
+        raise DeclineFix("the module has lazy layers, whose parameters take their shape and device at the first "
+                         "forward, after configure_optimizers; fused=True checks them when the optimizer is built")
+    return AddFused(call.node)
 
 
 @dataclass(frozen=True, eq=False)
@@ -307,7 +375,12 @@ class UnfusedOptimizerFix(Codemod):
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         editor = CallEditor()
         for finding in findings:
-            plan: AddFused = finding.fix.plan
+            plan = finding.fix.plan
+            if isinstance(plan, ReplaceArgument):  # ``optim="adamw_torch"`` of Hugging Face training arguments
+                index = next(i for i, arg in enumerate(plan.call.args) if arg is plan.argument)
+                value = parse_expression(plan.value, module)
+                editor.rewrite_call(plan.call, lambda node, i=index, v=value: replace_argument(node, i, v))
+                continue
             value = parse_expression(plan.value, module)
             editor.rewrite_call(plan.call, lambda node, k=plan.key, v=value: add_keyword(node, k, v))
         return editor.apply(module)

@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import Finding, Fix, FixClass, Related, Severity, mirrored_at
+from tcaudit.project.frameworks import lightning_training_steps, loop_owners
 from tcaudit.project.importers import training_importers
 from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Symbol
@@ -318,9 +319,10 @@ class PerStepSync(ScriptRule):
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
+        cost = context.cost(self.spec, "per_step")
+        yield from self._in_framework_steps(facts, info, context, cost)
         own: list[Finding] = []
         if _host_waits(facts, info):
-            cost = context.cost(self.spec, "per_step")
             if info.step_loops:
                 own = list(self._in_this_module(facts, info, cost))
             own += self._in_other_modules(facts, info, context, cost)
@@ -397,6 +399,35 @@ class PerStepSync(ScriptRule):
                 "(`if step % log_interval == 0:`).",
             )
 
+
+    # -- steps a framework calls ---------------------------------------------------------------------
+    def _in_framework_steps(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext,
+                            cost: str) -> Iterator[Finding]:
+        """A sync in a LightningModule's ``training_step``, which Lightning calls once per batch: on the
+        GPU whenever one is present (``accelerator="auto"``), unless a trainer of this file is visibly on
+        the CPU. ``self.log(...)`` of a tensor does not sync (Lightning reads it at its logging interval)."""
+        steps = lightning_training_steps(facts)
+        if not steps or info.is_rl_script:
+            return
+        values = context.values(facts)
+        if any(owner.framework == "lightning" and owner.cpu_only(values) for owner in loop_owners(facts)):
+            return
+        tensors = _Tensors(facts)
+        for fn in steps:
+            for call in facts.calls_in(fn):
+                described = self._sync(facts, info, tensors, call)
+                if described is None or in_test_code(call.ctx) or _every_call(facts, call.ctx, fn) is False:
+                    continue
+                what, node = described
+                yield self.finding(
+                    facts,
+                    node,
+                    f"{what} in `training_step` makes the host wait for the GPU every training step",
+                    fix=self._fix(facts, call),
+                    explanation=f"Lightning calls `training_step` once per batch and a sync there stalls the queue of "
+                    f"GPU work{cost}. Log the tensor with `self.log(...)` (Lightning reads it at its logging "
+                    "interval) or sync under `if batch_idx % log_interval == 0:`.",
+                )
 
     # -- helpers of other modules ---------------------------------------------------------------------
     def _in_other_modules(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext, cost: str) -> Iterator[Finding]:

@@ -14,16 +14,18 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from tcaudit.findings import Finding, Fix, FixClass
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, Severity
+from tcaudit.project.frameworks import LoopOwner, Setting, hf_trainer_calls, loop_owners
 from tcaudit.project.loaders import by_site, dataset_built_there, loaders_built_elsewhere, training_uses, zero_workers
 from tcaudit.project.values import Value
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.edits import KeywordPlan, add_stdlib_import, apply_keyword_edits
-from tcaudit.rewrite.workers import WORKERS, plan_workers
+from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, add_stdlib_import, apply_keyword_edits
+from tcaudit.rewrite.workers import WORKERS, imports_os, os_local_name, plan_workers
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.pipeline.helper_loaders import fix_in_helper
 from tcaudit.rules.pipeline.loader_workers import loaders_with_named_zero, loaders_without_workers
 from tcaudit.script.evidence import ACCELERATOR_OR_CUDA, TRAINS
+from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.triggers import all_of
@@ -32,7 +34,8 @@ from tcaudit.source.triggers import all_of
 class DataLoaderNoWorkers(ScriptRule):
     id = "TC401"
     # No "DataLoader" in the text is needed: a helper of another module may build it (get_data(args)).
-    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS),)
+    # Or Hugging Face training arguments, which build the DataLoader for the Trainer.
+    triggers = (all_of(ACCELERATOR_OR_CUDA, TRAINS), r"TrainingArguments|SFTConfig|HfArgumentParser")
     # A module whose DataLoader a training script of the project gets from one of its functions.
     helper_triggers = (r"DataLoader\(",)
 
@@ -78,6 +81,28 @@ class DataLoaderNoWorkers(ScriptRule):
             )
 
         yield from self._for_scripts(facts, context, pipeline, values, explanation)
+        yield from self._for_hf_trainers(facts, pipeline, values)
+
+    def _for_hf_trainers(self, facts: ScriptFacts, pipeline, values) -> Iterator[Finding]:
+        """Hugging Face training arguments that leave ``dataloader_num_workers`` at 0: the Trainer builds
+        its DataLoader from them. Info: how much workers gain depends on each sample's loading work, which
+        the dataset (tokenized ahead or decoded per sample) decides."""
+        for owner in loop_owners(facts):
+            if owner.framework != "transformers" or owner.cpu_only(values):
+                continue
+            setting = owner.setting(values, "dataloader_num_workers")
+            if not setting.values or any(v.value != 0 for v in setting.values):
+                continue
+            yield self.finding(
+                facts,
+                owner.node.func,
+                f"`{owner.label}`: the Trainer loads each batch in the main process; {_zero_how(setting)}",
+                severity=Severity.INFO,
+                explanation="The Trainer's DataLoader reads, collates and pads each batch while the GPU waits; "
+                f"worker processes do it ahead: `dataloader_num_workers={WORKERS}`.",
+                fix=self.planned_fix(FixClass.NUMERICS, f"set dataloader_num_workers={WORKERS}",
+                                     lambda owner=owner, setting=setting: _plan_hf_workers(pipeline, owner, setting)),
+            )
 
     def _for_scripts(self, facts: ScriptFacts, context: RuleContext, pipeline, values, explanation: str) -> Iterator[Finding]:
         """This module trains nothing, but scripts of the project train on CUDA with a DataLoader one of
@@ -103,6 +128,44 @@ class DataLoaderNoWorkers(ScriptRule):
                 related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it")
                          for use in uses[:8]],
             )
+
+
+def _zero_how(setting: Setting) -> str:
+    if setting.source == "default":
+        return "`dataloader_num_workers` defaults to 0"
+    if setting.source == "command line" and setting.arg is None:
+        return f"`{setting.flag}` defaults to 0"
+    return setting.how
+
+
+def _plan_hf_workers(pipeline, owner: LoopOwner, setting: Setting) -> KeywordPlan:
+    if owner.parsed_by is not None:
+        raise DeclineFix(f"the training arguments come from the command line (`{owner.parsed_by}`): pass "
+                         "`--dataloader_num_workers 8` (or the machine's core count)")
+    if setting.source == "command line":
+        raise DeclineFix(f"the value comes from the command line ({setting.how}): pass a worker count there")
+    if setting.arg is not None and literal(setting.arg.value) is ...:
+        raise DeclineFix(f"`dataloader_num_workers` is set where its value comes from ({setting.how}): change it "
+                         "there by hand")
+    if owner.call.has_star_kwargs:
+        raise DeclineFix("the call passes `**kwargs`, which may hold dataloader_num_workers; a second one would be "
+                         "a TypeError")
+    if not hf_trainer_calls(owner.facts):
+        raise DeclineFix("the Trainer that gets these arguments is built in another module, and whether it runs under "
+                         "an `if __name__ == \"__main__\":` guard (which worker processes started with spawn need) is "
+                         "not followed: set `dataloader_num_workers` here by hand")
+    guard = pipeline.main_guard
+    unguarded = [t for t in hf_trainer_calls(owner.facts) if t.ctx.function is None and (guard is None or
+                                                                                          not t.ctx.inside(guard))]
+    if unguarded:
+        raise DeclineFix("the Trainer is built outside an `if __name__ == \"__main__\":` guard: worker processes "
+                         "started with spawn/forkserver would re-run the whole script")
+    os_name = os_local_name(owner.facts)
+    value = WORKERS.replace("os.", f"{os_name}.")
+    imports = ("os",) if os_name == "os" and not imports_os(owner.facts) else ()
+    if setting.arg is not None:
+        return ReplaceArgument(owner.node, setting.arg, "dataloader_num_workers", value, imports)
+    return AddKeyword(owner.node, "dataloader_num_workers", value, imports)
 
 
 def _set_at_source(value: Value) -> Fix:
