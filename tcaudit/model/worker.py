@@ -5,11 +5,15 @@
 built in a clean process with its own memory limit and can be killed on a timeout without losing the
 warm torch import. ``run`` does one model in this process (platforms without ``fork``).
 
-Protocol of ``serve`` (JSON lines): the parent writes ``{"job": path, "result": path, "log": path}``
-on stdin; the zygote answers ``{"pid": n}`` when the model's process starts and ``{"pid": n,
-"status": raw}`` when it ends (``raw`` as from ``os.waitpid``). The model's process writes its
-:class:`~tcaudit.model.facts.ModelFacts` as JSON to ``result``; its stdout and stderr (the user's
-prints, torch's warnings) go to ``log``.
+Protocol of ``serve`` (JSON lines): the parent writes ``{"job": {...}, "private": folder, "view": ...}``
+on stdin; the zygote answers ``{"pid": n}`` when the model's process starts; the parent then writes
+``{"nonce": text}`` (read by the zygote only after the model's process has ended, so that it was never
+in that process's memory), and the zygote answers ``{"pid": n, "status": raw, "refused": [...],
+"result": text or null, "log": text, "nonce": text}`` when it ends (``raw`` as from ``os.waitpid``).
+The model's process writes its :class:`~tcaudit.model.facts.ModelFacts` as JSON into an anonymous
+memory file and its stdout and stderr (the user's prints, torch's warnings) into another, both made
+by the zygote before the fork: nothing the scanner reads goes through a name in the private folder
+that the model's code could replace (see :mod:`tcaudit.model.channel`).
 """
 
 from __future__ import annotations
@@ -162,9 +166,25 @@ def imported_user_files(user_files, script: str) -> list[str]:
 
 def _write_result(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
+    # Never through a name the model's code planted (a symlink out of the folder): a fresh file.
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
         json.dump(data, out)
     os.replace(tmp, path)
+
+
+def _write_result_to(fd: int, data: dict[str, Any]) -> None:
+    """The result into the anonymous file the zygote made for it (from its start, whatever the
+    model's code wrote there before)."""
+    payload = json.dumps(data).encode("utf-8")
+    os.ftruncate(fd, 0)
+    written = 0
+    while written < len(payload):
+        written += os.pwrite(fd, payload[written:], written)
 
 
 def _load_job(path: str) -> dict[str, Any]:
@@ -172,16 +192,30 @@ def _load_job(path: str) -> dict[str, Any]:
         return json.load(handle)
 
 
-def _redirect_output(log_path: str) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def _redirect_output_to(fd: int) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def anonymous_file(name: str, folder: str) -> int:
+    """A file with no name anywhere (a memfd; else an unlinked temporary file in ``folder``): the
+    model's code cannot swap it for a symlink, a FIFO or a device."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.memfd_create(f"tcaudit-{name}")
+        except OSError:
+            pass
+    import tempfile
+
+    handle = tempfile.TemporaryFile(dir=folder or None)
+    fd = os.dup(handle.fileno())
+    handle.close()
+    return fd
 
 
 def guarded_run(job: dict[str, Any], private_dir: str, report_fd: int) -> dict[str, Any]:
@@ -194,18 +228,19 @@ def guarded_run(job: dict[str, Any], private_dir: str, report_fd: int) -> dict[s
     return run_target(job)
 
 
-def _child(request: dict[str, Any], report_fd: int) -> None:
+def _child(request: dict[str, Any], report_fd: int, result_fd: int, log_fd: int) -> None:
     """In the forked process: its own process group (killed as a whole when it ends), limits, the
     guard rail, run, write, exit without running the zygote's cleanup."""
     code = 0
     try:
         os.setpgid(0, 0)
-        _redirect_output(request["log"])
+        _redirect_output_to(log_fd)
+        os.close(log_fd)
         confine(request.get("view"))
-        job = _load_job(request["job"])
+        job = request["job"]
         limits = job.get("limits", {})
         apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-        _write_result(request["result"], guarded_run(job, os.path.dirname(os.path.abspath(request["result"])), report_fd))
+        _write_result_to(result_fd, guarded_run(job, request["private"], report_fd))
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         code = 3
@@ -269,11 +304,13 @@ def serve(preload: list[str]) -> int:
             continue
         request = json.loads(line)
         report_read, report_write = os.pipe()  # the audit hook's refusals, read here after the model
+        result_fd = anonymous_file("result", request.get("private", ""))
+        log_fd = anonymous_file("log", request.get("private", ""))
         pid = os.fork()
         if pid == 0:
             protocol.close()
             os.close(report_read)
-            _child(request, report_write)
+            _child(request, report_write, result_fd, log_fd)
         os.close(report_write)
         protocol.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
@@ -281,8 +318,36 @@ def serve(preload: list[str]) -> int:
         if os.getpid() == 1:
             _end_the_rest()  # and what left its group (setsid): nothing outlives the model's build
         refused = _drain(report_read)
-        protocol.write(json.dumps({"pid": pid, "status": status, "refused": refused}) + "\n")
+        nonce = _read_nonce(sys.stdin.readline())
+        answer: dict[str, Any] = {"pid": pid, "status": status, "refused": refused, "nonce": nonce}
+        answer.update(_collect(result_fd, log_fd))
+        protocol.write(json.dumps(answer) + "\n")
     return 0
+
+
+def _read_nonce(line: str) -> str:
+    try:
+        return str(json.loads(line).get("nonce", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def _collect(result_fd: int, log_fd: int) -> dict[str, Any]:
+    """What the model's process left in its two anonymous files: the result (None past the size cap,
+    with the reason) and the log's tail; closes both."""
+    from tcaudit.model import channel
+
+    out: dict[str, Any] = {"result": None}
+    try:
+        raw = channel.read_capped(result_fd, channel.MAX_RESULT_BYTES, "the result")
+        # Carried as text whatever its bytes: the parent turns it back into these bytes to parse them.
+        out["result"] = raw.decode("utf-8", "surrogateescape") if raw else None
+    except (OSError, channel.ChannelError):
+        out["result_error"] = f"the audit process wrote a result over {channel.MAX_RESULT_BYTES >> 20} MiB"
+    out["log"] = channel.tail(log_fd).decode("utf-8", "replace")
+    for fd in (result_fd, log_fd):
+        os.close(fd)
+    return out
 
 
 def _end_the_rest() -> None:
