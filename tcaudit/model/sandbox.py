@@ -417,7 +417,7 @@ def _untrusted_facts(data: Any, target: dict[str, Any]) -> ModelFacts:
     facts.reason = clean_text(facts.reason) if facts.reason else facts.reason
     facts.capture.failures = [clean_text(t) for t in facts.capture.failures]
     facts.capture.notes = [clean_text(t) for t in facts.capture.notes]
-    folders = readable_folders(target)
+    folders = project_folders(target)
     facts.depends_on = sorted({f for f in (channel.project_file(p, folders) for p in facts.depends_on) if f})
     if facts.construction is not None and not channel.inside(facts.construction.path, folders):
         facts.construction = None
@@ -449,7 +449,7 @@ def result_facts(target: dict[str, Any], raw: bytes | None, log: str, status: in
                 return _untrusted_facts(channel.parse_untrusted(raw), target)
             except channel.ChannelError as exc:
                 return ModelFacts.failed(target, str(exc))
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            except Exception:  # noqa: BLE001 - whatever shape the model's side gave it, it is not facts
                 return ModelFacts.failed(target, "the audit process wrote a result that is not a model's facts")
     reason = describe_status(status, timed_out, limits)
     if not timed_out and status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
@@ -551,6 +551,13 @@ def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
     """What a model's audit must be able to read: its roots and its script's folder, and the folder
     the scan runs in (where a script's relative paths point)."""
     folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or "")), os.getcwd()]
+    return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
+
+
+def project_folders(target: dict[str, Any]) -> tuple[str, ...]:
+    """The model's own project: its roots and its script's folder (not the folder the scan runs in,
+    which may be the home folder). The only places a result may name a file."""
+    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or ""))]
     return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
 
 

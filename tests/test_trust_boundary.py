@@ -1,0 +1,327 @@
+"""Issue 49: the scanner's own side of the model sandbox's boundary.
+
+The model's process shares a private folder with the scanner. Before, the scanner opened
+``model-N.job.json``, ``model-N.result.json`` and ``model-N.log`` there by name: a symlink planted under
+the next job's name made it overwrite a file outside (``~/.bashrc``) with the script's text, a symlink
+as the log put a key's last line into TC100, a FIFO as the result hung the scan forever, a fake clean
+result planted for the next model hid that model's TC100, and a result naming ``/dev/zero`` or nested
+100,000 deep ended the scan. Each attack below is a model's constructor; one scan of a folder holding
+all of them runs under each isolation this machine has (bubblewrap, unshare, the audit hook alone), and
+the tests check that the effect did not happen, that the report finished, and the exit code. The
+channel itself (tcaudit/model/channel.py) is fuzzed without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from tcaudit.model import channel, sandbox
+from tcaudit.model.facts import ModelFacts
+
+SECRET = "tcaudit-issue49-secret-c41d"
+BASHRC = "# the user's shell start-up file\n"
+
+PREAMBLE = '''
+import json
+import os
+
+import torch.nn as nn
+
+HOME = {home!r}
+FOLDER = os.environ.get("TMPDIR", "")
+
+
+def attempt(action):
+    try:
+        action()
+    except Exception:
+        pass
+
+
+class Attack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.attack()
+
+    def forward(self, x):
+        return self.fc(x)
+'''
+
+ATTACKS = {
+    # Symlinks under every name the scanner used to open in the folder, for the models to come:
+    # the job (written by the scanner: ~/.bashrc overwritten with the script's text), the log (a
+    # key's last line in TC100), and FIFOs as results (a read that never ends).
+    "a_plant_links": '''
+    def attack(self):
+        for n in range(1, 12):
+            base = os.path.join(FOLDER, f"model-{{n}}")
+            attempt(lambda: os.symlink(os.path.join(HOME, ".bashrc"), base + ".job.json"))
+            attempt(lambda: os.symlink(os.path.join(HOME, ".ssh", "id_rsa"), base + ".log"))
+            attempt(lambda: os.mkfifo(base + ".result.json"))
+        for name in ("job.json", "model.log"):
+            attempt(lambda: os.symlink(os.path.join(HOME, ".ssh", "id_rsa"), os.path.join(FOLDER, name)))
+        attempt(lambda: os.mkfifo(os.path.join(FOLDER, "result.json")))
+''',
+    # A clean result planted for the models to come: the crashing model below must still be TC100.
+    "b_plant_clean": '''
+    def attack(self):
+        clean = json.dumps({{"status": "ok", "modules": [], "ops": []}})
+        for n in range(1, 12):
+            path = os.path.join(FOLDER, f"model-{{n}}.result.json")
+            def plant(path=path):
+                if not os.path.lexists(path):
+                    with open(path, "w") as out:
+                        out.write(clean)
+            attempt(plant)
+''',
+    # The model's own process replaces what writes its result: devices and the scanner's stdin as
+    # the files the build depends on, a key as a construction site.
+    "c_depends_on_devices": '''
+    def attack(self):
+        original = json.dumps
+        def dumps(data, *args, **kwargs):
+            if isinstance(data, dict) and "depends_on" in data:
+                data = {{**data, "depends_on": ["/dev/zero", "/proc/self/fd/0", "/dev/stdin",
+                                                 os.path.join(HOME, ".ssh", "id_rsa")],
+                        "construction": [os.path.join(HOME, ".ssh", "id_rsa"), 1, 1, 1, 2]}}
+            return original(data, *args, **kwargs)
+        json.dumps = dumps
+''',
+    # A result nested 100,000 deep.
+    "d_deep_result": '''
+    def attack(self):
+        json.dumps = lambda *args, **kwargs: "[" * 100_000 + "]" * 100_000
+''',
+    # A result of 80 MiB.
+    "e_huge_result": '''
+    def attack(self):
+        json.dumps = lambda *args, **kwargs: " " * (80 << 20)
+''',
+    # Not JSON at all: bytes that are not UTF-8, a lone surrogate, NaN.
+    "f_garbage_result": '''
+    def attack(self):
+        json.dumps = lambda *args, **kwargs: '{{"status": "ok", "reason": "\\\\ud800", "total_flops": NaN}}\\udcff'
+''',
+}
+
+# Built after the plants: its process ends without a result, so it must be TC100 whatever was planted.
+CRASH = PREAMBLE + '''
+    def attack(self):
+        os._exit(3)
+
+
+model = Attack()
+'''
+# A model with something to report (TC101), built after the plants: its findings must survive them.
+INNOCENT = '''
+import torch.nn as nn
+
+model = nn.Sequential(nn.Linear(1024, 4095), nn.ReLU(), nn.Linear(4095, 1024))
+'''
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+    seconds: float
+    findings: list[dict]
+    home: Path
+    level: str
+
+    def for_file(self, name: str) -> list[dict]:
+        return [f for f in self.findings if Path(f["path"]).name == name]
+
+
+def _levels() -> list[str]:
+    return ["bwrap", "unshare", "hook"]
+
+
+def _level_env(tool: str) -> dict[str, str]:
+    if tool == "hook":
+        return {"TCAUDIT_SANDBOX_NAMESPACES": "0"}
+    return {"TCAUDIT_SANDBOX_TOOL": tool}
+
+
+@pytest.fixture(scope="module", params=_levels())
+def outcome(request, tmp_path_factory):
+    pytest.importorskip("torch")
+    tool = request.param
+    monkeypatch = pytest.MonkeyPatch()
+    for name, value in _level_env(tool).items():
+        monkeypatch.setenv(name, value)
+    sandbox._isolation.cache_clear()
+    try:
+        level = sandbox.isolation_level()
+    finally:
+        monkeypatch.undo()
+        sandbox._isolation.cache_clear()
+    if tool != "hook" and level not in (sandbox.BWRAP_LEVEL, sandbox.UNSHARE_LEVEL):
+        pytest.skip(f"{tool} cannot make the read-only view here (sandbox level: {level}); the hook-only "
+                    "run and the channel's own tests cover the same path")
+    root = tmp_path_factory.mktemp(f"trust-{tool}")
+    home = root / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(f"-----BEGIN KEY-----\n{SECRET}\n")
+    (home / ".bashrc").write_text(BASHRC)
+    project = home / "project"
+    project.mkdir()
+    for name, body in ATTACKS.items():
+        (project / f"{name}.py").write_text((PREAMBLE + body + "\n\nmodel = Attack()\n").format(home=str(home)))
+    (project / "m_innocent.py").write_text(INNOCENT)
+    (project / "z_crash.py").write_text(CRASH.format(home=str(home)))
+    env = {**os.environ, **_level_env(tool), "HOME": str(home), "PYTHONPATH": str(REPO),
+           "TCAUDIT_MODEL_TIMEOUT": "60"}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", ".", "--isolated", "--select", "TC1",
+                           "--format", "json"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - started
+    findings = json.loads(proc.stdout)["findings"] if proc.stdout.strip().startswith("{") else []
+    yield Outcome(proc.returncode, proc.stdout, proc.stderr, seconds, findings, home, level)
+
+
+def test_the_report_finishes_with_findings_and_exit_1(outcome):
+    assert outcome.code == 1, outcome.err[-2000:]
+    assert outcome.seconds < 600
+    rules = sorted({f["rule"] for f in outcome.for_file("m_innocent.py")})
+    assert rules == ["TC101"], outcome.out[-3000:]
+    for name in ATTACKS:
+        assert {f["rule"] for f in outcome.for_file(f"{name}.py")} <= {"TC100"}, name
+
+
+def test_no_file_outside_is_overwritten_and_no_secret_is_reported(outcome):
+    assert (outcome.home / ".bashrc").read_text() == BASHRC
+    assert (outcome.home / ".ssh" / "id_rsa").read_text() == f"-----BEGIN KEY-----\n{SECRET}\n"
+    assert SECRET not in outcome.out and SECRET not in outcome.err
+    assert "id_rsa" not in outcome.out
+
+
+def test_a_planted_clean_result_does_not_hide_a_model_that_crashed(outcome):
+    [tc100] = outcome.for_file("z_crash.py")
+    assert tc100["rule"] == "TC100"
+    assert "exited with code 3" in tc100["details"]["reason"], tc100
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("d_deep_result", "nested deeper than"),
+    ("e_huge_result", "over 64 MiB"),
+    ("f_garbage_result", "not JSON"),
+])
+def test_a_result_the_scanner_cannot_take_is_a_tc100_that_says_why(outcome, name, reason):
+    [tc100] = outcome.for_file(f"{name}.py")
+    assert reason in tc100["details"]["reason"], tc100
+
+
+def test_a_result_naming_devices_and_files_outside_is_kept_to_the_project(outcome):
+    # The result itself is taken (the model is audited); what it named outside the project is not.
+    assert {f["rule"] for f in outcome.for_file("c_depends_on_devices.py")} <= {"TC100"}
+    assert "/dev/zero" not in outcome.out and "/proc/self/fd/0" not in outcome.out
+
+
+# -- the channel, without torch ------------------------------------------------------------------------
+
+
+TARGET = {"kind": "script", "path": "", "roots": []}
+
+
+def _facts(raw: bytes | None, target: dict | None = None) -> ModelFacts:
+    return sandbox.result_facts(target or TARGET, raw, "", 0, False, sandbox.Limits(10.0))
+
+
+def test_the_parser_takes_a_real_result():
+    facts = ModelFacts(target=TARGET, model_class="MLP", param_count=7)
+    back = _facts(json.dumps(facts.to_json()).encode())
+    assert (back.status, back.model_class, back.param_count) == ("ok", "MLP", 7)
+
+
+def test_fuzz_the_result_parser_never_raises_and_never_accepts_garbage_as_clean():
+    rng = random.Random(49)
+    valid = json.dumps(ModelFacts(target=TARGET, model_class="M").to_json()).encode()
+    cases = [b"", b"null", b"[]", b"{}" * 3, b"\xff\xfe", b'{"status": "ok", "x": NaN}', b'"\\ud800"',
+             b"[" * 100_000, b"{\"a\":" * 100_000, b" " * (channel.MAX_RESULT_BYTES + 1),
+             b'{"modules": [{"path": 1}]}', b'{"ops": [{"index": "x"}]}', b'{"capture": 3}',
+             b'{"depends_on": 5}', b'{"construction": [1, 2]}', b'{"modules": "abc"}']
+    for _ in range(400):
+        cut = rng.randrange(len(valid))
+        mutated = bytearray(valid)
+        for _ in range(rng.randrange(1, 6)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        cases += [bytes(mutated), valid[:cut], bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))]
+    for raw in cases:
+        facts = _facts(raw)
+        assert isinstance(facts, ModelFacts)
+        if facts.status != "ok":
+            assert facts.reason, raw[:80]
+
+
+def test_depth_is_found_without_recursion():
+    assert channel.nesting_depth_within(b'{"a": [1, {"b": "[[[[[["}]}', 3)
+    assert not channel.nesting_depth_within(b"[[[[]]]]", 3)
+    assert channel.nesting_depth_within(b'["\\"[[[[[["]', 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_the_private_opener_refuses_links_fifos_devices_and_big_files(tmp_path):
+    (tmp_path / "real.json").write_text("{}")
+    os.symlink(tmp_path / "real.json", tmp_path / "link.json")
+    os.symlink("/dev/zero", tmp_path / "zero.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    os.link(tmp_path / "real.json", tmp_path / "hard.json")
+    (tmp_path / "big.json").write_bytes(b" " * 2048)
+    (tmp_path / "dir.json").mkdir()
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for name in ("link.json", "zero.json", "fifo.json", "hard.json", "big.json", "dir.json", "none.json"):
+            started = time.monotonic()
+            with pytest.raises(channel.ChannelError):
+                channel.read_private(folder, name, 1024)
+            assert time.monotonic() - started < 5, name
+        os.unlink(tmp_path / "hard.json")
+        assert channel.read_private(folder, "real.json", 1024) == b"{}"
+    finally:
+        os.close(folder)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_depends_on_and_sites_are_kept_to_regular_files_of_the_project(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "model.py").write_text("x = 1\n")
+    (project / "helper.py").write_text("y = 2\n")
+    os.mkfifo(project / "pipe.py")
+    os.symlink("/dev/zero", project / "zero.py")
+    outside = tmp_path / "id_rsa"
+    outside.write_text(SECRET)
+    os.symlink(outside, project / "key.py")
+    target = {"kind": "script", "path": str(project / "model.py"), "roots": [str(project)]}
+    named = [str(project / "helper.py"), str(project / "pipe.py"), str(project / "zero.py"), str(project / "key.py"),
+             "/dev/zero", "/proc/self/fd/0", "/dev/stdin", str(outside), "relative.py", 7, None]
+    raw = json.dumps({"status": "ok", "depends_on": named, "construction": [str(outside), 1, 1, 1, 2],
+                      "target": {"kind": "factory", "factory": "os:system"}}).encode()
+    facts = _facts(raw, target)
+    assert facts.depends_on == [str(project / "helper.py")]
+    assert facts.construction is None
+    assert facts.target == target  # the parent's own target, never the one the result names
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_the_model_cache_hashes_nothing_it_would_wait_on(tmp_path):
+    from tcaudit.model import model_cache
+
+    os.mkfifo(tmp_path / "pipe.py")
+    started = time.monotonic()
+    assert model_cache._digest(str(tmp_path / "pipe.py")) is None
+    assert model_cache._digest("/dev/zero") is None
+    assert time.monotonic() - started < 5
