@@ -169,6 +169,17 @@ def _triggers_occur(triggers: tuple[str, ...], text: str, verdicts: dict[Trigger
     return False
 
 
+def cannot_analyse(exc: BaseException) -> SourceError:
+    """The TC000 for a file whose analysis raised ``exc`` (too deep, out of memory, or a bug of
+    tcaudit's, with its text): the scan goes on with the other files."""
+    if isinstance(exc, RecursionError):
+        return SourceError("cannot analyse: nesting too deep (RecursionError)")
+    if isinstance(exc, MemoryError):
+        return SourceError("cannot analyse: out of memory (MemoryError)")
+    text = " ".join(str(exc).split())[:300]
+    return SourceError(f"cannot analyse: internal error ({type(exc).__name__}: {text}); please report it")
+
+
 def syntax_error(source: SourceFile) -> SourceError | None:
     """What stops a file's analysis before LibCST: Python's parser, or (generated-looking code) what
     CPython cannot compile or tcaudit cannot analyse in reasonable time."""
@@ -457,9 +468,8 @@ def scan_text(
         try:
             result = call_with_deep_stack(scan_source, source, rules if rules is not None else lazy_rules(settings),
                                           settings, "TC000" in enabled, models, edit_lines)
-        except (RecursionError, MemoryError) as exc:
-            reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
-            result = FileResult(display, [tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})"))])
+        except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
+            result = FileResult(display, [tc000(display, cannot_analyse(exc))])
     findings = result.findings
     if model_findings:
         findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)
@@ -800,10 +810,9 @@ def _scan_one(
     try:
         # Deeply nested code (which Python accepts up to 200 brackets) needs a deep stack to analyse.
         result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax, models)
-    except (RecursionError, MemoryError) as exc:
-        reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
+    except Exception as exc:  # noqa: BLE001 - whatever one file does to the analysis, the others are reported
         result = FileResult(display)
-        result.findings.append(tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})")))
+        result.findings.append(tc000(display, cannot_analyse(exc)))
         return result
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.
