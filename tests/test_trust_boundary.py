@@ -393,3 +393,40 @@ def test_an_exception_while_fixing_one_file_leaves_it_and_fixes_the_others(tmp_p
     assert "fixed good.py (TC202)" in err
     assert (tmp_path / "bad.py").read_text() == text
     assert "torch.amp.GradScaler" in (tmp_path / "good.py").read_text()
+
+
+# -- what a scanned file holds is shown escaped on a terminal ------------------------------------------------
+
+ESCAPES = "\x1b]0;PWNED\x07 \x1b]52;c;ZWNobyBoaQ==\x07 \x1b[2J \u202e"
+EVIL = f"import torch\n# {ESCAPES}\nscaler = torch.cuda.amp.GradScaler()  # \x1b[31mred\r\n"
+
+
+@pytest.mark.parametrize("fmt", ["text", "concise", "github"])
+def test_escape_sequences_in_a_file_and_its_name_are_shown_escaped(tmp_path, fmt):
+    from conftest import run_cli
+
+    name = "ev\x1b[2Jil.py"
+    (tmp_path / name).write_text(EVIL, newline="")
+    code, out, err = run_cli("scan", ".", "--no-exec", "--no-cache", "--isolated", "--color", "always",
+                             "--format", fmt, cwd=tmp_path)
+    assert code == 1, err
+    # What tcaudit's own colours add is SGR (ESC [ ... m); nothing of the file's reaches the terminal.
+    raw = out.replace("\x1b[0m", "")
+    for sequence in ("\x1b]0;", "\x1b]52;", "\x1b[2J", "\x07", "\u202e", "\x1b[31mred", "\r"):
+        assert sequence not in raw, (fmt, sequence)
+    assert "ev\\x1b[2Jil.py" in out
+    if fmt == "text":  # the code frame shows the line, escaped
+        assert "# \\x1b]0;PWNED\\x07 \\x1b]52;c;ZWNobyBoaQ==\\x07 \\x1b[2J \\u202e" in out
+
+
+def test_fix_messages_and_a_terminal_diff_show_escapes_escaped(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "ev\x1b[2Jil.py").write_text(EVIL, newline="")
+    code, out, err = run_cli("fix", ".", "--no-exec", "--no-cache", "--isolated", "--color", "always", cwd=tmp_path)
+    assert code == 1
+    for text in (out, err):
+        assert "\x1b]52;" not in text and "\x1b[2J" not in text and "\x07" not in text
+    assert "\\x1b]52;" in out
+    code, out, err = run_cli("fix", ".", "--no-exec", "--no-cache", "--isolated", "--color", "never", cwd=tmp_path)
+    assert "\x1b]52;" in out  # piped, the diff is the patch itself, byte for byte

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 from tcaudit.findings import parse_classes
+from tcaudit.terminal import terminal_safe
 
 DEFAULT_CLASSES = "safe,numerics"
 # How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
-INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
+INPUT_PROBLEMS = ("not fixed: cannot analyse: nesting too deep", "not fixed: cannot analyse: out of memory",
+                  "not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
                   "not fixed: CPython cannot compile it", "not fixed: too large to analyse",
                   "not fixed: cannot read file")  # a FIFO, a symlink to nothing: a note, not a failure
 
@@ -101,18 +103,18 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     out = script.raw
     code = 0
     if result.error:
-        print(f"{display}: {result.error}", file=sys.stderr)
+        print(terminal_safe(f"{display}: {result.error}"), file=sys.stderr)
         is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
         code = 0 if is_input_problem else 2
     else:
         for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
                                                  for d in result.declined}):
-            print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
+            print(terminal_safe(f"{display}:{where}: {rule} no fix: {reason}"), file=sys.stderr)
         if result.notice:
-            print(f"{display}: {result.notice}", file=sys.stderr)
+            print(terminal_safe(f"{display}: {result.notice}"), file=sys.stderr)
         if result.changed:
             out = result.data
-            print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+            print(terminal_safe(f"fixed {display} ({', '.join(result.applied)})"), file=sys.stderr)
     stream = getattr(sys.stdout, "buffer", None)
     if stream is not None:
         sys.stdout.flush()
@@ -150,6 +152,10 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
     # Messages go above the progress display where there is one: its console knows where it is drawn.
     err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
+
+    def say(text: str) -> None:  # file names, reasons quoting the user's code: no markup, no escape sequences
+        err.print(terminal_safe(text), markup=False)
+
     would_change = 0
     fixed_findings = 0
     errors = 0
@@ -169,28 +175,28 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         target = real_path(Path(path))
         inside = Path(os.path.abspath(path)).is_relative_to(root)
         if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
-            err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
+            say(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
                       "(--follow-external-symlinks fixes such files too)")
             continue
         try:
             models = models_of.get(os.path.realpath(path))
             result = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models, cache)
         except (RecursionError, MemoryError) as exc:
-            err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
+            say(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             continue
         if result.error:
             if result.error.startswith(INPUT_PROBLEMS):
-                err.print(f"{display}: {result.error}")
+                say(f"{display}: {result.error}")
             else:
-                err.print(f"{display}: {result.error}")
+                say(f"{display}: {result.error}")
                 errors += 1
             continue
         # Lines of the file as it is on disk: the original until --apply writes the fixed text.
         where = (lambda line: line) if args.apply else result.original_line
         for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
-            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
+            say(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
         if result.notice:
-            err.print(f"{display}: {result.notice}")
+            say(f"{display}: {result.notice}")
         if not result.changed:
             continue
         would_change += 1
@@ -199,20 +205,20 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             try:
                 write_fix(result, Path(path))
             except NotWritable as exc:
-                err.print(f"{display}: not fixed: {exc}")
+                say(f"{display}: not fixed: {exc}")
                 errors += 1
                 continue
             except OSError as exc:
-                err.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
+                say(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
                 errors += 1
                 continue
-            err.print(f"fixed {display} ({', '.join(result.applied)})")
+            say(f"fixed {display} ({', '.join(result.applied)})")
         else:
             if color:
                 from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 
                 with progress.paused():
-                    console.print(Syntax(result.diff(), "diff", theme="ansi_dark", background_color="default"))
+                    console.print(Syntax(terminal_safe(result.diff()), "diff", theme="ansi_dark", background_color="default"))
             else:
                 diff = result.diff()
                 with progress.paused():
@@ -223,6 +229,6 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     if args.apply:
         return 0
     if would_change:
-        err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
+        say(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
         return 1
     return 0
