@@ -320,8 +320,8 @@ def scan(
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
-    files = discovered.files
     named = display_names or {}
+    files, external = within_project(discovered.files, settings.root)
     displays = [named.get(str(path)) or display_path(path) for path in files]
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
@@ -361,6 +361,8 @@ def scan(
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
     notes: list[str] = list(discovered.warnings)
+    notes.extend(f"{display_path(path)}: not scanned: a symlink to a file outside the project ({settings.root}); "
+                 "its text is not read for a report" for path in external)
     findings: list[Finding] = []
     errors: list[str] = []
     for fr in results:
@@ -401,6 +403,24 @@ def scan(
         sort=settings.sort,
         texts=dict(texts or {}),
     )
+
+
+def within_project(files: "Sequence[Path]", root: "str | Path") -> "tuple[list[Path], list[Path]]":
+    """(files to scan, files not to read): a file found inside the project that is a symlink to a file
+    outside it (``train.py -> ~/.ssh/id_rsa``, ``/etc/...``) is reported by its name only, never read,
+    so that none of its text reaches a report. Files named outside the project are the caller's choice."""
+    real_root = os.path.realpath(root)
+    inside, outside = [], []
+    for path in files:
+        if _under(os.path.abspath(path), real_root, os.path.abspath(root)) and not _under(os.path.realpath(path), real_root):
+            outside.append(path)
+        else:
+            inside.append(path)
+    return inside, outside
+
+
+def _under(path: str, *folders: str) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip(os.sep) + os.sep) for folder in folders)
 
 
 def mirrored(findings: list[Finding], index_of: dict[str, int],

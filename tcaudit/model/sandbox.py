@@ -169,6 +169,18 @@ def view_for(target: dict[str, Any], workdir: str) -> str | None:
     return jail.make_plan(workdir, [*readable_folders(target), *search_path]).to_json()
 
 
+def readable_for(target: dict[str, Any], workdir: str) -> str | None:
+    """The same view's plan for the audit hook, which refuses to open for reading what the view hides
+    (at every level: alone, it is all that keeps the model's code from ``~/.kaggle/kaggle.json`` through
+    Python's ``open``; with a view, a second layer). None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    from tcaudit.model import jail
+
+    search_path = [p for p in child_environment().get("PYTHONPATH", "").split(os.pathsep) if p]
+    return jail.make_plan(workdir, [*readable_folders(target), *search_path]).to_json()
+
+
 def _kill_group(pgid: int) -> None:
     """Kill what is left of a process group the audit started (its own session)."""
     try:
@@ -342,7 +354,8 @@ class Zygote:
         # The job, the result and the log never pass through a name in the private folder, where the
         # model's code could have planted a symlink or a FIFO (tcaudit/model/channel.py).
         self.counter += 1
-        request = {"job": job, "private": self.workdir, "view": view_for(job["target"], self.workdir)}
+        request = {"job": job, "private": self.workdir, "view": view_for(job["target"], self.workdir),
+                   "readable": readable_for(job["target"], self.workdir)}
         self.process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
         self.process.stdin.flush()
         started = self.reader.read(30.0)
@@ -479,6 +492,9 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     view = view_for(job["target"], workdir)
     if view:
         env["TCAUDIT_JAIL"] = view
+    readable = readable_for(job["target"], workdir)
+    if readable:
+        env["TCAUDIT_READABLE"] = readable
     log_fd = os.open(os.path.join(workdir, "model.log"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.unlink(os.path.join(workdir, "model.log"))  # ours alone: the model's process gets the descriptor
     try:
@@ -550,7 +566,13 @@ class Sandbox:
 def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
     """What a model's audit must be able to read: its roots and its script's folder, and the folder
     the scan runs in (where a script's relative paths point)."""
-    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or "")), os.getcwd()]
+    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or ""))]
+    cwd = os.path.realpath(os.getcwd())
+    # Not the folder the scan runs in where that is the root, a home folder or above one: the project
+    # is shown, the home around it is not.
+    homes = [os.path.realpath(h) for h in (os.path.expanduser("~"), os.environ.get("HOME", "")) if h]
+    if cwd != os.sep and not any(h == cwd or h.startswith(cwd.rstrip(os.sep) + os.sep) for h in homes):
+        folders.append(cwd)
     return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
 
 

@@ -218,13 +218,14 @@ def anonymous_file(name: str, folder: str) -> int:
     return fd
 
 
-def guarded_run(job: dict[str, Any], private_dir: str, report_fd: int) -> dict[str, Any]:
+def guarded_run(job: dict[str, Any], private_dir: str, report_fd: int, readable: str | None = None) -> dict[str, Any]:
     """``run_target`` behind the audit hook (:mod:`tcaudit.model.guard`), which writes what it
     refuses to ``report_fd``: the parent reads it there and reports the model as not audited,
-    naming what was refused, whatever this process then writes as its result."""
+    naming what was refused, whatever this process then writes as its result. ``readable``: the
+    view's plan (:mod:`tcaudit.model.jail`), whose hidden places the hook refuses to open for reading."""
     from tcaudit.model import guard
 
-    guard.install(private_dir, report_fd)
+    guard.install(private_dir, report_fd, readable)
     return run_target(job)
 
 
@@ -240,7 +241,7 @@ def _child(request: dict[str, Any], report_fd: int, result_fd: int, log_fd: int)
         job = request["job"]
         limits = job.get("limits", {})
         apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
-        _write_result_to(result_fd, guarded_run(job, request["private"], report_fd))
+        _write_result_to(result_fd, guarded_run(job, request["private"], report_fd, request.get("readable")))
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         code = 3
@@ -400,6 +401,7 @@ def _kill_group(pgid: int) -> None:
 
 def run_once(job_path: str, result_path: str) -> int:
     confine(os.environ.pop("TCAUDIT_JAIL", None))
+    readable = os.environ.pop("TCAUDIT_READABLE", None)
     job = _load_job(job_path)
     import torch  # noqa: F401 - imported before the limit so that the limit is relative to it
 
@@ -407,7 +409,7 @@ def run_once(job_path: str, result_path: str) -> int:
     apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
     # One process for one model (no fork): the refusals come back through a pipe of this process.
     report_read, report_write = os.pipe()
-    result = guarded_run(job, os.path.dirname(os.path.abspath(result_path)), report_write)
+    result = guarded_run(job, os.path.dirname(os.path.abspath(result_path)), report_write, readable)
     refused = _drain(report_read)
     if refused:
         from tcaudit.model import guard
