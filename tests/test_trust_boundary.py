@@ -121,6 +121,43 @@ ATTACKS = {
 ''',
 }
 
+# Secrets the model's code must not read: the Hugging Face token beside a cache it may read, and
+# credential files of the home folder that no deny list names; the scan runs from the home folder.
+SECRET_FILES = ("{hf_home}/token", "{home}/.kaggle/kaggle.json", "{home}/.npmrc", "{home}/.pgpass",
+                "{home}/notes-with-password.txt")
+READ_SECRETS = PREAMBLE + '''
+    def attack(self):
+        found = []
+        for path in {files!r}:
+            try:
+                with open(path) as handle:
+                    found.append(handle.read())
+            except OSError as exc:
+                found.append(type(exc).__name__)
+        raise RuntimeError("read: " + " | ".join(found))
+
+
+model = Attack()
+'''
+# The same beneath the hook (libc's open and read): only a file system view holds against it.
+READ_SECRETS_NATIVE = PREAMBLE + '''
+    def attack(self):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        found = []
+        for path in {files!r}:
+            fd = libc.open(path.encode(), 0)
+            if fd < 0:
+                found.append(f"errno {{ctypes.get_errno()}}")
+                continue
+            buffer = ctypes.create_string_buffer(4096)
+            size = libc.read(fd, buffer, 4096)
+            found.append(buffer.raw[:max(size, 0)].decode(errors="replace"))
+        raise RuntimeError("read: " + " | ".join(found))
+
+
+model = Attack()
+'''
 # Built after the plants: its process ends without a result, so it must be TC100 whatever was planted.
 CRASH = PREAMBLE + '''
     def attack(self):
@@ -188,11 +225,22 @@ def outcome(request, tmp_path_factory):
         (project / f"{name}.py").write_text((PREAMBLE + body + "\n\nmodel = Attack()\n").format(home=str(home)))
     (project / "m_innocent.py").write_text(INNOCENT)
     (project / "z_crash.py").write_text(CRASH.format(home=str(home)))
-    env = {**os.environ, **_level_env(tool), "HOME": str(home), "PYTHONPATH": str(REPO),
+    hf_home = home / ".cache" / "huggingface"
+    hf_home.mkdir(parents=True)
+    (hf_home / "config.json").write_text("{}")
+    files = [p.format(home=home, hf_home=hf_home) for p in SECRET_FILES]
+    for path in files:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(f"{SECRET}-{Path(path).name}")
+    (project / "g_read_secrets.py").write_text(READ_SECRETS.format(home=str(home), files=files))
+    if tool != "hook":
+        (project / "h_read_secrets_native.py").write_text(READ_SECRETS_NATIVE.format(home=str(home), files=files))
+    env = {**os.environ, **_level_env(tool), "HOME": str(home), "HF_HOME": str(hf_home), "PYTHONPATH": str(REPO),
            "TCAUDIT_MODEL_TIMEOUT": "60"}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", ".", "--isolated", "--select", "TC1",
-                           "--format", "json"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    # From the home folder, as the red team ran it: the home around the project is not the project.
+    proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", "project", "--isolated", "--select", "TC1",
+                           "--format", "json"], cwd=home, env=env, capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - started
     findings = json.loads(proc.stdout)["findings"] if proc.stdout.strip().startswith("{") else []
     yield Outcome(proc.returncode, proc.stdout, proc.stderr, seconds, findings, home, level)
@@ -205,7 +253,7 @@ def test_the_report_finishes_with_every_file_and_its_exit_code(outcome):
     assert outcome.seconds < 600
     rules = sorted({f["rule"] for f in outcome.for_file("m_innocent.py")})
     assert rules == ["TC101"], outcome.out[-3000:]
-    for name in ATTACKS:
+    for name in [*ATTACKS, "g_read_secrets", "h_read_secrets_native", "z_crash"]:
         assert {f["rule"] for f in outcome.for_file(f"{name}.py")} <= {"TC100"}, name
 
 
@@ -222,6 +270,18 @@ def test_the_plants_were_made(outcome):
     assert "RuntimeError: planted 36" in links["details"]["reason"], links
     [clean] = outcome.for_file("b_plant_clean.py")
     assert "RuntimeError: planted" in clean["details"]["reason"], clean
+
+
+def test_no_credential_file_is_read_from_the_home_folder_or_a_cache(outcome):
+    [python_open] = outcome.for_file("g_read_secrets.py")
+    reason = python_open["details"]["reason"]
+    assert SECRET not in reason
+    assert "the sandbox's view hides" in reason or "read: FileNotFoundError" in reason, reason
+    native = outcome.for_file("h_read_secrets_native.py")
+    if outcome.level != sandbox.HOOK_LEVEL:  # beneath the hook only the view holds
+        [native] = native
+        # The token is an empty file beside the cache the model may read; the home's files are not there.
+        assert "RuntimeError: read:  | errno 2 | errno 2 | errno 2 | errno 2" in native["details"]["reason"], native
 
 
 def test_a_planted_clean_result_does_not_hide_a_model_that_crashed(outcome):
@@ -430,3 +490,70 @@ def test_fix_messages_and_a_terminal_diff_show_escapes_escaped(tmp_path):
     assert "\\x1b]52;" in out
     code, out, err = run_cli("fix", ".", "--no-exec", "--no-cache", "--isolated", "--color", "never", cwd=tmp_path)
     assert "\x1b]52;" in out  # piped, the diff is the patch itself, byte for byte
+
+
+# -- what the model's view shows, and what a report reads ---------------------------------------------------
+
+
+def test_the_view_hides_every_top_level_folder_but_the_systems(tmp_path):
+    from tcaudit.model import jail
+
+    plan = jail.make_plan(str(tmp_path / "private"), [str(tmp_path)])
+    for entry in os.scandir("/"):
+        if entry.is_dir(follow_symlinks=False) and not entry.is_symlink() and entry.name not in jail._ROOT_KEPT:
+            assert entry.path in plan.hidden, entry.path  # /opt (a CI runner's .credentials), /var (cloud-init)
+    for folder in ("/etc/ssl/private", "/etc/cloud"):
+        if os.path.isdir(folder):
+            assert folder in plan.hidden
+    assert "/usr" not in plan.hidden and "/etc" not in plan.hidden
+
+
+def test_a_home_folder_that_is_the_project_shows_none_of_its_dot_entries(tmp_path, monkeypatch):
+    from tcaudit.model import jail
+
+    home = tmp_path / "home"
+    for name in (".kaggle/kaggle.json", ".npmrc", ".pgpass", ".cache/huggingface/config.json",
+                 ".cache/huggingface/token", ".cache/other/secret", "train.py"):
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(SECRET)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / ".cache" / "huggingface"))
+    monkeypatch.chdir(tmp_path)
+    plan = jail.make_plan(str(tmp_path / "private"), [str(home)])
+    real = os.path.realpath(home)
+    assert {f"{real}/.kaggle", f"{real}/.cache/other"} <= set(plan.hidden)
+    assert {f"{real}/.npmrc", f"{real}/.pgpass", f"{real}/.cache/huggingface/token"} <= set(plan.blanked)
+    assert f"{real}/.cache/huggingface" not in plan.hidden and f"{real}/.cache" not in plan.hidden
+    assert f"{real}/train.py" not in plan.blanked
+
+
+def test_the_hook_refuses_to_read_what_the_view_hides(tmp_path):
+    from tcaudit.model import guard, jail
+
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "data.txt").write_text("data")
+    (tmp_path / "secret").write_text(SECRET)
+    plan = jail.Plan(str(tmp_path / "private"), (str(tmp_path / "project"),), (str(tmp_path),),
+                     (str(tmp_path / "project" / "blank"),))
+    hook = guard.make_hook(str(tmp_path / "private"), None, (plan.visible, plan.hidden, plan.blanked))
+    hook("open", (str(tmp_path / "project" / "data.txt"), "r", 0))
+    hook("open", ("/usr/lib/os-release", "r", 0))
+    for path in (tmp_path / "secret", tmp_path / "project" / "blank", tmp_path / "project" / ".." / "secret"):
+        with pytest.raises(guard.SandboxRefusal, match="which the sandbox's view hides"):
+            hook("open", (str(path), "r", 0))
+
+
+def test_a_symlinked_script_outside_the_project_is_reported_by_name_only(tmp_path):
+    from conftest import run_cli
+
+    project, outside = tmp_path / "project", tmp_path / "outside"
+    project.mkdir()
+    outside.mkdir()
+    (outside / "keys.py").write_text(f"import torch\nTOKEN = '{SECRET}'\nscaler = torch.cuda.amp.GradScaler()\n")
+    os.symlink(outside / "keys.py", project / "link.py")
+    (project / "ok.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    for fmt in ("text", "json", "sarif"):
+        code, out, err = run_cli("scan", ".", "--no-exec", "--no-cache", "--isolated", "--format", fmt, cwd=project)
+        assert code == 1, err
+        assert SECRET not in out + err and "TOKEN" not in out + err
+        assert "link.py: not scanned: a symlink to a file outside the project" in out + err, fmt

@@ -120,8 +120,9 @@ def host_sockets() -> list[str]:
 def python_environment() -> list[str]:
     """What the audit process must see to run: the interpreter, its libraries, this tcaudit."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # ``python -m tcaudit`` puts the folder it runs in on sys.path: not shown where that is a home folder.
     places = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-              package_root, *[p for p in sys.path if p]]
+              package_root, *[p for p in sys.path if p and not home_or_above(p)]]
     places += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     places += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     return places
@@ -133,6 +134,16 @@ def model_caches() -> list[str]:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     return [os.environ.get("HF_HOME") or os.path.join(cache, "huggingface"),
             os.environ.get("TORCH_HOME") or os.path.join(cache, "torch")]
+
+
+def home_or_above(path: str) -> bool:
+    """Whether ``path`` is the root, a home folder or a folder holding one (never shown whole: the
+    project inside it is)."""
+    real = os.path.realpath(path)
+    if real == os.sep:
+        return True
+    homes = {os.path.realpath(h) for h in _home_folders()[:1] + [os.path.expanduser("~")] if h}
+    return any(h == real or h.startswith(real.rstrip(os.sep) + os.sep) for h in homes)
 
 
 def _home_folders() -> list[str]:
@@ -232,7 +243,8 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
         real_home = _real(home)
         if real_home and os.path.isdir(real_home) and any(_under(real_home, s) for s in shown) \
                 and not _under(writable, real_home):
-            needed = tuple(s for s in (*shown, writable) if s != real_home and not _under(real_home, s))
+            wanted = [r for r in map(_real, [*python_environment(), *model_caches()]) if r]
+            needed = tuple(s for s in (*shown, *wanted, writable) if s != real_home and not _under(real_home, s))
             folders, files = _private_entries(real_home, needed, top=True)
             hidden_folders += tuple(f for f in folders if f not in hidden_folders)
             blanked.update(files)

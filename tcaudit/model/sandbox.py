@@ -566,13 +566,11 @@ class Sandbox:
 def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
     """What a model's audit must be able to read: its roots and its script's folder, and the folder
     the scan runs in (where a script's relative paths point)."""
+    from tcaudit.model.jail import home_or_above
+
     folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or ""))]
-    cwd = os.path.realpath(os.getcwd())
-    # Not the folder the scan runs in where that is the root, a home folder or above one: the project
-    # is shown, the home around it is not.
-    homes = [os.path.realpath(h) for h in (os.path.expanduser("~"), os.environ.get("HOME", "")) if h]
-    if cwd != os.sep and not any(h == cwd or h.startswith(cwd.rstrip(os.sep) + os.sep) for h in homes):
-        folders.append(cwd)
+    if not home_or_above(os.getcwd()):  # the project is shown, the home folder around it is not
+        folders.append(os.getcwd())
     return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
 
 
