@@ -557,3 +557,88 @@ def test_a_symlinked_script_outside_the_project_is_reported_by_name_only(tmp_pat
         assert code == 1, err
         assert SECRET not in out + err and "TOKEN" not in out + err
         assert "link.py: not scanned: a symlink to a file outside the project" in out + err, fmt
+
+
+# -- budgets per model, not per process -----------------------------------------------------------------------
+
+FORK_MEMORY = PREAMBLE + '''
+    def attack(self):
+        import ctypes
+        import time
+        libc = ctypes.CDLL(None, use_errno=True)
+        for _ in range(6):  # beneath the hook, each child within the per-process limit
+            if libc.fork() == 0:
+                hold = b"x" * (300 << 20)
+                time.sleep(20)
+                os._exit(0)
+        hold = b"x" * (300 << 20)
+        time.sleep(20)
+
+
+model = Attack()
+'''
+FILL_FOLDER = PREAMBLE + '''
+    def attack(self):
+        import time
+        block = b"x" * (64 << 20)
+        for n in range(40):  # 2.5 GiB in files of 64 MiB, each under RLIMIT_FSIZE
+            try:
+                with open(os.path.join(FOLDER, f"fill-{{n}}"), "wb") as out:
+                    out.write(block)
+            except OSError:
+                break
+        raise RuntimeError(f"wrote {{n}} files")
+
+
+model = Attack()
+'''
+
+
+@pytest.fixture(scope="module", params=_levels())
+def budgets(request, tmp_path_factory):
+    pytest.importorskip("torch")
+    tool = request.param
+    monkeypatch = pytest.MonkeyPatch()
+    for name, value in _level_env(tool).items():
+        monkeypatch.setenv(name, value)
+    sandbox._isolation.cache_clear()
+    try:
+        level = sandbox.isolation_level()
+    finally:
+        monkeypatch.undo()
+        sandbox._isolation.cache_clear()
+    if tool != "hook" and level not in (sandbox.BWRAP_LEVEL, sandbox.UNSHARE_LEVEL):
+        pytest.skip(f"{tool} cannot make the read-only view here (sandbox level: {level})")
+    project = tmp_path_factory.mktemp(f"budgets-{tool}")
+    (project / "fork_memory.py").write_text(FORK_MEMORY.format(home=str(project)))
+    (project / "fill_folder.py").write_text(FILL_FOLDER.format(home=str(project)))
+    (project / "m_innocent.py").write_text(INNOCENT)
+    env = {**os.environ, **_level_env(tool), "PYTHONPATH": str(REPO), "TCAUDIT_MODEL_TIMEOUT": "60",
+           "TCAUDIT_MODEL_MEMORY": "1"}
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    free_before = os.statvfs(tmp).f_bavail * os.statvfs(tmp).f_frsize
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", ".", "--isolated", "--no-cache", "--select", "TC1",
+                           "--format", "json"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    findings = json.loads(proc.stdout)["findings"] if proc.stdout.strip().startswith("{") else []
+    yield Outcome(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started, findings, project, level)
+
+
+def test_a_model_that_forks_past_its_memory_budget_is_killed_as_a_whole(budgets):
+    blocking = any(f["severity"] in ("error", "warning") for f in budgets.findings)
+    assert budgets.code == (1 if blocking else 0), budgets.err[-2000:]
+    [tc100] = budgets.for_file("fork_memory.py")
+    assert "the model's processes held" in tc100["details"]["reason"] and "together" in tc100["details"]["reason"]
+    assert budgets.seconds < 60  # killed when it went over, not after its 20 s
+    assert {f["rule"] for f in budgets.for_file("m_innocent.py")} == {"TC101"}
+
+
+def test_a_model_cannot_fill_the_disk_through_its_private_folder(budgets):
+    [tc100] = budgets.for_file("fill_folder.py")
+    reason = tc100["details"]["reason"]
+    if budgets.level == sandbox.HOOK_LEVEL:  # no tmpfs of its own: the folder is watched and emptied
+        assert "to its private folder, over the audit's limit" in reason, reason
+    else:  # its tmpfs of 512 MiB is full after 7 files of 64 MiB
+        assert "RuntimeError: wrote 7 files" in reason or "RuntimeError: wrote 8 files" in reason, reason
+    leftovers = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("tcaudit-model-*/fill-*")]
+    assert leftovers == []

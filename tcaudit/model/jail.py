@@ -349,6 +349,8 @@ def _make_mount_point(path: str, is_dir: bool) -> None:
 
 
 _CLONE_NEWNS = 0x00020000
+PRIVATE_FOLDER_BYTES = 512 * 1024**2  # what a model's code may write, in all, in its private folder
+PRIVATE_FOLDER_ENTRIES = 20_000
 
 
 def enter(plan: Plan) -> None:
@@ -366,15 +368,24 @@ def enter(plan: Plan) -> None:
     outer = [h for h in plan.hidden if h not in inner]
     handles = {}
     try:
-        for path in (*kept, plan.writable):
+        for path in kept:
             handles[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
         for folder in outer:
             _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=755")
-        for path in (*kept, plan.writable):
+        for path in kept:
             _make_mount_point(path, stat.S_ISDIR(os.fstat(handles[path]).st_mode))
             _mount(libc, f"/proc/self/fd/{handles[path]}", path, None, _MS_BIND | _MS_REC)
         for folder in inner:
             _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
+        # The private folder: a tmpfs of this namespace's own, size- and entry-capped, gone with the
+        # model's process (nothing it writes reaches the host's disk; the scanner reads nothing there).
+        _make_mount_point(plan.writable, True)
+        _mount(libc, "tmpfs", plan.writable, "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={PRIVATE_FOLDER_BYTES},nr_inodes={PRIVATE_FOLDER_ENTRIES},mode=700")
+        for name in ("HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+            folder = os.environ.get(name, "")
+            if folder and _under(os.path.realpath(folder), plan.writable):
+                os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise JailError(f"preparing the file system view: {exc}") from exc
     finally:

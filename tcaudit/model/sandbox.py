@@ -269,6 +269,23 @@ def describe_status(status: int | None, timed_out: bool, limits: Limits) -> str:
     return "the audit process ended without a result"
 
 
+def describe_over(over: dict[str, Any]) -> str:
+    """Why the audit killed a model's processes: which budget of the whole model they went over."""
+    def gib(value: Any) -> str:
+        return f"{value / 1024**3:.1f} GiB" if isinstance(value, (int, float)) else "?"
+
+    what = over.get("what")
+    if what == "memory":
+        return (f"the model's processes held {gib(over.get('used'))} together, over the audit's memory budget of "
+                f"{gib(over.get('limit'))} (TCAUDIT_MODEL_MEMORY)")
+    if what == "processes":
+        return f"the model's code started {over.get('used')} processes, over the audit's limit of {over.get('limit')}"
+    if what == "folder":
+        return (f"the model's code wrote {gib(over.get('used'))} ({over.get('entries')} entries) to its private folder, "
+                f"over the audit's limit of {gib(over.get('limit'))}")
+    return "the model's code went over one of the audit's budgets"
+
+
 def _log_tail(path: str, lines: int = 6) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -386,6 +403,8 @@ class Zygote:
         raw = result.encode("utf-8", "surrogateescape") if isinstance(result, str) else None
         log = finished.get("log") if isinstance(finished.get("log"), str) else ""
         facts = result_facts(job["target"], raw, log, status, timed_out, limits, finished.get("result_error"))
+        if isinstance(finished.get("over"), dict):
+            facts = ModelFacts.failed(job["target"], describe_over(finished["over"]))
         return _refused(finished.get("refused"), job["target"]) or facts
 
     def close(self, graceful: bool = True) -> None:

@@ -299,6 +299,7 @@ def serve(preload: list[str]) -> int:
         protocol.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 1
     protocol.write(json.dumps({"ready": True, "torch": version}) + "\n")
+    baseline = _private_memory(os.getpid())  # what every forked model's process starts with (torch)
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -314,16 +315,152 @@ def serve(preload: list[str]) -> int:
             _child(request, report_write, result_fd, log_fd)
         os.close(report_write)
         protocol.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
+        limits = request["job"].get("limits", {})
+        budget = Budget(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)) + baseline,
+                        "" if os.environ.get("TCAUDIT_SANDBOX_VIEWS") == "1" else request.get("private", ""))
+        status, over = budget.wait(pid)
         _kill_group(pid)  # whatever the model's process left behind
+        if budget.folder:
+            _empty(budget.folder)  # removed after the build: nothing of it reaches the next model
         if os.getpid() == 1:
             _end_the_rest()  # and what left its group (setsid): nothing outlives the model's build
         refused = _drain(report_read)
         nonce = _read_nonce(sys.stdin.readline())
-        answer: dict[str, Any] = {"pid": pid, "status": status, "refused": refused, "nonce": nonce}
+        answer: dict[str, Any] = {"pid": pid, "status": status, "refused": refused, "nonce": nonce, "over": over}
         answer.update(_collect(result_fd, log_fd))
         protocol.write(json.dumps(answer) + "\n")
     return 0
+
+
+MAX_PRIVATE_FOLDER = 512 * 1024**2  # bytes the model's code may leave in its private folder (jail: its tmpfs)
+MAX_PRIVATE_ENTRIES = 20_000
+KEPT_IN_FOLDER = ("zygote.log", "home", "cache", "torchinductor", "triton")  # made by the parent
+
+
+class Budget:
+    """One model's budgets over all its processes, not per process: the memory they hold together
+    (each one's resident memory not backed by a file), how many there are, and (where no file system
+    view gives the model a size-capped tmpfs of its own) what its private folder holds. Over any of
+    them, the model's processes are killed and the parent is told which."""
+
+    def __init__(self, memory: int, folder: str) -> None:
+        self.memory = memory
+        self.folder = folder
+
+    def wait(self, pid: int) -> tuple[int, dict[str, Any] | None]:
+        over: dict[str, Any] | None = None
+        checked_folder = 0.0
+        while True:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                return status, over
+            if over is None:
+                processes = _model_processes(pid)
+                used = sum(_private_memory(p) for p in processes)
+                if used > self.memory:
+                    over = {"what": "memory", "used": used, "limit": self.memory}
+                elif len(processes) > MAX_TASKS:
+                    over = {"what": "processes", "used": len(processes), "limit": MAX_TASKS}
+                elif self.folder and time.monotonic() - checked_folder > 0.5:
+                    checked_folder = time.monotonic()
+                    size, entries = _folder_usage(self.folder)
+                    if size > MAX_PRIVATE_FOLDER or entries > MAX_PRIVATE_ENTRIES:
+                        over = {"what": "folder", "used": size, "limit": MAX_PRIVATE_FOLDER, "entries": entries}
+                if over is not None:
+                    for member in processes:
+                        try:
+                            os.kill(member, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                    _kill_group(pid)
+            time.sleep(0.05)
+
+
+def _model_processes(pid: int) -> list[int]:
+    """The model's processes: every process of the PID namespace but its init (this zygote) where it
+    has one, else the model's process, its group and its descendants."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]))  # parent, group
+        except (OSError, IndexError, ValueError):
+            continue
+    if os.getpid() == 1:
+        return [p for p in table if p != 1]
+    members = {p for p, (_, group) in table.items() if group == pid} | {pid}
+    grew = True
+    while grew:
+        grew = False
+        for p, (parent, _) in table.items():
+            if parent in members and p not in members:
+                members.add(p)
+                grew = True
+    return sorted(p for p in members if p in table)
+
+
+def _private_memory(pid: int) -> int:
+    """Bytes of memory a process holds that no file backs: its share of anonymous and shared memory
+    (``smaps_rollup``'s Pss_Anon + Pss_Shmem: pages a fork shares count once in all), else, where that
+    cannot be read, its resident memory not backed by a file (``statm``)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+        if b"Pss_Anon" in fields:
+            return (int(fields[b"Pss_Anon"].split()[0]) + int(fields.get(b"Pss_Shmem", b"0 kB").split()[0])) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            statm = handle.read().split()
+        return max(0, int(statm[1]) - int(statm[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _folder_usage(folder: str) -> tuple[int, int]:
+    """(bytes, entries) under ``folder``, counting at most a little past the caps."""
+    size = entries = 0
+    stack = [folder]
+    while stack and entries <= MAX_PRIVATE_ENTRIES:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            size += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return size, entries
+
+
+def _empty(folder: str) -> None:
+    """The private folder as the parent made it: its own subfolders emptied, everything else removed
+    (never following a symlink the model's code left)."""
+    import shutil
+
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                if entry.name in KEPT_IN_FOLDER:
+                    os.mkdir(entry.path, 0o700)
+            elif entry.name != "zygote.log":
+                os.unlink(entry.path)
+        except OSError:
+            continue
 
 
 def _read_nonce(line: str) -> str:
