@@ -87,6 +87,28 @@ def read_private(folder_fd: int, name: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def read_private_path(folder: str, name: str, limit: int) -> bytes:
+    """:func:`read_private` where ``os.open`` takes a folder's descriptor, else (Windows: no FIFOs, no
+    links a process without privileges can make) by its path, still checked to be a regular file."""
+    if os.open in os.supports_dir_fd:
+        folder_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            return read_private(folder_fd, name, limit)
+        finally:
+            os.close(folder_fd)
+    path = os.path.join(folder, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise ChannelError(f"{name} in the audit's folder cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.path.islink(path):
+            raise ChannelError(f"{name} in the audit's folder is not a regular file")
+        return read_capped(fd, limit, name)
+    finally:
+        os.close(fd)
+
+
 def read_capped(fd: int, limit: int, what: str) -> bytes:
     """At most ``limit`` bytes from the start of the open file ``fd`` (ChannelError past it)."""
     size = os.fstat(fd).st_size

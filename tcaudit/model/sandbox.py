@@ -498,27 +498,29 @@ def _last_line(log: str) -> str:
 
 def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
     """One process per model: for platforms without fork. The job is written before the model's
-    process starts; its result is read relative to the folder's descriptor (no symlink, FIFO or
-    device, size-capped), its log through the scanner's own descriptor."""
+    process starts; its result comes back through a descriptor the scanner opened on an unlinked file
+    (POSIX), else is read relative to the folder's descriptor (no symlink, FIFO or device, size-capped);
+    its log through the scanner's own descriptor."""
     workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
-    folder_fd = os.open(workdir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     job_path = os.path.join(workdir, "job.json")
     result_path = os.path.join(workdir, "result.json")
     with open(job_path, "x", encoding="utf-8") as handle:
         json.dump(job, handle)
     timed_out = False
-    command, env = child_command(["run", job_path, result_path], workdir)
+    posix = os.name == "posix"
+    result_fd = _unlinked(workdir, "result") if posix else None
+    command, env = child_command(["run", job_path, f"fd:{result_fd}" if posix else result_path], workdir)
     view = view_for(job["target"], workdir)
     if view:
         env["TCAUDIT_JAIL"] = view
     readable = readable_for(job["target"], workdir)
     if readable:
         env["TCAUDIT_READABLE"] = readable
-    log_fd = os.open(os.path.join(workdir, "model.log"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.unlink(os.path.join(workdir, "model.log"))  # ours alone: the model's process gets the descriptor
+    log_fd = _unlinked(workdir, "log")  # ours alone: the model's process gets the descriptor
     try:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env, cwd=workdir,
+            pass_fds=(result_fd,) if result_fd is not None else (),
             **({"start_new_session": True} if hasattr(os, "killpg") else {}),
         )
         try:
@@ -536,16 +538,31 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
         raw, error = None, None
         if not timed_out:
             try:
-                raw = channel.read_private(folder_fd, "result.json", MAX_RESULT_BYTES)
+                if result_fd is not None:
+                    raw = channel.read_capped(result_fd, MAX_RESULT_BYTES, "the result")
+                else:
+                    raw = channel.read_private_path(workdir, "result.json", MAX_RESULT_BYTES)
             except channel.ChannelError as exc:
-                error = None if "No such file" in str(exc) else str(exc)
+                error = None if "No such file" in str(exc) else f"the audit process wrote a result that {exc}"
         log = channel.tail(log_fd).decode("utf-8", "replace")
     finally:
-        os.close(log_fd)
-        os.close(folder_fd)
+        for fd in (log_fd, result_fd):
+            if fd is not None:
+                os.close(fd)
     facts = result_facts(job["target"], raw, log, status, timed_out, limits, error)
     shutil.rmtree(workdir, ignore_errors=True)
     return facts
+
+
+def _unlinked(folder: str, name: str) -> int:
+    """A new file of ours in ``folder`` that has no name left (the model's code cannot reach it by one)."""
+    path = os.path.join(folder, f"{name}-{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.unlink(path)
+    except OSError:  # Windows: an open file cannot be removed; it goes with the folder
+        pass
+    return fd
 
 
 class Sandbox:

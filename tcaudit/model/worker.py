@@ -536,36 +536,54 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_once(job_path: str, result_path: str) -> int:
+def run_once(job_path: str, result: str) -> int:
+    """One model in this process. ``result``: ``fd:N``, a descriptor the parent opened (an unlinked
+    file: the model's code cannot swap it for a link), or a path (platforms without descriptors to pass)."""
+    job = _load_job(job_path)  # before the view: the parent wrote it before this process started
+    private = os.path.dirname(os.path.abspath(job_path))
     confine(os.environ.pop("TCAUDIT_JAIL", None))
     readable = os.environ.pop("TCAUDIT_READABLE", None)
-    job = _load_job(job_path)
     import torch  # noqa: F401 - imported before the limit so that the limit is relative to it
 
     limits = job.get("limits", {})
     apply_limits(int(limits.get("memory_budget", DEFAULT_MEMORY_BUDGET)), float(limits.get("time_limit", 60)))
     # One process for one model (no fork): the refusals come back through a pipe of this process.
     report_read, report_write = os.pipe()
-    result = guarded_run(job, os.path.dirname(os.path.abspath(result_path)), report_write, readable)
+    data = guarded_run(job, private, report_write, readable)
     refused = _drain(report_read)
     if refused:
         from tcaudit.model import guard
         from tcaudit.model.facts import ModelFacts
 
         level = os.environ.get("TCAUDIT_SANDBOX_LEVEL", "audit hook")
-        result = ModelFacts.failed(job["target"], guard.describe(refused, level)).to_json()
-    _write_result(result_path, result)
+        data = ModelFacts.failed(job["target"], guard.describe(refused, level)).to_json()
+    fd = _result_fd([result])
+    if fd is not None:
+        _write_result_to(fd, data)
+    else:
+        _write_result(result, data)
     return 0
 
 
-def isolate() -> None:
+def _result_fd(argv: list[str]) -> int | None:
+    """The descriptor named by ``fd:N`` as the last argument, if any."""
+    if argv and argv[-1].startswith("fd:") and argv[-1][3:].isdigit():
+        return int(argv[-1][3:])
+    return None
+
+
+def isolate(keep: int | None = None) -> None:
     """First thing in the audit process, before any import of torch: close every descriptor it may
     have inherited beyond stdin, stdout and stderr, and handle no signal (it may be its PID
     namespace's init, which receives only the signals it handles: Python's SIGINT handler would let
     the model's code interrupt it). Where each model's process makes its own file system view, the
     audit process keeps its capabilities for them (it runs none of the user's code) and is made
     untraceable; elsewhere it gives them up at once."""
-    os.closerange(3, _descriptor_limit())
+    if keep is not None and keep >= 3:  # the result's descriptor, handed in by the parent
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _descriptor_limit())
+    else:
+        os.closerange(3, _descriptor_limit())
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         from tcaudit.model import jail
@@ -599,7 +617,7 @@ def _descriptor_limit() -> int:
 
 def main(argv: list[str]) -> int:
     try:
-        isolate()
+        isolate(_result_fd(argv) if argv and argv[0] == "run" else None)
     except Exception as exc:  # noqa: BLE001 - the parent reads this as the reason the audit did not start
         print(json.dumps({"error": f"setting up the sandbox failed: {exc}"}), flush=True)
         return 1
