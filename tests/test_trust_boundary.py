@@ -642,3 +642,35 @@ def test_a_model_cannot_fill_the_disk_through_its_private_folder(budgets):
         assert "RuntimeError: wrote 7 files" in reason or "RuntimeError: wrote 8 files" in reason, reason
     leftovers = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("tcaudit-model-*/fill-*")]
     assert leftovers == []
+
+
+# -- verify trains the script: --no-network takes the network away ----------------------------------------
+
+
+def test_verify_no_network_runs_the_command_without_the_hosts_network():
+    import shutil
+    import socket
+    import threading
+
+    from tcaudit.verify.runner import VerifyError, without_network
+
+    try:
+        wrapped = without_network([sys.executable, "-c", "pass"])
+    except VerifyError as exc:
+        pytest.skip(str(exc))
+    probe = subprocess.run(wrapped, capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"{wrapped[0]} cannot make a network namespace here: {probe.stderr.decode()[:200]}")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n    print('reached')\n"
+            "except OSError as exc:\n    print('refused', type(exc).__name__)\n")
+    outside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    inside = subprocess.run(without_network([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
+    server.close()
+    assert outside.stdout.startswith("reached")
+    assert inside.stdout.startswith("refused"), inside
+    assert shutil.which(Path(without_network(["x"])[0]).name)
