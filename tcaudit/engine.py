@@ -412,7 +412,8 @@ def within_project(files: "Sequence[Path]", root: "str | Path") -> "tuple[list[P
     real_root = os.path.realpath(root)
     inside, outside = [], []
     for path in files:
-        if _under(os.path.abspath(path), real_root, os.path.abspath(root)) and not _under(os.path.realpath(path), real_root):
+        found_inside = _under(os.path.abspath(path), real_root, os.path.abspath(root))
+        if found_inside and not _under(os.path.realpath(path), real_root):
             outside.append(path)
         else:
             inside.append(path)

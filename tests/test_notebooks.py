@@ -456,8 +456,8 @@ def test_fix_keeps_crlf_inside_cells_byte_for_byte(tmp_path):
                               str(path))
     assert code in (0, 1) and "fixed" in stderr, stderr
     source = json.loads(path.read_bytes())["cells"][0]["source"]
-    expected = [*CRLF_CELL[:4],
-                "    with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\r\n",
+    autocast = 'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):'
+    expected = [*CRLF_CELL[:4], f"    {autocast}\r\n",
                 "        loss = model(torch.randn(8, 64, device=\"cuda\")).sum()\r\n", *CRLF_CELL[5:]]
     assert source == expected
     again = path.read_bytes()

@@ -615,8 +615,6 @@ def budgets(request, tmp_path_factory):
     (project / "m_innocent.py").write_text(INNOCENT)
     env = {**os.environ, **_level_env(tool), "PYTHONPATH": str(REPO), "TCAUDIT_MODEL_TIMEOUT": "60",
            "TCAUDIT_MODEL_MEMORY": "1"}
-    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    free_before = os.statvfs(tmp).f_bavail * os.statvfs(tmp).f_frsize
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "tcaudit", "scan", ".", "--isolated", "--no-cache", "--select", "TC1",
                            "--format", "json"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
@@ -666,8 +664,8 @@ def test_verify_no_network_runs_the_command_without_the_hosts_network():
     server.listen()
     port = server.getsockname()[1]
     threading.Thread(target=lambda: server.accept(), daemon=True).start()
-    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n    print('reached')\n"
-            "except OSError as exc:\n    print('refused', type(exc).__name__)\n")
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+            "    print('reached')\nexcept OSError as exc:\n    print('refused', type(exc).__name__)\n")
     outside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     inside = subprocess.run(without_network([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
     server.close()

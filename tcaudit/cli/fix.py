@@ -218,7 +218,8 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
                 from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 
                 with progress.paused():
-                    console.print(Syntax(terminal_safe(result.diff()), "diff", theme="ansi_dark", background_color="default"))
+                    shown = terminal_safe(result.diff())  # on a terminal: the file's escapes shown, not sent
+                    console.print(Syntax(shown, "diff", theme="ansi_dark", background_color="default"))
             else:
                 diff = result.diff()
                 with progress.paused():

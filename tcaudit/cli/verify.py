@@ -75,7 +75,8 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     settings = with_structural_flags(settings, args)
     console = Console(stderr=False, highlight=False, width=max(110, Console(emoji=False).width), emoji=False)
     options = ["--rounds", str(args.rounds), *(["--aa"] if args.aa else []),
-               *(["--no-network"] if getattr(args, "no_network", False) else []), *(["--health"] if args.health else []),
+               *(["--no-network"] if getattr(args, "no_network", False) else []),
+               *(["--health"] if args.health else []),
                *(["--patched", args.patched] if args.patched else []), *(["--attribute"] if args.attribute else []),
                *(["--attribute-budget", str(args.attribute_budget)] if args.attribute_budget is not None else []),
                *(["--fail-under", str(args.fail_under)] if args.fail_under is not None else [])]

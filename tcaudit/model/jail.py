@@ -250,7 +250,8 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
             blanked.update(files)
     blanked.update(r for r in map(_real, _BLANKED) if r)
     for cache in model_caches():
-        blanked.update(r for r in (_real(os.path.join(cache, name)) for name in _CACHE_TOKENS) if r and os.path.isfile(r))
+        tokens = (_real(os.path.join(cache, name)) for name in _CACHE_TOKENS)
+        blanked.update(r for r in tokens if r and os.path.isfile(r))
     token = os.environ.get("HF_TOKEN_PATH")
     if token and _real(token) and os.path.isfile(token):
         blanked.add(_real(token))

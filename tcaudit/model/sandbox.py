@@ -281,8 +281,8 @@ def describe_over(over: dict[str, Any]) -> str:
     if what == "processes":
         return f"the model's code started {over.get('used')} processes, over the audit's limit of {over.get('limit')}"
     if what == "folder":
-        return (f"the model's code wrote {gib(over.get('used'))} ({over.get('entries')} entries) to its private folder, "
-                f"over the audit's limit of {gib(over.get('limit'))}")
+        return (f"the model's code wrote {gib(over.get('used'))} ({over.get('entries')} entries) to its private "
+                f"folder, over the audit's limit of {gib(over.get('limit'))}")
     return "the model's code went over one of the audit's budgets"
 
 

@@ -115,16 +115,16 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                 else:
                     console.print(Text("    ") + explanation)
             for place in f.related:
-                console.print(Text(terminal_safe(f"  see {place.location.path}:{place.location.position}: {place.message}"),
-                                   style="dim"))
+                see = f"  see {place.location.path}:{place.location.position}: {place.message}"
+                console.print(Text(terminal_safe(see), style="dim"))
             if cache[path, loc.cell]:
                 console.print(_frame(cache[path, loc.cell], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
             if f.fix is not None:
                 if f.fix.applies_by_default:
                     console.print(Text(terminal_safe(f"  fix ({f.fix.fix_class}): {f.fix.description}"), style="green"))
                 elif f.fix.available:
-                    console.print(Text(terminal_safe(f"  {f.fix.fix_class} fix, only with `tcaudit fix --{f.fix.option}`: "
-                                                     f"{f.fix.description}"), style="cyan"))
+                    only = f"  {f.fix.fix_class} fix, only with `tcaudit fix --{f.fix.option}`: {f.fix.description}"
+                    console.print(Text(terminal_safe(only), style="cyan"))
                 else:
                     console.print(Text(terminal_safe(f"  no fix: {f.fix.reason or f.fix.description}"), style="dim"))
             console.print()
