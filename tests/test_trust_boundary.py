@@ -672,3 +672,35 @@ def test_verify_no_network_runs_the_command_without_the_hosts_network():
     assert outside.stdout.startswith("reached")
     assert inside.stdout.startswith("refused"), inside
     assert shutil.which(Path(without_network(["x"])[0]).name)
+
+
+# -- linear time: the edits between two large texts -------------------------------------------------------
+
+
+def test_the_anchored_diff_rebuilds_the_new_text(monkeypatch):
+    from tcaudit.rewrite import textedits
+
+    monkeypatch.setattr(textedits, "_WHOLE", 0)  # every text through the anchored path
+    rng = random.Random(49)
+    words = ["a\n", "b\n", "\n", "x = 1\n", "def f():\n", "    pass\n", "y\r\n", "z\r"]
+    for _ in range(2000):
+        old = "".join(rng.choice(words) for _ in range(rng.randrange(0, 60))) + rng.choice(["", "tail"])
+        lines = old.splitlines(True)
+        for _ in range(rng.randrange(0, 8)):
+            at = rng.randrange(len(lines) + 1)
+            if rng.random() < 0.4:
+                lines.insert(at, rng.choice(words))
+            elif lines:
+                lines[min(at, len(lines) - 1)] = rng.choice(words)
+        new = "".join(lines)
+        assert textedits.apply_edits(old, textedits.edits_between(old, new)) == new
+
+
+def test_a_large_file_of_repeated_lines_gets_one_small_edit_per_change():
+    from tcaudit.rewrite import textedits
+
+    step = "def step_{}(model):\n    with torch.cuda.amp.autocast():\n        loss = model()\n    loss.backward()\n\n"
+    old = "".join(step.format(i) for i in range(6000))  # 30,000 lines, most of them repeated
+    new = old.replace("torch.cuda.amp.autocast()", "torch.amp.autocast(\"cuda\")")
+    edits = textedits.edits_between(old, new)
+    assert len(edits) == 6000 and textedits.apply_edits(old, edits) == new

@@ -76,6 +76,7 @@ def edits_between(old: str, new: str) -> tuple[TextEdit, ...]:
 
 
 _SMALL = 40_000  # a gap of lines this small (old × new) is compared exhaustively (difflib)
+_WHOLE = 9_000_000  # a text up to ~3,000 lines a side is compared by difflib alone, as it always was
 
 
 def changed_runs(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int, int, int]]:
@@ -83,7 +84,12 @@ def changed_runs(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int, int
     about linear in the lines: the common start and end are set aside, lines that occur once in each
     side anchor the rest (patience diffing), and only the small gaps between anchors go to difflib,
     whose matcher is quadratic on a file of many repeated lines (a 10,000-line file of similar
-    training steps took minutes). A gap too large for it is one run: still exact, only less small."""
+    training steps took minutes). A gap too large for it is one run: still exact, only less small.
+    Texts up to about 3,000 lines a side go to difflib whole, so that where an edit lands among equal
+    lines (an insertion between blank lines) is as it always was."""
+    if len(a) * len(b) <= _WHOLE:  # as difflib places them (where an insertion among blank lines goes)
+        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
     runs: list[tuple[int, int, int, int]] = []
     pending = [(0, len(a), 0, len(b))]
     while pending:
