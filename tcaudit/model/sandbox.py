@@ -397,6 +397,7 @@ class Zygote:
             finished = self.reader.read(30.0)
         finished = finished or {}
         if finished and finished.get("nonce") != nonce:
+            self.close(graceful=False)  # the protocol is out of step: the next model gets a new audit process
             return ModelFacts.failed(job["target"], "the audit process answered for another build than this model's")
         status = finished.get("status") if isinstance(finished.get("status"), int) else None
         result = finished.get("result")
