@@ -184,6 +184,17 @@ def _triggers_occur(triggers: tuple[str, ...], text: str, verdicts: dict[Trigger
     return False
 
 
+def cannot_analyse(exc: BaseException) -> SourceError:
+    """The TC000 for a file whose analysis raised ``exc`` (too deep, out of memory, or a bug of
+    tcaudit's, with its text): the scan goes on with the other files."""
+    if isinstance(exc, RecursionError):
+        return SourceError("cannot analyse: nesting too deep (RecursionError)")
+    if isinstance(exc, MemoryError):
+        return SourceError("cannot analyse: out of memory (MemoryError)")
+    text = " ".join(str(exc).split())[:300]
+    return SourceError(f"cannot analyse: internal error ({type(exc).__name__}: {text}); please report it")
+
+
 def syntax_error(source: SourceFile) -> SourceError | None:
     """What stops a file's analysis before LibCST: Python's parser, or (generated-looking code) what
     CPython cannot compile or tcaudit cannot analyse in reasonable time."""
@@ -324,8 +335,8 @@ def scan(
     if discovered.missing:
         # A path that does not exist is a usage error: report it before spending time on the others.
         return ScanResult(findings=[], files_scanned=0, files_parsed=0, missing=discovered.missing)
-    files = discovered.files
     named = display_names or {}
+    files, external = within_project(discovered.files, settings.root)
     displays = [named.get(str(path)) or display_path(path) for path in files]
     enabled = set(settings.enabled_rules())
     check_syntax = "TC000" in enabled
@@ -365,6 +376,8 @@ def scan(
     results: list[FileResult] = file_results  # type: ignore[assignment] - every slot is filled now
 
     notes: list[str] = list(discovered.warnings)
+    notes.extend(f"{display_path(path)}: not scanned: a symlink to a file outside the project ({settings.root}); "
+                 "its text is not read for a report" for path in external)
     findings: list[Finding] = []
     errors: list[str] = []
     for fr in results:
@@ -405,6 +418,25 @@ def scan(
         sort=settings.sort,
         texts=dict(texts or {}),
     )
+
+
+def within_project(files: "Sequence[Path]", root: "str | Path") -> "tuple[list[Path], list[Path]]":
+    """(files to scan, files not to read): a file found inside the project that is a symlink to a file
+    outside it (``train.py -> ~/.ssh/id_rsa``, ``/etc/...``) is reported by its name only, never read,
+    so that none of its text reaches a report. Files named outside the project are the caller's choice."""
+    real_root = os.path.realpath(root)
+    inside, outside = [], []
+    for path in files:
+        found_inside = _under(os.path.abspath(path), real_root, os.path.abspath(root))
+        if found_inside and not _under(os.path.realpath(path), real_root):
+            outside.append(path)
+        else:
+            inside.append(path)
+    return inside, outside
+
+
+def _under(path: str, *folders: str) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip(os.sep) + os.sep) for folder in folders)
 
 
 def mirrored(findings: list[Finding], index_of: dict[str, int],
@@ -460,9 +492,8 @@ def scan_text(
         try:
             result = call_with_deep_stack(scan_source, source, rules if rules is not None else lazy_rules(settings),
                                           settings, "TC000" in enabled, models, edit_lines)
-        except (RecursionError, MemoryError) as exc:
-            reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
-            result = FileResult(display, [tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})"))])
+        except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
+            result = FileResult(display, [tc000(display, cannot_analyse(exc))])
     findings = result.findings
     if model_findings:
         findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)
@@ -809,10 +840,9 @@ def _scan_one(
     try:
         # Deeply nested code (which Python accepts up to 200 brackets) needs a deep stack to analyse.
         result = call_with_deep_stack(scan_file, path, rules, settings, display, check_syntax, models)
-    except (RecursionError, MemoryError) as exc:
-        reason = "nesting too deep" if isinstance(exc, RecursionError) else "out of memory"
+    except Exception as exc:  # noqa: BLE001 - whatever one file does to the analysis, the others are reported
         result = FileResult(display)
-        result.findings.append(tc000(display, SourceError(f"cannot analyse: {reason} ({type(exc).__name__})")))
+        result.findings.append(tc000(display, cannot_analyse(exc)))
         return result
     # Keyed by the bytes this scan read, so a file edited since the cache lookup is stored as it is
     # now. A file with an internal error is not stored: the next scan should show the error again.

@@ -87,7 +87,9 @@ class _RichStage(Stage):
         self._progress.advance(self._task, amount)
 
     def show(self, detail: str) -> None:
-        self._progress.update(self._task, detail=detail)
+        from tcaudit.terminal import terminal_safe
+
+        self._progress.update(self._task, detail=terminal_safe(detail, one_line=True))  # a file's name: no escapes
 
     def done(self) -> None:
         if self._task is not None:

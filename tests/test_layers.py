@@ -31,7 +31,7 @@ RULE_MODULE = re.compile(r"tc\d{3}_\w+")
 FLOORS: list[tuple[str, ...]] = [
     ("tcaudit",),  # the package itself: its version and addresses
     ("tcaudit.findings", "tcaudit.gpus", "tcaudit.structural", "tcaudit.model_profile", "tcaudit.runtime_facts",
-     "tcaudit.progress", "tcaudit.atomic"),
+     "tcaudit.progress", "tcaudit.atomic", "tcaudit.terminal"),
     ("tcaudit.catalog", "tcaudit.baseline"),
     ("tcaudit.source", "tcaudit.costs"),
     ("tcaudit.script", "tcaudit.config", "tcaudit.explain"),

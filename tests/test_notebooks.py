@@ -420,3 +420,60 @@ def test_verify_runs_the_code_cells_in_order_as_a_script(tmp_path):
     assert "torch.autocast" in (out / "work" / "patched" / "tiny.py").read_text()
     assert ":cell 2" in (out / "work" / "patch.diff").read_text()
     assert path.read_bytes() == before
+
+
+# -- issue 49: a lone surrogate in a cell, CRLF inside cells ------------------------------------------
+CRLF_CELL = ["import torch\r\n", "model = torch.nn.Linear(64, 64).cuda()\r\n",
+             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\r\n", "for step in range(3):\r\n",
+             "    loss = model(torch.randn(8, 64, device=\"cuda\")).sum()\r\n", "    loss.backward()\r\n",
+             "    opt.step()\r\n", "    opt.zero_grad()"]
+
+
+def test_a_lone_surrogate_in_a_cell_is_one_tc000_and_the_other_files_are_scanned(tmp_path):
+    data = {"cells": [code_cell("import torch\nx = '\ud800'\n", "a")], "metadata": {}, "nbformat": 4,
+            "nbformat_minor": 5}
+    path = tmp_path / "surrogate.ipynb"
+    raw = json.dumps(data, indent=1).encode("ascii")  # "\ud800": valid JSON
+    path.write_bytes(raw)
+    (tmp_path / "other.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    code, report = scan_json(".", cwd=tmp_path)
+    assert code == 1
+    assert sorted((Path(f["path"]).name, f["rule"]) for f in report["findings"]) == [
+        ("other.py", "TC202"), ("surrogate.ipynb", "TC000")]
+    [tc000] = [f for f in report["findings"] if f["rule"] == "TC000"]
+    assert "code cell 1 line 2 holds a lone surrogate (\\ud800)" in tc000["message"]
+    fix_code, _, stderr = run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", ".", cwd=tmp_path)
+    assert fix_code == 0 and "not fixed" in stderr and "fixed other.py" in stderr.replace(str(tmp_path) + "/", "")
+    assert path.read_bytes() == raw
+
+
+def test_fix_keeps_crlf_inside_cells_byte_for_byte(tmp_path):
+    data = {"cells": [{"cell_type": "code", "execution_count": None, "id": "a", "metadata": {}, "outputs": [],
+                       "source": CRLF_CELL}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "crlf.ipynb"
+    path.write_bytes(jupyter_bytes(data))
+    code, _, stderr = run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", "--select", "TC201",
+                              str(path))
+    assert code in (0, 1) and "fixed" in stderr, stderr
+    source = json.loads(path.read_bytes())["cells"][0]["source"]
+    autocast = 'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):'
+    expected = [*CRLF_CELL[:4], f"    {autocast}\r\n",
+                "        loss = model(torch.randn(8, 64, device=\"cuda\")).sum()\r\n", *CRLF_CELL[5:]]
+    assert source == expected
+    again = path.read_bytes()
+    run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", "--select", "TC201", str(path))
+    assert path.read_bytes() == again  # a second fix changes nothing
+    nb = Notebook.parse(again)
+    namespace: dict = {}
+    exec(compile(nb.text.replace('device="cuda"', 'device="cpu"').replace(".cuda()", ""), "crlf.ipynb", "exec"),
+         namespace)  # the patched cell still runs (on the CPU)
+    assert namespace["step"] == 2
+
+
+def test_a_cell_with_mixed_line_ends_keeps_each_kept_line_end():
+    data = {"cells": [{"cell_type": "code", "execution_count": None, "id": "a", "metadata": {}, "outputs": [],
+                       "source": ["x = 1\r\n", "y = 2\n", "z = 3\r\n", "w = 4"]}],
+            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = Notebook.parse(jupyter_bytes(data))
+    out = json.loads(nb.render(nb.text.replace("y = 2\n", "y = 2\nv = 5\n")))
+    assert out["cells"][0]["source"] == ["x = 1\r\n", "y = 2\n", "v = 5\r\n", "z = 3\r\n", "w = 4"]

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 from tcaudit.findings import parse_classes
+from tcaudit.terminal import terminal_safe
 
 DEFAULT_CLASSES = "safe,numerics"
 # How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
-INPUT_PROBLEMS = ("not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
+INPUT_PROBLEMS = ("not fixed: cannot analyse: nesting too deep", "not fixed: cannot analyse: out of memory",
+                  "not fixed: cannot parse", "not fixed: cannot decode", "not fixed: not a Jupyter notebook",
                   "not fixed: CPython cannot compile it", "not fixed: too large to analyse",
                   "not fixed: cannot read file")  # a FIFO, a symlink to nothing: a note, not a failure
 
@@ -102,18 +104,18 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     out = script.raw
     code = 0
     if result.error:
-        print(f"{display}: {result.error}", file=sys.stderr)
+        print(terminal_safe(f"{display}: {result.error}"), file=sys.stderr)
         is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
         code = 0 if is_input_problem else 2
     else:
         for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
                                                  for d in result.declined}):
-            print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
+            print(terminal_safe(f"{display}:{where}: {rule} no fix: {reason}"), file=sys.stderr)
         if result.notice:
-            print(f"{display}: {result.notice}", file=sys.stderr)
+            print(terminal_safe(f"{display}: {result.notice}"), file=sys.stderr)
         if result.changed:
             out = result.data
-            print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+            print(terminal_safe(f"fixed {display} ({', '.join(result.applied)})"), file=sys.stderr)
     stream = getattr(sys.stdout, "buffer", None)
     if stream is not None:
         sys.stdout.flush()
@@ -151,6 +153,10 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
     # Messages go above the progress display where there is one: its console knows where it is drawn.
     err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
+
+    def say(text: str) -> None:  # file names, reasons quoting the user's code: no markup, no escape sequences
+        err.print(terminal_safe(text), markup=False)
+
     would_change = 0
     fixed_findings = 0
     errors = 0
@@ -172,16 +178,16 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         target = real_path(path)
         inside = Path(os.path.abspath(path)).is_relative_to(root)
         if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
-            err.print(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
-                      "(--follow-external-symlinks fixes such files too)")
+            say(f"{display}: not fixed: it is a symlink to {target}, outside the project root {root} "
+                "(--follow-external-symlinks fixes such files too)")
             return None
         try:
             result = call_with_deep_stack(fix_file, path, file_settings, classes, display, models, cache)
         except (RecursionError, MemoryError) as exc:
-            err.print(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
+            say(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             return None
         if result.error:
-            err.print(f"{display}: {result.error}")
+            say(f"{display}: {result.error}")
             if not result.error.startswith(INPUT_PROBLEMS):
                 errors += 1
             return None
@@ -211,10 +217,10 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             shown = sorted({(where(f.location.line), f.rule, reason) for f, reason in file_result.declined
                             if not _made_in(f, made_elsewhere)})
             for line, rule, reason in shown:
-                err.print(f"{file_display}:{file_result.place(line, args.apply)}: {rule} no fix: "
+                say(f"{file_display}:{file_result.place(line, args.apply)}: {rule} no fix: "
                           f"{file_result.in_cells(reason)}")
             if file_result.notice:
-                err.print(f"{file_display}: {file_result.notice}")
+                say(f"{file_display}: {file_result.notice}")
         changed = [(p, d, r) for p, d, r in group if r.changed]
         if not changed:
             continue
@@ -226,18 +232,19 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             except WriteFailed as exc:
                 kept = f" (nor {', '.join(d for _, d, _ in changed if d != exc.display)}: all or none)" \
                     if len(changed) > 1 else ""
-                err.print(f"{exc.display}: not fixed{kept}: {exc.reason}")
+                say(f"{exc.display}: not fixed{kept}: {exc.reason}")
                 errors += 1
                 continue
             for _, file_display, file_result in changed:
-                err.print(f"fixed {file_display} ({', '.join(file_result.applied)})")
+                say(f"fixed {file_display} ({', '.join(file_result.applied)})")
         else:
             for _, _, file_result in changed:
                 if color:
                     from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 
                     with progress.paused():
-                        console.print(Syntax(file_result.diff(), "diff", theme="ansi_dark", background_color="default"))
+                        shown = terminal_safe(file_result.diff())  # on a terminal: the file's escapes shown, not sent
+                        console.print(Syntax(shown, "diff", theme="ansi_dark", background_color="default"))
                 else:
                     diff = file_result.diff()
                     with progress.paused():
@@ -248,7 +255,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     if args.apply:
         return 0
     if would_change:
-        err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
+        say(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
         return 1
     return 0
 

@@ -39,6 +39,10 @@ def add_verify_parser(sub, add_selection) -> None:
     verify.add_argument("--health", action="store_true",
                         help="record training health on both sides (non-finite steps, GradScaler skips, grad norms, "
                         "parameters without a gradient, peak memory per step); exit 1 when the patched run is worse")
+    verify.add_argument("--no-network", action="store_true",
+                        help="run both copies of the script in a network namespace of their own (bubblewrap or "
+                        "unshare): verify trains the script with your user, files and environment; this takes only "
+                        "the network away")
     verify.add_argument("--attribute", action="store_true",
                         help="also run the patch with each rule group left out, and report what each contributed")
     verify.add_argument("--attribute-budget", type=int, default=None, metavar="N",
@@ -70,7 +74,9 @@ def run_verify(args: argparse.Namespace, settings) -> int:
     classes = parse_classes(args.classes)
     settings = with_structural_flags(settings, args)
     console = Console(stderr=False, highlight=False, width=max(110, Console(emoji=False).width), emoji=False)
-    options = ["--rounds", str(args.rounds), *(["--aa"] if args.aa else []), *(["--health"] if args.health else []),
+    options = ["--rounds", str(args.rounds), *(["--aa"] if args.aa else []),
+               *(["--no-network"] if getattr(args, "no_network", False) else []),
+               *(["--health"] if args.health else []),
                *(["--patched", args.patched] if args.patched else []), *(["--attribute"] if args.attribute else []),
                *(["--attribute-budget", str(args.attribute_budget)] if args.attribute_budget is not None else []),
                *(["--fail-under", str(args.fail_under)] if args.fail_under is not None else [])]
@@ -88,6 +94,7 @@ def run_verify(args: argparse.Namespace, settings) -> int:
                 aa=args.aa, patched_file=Path(args.patched) if args.patched else None, health=args.health,
                 attribute=args.attribute, attribute_budget=args.attribute_budget,
                 announce=lambda line: _print_paused(console, progress, line),
+                no_network=getattr(args, "no_network", False),
             )
     except VerifyError as exc:
         print(f"tcaudit: error: {exc}", file=sys.stderr)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tcaudit.config import Settings
-from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules, silenced
+from tcaudit.engine import (analyse_source, candidate_rules, cannot_analyse, collecting_less_often, instantiate_rules,
+                            silenced)
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import NotWritable, SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
@@ -193,7 +194,11 @@ def fix_file(
         hit = cache.load_fix(key)
         if hit is not None:
             return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), source=source)
-    result = _fix_source(path, source, settings, classes, display, models)
+    try:
+        with collecting_less_often():  # a full collection per few allocations made a large file's fix superlinear
+            result = _fix_source(path, source, settings, classes, display, models)
+    except Exception as exc:  # noqa: BLE001 - this file is left as it was; the others are fixed
+        return FileFix(display, source.text, source.text, error=f"not fixed: {cannot_analyse(exc).message}")
     if cache is not None and key is not None and result.error is None:
         from tcaudit.cache import CachedFix
 

@@ -61,10 +61,15 @@ class SandboxRefusal(PermissionError):
     """An operation the model's code may not do while tcaudit builds it."""
 
 
-def make_hook(private_dir: str, report_fd: int | None = None) -> Callable[[str, tuple], None]:
+def make_hook(private_dir: str, report_fd: int | None = None,
+              readable: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
+              ) -> Callable[[str, tuple], None]:
     """The audit hook for a process whose one writable place is ``private_dir``. Each refusal is
     written as a line to ``report_fd`` (the parent's pipe) before it is raised; a process whose
-    channel is gone ends at once (exit :data:`REPORT_LOST`)."""
+    channel is gone ends at once (exit :data:`REPORT_LOST`). ``readable``: (visible, hidden, blanked)
+    of the file system view's plan; opening a hidden or blanked file for reading is refused too."""
+    visible, hidden, blanked = readable or ((), (), ())
+    check_reads = readable is not None
     private = os.path.realpath(private_dir)
     prefix = private + os.sep
     realpath, fsdecode, isabs, join, isdir = os.path.realpath, os.fsdecode, os.path.isabs, os.path.join, os.path.isdir
@@ -92,6 +97,22 @@ def make_hook(private_dir: str, report_fd: int | None = None) -> Callable[[str, 
         real = resolve(path, dir_fd)
         return real is not None and (real == devnull or real == private or real.startswith(prefix))
 
+    def under(path: str, folders: tuple[str, ...]) -> bool:
+        for folder in folders:
+            if path == folder or folder == "/" or path.startswith(folder + "/"):
+                return True
+        return False
+
+    def may_read(path: object) -> bool:
+        if isinstance(path, int) or is_private(path):
+            return True
+        real = resolve(path)
+        if real is None:
+            return True  # nothing is opened
+        if under(real, blanked):
+            return False
+        return under(real, visible) or not under(real, hidden)
+
     def refuse(what: str) -> None:
         if count[0] < MAX_REFUSALS:
             count[0] += 1
@@ -112,6 +133,8 @@ def make_hook(private_dir: str, report_fd: int | None = None) -> Callable[[str, 
             )
             if writes and path is not None and not is_private(path, relative_ok=False):
                 refuse(f"writing {short(path)}")
+            elif check_reads and not writes and path is not None and not may_read(path):
+                refuse(f"reading {short(path)}, which the sandbox's view hides")
         elif event == refused_event:
             refuse(str(args[0]) if args else "an operation")
         elif event == "import":
@@ -169,10 +192,18 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def install(private_dir: str, report_fd: int | None = None) -> None:
+def install(private_dir: str, report_fd: int | None = None, readable: str | None = None) -> None:
     """Install the hook for the rest of this process's life (audit hooks cannot be removed). Nothing
-    is returned: no reference to the hook stays in the caller's frame for the model's code to find."""
-    hook = make_hook(private_dir, report_fd)
+    is returned: no reference to the hook stays in the caller's frame for the model's code to find.
+    ``readable``: the view's plan as JSON (:class:`tcaudit.model.jail.Plan`), whose hidden places are
+    not opened for reading."""
+    places = None
+    if readable:
+        import json
+
+        plan = json.loads(readable)
+        places = tuple(tuple(str(p).rstrip("/") or "/" for p in plan[key]) for key in ("visible", "hidden", "blanked"))
+    hook = make_hook(private_dir, report_fd, places)  # type: ignore[arg-type]
     sys.dont_write_bytecode = True  # imports of the user's modules must not write __pycache__
     import tempfile
 

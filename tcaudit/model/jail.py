@@ -39,8 +39,23 @@ _HIDDEN = ("/home", "/root", "/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm",
 _HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".config", ".docker", ".kube", ".netrc", ".pypirc",
                  ".git-credentials", ".cache/tcaudit", ".local/share/keyrings", ".password-store", ".bash_history",
                  ".python_history", ".zsh_history")
+# Folders of /etc where hosts keep keys and credentials (the rest of /etc is the system's configuration).
+_ETC_SECRETS = ("/etc/ssl/private", "/etc/pki/tls/private", "/etc/letsencrypt", "/etc/cloud", "/etc/sudoers.d",
+                "/etc/NetworkManager/system-connections", "/etc/wireguard", "/etc/openvpn", "/etc/ipsec.d",
+                "/etc/docker", "/etc/kubernetes", "/etc/containerd", "/etc/rancher", "/etc/gitlab-runner",
+                "/etc/ceph", "/etc/krb5.keytab.d")
 # Files replaced by an empty one (a folder of the system that cannot be hidden as a whole).
-_BLANKED = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd")
+_BLANKED = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd",
+            "/etc/ipsec.secrets", "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/krb5.keytab",
+            "/etc/machine-id", "/var/lib/dbus/machine-id")
+# The top-level folders the audit process sees: the system's programs, libraries and configuration.
+# Every other one (/opt with a CI runner's .credentials, /var with cloud-init's user data, /srv, /mnt,
+# /home, /root, /work...) is hidden, save the project and the Python environment inside it: an
+# allowlist, not a list of places secrets are known to live.
+_ROOT_KEPT = frozenset({"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "etc", "dev", "proc", "sys",
+                        "nix", "gnu"})
+# Token files of the model caches that stay visible (a cache is needed, its login is not).
+_CACHE_TOKENS = ("token", "stored_tokens", "credentials", ".netrc")
 # Never hidden as a whole, whatever socket they hold: the system the audit runs on.
 _SYSTEM = frozenset({"/", "/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/var", "/opt", "/srv",
                      "/dev", "/proc", "/sys", "/boot", "/mnt", "/media", "/nix", "/snap"})
@@ -105,8 +120,9 @@ def host_sockets() -> list[str]:
 def python_environment() -> list[str]:
     """What the audit process must see to run: the interpreter, its libraries, this tcaudit."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # ``python -m tcaudit`` puts the folder it runs in on sys.path: not shown where that is a home folder.
     places = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-              package_root, *[p for p in sys.path if p]]
+              package_root, *[p for p in sys.path if p and not home_or_above(p)]]
     places += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     places += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     return places
@@ -120,6 +136,16 @@ def model_caches() -> list[str]:
             os.environ.get("TORCH_HOME") or os.path.join(cache, "torch")]
 
 
+def home_or_above(path: str) -> bool:
+    """Whether ``path`` is the root, a home folder or a folder holding one (never shown whole: the
+    project inside it is)."""
+    real = os.path.realpath(path)
+    if real == os.sep:
+        return True
+    homes = {os.path.realpath(h) for h in _home_folders()[:1] + [os.path.expanduser("~")] if h}
+    return any(h == real or h.startswith(real.rstrip(os.sep) + os.sep) for h in homes)
+
+
 def _home_folders() -> list[str]:
     folders = [os.environ.get("HOME", ""), os.environ.get("XDG_RUNTIME_DIR", ""), tempfile.gettempdir()]
     try:
@@ -129,12 +155,68 @@ def _home_folders() -> list[str]:
     return [f for f in folders if f]
 
 
+def _top_level() -> tuple[set[str], set[str]]:
+    """The folders and files at the top of the file system that the view does not keep (symlinks such
+    as ``/lib -> usr/lib`` lead into kept folders and stay)."""
+    folders, files = set(), set()
+    try:
+        entries = list(os.scandir("/"))
+    except OSError:
+        return folders, files
+    for entry in entries:
+        if entry.name in _ROOT_KEPT or entry.is_symlink():
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                folders.add(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                files.add(entry.path)
+        except OSError:
+            continue
+    return folders, files
+
+
+def _private_entries(folder: str, needed: tuple[str, ...], top: bool, depth: int = 4) -> tuple[list[str], list[str]]:
+    """What to hide in a shown home folder: its dot-entries (``top``), or in a folder holding something
+    ``needed`` (``~/.cache`` around ``~/.cache/huggingface``) every other entry, as (folders, files)."""
+    folders: list[str] = []
+    files: list[str] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return folders, files
+    for entry in entries:
+        if top and not entry.name.startswith("."):
+            continue
+        path = entry.path
+        if any(_under(path, n) for n in needed):
+            continue  # needed itself (or inside what is needed)
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_file = entry.is_file(follow_symlinks=False)
+        except OSError:
+            continue
+        if any(_under(n, path) for n in needed):
+            if is_dir and depth > 0:
+                inner = _private_entries(path, needed, False, depth - 1)
+                folders += inner[0]
+                files += inner[1]
+        elif is_dir:
+            folders.append(path)
+        elif is_file:
+            files.append(path)
+    return folders, files
+
+
 def make_plan(writable: str, visible: Iterable[str]) -> Plan:
     """The view for an audit process writing to ``writable`` and reading ``visible`` (the projects)."""
     shown = _outermost(r for r in map(_real, [*visible, *python_environment(), *model_caches()]) if r)
     writable = os.path.realpath(writable)
-    hidden = {r for r in map(_real, [*_HIDDEN, *_home_folders()]) if r and os.path.isdir(r)}
+    hidden = {r for r in map(_real, [*_HIDDEN, *_ETC_SECRETS, *_home_folders()]) if r and os.path.isdir(r)}
     blanked = set()
+    top_dirs, top_files = _top_level()
+    hidden.update(top_dirs)
+    blanked.update(top_files)
     for socket_path in host_sockets():
         real = _real(socket_path)
         if real is None:
@@ -145,7 +227,7 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
             blanked.add(real)
         else:
             hidden.add(folder)
-    hidden_folders = tuple(h for h in _outermost(hidden) if h not in _SYSTEM)
+    hidden_folders = tuple(h for h in _outermost(hidden) if h not in _SYSTEM or h in top_dirs)
     # Secrets inside a folder that stays visible (a home folder that is the project) are hidden on top.
     for home in _home_folders():
         for name in _HOME_SECRETS:
@@ -155,7 +237,24 @@ def make_plan(writable: str, visible: Iterable[str]) -> Plan:
                     hidden_folders += (secret,)
                 else:
                     blanked.add(secret)
+        # A home folder shown (the project is the home folder, or in it): none of its dot-entries but
+        # what the Python environment and the model caches need (an allowlist: ~/.kaggle, ~/.npmrc,
+        # ~/.pgpass are on no list).
+        real_home = _real(home)
+        if real_home and os.path.isdir(real_home) and any(_under(real_home, s) for s in shown) \
+                and not _under(writable, real_home):
+            wanted = [r for r in map(_real, [*python_environment(), *model_caches()]) if r]
+            needed = tuple(s for s in (*shown, *wanted, writable) if s != real_home and not _under(real_home, s))
+            folders, files = _private_entries(real_home, needed, top=True)
+            hidden_folders += tuple(f for f in folders if f not in hidden_folders)
+            blanked.update(files)
     blanked.update(r for r in map(_real, _BLANKED) if r)
+    for cache in model_caches():
+        tokens = (_real(os.path.join(cache, name)) for name in _CACHE_TOKENS)
+        blanked.update(r for r in tokens if r and os.path.isfile(r))
+    token = os.environ.get("HF_TOKEN_PATH")
+    if token and _real(token) and os.path.isfile(token):
+        blanked.add(_real(token))
     # A file under a hidden folder is gone, unless a visible folder brings it back.
     blanked_files = tuple(sorted(b for b in blanked if not _under(b, writable) and (
         any(_under(b, s) for s in shown) or not any(_under(b, h) for h in hidden_folders))))
@@ -251,6 +350,8 @@ def _make_mount_point(path: str, is_dir: bool) -> None:
 
 
 _CLONE_NEWNS = 0x00020000
+PRIVATE_FOLDER_BYTES = 512 * 1024**2  # what a model's code may write, in all, in its private folder
+PRIVATE_FOLDER_ENTRIES = 20_000
 
 
 def enter(plan: Plan) -> None:
@@ -268,15 +369,24 @@ def enter(plan: Plan) -> None:
     outer = [h for h in plan.hidden if h not in inner]
     handles = {}
     try:
-        for path in (*kept, plan.writable):
+        for path in kept:
             handles[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
         for folder in outer:
             _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=755")
-        for path in (*kept, plan.writable):
+        for path in kept:
             _make_mount_point(path, stat.S_ISDIR(os.fstat(handles[path]).st_mode))
             _mount(libc, f"/proc/self/fd/{handles[path]}", path, None, _MS_BIND | _MS_REC)
         for folder in inner:
             _mount(libc, "tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
+        # The private folder: a tmpfs of this namespace's own, size- and entry-capped, gone with the
+        # model's process (nothing it writes reaches the host's disk; the scanner reads nothing there).
+        _make_mount_point(plan.writable, True)
+        _mount(libc, "tmpfs", plan.writable, "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={PRIVATE_FOLDER_BYTES},nr_inodes={PRIVATE_FOLDER_ENTRIES},mode=700")
+        for name in ("HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+            folder = os.environ.get(name, "")
+            if folder and _under(os.path.realpath(folder), plan.writable):
+                os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise JailError(f"preparing the file system view: {exc}") from exc
     finally:

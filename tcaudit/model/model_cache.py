@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tcaudit.cache import seal, unseal, write_atomic
+from tcaudit.model.channel import read_project_file
 from tcaudit.model.facts import ModelFacts
 
 FORMAT = 1
@@ -35,10 +36,10 @@ def _package_version(name: str) -> str:
 
 
 def _digest(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
+    """The file's digest, read through the channel's opener: a FIFO, a device or a file past the size
+    cap (a result may name one) is no digest, never a read that blocks or does not end."""
+    raw = read_project_file(path)
+    return hashlib.sha256(raw).hexdigest() if raw is not None else None
 
 
 class ModelCache:

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tcaudit.model import guard
+from tcaudit.model import channel, guard
 from tcaudit.model.facts import ModelFacts
 
 DEFAULT_TIME_LIMIT = 60.0  # seconds per model, from the moment its process starts
@@ -168,6 +169,18 @@ def view_for(target: dict[str, Any], workdir: str) -> str | None:
     return jail.make_plan(workdir, [*readable_folders(target), *search_path]).to_json()
 
 
+def readable_for(target: dict[str, Any], workdir: str) -> str | None:
+    """The same view's plan for the audit hook, which refuses to open for reading what the view hides
+    (at every level: alone, it is all that keeps the model's code from ``~/.kaggle/kaggle.json`` through
+    Python's ``open``; with a view, a second layer). None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    from tcaudit.model import jail
+
+    search_path = [p for p in child_environment().get("PYTHONPATH", "").split(os.pathsep) if p]
+    return jail.make_plan(workdir, [*readable_folders(target), *search_path]).to_json()
+
+
 def _kill_group(pgid: int) -> None:
     """Kill what is left of a process group the audit started (its own session)."""
     try:
@@ -256,6 +269,23 @@ def describe_status(status: int | None, timed_out: bool, limits: Limits) -> str:
     return "the audit process ended without a result"
 
 
+def describe_over(over: dict[str, Any]) -> str:
+    """Why the audit killed a model's processes: which budget of the whole model they went over."""
+    def gib(value: Any) -> str:
+        return f"{value / 1024**3:.1f} GiB" if isinstance(value, (int, float)) else "?"
+
+    what = over.get("what")
+    if what == "memory":
+        return (f"the model's processes held {gib(over.get('used'))} together, over the audit's memory budget of "
+                f"{gib(over.get('limit'))} (TCAUDIT_MODEL_MEMORY)")
+    if what == "processes":
+        return f"the model's code started {over.get('used')} processes, over the audit's limit of {over.get('limit')}"
+    if what == "folder":
+        return (f"the model's code wrote {gib(over.get('used'))} ({over.get('entries')} entries) to its private "
+                f"folder, over the audit's limit of {gib(over.get('limit'))}")
+    return "the model's code went over one of the audit's budgets"
+
+
 def _log_tail(path: str, lines: int = 6) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -267,27 +297,38 @@ def _log_tail(path: str, lines: int = 6) -> str:
 
 
 class _LineReader:
-    """Reads JSON lines from a pipe with a timeout (select + os.read; no blocking readline)."""
+    """Reads JSON lines from a pipe with a timeout (select + os.read; no blocking readline), each at
+    most ``limit`` bytes (a result is forwarded on one line)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, limit: int = 2 * channel.MAX_RESULT_BYTES + (1 << 20)) -> None:
         self.fd = fd
-        self.buffer = b""
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
 
     def read(self, timeout: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
+        while not self.chunks or b"\n" not in self.chunks[-1]:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             ready, _, _ = select.select([self.fd], [], [], remaining)
             if not ready:
                 return None
-            chunk = os.read(self.fd, 65536)
+            chunk = os.read(self.fd, 1 << 20)
             if not chunk:
                 raise EOFError("the audit process closed its output")
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line.decode("utf-8"))
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+            if self.size > self.limit and b"\n" not in chunk:
+                raise ValueError("the audit process wrote a line past the protocol's limit")
+        buffer = b"".join(self.chunks)
+        line, _, rest = buffer.partition(b"\n")
+        self.chunks, self.size = ([rest], len(rest)) if rest else ([], 0)
+        message = json.loads(line.decode("utf-8"))
+        if not isinstance(message, dict):
+            raise ValueError("the audit process wrote something that is not the protocol")
+        return message
 
 
 class Zygote:
@@ -327,19 +368,21 @@ class Zygote:
         return self.process.poll() is None
 
     def run(self, job: dict[str, Any], limits: Limits) -> ModelFacts:
+        # The job, the result and the log never pass through a name in the private folder, where the
+        # model's code could have planted a symlink or a FIFO (tcaudit/model/channel.py).
         self.counter += 1
-        base = os.path.join(self.workdir, f"model-{self.counter}")
-        job_path, result_path, log_path = f"{base}.job.json", f"{base}.result.json", f"{base}.log"
-        with open(job_path, "w", encoding="utf-8") as handle:
-            json.dump(job, handle)
-        request = {"job": job_path, "result": result_path, "log": log_path,
-                   "view": view_for(job["target"], self.workdir)}
+        request = {"job": job, "private": self.workdir, "view": view_for(job["target"], self.workdir),
+                   "readable": readable_for(job["target"], self.workdir)}
         self.process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
         self.process.stdin.flush()
         started = self.reader.read(30.0)
         if not started or "pid" not in started:
             raise EOFError("the audit process did not start the model's process")
         pid = started["pid"]
+        # Handed over only now: the model's process, forked already, never had it in its memory.
+        nonce = secrets.token_hex(16)
+        self.process.stdin.write((json.dumps({"nonce": nonce}) + "\n").encode("utf-8"))
+        self.process.stdin.flush()
         finished = self.reader.read(limits.time_limit)
         timed_out = finished is None
         if timed_out and own_pid_namespace():
@@ -349,17 +392,21 @@ class Zygote:
         elif timed_out:
             try:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, TypeError, OverflowError):
                 pass
             finished = self.reader.read(30.0)
-        facts = _read_result(job["target"], result_path, log_path, (finished or {}).get("status"), timed_out, limits)
-        facts = _refused((finished or {}).get("refused"), job["target"]) or facts
-        for path in (job_path, result_path, log_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        return facts
+        finished = finished or {}
+        if finished and finished.get("nonce") != nonce:
+            self.close(graceful=False)  # the protocol is out of step: the next model gets a new audit process
+            return ModelFacts.failed(job["target"], "the audit process answered for another build than this model's")
+        status = finished.get("status") if isinstance(finished.get("status"), int) else None
+        result = finished.get("result")
+        raw = result.encode("utf-8", "surrogateescape") if isinstance(result, str) else None
+        log = finished.get("log") if isinstance(finished.get("log"), str) else ""
+        facts = result_facts(job["target"], raw, log, status, timed_out, limits, finished.get("result_error"))
+        if isinstance(finished.get("over"), dict):
+            facts = ModelFacts.failed(job["target"], describe_over(finished["over"]))
+        return _refused(finished.get("refused"), job["target"]) or facts
 
     def close(self, graceful: bool = True) -> None:
         process = getattr(self, "process", None)
@@ -378,7 +425,7 @@ class Zygote:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-MAX_RESULT_BYTES = 64 * 1024**2  # a result larger than this is not a model's facts: TC100
+MAX_RESULT_BYTES = channel.MAX_RESULT_BYTES  # a result larger than this is not a model's facts: TC100
 MAX_TEXT = 2_000  # characters of one text from the audit process (an exception's message) kept
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b[@-_]")
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -392,15 +439,24 @@ def clean_text(text: Any) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
-def _untrusted_facts(data: Any) -> ModelFacts:
-    """The child's result, read as data: every text it reports cleaned (raises ValueError where it is
-    not a result at all)."""
+def _untrusted_facts(data: Any, target: dict[str, Any]) -> ModelFacts:
+    """The child's result, read as data: for the parent's own ``target`` (not the one it names), every
+    text it reports cleaned, every file it names kept only where it is a regular file of the model's
+    project (a ``depends_on`` of ``/dev/zero`` or ``/proc/self/fd/0``, a site in ``~/.ssh``: dropped).
+    Raises ValueError (or another exception of a malformed structure) where it is not a result at all."""
     if not isinstance(data, dict):
         raise ValueError("not a result")
-    facts = ModelFacts.from_json(data)
+    facts = ModelFacts.from_json({**data, "target": target})
     facts.reason = clean_text(facts.reason) if facts.reason else facts.reason
     facts.capture.failures = [clean_text(t) for t in facts.capture.failures]
     facts.capture.notes = [clean_text(t) for t in facts.capture.notes]
+    folders = project_folders(target)
+    facts.depends_on = sorted({f for f in (channel.project_file(p, folders) for p in facts.depends_on) if f})
+    if facts.construction is not None and not channel.inside(facts.construction.path, folders):
+        facts.construction = None
+    for item in (*facts.modules.values(), *facts.ops):
+        if item.site is not None and not channel.inside(item.site.path, folders):
+            item.site = None
     return facts
 
 
@@ -413,40 +469,59 @@ def _refused(refused: Any, target: dict[str, Any]) -> ModelFacts | None:
     return ModelFacts.failed(target, clean_text(guard.describe(texts, isolation_level())))
 
 
-def _read_result(target: dict[str, Any], result_path: str, log_path: str, status: int | None,
-                 timed_out: bool, limits: Limits) -> ModelFacts:
+def result_facts(target: dict[str, Any], raw: bytes | None, log: str, status: int | None, timed_out: bool,
+                 limits: Limits, result_error: Any = None) -> ModelFacts:
+    """The model's facts from the bytes its process left as its result (``raw``), or why there are
+    none: a result over the size cap, nested too deep, not JSON or not facts is a TC100 with that
+    reason, as is a process that ended without one (with the last line of its ``log``)."""
     if not timed_out:
-        try:
-            if os.path.getsize(result_path) > MAX_RESULT_BYTES:
-                return ModelFacts.failed(target, f"the audit process wrote a result over {MAX_RESULT_BYTES >> 20} MiB")
-            with open(result_path, encoding="utf-8") as handle:
-                return _untrusted_facts(json.load(handle))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            pass
+        if isinstance(result_error, str):
+            return ModelFacts.failed(target, clean_text(result_error))
+        if raw:
+            try:
+                return _untrusted_facts(channel.parse_untrusted(raw), target)
+            except channel.ChannelError as exc:
+                return ModelFacts.failed(target, str(exc))
+            except Exception:  # noqa: BLE001 - whatever shape the model's side gave it, it is not facts
+                return ModelFacts.failed(target, "the audit process wrote a result that is not a model's facts")
     reason = describe_status(status, timed_out, limits)
     if not timed_out and status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
-        tail = clean_text(_log_tail(log_path, 1))
+        tail = clean_text(_last_line(log))
         if tail:
             reason += f": {tail.strip()[:200]}"
     return ModelFacts.failed(target, reason)
 
 
+def _last_line(log: str) -> str:
+    lines = [line for line in log[-4000:].splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
-    """One process per model: for platforms without fork."""
+    """One process per model: for platforms without fork. The job is written before the model's
+    process starts; its result comes back through a descriptor the scanner opened on an unlinked file
+    (POSIX), else is read relative to the folder's descriptor (no symlink, FIFO or device, size-capped);
+    its log through the scanner's own descriptor."""
     workdir = tempfile.mkdtemp(prefix="tcaudit-model-")
     job_path = os.path.join(workdir, "job.json")
     result_path = os.path.join(workdir, "result.json")
-    log_path = os.path.join(workdir, "model.log")
-    with open(job_path, "w", encoding="utf-8") as handle:
+    with open(job_path, "x", encoding="utf-8") as handle:
         json.dump(job, handle)
     timed_out = False
-    command, env = child_command(["run", job_path, result_path], workdir)
+    posix = os.name == "posix"
+    result_fd = _unlinked(workdir, "result") if posix else None
+    command, env = child_command(["run", job_path, f"fd:{result_fd}" if posix else result_path], workdir)
     view = view_for(job["target"], workdir)
     if view:
         env["TCAUDIT_JAIL"] = view
-    with open(log_path, "wb") as log:
+    readable = readable_for(job["target"], workdir)
+    if readable:
+        env["TCAUDIT_READABLE"] = readable
+    log_fd = _unlinked(workdir, "log")  # ours alone: the model's process gets the descriptor
+    try:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=workdir,
+            command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env, cwd=workdir,
+            pass_fds=(result_fd,) if result_fd is not None else (),
             **({"start_new_session": True} if hasattr(os, "killpg") else {}),
         )
         try:
@@ -457,13 +532,38 @@ def run_once(job: dict[str, Any], limits: Limits) -> ModelFacts:
             process.wait()
         if hasattr(os, "killpg"):
             _kill_group(process.pid)
-    status = None
-    if process.returncode is not None and not timed_out:
-        code = process.returncode
-        status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
-    facts = _read_result(job["target"], result_path, log_path, status, timed_out, limits)
+        status = None
+        if process.returncode is not None and not timed_out:
+            code = process.returncode
+            status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
+        raw, error = None, None
+        if not timed_out:
+            try:
+                if result_fd is not None:
+                    raw = channel.read_capped(result_fd, MAX_RESULT_BYTES, "the result")
+                else:
+                    raw = channel.read_private_path(workdir, "result.json", MAX_RESULT_BYTES)
+            except channel.ChannelError as exc:
+                error = None if "No such file" in str(exc) else f"the audit process wrote a result that {exc}"
+        log = channel.tail(log_fd).decode("utf-8", "replace")
+    finally:
+        for fd in (log_fd, result_fd):
+            if fd is not None:
+                os.close(fd)
+    facts = result_facts(job["target"], raw, log, status, timed_out, limits, error)
     shutil.rmtree(workdir, ignore_errors=True)
     return facts
+
+
+def _unlinked(folder: str, name: str) -> int:
+    """A new file of ours in ``folder`` that has no name left (the model's code cannot reach it by one)."""
+    path = os.path.join(folder, f"{name}-{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.unlink(path)
+    except OSError:  # Windows: an open file cannot be removed; it goes with the folder
+        pass
+    return fd
 
 
 class Sandbox:
@@ -503,7 +603,18 @@ class Sandbox:
 def readable_folders(target: dict[str, Any]) -> tuple[str, ...]:
     """What a model's audit must be able to read: its roots and its script's folder, and the folder
     the scan runs in (where a script's relative paths point)."""
-    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or "")), os.getcwd()]
+    from tcaudit.model.jail import home_or_above
+
+    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or ""))]
+    if not home_or_above(os.getcwd()):  # the project is shown, the home folder around it is not
+        folders.append(os.getcwd())
+    return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
+
+
+def project_folders(target: dict[str, Any]) -> tuple[str, ...]:
+    """The model's own project: its roots and its script's folder (not the folder the scan runs in,
+    which may be the home folder). The only places a result may name a file."""
+    folders = [*target.get("roots", []), os.path.dirname(str(target.get("path") or ""))]
     return tuple(dict.fromkeys(os.path.realpath(f) for f in folders if f))
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import TextIO
 
 from tcaudit.report.order import ordered
+from tcaudit.terminal import terminal_safe
 
 
 def render(result, out: TextIO, *, rules, color: bool) -> None:
     for f in ordered(result.findings, rules, getattr(result, "sort", "impact")):
         loc = f.location
-        out.write(f"{loc.path}:{loc.position}: {f.rule} {_one_line(f.message)}\n")
+        out.write(f"{terminal_safe(loc.path, one_line=True)}:{loc.position}: {f.rule} {_one_line(f.message)}\n")
 
 
 def _one_line(message: str) -> str:
-    return " ".join(message.split())
+    return terminal_safe(" ".join(message.split()), one_line=True)

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from tcaudit.terminal import terminal_safe
+
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 
 
 def escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # The runner's log is a terminal too (it renders escape sequences): what is left after its own
+    # escapes is shown escaped.
+    return terminal_safe(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def escape_property(text: str) -> str:

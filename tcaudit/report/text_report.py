@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import re
 import tokenize
 from itertools import groupby
 from pathlib import Path
@@ -16,9 +17,11 @@ from rich.padding import Padding
 from rich.text import Text
 
 from tcaudit.report.order import estimated_gain, ordered, top_finding
+from tcaudit.terminal import terminal_safe
 
 _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 _CONTEXT = 1  # lines of context around the flagged line
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: int) -> Text:
@@ -27,7 +30,7 @@ def _frame(lines: list[str], line: int, column: int, end_line: int, end_column: 
     last = min(len(lines), line + _CONTEXT)
     width = len(str(last))
     for number in range(first, last + 1):
-        source = lines[number - 1].expandtabs(4) if number <= len(lines) else ""
+        source = terminal_safe(lines[number - 1].expandtabs(4), one_line=True) if number <= len(lines) else ""
         marker = ">" if number == line else " "
         text.append(f"  {marker} {number:>{width}} | ", style="dim" if number != line else "bold")
         text.append(source + "\n")
@@ -66,7 +69,8 @@ def _source_lines(path: str, raw: bytes | None = None, cell: int | None = None) 
         codecs.lookup(encoding)
     except (SyntaxError, LookupError):
         encoding = "utf-8"
-    return raw.decode(encoding, errors="replace").splitlines()
+    lines = _LINE_END.split(raw.decode(encoding, errors="replace"))  # Python's line ends, not str.splitlines's
+    return lines[:-1] if lines and not lines[-1] else lines
 
 
 def top_line(finding, rules) -> str:
@@ -92,37 +96,40 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
     cache: dict[tuple[str, int | None], list[str]] = {}
     findings = ordered(result.findings, rules, getattr(result, "sort", "impact"))
     for path, group in groupby(findings, key=lambda f: f.location.path):
-        console.print(Text(path, style="bold underline"))
+        shown = terminal_safe(path, one_line=True)
+        console.print(Text(shown, style="bold underline"))
         for f in group:
             loc = f.location
             if (path, loc.cell) not in cache:
                 cache[path, loc.cell] = _source_lines(path, getattr(result, "texts", {}).get(path), loc.cell)
             head = Text()
-            head.append(f"{path}:{loc.position}: ", style="bold")
+            head.append(f"{shown}:{loc.position}: ", style="bold")
             head.append(f"{f.rule} ", style=_STYLE.get(str(f.severity), ""))
             head.append(f"[{f.severity}] ", style=_STYLE.get(str(f.severity), ""))
-            head.append(f.message)
+            head.append(terminal_safe(f.message))
             console.print(head)
             if show and f.explanation:
-                explanation = Text(f.explanation, style="dim")
+                explanation = Text(terminal_safe(f.explanation), style="dim")
                 if console.is_terminal:
                     console.print(Padding(explanation, (0, 0, 0, 4)))
                 else:
                     console.print(Text("    ") + explanation)
             for place in f.related:
-                console.print(Text(f"  see {place.location.path}:{place.location.position}: {place.message}", style="dim"))
+                see = f"  see {place.location.path}:{place.location.position}: {place.message}"
+                console.print(Text(terminal_safe(see), style="dim"))
             if cache[path, loc.cell]:
                 console.print(_frame(cache[path, loc.cell], loc.line, loc.column, loc.end_line, loc.end_column), end="", soft_wrap=True)
             if f.fix is not None:
                 if f.fix.applies_by_default:
-                    console.print(Text(f"  fix ({f.fix.fix_class}): {f.fix.description}", style="green"))
+                    console.print(Text(terminal_safe(f"  fix ({f.fix.fix_class}): {f.fix.description}"), style="green"))
                 elif f.fix.available:
-                    console.print(Text(f"  {f.fix.fix_class} fix, only with `tcaudit fix --{f.fix.option}`: {f.fix.description}", style="cyan"))
+                    only = f"  {f.fix.fix_class} fix, only with `tcaudit fix --{f.fix.option}`: {f.fix.description}"
+                    console.print(Text(terminal_safe(only), style="cyan"))
                 else:
-                    console.print(Text(f"  no fix: {f.fix.reason or f.fix.description}", style="dim"))
+                    console.print(Text(terminal_safe(f"  no fix: {f.fix.reason or f.fix.description}"), style="dim"))
             console.print()
     for note in result.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Text(terminal_safe(f"note: {note}"), style="dim"))
     counts = {s: sum(1 for f in result.findings if str(f.severity) == s) for s in ("error", "warning", "info")}
     total = len(result.findings)
     fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.applies_by_default)
@@ -136,5 +143,5 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
         line.append(f" {fixable} fixable with `tcaudit fix`.", style="green")
     top = top_finding(result.findings, rules)
     if top is not None:
-        line.append(top_line(top, rules), style="bold")
+        line.append(terminal_safe(top_line(top, rules)), style="bold")
     console.print(line)

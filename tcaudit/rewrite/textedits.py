@@ -62,10 +62,7 @@ def edits_between(old: str, new: str) -> tuple[TextEdit, ...]:
     for line in new_lines:
         new_starts.append(new_starts[-1] + len(line))
     edits: list[TextEdit] = []
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for i1, i2, j1, j2 in changed_runs(old_lines, new_lines):
         start, end = where.starts[i1], where.starts[i2]
         removed, added = old[start:end], new[new_starts[j1]:new_starts[j2]]
         prefix = _common_prefix(removed, added)
@@ -76,6 +73,93 @@ def edits_between(old: str, new: str) -> tuple[TextEdit, ...]:
         end_line, end_column = where.position(end)
         edits.append(TextEdit(line, column, end_line, end_column, content))
     return tuple(edits)
+
+
+_SMALL = 40_000  # a gap of lines this small (old × new) is compared exhaustively (difflib)
+_WHOLE = 9_000_000  # a text up to ~3,000 lines a side is compared by difflib alone, as it always was
+
+
+def changed_runs(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int, int, int]]:
+    """The runs of lines (a[i1:i2] → b[j1:j2]) that differ between ``a`` and ``b``, in order, in time
+    about linear in the lines: the common start and end are set aside, lines that occur once in each
+    side anchor the rest (patience diffing), and only the small gaps between anchors go to difflib,
+    whose matcher is quadratic on a file of many repeated lines (a 10,000-line file of similar
+    training steps took minutes). A gap too large for it is one run: still exact, only less small.
+    Texts up to about 3,000 lines a side go to difflib whole, so that where an edit lands among equal
+    lines (an insertion between blank lines) is as it always was."""
+    if len(a) * len(b) <= _WHOLE:  # as difflib places them (where an insertion among blank lines goes)
+        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    runs: list[tuple[int, int, int, int]] = []
+    pending = [(0, len(a), 0, len(b))]
+    while pending:
+        lo_a, hi_a, lo_b, hi_b = pending.pop()
+        while lo_a < hi_a and lo_b < hi_b and a[lo_a] == b[lo_b]:
+            lo_a, lo_b = lo_a + 1, lo_b + 1
+        while lo_a < hi_a and lo_b < hi_b and a[hi_a - 1] == b[hi_b - 1]:
+            hi_a, hi_b = hi_a - 1, hi_b - 1
+        if lo_a == hi_a and lo_b == hi_b:
+            continue
+        if lo_a == hi_a or lo_b == hi_b:
+            runs.append((lo_a, hi_a, lo_b, hi_b))
+            continue
+        anchors = _unique_anchors(a, b, lo_a, hi_a, lo_b, hi_b)
+        if anchors:
+            edges = [(lo_a - 1, lo_b - 1), *anchors, (hi_a, hi_b)]
+            for (i, j), (next_i, next_j) in zip(edges, edges[1:]):
+                pending.append((i + 1, next_i, j + 1, next_j))
+        elif (hi_a - lo_a) * (hi_b - lo_b) <= _SMALL:
+            matcher = difflib.SequenceMatcher(None, a[lo_a:hi_a], b[lo_b:hi_b], autojunk=False)
+            runs.extend((lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2)
+                        for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
+        else:
+            runs.append((lo_a, hi_a, lo_b, hi_b))
+    return sorted(runs)
+
+
+def _unique_anchors(a: Sequence[str], b: Sequence[str], lo_a: int, hi_a: int, lo_b: int, hi_b: int
+                    ) -> list[tuple[int, int]]:
+    """Pairs (i, j) of lines that occur exactly once in a[lo_a:hi_a] and once in b[lo_b:hi_b], the
+    longest run of them in the same order on both sides."""
+    count_a: dict[str, int] = {}
+    for i in range(lo_a, hi_a):
+        count_a[a[i]] = count_a.get(a[i], 0) + 1
+    where_b: dict[str, int] = {}
+    count_b: dict[str, int] = {}
+    for j in range(lo_b, hi_b):
+        count_b[b[j]] = count_b.get(b[j], 0) + 1
+        where_b[b[j]] = j
+    pairs = [(i, where_b[a[i]]) for i in range(lo_a, hi_a) if count_a[a[i]] == 1 and count_b.get(a[i]) == 1]
+    if not pairs:
+        return []
+    # The longest increasing run of j (patience sorting), pairs already in increasing i.
+    tails: list[int] = []  # tails[k]: index into pairs of the smallest last j of a run of length k + 1
+    previous: list[int] = [-1] * len(pairs)
+    for index, (_, j) in enumerate(pairs):
+        k = _bisect_tails(pairs, tails, j)
+        if k > 0:
+            previous[index] = tails[k - 1]
+        if k == len(tails):
+            tails.append(index)
+        else:
+            tails[k] = index
+    chain = []
+    index = tails[-1]
+    while index >= 0:
+        chain.append(pairs[index])
+        index = previous[index]
+    return chain[::-1]
+
+
+def _bisect_tails(pairs: list[tuple[int, int]], tails: list[int], j: int) -> int:
+    lo, hi = 0, len(tails)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pairs[tails[mid]][1] < j:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def apply_edits(text: str, edits: Iterable[TextEdit]) -> str:

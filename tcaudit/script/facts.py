@@ -672,6 +672,29 @@ class ScriptFacts:
             table.setdefault(id(call.ctx.function), []).append(call)
         return table
 
+    def call_of(self, func: cst.CSTNode) -> CallSite | None:
+        """The call whose callee is the node ``func`` (``torch.cuda.amp.autocast`` in ``...autocast()``)."""
+        return self._call_by_callee.get(id(func))
+
+    @functools.cached_property
+    def _call_by_callee(self) -> dict[int, CallSite]:
+        # Indexed once: a rule asking this for each reference of a name scanned every call each time.
+        table: dict[int, CallSite] = {}
+        for call in self.calls:
+            table.setdefault(id(call.node.func), call)
+        return table
+
+    def training_steps_in(self, function: cst.FunctionDef | None) -> list[TrainingStep]:
+        """The training steps whose backward is in ``function`` (None: at the module level)."""
+        return self._steps_by_function.get(id(function), [])
+
+    @functools.cached_property
+    def _steps_by_function(self) -> dict[int, list[TrainingStep]]:
+        table: dict[int, list[TrainingStep]] = {}
+        for step in self.training_steps:
+            table.setdefault(id(step.function), []).append(step)
+        return table
+
     @functools.cached_property
     def functions_by_name(self) -> dict[str, list[cst.FunctionDef]]:
         table: dict[str, list[cst.FunctionDef]] = {}

@@ -119,9 +119,7 @@ def training_loops(facts: ScriptFacts, function: cst.FunctionDef | None) -> list
     """The outermost loops of ``function`` (None: the module level) that hold a training step's
     backward, in the order they appear."""
     loops: dict[int, cst.CSTNode] = {}
-    for step in facts.training_steps:
-        if step.function is not function:
-            continue
+    for step in facts.training_steps_in(function):  # indexed: asked once per step of a file of many
         outermost = None
         for frame in step.ctx.chain():
             if frame.kind in ("def", "class", "lambda"):

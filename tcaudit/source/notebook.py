@@ -120,6 +120,8 @@ def split_lines(text: str) -> list[str]:
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_LAST_END = re.compile(r"(\r\n|\r|\n)\Z")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # valid in JSON ("\\ud800"), not in any text file
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
@@ -216,6 +218,11 @@ class Notebook:
                 source = "".join(source)
             elif not isinstance(source, str):
                 raise SourceError(f"not a Jupyter notebook: code cell {number}'s source is not text")
+            surrogate = _LONE_SURROGATE.search(source)
+            if surrogate:
+                line = source[: surrogate.start()].count("\n") + 1
+                raise SourceError(f"cannot parse notebook: code cell {number} line {line} holds a lone surrogate "
+                                  f"(\\u{ord(surrogate.group()):04x}), which is not Unicode text")
             included = self.python and not source.lstrip().startswith("%%")
             self.cells.append(CodeCell(number, index, source, as_list, included))
         parts: list[str] = []
@@ -322,9 +329,9 @@ class Notebook:
                 out.append(line)
         if pending:
             raise NotebookEditError(f"the fix would remove an IPython line of cell {cell.number} ({pending[0][1].strip()})")
-        source = "".join(out)
-        if not cell.source.endswith("\n") and source.endswith("\n"):
-            source = source[:-1]  # Jupyter stores a cell's last line without its newline
+        source = "".join(_with_line_ends(cell.source, out))
+        if not cell.source.endswith(("\n", "\r")) and source.endswith(("\n", "\r")):
+            source = _LAST_END.sub("", source)  # Jupyter stores a cell's last line without its newline
         return source
 
     def check(self, text: str) -> str | None:
@@ -397,6 +404,30 @@ class Notebook:
             out.extend(difflib.unified_diff(old_lines, new_lines, fromfile=f"{header('a')}:cell {number}",
                                             tofile=f"{header('b')}:cell {number}"))
         return "".join(out)
+
+
+def _with_line_ends(original: str, lines: list[str]) -> list[str]:
+    """``lines`` (a cell's new lines, each ending with ``\n`` as the virtual script has them) with the
+    line ends of the cell as stored: a line kept from ``original`` keeps its own end (``\r\n``, ``\r``),
+    a new line gets the end most of the cell's lines have."""
+    import difflib
+
+    old = _lines_with_ends(original)
+    ends = [line[len(line.rstrip("\r\n")):] for line in old]
+    if all(end in ("\n", "") for end in ends):
+        return lines
+    counted = [end for end in ends if end]
+    usual = max(set(counted), key=counted.count) if counted else "\n"
+    bare_old = [line.rstrip("\r\n") for line in old]
+    bare_new = [line.rstrip("\r\n") for line in lines]
+    out = [bare + (usual if line.endswith(("\n", "\r")) else "") for bare, line in zip(bare_new, lines)]
+    matcher = difflib.SequenceMatcher(None, bare_old, bare_new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            for i, j in zip(range(i1, i2), range(j1, j2)):
+                if ends[i] and lines[j].endswith(("\n", "\r")):
+                    out[j] = bare_new[j] + ends[i]
+    return out
 
 
 def _is_python(metadata: Any) -> bool:

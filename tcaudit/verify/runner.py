@@ -260,6 +260,21 @@ def harness_command(copy: Path, out: Path, steps: int, warmup: int, nproc: int, 
     return [sys.executable, *harness]
 
 
+def without_network(command: list[str]) -> list[str]:
+    """``command`` in a network namespace of its own: no network but its own loopback (torchrun's
+    rendezvous still works under bubblewrap; under ``unshare`` the loopback is down). The script still
+    runs with the caller's user, files, GPUs and environment: this keeps it from the network, nothing more."""
+    import shutil
+
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        return [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--", *command]
+    unshare = shutil.which("unshare")
+    if unshare:
+        return [unshare, "--user", "--map-root-user", "--net", "--", *command]
+    raise VerifyError("--no-network needs bubblewrap (bwrap) or util-linux's unshare, and neither is installed")
+
+
 def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, nproc: int, total: int,
             progress=None, timeout: float | None = None, round_index: int | None = None) -> list[dict]:
     log = out.with_suffix(".log")
@@ -425,6 +440,7 @@ def verify(
     attribute: bool = False,
     attribute_budget: int | None = None,
     announce=None,
+    no_network: bool = False,
 ) -> VerifyResult:
     from tcaudit.verify import attribution as attribution_plan
     from tcaudit.verify.health import regressions, side_health
@@ -483,6 +499,8 @@ def verify(
             for stale in [out, *runs_dir.glob(f"{out.stem}.rank*.json")]:
                 stale.unlink(missing_ok=True)
             cmd = harness_command(copy, out, steps, warmup, size, args, health=health)
+            if no_network:
+                cmd = without_network(cmd)
             ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout,
                             round_index=None if rounds == 1 else round_index + 1)
             results[label].append(summarize(label, ranks, round_index + 1))

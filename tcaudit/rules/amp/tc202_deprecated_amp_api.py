@@ -147,7 +147,8 @@ def _plan_import(facts: ScriptFacts, statement: cst.Import | cst.ImportFrom, nam
     for ref in facts.references:
         if ref.dotted.split(".")[0] not in local_names or _in_shim(ref.ctx) or id(ref.node) in in_imports:
             continue
-        called = any(c.node.func is ref.node for c in facts.calls if id(c.node) in rewritten)
+        site = facts.call_of(ref.node)
+        called = site is not None and id(site.node) in rewritten
         if not called and id(ref.node) not in rewritten:
             _refuse_bare_device_callable(ref.dotted, ref.qualname)
     return ReplaceImport(tuple(names), statement, calls, decorators)
@@ -157,8 +158,11 @@ def _plan_name(facts: ScriptFacts, ref: Reference, new: str, device: str) -> Rep
     if not isinstance(ref.node, cst.Attribute) or not any(old in ref.dotted for old in (".cuda.amp", ".cpu.amp")):
         raise DeclineFix(f"`{ref.dotted}` reaches {deprecated_module(ref.qualname)} through another name; "
                          "rewrite it by hand")
-    call = next((c.node for c in facts.calls if c.node.func is ref.node), None)
-    decorator = next((dec for dec, _ in _custom_decorators(facts) if dec.decorator is ref.node), None)
+    site = facts.call_of(ref.node)
+    call = site.node if site is not None else None
+    decorator = None  # a callee is not a bare decorator: only a name never called may be one
+    if call is None:
+        decorator = next((dec for dec, _ in _custom_decorators(facts) if dec.decorator is ref.node), None)
     if call is None and decorator is None:
         _refuse_bare_device_callable(ref.dotted, ref.qualname)
     return ReplaceName(ref.qualname, new, device, ref.node, call, decorator)

@@ -10,6 +10,7 @@ from typing import Iterator
 from tcaudit import gpus
 from tcaudit.costs import measured
 from tcaudit.findings import Finding
+from tcaudit.model.channel import read_project_file
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
 from tcaudit.rules.base import ModelContext, ModelRule
 from tcaudit.rules.graph.model_reports import percent
@@ -49,11 +50,8 @@ def read_text(context: ModelContext, path: str) -> str:
     source = context.sources.get(os.path.realpath(path))
     if source is not None:
         return source.text
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
+    raw = read_project_file(path)  # never a FIFO or a device a result could name
+    return raw.decode("utf-8", "replace") if raw is not None else ""
 
 
 class Fp8Candidate(ModelRule):
