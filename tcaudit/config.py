@@ -265,7 +265,8 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["precision"] = _choice(table["precision"], "precision", PRECISIONS, where)
     if "gpu" in table:
         raw = table["gpu"]
-        updates["gpu"] = _choice(raw.strip().lower() if isinstance(raw, str) else raw, "gpu", GPUS, where)
+        known = gpus.canonical(raw) if isinstance(raw, str) else None  # "3090", "RTX 3090" as well as "rtx3090"
+        updates["gpu"] = _choice(known or raw, "gpu", GPUS, where)
     if "sort" in table:
         updates["sort"] = _choice(table["sort"], "sort", SORTS, where)
     if "exec-models" in table:

@@ -314,6 +314,12 @@ class Related:
         }
 
 
+# The ``Finding.details`` key that says the finding's advice cannot pay in this script (``"launch-bound"``:
+# the model audit measured the trained model as launch-bound; ``"rl-loop"``): the reports then neither
+# rank it by nor quote the rule's measured speed-up (tcaudit/report/order.py).
+LITTLE_TO_GAIN = "little_to_gain"
+
+
 @dataclass
 class Finding:
     rule: str

@@ -54,10 +54,11 @@ def _gpu_names() -> tuple[str, ...]:
 def _gpu(value: str) -> str:
     from tcaudit import gpus
 
-    setting = value.strip().lower()
-    if setting not in gpus.choices():
-        raise argparse.ArgumentTypeError(
-            f"unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
+    setting = gpus.canonical(value)
+    if setting is None:
+        # Not argparse's error (a usage dump above it): one line, as for any other bad setting.
+        raise UsageError(
+            f"--gpu: unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
         )
     return setting
 
@@ -625,6 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
+    except UsageError as exc:  # an option's value (``--gpu``) judged while parsing: one line, no usage dump
+        print(f"tcaudit: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     args.script_args = script_args
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -69,8 +69,10 @@ def _source_lines(path: str, raw: bytes | None = None, cell: int | None = None) 
     return raw.decode(encoding, errors="replace").splitlines()
 
 
-def top_line(finding, rules) -> str:
-    """`` Top: TC201 missing-autocast (path:90), est. 2.57× measured on H200.``: what the data has."""
+def top_line(finding, rules, gpu: dict | None = None) -> str:
+    """`` Top: TC201 missing-autocast (path:90), est. 2.57× measured on H200.``: the rule's measured figure
+    only where it was measured on the target GPU (``gpu``: ``ScanResult.gpu``), never for a finding that
+    says its advice cannot pay here (a launch-bound model), and none where no target GPU is known."""
     loc = finding.location
     where = f"cell {loc.cell}:{loc.line}" if loc.cell is not None else f"{loc.line}"
     text = f" Top: {finding.rule} {finding.name} ({loc.path}:{where})"
@@ -78,10 +80,20 @@ def top_line(finding, rules) -> str:
     spec = rules.get(finding.rule) if finding.rule in rules else None
     if isinstance(lost, (int, float)) and not isinstance(lost, bool) and lost > 0:
         text += f", est. {lost:.0%} of the model's step time"
-    elif estimated_gain(finding, rules) is not None and spec is not None:
-        where = f" on {spec.speedup_gpu}" if spec.speedup_gpu else ""
-        text += f", est. {spec.speedup:.2f}× measured{where}"
+    elif estimated_gain(finding, rules) is not None and spec is not None and _measured_on_target(spec, gpu):
+        text += f", est. {spec.speedup:.2f}× measured on {spec.speedup_gpu}"
     return text + "."
+
+
+def _measured_on_target(spec, gpu: dict | None) -> bool:
+    """Whether the rule's ``[impact]`` figure was measured on the target GPU (by gpus.toml's key: an H200
+    figure is not an H100's)."""
+    from tcaudit import gpus
+
+    if not spec.speedup_gpu or not gpu or not gpu.get("setting"):
+        return False
+    measured, target = gpus.resolve(gpus.canonical(spec.speedup_gpu) or ""), gpus.resolve(gpu["setting"])
+    return measured is not None and target is not None and measured.key == target.key
 
 
 def render(result, out: TextIO, *, rules, color: bool) -> None:
@@ -136,5 +148,5 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
         line.append(f" {fixable} fixable with `tcaudit fix`.", style="green")
     top = top_finding(result.findings, rules)
     if top is not None:
-        line.append(top_line(top, rules), style="bold")
+        line.append(top_line(top, rules, getattr(result, "gpu", None)), style="bold")
     console.print(line)

@@ -222,7 +222,7 @@ class MissingAutocast(ScriptRule):
                 explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
             severity = None
             if small is not None:
-                message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
+                message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
             yield self.finding(
                 facts,
                 first_node,
@@ -235,11 +235,13 @@ class MissingAutocast(ScriptRule):
                     lambda steps=steps: _plan(facts, decision, steps),
                 ),
                 explanation=explanation,
+                details=small.details if small is not None else None,
             )
         for step, coverage in decision.partly:
             finding = self._partly_covered(facts, step, coverage)
             if small is not None:
-                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small[0])
+                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small.message,
+                                              details={**finding.details, **small.details})
             yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:
