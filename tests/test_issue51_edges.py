@@ -121,7 +121,7 @@ def test_gpu_3090_is_accepted_and_an_unknown_gpu_is_one_line():
     assert _footer("--gpu", "3090", RESNET).endswith("(fixtures/resnet50/train.py:90).")
     code, out, err = run_cli("scan", "--no-cache", "--no-exec", "--gpu", "3090x", RESNET, cwd=REPO)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("tcaudit: error: --gpu: unknown GPU '3090x' (one of auto, sm_70"), err
+    assert err.count("\n") == 1 and err.startswith("tcaudit: error: argument --gpu: unknown GPU '3090x' (one of auto, sm_70"), err
 
 
 def test_gpu_3090_in_the_config(tmp_path):

@@ -58,7 +58,7 @@ def _gpu(value: str) -> str:
     if setting is None:
         # Not argparse's error (a usage dump above it): one line, as for any other bad setting.
         raise UsageError(
-            f"--gpu: unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
+            f"argument --gpu: unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
         )
     return setting
 
