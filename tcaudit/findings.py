@@ -62,7 +62,7 @@ def parse_classes(text: str) -> frozenset[FixClass]:
 @dataclass(frozen=True, order=True)
 class Location:
     """1-based line and column, end inclusive of the last character's line, exclusive column. In a
-    Jupyter notebook, ``cell`` is the code cell (1-based among code cells, ruff's convention) and the
+    Jupyter notebook, ``cell`` is the cell (1-based among all cells, markdown too, as ruff numbers them) and the
     lines are the cell's own (tcaudit/source/notebook.py); None in a script."""
 
     path: str

@@ -4,6 +4,7 @@ for a launch-bound finding, ``--gpu`` as people write it, and the items after it
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -130,3 +131,149 @@ def test_gpu_3090_in_the_config(tmp_path):
     code, out, err = run_cli("scan", "--no-cache", "--show-settings", "train.py", cwd=tmp_path)
     assert code == 0, err
     assert re.search(r"gpu\W+rtx3090", out), out
+
+
+# -- 3. notebooks as users write them ------------------------------------------------------------------
+
+
+def _notebook(path, cells: list[tuple[str, str]]):
+    import json
+
+    data = {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
+                       **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                      for i, (kind, source) in enumerate(cells)],
+            "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"},
+                         "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+# A Colab-style notebook: shell lines and captures, a timing capture, help syntax, a %%bash cell, markdown.
+COLAB = [
+    ("markdown", "# Colab: FashionMNIST"),
+    ("code", "!nvidia-smi\nfiles = !ls\nimport os\nimport torch\nfrom torch import nn\n"),
+    ("markdown", "Some text"),
+    ("code", "%%bash\necho hi\n"),
+    ("code", "torch.randn?\nt = %time torch.randn(2)\nmodel = nn.Linear(32, 10).cuda()\n"
+             "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"),
+    ("code", "import sys\nfor x, y in loader:\n    x, y = x.cuda(), y.cuda()\n"
+             "    loss = nn.functional.cross_entropy(model(x), y)\n    optimizer.zero_grad()\n    loss.backward()\n"
+             "    optimizer.step()\n"),
+]
+# `ruff check --isolated --select F401 --output-format concise colab.ipynb`, ruff 0.17.6, on COLAB: ruff parses
+# the IPython lines and numbers the notebook's cells counting the markdown ones.
+RUFF_0_17_6 = ["colab.ipynb:cell 2:3:8: F401 [*] `os` imported but unused",
+               "colab.ipynb:cell 6:1:8: F401 [*] `sys` imported but unused"]
+
+
+def _ruff() -> str | None:
+    import shutil
+    import subprocess
+
+    for candidate in ("/tmp/ruffpkg/bin/ruff", shutil.which("ruff")):
+        if candidate and Path(candidate).is_file():
+            version = subprocess.run([candidate, "--version"], capture_output=True, text=True).stdout.split()
+            if version[-1:] == ["0.17.6"]:
+                return candidate
+    return None
+
+
+def test_ipython_captures_help_and_cell_magics_leave_the_rest_of_the_notebook_read(tmp_path):
+    path = _notebook(tmp_path / "colab.ipynb", COLAB)
+    code, out, err = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "concise", "colab.ipynb",
+                             cwd=tmp_path)
+    assert code == 1, err
+    rows = {f"{m[1]} {m[2]}" for m in re.finditer(r"^colab\.ipynb:(cell \d+:\d+:\d+): (TC\d+)", out, re.M)}
+    assert "TC000" not in out
+    assert {"cell 6:4:5 TC201", "cell 5:4:13 TC307", "cell 6:2:1 TC505"} <= rows, out
+    assert "files = !ls" in path.read_text(encoding="utf-8")  # (a scan writes nothing)
+
+
+def test_cells_are_numbered_as_ruff_numbers_them(tmp_path):
+    import subprocess
+
+    _notebook(tmp_path / "colab.ipynb", COLAB)
+    ruff = _ruff()
+    if ruff is not None:  # the recorded output is still ruff's
+        found = subprocess.run([ruff, "check", "--isolated", "--select", "F401", "--output-format", "concise",
+                                "--no-cache", "colab.ipynb"], capture_output=True, text=True, cwd=tmp_path).stdout
+        assert [line for line in found.splitlines() if "F401" in line] == RUFF_0_17_6
+    ruff_cells = {line.split(":")[1] + ":" + line.split(":")[2] for line in RUFF_0_17_6}  # "cell 2:3", "cell 6:1"
+    _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "colab.ipynb", cwd=tmp_path)
+    import json
+
+    ours = {(f["cell"], f["line"]) for f in json.loads(out)["findings"]}
+    assert (6, 4) in ours and (5, 4) in ours  # the loop's forward in the sixth cell, the optimizer in the fifth
+    assert ruff_cells == {"cell 2:3", "cell 6:1"}  # `import os` in cell 2 as ruff counts: the first code cell
+
+
+CPU_NOTEBOOK = [
+    ("markdown", "# 03. Computer vision"),
+    ("code", "import torch\nfrom torch import nn\nfrom torchvision import datasets\nfrom torchvision.transforms import "
+             "ToTensor\nfrom torch.utils.data import DataLoader\n"),
+    ("code", "train_data = datasets.FashionMNIST(root=\"data\", train=True, download=True, transform=ToTensor())\n"
+             "class_names = train_data.classes\ntrain_dataloader = DataLoader(train_data, batch_size=32, shuffle=True)\n"),
+    ("markdown", "## Model 0: a baseline on the CPU"),
+    ("code", "class FashionMNISTModelV0(nn.Module):\n    def __init__(self, input_shape, hidden_units, output_shape):\n"
+             "        super().__init__()\n        self.layer_stack = nn.Sequential(nn.Flatten(), nn.Linear(input_shape, "
+             "hidden_units), nn.Linear(hidden_units, output_shape))\n\n    def forward(self, x):\n"
+             "        return self.layer_stack(x)\n\n\ntorch.manual_seed(42)\n"
+             "model_0 = FashionMNISTModelV0(input_shape=784, hidden_units=10, output_shape=len(class_names)).to(\"cpu\")\n"),
+    ("code", "loss_fn = nn.CrossEntropyLoss()\noptimizer = torch.optim.SGD(params=model_0.parameters(), lr=0.1)\n"),
+    ("code", "for epoch in range(3):\n    train_loss = 0\n    for batch, (X, y) in enumerate(train_dataloader):\n"
+             "        model_0.train()\n        y_pred = model_0(X)\n        loss = loss_fn(y_pred, y)\n"
+             "        train_loss += loss\n        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"),
+    ("markdown", "## Device-agnostic code"),
+    ("code", "device = \"cuda\" if torch.cuda.is_available() else \"cpu\"\ndevice\n"),
+]
+
+
+def _rules(tmp_path, name: str) -> set[str]:
+    import json
+
+    code, out, err = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", name, cwd=tmp_path)
+    assert code in (0, 1), err
+    return {f["rule"] for f in json.loads(out)["findings"]}
+
+
+def test_a_notebook_model_kept_on_the_cpu_on_purpose_gets_no_gpu_advice(tmp_path):
+    _notebook(tmp_path / "cpu.ipynb", CPU_NOTEBOOK)
+    assert not _rules(tmp_path, "cpu.ipynb") & {"TC201", "TC505", "TC402", "TC307", "TC301", "TC305"}
+    # near miss: the same notebook moving the model to `device` keeps it
+    moved = [(kind, source.replace('.to("cpu")', ".to(device)")) for kind, source in CPU_NOTEBOOK]
+    moved.insert(2, moved.pop())  # the device cell before the model's
+    _notebook(tmp_path / "gpu.ipynb", moved)
+    assert {"TC201", "TC505", "TC402"} <= _rules(tmp_path, "gpu.ipynb")
+
+
+def test_a_script_with_one_cpu_model_and_one_cuda_model_keeps_the_advice(write):
+    path = write("""
+        import torch
+        from torch import nn
+        small = nn.Linear(8, 8).to("cpu")
+        big = nn.Linear(8, 8).cuda()
+        optimizer = torch.optim.SGD(list(small.parameters()) + list(big.parameters()), lr=0.1)
+        opt_small = torch.optim.SGD(small.parameters(), lr=0.1)
+        opt_big = torch.optim.SGD(big.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = (big(x.cuda()) - y.cuda()).pow(2).mean()
+            opt_big.zero_grad()
+            loss.backward()
+            opt_big.step()
+    """)
+    assert "TC201" in _rules(path.parent, path.name)
+
+
+def test_tc401_in_a_notebook_declines_for_what_a_notebook_can_break(tmp_path):
+    import json
+
+    moved = [(kind, source.replace('.to("cpu")', ".to(device)")) for kind, source in CPU_NOTEBOOK]
+    moved.insert(2, moved.pop())
+    _notebook(tmp_path / "gpu.ipynb", moved)
+    _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "--select", "TC401",
+                        "gpu.ipynb", cwd=tmp_path)
+    [finding] = json.loads(out)["findings"]
+    reason = finding["fix"]["reason"]
+    assert "__main__" not in reason
+    assert reason.startswith("in a notebook, worker processes started with spawn/forkserver") and "defined in its cells" in reason

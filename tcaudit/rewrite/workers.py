@@ -32,6 +32,14 @@ def plan_workers(pipeline: PipelineFacts, site: LoaderSite, unguarded_scripts: t
             f"{', '.join(unguarded_scripts)} train{'s' if len(unguarded_scripts) == 1 else ''} with this DataLoader "
             "without an `if __name__ == \"__main__\":` guard: worker processes started with spawn would re-run it"
         )
+    if unguarded_scripts is None and facts.source.notebook is not None:
+        # A notebook has no ``__main__`` guard to add: what breaks is the workers' unpickling of what its
+        # cells define (they live in the kernel's ``__main__``, which a spawned worker does not have).
+        raise DeclineFix(
+            "in a notebook, worker processes started with spawn/forkserver (Windows, macOS, Linux from Python "
+            "3.14) cannot load a dataset, transform or collate_fn defined in its cells: move them into a .py "
+            "module, import it, then set num_workers"
+        )
     if unguarded_scripts is None and (guard is None or (ctx.function is None and not ctx.inside(guard))):
         raise DeclineFix(
             "the script has no `if __name__ == \"__main__\":` guard around its training code: worker "
