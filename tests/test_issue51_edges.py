@@ -277,3 +277,82 @@ def test_tc401_in_a_notebook_declines_for_what_a_notebook_can_break(tmp_path):
     reason = finding["fix"]["reason"]
     assert "__main__" not in reason
     assert reason.startswith("in a notebook, worker processes started with spawn/forkserver") and "defined in its cells" in reason
+
+
+# -- 4. comments stay on their lines when a keyword is added to a multi-line call ----------------------
+
+COMMENTED_LOADER = '''\
+import torch
+from torch import nn
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    loader = torch.utils.data.DataLoader(
+        data,
+        batch_size=16, # how many samples per batch?
+        shuffle=True # shuffle data every epoch?
+    )
+    model = nn.Linear(8, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print("done", loss.item() > 0)
+
+
+if __name__ == "__main__":
+    main()
+'''
+COMMENTED_LOADER_FIXED = COMMENTED_LOADER.replace(
+    "        shuffle=True # shuffle data every epoch?\n",
+    "        shuffle=True, # shuffle data every epoch?\n        pin_memory=True\n",
+).replace("x, y = x.to(device), y.to(device)", "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")
+
+
+def test_a_keyword_added_to_a_multi_line_call_leaves_each_comment_on_its_argument(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "train.py"
+    path.write_text(COMMENTED_LOADER, encoding="utf-8")
+    code, _, err = run_cli("fix", "--apply", "--no-cache", "--isolated", "--select", "TC402,TC403", "train.py",
+                           cwd=tmp_path)
+    assert path.read_text(encoding="utf-8") == COMMENTED_LOADER_FIXED, err
+    if importlib_util_find_spec("torch"):
+        run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert run.returncode == 0 and run.stdout.strip() == "done True", run.stderr
+
+
+@pytest.mark.parametrize("before, after", [
+    # a trailing comma and comments: each stays on its argument's line, the new one has none
+    ("f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n)\n", "f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n    key=True,\n)\n"),
+    # the separator copied for the new argument's line is the line break without b's comment
+    ("f(\n    a,\n    b=1,  # the b\n    c=2\n)\n", "f(\n    a,\n    b=1,  # the b\n    c=2,\n    key=True\n)\n"),
+    # a comment line between arguments stays where it is
+    ("f(\n    a,  # the a\n    # about c\n    c=2  # the c\n)\n",
+     "f(\n    a,  # the a\n    # about c\n    c=2,  # the c\n    key=True\n)\n"),
+    # a one-line call stays one line
+    ("f(a, b=1)\n", "f(a, b=1, key=True)\n"),
+    # arguments hanging after the open parenthesis
+    ("f(a, b=1,  # the b\n  c=2)\n", "f(a, b=1,  # the b\n  c=2,\n  key=True)\n"),
+])
+def test_add_keyword_keeps_comments_with_their_arguments(before, after):
+    import libcst as cst
+
+    from tcaudit.rewrite.edits import add_keyword
+
+    module = cst.parse_module(before)
+    call = module.body[0].body[0].value
+    new = module.deep_replace(call, add_keyword(call, "key", cst.Name("True")))
+    assert new.code == after
+
+
+def importlib_util_find_spec(name: str):
+    import importlib.util
+
+    return importlib.util.find_spec(name)
