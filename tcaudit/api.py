@@ -214,6 +214,8 @@ class Declined:
     finding: Finding
     reason: str
     where: str = ""
+    # Its line in the text given to :func:`fix` (as ``scan`` reports it): ``12``, ``cell 3:12``.
+    where_original: str = ""
 
 
 @dataclass
@@ -294,7 +296,8 @@ def fix(
         text=made.fixed,
         original=made.original,
         applied=list(made.applied),
-        declined=[Declined(finding, made.in_cells(reason), made.place(finding.location.line, True))
+        declined=[Declined(finding, made.in_cells(reason), made.place(finding.location.line, True),
+                           made.place(made.original_line(finding.location.line), False))
                   for finding, reason in made.declined],
         notice=made.notice,
         remaining=list(made.remaining),

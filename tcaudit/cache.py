@@ -37,7 +37,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,11 +136,13 @@ class CachedFile:
 @dataclass(frozen=True)
 class CachedFix:
     """``tcaudit fix``'s result for one version of a file: the text it writes, the rules whose fixes
-    it made, and the fixes it declined (findings at the lines of the fixed text, with the reason)."""
+    it made, the fixes it declined (findings at the lines of the fixed text, with the reason) and the
+    findings the fixed text still has (``fix --apply``'s exit code)."""
 
     fixed: str
     applied: list[str]
     declined: list[tuple[Finding, str]]
+    remaining: list[Finding] = field(default_factory=list)
 
 
 def default_cache_dir(settings: "Settings") -> Path:
@@ -364,6 +366,7 @@ class ScanCache:
                 fixed=data["fixed"],
                 applied=list(data["applied"]),
                 declined=[(_finding_from_json(f), str(reason)) for f, reason in data["declined"]],
+                remaining=[_finding_from_json(f) for f in data["remaining"]],
             )
         except Exception:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
             return None
@@ -372,8 +375,11 @@ class ScanCache:
         try:
             declined = [[_finding_to_json(f), reason] for f, reason in entry.declined]
             payload = json.dumps({"format": FORMAT, "key": key, "fixed": entry.fixed, "applied": entry.applied,
-                                  "declined": declined})
-            if [_finding_from_json(f) for f, _ in json.loads(payload)["declined"]] != [f for f, _ in entry.declined]:
+                                  "declined": declined, "remaining": [_finding_to_json(f) for f in entry.remaining]})
+            stored = json.loads(payload)
+            if [_finding_from_json(f) for f, _ in stored["declined"]] != [f for f, _ in entry.declined]:
+                return False
+            if [_finding_from_json(f) for f in stored["remaining"]] != list(entry.remaining):
                 return False
             sealed = seal(payload.encode("utf-8"))
             if sealed is None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tcaudit.findings import parse_classes
+from tcaudit.findings import Severity, parse_classes
 
 DEFAULT_CLASSES = "safe,numerics"
 # How ``FileFix.error`` begins for a file tcaudit cannot read as code (reported, not an internal error).
@@ -31,7 +31,17 @@ def add_fix_parser(sub, add_selection) -> None:
         "--stdin-filename", metavar="PATH",
         help="the name of the script read from stdin (-): for messages, per-file-ignores and finding the config",
     )
-    fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
+    fix.add_argument(
+        "--apply", action="store_true",
+        help="write the fixes (atomically) instead of showing a diff; exit 1 while findings remain, as ruff's "
+             "check --fix",
+    )
+    fix.add_argument("--fail-on", choices=("info", "warning", "error"),
+                     help="with --apply or -: exit 1 while findings at or above this remain (default warning)")
+    fix.add_argument(
+        "--exit-zero", action="store_true",
+        help="with --apply or -: exit 0 even where findings remain (usage, config and internal errors still exit 2)",
+    )
     fix.add_argument(
         "--follow-external-symlinks", action="store_true",
         help="also fix files that symlinks inside the project point to outside the project root "
@@ -88,9 +98,10 @@ def with_structural_flags(settings, args: argparse.Namespace):
     return settings
 
 
-def run_fix_stdin(script, settings, classes_text: str) -> int:
+def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False) -> int:
     """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
-    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
+    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, 1 while findings at
+    or above ``fail-on`` remain in the fixed script (ruff's ``check --fix -``), else 0.
     ``script``: a :class:`tcaudit.cli.main.StdinScript`. The model audit does not run (no neighbours to
     import on stdin): the fixes judge the model from the script's text."""
     from tcaudit import api
@@ -105,7 +116,8 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
         is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
         code = 0 if is_input_problem else 2
     else:
-        for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
+        # Positions in the text read, as scan gives them (not in the partly fixed text).
+        for line, where, rule, reason in sorted({(d.finding.location.line, d.where_original, d.finding.rule, d.reason)
                                                  for d in result.declined}):
             print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
         if result.notice:
@@ -113,6 +125,8 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
         if result.changed:
             out = result.data
             print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+        if not exit_zero and any(f.severity >= settings.fail_on for f in result.remaining):
+            code = 1
     stream = getattr(sys.stdout, "buffer", None)
     if stream is not None:
         sys.stdout.flush()
@@ -152,6 +166,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
     would_change = 0
     fixed_findings = 0
+    remaining = 0  # findings at or above fail-on left in the fixed files
     errors = 0
     root = real_path(Path(settings.root))
     cache = None
@@ -181,14 +196,17 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         if result.error:
             if result.error.startswith(INPUT_PROBLEMS):
                 err.print(f"{display}: {result.error}")
+                if "TC000" in settings.enabled_rules() and settings.fail_on <= Severity.ERROR:
+                    remaining += 1  # scan reports it as TC000, an error
             else:
                 err.print(f"{display}: {result.error}")
                 errors += 1
             continue
-        # Lines of the file as it is on disk: the original until --apply writes the fixed text.
-        where = (lambda line: line) if args.apply else result.original_line
-        for line, rule, reason in sorted({(where(f.location.line), f.rule, reason) for f, reason in result.declined}):
-            err.print(f"{display}:{result.place(line, args.apply)}: {rule} no fix: {result.in_cells(reason)}")
+        # Lines of the file as scan reported them (the original text), with --apply too.
+        for line, rule, reason in sorted({(result.original_line(f.location.line), f.rule, reason)
+                                          for f, reason in result.declined}):
+            err.print(f"{display}:{result.place(line, False)}: {rule} no fix: {result.in_cells(reason)}")
+        remaining += sum(1 for f in result.remaining if f.severity >= settings.fail_on)
         if result.notice:
             err.print(f"{display}: {result.notice}")
         if not result.changed:
@@ -221,7 +239,8 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     if errors:
         return 2
     if args.apply:
-        return 0
+        # As ruff's ``check --fix``: 1 while findings remain (those fix declined or has no fix for).
+        return 1 if remaining and not getattr(args, "exit_zero", False) else 0
     if would_change:
         err.print(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
         return 1

@@ -574,7 +574,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
         if stdin is not None:
             from tcaudit.cli.fix import run_fix_stdin, with_structural_flags
 
-            return run_fix_stdin(StdinScript(stdin), with_structural_flags(settings, args), args.classes)
+            return run_fix_stdin(StdinScript(stdin), with_structural_flags(settings, args), args.classes,
+                                 args.exit_zero)
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
