@@ -145,6 +145,39 @@ class CachedFix:
     remaining: list[Finding] = field(default_factory=list)
 
 
+def is_cache_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a cache tcaudit made: a real folder (not a symlink) holding tcaudit's
+    ``CACHEDIR.TAG``. ``tcaudit clean`` removes nothing else."""
+    try:
+        if folder.is_symlink() or not folder.is_dir():
+            return False
+        return (folder / "CACHEDIR.TAG").read_text(encoding="utf-8", errors="replace").startswith(CACHEDIR_TAG[:80])
+    except OSError:
+        return False
+
+
+def cache_folders(roots: "list[Path]", configured: "Path | None" = None) -> list[Path]:
+    """The tcaudit caches ``tcaudit clean`` removes: every ``.tcaudit_cache`` folder under ``roots`` (symlinks
+    not followed, nothing looked for inside a cache) and ``configured`` (the settings' ``cache-dir``)."""
+    found: dict[Path, None] = {}
+    if configured is not None and is_cache_folder(configured):
+        found[configured.resolve()] = None
+    for root in roots:
+        if root.name == CACHE_DIR_NAME and is_cache_folder(root):
+            found[root.resolve()] = None
+            continue
+        for folder, subfolders, _ in os.walk(root):
+            keep = []
+            for name in subfolders:
+                path = Path(folder) / name
+                if name == CACHE_DIR_NAME and is_cache_folder(path):
+                    found[path.resolve()] = None
+                elif not path.is_symlink():
+                    keep.append(name)
+            subfolders[:] = keep
+    return list(found)
+
+
 def default_cache_dir(settings: "Settings") -> Path:
     """``.tcaudit_cache`` beside the config file, or in the working folder when there is none."""
     return settings.root / CACHE_DIR_NAME

@@ -477,3 +477,139 @@ def test_the_fused_sgd_decline_says_what_applies_here_and_the_explanation_cites_
     assert "ResNet50" not in reason and "H200" not in reason
     assert "benchmarks/results/h200/verify_resnet50_synthetic_fused_sgd_nan.json" in finding["explanation"]
     assert (REPO / "benchmarks/results/h200/verify_resnet50_synthetic_fused_sgd_nan.json").is_file()
+
+
+# -- 6. the conventions users reach for ------------------------------------------------------------------
+
+BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"  # TC202, a warning on line 2
+
+
+def _project(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text(BAD, encoding="utf-8")
+    (tmp_path / "src" / "other.py").write_text(BAD, encoding="utf-8")
+    (tmp_path / "skip").mkdir()
+    (tmp_path / "skip" / "old.py").write_text(BAD, encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text('[tool.tcaudit]\nselect = ["TC202"]\nexclude = ["skip"]\n',
+                                             encoding="utf-8")
+    return tmp_path
+
+
+def test_show_files_lists_what_the_scan_reads(tmp_path):
+    _project(tmp_path)
+    code, out, err = run_cli("scan", "--show-files", ".", cwd=tmp_path)
+    assert code == 0, err
+    assert out.splitlines() == ["src/other.py", "src/train.py"]
+
+
+def test_watch_scans_again_when_a_file_changes(tmp_path):
+    import io
+
+    from tcaudit.cli.watch import watch
+
+    path = tmp_path / "train.py"
+    path.write_text("x = 1\n", encoding="utf-8")
+    scans: list[str] = []
+    polls = []
+
+    def wait(seconds):
+        polls.append(seconds)
+        if len(polls) == 2:  # nothing changed at the first poll; then the file is edited
+            path.write_text("x = 22\n", encoding="utf-8")
+
+    messages = io.StringIO()
+    code = watch(lambda: scans.append(path.read_text()) or 7, lambda: [str(path)], messages, wait=wait, rounds=2)
+    assert scans == ["x = 1\n", "x = 22\n"] and code == 7 and len(polls) == 2
+    assert "a file changed; scanning again" in messages.getvalue()
+
+
+def test_watch_refuses_stdin(tmp_path):
+    code, _, err = run_cli("scan", "--watch", "-", cwd=tmp_path)
+    assert code == 2 and err == "tcaudit: error: --watch reads files and folders, not stdin (-)\n"
+
+
+def test_a_nested_config_extends_its_parent(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.tcaudit]\nselect = ["TC202", "TC6"]\nignore = ["TC202"]\n',
+                                             encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(BAD, encoding="utf-8")
+    (tmp_path / "sub" / "tcaudit.toml").write_text('fail-on = "error"\n', encoding="utf-8")
+    # without extend the nested config drops the parent's ignore (the nearest config wins, as in ruff)
+    assert "TC202" in run_cli("scan", "--no-cache", "--format", "concise", "sub/train.py", cwd=tmp_path)[1]
+    (tmp_path / "sub" / "tcaudit.toml").write_text('extend = "../pyproject.toml"\nfail-on = "error"\n',
+                                                   encoding="utf-8")
+    code, out, err = run_cli("scan", "--no-cache", "--format", "concise", "sub/train.py", cwd=tmp_path)
+    assert code == 0 and "TC202" not in out, err
+    code, out, _ = run_cli("scan", "--show-settings", "sub/train.py", cwd=tmp_path)
+    assert "ignore = ['TC202']" in out and "fail-on = error" in out
+    # a cycle, and a base that does not exist: one-line config errors
+    (tmp_path / "pyproject.toml").write_text('[tool.tcaudit]\nextend = "sub/tcaudit.toml"\n', encoding="utf-8")
+    code, _, err = run_cli("scan", "--no-cache", "sub/train.py", cwd=tmp_path)
+    assert code == 2 and "extend makes a cycle" in err and err.count("\n") == 1
+    (tmp_path / "sub" / "tcaudit.toml").write_text('extend = "../nope.toml"\n', encoding="utf-8")
+    code, _, err = run_cli("scan", "--no-cache", "sub/train.py", cwd=tmp_path)
+    assert code == 2 and "extend names a config file that does not exist: ../nope.toml" in err
+
+
+def test_inline_config_settings(tmp_path):
+    _project(tmp_path)
+    assert run_cli("scan", "--no-cache", "src/train.py", cwd=tmp_path)[0] == 1
+    code, _, err = run_cli("scan", "--no-cache", "--config", "fail-on = 'error'", "src/train.py", cwd=tmp_path)
+    assert code == 0, err
+    # an inline setting wins over the config file it is given with; flags win over both
+    code, out, _ = run_cli("scan", "--config", "pyproject.toml", "--config", "exclude = []", "--config",
+                           "fail-on = 'info'", "--fail-on", "error", "--show-settings", ".", cwd=tmp_path)
+    assert "exclude = []" in out and "fail-on = error" in out and "config file: pyproject.toml" in out
+    code, _, err = run_cli("scan", "--config", "fail-on = [", "src/train.py", cwd=tmp_path)
+    assert code == 2 and err.startswith("tcaudit: error: --config: 'fail-on = [' is neither a config file nor")
+    code, _, err = run_cli("scan", "--config", "colour = 'red'", "src/train.py", cwd=tmp_path)
+    assert code == 2 and "--config: unknown key 'colour'" in err
+
+
+def test_per_file_ignores_on_the_command_line(tmp_path):
+    _project(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.tcaudit]\nselect = ["TC202"]\nexclude = ["skip"]\nper-file-ignores = {"src/other.py" = ["TC202"]}\n',
+        encoding="utf-8")
+
+    def files(*flags: str) -> list[str]:
+        _, out, _ = run_cli("scan", "--no-cache", "--format", "concise", *flags, ".", cwd=tmp_path)
+        return sorted({line.split(":")[0] for line in out.splitlines()})
+
+    assert files() == ["src/train.py"]
+    assert files("--per-file-ignores", "src/train.py:TC2") == ["src/other.py"]  # replaces the config's
+    assert files("--extend-per-file-ignores", "src/train.py:TC202") == []  # adds to it
+    code, _, err = run_cli("scan", "--per-file-ignores", "TC202", ".", cwd=tmp_path)
+    assert code == 2 and "must be GLOB:CODES" in err
+
+
+def test_clean_removes_tcaudit_caches_only(tmp_path):
+    _project(tmp_path)
+    assert run_cli("scan", "src", cwd=tmp_path)[0] == 1
+    cache = tmp_path / ".tcaudit_cache"
+    assert (cache / "CACHEDIR.TAG").is_file()
+    nested = tmp_path / "src" / ".tcaudit_cache"
+    run_cli("scan", "--cache-dir", str(nested), "src", cwd=tmp_path)
+    impostor = tmp_path / "skip" / ".tcaudit_cache"
+    impostor.mkdir()
+    (impostor / "keep.txt").write_text("not a cache", encoding="utf-8")
+    code, out, err = run_cli("clean", cwd=tmp_path)
+    assert code == 0, err
+    assert not cache.exists() and not nested.exists() and (impostor / "keep.txt").is_file()
+    assert sorted(err.splitlines()) == sorted(f"Removing cache at: {p.resolve()}" for p in (cache, nested))
+    assert run_cli("clean", cwd=tmp_path) == (0, "", "")
+
+
+def test_quiet_and_silent(tmp_path):
+    _project(tmp_path)
+    code, out, _ = run_cli("scan", "--no-cache", "src/train.py", cwd=tmp_path)
+    assert code == 1 and out.splitlines()[-1].startswith("Found 1 finding")
+    code, out, err = run_cli("scan", "--no-cache", "-q", "src/train.py", cwd=tmp_path)
+    assert code == 1 and "TC202" in out and "Found" not in out and err == ""
+    code, out, err = run_cli("scan", "--no-cache", "--silent", "src/train.py", cwd=tmp_path)
+    assert (code, out, err) == (1, "", "")
+    code, out, err = run_cli("fix", "--no-cache", "-q", "src/train.py", cwd=tmp_path)
+    assert code == 1 and "+scaler = torch.amp.GradScaler" in out and "would change" not in err
+    code, out, err = run_cli("fix", "--no-cache", "-s", "--apply", "src/train.py", cwd=tmp_path)
+    assert (code, out, err) == (0, "", "")
+    assert "torch.amp.GradScaler" in (tmp_path / "src" / "train.py").read_text()

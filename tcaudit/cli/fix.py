@@ -58,6 +58,7 @@ def add_fix_parser(sub, add_selection) -> None:
         help="never build the user's models (the fixes then judge the model from the script's text alone)",
     )
     add_structural_flags(fix)
+    add_quiet(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     fix.add_argument(
         "--cache-dir", metavar="DIR",
@@ -65,6 +66,18 @@ def add_fix_parser(sub, add_selection) -> None:
     )
     fix.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     add_selection(fix)
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    """ruff's ``-q/--quiet`` (the findings, diffs and declines only: no notes, summaries or "fixed" lines)
+    and ``-s/--silent`` (nothing but errors; the exit code still says whether there are findings)."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", "-q", action="store_true",
+                          help="print findings (scan) or diffs and declines (fix) only: no notes or summaries")
+    loudness.add_argument(
+        "--silent", "-s", action="store_true",
+        help="print nothing but errors (fix - still writes the script); the exit code still says what was found",
+    )
 
 
 def add_structural_flags(parser) -> None:
@@ -98,10 +111,11 @@ def with_structural_flags(settings, args: argparse.Namespace):
     return settings
 
 
-def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False) -> int:
+def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False, loudness: str = "") -> int:
     """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
     input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, 1 while findings at
-    or above ``fail-on`` remain in the fixed script (ruff's ``check --fix -``), else 0.
+    or above ``fail-on`` remain in the fixed script (ruff's ``check --fix -``), else 0. ``loudness``:
+    ``"quiet"`` leaves out the "fixed" line and notices, ``"silent"`` every message but an error.
     ``script``: a :class:`tcaudit.cli.main.StdinScript`. The model audit does not run (no neighbours to
     import on stdin): the fixes judge the model from the script's text."""
     from tcaudit import api
@@ -119,12 +133,14 @@ def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False) 
         # Positions in the text read, as scan gives them (not in the partly fixed text).
         for line, where, rule, reason in sorted({(d.finding.location.line, d.where_original, d.finding.rule, d.reason)
                                                  for d in result.declined}):
-            print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
-        if result.notice:
+            if loudness != "silent":
+                print(f"{display}:{where}: {rule} no fix: {reason}", file=sys.stderr)
+        if result.notice and not loudness:
             print(f"{display}: {result.notice}", file=sys.stderr)
         if result.changed:
             out = result.data
-            print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
+            if not loudness:
+                print(f"fixed {display} ({', '.join(result.applied)})", file=sys.stderr)
         if not exit_zero and any(f.severity >= settings.fail_on for f in result.remaining):
             code = 1
     stream = getattr(sys.stdout, "buffer", None)
@@ -142,6 +158,17 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
     with showing(None) as progress:  # on a terminal only: the models audited, the file being fixed
         return _run_fix(args, settings, color, progress)
+
+
+class _Quiet:
+    """Stands for the message console under ``--quiet``/``--silent``: prints only what ``keep`` lets by."""
+
+    def __init__(self, console, keep) -> None:
+        self.console, self.keep = console, keep
+
+    def print(self, text, *more, **options) -> None:
+        if self.keep(str(text)):
+            self.console.print(text, *more, **options)
 
 
 def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
@@ -164,6 +191,12 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
     # Messages go above the progress display where there is one: its console knows where it is drawn.
     err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
+    failure = err  # what makes the exit code 2 is printed however quiet the run
+    silent, quiet = getattr(args, "silent", False), getattr(args, "quiet", False)
+    if silent:
+        err = _Quiet(err, lambda text: False)
+    elif quiet:  # the declines, not the progress of the run
+        err = _Quiet(err, lambda text: " no fix: " in text or "not fixed:" in text or text.startswith("tcaudit: error"))
     would_change = 0
     fixed_findings = 0
     remaining = 0  # findings at or above fail-on left in the fixed files
@@ -199,7 +232,7 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
                 if "TC000" in settings.enabled_rules() and settings.fail_on <= Severity.ERROR:
                     remaining += 1  # scan reports it as TC000, an error
             else:
-                err.print(f"{display}: {result.error}")
+                failure.print(f"{display}: {result.error}")
                 errors += 1
             continue
         # Lines of the file as scan reported them (the original text), with --apply too.
@@ -217,15 +250,15 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             try:
                 write_fix(result, Path(path))
             except NotWritable as exc:
-                err.print(f"{display}: not fixed: {exc}")
+                failure.print(f"{display}: not fixed: {exc}")
                 errors += 1
                 continue
             except OSError as exc:
-                err.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
+                failure.print(f"{display}: not fixed: cannot write it: {exc.strerror or exc}")
                 errors += 1
                 continue
             err.print(f"fixed {display} ({', '.join(result.applied)})")
-        else:
+        elif not silent:
             if color:
                 from rich.syntax import Syntax  # (pygments: only for a coloured diff)
 

@@ -133,20 +133,36 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                 else:
                     console.print(Text(f"  no fix: {f.fix.reason or f.fix.description}", style="dim"))
             console.print()
+    if getattr(result, "quiet", False):
+        return
     for note in result.notes:
         console.print(Text(f"note: {note}", style="dim"))
     counts = {s: sum(1 for f in result.findings if str(f.severity) == s) for s in ("error", "warning", "info")}
     total = len(result.findings)
     fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.applies_by_default)
     files = result.files_scanned
+    baselined = getattr(result, "baselined", 0)
     if total == 0:
-        console.print(Text(f"All clear: no findings in {files} file{'s' if files != 1 else ''}.", style="bold green"))
+        if baselined:
+            console.print(Text(f"All clear: no new findings in {_files(files)}; {baselined} "
+                               f"{'finding is' if baselined == 1 else 'findings are'} in the baseline.",
+                               style="bold green"))
+        else:
+            console.print(Text(f"All clear: no findings in {_files(files)}.", style="bold green"))
         return
     parts = ", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items() if n)
-    line = Text(f"Found {total} finding{'s' if total != 1 else ''} ({parts}) in {files} file{'s' if files != 1 else ''}.")
+    with_findings = len({f.location.path for f in result.findings})
+    scanned = f" ({files} scanned)" if files != with_findings else ""
+    line = Text(f"Found {total} finding{'s' if total != 1 else ''} ({parts}) in {_files(with_findings)}{scanned}.")
+    if baselined:
+        line.append(f" {baselined} more in the baseline.")
     if fixable:
         line.append(f" {fixable} fixable with `tcaudit fix`.", style="green")
     top = top_finding(result.findings, rules)
     if top is not None:
         line.append(top_line(top, rules, getattr(result, "gpu", None)), style="bold")
     console.print(line)
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' if count != 1 else ''}"
