@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
-from tcaudit.config import KNOWN_KEYS, ConfigError, Settings, load_settings
+from tcaudit.config import API_ARGUMENTS, KNOWN_KEYS, ConfigError, Settings, load_settings
 from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit, parse_classes
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def load(paths: Iterable[PathArg] = (), *, config: PathArg | None = None, isolat
         overrides[name] = list(value) if isinstance(value, tuple) else value
     try:
         settings = load_settings([os.fspath(p) for p in paths], os.fspath(config) if config else None,
-                                 overrides, isolated)
+                                 overrides, isolated, overrides_from=API_ARGUMENTS)
     except ConfigError as exc:
         raise TcauditError(str(exc)) from None
     return with_detected_gpu(settings)

@@ -172,12 +172,17 @@ def find_config(start: Path) -> Path | None:
 
 
 COMMAND_LINE = "command line"
+# Settings given to the Python API as keyword arguments (``tcaudit.api.scan(text, fail_on="error")``):
+# errors name the keyword, not a command-line flag.
+API_ARGUMENTS = "keyword arguments"
 
 
 def _label(key: str, where: str) -> str:
     """How an error names a setting: ``--select`` for a flag, ``pyproject.toml: 'select'`` for a key."""
     if where == COMMAND_LINE:
         return f"--{key}"
+    if where == API_ARGUMENTS:
+        return f"{key.split('.')[0].replace('-', '_')}="
     return f"{where}: '{key}'"
 
 
@@ -209,7 +214,8 @@ def _choice(value: Any, key: str, choices: tuple[str, ...], where: str) -> str:
 
 
 def _models(raw: Any, where: str) -> tuple[ModelSpec, ...]:
-    label = "--model" if where == COMMAND_LINE else f"{where}: [[tool.tcaudit.models]]"
+    label = ("--model" if where == COMMAND_LINE else "models=" if where == API_ARGUMENTS
+             else f"{where}: [[tool.tcaudit.models]]")
     if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
         raise ConfigError(f"{label} must be a list of tables with factory = \"pkg.mod:build\"")
     models = []
@@ -314,6 +320,7 @@ def load_settings(
     config_file: str | None = None,
     overrides: dict[str, Any] | None = None,
     isolated: bool = False,
+    overrides_from: str = COMMAND_LINE,
 ) -> Settings:
     """Settings from the config file (explicit, or the nearest one upward from the first path),
     then the command line's overrides, which win."""
@@ -340,8 +347,8 @@ def load_settings(
     if overrides:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         selection = {k: overrides.pop(k) for k in SELECTION_KEYS if k in overrides}
-        settings = settings_from_table(overrides, COMMAND_LINE, settings)
-        settings = command_line_selection(settings, selection)
+        settings = settings_from_table(overrides, overrides_from, settings)
+        settings = command_line_selection(settings, selection, overrides_from)
     return settings
 
 
@@ -413,7 +420,7 @@ def split_config_arguments(values: "str | Sequence[str] | None") -> "tuple[str |
     return config_file, inline
 
 
-def command_line_selection(settings: Settings, flags: dict[str, Any]) -> Settings:
+def command_line_selection(settings: Settings, flags: dict[str, Any], where: str = COMMAND_LINE) -> Settings:
     """The command line's rule selection on top of the config's, as ruff layers them: the command
     line is applied after the config, so ``--select`` replaces the config's ``select`` and its
     ``ignore`` (the config's ignore no longer hides what the command line selected), ``--extend-select``
@@ -421,7 +428,7 @@ def command_line_selection(settings: Settings, flags: dict[str, Any]) -> Setting
     config's ignore. per-file-ignores and suppression comments still apply afterwards."""
     if not flags:
         return settings
-    layer = {key: _selectors(value, key, COMMAND_LINE) for key, value in flags.items()}
+    layer = {key: _selectors(value, key, where) for key, value in flags.items()}
     ignore = layer.get("ignore", ()) + layer.get("extend-ignore", ())
     extend = layer.get("extend-select", ())
     if "select" in layer:

@@ -267,6 +267,20 @@ class Fix:
             return self.option is not None
         return self.fix_class in classes
 
+    def __repr__(self) -> str:
+        """Short: the class, what it does, whether it is made and why not (never the plan's syntax trees,
+        which ran to hundreds of thousands of characters), and how many text edits it carries."""
+        parts = [f"{self.fix_class.value!r}", repr(self.description)]
+        if not self.available:
+            parts.append(f"available=False, reason={self.reason!r}")
+        if self.option is not None:
+            parts.append(f"option={self.option!r}")
+        if self.plan is not None:
+            parts.append(f"plan={type(self.plan).__name__}")
+        if self.edits is not None:
+            parts.append(f"edits={len(self.edits)}")
+        return f"Fix({', '.join(parts)})"
+
     def declined(self, reason: str) -> "Fix":
         """The same fix, declined with ``reason``."""
         return dataclasses.replace(self, available=False, reason=reason, plan=None, creates=(), edits=None)

@@ -613,3 +613,75 @@ def test_quiet_and_silent(tmp_path):
     code, out, err = run_cli("fix", "--no-cache", "-s", "--apply", "src/train.py", cwd=tmp_path)
     assert (code, out, err) == (0, "", "")
     assert "torch.amp.GradScaler" in (tmp_path / "src" / "train.py").read_text()
+
+
+# -- 7. the Python API and the summary line ----------------------------------------------------------------
+
+
+def test_repr_of_a_fix_is_short():
+    from tcaudit import api
+
+    findings = api.scan((FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8"), filename="train.py")
+    fixes = [f.fix for f in findings if f.fix is not None]
+    assert fixes and max(len(repr(fix)) for fix in fixes) < 400
+    assert repr(fixes[0]).startswith("Fix('") and "libcst" not in repr(fixes[0]).lower()
+    assert all(len(repr(f)) < 2000 for f in findings)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("def f(:\n    pass\n", "not fixed: cannot parse: invalid syntax"),
+    ('print "hi"\n', "not fixed: cannot parse: this looks like Python 2 code"),
+])
+def test_api_fix_on_unparsable_text_says_so(text, error):
+    from tcaudit import api
+
+    result = api.fix(text)
+    assert result.error is not None and result.error.startswith(error)
+    assert result.text == text and not result.changed
+
+
+@pytest.mark.parametrize("option, named", [
+    ({"select": ["XX999"]}, "select= names unknown rule or prefix 'XX999'"),
+    ({"fail_on": "bogus"}, "fail_on= must be one of info, warning, error"),
+    ({"gpu": "bogus"}, "gpu= must be one of auto"),
+    ({"per_file_ignores": {"a.py": ["XX1"]}}, "per_file_ignores= names unknown rule"),
+    ({"models": [{"x": 1}]}, "models=: unknown key 'x'"),
+])
+def test_api_errors_name_the_keyword_not_a_flag(option, named):
+    from tcaudit import api
+
+    with pytest.raises(api.TcauditError) as caught:
+        api.load(**option)
+    assert str(caught.value).startswith(named) and "--" not in str(caught.value).split("(")[0]
+
+
+def test_the_summary_counts_files_with_findings_and_the_baselined(tmp_path):
+    _project(tmp_path)
+    (tmp_path / "src" / "clean.py").write_text("x = 1\n", encoding="utf-8")
+    _, out, _ = run_cli("scan", "--no-cache", "src", cwd=tmp_path)
+    assert out.splitlines()[-1].startswith("Found 2 findings (2 warnings) in 2 files (3 scanned).")
+    run_cli("scan", "--no-cache", "src", "--write-baseline", "base.json", cwd=tmp_path)
+    code, out, _ = run_cli("scan", "--no-cache", "src", "--baseline", "base.json", cwd=tmp_path)
+    assert code == 0 and out.strip() == "All clear: no new findings in 3 files; 2 findings are in the baseline."
+    (tmp_path / "src" / "clean.py").write_text(BAD, encoding="utf-8")
+    _, out, _ = run_cli("scan", "--no-cache", "src", "--baseline", "base.json", cwd=tmp_path)
+    assert out.splitlines()[-1].startswith("Found 1 finding (1 warning) in 1 file (3 scanned). 2 more in the "
+                                           "baseline. 1 fixable")
+
+
+@pytest.mark.parametrize("reason, ends", [
+    ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x9216 and 1024x128) while building the network "
+     "from configuration files", "while building the…"),
+    ("ModuleNotFoundError: No module named " + "'transformers.models.llama.modeling_llama_with_a_long_name_x'",
+     "No module named…"),
+    ("x" * 150, "x…"),
+])
+def test_tc100_messages_are_cut_where_a_word_ends(reason, ends):
+    from tcaudit.findings import MESSAGE_LIMIT
+    from tcaudit.rules.graph.tc100_model_not_audited import fitted, one_line
+
+    message = fitted("could not build `Net`: ", one_line(reason, 80 if reason.startswith("Module") else 200))
+    assert len(message) <= MESSAGE_LIMIT and message.endswith(ends), message
+    words = set(reason.replace("'", " ").split())
+    kept = message.removeprefix("could not build `Net`: ").removesuffix("…").replace("'", " ").split()
+    assert all(word in words for word in kept[:-1]) and (kept[-1] in words or set(kept[-1]) == {"x"}), kept

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tcaudit.config import Settings
-from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules, silenced
+from tcaudit.engine import analyse_source, candidate_rules, instantiate_rules, silenced, syntax_error
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
@@ -223,7 +223,11 @@ def fix_bytes(
 
 def _fix_source(path: Path, source: SourceText, settings: Settings, classes: frozenset[FixClass], display: str,
                 models: "AuditedModels | None") -> FileFix:
-    """The fixes, then TC001's, then (a notebook) the check that the result goes back into its cells."""
+    """The fixes, then TC001's, then (a notebook) the check that the result goes back into its cells. A text
+    Python cannot parse is not fixed, and says so (as scan's TC000), even where no rule's trigger occurs."""
+    problem = syntax_error(_source_file(path, display, source.text, source))
+    if problem is not None:
+        return FileFix(display, source.text, source.text, error=f"not fixed: {problem.message}", source=source)
     result = _fix_text(path, source, settings, classes, display, models)
     remove_unused_suppressions(result, path, settings, classes, models)
     if source.notebook is not None and result.changed:
