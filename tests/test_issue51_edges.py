@@ -685,3 +685,57 @@ def test_tc100_messages_are_cut_where_a_word_ends(reason, ends):
     words = set(reason.replace("'", " ").split())
     kept = message.removeprefix("could not build `Net`: ").removesuffix("…").replace("'", " ").split()
     assert all(word in words for word in kept[:-1]) and (kept[-1] in words or set(kept[-1]) == {"x"}), kept
+
+
+# -- 8. verify on a notebook whose data cannot be downloaded -----------------------------------------------
+
+DOWNLOADING_NOTEBOOK = [
+    ("markdown", "# FashionMNIST in a notebook"),
+    ("code", "!pip install -q torchvision\nimport torch\nfrom torch import nn\nfrom torchvision import datasets\n"
+             "from torchvision.transforms import ToTensor\nfrom torch.utils.data import DataLoader\n"),
+    ("code", "train_data = datasets.FashionMNIST(root=\"data\", train=True, download=True, transform=ToTensor())\n"
+             "train_dataloader = DataLoader(train_data, batch_size=32, shuffle=True)\n"),
+    ("code", "device = \"cuda\" if torch.cuda.is_available() else \"cpu\"\n"
+             "model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).to(device)\n"
+             "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+             "for X, y in train_dataloader:\n    X, y = X.to(device), y.to(device)\n"
+             "    loss = nn.functional.cross_entropy(model(X), y)\n    optimizer.zero_grad()\n    loss.backward()\n"
+             "    optimizer.step()\n"),
+]
+
+
+@pytest.mark.slow
+def test_verify_on_a_notebook_whose_data_cannot_be_downloaded(tmp_path, monkeypatch):
+    pytest.importorskip("torchvision")
+    # No download may happen in the tests: every URL goes to a proxy that refuses the connection.
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    path = _notebook(tmp_path / "fashion.ipynb", DOWNLOADING_NOTEBOOK)
+    code, out, err = run_cli("verify", str(path), "--steps", "2", "--warmup", "1", "--rounds", "1",
+                             "--out", str(tmp_path / "out"))
+    assert code == 2, out + err
+    head = err.splitlines()[0]
+    assert head.startswith("tcaudit: error: the original run failed (exit 1): "), head
+    assert "URLError" in head or "RuntimeError" in head, head
+    assert "The script itself does not run here" in err and "the patched copy was not run" in err
+    assert "it needs a download and the network cannot be reached" in err
+    lines = err.split("The run's last lines (all of it: ", 1)[1].splitlines()[1:]
+    assert lines and lines[0].startswith(("Traceback", "  File", "During", "The above", "Downloading", "http",
+                                          "Failed", "urllib", "torch", "Runtime", "  ", "Error", "OSError",
+                                          "Connection")), lines[0]
+    log = next((tmp_path / "out").rglob("*.log")).read_text()
+    assert all(line in log.splitlines() for line in lines)  # whole lines of the log, none cut mid-word
+
+
+def test_a_failed_run_shows_its_last_lines_whole():
+    from tcaudit.verify.runner import last_lines, run_failure
+
+    output = "".join(f"line {i} " + "word " * 20 + "\n" for i in range(200)) + "ValueError: bad batch\n"
+    shown = last_lines(output, chars=1000)
+    assert shown.splitlines()[-1] == "ValueError: bad batch"
+    assert all(line in output.splitlines() for line in shown.splitlines()) and len(shown) <= 1000
+    message = run_failure("patched", "", 1, output, Path("/tmp/x.log"))
+    assert message.startswith("the patched run failed (exit 1): ValueError: bad batch. The original ran, so "
+                              "tcaudit's patch is what breaks it")
