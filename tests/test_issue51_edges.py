@@ -739,3 +739,22 @@ def test_a_failed_run_shows_its_last_lines_whole():
     message = run_failure("patched", "", 1, output, Path("/tmp/x.log"))
     assert message.startswith("the patched run failed (exit 1): ValueError: bad batch. The original ran, so "
                               "tcaudit's patch is what breaks it")
+
+
+def test_the_readme_conventions_section_lists_each_convention_and_each_exists():
+    from tcaudit.cli.main import build_parser
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Conventions shared with ruff", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    flags = ["--watch", "--show-files", "--per-file-ignores", "--extend-per-file-ignores", "--quiet", "--silent",
+             "--exit-zero", "--fail-on", "--statistics", "--show-settings", "--output-format", "--stdin-filename"]
+    for needle in [*flags, "extend = \"../pyproject.toml\"", "--config \"key = value\"", "tcaudit clean", "`-q`",
+                   "`-s`", "ruff check --fix", "cell 3:12:5"]:
+        assert needle in section, needle
+    parser = build_parser()
+    sub = next(action for action in parser._actions if action.dest == "command").choices
+    scan_flags = {flag for action in sub["scan"]._actions for flag in action.option_strings}
+    fix_flags = {flag for action in sub["fix"]._actions for flag in action.option_strings}
+    assert set(flags) <= scan_flags and {"-q", "-s", "-w"} <= scan_flags
+    assert {"--quiet", "--silent", "--exit-zero", "--fail-on", "--per-file-ignores", "--config"} <= fix_flags
+    assert "clean" in sub

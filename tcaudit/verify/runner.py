@@ -320,7 +320,7 @@ def run_failure(label: str, where: str, code: int | None, output: str, log: Path
     for line in reversed(output.splitlines()):
         match = _EXCEPTION_LINE.match(line.strip())
         if match:
-            exception = line.strip()
+            exception = line.strip().rstrip(":.")
             break
     if label == "original":
         side = ("the script itself does not run here, before any change of tcaudit's matters (the patched copy "
