@@ -758,3 +758,23 @@ def test_the_readme_conventions_section_lists_each_convention_and_each_exists():
     assert set(flags) <= scan_flags and {"-q", "-s", "-w"} <= scan_flags
     assert {"--quiet", "--silent", "--exit-zero", "--fail-on", "--per-file-ignores", "--config"} <= fix_flags
     assert "clean" in sub
+
+
+def test_a_cpu_baseline_beside_a_cuda_model_gets_autocast_only_around_the_cuda_forward(tmp_path):
+    import json
+
+    mixed = [*CPU_NOTEBOOK, ("code", "model_1 = FashionMNISTModelV0(input_shape=784, hidden_units=10, "
+                                     "output_shape=len(class_names)).to(device)\n"
+                                     "optimizer_1 = torch.optim.SGD(params=model_1.parameters(), lr=0.1)\n"
+                                     "for X, y in train_dataloader:\n    X, y = X.to(device), y.to(device)\n"
+                                     "    loss = loss_fn(model_1(X), y)\n    optimizer_1.zero_grad()\n"
+                                     "    loss.backward()\n    optimizer_1.step()\n")]
+    path = _notebook(tmp_path / "mixed.ipynb", mixed)
+    _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "--select", "TC201",
+                        "mixed.ipynb", cwd=tmp_path)
+    [finding] = json.loads(out)["findings"]
+    assert (finding["cell"], finding["line"]) == (10, 5), finding
+    run_cli("fix", "--apply", "--no-cache", "--no-exec", "--isolated", "--select", "TC201", "mixed.ipynb", cwd=tmp_path)
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert "autocast" not in "".join(cells[6]["source"])  # model_0's CPU loop
+    assert "autocast" in "".join(cells[9]["source"])

@@ -841,13 +841,9 @@ class ScriptFacts:
         return bool(_ACCELERATOR_TEXT.search(strip_comments(self.source.text)))
 
     @functools.cached_property
-    def trains_on_cpu_on_purpose(self) -> bool:
-        """Every model the script's optimizers train (``SGD(model_0.parameters())``) is put on the CPU by the
-        script itself and moved nowhere else: ``model_0 = Net().to("cpu")``, ``model_0.cpu()``,
-        ``.to(torch.device("cpu"))``. A teaching notebook's baseline trained on the CPU beside a
-        ``device = "cuda" if ... else "cpu"`` it does not use for that model: GPU advice (autocast, DDP,
-        pinned memory, fused optimizers) would change what the user chose. False where an optimizer's
-        parameters come from anything else, or a model is not moved at all."""
+    def optimized_models(self) -> frozenset[str] | None:
+        """The names whose parameters the script's optimizers train (``SGD(model_0.parameters())``);
+        None where an optimizer's parameters come from anything else (a list built elsewhere)."""
         owners: set[str] = set()
         for call in self.calls:
             qual = call.qualname or ""
@@ -856,11 +852,16 @@ class ScriptFacts:
             params = call.arg("params", 0)
             found = _parameters_owners(params) if params is not None else set()
             if not found:
-                return False
+                return None
             owners |= found
-        if not owners:
-            return False
-        for owner in owners:
+        return frozenset(owners)
+
+    @functools.cached_property
+    def models_kept_on_cpu(self) -> frozenset[str]:
+        """Of :attr:`optimized_models`, those the script itself puts on the CPU and moves nowhere else
+        (``model_0 = Net().to("cpu")``)."""
+        kept = set()
+        for owner in self.optimized_models or ():
             moves = [site.node for site in self.calls
                      if site.method in ("to", "cuda", "cpu") and site.receiver_name == owner]
             for binding in self.bindings_of(owner):
@@ -870,9 +871,20 @@ class ScriptFacts:
                         moves.append(value)
                     value = value.func.value
             verdicts = [self._host_move(move) for move in moves]
-            if True not in verdicts or False in verdicts:
-                return False
-        return True
+            if True in verdicts and False not in verdicts:
+                kept.add(owner)
+        return frozenset(kept)
+
+    @functools.cached_property
+    def trains_on_cpu_on_purpose(self) -> bool:
+        """Every model the script's optimizers train (``SGD(model_0.parameters())``) is put on the CPU by the
+        script itself and moved nowhere else: ``model_0 = Net().to("cpu")``, ``model_0.cpu()``,
+        ``.to(torch.device("cpu"))``. A teaching notebook's baseline trained on the CPU beside a
+        ``device = "cuda" if ... else "cpu"`` it does not use for that model: GPU advice (autocast, DDP,
+        pinned memory, fused optimizers) would change what the user chose. False where an optimizer's
+        parameters come from anything else, or a model is not moved at all."""
+        owners = self.optimized_models
+        return bool(owners) and owners == self.models_kept_on_cpu
 
     def _host_move(self, call: cst.Call) -> bool | None:
         """True: ``call`` (``x.to(...)``, ``x.cuda()``, ``x.cpu()``) moves to the CPU; False: somewhere
