@@ -128,7 +128,9 @@ def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False, 
     if result.error:
         print(f"{display}: {result.error}", file=sys.stderr)
         is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
-        code = 0 if is_input_problem else 2
+        # An input problem is scan's TC000, an error that remains (ruff's check --fix - exits 1 on one too).
+        remains = "TC000" in settings.enabled_rules() and settings.fail_on <= Severity.ERROR and not exit_zero
+        code = (1 if remains else 0) if is_input_problem else 2
     else:
         # Positions in the text read, as scan gives them (not in the partly fixed text).
         for line, where, rule, reason in sorted({(d.finding.location.line, d.where_original, d.finding.rule, d.reason)
