@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-import textwrap
 
 import pytest
 
@@ -122,7 +121,8 @@ def test_gpu_3090_is_accepted_and_an_unknown_gpu_is_one_line():
     assert _footer("--gpu", "3090", RESNET).endswith("(fixtures/resnet50/train.py:90).")
     code, out, err = run_cli("scan", "--no-cache", "--no-exec", "--gpu", "3090x", RESNET, cwd=REPO)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("tcaudit: error: argument --gpu: unknown GPU '3090x' (one of auto, sm_70"), err
+    assert err.count("\n") == 1, err
+    assert err.startswith("tcaudit: error: argument --gpu: unknown GPU '3090x' (one of auto, sm_70"), err
 
 
 def test_gpu_3090_in_the_config(tmp_path):
@@ -200,7 +200,8 @@ def test_cells_are_numbered_as_ruff_numbers_them(tmp_path):
                                 "--no-cache", "colab.ipynb"], capture_output=True, text=True, cwd=tmp_path).stdout
         assert [line for line in found.splitlines() if "F401" in line] == RUFF_0_17_6
     ruff_cells = {line.split(":")[1] + ":" + line.split(":")[2] for line in RUFF_0_17_6}  # "cell 2:3", "cell 6:1"
-    _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "colab.ipynb", cwd=tmp_path)
+    _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "colab.ipynb",
+                        cwd=tmp_path)
     import json
 
     ours = {(f["cell"], f["line"]) for f in json.loads(out)["findings"]}
@@ -213,17 +214,21 @@ CPU_NOTEBOOK = [
     ("code", "import torch\nfrom torch import nn\nfrom torchvision import datasets\nfrom torchvision.transforms import "
              "ToTensor\nfrom torch.utils.data import DataLoader\n"),
     ("code", "train_data = datasets.FashionMNIST(root=\"data\", train=True, download=True, transform=ToTensor())\n"
-             "class_names = train_data.classes\ntrain_dataloader = DataLoader(train_data, batch_size=32, shuffle=True)\n"),
+             "class_names = train_data.classes\n"
+             "train_dataloader = DataLoader(train_data, batch_size=32, shuffle=True)\n"),
     ("markdown", "## Model 0: a baseline on the CPU"),
     ("code", "class FashionMNISTModelV0(nn.Module):\n    def __init__(self, input_shape, hidden_units, output_shape):\n"
-             "        super().__init__()\n        self.layer_stack = nn.Sequential(nn.Flatten(), nn.Linear(input_shape, "
+             "        super().__init__()\n"
+             "        self.layer_stack = nn.Sequential(nn.Flatten(), nn.Linear(input_shape, "
              "hidden_units), nn.Linear(hidden_units, output_shape))\n\n    def forward(self, x):\n"
              "        return self.layer_stack(x)\n\n\ntorch.manual_seed(42)\n"
-             "model_0 = FashionMNISTModelV0(input_shape=784, hidden_units=10, output_shape=len(class_names)).to(\"cpu\")\n"),
+             "model_0 = FashionMNISTModelV0(input_shape=784, hidden_units=10, "
+             "output_shape=len(class_names)).to(\"cpu\")\n"),
     ("code", "loss_fn = nn.CrossEntropyLoss()\noptimizer = torch.optim.SGD(params=model_0.parameters(), lr=0.1)\n"),
     ("code", "for epoch in range(3):\n    train_loss = 0\n    for batch, (X, y) in enumerate(train_dataloader):\n"
              "        model_0.train()\n        y_pred = model_0(X)\n        loss = loss_fn(y_pred, y)\n"
-             "        train_loss += loss\n        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"),
+             "        train_loss += loss\n        optimizer.zero_grad()\n        loss.backward()\n"
+             "        optimizer.step()\n"),
     ("markdown", "## Device-agnostic code"),
     ("code", "device = \"cuda\" if torch.cuda.is_available() else \"cpu\"\ndevice\n"),
 ]
@@ -272,7 +277,8 @@ def test_tc401_in_a_notebook_declines_for_what_a_notebook_can_break(tmp_path):
     moved.insert(2, moved.pop())
     custom = list(moved)
     custom[3] = ("code", "from torch.utils.data import Dataset\n\n\nclass Noise(Dataset):\n    def __len__(self):\n"
-                         "        return 64\n\n    def __getitem__(self, i):\n        return torch.randn(1, 28, 28), i % 10\n\n\n"
+                         "        return 64\n\n    def __getitem__(self, i):\n"
+                         "        return torch.randn(1, 28, 28), i % 10\n\n\n"
                          "train_data = Noise()\nclass_names = list(range(10))\n"
                          "train_dataloader = DataLoader(train_data, batch_size=32, shuffle=True)\n")
 
@@ -323,7 +329,8 @@ if __name__ == "__main__":
 COMMENTED_LOADER_FIXED = COMMENTED_LOADER.replace(
     "        shuffle=True # shuffle data every epoch?\n",
     "        shuffle=True, # shuffle data every epoch?\n        pin_memory=True\n",
-).replace("x, y = x.to(device), y.to(device)", "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")
+).replace("x, y = x.to(device), y.to(device)",
+          "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")
 
 
 def test_a_keyword_added_to_a_multi_line_call_leaves_each_comment_on_its_argument(tmp_path):
@@ -342,7 +349,8 @@ def test_a_keyword_added_to_a_multi_line_call_leaves_each_comment_on_its_argumen
 
 @pytest.mark.parametrize("before, after", [
     # a trailing comma and comments: each stays on its argument's line, the new one has none
-    ("f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n)\n", "f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n    key=True,\n)\n"),
+    ("f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n)\n",
+     "f(\n    a,\n    b=1,  # the b\n    c=2,  # the c\n    key=True,\n)\n"),
     # the separator copied for the new argument's line is the line break without b's comment
     ("f(\n    a,\n    b=1,  # the b\n    c=2\n)\n", "f(\n    a,\n    b=1,  # the b\n    c=2,\n    key=True\n)\n"),
     # a comment line between arguments stays where it is
@@ -468,7 +476,8 @@ def test_the_fused_sgd_decline_says_what_applies_here_and_the_explanation_cites_
     path = tmp_path / "train.py"
     path.write_text(UNGUARDED.replace("optimizer.step()", "scaler.step(optimizer)\n    scaler.update()")
                     .replace("    loss.backward()", "    scaler.scale(loss).backward()")
-                    .replace("optimizer = torch", "scaler = torch.amp.GradScaler()\noptimizer = torch"), encoding="utf-8")
+                    .replace("optimizer = torch", "scaler = torch.amp.GradScaler()\noptimizer = torch"),
+                    encoding="utf-8")
     _, out, _ = run_cli("scan", "--no-cache", "--no-exec", "--isolated", "--format", "json", "--select", "TC307",
                         "train.py", cwd=tmp_path)
     [finding] = json.loads(out)["findings"]

@@ -198,7 +198,8 @@ def fix_file(
     if cache is not None and key is not None and result.error is None:
         from tcaudit.cache import CachedFix
 
-        cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined), list(result.remaining)))
+        cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined),
+                                       list(result.remaining)))
     return result
 
 
