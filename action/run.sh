@@ -19,8 +19,34 @@ if [ "$step" = verdict ]; then
 fi
 
 sarif="${INPUT_SARIF_FILE:-tcaudit.sarif}"
-read -r -a paths <<< "${INPUT_PATHS:-.}"
-read -r -a extra <<< "${INPUT_ARGS:-}"
+
+# Split an input as a shell would (POSIX quoting: --config "fail-on = 'error'", a path with spaces in
+# quotes), without running it through a shell; into the array split_result (no namerefs: macOS runners'
+# bash 3.2 has none). Unbalanced quotes: exit 2.
+split_words() {
+  local words status
+  words=$(mktemp)
+  python3 -c '
+import shlex, sys
+try:
+    words = shlex.split(sys.argv[1])
+except ValueError as exc:
+    sys.exit(f"tcaudit: error: the action input {sys.argv[2]} cannot be split into arguments: {exc}")
+sys.stdout.write("".join(word + "\0" for word in words))' "$1" "$2" > "$words"
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    rm -f "$words"
+    echo "exit-code=2" >> "$output"
+    exit 2
+  fi
+  split_result=()
+  while IFS= read -r -d '' word; do split_result+=("$word"); done < "$words"
+  rm -f "$words"
+}
+split_words "${INPUT_PATHS:-.}" paths
+paths=(${split_result[@]+"${split_result[@]}"})
+split_words "${INPUT_ARGS:-}" args
+extra=(${split_result[@]+"${split_result[@]}"})
 [ "${#paths[@]}" -gt 0 ] || paths=(.)
 
 "$tcaudit" scan --no-exec --format sarif --output-file "$sarif" --exit-zero "${extra[@]}" "${paths[@]}"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
-from tcaudit.config import KNOWN_KEYS, ConfigError, Settings, load_settings
+from tcaudit.config import API_ARGUMENTS, KNOWN_KEYS, ConfigError, Settings, load_settings
 from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit, parse_classes
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def load(paths: Iterable[PathArg] = (), *, config: PathArg | None = None, isolat
         overrides[name] = list(value) if isinstance(value, tuple) else value
     try:
         settings = load_settings([os.fspath(p) for p in paths], os.fspath(config) if config else None,
-                                 overrides, isolated)
+                                 overrides, isolated, overrides_from=API_ARGUMENTS)
     except ConfigError as exc:
         raise TcauditError(str(exc)) from None
     return with_detected_gpu(settings)
@@ -214,6 +214,8 @@ class Declined:
     finding: Finding
     reason: str
     where: str = ""
+    # Its line in the text given to :func:`fix` (as ``scan`` reports it): ``12``, ``cell 3:12``.
+    where_original: str = ""
 
 
 @dataclass
@@ -294,7 +296,8 @@ def fix(
         text=made.fixed,
         original=made.original,
         applied=list(made.applied),
-        declined=[Declined(finding, made.in_cells(reason), made.place(finding.location.line, True))
+        declined=[Declined(finding, made.in_cells(reason), made.place(finding.location.line, True),
+                           made.place(made.original_line(finding.location.line), False))
                   for finding, reason in made.declined],
         notice=made.notice,
         remaining=list(made.remaining),

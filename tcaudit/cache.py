@@ -37,7 +37,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,11 +136,46 @@ class CachedFile:
 @dataclass(frozen=True)
 class CachedFix:
     """``tcaudit fix``'s result for one version of a file: the text it writes, the rules whose fixes
-    it made, and the fixes it declined (findings at the lines of the fixed text, with the reason)."""
+    it made, the fixes it declined (findings at the lines of the fixed text, with the reason) and the
+    findings the fixed text still has (``fix --apply``'s exit code)."""
 
     fixed: str
     applied: list[str]
     declined: list[tuple[Finding, str]]
+    remaining: list[Finding] = field(default_factory=list)
+
+
+def is_cache_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a cache tcaudit made: a real folder (not a symlink) holding tcaudit's
+    ``CACHEDIR.TAG``. ``tcaudit clean`` removes nothing else."""
+    try:
+        if folder.is_symlink() or not folder.is_dir():
+            return False
+        return (folder / "CACHEDIR.TAG").read_text(encoding="utf-8", errors="replace").startswith(CACHEDIR_TAG[:80])
+    except OSError:
+        return False
+
+
+def cache_folders(roots: "list[Path]", configured: "Path | None" = None) -> list[Path]:
+    """The tcaudit caches ``tcaudit clean`` removes: every ``.tcaudit_cache`` folder under ``roots`` (symlinks
+    not followed, nothing looked for inside a cache) and ``configured`` (the settings' ``cache-dir``)."""
+    found: dict[Path, None] = {}
+    if configured is not None and is_cache_folder(configured):
+        found[configured.resolve()] = None
+    for root in roots:
+        if root.name == CACHE_DIR_NAME and is_cache_folder(root):
+            found[root.resolve()] = None
+            continue
+        for folder, subfolders, _ in os.walk(root):
+            keep = []
+            for name in subfolders:
+                path = Path(folder) / name
+                if name == CACHE_DIR_NAME and is_cache_folder(path):
+                    found[path.resolve()] = None
+                elif not path.is_symlink():
+                    keep.append(name)
+            subfolders[:] = keep
+    return list(found)
 
 
 def default_cache_dir(settings: "Settings") -> Path:
@@ -364,6 +399,7 @@ class ScanCache:
                 fixed=data["fixed"],
                 applied=list(data["applied"]),
                 declined=[(_finding_from_json(f), str(reason)) for f, reason in data["declined"]],
+                remaining=[_finding_from_json(f) for f in data["remaining"]],
             )
         except Exception:  # noqa: BLE001 - whatever is wrong with an entry, it is a miss
             return None
@@ -372,8 +408,11 @@ class ScanCache:
         try:
             declined = [[_finding_to_json(f), reason] for f, reason in entry.declined]
             payload = json.dumps({"format": FORMAT, "key": key, "fixed": entry.fixed, "applied": entry.applied,
-                                  "declined": declined})
-            if [_finding_from_json(f) for f, _ in json.loads(payload)["declined"]] != [f for f, _ in entry.declined]:
+                                  "declined": declined, "remaining": [_finding_to_json(f) for f in entry.remaining]})
+            stored = json.loads(payload)
+            if [_finding_from_json(f) for f, _ in stored["declined"]] != [f for f, _ in entry.declined]:
+                return False
+            if [_finding_from_json(f) for f in stored["remaining"]] != list(entry.remaining):
                 return False
             sealed = seal(payload.encode("utf-8"))
             if sealed is None:

@@ -6,7 +6,7 @@ import fnmatch
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tcaudit import gpus, structural
 from tcaudit.catalog import is_known_selector, matches_selector, rule_ids
@@ -29,6 +29,8 @@ KNOWN_KEYS = {
     "extend-ignore",
     "respect-gitignore",
     "per-file-ignores",
+    "extend-per-file-ignores",
+    "extend",
     "exclude",
     "include",
     "extend-include",
@@ -170,12 +172,17 @@ def find_config(start: Path) -> Path | None:
 
 
 COMMAND_LINE = "command line"
+# Settings given to the Python API as keyword arguments (``tcaudit.api.scan(text, fail_on="error")``):
+# errors name the keyword, not a command-line flag.
+API_ARGUMENTS = "keyword arguments"
 
 
 def _label(key: str, where: str) -> str:
     """How an error names a setting: ``--select`` for a flag, ``pyproject.toml: 'select'`` for a key."""
     if where == COMMAND_LINE:
         return f"--{key}"
+    if where == API_ARGUMENTS:
+        return f"{key.split('.')[0].replace('-', '_')}="
     return f"{where}: '{key}'"
 
 
@@ -207,7 +214,8 @@ def _choice(value: Any, key: str, choices: tuple[str, ...], where: str) -> str:
 
 
 def _models(raw: Any, where: str) -> tuple[ModelSpec, ...]:
-    label = "--model" if where == COMMAND_LINE else f"{where}: [[tool.tcaudit.models]]"
+    label = ("--model" if where == COMMAND_LINE else "models=" if where == API_ARGUMENTS
+             else f"{where}: [[tool.tcaudit.models]]")
     if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
         raise ConfigError(f"{label} must be a list of tables with factory = \"pkg.mod:build\"")
     models = []
@@ -247,13 +255,19 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         if not isinstance(table["respect-gitignore"], bool):
             raise ConfigError(f"{_label('respect-gitignore', where)} must be true or false")
         updates["respect_gitignore"] = table["respect-gitignore"]
-    if "per-file-ignores" in table:
-        raw = table["per-file-ignores"]
+    for key in ("per-file-ignores", "extend-per-file-ignores"):  # the second adds to the layers before
+        if key not in table:
+            continue
+        raw = table[key]
         if not isinstance(raw, dict):
-            raise ConfigError(f"{_label('per-file-ignores', where)} must be a table of \"glob\" = [codes]")
-        updates["per_file_ignores"] = tuple(
-            (pattern, _selectors(codes, f"per-file-ignores.{pattern}", where)) for pattern, codes in raw.items()
-        )
+            raise ConfigError(f"{_label(key, where)} must be a table of \"glob\" = [codes]")
+        layer = tuple((pattern, _selectors(codes, f"{key}.{pattern}", where)) for pattern, codes in raw.items())
+        if key == "per-file-ignores":
+            updates["per_file_ignores"] = layer
+        else:
+            updates["per_file_ignores"] = updates.get("per_file_ignores", base.per_file_ignores) + layer
+    if "extend" in table and where in (COMMAND_LINE, INLINE):
+        raise ConfigError("extend is a config file's key (the file it extends), not a command-line setting")
     for key in ("exclude", "include"):
         if key in table:
             updates[key] = _globs(table[key], key, where)
@@ -265,7 +279,8 @@ def settings_from_table(table: dict[str, Any], where: str, base: Settings) -> Se
         updates["precision"] = _choice(table["precision"], "precision", PRECISIONS, where)
     if "gpu" in table:
         raw = table["gpu"]
-        updates["gpu"] = _choice(raw.strip().lower() if isinstance(raw, str) else raw, "gpu", GPUS, where)
+        known = gpus.canonical(raw) if isinstance(raw, str) else None  # "3090", "RTX 3090" as well as "rtx3090"
+        updates["gpu"] = _choice(known or raw, "gpu", GPUS, where)
     if "sort" in table:
         updates["sort"] = _choice(table["sort"], "sort", SORTS, where)
     if "exec-models" in table:
@@ -305,11 +320,13 @@ def load_settings(
     config_file: str | None = None,
     overrides: dict[str, Any] | None = None,
     isolated: bool = False,
+    overrides_from: str = COMMAND_LINE,
 ) -> Settings:
     """Settings from the config file (explicit, or the nearest one upward from the first path),
     then the command line's overrides, which win."""
     settings = Settings()
     config_path: Path | None = None
+    config_file, inline = split_config_arguments(config_file)
     if config_file:
         config_path = Path(config_file)
         if not config_path.is_file():
@@ -321,33 +338,89 @@ def load_settings(
         start = next((p for p in (start, *start.parents) if p.exists()), Path.cwd())
         config_path = find_config(start)
     if config_path is not None:
-        try:
-            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{config_path}: invalid TOML: {exc}") from None
-        tool = data.get("tool")
-        if isinstance(tool, dict) and "tcaudit" in tool:
-            table = tool["tcaudit"]
-        else:  # a tcaudit.toml holds the keys at its top level
-            table = {} if config_path.name == "pyproject.toml" else data
-        if not isinstance(table, dict):
-            raise ConfigError(f"{config_path}: [tool.tcaudit] must be a table")
-        settings = settings_from_table(table, str(config_path), settings)
+        settings = _apply_config_file(config_path, settings, ())
         settings = replace(settings, config_path=config_path, root=config_path.parent)
         if settings.cache_dir is not None and not settings.cache_dir.is_absolute():
             settings = replace(settings, cache_dir=config_path.parent / settings.cache_dir)
+    if inline:  # ``--config "key = value"``: over every config file, under the other flags (as in ruff)
+        settings = settings_from_table(inline, INLINE, settings)
     if overrides:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         selection = {k: overrides.pop(k) for k in SELECTION_KEYS if k in overrides}
-        settings = settings_from_table(overrides, COMMAND_LINE, settings)
-        settings = command_line_selection(settings, selection)
+        settings = settings_from_table(overrides, overrides_from, settings)
+        settings = command_line_selection(settings, selection, overrides_from)
     return settings
 
 
 SELECTION_KEYS = ("select", "extend-select", "ignore", "extend-ignore")
+INLINE = "--config"  # where an inline ``--config "key = value"`` setting comes from, for messages
+# How many files an ``extend`` chain may hold before it is taken for a mistake.
+MAX_EXTENDS = 16
 
 
-def command_line_selection(settings: Settings, flags: dict[str, Any]) -> Settings:
+def _config_table(path: Path) -> dict[str, Any]:
+    """The ``[tool.tcaudit]`` table of a pyproject.toml, or a tcaudit.toml's top level."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    tool = data.get("tool")
+    if isinstance(tool, dict) and "tcaudit" in tool:
+        table = tool["tcaudit"]
+    else:  # a tcaudit.toml holds the keys at its top level
+        table = {} if path.name == "pyproject.toml" else data
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.tcaudit] must be a table")
+    return table
+
+
+def _apply_config_file(path: Path, settings: "Settings", chain: tuple[Path, ...]) -> "Settings":
+    """``path``'s settings over ``settings``, after those of the file its ``extend`` names (relative to
+    ``path``'s folder, as ruff resolves it): a nested config keeps its parent's ignores by extending it."""
+    table = _config_table(path)
+    if "extend" in table:
+        raw = table["extend"]
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError(f"{path}: extend must be the path of a config file (got {raw!r})")
+        base = (path.parent / Path(raw).expanduser()).resolve()
+        resolved_chain = (*chain, path.resolve())
+        if base in resolved_chain:
+            raise ConfigError(f"{path}: extend makes a cycle: {' -> '.join(str(p) for p in (*resolved_chain, base))}")
+        if len(resolved_chain) >= MAX_EXTENDS:
+            raise ConfigError(f"{path}: extend chains more than {MAX_EXTENDS} config files")
+        if not base.is_file():
+            raise ConfigError(f"{path}: extend names a config file that does not exist: {raw}")
+        settings = _apply_config_file(base, settings, resolved_chain)
+        table = {key: value for key, value in table.items() if key != "extend"}
+    return settings_from_table(table, str(path), settings)
+
+
+def split_config_arguments(values: "str | Sequence[str] | None") -> "tuple[str | None, dict[str, Any]]":
+    """``--config`` as ruff takes it, once or more: a config file's path, or an inline TOML ``key = value``
+    setting. (the file, or None; the inline settings as one table). ConfigError for two files, or a value
+    that is neither."""
+    if values is None:
+        return None, {}
+    if isinstance(values, str):
+        values = [values]
+    config_file: str | None = None
+    inline: dict[str, Any] = {}
+    for value in values:
+        if Path(value).expanduser().is_file() or "=" not in value:
+            if config_file is not None:
+                raise ConfigError(f"--config: one config file at most (got {config_file} and {value})")
+            config_file = value
+            continue
+        try:
+            table = tomllib.loads(value)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config: {value!r} is neither a config file nor a TOML `key = value` setting "
+                              f"({exc})") from None
+        inline.update(table)
+    return config_file, inline
+
+
+def command_line_selection(settings: Settings, flags: dict[str, Any], where: str = COMMAND_LINE) -> Settings:
     """The command line's rule selection on top of the config's, as ruff layers them: the command
     line is applied after the config, so ``--select`` replaces the config's ``select`` and its
     ``ignore`` (the config's ignore no longer hides what the command line selected), ``--extend-select``
@@ -355,7 +428,7 @@ def command_line_selection(settings: Settings, flags: dict[str, Any]) -> Setting
     config's ignore. per-file-ignores and suppression comments still apply afterwards."""
     if not flags:
         return settings
-    layer = {key: _selectors(value, key, COMMAND_LINE) for key, value in flags.items()}
+    layer = {key: _selectors(value, key, where) for key, value in flags.items()}
     ignore = layer.get("ignore", ()) + layer.get("extend-ignore", ())
     extend = layer.get("extend-select", ())
     if "select" in layer:

@@ -99,6 +99,10 @@ class ScanResult:
     # The bytes of scanned files that are not on disk under their display path (a script read from
     # stdin), for the reporters' code frames.
     texts: dict[str, bytes] = field(default_factory=dict)
+    # How many findings ``--baseline`` left out (the text report's summary says so).
+    baselined: int = 0
+    # ``scan -q``: the text report shows the findings only (no notes, no summary line), as ruff's --quiet.
+    quiet: bool = False
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)

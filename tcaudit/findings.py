@@ -62,7 +62,7 @@ def parse_classes(text: str) -> frozenset[FixClass]:
 @dataclass(frozen=True, order=True)
 class Location:
     """1-based line and column, end inclusive of the last character's line, exclusive column. In a
-    Jupyter notebook, ``cell`` is the code cell (1-based among code cells, ruff's convention) and the
+    Jupyter notebook, ``cell`` is the cell (1-based among all cells, markdown too, as ruff numbers them) and the
     lines are the cell's own (tcaudit/source/notebook.py); None in a script."""
 
     path: str
@@ -267,6 +267,20 @@ class Fix:
             return self.option is not None
         return self.fix_class in classes
 
+    def __repr__(self) -> str:
+        """Short: the class, what it does, whether it is made and why not (never the plan's syntax trees,
+        which ran to hundreds of thousands of characters), and how many text edits it carries."""
+        parts = [f"{self.fix_class.value!r}", repr(self.description)]
+        if not self.available:
+            parts.append(f"available=False, reason={self.reason!r}")
+        if self.option is not None:
+            parts.append(f"option={self.option!r}")
+        if self.plan is not None:
+            parts.append(f"plan={type(self.plan).__name__}")
+        if self.edits is not None:
+            parts.append(f"edits={len(self.edits)}")
+        return f"Fix({', '.join(parts)})"
+
     def declined(self, reason: str) -> "Fix":
         """The same fix, declined with ``reason``."""
         return dataclasses.replace(self, available=False, reason=reason, plan=None, creates=(), edits=None)
@@ -312,6 +326,12 @@ class Related:
             "end_column": loc.end_column,
             "message": self.message,
         }
+
+
+# The ``Finding.details`` key that says the finding's advice cannot pay in this script (``"launch-bound"``:
+# the model audit measured the trained model as launch-bound; ``"rl-loop"``): the reports then neither
+# rank it by nor quote the rule's measured speed-up (tcaudit/report/order.py).
+LITTLE_TO_GAIN = "little_to_gain"
 
 
 def mirrored_at(finding: "Finding", location: Location, message: str, source_line: str) -> "Finding":

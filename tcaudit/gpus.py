@@ -94,6 +94,31 @@ def choices() -> tuple[str, ...]:
     return (AUTO, *archs(), *gpus())
 
 
+def _compact(name: str) -> str:
+    """``"NVIDIA GeForce RTX-3090"`` -> ``"nvidiageforcertx3090"``: a name without case, spaces or marks."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def canonical(value: str) -> str | None:
+    """The ``gpu`` setting ``value`` means, or None: ``auto``, an architecture or a GPU's key as written
+    (any case), else a GPU as people name it: ``3090``, ``RTX 3090``, ``rtx-3090``, ``NVIDIA H100``,
+    ``GeForce RTX 4090`` (its key or its name with ``nvidia``, ``geforce`` and ``rtx`` optional)."""
+    setting = value.strip().lower()
+    if setting in choices():
+        return setting
+    compact = _compact(setting)
+    for prefix in ("nvidia", "geforce", "tesla", "rtx"):
+        compact = compact.removeprefix(prefix)
+    if not compact:
+        return None
+    for key, gpu in gpus().items():
+        names = {_compact(key), _compact(gpu.name)}
+        names |= {name.removeprefix("rtx") for name in names}
+        if compact in names:
+            return key
+    return None
+
+
 def resolve(setting: str) -> Gpu | None:
     """The GPU a ``gpu`` setting stands for; None for ``auto`` (no GPU known) and unknown values.
     An architecture gpus.toml does not list (a detected ``sm_87``) gets a GPU with no figures."""

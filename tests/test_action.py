@@ -110,3 +110,19 @@ def test_a_usage_error_fails_the_scan_step(tmp_path):
     bad = _run("scan", tmp_path, {"INPUT_PATHS": "missing", "INPUT_ARGS": "", "GITHUB_OUTPUT": str(out)})
     assert bad.returncode == 2 and "no such file or directory: missing" in bad.stderr
     assert _outputs(out)["exit-code"] == "2"
+
+
+def test_args_and_paths_are_split_as_a_shell_splits_them(tmp_path):
+    """Issue 51: `args: --config "fail-on = 'error'"` was cut at each space."""
+    project = tmp_path / "my project"
+    (project / "src dir").mkdir(parents=True)
+    (project / "src dir" / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    out = tmp_path / "github_output"
+    scan = _run("scan", project, {"INPUT_PATHS": "'src dir'", "GITHUB_OUTPUT": str(out),
+                                  "INPUT_ARGS": "--select TC202 --config \"fail-on = 'error'\""})
+    assert scan.returncode == 0, scan.stderr
+    assert _outputs(out)["exit-code"] == "0" and _outputs(out)["findings"] == "1"  # a warning, under fail-on error
+    bad_out = tmp_path / "bad_output"
+    bad = _run("scan", project, {"INPUT_PATHS": ".", "INPUT_ARGS": "--config \"fail-on", "GITHUB_OUTPUT": str(bad_out)})
+    assert bad.returncode == 2 and "the action input args cannot be split into arguments" in bad.stderr
+    assert _outputs(bad_out)["exit-code"] == "2"

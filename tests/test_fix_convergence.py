@@ -77,6 +77,9 @@ def _writers(path: Path, settings: Settings, applied: list[str]) -> dict[str, se
 def test_scan_after_fix_finds_nothing_left_to_fix(case, tmp_path):
     path, settings = case
     fixed = fix_file(path, settings, DEFAULT_CLASSES, path.name)
+    if fixed.error is not None and fixed.error.startswith("not fixed: cannot parse"):  # (a Python 2 fixture)
+        assert fixed.fixed == fixed.original
+        return
     assert fixed.error is None, fixed.error
     target = _fixed_copy(path, fixed, tmp_path)
     result = scan([str(target)], replace(settings, root=tmp_path), model_audit=False)

@@ -189,7 +189,8 @@ def test_no_planted_function_ran(scanned):
 def test_the_notebook_model_is_audited(scanned):
     found = sorted((f["rule"], f["cell"]) for f in findings_in(scanned, NOTEBOOK))
     # FashionMNISTModelV0's Linear(784, 10) and Linear(10, 10): N=10 and K=10, in the model's cell
-    assert found and {rule for rule, _ in found} == {"TC101"} and {cell for _, cell in found} == {3}
+    # the fourth cell: the notebook's cells are counted, markdown ones included (as ruff counts them)
+    assert found and {rule for rule, _ in found} == {"TC101"} and {cell for _, cell in found} == {4}
 
 
 def test_the_factory_model_is_audited(scanned):

@@ -157,7 +157,7 @@ def test_masking(source, expected):
 def test_cell_magic_cells_and_other_kernels_give_no_code():
     nb = Notebook.parse(jupyter_bytes(fixture_notebook()))
     assert "os.getcwd" not in nb.text and "%%time" not in nb.text
-    assert [cell.number for cell in nb.cells if not cell.included] == [3]
+    assert [cell.number for cell in nb.cells if not cell.included] == [4]  # the notebook's fourth cell
     assert nb.text.count(SEPARATOR) == 4  # five code cells in the script
     assert compile(nb.text, "train.ipynb", "exec")
     r = fixture_notebook()
@@ -179,7 +179,7 @@ def test_not_a_notebook_is_a_source_error(raw, message):
 
 
 @pytest.mark.parametrize("edit, reason", [
-    (lambda text: text.replace(f"{SEPARATOR}2\n", ""), "spans notebook cells"),
+    (lambda text: text.replace(f"{SEPARATOR}3\n", ""), "spans notebook cells"),
     (lambda text: text.replace("# tcaudit-magic: %matplotlib inline", "    # tcaudit-magic: %matplotlib inline"),
      "change an IPython line"),
     (lambda text: text.replace("# tcaudit-magic: !nvidia-smi\n", ""), "remove an IPython line"),
@@ -210,14 +210,14 @@ def test_scan_finds_what_the_script_has_at_the_cells_lines(notebook):
         assert ours["column"] == theirs["column"]
         assert ours["end_line"] <= len(cell.lines)
     tc201 = next(f for f in book_findings if f["rule"] == "TC201")
-    assert tc201["cell"] == 6 and "output = model(images)" in nb.cell(6).lines[tc201["line"] - 1]
-    assert f"(cell 6 line {tc201['line']}-{tc201['line'] + 1})" in tc201["message"]  # lines in messages too
+    assert tc201["cell"] == 9 and "output = model(images)" in nb.cell(9).lines[tc201["line"] - 1]
+    assert f"(cell 9 line {tc201['line']}-{tc201['line'] + 1})" in tc201["message"]  # lines in messages too
 
 
 def test_text_and_concise_formats_show_cell_line_column(notebook):
     _, text, _ = run_cli("scan", "--no-exec", "--no-cache", "--isolated", str(notebook))
     _, concise, _ = run_cli("scan", "--no-exec", "--no-cache", "--isolated", "--format", "concise", str(notebook))
-    assert f"{notebook.as_posix()}:cell 6:" in text and "Top: TC201" in text
+    assert f"{notebook.as_posix()}:cell 9:" in text and "Top: TC201" in text
     assert "output = model(images)" in text  # the code frame shows the cell's lines
     for line in concise.splitlines():
         assert line.startswith(f"{notebook.as_posix()}:cell "), line
@@ -254,7 +254,7 @@ def test_invalid_notebook_is_one_tc000_and_fix_leaves_it_alone(tmp_path, content
     assert [f["rule"] for f in report["findings"]] == ["TC000"]
     assert "notebook" in report["findings"][0]["message"] and "cell" not in report["findings"][0]
     fix_code, _, stderr = run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", str(path))
-    assert fix_code == 0 and "not fixed" in stderr
+    assert fix_code == 1 and "not fixed" in stderr  # its TC000 remains (ruff's check --fix exits 1 too)
     assert path.read_bytes() == content
 
 
@@ -264,11 +264,12 @@ def test_fix_apply_changes_only_code_cell_sources(notebook):
     code, _, diff_err = run_cli("fix", "--no-exec", "--no-cache", "--isolated", str(notebook))
     _, diff, _ = run_cli("fix", "--no-exec", "--no-cache", "--isolated", str(notebook))
     assert code == 1 and notebook.read_bytes() == before
-    assert f"--- {notebook.as_posix()}:cell 6\n+++ {notebook.as_posix()}:cell 6\n" in diff  # (absolute: no a/)
+    assert f"--- {notebook.as_posix()}:cell 9\n+++ {notebook.as_posix()}:cell 9\n" in diff  # (absolute: no a/)
     assert '"cells"' not in diff and SEPARATOR not in diff
     code, _, stderr = run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", str(notebook))
-    assert code == 0 and "fixed" in stderr and "TC201" in stderr, stderr
-    assert f"{notebook.as_posix()}:cell 6:" in stderr  # declines name the cell (TC601: logging)
+    # 1: the declined findings remain (TC601's logging, TC307), as ruff's check --fix says
+    assert code == 1 and "fixed" in stderr and "TC201" in stderr, stderr
+    assert f"{notebook.as_posix()}:cell 9:" in stderr  # declines name the cell (TC601: logging)
     after = notebook.read_bytes()
     old, new = json.loads(before), json.loads(after)
     assert after == jupyter_bytes(new)  # Jupyter's indent=1 and non-ASCII text kept
@@ -290,7 +291,7 @@ def test_fix_apply_changes_only_code_cell_sources(notebook):
     for cell in nb.cells:
         if cell.included:
             compile(cell.masked, f"cell {cell.number}", "exec")
-    assert "torch.autocast" in nb.cell(6).source
+    assert "torch.autocast" in nb.cell(9).source
     _, report = scan_json(str(notebook))
     assert "TC201" not in {f["rule"] for f in report["findings"]}
 
@@ -308,7 +309,7 @@ def test_a_fix_that_spans_cells_is_declined_and_the_file_kept(tmp_path):
     _, report = scan_json(str(path), extra=("--select", "TC201"))
     assert [(f["rule"], f["cell"]) for f in report["findings"]] == [("TC201", 2)]
     code, _, stderr = run_cli("fix", "--apply", "--no-exec", "--no-cache", "--isolated", "--select", "TC201", str(path))
-    assert code == 0
+    assert code == 1  # the declined TC201 remains
     assert f"{path.as_posix()}:cell 2:1: TC201 no fix: the fix spans notebook cells" in stderr
     assert path.read_bytes() == before
 
@@ -345,7 +346,7 @@ def test_stdin_with_a_notebook_name(monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     code, stdout, _ = run_cli("scan", "--no-exec", "--isolated", "--format", "concise", "--select", "TC201", "-",
                               "--stdin-filename", "nb.ipynb")
-    assert code == 1 and stdout.startswith("nb.ipynb:cell 6:")
+    assert code == 1 and stdout.startswith("nb.ipynb:cell 9:")
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     code, stdout, stderr = run_cli("fix", "--isolated", "--select", "TC201", "-", "--stdin-filename", "nb.ipynb")
     assert code == 0 and "fixed nb.ipynb (TC201)" in stderr
@@ -364,12 +365,12 @@ def test_sarif_github_and_junit_carry_the_cell(notebook):
     assert results and all(isinstance(r["properties"]["cell"], int) for r in results)
     assert all("fixes" not in r for r in results)  # edits count cell lines, not the JSON file's
     tc201 = next(r for r in results if r["ruleId"] == "TC201")
-    assert tc201["properties"]["cell"] == 6 and tc201["locations"][0]["physicalLocation"]["region"]["startLine"] < 60
+    assert tc201["properties"]["cell"] == 9 and tc201["locations"][0]["physicalLocation"]["region"]["startLine"] < 60
     assert_valid_sarif(log)
     _, github, _ = run_cli("scan", "--no-exec", "--no-cache", "--isolated", "--format", "github", str(notebook))
-    assert "title=cell 6%3A TC201 missing-autocast" in github
+    assert "title=cell 9%3A TC201 missing-autocast" in github
     _, junit, _ = run_cli("scan", "--no-exec", "--no-cache", "--isolated", "--format", "junit", str(notebook))
-    assert "TC201 missing-autocast (cell 6:" in junit
+    assert "TC201 missing-autocast (cell 9:" in junit
 
 
 def test_json_edits_are_cell_relative(notebook):
@@ -387,7 +388,7 @@ def test_a_cache_hit_is_moved_to_the_cells_once(notebook, tmp_path):
     _, first, _ = run_cli(*args)
     _, second, _ = run_cli(*args)
     assert json.loads(first)["findings"] == json.loads(second)["findings"]
-    assert any(f["cell"] == 6 for f in json.loads(second)["findings"])
+    assert any(f["cell"] == 9 for f in json.loads(second)["findings"])
 
 
 # -- the model audit and verify (they run the code) --------------------------------------------------------
@@ -396,7 +397,7 @@ def test_model_audit_runs_on_a_notebook(notebook):
     code, stdout, stderr = run_cli("scan", "--no-cache", "--isolated", "--format", "json", "--select", "TC103",
                                    str(notebook))
     findings = json.loads(stdout)["findings"]
-    assert [(f["rule"], f["cell"]) for f in findings] == [("TC103", 6)], stderr
+    assert [(f["rule"], f["cell"]) for f in findings] == [("TC103", 9)], stderr
 
 
 def test_verify_runs_the_code_cells_in_order_as_a_script(tmp_path):
@@ -418,7 +419,7 @@ def test_verify_runs_the_code_cells_in_order_as_a_script(tmp_path):
     original = (out / "work" / "original" / "tiny.py").read_text()
     assert original.startswith("# tcaudit-magic: !pip install no-such-package-xyz\n")
     assert "torch.autocast" in (out / "work" / "patched" / "tiny.py").read_text()
-    assert ":cell 2" in (out / "work" / "patch.diff").read_text()
+    assert ":cell 3" in (out / "work" / "patch.diff").read_text()  # the loop: the notebook's third cell
     assert path.read_bytes() == before
 
 

@@ -95,9 +95,9 @@ def test_related_places_reach_every_report_format():
                            "--select", "TC401", cwd=PROJECTS / "notebook_settings")
     [finding] = json.loads(out)["findings"]
     assert finding["message"] == "training DataLoader loads every batch in the main process: `num_workers = 0`"
-    assert finding["related"] == [{"path": "train.ipynb", "cell": 2, "line": 2, "column": 1, "end_line": 2,
+    assert finding["related"] == [{"path": "train.ipynb", "cell": 3, "line": 2, "column": 1, "end_line": 2,
                                    "end_column": 1, "message": "where `num_workers` gets 0: `num_workers = 0`"}]
-    assert "(train.ipynb:cell 2:2)" in finding["fix"]["reason"]
+    assert "(train.ipynb:cell 3:2)" in finding["fix"]["reason"]
 
 
 def test_the_lsp_diagnostic_carries_the_helper_as_related_information():

@@ -30,3 +30,35 @@ def test_ci_script_fails_fast():
     text = CI.read_text(encoding="utf-8")
     assert text.startswith("#!/usr/bin/env bash\n")
     assert "set -euo pipefail" in text
+
+
+def _start_here_commands() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Start here", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)\n```", section, re.DOTALL)]
+
+
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+
+
+def test_start_here_is_two_commands_and_the_scan_installs_only_what_running_it_needs():
+    scan, test = _start_here_commands()
+    assert '.venv/bin/pip install -e ".[torch]" && .venv/bin/tcaudit scan fixtures/resnet50/train.py' in scan
+    assert '.venv/bin/pip install -e ".[torch,test]"' in test and test == readme_test_command()
+
+
+def test_the_test_extra_leaves_dali_to_ci():
+    extras = _extras()
+    assert not any("dali" in requirement for requirement in extras["test"] + extras["torch"]), extras
+    assert any(requirement.startswith("nvidia-dali") for requirement in extras["dali"])
+    lines = [line.strip() for line in CI.read_text(encoding="utf-8").splitlines()]
+    dali = next(i for i, line in enumerate(lines) if '.venv/bin/pip install' in line and '".[dali]"' in line)
+    assert dali < lines.index(readme_test_command())  # into the venv the README's command then uses
+
+
+def test_the_dali_tests_skip_with_a_reason_without_dali():
+    text = (REPO / "tests" / "test_fix_dali.py").read_text(encoding="utf-8")
+    assert "pytest.mark.skipif(\n    not HAS_DALI, reason=\"DALI is not installed (pip install -e '.[dali]'" in text

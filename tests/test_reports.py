@@ -305,7 +305,7 @@ def test_text_has_a_code_frame_and_a_summary(project):
     assert caret.strip() == "^" * len("torch.cuda.amp.GradScaler")
     assert caret.index("^") == lines[frame].index("torch.cuda")
     assert lines[-1] == (
-        "Found 2 findings (1 error, 1 warning) in 3 files. 1 fixable with `tcaudit fix`. "
+        "Found 2 findings (1 error, 1 warning) in 2 files (3 scanned). 1 fixable with `tcaudit fix`. "
         "Top: TC000 parse-error (broken.py:1)."
     )
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from tcaudit.findings import parse_classes
+from tcaudit.findings import Severity, parse_classes
 from tcaudit.terminal import terminal_safe
 
 DEFAULT_CLASSES = "safe,numerics"
@@ -34,7 +34,17 @@ def add_fix_parser(sub, add_selection) -> None:
         "--stdin-filename", metavar="PATH",
         help="the name of the script read from stdin (-): for messages, per-file-ignores and finding the config",
     )
-    fix.add_argument("--apply", action="store_true", help="write the fixes (atomically) instead of showing a diff")
+    fix.add_argument(
+        "--apply", action="store_true",
+        help="write the fixes (atomically) instead of showing a diff; exit 1 while findings remain, as ruff's "
+             "check --fix",
+    )
+    fix.add_argument("--fail-on", choices=("info", "warning", "error"),
+                     help="with --apply or -: exit 1 while findings at or above this remain (default warning)")
+    fix.add_argument(
+        "--exit-zero", action="store_true",
+        help="with --apply or -: exit 0 even where findings remain (usage, config and internal errors still exit 2)",
+    )
     fix.add_argument(
         "--follow-external-symlinks", action="store_true",
         help="also fix files that symlinks inside the project point to outside the project root "
@@ -51,6 +61,7 @@ def add_fix_parser(sub, add_selection) -> None:
         help="never build the user's models (the fixes then judge the model from the script's text alone)",
     )
     add_structural_flags(fix)
+    add_quiet(fix)
     fix.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     fix.add_argument(
         "--cache-dir", metavar="DIR",
@@ -58,6 +69,18 @@ def add_fix_parser(sub, add_selection) -> None:
     )
     fix.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     add_selection(fix)
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    """ruff's ``-q/--quiet`` (the findings, diffs and declines only: no notes, summaries or "fixed" lines)
+    and ``-s/--silent`` (nothing but errors; the exit code still says whether there are findings)."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", "-q", action="store_true",
+                          help="print findings (scan) or diffs and declines (fix) only: no notes or summaries")
+    loudness.add_argument(
+        "--silent", "-s", action="store_true",
+        help="print nothing but errors (fix - still writes the script); the exit code still says what was found",
+    )
 
 
 def add_structural_flags(parser) -> None:
@@ -91,9 +114,11 @@ def with_structural_flags(settings, args: argparse.Namespace):
     return settings
 
 
-def run_fix_stdin(script, settings, classes_text: str) -> int:
+def run_fix_stdin(script, settings, classes_text: str, exit_zero: bool = False, loudness: str = "") -> int:
     """``tcaudit fix -``: the fixed script (or, where nothing is fixed or it cannot be fixed, the
-    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, else 0.
+    input byte for byte) to stdout, messages to stderr; exit 2 on an internal error, 1 while findings at
+    or above ``fail-on`` remain in the fixed script (ruff's ``check --fix -``), else 0. ``loudness``:
+    ``"quiet"`` leaves out the "fixed" line and notices, ``"silent"`` every message but an error.
     ``script``: a :class:`tcaudit.cli.main.StdinScript`. The model audit does not run (no neighbours to
     import on stdin): the fixes judge the model from the script's text."""
     from tcaudit import api
@@ -106,16 +131,23 @@ def run_fix_stdin(script, settings, classes_text: str) -> int:
     if result.error:
         print(terminal_safe(f"{display}: {result.error}"), file=sys.stderr)
         is_input_problem = result.error.startswith(INPUT_PROBLEMS + ("not fixed: cannot analyse",))
-        code = 0 if is_input_problem else 2
+        # An input problem is scan's TC000, an error that remains (ruff's check --fix - exits 1 on one too).
+        remains = "TC000" in settings.enabled_rules() and settings.fail_on <= Severity.ERROR and not exit_zero
+        code = (1 if remains else 0) if is_input_problem else 2
     else:
-        for line, where, rule, reason in sorted({(d.finding.location.line, d.where, d.finding.rule, d.reason)
+        # Positions in the text read, as scan gives them (not in the partly fixed text).
+        for line, where, rule, reason in sorted({(d.finding.location.line, d.where_original, d.finding.rule, d.reason)
                                                  for d in result.declined}):
-            print(terminal_safe(f"{display}:{where}: {rule} no fix: {reason}"), file=sys.stderr)
-        if result.notice:
+            if loudness != "silent":
+                print(terminal_safe(f"{display}:{where}: {rule} no fix: {reason}"), file=sys.stderr)
+        if result.notice and not loudness:
             print(terminal_safe(f"{display}: {result.notice}"), file=sys.stderr)
         if result.changed:
             out = result.data
-            print(terminal_safe(f"fixed {display} ({', '.join(result.applied)})"), file=sys.stderr)
+            if not loudness:
+                print(terminal_safe(f"fixed {display} ({', '.join(result.applied)})"), file=sys.stderr)
+        if not exit_zero and any(f.severity >= settings.fail_on for f in result.remaining):
+            code = 1
     stream = getattr(sys.stdout, "buffer", None)
     if stream is not None:
         sys.stdout.flush()
@@ -131,6 +163,17 @@ def run_fix(args: argparse.Namespace, settings, color: bool) -> int:
 
     with showing(None) as progress:  # on a terminal only: the models audited, the file being fixed
         return _run_fix(args, settings, color, progress)
+
+
+class _Quiet:
+    """Stands for the message console under ``--quiet``/``--silent``: prints only what ``keep`` lets by."""
+
+    def __init__(self, console, keep) -> None:
+        self.console, self.keep = console, keep
+
+    def print(self, text, *more, **options) -> None:
+        if self.keep(str(text)):
+            self.console.print(text, *more, **options)
 
 
 def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
@@ -153,12 +196,26 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     console = Console(file=sys.stdout, force_terminal=color, no_color=not color, highlight=False, soft_wrap=True, emoji=False)
     # Messages go above the progress display where there is one: its console knows where it is drawn.
     err = progress.console or Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True, emoji=False)
+    failure = err  # what makes the exit code 2 is printed however quiet the run
+    silent, quiet = getattr(args, "silent", False), getattr(args, "quiet", False)
+    if silent:
+        err = _Quiet(err, lambda text: False)
+    elif quiet:  # the declines, not the progress of the run
+        err = _Quiet(err, lambda text: " no fix: " in text or "not fixed:" in text or text.startswith("tcaudit: error"))
 
     def say(text: str) -> None:  # file names, reasons quoting the user's code: no markup, no escape sequences
         err.print(terminal_safe(text), markup=False)
 
+    def fail(text: str) -> None:  # a reason for exit 2: printed however quiet the run
+        failure.print(terminal_safe(text), markup=False)
+
     would_change = 0
     fixed_findings = 0
+    remaining = 0  # findings at or above fail-on left in the fixed files
+    # Files with findings left, with how many: counted again once the run has written the others (a loader
+    # built in utils.py: train.py's finding goes once utils.py is fixed).
+    recount: list[tuple[str, str, object, int]] = []
+    written = 0
     errors = 0
     root = real_path(Path(settings.root))
     cache = None
@@ -173,8 +230,9 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
     companions_done: set[str] = set()
 
     def fixed(path: Path, display: str, file_settings, models) -> "FileFix | None":
-        """The file's fix, or None with the reason printed (``errors`` counted where it is tcaudit's)."""
-        nonlocal errors
+        """The file's fix, or None with the reason printed (``errors`` counted where it is tcaudit's, an
+        input problem counted as the TC000 scan reports where that remains)."""
+        nonlocal errors, remaining
         target = real_path(path)
         inside = Path(os.path.abspath(path)).is_relative_to(root)
         if inside and not target.is_relative_to(root) and not getattr(args, "follow_external_symlinks", False):
@@ -187,8 +245,12 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             say(f"{display}: not fixed: cannot analyse ({type(exc).__name__}); left unchanged")
             return None
         if result.error:
-            say(f"{display}: {result.error}")
-            if not result.error.startswith(INPUT_PROBLEMS):
+            if result.error.startswith(INPUT_PROBLEMS):
+                say(f"{display}: {result.error}")
+                if "TC000" in settings.enabled_rules() and settings.fail_on <= Severity.ERROR:
+                    remaining += 1  # scan reports it as TC000, an error
+            else:
+                fail(f"{display}: {result.error}")
                 errors += 1
             return None
         return result
@@ -197,9 +259,14 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
         display = display_path(path)
         stage.show(display)
         stage.advance()  # counted as it starts: the line says which file is being fixed
-        result = fixed(Path(path), display, settings, models_of.get(os.path.realpath(path)))
+        models = models_of.get(os.path.realpath(path))
+        result = fixed(Path(path), display, settings, models)
         if result is None:
             continue
+        left = sum(1 for f in result.remaining if f.severity >= settings.fail_on)
+        if left:
+            remaining += left
+            recount.append((path, display, models, left))
         # The project modules where this file's declined fixes belong (a DataLoader its helper builds),
         # fixed with it when the command line did not name them: one diff each, written all or none.
         group = [(Path(path), display, result)]
@@ -212,13 +279,11 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
                 group.append((Path(module), module_display, companion))
         made_elsewhere = {(rule, os.path.realpath(p)) for p, _, r in group[1:] for rule in r.applied}
         for file_path, file_display, file_result in group:
-            # Lines of the file as it is on disk: the original until --apply writes the fixed text.
-            where = (lambda line: line) if args.apply else file_result.original_line
-            shown = sorted({(where(f.location.line), f.rule, reason) for f, reason in file_result.declined
-                            if not _made_in(f, made_elsewhere)})
+            # Lines of the file as scan reported them (the original text), with --apply too.
+            shown = sorted({(file_result.original_line(f.location.line), f.rule, reason)
+                            for f, reason in file_result.declined if not _made_in(f, made_elsewhere)})
             for line, rule, reason in shown:
-                say(f"{file_display}:{file_result.place(line, args.apply)}: {rule} no fix: "
-                          f"{file_result.in_cells(reason)}")
+                say(f"{file_display}:{file_result.place(line, False)}: {rule} no fix: {file_result.in_cells(reason)}")
             if file_result.notice:
                 say(f"{file_display}: {file_result.notice}")
         changed = [(p, d, r) for p, d, r in group if r.changed]
@@ -232,12 +297,13 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
             except WriteFailed as exc:
                 kept = f" (nor {', '.join(d for _, d, _ in changed if d != exc.display)}: all or none)" \
                     if len(changed) > 1 else ""
-                say(f"{exc.display}: not fixed{kept}: {exc.reason}")
+                fail(f"{exc.display}: not fixed{kept}: {exc.reason}")
                 errors += 1
                 continue
+            written += len(changed)
             for _, file_display, file_result in changed:
                 say(f"fixed {file_display} ({', '.join(file_result.applied)})")
-        else:
+        elif not silent:
             for _, _, file_result in changed:
                 if color:
                     from rich.syntax import Syntax  # (pygments: only for a coloured diff)
@@ -252,8 +318,14 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
                         sys.stdout.flush()
     if errors:
         return 2
+    if args.apply and written and recount and (len(discovered.files) > 1 or companions_done):
+        for path, display, models, left in recount:
+            again = call_with_deep_stack(fix_file, Path(path), settings, classes, display, models, None)
+            if again.error is None:
+                remaining += sum(1 for f in again.remaining if f.severity >= settings.fail_on) - left
     if args.apply:
-        return 0
+        # As ruff's ``check --fix``: 1 while findings remain (those fix declined or has no fix for).
+        return 1 if remaining and not getattr(args, "exit_zero", False) else 0
     if would_change:
         say(f"{would_change} file{'s' if would_change != 1 else ''} would change; run with --apply to write.")
         return 1

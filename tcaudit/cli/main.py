@@ -54,12 +54,21 @@ def _gpu_names() -> tuple[str, ...]:
 def _gpu(value: str) -> str:
     from tcaudit import gpus
 
-    setting = value.strip().lower()
-    if setting not in gpus.choices():
-        raise argparse.ArgumentTypeError(
-            f"unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
+    setting = gpus.canonical(value)
+    if setting is None:
+        # Not argparse's error (a usage dump above it): one line, as for any other bad setting.
+        raise UsageError(
+            f"argument --gpu: unknown GPU {value!r} (one of auto, {', '.join(gpus.archs())}, {', '.join(gpus.gpus())})"
         )
     return setting
+
+
+def _per_file_ignore(value: str) -> tuple[str, list[str]]:
+    """``GLOB:CODES`` (``tests/*.py:TC2,TC601``) as (glob, codes); the last colon splits them."""
+    glob, sep, codes = value.rpartition(":")
+    if not sep or not glob.strip() or not codes.strip():
+        raise argparse.ArgumentTypeError(f"must be GLOB:CODES, such as 'tests/*:TC2,TC601' (got {value!r})")
+    return glob.strip(), [code.strip() for code in codes.split(",") if code.strip()]
 
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +106,20 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
         help="target GPU: auto (default: nvidia-smi's first GPU), sm_70 ... sm_120, or a name "
              f"({', '.join(_gpu_names())})",
     )
-    group.add_argument("--config", metavar="FILE", help="read settings from this pyproject.toml or tcaudit.toml")
+    group.add_argument(
+        "--config", metavar="FILE_OR_SETTING", action="append",
+        help="read settings from this pyproject.toml or tcaudit.toml, or set one: --config \"fail-on = 'error'\" "
+             "(as in ruff; repeatable; a setting wins over every config file)",
+    )
+    group.add_argument(
+        "--per-file-ignores", metavar="GLOB:CODES", action="append", type=_per_file_ignore,
+        help="ignore rules in files matching a glob, e.g. 'tests/*:TC2,TC601' (repeatable; replaces the config's "
+             "per-file-ignores)",
+    )
+    group.add_argument(
+        "--extend-per-file-ignores", metavar="GLOB:CODES", action="append", type=_per_file_ignore,
+        help="like --per-file-ignores, added to the config's (config key extend-per-file-ignores)",
+    )
     group.add_argument("--isolated", action="store_true", help="ignore every configuration file")
 
 
@@ -106,6 +128,8 @@ MACHINE_FORMATS_WITH_EDITS = ("json", "sarif")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tcaudit.cli.fix import add_quiet
+
     parser = argparse.ArgumentParser(
         prog="tcaudit",
         description="Find what keeps PyTorch training code off the GPU's Tensor Cores.",
@@ -137,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--show-settings", action="store_true",
         help="print the settings the scan would use (and the config file they come from), then exit 0",
     )
+    scan.add_argument(
+        "--show-files", action="store_true",
+        help="print the files the scan would read with these settings, one a line, then exit 0",
+    )
+    scan.add_argument(
+        "--watch", "-w", action="store_true",
+        help="scan again whenever a scanned file or the config changes (Ctrl-C stops)",
+    )
+    add_quiet(scan)
     scan.add_argument("--output-file", "-o", metavar="FILE", help="write the report here instead of stdout")
     scan.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 at or above this (default warning)")
     scan.add_argument(
@@ -170,6 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.add_argument("--verbose", "-v", action="store_true", help="say in full why a model could not be audited")
     _add_selection(scan)
+
+    clean = sub.add_parser(
+        "clean", help="remove tcaudit's result caches",
+        description="Remove the .tcaudit_cache folders in these folders and below, and the configured cache-dir "
+                    "(ruff's clean). Only folders holding tcaudit's CACHEDIR.TAG are removed.")
+    clean.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="folders to clean (default: .)")
+    clean.add_argument("--config", metavar="FILE_OR_SETTING", action="append",
+                       help="the config whose cache-dir to remove too (default: the nearest one)")
+    clean.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    add_quiet(clean)
 
     rules = sub.add_parser("rules", help="list the rule catalog")
     rules.add_argument("--format", default="text", choices=("text", "json"))
@@ -219,6 +262,13 @@ def _overrides(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "gpu": args.gpu,
     }
+    for key in ("per_file_ignores", "extend_per_file_ignores"):
+        pairs = getattr(args, key, None)
+        if pairs:
+            table: dict[str, list[str]] = {}
+            for glob, codes in pairs:
+                table.setdefault(glob, []).extend(codes)
+            overrides[key.replace("_", "-")] = table
     if getattr(args, "fail_on", None):
         overrides["fail-on"] = args.fail_on
     if getattr(args, "sort", None):
@@ -376,6 +426,30 @@ def render_statistics(result, out, fmt: str) -> None:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    if not args.watch:
+        return _scan_once(args)
+    if "-" in args.paths:
+        raise UsageError("--watch reads files and folders, not stdin (-)")
+    from tcaudit.cli.watch import watch
+
+    return watch(lambda: _scan_once(args), lambda: _watched_files(args), sys.stderr)
+
+
+def _watched_files(args: argparse.Namespace) -> list[str]:
+    """What ``--watch`` looks at: the files the scan reads and the config file(s) its settings come from."""
+    from tcaudit.config import ConfigError, load_settings
+    from tcaudit.source.discovery import discover
+
+    try:
+        settings = load_settings(_config_paths(args, None), args.config, _overrides(args), args.isolated)
+    except ConfigError:
+        return [path for path in args.paths if os.path.exists(path)]
+    found = discover(args.paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                     respect_gitignore=settings.respect_gitignore, include=settings.included)
+    return [*found.files, *([str(settings.config_path)] if settings.config_path else [])]
+
+
+def _scan_once(args: argparse.Namespace) -> int:
     from tcaudit.baseline import BaselineError, filter_baseline, load_baseline, write_baseline
     from tcaudit.catalog import load_catalog
     from tcaudit.config import load_settings
@@ -394,6 +468,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.show_settings:
         show_settings(settings, sys.stdout)
         return EXIT_CLEAN
+    if args.show_files:
+        return show_files(args.paths, settings, stdin, sys.stdout)
     if args.baseline:
         try:
             known = load_baseline(args.baseline)
@@ -428,7 +504,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         _report_errors(result.errors)
         return EXIT_ERROR if result.errors else EXIT_CLEAN
     if args.baseline:
+        before = len(result.findings)
         result.findings = filter_baseline(known, result.findings)
+        result.baselined = before - len(result.findings)
+    result.quiet = args.quiet
     result.gpu = _gpu_metadata(settings)
     if settings.detected_gpu is not None:
         result.notes.append(f"target GPU: {settings.detected_gpu.describe()}; --gpu sets another")
@@ -439,7 +518,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
             render_statistics(result, out, args.format)
     else:
         render = get_reporter(args.format)
-    if args.output_file:
+    if args.silent and not args.output_file:
+        pass  # nothing printed; the exit code says it
+    elif args.output_file:
         buffer = io.StringIO()
         render(result, buffer, rules=catalog, color=False)
         try:
@@ -450,7 +531,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     else:
         render(result, sys.stdout, rules=catalog, color=_color(args.color, sys.stdout))
         sys.stdout.flush()
-    if args.format == "concise" or args.statistics:
+    if (args.format == "concise" or args.statistics) and not (args.quiet or args.silent):
         # The concise format is one finding per line; notes go where they cannot break a parser.
         for note in result.notes:
             print(f"tcaudit: note: {note}", file=sys.stderr)
@@ -462,6 +543,23 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if any(f.severity >= settings.fail_on for f in result.findings):
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def show_files(paths: list[str], settings, stdin: str | None, out) -> int:
+    """``scan --show-files``: the files a scan of ``paths`` reads with ``settings``, one a line (ruff's
+    ``--show-files``); exit 0, or 2 for a path that does not exist."""
+    from tcaudit.source.discovery import discover, display_path
+
+    if stdin is not None:
+        out.write(f"{stdin}\n")
+        return EXIT_CLEAN
+    found = discover(paths, settings.exclude, settings.root, force_exclude=settings.force_exclude,
+                     respect_gitignore=settings.respect_gitignore, include=settings.included)
+    for path in found.missing:
+        print(f"tcaudit: error: no such file or directory: {path}", file=sys.stderr)
+    for path in sorted(display_path(path) for path in found.files):
+        out.write(f"{path}\n")
+    return EXIT_ERROR if found.missing else EXIT_CLEAN
 
 
 def _gpu_metadata(settings) -> dict:
@@ -573,7 +671,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
         if stdin is not None:
             from tcaudit.cli.fix import run_fix_stdin, with_structural_flags
 
-            return run_fix_stdin(StdinScript(stdin), with_structural_flags(settings, args), args.classes)
+            return run_fix_stdin(StdinScript(stdin), with_structural_flags(settings, args), args.classes,
+                                 args.exit_zero, "silent" if args.silent else "quiet" if args.quiet else "")
         return run_fix(args, settings, _color(args.color, sys.stdout))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -602,7 +701,33 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return run_calibrate(args)
 
 
+def cmd_clean(args: argparse.Namespace) -> int:
+    """``tcaudit clean``: remove the caches; a folder that cannot be removed is an error (exit 2)."""
+    import shutil
+    from pathlib import Path
+
+    from tcaudit.cache import cache_folders, default_cache_dir
+    from tcaudit.config import load_settings
+
+    missing = [path for path in args.paths if not os.path.isdir(path)]
+    if missing:
+        raise UsageError(f"not a folder: {missing[0]}")
+    settings = load_settings(list(args.paths), args.config, None, args.isolated)
+    failed = 0
+    configured = settings.cache_dir or default_cache_dir(settings)  # the one scan uses from here
+    for folder in cache_folders([Path(path) for path in args.paths], configured):
+        if not (args.quiet or args.silent):
+            print(f"Removing cache at: {folder}", file=sys.stderr)
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            print(f"tcaudit: error: cannot remove {folder}: {exc.strerror or exc}", file=sys.stderr)
+            failed += 1
+    return EXIT_ERROR if failed else EXIT_CLEAN
+
+
 COMMANDS = {
+    "clean": cmd_clean,
     "scan": cmd_scan,
     "rules": cmd_rules,
     "explain": cmd_explain,
@@ -625,6 +750,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
+    except UsageError as exc:  # an option's value (``--gpu``) judged while parsing: one line, no usage dump
+        print(f"tcaudit: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     args.script_args = script_args
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tcaudit.config import Settings
 from tcaudit.engine import (analyse_source, candidate_rules, cannot_analyse, collecting_less_often, instantiate_rules,
-                            silenced)
+                            silenced, syntax_error)
 from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import NotWritable, SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
@@ -193,7 +193,8 @@ def fix_file(
         key = cache.key(os.path.abspath(path), display, source.raw, _fix_facts(settings, classes, display, models))
         hit = cache.load_fix(key)
         if hit is not None:
-            return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), source=source)
+            return FileFix(display, source.text, hit.fixed, list(hit.applied), list(hit.declined), list(hit.remaining),
+                           source=source)
     try:
         with collecting_less_often():  # a full collection per few allocations made a large file's fix superlinear
             result = _fix_source(path, source, settings, classes, display, models)
@@ -202,7 +203,8 @@ def fix_file(
     if cache is not None and key is not None and result.error is None:
         from tcaudit.cache import CachedFix
 
-        cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined)))
+        cache.store_fix(key, CachedFix(result.fixed, list(result.applied), list(result.declined),
+                                       list(result.remaining)))
     return result
 
 
@@ -227,7 +229,11 @@ def fix_bytes(
 
 def _fix_source(path: Path, source: SourceText, settings: Settings, classes: frozenset[FixClass], display: str,
                 models: "AuditedModels | None") -> FileFix:
-    """The fixes, then TC001's, then (a notebook) the check that the result goes back into its cells."""
+    """The fixes, then TC001's, then (a notebook) the check that the result goes back into its cells. A text
+    Python cannot parse is not fixed, and says so (as scan's TC000), even where no rule's trigger occurs."""
+    problem = syntax_error(_source_file(path, display, source.text, source))
+    if problem is not None:
+        return FileFix(display, source.text, source.text, error=f"not fixed: {problem.message}", source=source)
     result = _fix_text(path, source, settings, classes, display, models)
     remove_unused_suppressions(result, path, settings, classes, models)
     if source.notebook is not None and result.changed:
@@ -324,10 +330,33 @@ def _fix_text(
         result.remaining = run.analyse(text)[1]
     except (SourceError, FixAnalysisError):
         result.remaining = []
-    # Positions of the final text (a decline from an earlier round would carry that round's lines).
+    # Positions of the final text (a decline from an earlier round would carry that round's lines); the
+    # lines a reason names, in the original text (a reason written on a text another fix had added lines
+    # to would name the wrong line, in a notebook the wrong cell).
     remaining_by_key = {_decline_key(f): f for f in result.remaining}
-    result.declined = [(remaining_by_key[k], reason) for k, (_, reason) in run.declined.items() if k in remaining_by_key]
+    result.declined = [(remaining_by_key[k], lines_in_original(reason, run.declined_on.get(k, text), source.text,
+                                                                 display))
+                       for k, (_, reason) in run.declined.items() if k in remaining_by_key]
     return result
+
+
+def lines_in_original(message: str, version: str, original: str, display: str) -> str:
+    """``message`` (written on the text ``version``) with the lines it names (``line 90``, ``lines 90-91``,
+    ``lines 3, 7 and 9``, ``train.py:90``) given as the lines of ``original`` they stand for."""
+    import re
+
+    if version == original or not message or not any(ch.isdigit() for ch in message):
+        return message
+    mapping = line_map(version, original)
+
+    def moved(number: str) -> str:
+        return str(mapping.get(int(number), int(number)))
+
+    def lines(match: "re.Match") -> str:
+        return match.group(1) + " " + re.sub(r"\d+", lambda m: moved(m.group(0)), match.group(2))
+
+    message = re.sub(r"\b(lines?) (\d+(?:(?:-|, | and )\d+)*)\b", lines, message)
+    return re.sub(re.escape(display) + r":(\d+)\b", lambda m: f"{display}:{moved(m.group(1))}", message)
 
 
 class _Run:
@@ -343,6 +372,9 @@ class _Run:
         self.rules, self.settings, self.models = rules, settings, models
         self.codemods: "dict[str, Codemod]" = codemods
         self.declined: dict[tuple, tuple[Finding, str]] = {}
+        # The text each decline's reason was written on (its line numbers count that text's lines).
+        self.declined_on: dict[tuple, str] = {}
+        self.current = source.text  # the text the last analysis was of: the findings being judged
         self.applied: list[str] = []
         self.analysed: dict[tuple, tuple] = {}
         self.parsed: dict[str, "ScriptFacts"] = {}  # the facts of the last texts whose facts were made
@@ -354,6 +386,7 @@ class _Run:
     def analyse(self, version: str, only: str | None = None):
         """(facts, findings) of ``version`` with every rule, or with rule ``only`` (the rules it reads
         run as it asks): each version is analysed once, and a round's merged text is the next round's."""
+        self.current = version
         full = self.analysed.get((version, None))
         if full is not None:
             return full
@@ -403,6 +436,7 @@ class _Run:
 
     def decline(self, finding: Finding, reason: str) -> None:
         self.declined[_decline_key(finding)] = (finding, reason)
+        self.declined_on[_decline_key(finding)] = self.current
 
     def _due(self, findings: list[Finding], rule_id: str) -> list[Finding]:
         """``rule_id``'s findings whose fix is due now (not waiting for another rule's fix) and refused

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from tcaudit.findings import Finding, Severity
+from tcaudit.findings import LITTLE_TO_GAIN, Finding, Severity
 
 if TYPE_CHECKING:
     from tcaudit.catalog import RuleSpec
@@ -32,7 +32,10 @@ SORTS = ("impact", "line")
 
 def estimated_gain(finding: Finding, rules: "Mapping[str, RuleSpec]") -> float | None:
     """The estimated share of step time fixing ``finding`` saves (0..1), or None where nothing was
-    measured or estimated for it."""
+    measured or estimated for it, and where the finding itself says its advice cannot pay here (a
+    launch-bound model: ``details["little_to_gain"]``), so no figure ranks it above a warning."""
+    if finding.details and finding.details.get(LITTLE_TO_GAIN):
+        return None
     lost = finding.details.get("est_time_lost") if finding.details else None
     if isinstance(lost, (int, float)) and not isinstance(lost, bool):
         return float(lost) if lost > 0 else None

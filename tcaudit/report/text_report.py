@@ -73,8 +73,10 @@ def _source_lines(path: str, raw: bytes | None = None, cell: int | None = None) 
     return lines[:-1] if lines and not lines[-1] else lines
 
 
-def top_line(finding, rules) -> str:
-    """`` Top: TC201 missing-autocast (path:90), est. 2.57× measured on H200.``: what the data has."""
+def top_line(finding, rules, gpu: dict | None = None) -> str:
+    """`` Top: TC201 missing-autocast (path:90), est. 2.57× measured on H200.``: the rule's measured figure
+    only where it was measured on the target GPU (``gpu``: ``ScanResult.gpu``), never for a finding that
+    says its advice cannot pay here (a launch-bound model), and none where no target GPU is known."""
     loc = finding.location
     where = f"cell {loc.cell}:{loc.line}" if loc.cell is not None else f"{loc.line}"
     text = f" Top: {finding.rule} {finding.name} ({loc.path}:{where})"
@@ -82,10 +84,20 @@ def top_line(finding, rules) -> str:
     spec = rules.get(finding.rule) if finding.rule in rules else None
     if isinstance(lost, (int, float)) and not isinstance(lost, bool) and lost > 0:
         text += f", est. {lost:.0%} of the model's step time"
-    elif estimated_gain(finding, rules) is not None and spec is not None:
-        where = f" on {spec.speedup_gpu}" if spec.speedup_gpu else ""
-        text += f", est. {spec.speedup:.2f}× measured{where}"
+    elif estimated_gain(finding, rules) is not None and spec is not None and _measured_on_target(spec, gpu):
+        text += f", est. {spec.speedup:.2f}× measured on {spec.speedup_gpu}"
     return text + "."
+
+
+def _measured_on_target(spec, gpu: dict | None) -> bool:
+    """Whether the rule's ``[impact]`` figure was measured on the target GPU (by gpus.toml's key: an H200
+    figure is not an H100's)."""
+    from tcaudit import gpus
+
+    if not spec.speedup_gpu or not gpu or not gpu.get("setting"):
+        return False
+    measured, target = gpus.resolve(gpus.canonical(spec.speedup_gpu) or ""), gpus.resolve(gpu["setting"])
+    return measured is not None and target is not None and measured.key == target.key
 
 
 def render(result, out: TextIO, *, rules, color: bool) -> None:
@@ -128,20 +140,36 @@ def render(result, out: TextIO, *, rules, color: bool) -> None:
                 else:
                     console.print(Text(terminal_safe(f"  no fix: {f.fix.reason or f.fix.description}"), style="dim"))
             console.print()
+    if getattr(result, "quiet", False):
+        return
     for note in result.notes:
         console.print(Text(terminal_safe(f"note: {note}"), style="dim"))
     counts = {s: sum(1 for f in result.findings if str(f.severity) == s) for s in ("error", "warning", "info")}
     total = len(result.findings)
     fixable = sum(1 for f in result.findings if f.fix is not None and f.fix.applies_by_default)
     files = result.files_scanned
+    baselined = getattr(result, "baselined", 0)
     if total == 0:
-        console.print(Text(f"All clear: no findings in {files} file{'s' if files != 1 else ''}.", style="bold green"))
+        if baselined:
+            console.print(Text(f"All clear: no new findings in {_files(files)}; {baselined} "
+                               f"{'finding is' if baselined == 1 else 'findings are'} in the baseline.",
+                               style="bold green"))
+        else:
+            console.print(Text(f"All clear: no findings in {_files(files)}.", style="bold green"))
         return
     parts = ", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items() if n)
-    line = Text(f"Found {total} finding{'s' if total != 1 else ''} ({parts}) in {files} file{'s' if files != 1 else ''}.")
+    with_findings = len({f.location.path for f in result.findings})
+    scanned = f" ({files} scanned)" if files != with_findings else ""
+    line = Text(f"Found {total} finding{'s' if total != 1 else ''} ({parts}) in {_files(with_findings)}{scanned}.")
+    if baselined:
+        line.append(f" {baselined} more in the baseline.")
     if fixable:
         line.append(f" {fixable} fixable with `tcaudit fix`.", style="green")
     top = top_finding(result.findings, rules)
     if top is not None:
-        line.append(terminal_safe(top_line(top, rules)), style="bold")
+        line.append(terminal_safe(top_line(top, rules, getattr(result, "gpu", None))), style="bold")
     console.print(line)
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' if count != 1 else ''}"

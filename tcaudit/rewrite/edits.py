@@ -42,7 +42,9 @@ def setting_plan(facts: ScriptFacts, code: str) -> InsertSetting:
 def add_keyword(call: cst.Call, key: str, value: cst.BaseExpression) -> cst.Call:
     """``f(a, b)`` → ``f(a, b, key=value)``, keeping the call's layout: a one-line call stays on one
     line; in a call with one argument per line the new one gets its own line, and a trailing comma
-    stays trailing."""
+    stays trailing. Comments stay on the lines they describe: ``shuffle=True  # every epoch?`` keeps its
+    comment when it gets a comma, and the new argument's line has none (never the comment of the argument
+    whose comma it copies)."""
     new_arg = cst.Arg(
         value=value,
         keyword=cst.Name(key),
@@ -58,14 +60,47 @@ def add_keyword(call: cst.Call, key: str, value: cst.BaseExpression) -> cst.Call
         separator = cst.Comma(whitespace_after=call.whitespace_before_args)
     else:
         separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    between = separator.whitespace_after
+    if isinstance(between, cst.ParenthesizedWhitespace):
+        # One argument per line: the line break and indentation between arguments, without the comment
+        # (and blank lines) of the argument the separator belongs to.
+        between = _bare_line_break(between)
+        separator = separator.with_changes(whitespace_after=between)
     if isinstance(last.comma, cst.Comma):
-        # A trailing comma (often before a newline and the closing parenthesis) moves to the new argument.
-        new_arg = new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
-        args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+        # A trailing comma (often before a newline and the closing parenthesis) moves to the new argument;
+        # a comment after it stays on the last argument's line.
+        after = last.comma.whitespace_after
+        if isinstance(between, cst.ParenthesizedWhitespace) and isinstance(after, cst.ParenthesizedWhitespace):
+            kept = last.comma.with_changes(whitespace_after=between.with_changes(first_line=after.first_line,
+                                                                                  empty_lines=after.empty_lines))
+            new_arg = new_arg.with_changes(comma=last.comma.with_changes(whitespace_after=_bare_line_break(after)),
+                                           whitespace_after_arg=last.whitespace_after_arg)
+            args[-1] = last.with_changes(comma=kept)
+        else:
+            new_arg = new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
+            args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
     else:
-        new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
-        args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+        after = last.whitespace_after_arg
+        if isinstance(between, cst.ParenthesizedWhitespace) and isinstance(after, cst.ParenthesizedWhitespace):
+            # ``shuffle=True  # comment`` then ``)`` on its own line: the comment stays after the comma.
+            kept = separator.with_changes(whitespace_after=between.with_changes(first_line=after.first_line,
+                                                                                empty_lines=after.empty_lines))
+            new_arg = new_arg.with_changes(whitespace_after_arg=_bare_line_break(after))
+            args[-1] = last.with_changes(comma=kept, whitespace_after_arg=cst.SimpleWhitespace(""))
+        else:
+            new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
+            args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
     return call.with_changes(args=[*args, new_arg])
+
+
+def _bare_line_break(whitespace: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """``whitespace`` (a line break inside brackets) without the comment at the end of its first line and
+    the blank or comment lines after it: only the newline and the next line's indentation."""
+    return whitespace.with_changes(
+        first_line=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace(""), comment=None,
+                                          newline=whitespace.first_line.newline),
+        empty_lines=(),
+    )
 
 
 def replace_argument(call: cst.Call, index: int, value: cst.BaseExpression) -> cst.Call:

@@ -3,7 +3,9 @@ measured as launch-bound, or a reinforcement-learning loop whose models it did n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from tcaudit.findings import LITTLE_TO_GAIN
 
 if TYPE_CHECKING:
     from tcaudit.rules.base import RuleContext
@@ -28,6 +30,19 @@ RL_LOOP_WHY = (
 )
 
 
+class Discount(NamedTuple):
+    """Why advice cannot pay: the message's and the explanation's suffixes, and the reason's key."""
+
+    message: str
+    explanation: str
+    reason: str
+
+    @property
+    def details(self) -> dict[str, str]:
+        """For the finding's ``details``: what the report reads to leave the rule's figure out."""
+        return {LITTLE_TO_GAIN: self.reason}
+
+
 def launch_bound(facts: "ScriptFacts", context: "RuleContext") -> bool:
     """Every trained model of the file is one the model audit measured as launch-bound at its batch."""
     from tcaudit.script.pipeline import pipeline_facts
@@ -35,7 +50,7 @@ def launch_bound(facts: "ScriptFacts", context: "RuleContext") -> bool:
     return pipeline_facts(facts).audited_launch_bound(context.models)
 
 
-def little_to_gain(facts: "ScriptFacts", context: "RuleContext") -> tuple[str, str] | None:
+def little_to_gain(facts: "ScriptFacts", context: "RuleContext") -> Discount | None:
     """Why precision, TF32 or memory-format advice cannot pay in this file, as the (message, explanation)
     suffixes of an info finding: a model the audit measured as launch-bound, or a reinforcement-learning
     loop whose models the audit did not measure. None: the advice stands."""
@@ -43,10 +58,10 @@ def little_to_gain(facts: "ScriptFacts", context: "RuleContext") -> tuple[str, s
     from tcaudit.script.pipeline import pipeline_facts
 
     if launch_bound(facts, context):
-        return LAUNCH_BOUND, LAUNCH_BOUND_WHY
+        return Discount(LAUNCH_BOUND, LAUNCH_BOUND_WHY, "launch-bound")
     pipeline = pipeline_facts(facts)
     if distributed_facts(facts).steps_an_environment and not any(
         pipeline.profile_of(site, context.models) is not None for site in pipeline.trained_models
     ):
-        return RL_LOOP, RL_LOOP_WHY
+        return Discount(RL_LOOP, RL_LOOP_WHY, "rl-loop")
     return None

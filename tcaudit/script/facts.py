@@ -858,8 +858,78 @@ class ScriptFacts:
 
     @functools.cached_property
     def uses_accelerator(self) -> bool:
-        """Whether the script can run on a GPU at all; a CPU-only script gets no AMP advice."""
+        """Whether the script can run on a GPU at all; a CPU-only script gets no AMP advice, nor one
+        whose trained models it keeps on the CPU itself (:attr:`trains_on_cpu_on_purpose`)."""
+        if self.trains_on_cpu_on_purpose:
+            return False
         return bool(_ACCELERATOR_TEXT.search(strip_comments(self.source.text)))
+
+    @functools.cached_property
+    def optimized_models(self) -> frozenset[str] | None:
+        """The names whose parameters the script's optimizers train (``SGD(model_0.parameters())``);
+        None where an optimizer's parameters come from anything else (a list built elsewhere)."""
+        owners: set[str] = set()
+        for call in self.calls:
+            qual = call.qualname or ""
+            if not qual.startswith("torch.optim.") or "lr_scheduler" in qual or "swa_utils" in qual:
+                continue
+            params = call.arg("params", 0)
+            found = _parameters_owners(params) if params is not None else set()
+            if not found:
+                return None
+            owners |= found
+        return frozenset(owners)
+
+    @functools.cached_property
+    def models_kept_on_cpu(self) -> frozenset[str]:
+        """Of :attr:`optimized_models`, those the script itself puts on the CPU and moves nowhere else
+        (``model_0 = Net().to("cpu")``)."""
+        kept = set()
+        for owner in self.optimized_models or ():
+            moves = [site.node for site in self.calls
+                     if site.method in ("to", "cuda", "cpu") and site.receiver_name == owner]
+            for binding in self.bindings_of(owner):
+                value = binding.value
+                while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+                    if value.func.attr.value in ("to", "cuda", "cpu"):
+                        moves.append(value)
+                    value = value.func.value
+            verdicts = [self._host_move(move) for move in moves]
+            if True in verdicts and False not in verdicts:
+                kept.add(owner)
+        return frozenset(kept)
+
+    @functools.cached_property
+    def trains_on_cpu_on_purpose(self) -> bool:
+        """Every model the script's optimizers train (``SGD(model_0.parameters())``) is put on the CPU by the
+        script itself and moved nowhere else: ``model_0 = Net().to("cpu")``, ``model_0.cpu()``,
+        ``.to(torch.device("cpu"))``. A teaching notebook's baseline trained on the CPU beside a
+        ``device = "cuda" if ... else "cpu"`` it does not use for that model: GPU advice (autocast, DDP,
+        pinned memory, fused optimizers) would change what the user chose. False where an optimizer's
+        parameters come from anything else, or a model is not moved at all."""
+        owners = self.optimized_models
+        return bool(owners) and owners == self.models_kept_on_cpu
+
+    def _host_move(self, call: cst.Call) -> bool | None:
+        """True: ``call`` (``x.to(...)``, ``x.cuda()``, ``x.cpu()``) moves to the CPU; False: somewhere
+        else or unknown; None: it moves to no device (``.to(torch.float64)``)."""
+        assert isinstance(call.func, cst.Attribute)
+        method = call.func.attr.value
+        if method != "to":
+            return method == "cpu"
+        found = keyword(call, "device") or keyword(call, None, 0)
+        if found is None:
+            return None
+        value = found.value
+        if isinstance(value, cst.SimpleString):
+            return str(value.evaluated_value) == "cpu"
+        if isinstance(value, cst.Call) and self.qualname(value.func) == "torch.device" and value.args:
+            first = value.args[0].value
+            return isinstance(first, cst.SimpleString) and str(first.evaluated_value) == "cpu"
+        qual = self.qualname(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        if qual and qual.startswith("torch.") and qual != "torch.device" and not self.bindings_of(qual):
+            return None  # a dtype: torch.float16, torch.bfloat16
+        return False
 
     @functools.cached_property
     def uses_cuda(self) -> bool:
@@ -868,7 +938,10 @@ class ScriptFacts:
         outside this file: ``device = 0`` / ``.to(1)`` (an integer device is a CUDA ordinal), ``.to(device)``
         with ``device`` a parameter (``def train(model, device, loader)``, ``Trainer(gpu_id)``) or a
         command-line setting (``args.gpu``). A script whose every device is visibly ``"cpu"`` (or that
-        has none) is CPU-only and gets no GPU advice."""
+        has none) is CPU-only and gets no GPU advice, as is one whose trained models it keeps on the CPU
+        itself (:attr:`trains_on_cpu_on_purpose`)."""
+        if self.trains_on_cpu_on_purpose:
+            return False
         if _CUDA_TEXT.search(strip_comments(self.source.text)):
             return True
         for call in self.calls:
@@ -1160,3 +1233,28 @@ def assigned_names(node: cst.CSTNode) -> set[str]:
 def _defines(cls: cst.ClassDef, fn: cst.FunctionDef) -> bool:
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     return any(statement is fn for statement in body)
+
+
+def _parameters_owners(params: cst.BaseExpression) -> set[str]:
+    """The names whose ``.parameters()`` (``model.fc.parameters()`` counts as ``model``) an optimizer's
+    ``params`` argument is made of, in a list of groups too; empty where any part is something else."""
+    owners: set[str] = set()
+    parts: list[cst.BaseExpression] = [params]
+    while parts:
+        part = parts.pop()
+        if isinstance(part, (cst.List, cst.Tuple)):
+            parts.extend(element.value for element in part.elements)
+        elif isinstance(part, cst.Dict):
+            for element in part.elements:
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                    if element.key.evaluated_value == "params":
+                        parts.append(element.value)
+        elif (isinstance(part, cst.Call) and isinstance(part.func, cst.Attribute)
+              and part.func.attr.value == "parameters"):
+            dotted = get_full_name_for_node(part.func.value)
+            if not dotted:
+                return set()
+            owners.add(dotted.split(".")[0] if not dotted.startswith("self.") else ".".join(dotted.split(".")[:2]))
+        else:
+            return set()
+    return owners

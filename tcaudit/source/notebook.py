@@ -1,11 +1,13 @@
 """Jupyter notebooks (nbformat 4) read as a script, and written back cell by cell.
 
 The one home of notebook handling. A :class:`Notebook` is parsed from the file's bytes (plain JSON:
-nbformat is not needed). Its code cells, numbered from 1 among code cells only (ruff's convention:
-``cell 2`` is the second code cell), make one *virtual script*: each cell's text, with IPython's own
-syntax masked (a line magic ``%matplotlib inline``, a shell line ``!nvidia-smi``, help ``obj?``
+nbformat is not needed). Its cells are numbered from 1 among all the notebook's cells, markdown and raw
+ones included, as ruff 0.17 numbers them (``cell 3`` is the notebook's third cell, as Jupyter shows it;
+tests/test_notebooks.py keeps ruff's observed output). Its code cells make one *virtual script*: each
+cell's text, with IPython's own syntax masked (a line magic ``%matplotlib inline``, a shell line
+``!nvidia-smi``, help ``obj?`` and ``?obj``, a capture ``files = !ls`` or ``t = %timeit -o f()``
 becomes the comment ``# tcaudit-magic: %matplotlib inline`` at the same indentation), cells joined
-by a separator comment line (``# %% tcaudit cell 3`` before the third code cell). A cell that starts
+by a separator comment line (``# %% tcaudit cell 3`` before the code cell that is the third cell). A cell that starts
 with a cell magic (``%%time``, ``%%bash``) is left out of the script, as is every cell of a notebook
 whose kernel is not Python. Rules, suppression comments and fixes work on the virtual script
 unchanged; :meth:`Notebook.cell_position` turns its lines into (cell, line in the cell).
@@ -37,6 +39,9 @@ SUFFIX = ".ipynb"
 SEPARATOR = "# %% tcaudit cell "  # + the code cell's number; a line of its own at column 0
 MAGIC = "# tcaudit-magic: "  # + the masked line, stripped; at the line's own indentation
 _HELP = re.compile(r"^(\?{1,2}[\w.\[\]()]+|[\w.\[\]()]+\?{1,2})$")
+# IPython's captures: ``files = !ls``, ``out = !!nvidia-smi``, ``t = %timeit -o f()``, ``a, b = %sx cmd``
+# (never Python: no expression starts with ``!`` or ``%``).
+_CAPTURE = re.compile(r"^[A-Za-z_][\w.]*(\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*[!%]")
 
 
 class NotebookEditError(Exception):
@@ -49,7 +54,7 @@ def is_notebook(path: Any) -> bool:
 
 
 def _is_magic(stripped: str) -> bool:
-    return stripped.startswith(("%", "!")) or bool(_HELP.match(stripped))
+    return stripped.startswith(("%", "!")) or bool(_HELP.match(stripped)) or bool(_CAPTURE.match(stripped))
 
 
 def _scan_line(line: str, state: list) -> None:
@@ -146,7 +151,7 @@ def _compiles(text: str) -> bool:
 
 @dataclass
 class CodeCell:
-    number: int  # 1-based among the notebook's code cells
+    number: int  # 1-based among all the notebook's cells (markdown and raw too), as ruff numbers them
     index: int  # its place in the notebook's ``cells``
     source: str  # the cell's text as stored
     as_list: bool  # ``source`` stored as a list of lines (else one string)
@@ -205,11 +210,10 @@ class Notebook:
         self._text = text  # the file's JSON text
         self.cells: list[CodeCell] = []
         self.python = _is_python(data.get("metadata"))
-        number = 0
         for index, cell in enumerate(data["cells"]):
             if not isinstance(cell, dict) or cell.get("cell_type") != "code":
                 continue
-            number += 1
+            number = index + 1
             source = cell.get("source", "")
             as_list = isinstance(source, list)
             if as_list:
@@ -225,6 +229,7 @@ class Notebook:
                                   f"(\\u{ord(surrogate.group()):04x}), which is not Unicode text")
             included = self.python and not source.lstrip().startswith("%%")
             self.cells.append(CodeCell(number, index, source, as_list, included))
+        self._by_number = {cell.number: cell for cell in self.cells}
         parts: list[str] = []
         line = 1
         first = True
@@ -266,7 +271,8 @@ class Notebook:
 
     # -- positions --------------------------------------------------------------------------------
     def cell(self, number: int) -> CodeCell | None:
-        return self.cells[number - 1] if 0 < number <= len(self.cells) else None
+        """The code cell that is the notebook's ``number``-th cell (None: no such cell, or not code)."""
+        return self._by_number.get(number)
 
     def cell_position(self, line: int) -> tuple[int, int] | None:
         """(code cell number, line in the cell) of the virtual script's line ``line``; a separator line
@@ -350,7 +356,7 @@ class Notebook:
             return self.raw
         data = json.loads(self._text)  # a fresh copy, in the file's key order
         for number, source in changed.items():
-            cell = self.cells[number - 1]
+            cell = self._by_number[number]
             data["cells"][cell.index]["source"] = _lines_with_ends(source) if cell.as_list else source
         text = self._text.replace("\r\n", "\n")  # a file saved with Windows line ends keeps them
         style = _json_style(text, self.data) or _guessed_style(text)
@@ -398,7 +404,7 @@ class Notebook:
         header = (lambda side: display) if display.startswith("/") else (lambda side: f"{side}/{display}")
         out: list[str] = []
         for number, source in sorted(self.new_sources(text).items()):
-            old = self.cells[number - 1].source
+            old = self._by_number[number].source
             old_lines = [line if line.endswith("\n") else line + "\n" for line in _lines_with_ends(old)]
             new_lines = [line if line.endswith("\n") else line + "\n" for line in _lines_with_ends(source)]
             out.extend(difflib.unified_diff(old_lines, new_lines, fromfile=f"{header('a')}:cell {number}",
@@ -456,7 +462,8 @@ def in_cells(finding: "Finding", notebook: Notebook) -> "Finding":
     start = notebook.cell_position(loc.line)
     if start is None:
         return finding
-    cell = notebook.cells[start[0] - 1]
+    cell = notebook.cell(start[0])
+    assert cell is not None  # cell_position names an included code cell
     end_line, end_column = loc.end_line - cell.first_line + 1, loc.end_column
     if end_line > max(cell.line_count, 1):  # clamped to the cell's last line, to its end
         end_line = max(cell.line_count, 1)

@@ -6,6 +6,7 @@ import difflib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -299,9 +300,57 @@ def run_one(label: str, command: list[str], cwd: Path, env: dict, out: Path, npr
         progress.update(task, completed=total)
     files = [out] if nproc == 1 else sorted(out.parent.glob(f"{out.stem}.rank*.json"))
     if proc.returncode != 0 or not files or not all(f.exists() for f in files):
-        tail = log.read_text(errors="replace")[-2000:]
-        raise VerifyError(f"the {label} run failed{where} (exit {proc.returncode}); last output:\n{tail}")
+        raise VerifyError(run_failure(label, where, proc.returncode, log.read_text(errors="replace"), log))
     return [json.loads(f.read_text()) for f in files]
+
+
+# How much of a failed run's output the error shows: whole lines, the last ones, within both bounds.
+FAILURE_LINES, FAILURE_CHARS = 30, 3000
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
+# What says a run needed the network or its data (the verify machine may have neither).
+_NO_NETWORK = re.compile(r"urlopen error|Temporary failure in name resolution|Name or service not known|"
+                         r"Network is unreachable|Max retries exceeded|Failed to establish a new connection|"
+                         r"ConnectionError|HTTPError|Failed to download|nodename nor servname", re.I)
+_NO_DATA = re.compile(r"Dataset not found|download=True|No such file or directory", re.I)
+
+
+def last_lines(text: str, lines: int = FAILURE_LINES, chars: int = FAILURE_CHARS) -> str:
+    """The last whole lines of ``text`` (at most ``lines`` of them and ``chars`` characters; one longer line
+    alone is shown by its end, marked with "…")."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(text.rstrip("\n").splitlines()):
+        if kept and (len(kept) >= lines or size + len(line) + 1 > chars):
+            break
+        kept.append(line if len(line) <= chars else "…" + line[-(chars - 1):])
+        size += len(line) + 1
+    return "\n".join(reversed(kept))
+
+
+def run_failure(label: str, where: str, code: int | None, output: str, log: Path) -> str:
+    """Why verify stops when a run fails: which side (the original: the script itself does not run here,
+    tcaudit's patch is not the cause; the patched copy: the patch is), the exception that ended it, what
+    that suggests (a download the machine cannot make), and the run's last lines, whole."""
+    exception = None
+    for line in reversed(output.splitlines()):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            exception = line.strip().rstrip(":.")
+            break
+    if label == "original":
+        side = ("the script itself does not run here, before any change of tcaudit's matters (the patched copy "
+                "was not run): make it run on its own first")
+    else:
+        side = "the original ran, so tcaudit's patch is what breaks it (the change is work/patch.diff)"
+    if _NO_NETWORK.search(output):
+        cause = "; it needs a download and the network cannot be reached (get the data, or point the script at a copy)"
+    elif _NO_DATA.search(output):
+        cause = "; its data is not where it looks (get the data, or point the script at a copy)"
+    else:
+        cause = ""
+    ended = f": {exception}" if exception else ""
+    return (f"the {label} run failed{where} (exit {code}){ended}. {side[0].upper()}{side[1:]}{cause}.\n"
+            f"The run's last lines (all of it: {log}):\n{last_lines(output)}")
 
 
 def median_run(runs: list[RunMetrics]) -> RunMetrics:

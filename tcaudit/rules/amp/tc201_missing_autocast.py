@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.gpus import Target
@@ -206,6 +207,9 @@ class MissingAutocast(ScriptRule):
         cost = context.cost(self.spec, "autocast")
         small = little_to_gain(facts, context)  # the same for every step of the file
         for function, steps in decision.uncovered.items():
+            steps = [step for step in steps if not _forward_on_cpu(facts, step)]
+            if not steps:
+                continue
             first_node = _step_statements(facts, steps[0])[0]
             where = f"in `{function.name.value}`" if function is not None else "at module level"
             lines = ", ".join(
@@ -222,7 +226,7 @@ class MissingAutocast(ScriptRule):
                 explanation = f"Wrap them in torch.autocast{cost}; {recipe} ({decision.why})."
             severity = None
             if small is not None:
-                message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
+                message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
             yield self.finding(
                 facts,
                 first_node,
@@ -235,11 +239,13 @@ class MissingAutocast(ScriptRule):
                     lambda steps=steps: _plan(facts, decision, steps),
                 ),
                 explanation=explanation,
+                details=small.details if small is not None else None,
             )
         for step, coverage in decision.partly:
             finding = self._partly_covered(facts, step, coverage)
             if small is not None:
-                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small[0])
+                finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small.message,
+                                              details={**finding.details, **small.details})
             yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:
@@ -287,6 +293,18 @@ class MissingAutocast(ScriptRule):
                         "removed the model cast", plan=FollowsFix("TC206")),
             )
             return  # one finding: the recipe is decided on the script as TC206 leaves it
+
+
+def _forward_on_cpu(facts: ScriptFacts, step: TrainingStep) -> bool:
+    """The step's forward calls only models the script keeps on the CPU itself (``model_0.to("cpu")``, a
+    notebook's CPU baseline beside a CUDA model): CUDA autocast around it would change nothing."""
+    kept = facts.models_kept_on_cpu
+    if not kept:
+        return False
+    called = {get_full_name_for_node(node.func) for statement in _step_statements(facts, step)
+              for node in call_nodes(statement)}
+    trained = facts.optimized_models or frozenset()
+    return bool(called & kept) and not (called & (trained - kept))
 
 
 def _step_statements(facts: ScriptFacts, step: TrainingStep) -> list[cst.CSTNode]:

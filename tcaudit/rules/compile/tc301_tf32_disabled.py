@@ -70,13 +70,14 @@ class Tf32Disabled(ScriptRule):
             severity = None
         small = little_to_gain(facts, context)
         if small is not None:
-            message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
+            message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
         yield self.finding(
             facts,
             step.backward.node,
             message,
             severity=severity,
             explanation=explanation,
+            details=small.details if small is not None else None,
             fix=self.planned_fix(
                 FixClass.NUMERICS,
                 "enable TF32 for fp32 matmuls after the imports",

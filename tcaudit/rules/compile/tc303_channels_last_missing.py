@@ -151,9 +151,10 @@ class ChannelsLastMissing(ScriptRule):
             severity = None
             small = little_to_gain(facts, context)
             if small is not None:
-                message, explanation, severity = message + small[0], explanation + small[1], Severity.INFO
+                message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
             yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
-                               explanation=explanation, severity=severity)
+                               explanation=explanation, severity=severity,
+                               details=small.details if small is not None else None)
 
 
 def _channels_last_plan(

@@ -28,20 +28,38 @@ INPUT_HELP = (
 
 
 def one_line(text: str, limit: int = SHORT_REASON) -> str:
-    """The first non-empty line of ``text``, whitespace collapsed, cut at ``limit`` characters."""
+    """The first non-empty line of ``text``, whitespace collapsed, cut (at a word, with "…") at ``limit``
+    characters."""
     line = next((part for part in text.splitlines() if part.strip()), "")
     line = " ".join(line.split()).rstrip(".;: ")
-    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+    return line if len(line) <= limit else _cut(line, limit - 1) + "…"
 
 
 def fitted(head: str, reason: str, tail: str = "", limit: int = MESSAGE_LIMIT) -> str:
     """``head + reason + tail`` with ``reason`` cut (at a word, with "…") so the whole fits ``limit``."""
     room = limit - len(head) - len(tail)
     if len(reason) > room:
-        cut = reason[: max(room - 1, 0)]
-        cut = cut.rsplit(" ", 1)[0] if " " in cut else cut
-        reason = cut.rstrip(" ,;:(") + "…"
+        reason = _cut(reason, max(room - 1, 0)) + "…"
     return head + reason + tail
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` characters where a word ends: before the last space that fits, or
+    (one long token: a dotted module path, a file path) after its last ``.``, ``/``, ``_``, ``:`` or ``-`` in
+    the second half; mid-token only where the token has neither. A trailing "…" of an earlier cut goes."""
+    text = text.removesuffix("…")
+    if len(text) <= width:
+        return text
+    if not text[width].isalnum() and text[width] != "_":  # the cut falls between words already
+        return text[:width].rstrip(" ,;:(")
+    kept = text[:width]
+    if " " in kept:
+        return kept.rsplit(" ", 1)[0].rstrip(" ,;:(")
+    marks = [kept.rfind(mark) for mark in "./_:-"]
+    best = max(marks)
+    if best >= width // 2:
+        return kept[: best + 1]
+    return kept
 
 
 def _flat(text: str) -> str:
