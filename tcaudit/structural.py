@@ -20,6 +20,8 @@ class Conversion:
     # Rules whose fixes the conversion relies on to finish the job: the fix engine applies them in
     # the rounds after the conversion, whatever fix classes were asked for.
     companions: tuple[str, ...] = ()
+    # What a file without any of ``rules``' findings lacks, for the line ``fix`` prints about it.
+    nothing: str = "nothing here to convert"
 
     @property
     def flag(self) -> str:
@@ -36,17 +38,20 @@ DDP = Conversion(
     companions=("TC502", "TC503", "TC504", "TC507"),
     help="make a single-process script torchrun-ready: process group, DistributedSampler, DDP, rank-0 "
     "logging and checkpoints (TC505, TC501)",
+    nothing="no single-process CUDA training loop found here (TC505 and TC501 report none)",
 )
 DALI = Conversion(
     name="dali",
     rules=("TC405",),
     help="replace an ImageFolder/PIL training pipeline by a DALI pipeline, with a GPU-decode fallback when "
     "DALI is not installed (TC405)",
+    nothing="no image pipeline decoding on the CPU for CUDA training found here (TC405 reports none)",
 )
 COMPILE = Conversion(
     name="compile",
     rules=("TC305",),
     help="compile the trained model in place with torch.compile (TC305)",
+    nothing="no trained model left uncompiled found here (TC305 reports none)",
 )
 
 CONVERSIONS: tuple[Conversion, ...] = (DDP, DALI, COMPILE)

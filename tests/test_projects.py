@@ -205,6 +205,21 @@ def test_a_shared_helper_that_cannot_be_fixed_says_why_when_the_script_is_fixed(
     assert "train.py:20: TC401 no fix: the DataLoader is built in utils.py:29 (`get_data`)" in err
 
 
+def test_fix_ddp_says_for_every_file_what_it_converted_or_why_not():
+    """issue 48: a user who asks for --ddp is always told, file by file."""
+    code, out, err = run_cli("fix", ".", "--ddp", "--no-exec", "--isolated", "--no-cache", "--select", "TC5",
+                             cwd=PROJECTS / "loader_factory")
+    assert re.search(r"^train\.py:\d+: TC505 no fix: .*built by `get_data` \(utils\.py:29\)", err, re.MULTILINE), err
+    assert ("utils.py: --ddp: not converted: no single-process CUDA training loop found here "
+            "(TC505 and TC501 report none)") in err
+    code, out, err = run_cli("fix", ".", "--ddp", "--no-exec", "--isolated", "--no-cache", "--select", "TC5",
+                             cwd=PROJECTS / "argparse_defaults")
+    assert "train.py: --ddp: converted (TC505)" in err, err
+    code, out, err = run_cli("fix", ".", "--no-exec", "--isolated", "--no-cache", "--select", "TC5",
+                             cwd=PROJECTS / "argparse_defaults")
+    assert "--ddp" not in err  # not asked for: nothing said about it
+
+
 def _copy(name: str, tmp_path: Path) -> Path:
     target = tmp_path / name
     shutil.copytree(PROJECTS / name, target)

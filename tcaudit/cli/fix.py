@@ -286,6 +286,8 @@ def _run_fix(args: argparse.Namespace, settings, color: bool, progress) -> int:
                 say(f"{file_display}:{file_result.place(line, False)}: {rule} no fix: {file_result.in_cells(reason)}")
             if file_result.notice:
                 say(f"{file_display}: {file_result.notice}")
+        for line in conversion_lines(settings, result):
+            say(f"{display}: {line}")
         changed = [(p, d, r) for p, d, r in group if r.changed]
         if not changed:
             continue
@@ -337,3 +339,19 @@ def _made_in(finding, made: set[tuple[str, str]]) -> bool:
     DataLoader is built): then its "no fix" line would say the opposite of what happened."""
     return any(place.mirror and (finding.rule, os.path.realpath(place.location.path)) in made
                for place in finding.related)
+
+
+def conversion_lines(settings, result) -> list[str]:
+    """One line per structural conversion the run asks for (``--ddp``...), for a file where it was neither
+    made nor declined (a declined one has its ``no fix`` line): what was converted, or why nothing was."""
+    from tcaudit.structural import conversion
+
+    out = []
+    for name in settings.structural_fixes:
+        conv = conversion(name)
+        made = [rule for rule in result.applied if rule in conv.rules]
+        if made:
+            out.append(f"{conv.flag}: converted ({', '.join(made)})")
+        elif not any(finding.rule in conv.rules for finding, _ in result.declined):
+            out.append(f"{conv.flag}: not converted: {conv.nothing}")
+    return out
