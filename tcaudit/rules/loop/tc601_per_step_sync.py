@@ -337,7 +337,12 @@ class PerStepSync(ScriptRule):
         if facts.training_steps:
             return  # a training script itself: what it runs every step is reported where it calls it
         here = facts.source.path.resolve()
-        for script_path in training_importers(here, context.settings.root):
+        importers = training_importers(here, context.settings.root)
+        helper = load_module(here) if importers else None
+        if helper is None:
+            return  # not imported by a training script, or the module on disk cannot be read
+        cost = context.cost(self.spec, "per_step")
+        for script_path in importers:
             module = load_module(script_path)
             if module is None:
                 continue
@@ -345,14 +350,13 @@ class PerStepSync(ScriptRule):
             info = distributed_facts(script)
             if not _host_waits(script, info):
                 continue
-            for finding in self._in_other_modules(script, info, context, context.cost(self.spec, "per_step")):
+            for finding in self._in_other_modules(script, info, context, cost):
                 for place in finding.related:
                     loc = place.location
                     if not place.mirror or (loc.line, loc.column) in reported or Path(loc.path).resolve() != here:
                         continue
                     line_text = facts.source.line_text(loc.line)
-                    helper = load_module(here)
-                    if helper is None or helper.facts.source.line_text(loc.line) != line_text:
+                    if helper.facts.source.line_text(loc.line) != line_text:
                         continue  # this text is not the module on disk (an editor's unsaved buffer)
                     reported.add((loc.line, loc.column))
                     at = dataclasses.replace(loc, path=facts.source.display_path)
