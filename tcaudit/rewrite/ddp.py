@@ -44,7 +44,7 @@ from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_impor
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
-from tcaudit.script.expressions import attribute_chain
+from tcaudit.script.expressions import attribute_chain, function_returns
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
     BATCH_SAMPLER_POSITION,
@@ -271,10 +271,39 @@ class DdpConversion:
                 f"several trained models ({', '.join(names)}): each needs its own DDP wrap and its own "
                 "checkpoint handling; convert by hand"
             )
-        name = names[0]
+        name = self._held_by_trainer(names[0]) or names[0]
         if "." in name and not (name.startswith("self.") and name.count(".") == 1):
             raise DeclineFix(f"the model lives in `{name}`; only a plain name or `self.<name>` is rewrapped")
         return name
+
+    def _held_by_trainer(self, name: str) -> str | None:
+        """The DDP tutorial's single-GPU shape: a factory builds the model beside its optimizer and returns
+        both (``load_train_objs()``), and a class keeps the model it is handed (``self.model =
+        model.to(gpu_id)`` in ``__init__``) and trains that attribute. The wrap goes on the attribute, in
+        ``__init__`` (as the tutorial's ``multigpu_torchrun.py`` does); None where the shape differs."""
+        facts = self.facts
+        bindings = [b for b in facts.bindings_of(name) if b.statement is not None]
+        if not bindings or "." in name:
+            return None
+        for binding in bindings:
+            function = binding.ctx.function
+            if function is None or not any(name in names_in(value) for value in function_returns(function)):
+                return None  # trained where it is built: the plain conversion
+        found = []
+        for attr in sorted(n for n in facts.model_names if n.startswith("self.") and n.count(".") == 1):
+            inits = [b for b in facts.bindings_of(attr)
+                     if b.ctx.function is not None and b.ctx.function.name.value == "__init__"]
+            if len(inits) != 1:
+                continue
+            root = inits[0].value
+            while isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute) and root.func.attr.value in (
+                    "to", "cuda"):
+                root = root.func.value
+            if not (isinstance(root, cst.Name) and root.value in param_names(inits[0].ctx.function)):
+                continue
+            if any(attribute_chain(call.node.func) == attr for call in facts.calls):
+                found.append(attr)
+        return found[0] if len(found) == 1 else None
 
     # -- placing the wrap -------------------------------------------------------------------------------
     def _body_of(self, function: cst.FunctionDef | None, statement: cst.CSTNode) -> list[cst.CSTNode]:

@@ -465,6 +465,34 @@ def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Bindin
             callee = get_full_name_for_node(value.func) or ""
             if callee.removeprefix("self.") == fn.name.value:
                 out.setdefault(binding.target, []).append(binding)
+    for name in [n for n in out if "." not in n]:
+        out.update(_kept_by_classes(facts, name))
+    return out
+
+
+def _kept_by_classes(facts: ScriptFacts, name: str) -> dict[str, list[Binding]]:
+    """``Trainer(model, train_data, ...)`` whose ``__init__`` keeps the loader as ``self.train_data =
+    train_data`` (the DDP tutorial's Trainer): ``self.train_data``, which the class's epoch loop sees."""
+    out: dict[str, list[Binding]] = {}
+    classes = facts.classes_by_name
+    for call in facts.calls:
+        cls = classes.get(call.name or "")
+        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None) \
+            if cls is not None and isinstance(cls.body, cst.IndentedBlock) else None
+        if init is None:
+            continue
+        params = [p.name.value for p in (*init.params.posonly_params, *init.params.params)][1:]
+        positional = [a for a in call.node.args if a.keyword is None and not a.star]
+        param = next((params[i] for i, a in enumerate(positional) if i < len(params)
+                      and get_full_name_for_node(a.value) == name), None)
+        param = param or next((a.keyword.value for a in call.node.args
+                               if a.keyword is not None and get_full_name_for_node(a.value) == name), None)
+        if param is None:
+            continue
+        for binding in facts.bindings:
+            if (binding.ctx.function is init and binding.target.startswith("self.")
+                    and isinstance(binding.value, cst.Name) and binding.value.value == param):
+                out.setdefault(binding.target, []).append(binding)
     return out
 
 
