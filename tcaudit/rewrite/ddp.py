@@ -39,6 +39,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
+from tcaudit.project.modules import ProjectModule
+from tcaudit.project.symbols import Project
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
 from tcaudit.rewrite.sampler import plan_sampler
@@ -148,10 +150,11 @@ class DdpLayout:
     device_ordinals: set[int] = field(default_factory=set)  # torch.device("cuda", 0) → torch.device("cuda")
 
 
-def plan_conversion(facts: ScriptFacts, dataparallel: list[Wrap] | None = None) -> DdpLayout:
+def plan_conversion(facts: ScriptFacts, dataparallel: list[Wrap] | None = None, project: Project | None = None) -> DdpLayout:
     """Plan the conversion of this parse of the file (replacing ``dataparallel``'s one call, if given),
-    or raise :class:`DeclineFix` with the reason it would change what the script means."""
-    return DdpConversion(facts).plan(dataparallel)
+    or raise :class:`DeclineFix` with the reason it would change what the script means. With the
+    ``project``, the functions of other modules the wrapped model is handed to are read too."""
+    return DdpConversion(facts, project).plan(dataparallel)
 
 
 def apply_conversion(module: cst.Module, facts: ScriptFacts, layout: DdpLayout) -> cst.Module:
@@ -160,9 +163,10 @@ def apply_conversion(module: cst.Module, facts: ScriptFacts, layout: DdpLayout) 
 
 
 class DdpConversion:
-    def __init__(self, facts: ScriptFacts) -> None:
+    def __init__(self, facts: ScriptFacts, project: Project | None = None) -> None:
         self.module = facts.module
         self.facts = facts
+        self.project = project
         self.info = distributed_facts(facts)
         self.pipeline = pipeline_facts(facts)
         self.dist = "dist"
@@ -521,6 +525,61 @@ class DdpConversion:
             plan.module_calls.clear()
             plan.module_attributes.clear()
 
+    def _collect_bare_arguments(self, plan: DdpLayout) -> None:
+        """The wrapped model handed to a function of another project module (``evaluate(model, loader)``
+        in evaluate.py, ``compute_loss(out, targets, model)`` in utils/loss.py) that reads what only the
+        bare model has (``net.n_classes``, ``model.yolo_layers``, through the functions it hands it on
+        to): that call gets ``model.module``, as the function expects. Declined, naming the read, where
+        that function also trains the model (the bare model there would bypass DDP's gradient sync) or
+        keeps it in an object whose methods read it."""
+        if self.project is None or re.search(rf"(?<![\w.]){re.escape(plan.model)}\.module\b", self.info.text):
+            return
+        facts = self.facts
+        for call in facts.calls:
+            for arg in call.node.args:
+                if arg.star or attribute_chain(arg.value) != plan.model or not self._sees_wrapped(call, plan):
+                    continue
+                callee = self.project.callee(facts, call)
+                if callee is None or callee.function is None or callee.module.facts is facts:
+                    continue  # a library's function takes any module; this file's own are read above
+                param = _receiving_param(callee.function, call.node, arg, constructor=callee.name == "__init__")
+                if param is None:
+                    continue
+                reads = bare_reads(self.project, callee.module, callee.function, param, depth=0)
+                if not reads:
+                    continue
+                where, line, read, trains = reads[0]
+                name = call.name or callee.name
+                if trains:
+                    raise DeclineFix(
+                        f"`{name}()` ({where}) reads `{read}` (line {line}) of the model it is handed and also "
+                        "trains it: the bare model there would train without DDP's gradient sync, the wrapped one "
+                        "has no such attribute; pass it both by hand"
+                    )
+                if callee.name == "__init__":
+                    raise DeclineFix(
+                        f"`{name}(...)` ({where}) keeps the model it is handed and reads `{read}` (line {line}) of "
+                        "it: whether that object also trains it cannot be followed; pass the bare model "
+                        f"(`{plan.model}.module`) or the wrapped one by hand"
+                    )
+                plan.module_values.add(id(arg.value))
+
+    def _sees_wrapped(self, call, plan: DdpLayout) -> bool:
+        """Whether the model's name at ``call`` holds the DDP wrapper: after the wrap in its own scope (not
+        rebound since), in a helper handed the wrapped model, or, for ``self.model``, in the class's
+        methods other than ``__init__`` before the wrap."""
+        facts = self.facts
+        function = call.ctx.function
+        line = facts.line_of(call.node)
+        if plan.model.startswith("self."):
+            owner = plan.wrap_function
+            cls = call.ctx.class_def
+            return cls is not None and owner is not None and contains(cls, owner) and not (
+                function is owner and line < plan.wrap_line)
+        if function is plan.wrap_function:
+            return line > plan.wrap_line and not any(plan.wrap_line < r < line for r in self._rebound(plan))
+        return function is not None and self._receives_wrapped(function, plan)
+
     def _receives_wrapped(self, function: cst.FunctionDef, plan: DdpLayout) -> bool:
         """Whether a helper's parameter of the model's name is the wrapped model on every call: each
         direct caller is in the wrap's scope after the wrap and passes the model itself (``fit(model,
@@ -666,6 +725,7 @@ class DdpConversion:
             self._place_wrap(plan)
         self._collect_rank_zero(plan)
         self._collect_module_reads(plan)
+        self._collect_bare_arguments(plan)
         self._collect_devices(plan)
         return plan
 
@@ -939,4 +999,71 @@ def _integer_devices(facts: ScriptFacts) -> list[cst.Integer]:
         device = call.arg("device", 0)
         if isinstance(device, cst.Integer):
             out.append(device)
+    return out
+
+
+def _receiving_param(fn: cst.FunctionDef, call: cst.Call, arg: cst.Arg, constructor: bool = False) -> str | None:
+    """The parameter of ``fn`` that ``arg`` of ``call`` binds (a method's or constructor's ``self`` skipped)."""
+    params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+    if params[:1] in (["self"], ["cls"]) and (constructor or isinstance(call.func, cst.Attribute)):
+        params = params[1:]
+    if arg.keyword is not None:
+        names = params + [p.name.value for p in fn.params.kwonly_params]
+        return arg.keyword.value if arg.keyword.value in names else None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    index = next(i for i, a in enumerate(positional) if a is arg)
+    return params[index] if index < len(params) else None
+
+
+def bare_reads(project: Project, module: ProjectModule, fn: cst.FunctionDef, param: str, depth: int,
+               ) -> list[tuple[str, int, str, bool]]:
+    """What ``fn`` (in ``module``) reads of the model it receives as ``param`` that DistributedDataParallel
+    does not answer itself (``net.n_classes``), followed into the functions it hands the model on to (three
+    calls deep); each as ``(where, line, read, whether fn trains)``. A class's ``__init__`` counts the reads
+    of the attribute it keeps the model in (``self.net = net``) in the class's methods."""
+    facts = module.facts
+    trains = any((call.method or "") in ("backward", "step") for call in facts.calls
+                 if call.ctx.function is fn or (call.ctx.function is not None and contains(fn, call.ctx.function)))
+    where = f"{module.display_path}"
+    out: list[tuple[str, int, str, bool]] = []
+    kept = {f"self.{b.target.split('.', 1)[1]}" for b in facts.bindings
+            if fn.name.value == "__init__" and b.ctx.function is fn and b.target.startswith("self.")
+            and isinstance(b.value, cst.Name) and b.value.value == param}
+    scope: cst.CSTNode = fn
+    if kept:
+        scope = next((cls for cls, _ in facts.classes if contains(cls, fn)), fn)
+        trains = trains or any((call.method or "") in ("backward", "step") for call in facts.calls
+                               if call.ctx.class_def is scope)
+    names = {param} | kept
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if attribute_chain(node.value) in names and node.attr.value not in MODULE_API:
+                chain = attribute_chain(node.value)
+                if chain == param and kept and not contains(fn, node):
+                    return  # a parameter of the same name in another method
+                out.append((where, facts.line_of(node), f"{chain}.{node.attr.value}", trains))
+
+    walk(scope, _Reads())
+    if out or depth >= 2:
+        return out
+    for call in facts.calls:
+        if not contains(scope, call.node):
+            continue
+        for arg in call.node.args:
+            if arg.star or attribute_chain(arg.value) not in names:
+                continue
+            local = module.definitions.get(call.name or "")
+            if isinstance(local, cst.FunctionDef):
+                target, into = local, module
+            else:
+                symbol = project.callee(facts, call)
+                if symbol is None or symbol.function is None:
+                    continue
+                target, into = symbol.function, symbol.module
+            inner = _receiving_param(target, call.node, arg, constructor=target.name.value == "__init__")
+            if inner is not None and target is not fn:
+                found = bare_reads(project, into, target, inner, depth + 1)
+                if found:
+                    return [(w, line, read, trained or trains) for w, line, read, trained in found]
     return out

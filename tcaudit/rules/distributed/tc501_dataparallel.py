@@ -64,7 +64,7 @@ class DataParallelUsed(ScriptRule):
                         f"`{written}` is DataParallel under another name; converting it would change what "
                         "that name means at every use, so the import and the calls must be renamed by hand first"
                     )
-                layout = plan_conversion(facts, dataparallel=wraps)
+                layout = plan_conversion(facts, dataparallel=wraps, project=context.project(facts))
                 return ConvertDataParallel(layout, facts.line_of(wrap.call.node), written, wrap.target)
 
             shown = f"`{written}` (torch.nn.DataParallel)" if alias else f"`{written}`"

@@ -64,7 +64,7 @@ class SingleProcessTraining(ScriptRule):
                     "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                     "across ranks by hand"
                 )
-            layout = plan_conversion(facts)
+            layout = plan_conversion(facts, project=context.project(facts))
             return ConvertToDdp(
                 layout,
                 facts.line_of(loop.node),
