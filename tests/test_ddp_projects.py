@@ -1,0 +1,159 @@
+"""``fix --ddp`` on projects (issue 48): the model as the rest of the project sees it, the DDP tutorial's
+single-GPU Trainer, and one line per file saying what was converted or why not.
+
+The two-rank runs of the converted project fixtures (fixtures/projects/ddp_*) are in tests/test_projects.py
+(``test_a_ddp_patch_trains_two_ranks_on_their_own_data_or_says_why_not``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECTS = ROOT / "fixtures" / "projects"
+EXPECTED = Path(__file__).parent / "expected"
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS / name, folder, ignore=shutil.ignore_patterns(".tcaudit_cache", "__pycache__"))
+    return folder
+
+
+def _fix(folder: Path, target: str, *extra: str) -> tuple[int, str, str]:
+    return run_cli("fix", target, "--ddp", "--select", "TC5", "--isolated", "--no-cache", "--no-exec", *extra,
+                   cwd=folder)
+
+
+def test_the_tutorial_trainer_becomes_its_torchrun_version(tmp_path):
+    """The wrap on ``self.model`` in ``__init__``, the DistributedSampler in prepare_dataloader(),
+    ``set_epoch`` through ``self.train_data``, rank-0 checkpoint of ``self.model.module.state_dict()``."""
+    folder = _copy("ddp_tutorial", tmp_path)
+    code, out, err = _fix(folder, "single_gpu.py", "--apply")
+    assert code == 0, err
+    assert "single_gpu.py: --ddp: converted (TC505)" in err
+    assert (folder / "single_gpu.py").read_text(encoding="utf-8") == (
+        EXPECTED / "ddp_tutorial.single_gpu.py").read_text(encoding="utf-8")
+    # A fixed point: a second run changes nothing and says the file is already distributed.
+    before = (folder / "single_gpu.py").read_bytes()
+    code, out, err = _fix(folder, "single_gpu.py", "--apply")
+    assert (folder / "single_gpu.py").read_bytes() == before, err
+
+
+def test_a_function_of_another_module_reading_the_models_attributes_gets_the_bare_model(tmp_path):
+    folder = _copy("ddp_unet", tmp_path)
+    code, out, err = _fix(folder, "train.py")
+    assert "+        val_score = evaluate(model.module, val_loader, device)" in out, out
+    assert "+    masks = torch.randint(0, model.module.n_classes, (24, 16, 16), generator=generator)" in out
+    # The modules it reads are not edited: the call hands them what they expect.
+    assert "+++ b/evaluate.py" not in out
+
+
+def test_the_model_is_followed_through_the_functions_a_helper_hands_it_to(tmp_path):
+    folder = _copy("ddp_yolo", tmp_path)
+    code, out, err = _fix(folder, "train.py")
+    assert "+            loss, loss_components = compute_loss(outputs, targets, model.module)" in out, out
+    assert "+++ b/utils/loss.py" not in out
+
+
+TRAINS_ELSEWHERE = '''\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from engine import train_one_epoch
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n_classes = 4
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def main():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,))), batch_size=4, shuffle=True)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        HELPER
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _project(tmp_path: Path, helper_call: str, engine: str) -> Path:
+    (tmp_path / "train.py").write_text(TRAINS_ELSEWHERE.replace("HELPER", helper_call), encoding="utf-8")
+    (tmp_path / "engine.py").write_text(engine, encoding="utf-8")
+    return tmp_path
+
+
+def test_a_helper_that_reads_the_models_attributes_and_trains_it_declines_naming_the_read(tmp_path):
+    folder = _project(tmp_path, "train_one_epoch(model, loader, optimizer)", '''\
+import torch.nn.functional as F
+
+
+def train_one_epoch(model, loader, optimizer):
+    for x, y in loader:
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, model.n_classes), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+''')
+    before = (folder / "train.py").read_bytes()
+    code, out, err = _fix(folder, "train.py", "--apply")
+    assert (folder / "train.py").read_bytes() == before
+    assert "TC505 no fix: `train_one_epoch()` (engine.py) reads `model.n_classes` (line 7)" in err, err
+    assert "without DDP's gradient sync" in err
+
+
+def test_an_object_keeping_the_model_and_reading_its_attributes_declines(tmp_path):
+    folder = _project(tmp_path, "Reporter(model).report()", '''\
+class Reporter:
+    def __init__(self, net):
+        self.net = net
+
+    def report(self):
+        print(self.net.n_classes)
+''')
+    (folder / "train.py").write_text((folder / "train.py").read_text().replace(
+        "from engine import train_one_epoch", "from engine import Reporter"), encoding="utf-8")
+    code, out, err = _fix(folder, "train.py")
+    assert "TC505 no fix: `Reporter(...)` (engine.py) keeps the model it is handed and reads `self.net.n_classes` " \
+           "(line 6)" in err, err
+
+
+def test_library_functions_and_helpers_that_only_call_the_model_keep_the_wrapper(tmp_path):
+    """Near misses: a helper that only runs the model's forward and nn.Module's own API (train/eval,
+    parameters) gets the wrapped model, as does a library's function."""
+    folder = _project(tmp_path, "evaluate(model, loader)", '''\
+import torch
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    total = sum(float(model(x).sum()) for x, _ in loader)
+    n = sum(p.numel() for p in model.parameters())
+    model.train()
+    return total / n
+''')
+    (folder / "train.py").write_text((folder / "train.py").read_text().replace(
+        "from engine import train_one_epoch", "from engine import evaluate"), encoding="utf-8")
+    code, out, err = _fix(folder, "train.py")
+    assert "train.py: --ddp: converted (TC505)" in err, err
+    assert "model.module" not in out, out
