@@ -157,3 +157,45 @@ def evaluate(model, loader):
     code, out, err = _fix(folder, "train.py")
     assert "train.py: --ddp: converted (TC505)" in err, err
     assert "model.module" not in out, out
+
+
+def test_a_loader_module_gets_its_sampler_only_while_a_process_group_is_up(tmp_path):
+    """The factory is shared: after ``fix train.py --ddp --apply`` a caller without a process group still
+    gets a shuffling loader over the whole dataset; under a group (of one, here) a DistributedSampler."""
+    import subprocess
+    import sys
+
+    folder = _copy("ddp_loader_module", tmp_path)
+    code, out, err = _fix(folder, "train.py", "--apply")
+    assert "fixed train.py (TC504, TC505)" in err and "fixed data/factory.py (TC503)" in err, err
+    factory = (folder / "data" / "factory.py").read_text(encoding="utf-8")
+    assert factory.endswith(
+        "    # DDP (tcaudit fix --ddp): each rank reads its own shard while a process group is up.\n"
+        "    sampler = DistributedSampler(dataset, shuffle=True) if dist.is_available() and dist.is_initialized() "
+        "else None\n"
+        "    return DataLoader(dataset, batch_size=batch_size, shuffle=sampler is None, drop_last=True, "
+        "sampler=sampler)\n")
+    probe = (
+        "import torch.distributed as dist\n"
+        "from data.factory import build_train_loader\n"
+        "print(type(build_train_loader(4).sampler).__name__)\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print(type(build_train_loader(4).sampler).__name__)\n"
+        "dist.destroy_process_group()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["RandomSampler", "DistributedSampler"]
+
+
+def test_a_factory_that_also_builds_another_loader_declines(tmp_path):
+    folder = _copy("ddp_loader_module", tmp_path)
+    train = folder / "train.py"
+    train.write_text(train.read_text(encoding="utf-8").replace(
+        "    val_loader = DataLoader(TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,))), batch_size=4)\n",
+        "    val_loader = build_train_loader(4)\n"), encoding="utf-8")
+    before = {p: p.read_bytes() for p in folder.rglob("*.py")}
+    code, out, err = _fix(folder, "train.py", "--apply")
+    assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
+    assert ("TC505 no fix: the training DataLoader is built by `build_train_loader` (data/factory.py:10), which "
+            "line 15 calls for another loader too") in err, err

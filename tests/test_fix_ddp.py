@@ -362,18 +362,18 @@ def test_a_loader_with_its_own_sampler_declines_the_whole_conversion(tmp_path):
     assert "no fix: the training loader `self.train_loader`" in out
 
 
-def test_the_tutorial_single_gpu_trainer_gets_tc505_and_a_reason(tmp_path):
-    """Issue 30: no DDP edit and no TC505 at all. The finding is there; the conversion declines, saying
-    why, in scan and in fix alike, and the file is untouched."""
+def test_the_tutorial_single_gpu_trainer_is_converted_where_its_class_keeps_the_model(tmp_path):
+    """Issue 30 found no TC505 at all; issue 48: the conversion wraps the attribute the Trainer keeps (the
+    factory returns the model), as the tutorial's torchrun version does. The exact text is
+    fixtures/fix/ddp_tutorial_single_gpu.out.py (tests/test_fix.py)."""
     target = tmp_path / "train.py"
-    shutil.copyfile(FIX / "ddp_tutorial_single_gpu_declined.in.py", target)
-    before = target.read_bytes()
-    reason = "`model` is built in `load_train_objs()` and handed on by its `return`"
+    shutil.copyfile(FIX / "ddp_tutorial_single_gpu.in.py", target)
     code, out, _ = run_cli("scan", "--no-exec", "--select", "TC505", str(target))
-    assert "TC505" in out and f"no fix: {reason}" in out
+    assert "TC505" in out and "no fix" not in out, out
     code, out, err = run_cli("fix", str(target), "--ddp", "--select", "TC5", "--apply")
-    assert target.read_bytes() == before
-    assert reason in out + err
+    text = target.read_text(encoding="utf-8")
+    assert "        self.model = DistributedDataParallel(self.model, gradient_as_bucket_view=True)\n" in text
+    assert "        ckp = self.model.module.state_dict()\n" in text
 
 
 def test_a_cpu_default_with_an_accel_opt_in_keeps_gloo_for_cpu_tensors():

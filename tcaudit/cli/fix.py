@@ -350,8 +350,12 @@ def conversion_lines(settings, result) -> list[str]:
     for name in settings.structural_fixes:
         conv = conversion(name)
         made = [rule for rule in result.applied if rule in conv.rules]
+        completed = [rule for rule in result.applied if rule in conv.companions]
         if made:
             out.append(f"{conv.flag}: converted ({', '.join(made)})")
+        elif completed:
+            # A module the conversion of another file relies on (the DataLoader a helper builds).
+            out.append(f"{conv.flag}: completed for the scripts that use it ({', '.join(completed)})")
         elif not any(finding.rule in conv.rules for finding, _ in result.declined):
             out.append(f"{conv.flag}: not converted: {conv.nothing}")
     return out

@@ -33,6 +33,7 @@ class HelperLoader:
     site: LoaderSite  # the DataLoader call in the helper's module
     pipeline: PipelineFacts  # the helper module's
     helper: Symbol  # the helper function
+    received: str | None = None  # the name the script gives the loader (``train_dl`` of ``train_dl, val_dl = f()``)
 
     @property
     def where(self) -> str:
@@ -84,7 +85,7 @@ def _find(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
             if is_eval_name(name):
                 continue
             seen.add(id(site.call.node))
-            out.append(HelperLoader(call, site, theirs, helper))
+            out.append(HelperLoader(call, site, theirs, helper, name))
     return out
 
 

@@ -39,6 +39,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
+from tcaudit.project.loaders import HelperLoader
 from tcaudit.project.modules import ProjectModule
 from tcaudit.project.symbols import Project
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
@@ -117,6 +118,41 @@ def _single_call(statement: cst.CSTNode) -> cst.Call | None:
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             return small.value
     return None
+
+
+def convertible_loop(facts: ScriptFacts):
+    """The first training loop of a single-process CUDA training script (TC505's finding, what ``fix
+    --ddp`` converts), or None: already distributed, Hogwild, a framework's job, RL, test code."""
+    info = distributed_facts(facts)
+    if not info.uses_cuda or not facts.training_steps or not facts.optimizer_steps or not info.is_script:
+        return None
+    if info.multi_process_reasons or info.is_rl_script:
+        return None
+    loop = info.first_training_loop()
+    return None if loop is None or in_test_code(loop) else loop
+
+
+def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> None:
+    """Every training DataLoader a helper of another module builds for this script must get its guarded
+    DistributedSampler there (TC503's fix in that module, which ``fix`` of the script makes with it), or
+    the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches."""
+    for loader in elsewhere:
+        calls = [c for c in facts.calls if c.name == loader.call.name]
+        trained = {id(other.call.node) for other in elsewhere}
+        others = [c for c in calls if id(c.node) not in trained]
+        if others:
+            raise DeclineFix(
+                f"the training DataLoader is built by {loader.described}, which line {facts.line_of(others[0].node)} "
+                "calls for another loader too: a DistributedSampler there would split that one across ranks as "
+                "well; shard the training loader by hand"
+            )
+        try:
+            plan_sampler(loader.pipeline.facts, loader.site.call, guarded=True)
+        except DeclineFix as decline:
+            raise DeclineFix(
+                f"the training DataLoader is built by {loader.described}, where it cannot get a DistributedSampler "
+                f"({decline}); without one every rank would read the whole dataset: shard it by hand"
+            ) from None
 
 
 @dataclass

@@ -12,7 +12,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
-from tcaudit.rewrite.codemod import parse_expression
+from tcaudit.rewrite.codemod import parse_expression, parse_statement
 from tcaudit.rewrite.edits import CallEditor, add_keyword
 from tcaudit.script.distributed import distributed_facts, literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts
@@ -34,6 +34,13 @@ class SamplerEdits:
     # The loader's ``**kwargs`` argument that becomes ``**{**kwargs, "shuffle": False}`` where the dict's
     # shuffle is set conditionally or the dict is shared (the sampler reads ``kwargs.get("shuffle")``).
     star_override: cst.Arg | None = None
+    # Guarded (a loader built by a helper that other scripts may also call without a process group): the
+    # sampler bound on the line before the loader's statement, ``sampler = DistributedSampler(...) if
+    # <process group> else None``, and the loader's shuffle kept for the other case (``shuffle=sampler is
+    # None``), so the helper behaves as before outside DDP.
+    guarded: tuple[cst.SimpleStatementLine, str, str] | None = None  # (statement, sampler name, its line)
+    dist_import: str | None = None  # ``import torch.distributed as dist`` where the module lacks it
+    shuffle_code: str = "False"  # the loader's shuffle as written
 
 
 
@@ -42,8 +49,12 @@ SAMPLER_QUALNAMES = ("torch.utils.data.distributed.DistributedSampler", "torch.u
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
 
 
-def plan_sampler(facts: ScriptFacts, call: CallSite) -> SamplerEdits:
-    """The edits that give this training loader a DistributedSampler, or DeclineFix with the reason."""
+def plan_sampler(facts: ScriptFacts, call: CallSite, guarded: bool = False) -> SamplerEdits:
+    """The edits that give this training loader a DistributedSampler, or DeclineFix with the reason.
+    ``guarded``: for a loader a helper module builds (TC503 in that module), the sampler only while a
+    process group is initialised, the loader's own shuffle otherwise."""
+    if guarded:
+        return _plan_guarded(facts, call)
     shared = also_feeds_other_loops(facts, distributed_facts(facts), call)
     if shared:
         raise DeclineFix(
@@ -69,6 +80,56 @@ def plan_sampler(facts: ScriptFacts, call: CallSite) -> SamplerEdits:
     return edits
 
 
+
+
+def _plan_guarded(facts: ScriptFacts, call: CallSite) -> SamplerEdits:
+    site = pipeline_facts(facts).loader_for(call.node)
+    if site is None:
+        raise DeclineFix("the DataLoader call could not be located")
+    _check_loader(facts, call, site)
+    if plain_sampler(facts, call.arg("sampler")) is not None:
+        raise DeclineFix("the DataLoader brings its own sampler; make it distributed there by hand")
+    statement = _statement_before(facts, call, "the sampler")
+    hoist: list = []
+    dataset = _dataset(facts, call, hoist)
+    callee, imported = _sampler_callee(facts, call)
+    taken = _taken(facts, call)
+    dist = next((i.local for i in facts.imports if i.qualname == "torch.distributed" and i.ctx is facts.module_frame),
+                None)
+    dist_import = None
+    if dist is None:
+        if "dist" in taken:
+            raise DeclineFix("the name `dist` is taken in this module; shard the loader by hand")
+        dist, dist_import = "dist", "import torch.distributed as dist"
+    name = next((n for n in ("sampler", "train_sampler", "dist_sampler") if n not in taken), None)
+    if name is None:
+        raise DeclineFix("no free name for the sampler in this function; shard the loader by hand")
+    written = site.keys.get("shuffle", [])
+    shuffle = "False"
+    edits = SamplerEdits(sampler=cst.Name(name), import_sampler=not imported, hoist=hoist[0] if hoist else None,
+                         dist_import=dist_import)
+    if written:
+        kv = written[0]
+        if len(written) > 1 or kv.conditional or kv.source not in ("keyword", "positional"):
+            raise DeclineFix("shuffle= is not one keyword of the call; move it into the sampler by hand")
+        shuffle = facts.module.code_for_node(kv.value)
+        if kv.source == "keyword":
+            edits.shuffle_keyword = kv.node
+        else:
+            edits.shuffle_positional = kv.node
+    edits.shuffle_code = shuffle
+    line = (f"{name} = {callee}({dataset}, shuffle={shuffle}) if {dist}.is_available() and {dist}.is_initialized() "
+            "else None")
+    edits.guarded = (statement, name, line)
+    return edits
+
+
+def guarded_shuffle(edits: SamplerEdits, module: cst.Module) -> cst.BaseExpression:
+    """The loader's shuffle beside a guarded sampler: as written without a process group, off with one."""
+    assert edits.guarded is not None
+    name = edits.guarded[1]
+    code = f"{name} is None" if edits.shuffle_code == "True" else f"({edits.shuffle_code}) and {name} is None"
+    return parse_expression(code, module)
 
 
 # -- checks ---------------------------------------------------------------------------------------------
@@ -103,6 +164,19 @@ def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, hois
     sampler and the loader share one dataset (naming the expression twice would build it twice)."""
     refusal = ("the dataset is built in the DataLoader call where it cannot be bound to a name first "
                "(naming the expression twice would build the dataset twice)")
+    statement = _statement_before(facts, call, "the dataset")
+    name = next((n for n in _HOIST_NAMES if n not in _taken(facts, call)), None)
+    if name is None:
+        raise DeclineFix(refusal)
+    hoist.append((statement, dataset, name))
+    return name
+
+
+def _statement_before(facts: ScriptFacts, call: CallSite, what: str) -> cst.SimpleStatementLine:
+    """The one-statement line holding the DataLoader call, where ``what`` can be bound on the line before
+    it (not inside a lambda, a conditional expression or a comprehension, which may not run it)."""
+    refusal = (f"{what} would be bound on the line before the DataLoader call, which sits where that line "
+               "may not run first (a lambda, a conditional expression, a comprehension, a compound line)")
     statement = call.statement
     if statement is None or not isinstance(statement.node, cst.SimpleStatementLine) or len(statement.node.body) != 1:
         raise DeclineFix(refusal)
@@ -111,16 +185,16 @@ def _hoist(facts: ScriptFacts, call: CallSite, dataset: cst.BaseExpression, hois
     if any(isinstance(n, (cst.IfExp, cst.BooleanOperation, cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.Lambda))
            for n in _ancestors_within(statement.node, call.node)):
         raise DeclineFix(refusal)
+    return statement.node
+
+
+def _taken(facts: ScriptFacts, call: CallSite) -> set[str]:
     taken = {b.target for b in facts.bindings} | {site.local for site in facts.imports}
     taken |= {fn.name.value for fn, _ in facts.functions}
     fn = call.ctx.function
     if fn is not None:
         taken |= {p.name.value for p in (*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params)}
-    name = next((n for n in _HOIST_NAMES if n not in taken), None)
-    if name is None:
-        raise DeclineFix(refusal)
-    hoist.append((statement.node, dataset, name))
-    return name
+    return taken
 
 
 def _ancestors_within(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
@@ -269,9 +343,13 @@ class SamplerEditor(CallEditor):
         self.star_override: dict[int, cst.Arg] = {}
         self.hoisted: dict[int, tuple[cst.BaseExpression, str]] = {}  # loader call → (dataset expression, new name)
         self.leading_moved: set[int] = set()  # statements whose comments moved to the hoisted line
+        self.guarded: dict[int, cst.BaseExpression] = {}  # loader call → its shuffle beside a guarded sampler
 
-    def take(self, call: cst.Call, edits: SamplerEdits) -> None:
+    def take(self, call: cst.Call, edits: SamplerEdits, module: cst.Module | None = None) -> None:
         self.samplers[id(call)] = edits.sampler
+        if edits.guarded is not None:
+            assert module is not None
+            self.guarded[id(call)] = guarded_shuffle(edits, module)
         if edits.hoist is not None:
             statement, dataset, name = edits.hoist
             assign = cst.SimpleStatementLine(
@@ -281,6 +359,17 @@ class SamplerEditor(CallEditor):
             self.insert_before(statement, [assign])
             self.leading_moved.add(id(statement))
             self.hoisted[id(call)] = (dataset, name)
+        if edits.guarded is not None:
+            statement, _, line = edits.guarded
+            comment = cst.EmptyLine(comment=cst.Comment(
+                "# DDP (tcaudit fix --ddp): each rank reads its own shard while a process group is up."))
+            assign = parse_statement(line, module).with_changes(
+                leading_lines=[] if edits.hoist is not None else [*statement.leading_lines, comment])
+            if edits.hoist is None:
+                self.leading_moved.add(id(statement))
+            else:
+                assign = assign.with_changes(leading_lines=[comment])
+            self.insert_before(statement, [assign])
         if edits.shuffle_keyword is not None:
             self.shuffle_keyword[id(call)] = edits.shuffle_keyword
         if edits.shuffle_positional is not None:
@@ -317,10 +406,18 @@ class SamplerEditor(CallEditor):
                 cst.StarredDictElement(args[index].value),
                 cst.DictElement(cst.SimpleString('"shuffle"'), cst.Name("False")),
             ]))
+        guarded = self.guarded.get(id(original_node))
         positional = self.shuffle_positional.get(id(original_node))
         if positional is not None:
             index = originals.index(positional)
-            args[index] = args[index].with_changes(value=cst.Name("False"))
+            args[index] = args[index].with_changes(value=guarded if guarded is not None else cst.Name("False"))
+        if guarded is not None:
+            keyword = self.shuffle_keyword.get(id(original_node))
+            if keyword is not None:
+                index = originals.index(keyword)
+                args[index] = args[index].with_changes(value=guarded)
+            node = add_keyword(updated_node.with_changes(args=args), "sampler", sampler)
+            return super().leave_Call(original_node, node)
         existing = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "sampler"), None)
         shuffle = self.shuffle_keyword.get(id(original_node))
         if existing is not None:  # sampler=None

@@ -415,7 +415,7 @@ TRIGGER_TABLE = {
             r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",
         ),
         {},
-        (),
+        (r"DataLoader\(",),
     ),
     "TC504": (
         "distributed.tc504_sampler_without_set_epoch",

@@ -15,13 +15,17 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass, FixPlan
+from tcaudit.project.loaders import by_site, loaders_built_elsewhere, training_uses
 from tcaudit.rewrite.codemod import FixContext, ensure_import
+from tcaudit.rewrite.ddp import convertible_loop
+from tcaudit.rewrite.edits import add_torch_import
 from tcaudit.rewrite.sampler import SAMPLER_IMPORT, SamplerEditor, SamplerEdits, plan_sampler
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, code, distributed_facts, in_test_code, is_dataloader
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
     SELF_SHARDING_LIBRARIES,
+    plain_sampler,
     SHARDED_TEXT,
     dataset_expr,
     step_loop_sources,
@@ -45,13 +49,19 @@ class AddSampler(FixPlan):
 class DdpWithoutDistributedSampler(ScriptRule):
     id = "TC503"
     triggers = (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",)
+    # A module whose function builds the DataLoader a DDP script of the project trains with.
+    helper_triggers = (r"DataLoader\(",)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         info = distributed_facts(facts)
-        if not info.is_ddp_script or facts.frameworks or info.iterable_dataset_defined:
+        if not info.is_ddp_script:
+            yield from self._for_scripts(facts, context)
+            return
+        if facts.frameworks or info.iterable_dataset_defined:
             return
         if facts.imported_roots() & SELF_SHARDING_LIBRARIES:
             return
+        yield from self._built_elsewhere(facts, context)
         for loader in unsharded_training_loaders(facts, info):
             if loader.unseen is not None:
                 continue  # a **kwargs dict we cannot see may hold a sampler
@@ -85,6 +95,57 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 ),
             )
         yield from self._partial_loaders(facts, info)
+
+    def _built_elsewhere(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """A training DataLoader a helper of another module builds (``dataloader = create_loader(...)``):
+        reported at the script's call, the DataLoader a mirrored related place; the fix belongs there."""
+        for loader in loaders_built_elsewhere(facts, context.project(facts)):
+            if not _unsharded(loader.pipeline.facts, loader.site):
+                continue
+            where = loader.pipeline.facts.source.display_path
+            yield self.finding(
+                facts,
+                loader.call.node,
+                f"the training DataLoader from `{loader.helper.name}` of this DDP job has no DistributedSampler",
+                explanation=_EXPLANATION,
+                fix=Fix(FixClass.SAFE, _DESCRIBED, available=False,
+                        reason=f"the DataLoader is built in {loader.where} (`{loader.helper.name}`), another module: "
+                        f"the fix belongs there (`tcaudit fix` of this script makes it in {where} where that is safe)"),
+                related=[self.place(loader.pipeline.facts, loader.site.call.node,
+                                    f"DataLoader (returned by `{loader.helper.name}`) feeds DDP training without a "
+                                    "DistributedSampler", mirror=True)],
+            )
+
+    def _for_scripts(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """This module's function builds the DataLoader that a DDP script of the project trains with (or,
+        under ``fix --ddp``, one the conversion makes a DDP script): reported here, fixed here, with the
+        sampler guarded by ``torch.distributed.is_initialized()`` so other callers without a process group
+        get the loader they always got."""
+        ddp = "ddp" in context.settings.structural_fixes
+        for site, uses in by_site(training_uses(facts, context.settings.root)):
+            if not _unsharded(facts, site):
+                continue
+            jobs = [use for use in uses if distributed_facts(use.script).is_ddp_script
+                    or (ddp and convertible_loop(use.script) is not None)]
+            if not jobs:
+                continue
+            yield self.finding(
+                facts,
+                site.call.node,
+                f"DataLoader (returned by `{jobs[0].helper}`) feeds DDP training without a DistributedSampler",
+                explanation=_EXPLANATION,
+                fix=self.planned_fix(FixClass.SAFE, _DESCRIBED_GUARDED,
+                                     lambda site=site: self._guarded_plan(facts, site)),
+                related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it "
+                                    "under DDP") for use in jobs[:8]],
+            )
+
+    @staticmethod
+    def _guarded_plan(facts: ScriptFacts, site) -> AddSampler:
+        call = site.call
+        edits = plan_sampler(facts, call, guarded=True)
+        return AddSampler(call.node, edits, facts.line_of(call.node), None, edits.shuffle_code, site.target,
+                          edits.guarded[2] if edits.guarded else code(facts, edits.sampler), edits.import_sampler)
 
     def _partial_loaders(self, facts: ScriptFacts, info: DistributedFacts) -> Iterator[Finding]:
         """``make = functools.partial(DataLoader, batch_size=64, shuffle=True)``; ``loader = make(train_set)``
@@ -124,6 +185,22 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 )
 
 
+def _unsharded(facts: ScriptFacts, site) -> bool:
+    """A DataLoader with no sampler of its own (a plain RandomSampler aside) whose dataset is not sharded."""
+    if not site.complete or site.values("batch_sampler"):
+        return False
+    if any(plain_sampler(facts, value) is None for value in site.values("sampler")):
+        return False
+    dataset = site.call.arg("dataset", 0)
+    return dataset is None or not SHARDED_TEXT.search(code(facts, dataset))
+
+
+_DESCRIBED = ("pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "
+              "(shuffle with a sampler is a ValueError)")
+_DESCRIBED_GUARDED = ("pass sampler=DistributedSampler(dataset, shuffle=...) while a process group is initialised, "
+                      "and shuffle= only without one")
+
+
 def _message(name: str | None) -> str:
     return f"the training DataLoader{f' `{name}`' if name else ''} of this DDP job has no DistributedSampler"
 
@@ -141,11 +218,13 @@ class DdpDistributedSamplerFix(Codemod):
         needs_import = False
         for finding in findings:
             plan: AddSampler = finding.fix.plan
-            editor.take(plan.call, plan.edits)
+            editor.take(plan.call, plan.edits, module)
             needs_import |= plan.import_sampler
         new = module.visit(editor)
         if needs_import:
             new = ensure_import(new, SAMPLER_IMPORT)
+        for statement in sorted({f.fix.plan.edits.dist_import for f in findings} - {None}):
+            new = add_torch_import(new, statement)
         return new
 
 

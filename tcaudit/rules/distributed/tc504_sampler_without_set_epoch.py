@@ -18,6 +18,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
+from tcaudit.project.loaders import loaders_built_elsewhere
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of, parameter_receiving
@@ -25,6 +26,7 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
     callee_type,
+    code,
     distributed_facts,
     in_test_code,
     innermost_loop,
@@ -148,6 +150,8 @@ class SamplerWithoutSetEpoch(ScriptRule):
             return
         if not samplers:
             yield from self._after_sampler_fix(facts, context)
+            if info.is_ddp_script:
+                yield from self._built_elsewhere(facts, context, loop)
             return
         epoch_var = (
             facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
@@ -213,6 +217,47 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 fix=fix,
             )
 
+
+    def _built_elsewhere(self, facts: ScriptFacts, context: RuleContext, loop: Frame) -> Iterator[Finding]:
+        """A DDP script's training loader built by a helper of another module whose DataLoader has (or gets
+        from TC503's fix there) a DistributedSampler while a process group is up: reseeded through the
+        loader, where the loop sees it, whenever its sampler has ``set_epoch``."""
+        epoch = facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
+        for loader in loaders_built_elsewhere(facts, context.project(facts)):
+            sampler = " ".join(code(loader.pipeline.facts, v) for v in loader.site.values("sampler"))
+            if loader.site.values("sampler") and "DistributedSampler" not in sampler:
+                continue  # a sampler of its own: TC503 says so
+            if loader.site.values("shuffle") and all(literal_value(v) is False for v in loader.site.values("shuffle")):
+                continue
+            name = loader.received if loader.received and "." not in loader.received else None
+
+            def plan(loader=loader, name=name) -> InsertSetEpoch:
+                if not name or not epoch or not re.fullmatch(r"\w+", epoch) or epoch == "_":
+                    raise DeclineFix("the loader or the epoch counter has no name to call set_epoch with")
+                if loader.call.ctx.inside(loop.node):
+                    raise DeclineFix("the DataLoader is created inside the epoch loop; create it once, before the loop")
+                seen = _visible(facts, name, loop)
+                if seen is None and loader.call.ctx.function is loop.function and \
+                        facts.line_of(loader.call.node) < facts.line_of(loop.node):
+                    seen = name  # ``train_loader, val_loader = get_data(args)`` before the loop
+                if seen is None:
+                    raise DeclineFix(f"`{name}` is not visible where the epoch loop runs; call set_epoch by hand")
+                code_ = f'if hasattr({seen}.sampler, "set_epoch"):\n    {seen}.sampler.set_epoch({epoch})\n'
+                return InsertSetEpoch(loop.node, facts.line_of(loader.call.node), f"{seen}.sampler",
+                                      facts.line_of(loop.node), epoch, code_)
+
+            yield self.finding(
+                facts,
+                loader.call.node,
+                f"the DistributedSampler of the loader from `{loader.helper.name}` is never reseeded with "
+                "`set_epoch(epoch)`",
+                explanation="A DistributedSampler shuffles with the same seed every epoch unless `set_epoch(epoch)` "
+                "is called: each epoch visits the data in the same order.",
+                fix=self.planned_fix(FixClass.SAFE, "call loader.sampler.set_epoch(epoch) at the start of each epoch "
+                                     "where the sampler has it", plan),
+                related=[self.place(loader.pipeline.facts, loader.site.call.node,
+                                    f"the DataLoader `{loader.helper.name}` returns")],
+            )
 
     def _next_round(self, after: ScriptFacts, context: RuleContext) -> list[Finding]:
         """This rule's findings on the script as the next fix round sees it (TC503's samplers in place)."""

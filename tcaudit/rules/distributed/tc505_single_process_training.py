@@ -3,7 +3,9 @@
 Fix (structural, ``fix --ddp``): the DDP conversion of :mod:`tcaudit.rewrite.ddp` (process group from
 the torchrun environment, the trained model wrapped in DistributedDataParallel, rank-0-only logging and
 saving); the next round adds the DistributedSampler, ``set_epoch`` and ``no_sync`` (TC503/TC504/TC507).
-Planned here, so every reason the conversion is declined shows in ``scan``.
+Planned here, so every reason the conversion is declined shows in ``scan``. A training DataLoader
+that a helper of another module builds gets its DistributedSampler there (TC503's guarded fix in that
+module, made by the same ``fix`` run), or the conversion declines, naming it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import libcst as cst
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.project.loaders import loaders_built_elsewhere
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, plan_conversion
+from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, check_helper_loaders, convertible_loop, plan_conversion
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import distributed_facts, in_test_code, loop_header_end
+from tcaudit.script.distributed import distributed_facts, loop_header_end
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE, STEP_CALL
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.triggers import all_of
@@ -41,30 +43,21 @@ class SingleProcessTraining(ScriptRule):
     triggers = (all_of(CUDA_EVIDENCE, BACKWARD_CALL, STEP_CALL),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        loop = convertible_loop(facts)
+        if loop is None:
+            return
         info = distributed_facts(facts)
-        if not info.uses_cuda or not facts.training_steps or not facts.optimizer_steps or not info.is_script:
-            return
-        if info.multi_process_reasons or info.is_rl_script:
-            return  # already distributed / Hogwild / a framework's job / RL: data comes from an env
-        loop = info.first_training_loop()
-        if loop is None or in_test_code(loop):
-            return
 
         def plan() -> ConvertToDdp:
-            if not info.dataloaders:
-                elsewhere = loaders_built_elsewhere(facts, context.project(facts))
-                if elsewhere:
-                    where = ", ".join(sorted({loader.described for loader in elsewhere}))
-                    raise DeclineFix(
-                        f"the training DataLoader is built by {where}, in another module: `fix --ddp` edits this "
-                        "file only, and without a DistributedSampler there every rank would read the whole dataset; "
-                        "give that DataLoader a DistributedSampler by hand (or move its construction here)"
-                    )
+            project = context.project(facts)
+            elsewhere = loaders_built_elsewhere(facts, project)
+            if not info.dataloaders and not elsewhere:
                 raise DeclineFix(
                     "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                     "across ranks by hand"
                 )
-            layout = plan_conversion(facts, project=context.project(facts))
+            check_helper_loaders(facts, elsewhere)
+            layout = plan_conversion(facts, project=project)
             return ConvertToDdp(
                 layout,
                 facts.line_of(loop.node),
