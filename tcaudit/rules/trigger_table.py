@@ -466,6 +466,30 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC510": (
+        "distributed.tc510_collective_in_rank_branch",
+        (
+            r"\b(?:all_reduce|all_gather\w*|reduce|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|gather\w*|scatter\w*|all_to_all\w*)\(",
+        ),
+        {},
+        (),
+    ),
+    "TC511": (
+        "distributed.tc511_rank_zero_forward_through_ddp",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+        (),
+    ),
+    "TC515": (
+        "distributed.tc515_checkpoint_saved_by_every_rank",
+        (
+            (r"torch\.save|\bsave\(", r"DistributedDataParallel", r"init_process_group"),
+        ),
+        {},
+        (),
+    ),
     "TC601": (
         "loop.tc601_per_step_sync",
         (

@@ -283,6 +283,39 @@ def loop_header_end(loop: cst.CSTNode) -> cst.CSTNode:
     return loop
 
 
+# -- ranks ------------------------------------------------------------------------------------------
+
+# A test that picks some ranks: ``rank == 0``, ``dist.get_rank() != 0``, ``args.local_rank in [-1, 0]``,
+# ``is_main_process()``, ``self.is_master``, ``trainer.is_global_zero``.
+RANK_TEST = re.compile(
+    r"(?<![\w])(?:(?:(?:local_|global_|node_|world_|self_)?rank|is_main_process|is_master(?:_process)?|"
+    r"master_process|main_process|is_rank_zero|is_global_zero|is_primary|is_main)\b|get_(?:local_|global_)?rank\()"
+)
+# torch.distributed's collectives: every rank of the group must call them, in the same order.
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "gather",
+    "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single",
+})
+
+
+def is_collective(call: CallSite) -> bool:
+    qual = call.qualname or ""
+    return qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in COLLECTIVES
+
+
+def rank_branch(facts: ScriptFacts, ctx: Frame) -> tuple[cst.If, bool] | None:
+    """The innermost ``if`` of the function (or module) around ``ctx`` whose test picks ranks, and whether
+    ``ctx`` is in its ``else`` (an ``elif`` is in the ``else`` of the ``if`` before it); None outside one."""
+    for frame in ctx.chain():
+        if frame.kind in ("def", "class", "lambda"):
+            return None
+        if frame.kind in ("if", "else") and isinstance(frame.node, cst.If):
+            if RANK_TEST.search(facts.module.code_for_node(frame.node.test)):
+                return frame.node, frame.kind == "else"
+    return None
+
+
 # -- the per-file summary ---------------------------------------------------------------------------
 
 

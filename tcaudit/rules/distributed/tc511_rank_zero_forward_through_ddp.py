@@ -1,0 +1,134 @@
+"""TC511 rank-zero-forward-through-ddp: evaluation (or sampling) on some ranks only through the
+DistributedDataParallel wrapper: ``if rank == 0: evaluate(model, ...)`` with ``model = DDP(...)``.
+
+DDP's forward is not local: with ``broadcast_buffers=True`` (its default) a forward after a training step
+broadcasts the module's buffers (BatchNorm's running statistics, registered masks) from rank 0, and
+SyncBatchNorm all-reduces in every forward. On one rank only, that collective waits for ranks that never
+come. Fix (safe): the bare module, ``model.module``, at those calls: the same outputs, no collective.
+Declined where the rank-only block also trains (a backward or an optimizer step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
+
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
+from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rewrite.edits import CallEditor
+from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.distributed import distributed_facts, in_test_code, rank_branch
+from tcaudit.script.expressions import attribute_chain
+from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import call_nodes, param_names
+
+
+@dataclass(frozen=True, eq=False)
+class UnwrapAtCalls(FixPlan):
+    kind = "unwrap-ddp"
+    nodes: tuple[cst.BaseExpression, ...]  # the wrapped model's expressions that become ``<it>.module``
+    model: str
+    line: int
+
+
+def _forwards(fn: cst.FunctionDef, param: str) -> bool:
+    """Whether ``fn`` runs its parameter ``param`` (``param(x)``)."""
+    return any(isinstance(node.func, cst.Name) and node.func.value == param for node in call_nodes(fn))
+
+
+class RankZeroForwardThroughDdp(ScriptRule):
+    id = "TC511"
+    triggers = (r"DistributedDataParallel",)
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        info = distributed_facts(facts)
+        wraps = [w for w in info.wraps_of("ddp") if w.target]
+        if facts.frameworks or not wraps:
+            return
+        wrapped = {w.target: w for w in wraps}
+        for call in facts.calls:
+            if in_test_code(call.ctx):
+                continue
+            found = rank_branch(facts, call.ctx)
+            if found is None:
+                continue
+            model, node, helper = self._through_wrapper(facts, call, wrapped)
+            if model is None:
+                continue
+            branch = found[0]
+            test = facts.module.code_for_node(branch.test)
+            what = f"`{helper}()` runs the DDP-wrapped `{model}`" if helper else f"`{model}(...)` runs the DDP wrapper"
+
+            def plan(node=node, model=model, branch=branch) -> UnwrapAtCalls:
+                if any((c.method or "") in ("backward", "step") for c in facts.calls if c.ctx.inside(branch)):
+                    raise DeclineFix(f"the block under `if {test}:` also trains; DDP's gradient sync needs every "
+                                     "rank there: move the training out of it by hand")
+                return UnwrapAtCalls((node,), model, facts.line_of(node))
+
+            yield self.finding(
+                facts,
+                call.node,
+                f"{what} only where `{test}`: its forward can wait for the other ranks and hang the job",
+                explanation="DDP's forward is not local: after a training step it broadcasts the module's buffers "
+                "(BatchNorm statistics, registered masks) from rank 0 (`broadcast_buffers=True`, the default), and "
+                "SyncBatchNorm all-reduces in every forward. On some ranks only, that collective waits for ranks "
+                "that never come. Run the bare module there: `model.module`.",
+                fix=self.planned_fix(FixClass.SAFE, f"use `{model}.module` there", plan),
+            )
+
+    @staticmethod
+    def _through_wrapper(facts: ScriptFacts, call: CallSite, wrapped: dict):
+        """(model, the expression to unwrap, the helper's name or None) when ``call`` runs the wrapped
+        model: ``model(x)`` itself, or a function of this file handed it that runs it."""
+        chain = attribute_chain(call.node.func)
+        if chain in wrapped and _after_wrap(facts, call, wrapped[chain]):
+            return chain, call.node.func, None
+        for arg in call.node.args:
+            chain = attribute_chain(arg.value)
+            if arg.star or chain not in wrapped or not _after_wrap(facts, call, wrapped[chain]):
+                continue
+            short = (call.name or "").removeprefix("self.")
+            for fn in facts.functions_by_name.get(short, []):
+                params = param_names(fn)
+                if params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                positional = [a for a in call.node.args if a.keyword is None and not a.star]
+                param = arg.keyword.value if arg.keyword is not None else (
+                    params[positional.index(arg)] if positional.index(arg) < len(params) else None)
+                if param is not None and _forwards(fn, param):
+                    return chain, arg.value, call.name
+        return None, None, None
+
+
+def _after_wrap(facts: ScriptFacts, call: CallSite, wrap) -> bool:
+    """The name holds the wrapper at ``call``: after the wrap in its function, or anywhere in the class
+    for an attribute wrapped in ``__init__``."""
+    if (wrap.target or "").startswith("self."):
+        return call.ctx.class_def is not None and call.ctx.class_def is wrap.call.ctx.class_def
+    return call.ctx.function is wrap.call.ctx.function and facts.line_of(call.node) > facts.line_of(wrap.call.node)
+
+
+class UnwrapFix(Codemod):
+    rule = "TC511"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        targets = {id(node) for f in findings for node in f.fix.plan.nodes}
+        return module.visit(_Unwrap(targets))
+
+
+class _Unwrap(CallEditor):
+    def __init__(self, targets: set[int]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if id(original_node) in self.targets:
+            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
+        return updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if id(original_node) in self.targets:
+            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
+        return updated_node
