@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import FixContext
+from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code, rank_branch
@@ -31,6 +31,9 @@ class UnwrapAtCalls(FixPlan):
     nodes: tuple[cst.BaseExpression, ...]  # the wrapped model's expressions that become ``<it>.module``
     model: str
     line: int
+    # The wrap runs on some paths only (``if args.distributed: model = DDP(model)``): the name may hold the
+    # bare model there, so it becomes ``getattr(model, "module", model)``.
+    conditional: bool = False
 
 
 def _forwards(fn: cst.FunctionDef, param: str) -> bool:
@@ -65,7 +68,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
                 if any((c.method or "") in ("backward", "step") for c in facts.calls if c.ctx.inside(branch)):
                     raise DeclineFix(f"the block under `if {test}:` also trains; DDP's gradient sync needs every "
                                      "rank there: move the training out of it by hand")
-                return UnwrapAtCalls((node,), model, facts.line_of(node))
+                return UnwrapAtCalls((node,), model, facts.line_of(node), _conditional(wrapped[model]))
 
             yield self.finding(
                 facts,
@@ -75,7 +78,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
                 "(BatchNorm statistics, registered masks) from rank 0 (`broadcast_buffers=True`, the default), and "
                 "SyncBatchNorm all-reduces in every forward. On some ranks only, that collective waits for ranks "
                 "that never come. Run the bare module there: `model.module`.",
-                fix=self.planned_fix(FixClass.SAFE, f"use `{model}.module` there", plan),
+                fix=self.planned_fix(FixClass.SAFE, f"use the bare module there (`{model}.module`)", plan),
             )
 
     @staticmethod
@@ -102,6 +105,16 @@ class RankZeroForwardThroughDdp(ScriptRule):
         return None, None, None
 
 
+def _conditional(wrap) -> bool:
+    """Whether the wrap runs on some paths only (under an ``if``, in a loop, a ``try`` or a handler)."""
+    for frame in wrap.call.ctx.chain():
+        if frame.kind in ("def", "class", "module"):
+            return False
+        if frame.kind in ("if", "else", "loop", "try", "except"):
+            return True
+    return False
+
+
 def _after_wrap(facts: ScriptFacts, call: CallSite, wrap) -> bool:
     """The name holds the wrapper at ``call``: after the wrap in its function, or anywhere in the class
     for an attribute wrapped in ``__init__``."""
@@ -114,21 +127,35 @@ class UnwrapFix(Codemod):
     rule = "TC511"
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
-        targets = {id(node) for f in findings for node in f.fix.plan.nodes}
-        return module.visit(_Unwrap(targets))
+        targets = {id(node): f.fix.plan.conditional for f in findings for node in f.fix.plan.nodes}
+        return module.visit(_Unwrap(targets, module))
 
 
 class _Unwrap(CallEditor):
-    def __init__(self, targets: set[int]) -> None:
+    def __init__(self, targets: dict[int, bool], module: cst.Module) -> None:
         super().__init__()
         self.targets = targets
+        self.module = module
+        self.fstrings: list[str] = []  # the quotes of the f-strings around the node visited
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        self.fstrings.append(node.start.lstrip("rRfFbBuU"))
+
+    def leave_FormattedString(self, original_node: cst.FormattedString, updated_node: cst.FormattedString):
+        self.fstrings.pop()
+        return updated_node
+
+    def _unwrapped(self, original_node: cst.BaseExpression, updated_node: cst.BaseExpression) -> cst.BaseExpression:
+        if id(original_node) not in self.targets:
+            return updated_node
+        if self.targets[id(original_node)]:
+            text = self.module.code_for_node(updated_node)
+            quote = "'" if any('"' in q for q in self.fstrings) else '"'  # inside an f-string: its other quote
+            return parse_expression(f"getattr({text}, {quote}module{quote}, {text})", self.module)
+        return cst.Attribute(value=updated_node, attr=cst.Name("module"))
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        if id(original_node) in self.targets:
-            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
-        return updated_node
+        return self._unwrapped(original_node, updated_node)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        if id(original_node) in self.targets:
-            return cst.Attribute(value=updated_node, attr=cst.Name("module"))
-        return updated_node
+        return self._unwrapped(original_node, updated_node)
