@@ -157,10 +157,39 @@ def test_the_newest_text_wins_and_a_broken_one_is_tc000(client, project):
         _change(client, path, base + f"\nx{version} = 1\n", version=version, wait=False)
     broken = base + "\ndef broken(:\n"
     published = _change(client, path, broken, version=7)
-    assert [d["code"] for d in published["diagnostics"]] == ["TC000"]
+    assert published["diagnostics"][0]["code"] == "TC000"
     assert published["diagnostics"][0]["severity"] == 1
     healed = _change(client, path, base, version=8)
     assert "TC201" in {d["code"] for d in healed["diagnostics"]}
+    assert not any(d["code"] == "TC000" or d.get("data", {}).get("stale") for d in healed["diagnostics"])
+
+
+def test_a_broken_line_keeps_the_last_good_diagnostics_of_the_others_where_they_are_now(client, project):
+    """Issue 50: while a line does not parse, the TC000 says which line and what there, and the other
+    places keep the diagnostics of the last text that parsed (``data.stale``), moved with their lines."""
+    path = project / "broken_middle.py"
+    base = FIXTURE.read_text()
+    good = _open(client, path, base, version=1)["diagnostics"]
+    lines = base.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("def "))  # before the first def
+    broken = "".join(lines[:at] + ["def broken(:\n"] + lines[at:])
+    published = _change(client, path, broken, version=2)["diagnostics"]
+    error, rest = published[0], published[1:]
+    assert error["code"] == "TC000" and error["range"]["start"]["line"] == at
+    assert f"line {at + 1}" in error["message"] and "`def broken(:`" in error["message"]
+    assert "last text that parsed" in error["message"]
+    assert all(d["data"]["stale"] for d in rest)
+
+    def moved(d: dict) -> tuple:
+        shift = 1 if d["range"]["start"]["line"] >= at else 0
+        return (d["code"], d["range"]["start"]["line"] + shift, d["range"]["start"]["character"],
+                d["range"]["end"]["line"] + shift, d["message"])
+
+    assert sorted(moved(d) for d in good) == sorted(
+        (d["code"], d["range"]["start"]["line"], d["range"]["start"]["character"], d["range"]["end"]["line"],
+         d["message"]) for d in rest)
+    healed = _change(client, path, base, version=3)["diagnostics"]
+    assert sorted(d["code"] for d in healed) == sorted(d["code"] for d in good)
 
 
 def test_closing_clears_the_diagnostics(client, project):

@@ -269,6 +269,10 @@ class Codemod:
     """
 
     rule: ClassVar[str]
+    # Whether the fix edits only what its findings' plans name (and adds module-level statements): then
+    # scan's per-finding edits run it on the region of the module that holds those (made_in_region). A
+    # fix that looks for more on its own (a conversion that guards every print) sets it False.
+    edits_plan_only: ClassVar[bool] = True
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         raise NotImplementedError
@@ -378,10 +382,51 @@ def fixed_text(
     codemod = codemod_of(rule)
     if codemod is None or not findings:
         return None
+    made = made_in_region(codemod, facts, findings, settings, rule.id)
+    if made is not None:
+        return made
     try:
         return made_by(codemod, facts, findings, settings, rule.id)[0]
     except Refused:
         return None
+
+
+def made_in_region(
+    codemod: Codemod, facts: "ScriptFacts", findings: "Sequence[Finding]", settings: "Settings", rule_id: str
+) -> str | None:
+    """:func:`made_by`'s text, made by running ``codemod`` on the smallest region of the module that holds
+    the findings and their plans' nodes (tcaudit/rewrite/region.py) instead of on the whole module;
+    None where the region cannot vouch for giving the same text (the caller then makes it on the whole
+    module), including every refusal, which the whole module's run then decides and words."""
+    from tcaudit.rewrite.region import imports_added, mentions, region_for
+    from tcaudit.rewrite.textedits import keep_lone_cr
+    from tcaudit.script.guards import structural_refusal
+
+    if not codemod.edits_plan_only:
+        return None
+    lines = [line for f in findings for line in (f.location.line, f.location.end_line)]
+    region = region_for(facts, [f.fix.plan for f in findings if f.fix is not None], lines)
+    if region is None:
+        return None
+    try:
+        module = codemod.apply(region.module, list(findings), FixContext(facts, settings))
+        text = region.spliced(keep_lone_cr(facts.source.text, module.code))
+    except Exception:  # noqa: BLE001 - a decline or a failure: the whole module's run says which
+        return None
+    if text is None or text == facts.source.text:
+        return text
+    try:
+        compile(text, facts.source.display_path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    # The safety net on the region: the statements left out are the same before and after, so what
+    # they add to its counts cancels out, except module-level reads of a name the fix newly imports.
+    if structural_refusal(region.module, module) is not None:
+        return None
+    added = imports_added(region.module, module)
+    if added and mentions(region.left_out(), added):
+        return None
+    return text
 
 
 def text_with_fixes(
