@@ -386,3 +386,40 @@ def test_neovim_applies_the_quick_fix_in_a_real_buffer(tmp_path):
     finding = next(f for f in api.scan(text=original, filename="train.py", settings=api.load([path])) if f.rule == "TC201")
     assert written == apply_edits(original, list(finding.fix.edits))
     assert "with torch.autocast(" in written
+
+
+def test_a_huge_document_does_not_hold_up_the_answers_about_another(tmp_path):
+    """Issue 50: each document has its own scans, so while a huge buffer is analysed, a small one still
+    gets its diagnostics and its quick fixes (before: one scan thread served all, in order)."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    small, huge = tmp_path / "small.py", tmp_path / "huge.py"
+    step = textwrap.dedent('''
+        def train_step_{i}(model, batch, optimizer, scaler):
+            images, labels = batch
+            optimizer.zero_grad()
+            with torch.cuda.amp.autocast():
+                loss = F.cross_entropy(model(images.cuda()), labels.cuda())
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.item()
+        ''')
+    huge_text = "import torch\nimport torch.nn.functional as F\n" + "".join(step.format(i=i) for i in range(1500))
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path)
+        text = FIXTURE.read_text()
+        _open(client, small, text, version=1)  # the rules are imported
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": huge.as_uri(), "languageId": "python", "version": 1, "text": huge_text}})
+        published = _change(client, small, text + "# typed\n", version=2)
+        tc201 = next(d for d in published["diagnostics"] if d["code"] == "TC201")
+        actions = _actions(client, small, tc201, only=["quickfix"])
+        assert any(a["title"].startswith("Apply") for a in actions)
+        early = [m for m in client.notifications if m.get("method") == "textDocument/publishDiagnostics"
+                 and m["params"]["uri"] == huge.as_uri()]
+        assert early == [], "the huge document's scan ended first: the small one's answers waited for it"
+        late = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == huge.as_uri(), timeout=300)
+        assert len([d for d in late["diagnostics"] if d["code"] == "TC202"]) == 1500
+    finally:
+        client.close()
