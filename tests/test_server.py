@@ -423,3 +423,78 @@ def test_a_huge_document_does_not_hold_up_the_answers_about_another(tmp_path):
         assert len([d for d in late["diagnostics"] if d["code"] == "TC202"]) == 1500
     finally:
         client.close()
+
+
+def _cell_uri(notebook: Path, index: int) -> str:
+    """A cell document URI as VS Code makes them (``vscode-notebook-cell:`` + the notebook path + a fragment)."""
+    return f"vscode-notebook-cell:{notebook.as_posix()}#W{index}sZmlsZQ%3D%3D"
+
+
+def test_a_notebook_gets_diagnostics_per_cell_and_its_quick_fixes_edit_the_cells(tmp_path):
+    """Issue 50: notebook document sync. The client opens a notebook of three code cells and a markdown
+    cell (``notebookDocument/didOpen`` with the cells' text documents); each code cell gets the findings
+    ``tcaudit scan`` reports for the same .ipynb file, in the cell's own lines; the TC201 quick fix is
+    an edit of the cell it lies in, the one the JSON report of that file carries; the fixed cell, sent
+    back with ``notebookDocument/didChange``, has no TC201 left."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    lines = FIXTURE.read_text().splitlines(keepends=True)
+    cut = [0, next(i for i, line in enumerate(lines) if line.startswith("def ")),
+           next(i for i, line in enumerate(lines) if line.startswith("def main")), len(lines)]
+    code = ["".join(lines[a:b]) for a, b in zip(cut, cut[1:])]
+    cells = [(False, "# ResNet50\nTraining in a notebook."), (True, code[0]), (True, code[1]), (True, code[2])]
+    path = tmp_path / "train.ipynb"
+    path.write_text(convert.notebook_json(cells))
+    expected = api.scan(path, settings=api.load([path]), edits=True)
+    uris = [_cell_uri(path, i) for i in range(len(cells))]
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path)
+        client.notify("notebookDocument/didOpen", {
+            "notebookDocument": {"uri": path.as_uri(), "notebookType": "jupyter-notebook", "version": 1,
+                                 "cells": [{"kind": 2 if is_code else 1, "document": uri}
+                                           for (is_code, _), uri in zip(cells, uris)]},
+            "cellTextDocuments": [{"uri": uri, "languageId": "python" if is_code else "markdown", "version": 1,
+                                   "text": text} for (is_code, text), uri in zip(cells, uris)]})
+        wanted = sorted({f.location.cell for f in expected})
+        assert wanted and 1 not in wanted
+        published = {}
+        for _ in wanted:
+            got = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] in uris)
+            published[uris.index(got["uri"]) + 1] = got["diagnostics"]
+        assert sorted(published) == wanted
+        assert sorted((cell, d["code"], d["range"]["start"]["line"] + 1, d["range"]["start"]["character"] + 1,
+                       d["message"]) for cell, ds in published.items() for d in ds) == sorted(
+            (f.location.cell, f.rule, f.location.line, f.location.column, f.message) for f in expected)
+
+        tc201 = next(f for f in expected if f.rule == "TC201")
+        diagnostic = next(d for d in published[tc201.location.cell] if d["code"] == "TC201")
+        actions = client.request("textDocument/codeAction", {
+            "textDocument": {"uri": uris[tc201.location.cell - 1]}, "range": diagnostic["range"],
+            "context": {"diagnostics": [diagnostic], "only": ["quickfix"]}})
+        assert actions[0]["title"].endswith("(TC201)")
+        assert "Suppress TC201 on this line" in [a["title"] for a in actions]
+        changes = actions[0]["edit"]["documentChanges"]
+        texts = {uri: text for (_, text), uri in zip(cells, uris)}
+        fixed = dict(texts)
+        for change in changes:
+            fixed[change["textDocument"]["uri"]] = apply_text_edits(texts[change["textDocument"]["uri"]], change["edits"])
+        # The same cells as the JSON report's edits of that finding (each edit names its cell) make.
+        by_cell: dict[int, list] = {}
+        for edit in tc201.fix.edits:
+            by_cell.setdefault(edit.cell, []).append(edit)
+        assert {uris.index(c["textDocument"]["uri"]) + 1 for c in changes} == set(by_cell)
+        for cell, edits in by_cell.items():
+            assert fixed[uris[cell - 1]] == apply_edits(texts[uris[cell - 1]], edits)
+        assert "torch.autocast(" in fixed[uris[tc201.location.cell - 1]]
+        compile("".join(fixed[uri] for (is_code, _), uri in zip(cells, uris) if is_code), "nb", "exec")
+
+        client.notify("notebookDocument/didChange", {
+            "notebookDocument": {"uri": path.as_uri(), "version": 2},
+            "change": {"cells": {"textContent": [
+                {"document": {"uri": uri, "version": 2}, "changes": [{"text": fixed[uri]}]}
+                for uri in sorted({c["textDocument"]["uri"] for c in changes})]}}})
+        after = client.wait_for("textDocument/publishDiagnostics",
+                                lambda p: p["uri"] == uris[tc201.location.cell - 1] and p.get("version") == 2)
+        assert "TC201" not in {d["code"] for d in after["diagnostics"]}
+    finally:
+        client.close()

@@ -160,6 +160,33 @@ def workspace_edit(uri: str, version: int | None, edits: list[lsp.TextEdit], doc
     return lsp.WorkspaceEdit(changes={uri: edits})
 
 
+def workspace_edits(changes: Sequence[tuple[str, "int | None", list[lsp.TextEdit]]],
+                    document_changes: bool) -> lsp.WorkspaceEdit:
+    """The edits of several documents (a notebook's cells): (uri, version, edits) each."""
+    if document_changes:
+        return lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
+            text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), edits=edits)
+            for uri, version, edits in changes])
+    return lsp.WorkspaceEdit(changes={uri: edits for uri, _, edits in changes})
+
+
+def notebook_json(cells: Sequence[tuple[bool, str]]) -> str:
+    """The notebook file an editor's notebook stands for: (is a code cell, its text) per cell, in order,
+    as nbformat 4 JSON, so the scan reads it as ``tcaudit scan`` reads the ``.ipynb`` (its cell numbers
+    count every cell, as the editor's do)."""
+    import json
+
+    out = []
+    for code, text in cells:
+        source = text.splitlines(keepends=True)
+        if code:
+            out.append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source})
+        else:
+            out.append({"cell_type": "markdown", "metadata": {}, "source": source})
+    return json.dumps({"cells": out, "metadata": {"kernelspec": {"language": "python", "name": "python3"}},
+                       "nbformat": 4, "nbformat_minor": 5}, indent=1, ensure_ascii=False) + "\n"
+
+
 def fix_title(finding: Finding) -> str:
     """"Apply numerics fix: bf16 autocast": the fix class, then what the fix does."""
     fix = finding.fix

@@ -22,6 +22,12 @@ What it does for each Python document the editor opens:
   (``codeAction/resolve``) or asks for that kind by name; "Suppress TCxxx on this line" adds the
   rule's code to a ``# noqa:`` comment.
 
+**Notebooks** (the protocol's notebook document sync, ``notebookDocument/did*``, which VS Code's
+language client sends for Jupyter notebooks): the cells are put together as the notebook file they
+stand for and scanned exactly as ``tcaudit scan train.ipynb`` scans it (tcaudit/source/notebook.py:
+the same virtual script, the same IPython masking, the same cell numbers); each code cell gets its own
+diagnostics, and a quick fix edits the cells its edits lie in. The model audit does not run for them.
+
 Settings come from the same config files the command line reads (the nearest ``pyproject.toml``,
 ``tcaudit.toml`` or ``.tcaudit.toml`` upward from the document), with the client's
 ``initializationOptions.settings`` (config keys) on top; a saved config file is read again.
@@ -88,11 +94,21 @@ class Document:
     # The model audit: running (a task), and whether a save came while it ran (audit again after it).
     audit: "asyncio.Task | None" = None
     audit_again: bool = False
+    # A notebook (notebookDocument sync): its cells are text documents of their own; the cell URIs
+    # whose diagnostics were last published (a cell that lost its findings, or went, is cleared).
+    notebook: bool = False
+    cells_published: set[str] = field(default_factory=set)
 
 
 class TcauditServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("tcaudit", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        super().__init__(
+            "tcaudit", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+            notebook_document_sync=lsp.NotebookDocumentSyncOptions(notebook_selector=[
+                lsp.NotebookDocumentFilterWithCells(notebook="jupyter-notebook",
+                                                    cells=[lsp.NotebookCellLanguage(language="python")]),
+            ]),
+        )
         self.documents: dict[str, Document] = {}
         self.options: dict[str, Any] = {}  # initializationOptions.settings: config keys
         self.model_audit = True  # initializationOptions.modelAudit
@@ -146,15 +162,54 @@ class TcauditServer(LanguageServer):
         try:
             while True:
                 document.stale = False
-                text_document = self.workspace.get_text_document(document.uri)
-                analysis = await self._analyse(document, text_document.source, text_document.version)
+                text, version = self.current_text(document)
+                analysis = await self._analyse(document, text, version)
                 if document.closed:
                     return
                 if not document.stale:
-                    self.publish(document, text_document, analysis)
+                    if document.notebook:
+                        self.publish_cells(document, analysis)
+                    else:
+                        self.publish(document, self.workspace.get_text_document(document.uri), analysis)
                     return
         finally:
             document.scanning = False
+
+    def current_text(self, document: Document) -> tuple[str, int | None]:
+        """(the document's text now, its version); a notebook's text is the notebook file its cells make."""
+        if not document.notebook:
+            text_document = self.workspace.get_text_document(document.uri)
+            return text_document.source, text_document.version
+        notebook = self.workspace.get_notebook_document(notebook_uri=document.uri)
+        if notebook is None:
+            return convert.notebook_json([]), None
+        cells = [(cell.kind == lsp.NotebookCellKind.Code, self.workspace.get_text_document(cell.document).source)
+                 for cell in notebook.cells]
+        return convert.notebook_json(cells), notebook.version
+
+    def cell_uris(self, document: Document) -> list[str]:
+        """The notebook's cell document URIs, in order: cell ``n`` of a finding is ``cell_uris()[n - 1]``."""
+        notebook = self.workspace.get_notebook_document(notebook_uri=document.uri)
+        return [cell.document for cell in notebook.cells] if notebook is not None else []
+
+    def publish_cells(self, document: Document, analysis: Analysis) -> None:
+        """A notebook's findings as each code cell's diagnostics, in the cell's own lines."""
+        document.analysis = analysis
+        uris = self.cell_uris(document)
+        by_cell: dict[str, list[Finding]] = {}
+        for finding in analysis.findings:
+            cell = finding.location.cell
+            uri = uris[cell - 1] if cell is not None and 0 < cell <= len(uris) else (uris[0] if uris else None)
+            if uri is not None:
+                by_cell.setdefault(uri, []).append(finding)
+        for uri in sorted(set(by_cell) | (document.cells_published & set(uris))):
+            cell_document = self.workspace.get_text_document(uri)
+            lines, codec = cell_document.lines, cell_document.position_codec
+            findings = by_cell.get(uri, [])
+            self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                uri=uri, version=cell_document.version,
+                diagnostics=[convert.diagnostic(f, lines, codec, uri, findings) for f in findings]))
+        document.cells_published = set(by_cell)
 
     async def _analyse(self, document: Document, text: str, version: int | None) -> Analysis:
         """A scan of ``text`` (in a worker thread), its fixes' edits left to be made on demand."""
@@ -247,6 +302,48 @@ class TcauditServer(LanguageServer):
             return
 
     # -- code actions ------------------------------------------------------------------------------
+    async def cell_code_actions(self, document: Document, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
+        """A notebook cell's quick fixes: a fix's edits, each in the cell it lies in (versioned by that
+        cell's version), and the suppression comment on the finding's line of this cell."""
+        uri = params.text_document.uri
+        uris = self.cell_uris(document)
+        if uri not in uris:
+            return []
+        number = uris.index(uri) + 1
+        text, version = self.current_text(document)
+        findings = (await self.analysis_of(document, text, version)).findings
+        cell_document = self.workspace.get_text_document(uri)
+        lines, codec = cell_document.lines, cell_document.position_codec
+        near = [f for f in findings if f.location.cell == number
+                and _overlaps(convert.finding_range(f, lines, codec), params.range)]
+        wanted = params.context.only
+        if not _wants(wanted, lsp.CodeActionKind.QuickFix):
+            return []
+        await asyncio.get_running_loop().run_in_executor(self.scans, _make_edits, near)
+        capabilities = self.client_capabilities.workspace
+        versioned = bool(capabilities and capabilities.workspace_edit and capabilities.workspace_edit.document_changes)
+        actions: list[lsp.CodeAction] = []
+        for finding in near:
+            diag = convert.diagnostic(finding, lines, codec, uri, near)
+            fix = finding.fix
+            edits = fix.edits if fix is not None and fix.available else None
+            if edits and all(e.cell is not None and 0 < e.cell <= len(uris) for e in edits):
+                changes = []
+                for cell in sorted({e.cell for e in edits}):
+                    target = self.workspace.get_text_document(uris[cell - 1])
+                    changes.append((target.uri, target.version, convert.text_edits(
+                        [e for e in edits if e.cell == cell], target.lines, target.position_codec)))
+                actions.append(lsp.CodeAction(
+                    title=convert.fix_title(finding), kind=lsp.CodeActionKind.QuickFix, diagnostics=[diag],
+                    is_preferred=fix.applies_by_default, edit=convert.workspace_edits(changes, versioned)))
+            suppress = convert.suppression_edit(cell_document.source, finding.location.line, finding.rule)
+            if suppress is not None:
+                actions.append(lsp.CodeAction(
+                    title=f"Suppress {finding.rule} on this line", kind=lsp.CodeActionKind.QuickFix,
+                    diagnostics=[diag], edit=convert.workspace_edit(
+                        uri, cell_document.version, convert.text_edits([suppress], lines, codec), versioned)))
+        return actions
+
     async def code_actions(self, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
         document = self.document(params.text_document.uri)
         text_document = self.workspace.get_text_document(document.uri)
@@ -405,6 +502,28 @@ def build_server() -> TcauditServer:
         if uri in ls.documents:
             ls.schedule_audit(uri)
 
+    @server.feature(lsp.NOTEBOOK_DOCUMENT_DID_OPEN)
+    def notebook_did_open(ls: TcauditServer, params: lsp.DidOpenNotebookDocumentParams) -> None:
+        document = ls.document(params.notebook_document.uri)
+        document.notebook, document.closed = True, False
+        if not document.display.lower().endswith(".ipynb"):  # scanned as a notebook by its name, as scan does
+            document.display += ".ipynb"
+        ls.schedule_scan(document.uri)
+
+    @server.feature(lsp.NOTEBOOK_DOCUMENT_DID_CHANGE)
+    def notebook_did_change(ls: TcauditServer, params: lsp.DidChangeNotebookDocumentParams) -> None:
+        if params.notebook_document.uri in ls.documents:
+            ls.schedule_scan(params.notebook_document.uri)
+
+    @server.feature(lsp.NOTEBOOK_DOCUMENT_DID_CLOSE)
+    def notebook_did_close(ls: TcauditServer, params: lsp.DidCloseNotebookDocumentParams) -> None:
+        document = ls.documents.pop(params.notebook_document.uri, None)
+        if document is not None:
+            document.closed = True
+            document.analysis = document.good = None
+            for uri in sorted(document.cells_published):
+                ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
     @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: TcauditServer, params: lsp.DidCloseTextDocumentParams) -> None:
         document = ls.documents.pop(params.text_document.uri, None)
@@ -426,7 +545,11 @@ def build_server() -> TcauditServer:
                               resolve_provider=True),
     )
     async def code_action(ls: TcauditServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
-        if params.text_document.uri not in ls.documents:
+        uri = params.text_document.uri
+        if uri not in ls.documents:
+            notebook = ls.workspace.get_notebook_document(cell_uri=uri)
+            if notebook is not None and notebook.uri in ls.documents:
+                return await ls.cell_code_actions(ls.documents[notebook.uri], params)
             return []
         return await ls.code_actions(params)
 
