@@ -498,3 +498,45 @@ def test_a_notebook_gets_diagnostics_per_cell_and_its_quick_fixes_edit_the_cells
         assert "TC201" not in {d["code"] for d in after["diagnostics"]}
     finally:
         client.close()
+
+
+def test_replayed_random_edits_publish_what_a_full_scan_reports_after_every_edit(client, project):
+    """Random edits of a real-world-shaped script (lines inserted, deleted, duplicated, broken), each
+    sent as the whole new text and waited for: every published version equals ``api.scan`` of that
+    text; while a text does not parse, its TC000 leads and every other diagnostic is a stale one of
+    the last text that parsed, on a line of the new text that reads as it did there."""
+    import random
+
+    rng = random.Random(50)
+    path = project / "replay.py"
+    text = FIXTURE.read_text()
+    settings = api.load([path])
+    _open(client, path, text, version=1)
+    good_lines = text.splitlines()
+    for version in range(2, 26):
+        lines = text.splitlines(keepends=True)
+        at = rng.randrange(len(lines))
+        kind = rng.choice(["insert", "delete", "duplicate", "break", "heal"])
+        if kind == "insert":
+            lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + f"step_{version} = {version}\n")
+        elif kind == "delete" and lines[at].strip().startswith(("print", "#", "x", "step_")):
+            del lines[at]
+        elif kind == "duplicate" and lines[at].strip().startswith(("print(", "loss.backward", "optimizer.")):
+            lines.insert(at, lines[at])
+        elif kind == "break":
+            lines.insert(at, "def broken(:\n")
+        else:
+            lines = [line for line in lines if line != "def broken(:\n"]
+        text = "".join(lines)
+        published = _change(client, path, text, version=version)["diagnostics"]
+        expected = api.scan(text=text, filename="replay.py", settings=settings, edits=False)
+        if not any(f.rule == "TC000" for f in expected):
+            assert [(d["code"], d["range"]["start"]["line"] + 1, d["message"]) for d in published] == [
+                (f.rule, f.location.line, f.message) for f in expected], (version, kind)
+            good_lines = text.splitlines()
+            continue
+        assert published[0]["code"] == "TC000" and not published[0].get("data", {}).get("stale")
+        now = text.splitlines()
+        for d in published[1:]:
+            assert d["data"]["stale"]
+            assert now[d["range"]["start"]["line"]] in good_lines

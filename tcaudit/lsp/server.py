@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 # Threads that scan documents and make fixes' edits: one document's scans run one at a time, so this
 # many documents are analysed side by side (they share the interpreter, which switches between them).
 SCAN_THREADS = 4
-# Model audits (each in its own sandbox process) running at once, for different documents.
-AUDIT_THREADS = 2
+# Model audits running at once: one, since every audit of this process talks to one sandbox process
+# (tcaudit/model/sandbox.py's ``shared_sandbox``), one model at a time. Scans never wait for it.
+AUDIT_THREADS = 1
 
 
 @dataclass
