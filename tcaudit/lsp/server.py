@@ -10,10 +10,11 @@ What it does for each Python document the editor opens:
 * **A text that does not parse** gets its TC000 (which line, and what is wrong there) and keeps the
   last good diagnostics of every other place, moved to where their lines are now (``data.stale``).
 * **The model audit on save.** On save (where the settings let scan build models: ``exec-models``
-  and a TC1 rule enabled) the models the saved file builds are audited in the background, each
-  document on its own, from and into the scan cache ``tcaudit scan`` keeps, so an unchanged model
-  costs a cache read. A newer save supersedes an audit still running: its result is dropped and the
-  newest save is audited next. Its findings join the diagnostics, and the script rules decide with
+  and a TC1 rule enabled) the models the saved file builds are audited in the background (one audit
+  at a time: the sandbox builds one model at a time; scans never wait for it), from and into the
+  scan cache ``tcaudit scan`` keeps, so an unchanged model costs a cache read. A newer save of the
+  document supersedes its audit still running: that result is dropped (the sandbox's model build is
+  not interrupted) and the newest save is audited next. Its findings join the diagnostics, and the script rules decide with
   what it measured, until the next save.
 * **Quick fixes.** Every finding whose fix is available gets a code action with the fix's own
   edits ("Apply numerics fix: ..."), made when the editor asks, for that finding alone, from the
