@@ -52,11 +52,11 @@ def with_edits(
     after_leaders: dict[tuple[str, str], _LeaderText | None] = {}
 
     def made(finding: Finding, rule: "ScriptRule") -> "tuple[TextEdit, ...] | None":
-        from tcaudit.rules.base import fixed_text
+        from tcaudit.rules.base import fixed_edits
 
         leader = finding.waits_for
         if leader is None:
-            new_text = fixed_text(facts, [finding], rule, settings)
+            return fixed_edits(facts, [finding], rule, settings)
         else:
             key = (rule.id, leader)
             if key not in after_leaders:

@@ -90,7 +90,8 @@ def _fix_inputs() -> list[Path]:
 @pytest.mark.parametrize("path", _fix_inputs(), ids=lambda p: p.name)
 def test_the_region_makes_the_whole_module_s_text_for_every_fixable_finding(path):
     """Where the region is used at all (``made_in_region`` is not None), its text is byte for byte the
-    one the codemod makes on the whole module: the safety net's verdict and the edits are the same."""
+    one the codemod makes on the whole module (the safety net's verdict too), and its edits, found by
+    comparing the region's code alone, turn the original text into it."""
     settings = Settings(exec_models=False)
     source = read_source(path, path.name)
     rules = candidate_rules(lazy_rules(settings), source.text, source.path, settings.root)
@@ -111,4 +112,6 @@ def test_the_region_makes_the_whole_module_s_text_for_every_fixable_finding(path
             whole = base.made_by(codemod, facts, [finding], settings, rule.id)[0]
         except base.Refused:
             whole = None
-        assert region == whole, f"{finding.rule} at line {finding.location.line}"
+        text, edits = region
+        assert text == whole, f"{finding.rule} at line {finding.location.line}"
+        assert apply_edits(source.text, edits) == whole  # its edits, found on the region's code, too

@@ -24,6 +24,8 @@ from typing import Any, Iterable
 
 import libcst as cst
 
+from tcaudit.findings import TextEdit
+from tcaudit.rewrite.textedits import edits_between
 from tcaudit.script.facts import ScriptFacts
 
 _PLACEHOLDER = "__tcaudit_elided_{}__"
@@ -42,6 +44,33 @@ class Region:
     # (the placeholder's line as the region's code prints it, the original text it stands for: the
     # statements it replaces less the blank and comment lines above the first, which it keeps)
     elided: tuple[tuple[str, str], ...]
+    # The region's code (the original text with each left-out run as its placeholder's line), and the
+    # 1-based line of each placeholder in it.
+    code: str = ""
+    placeholder_lines: tuple[int, ...] = ()
+
+    def edits(self, new_code: str) -> "tuple[TextEdit, ...] | None":
+        """The edits that turn the whole original text into the whole new one, found by comparing the
+        region's code with ``new_code`` (the codemod's output for the region) and moved to the original
+        text's lines; None where an edit would reach into a placeholder's line."""
+        out = []
+        for edit in edits_between(self.code, new_code):
+            start = self._original(edit.line, edit.column)
+            end = self._original(edit.end_line, edit.end_column)
+            if start is None or end is None:
+                return None
+            out.append(TextEdit(start[0], start[1], end[0], end[1], edit.content))
+        return tuple(out)
+
+    def _original(self, line: int, column: int) -> tuple[int, int] | None:
+        shift = 0
+        for placeholder, (_, original) in zip(self.placeholder_lines, self.elided):
+            if placeholder > line:
+                break
+            if placeholder == line:
+                return (line + shift, 1) if column == 1 else None
+            shift += original.count("\n") - 1
+        return line + shift, column
 
     def spliced(self, code: str) -> str | None:
         """The whole module's text from the codemod's output ``code`` for the region; None where a
@@ -120,8 +149,14 @@ def region_for(facts: ScriptFacts, anchors: Iterable[Any], lines: Iterable[int] 
         index = end
     if not elided:
         return None
-    region = Region(module.with_changes(body=region_body), tuple(elided))
-    if region.module.code != "".join(expected):
+    code = "".join(expected)
+    placeholder_lines, line, placeholders = [], 1, {placeholder for placeholder, _ in elided}
+    for piece in expected:
+        if piece in placeholders or piece.endswith(tuple(placeholders)):
+            placeholder_lines.append(line + piece.count("\n") - 1)
+        line += piece.count("\n")
+    region = Region(module.with_changes(body=region_body), tuple(elided), code, tuple(placeholder_lines))
+    if len(placeholder_lines) != len(elided) or region.module.code != code:
         return None  # the statements' lines were not where the positions said: no exact splice
     return region
 
