@@ -477,7 +477,8 @@ def test_a_notebook_gets_diagnostics_per_cell_and_its_quick_fixes_edit_the_cells
         texts = {uri: text for (_, text), uri in zip(cells, uris)}
         fixed = dict(texts)
         for change in changes:
-            fixed[change["textDocument"]["uri"]] = apply_text_edits(texts[change["textDocument"]["uri"]], change["edits"])
+            uri = change["textDocument"]["uri"]
+            fixed[uri] = apply_text_edits(texts[uri], change["edits"])
         # The same cells as the JSON report's edits of that finding (each edit names its cell) make.
         by_cell: dict[int, list] = {}
         for edit in tc201.fix.edits:

@@ -128,7 +128,8 @@ def carried_over(findings: Sequence[Finding], old_text: str, new_text: str, brok
             last = where(loc.end_line, loc.end_column - 1)
             end = (last[0], last[1] + 1) if last is not None else None
         else:
-            end = where(loc.end_line, loc.end_column) if (loc.end_line, loc.end_column) != (loc.line, loc.column) else start
+            empty = (loc.end_line, loc.end_column) == (loc.line, loc.column)
+            end = start if empty else where(loc.end_line, loc.end_column)
         if start is None or end is None or start[0] in broken_lines or end[0] in broken_lines:
             continue
         moved = dataclasses.replace(loc, line=start[0], column=start[1], end_line=end[0], end_column=end[1])

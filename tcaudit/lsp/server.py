@@ -14,8 +14,8 @@ What it does for each Python document the editor opens:
   at a time: the sandbox builds one model at a time; scans never wait for it), from and into the
   scan cache ``tcaudit scan`` keeps, so an unchanged model costs a cache read. A newer save of the
   document supersedes its audit still running: that result is dropped (the sandbox's model build is
-  not interrupted) and the newest save is audited next. Its findings join the diagnostics, and the script rules decide with
-  what it measured, until the next save.
+  not interrupted) and the newest save is audited next. Its findings join the diagnostics, and the
+  script rules decide with what it measured, until the next save.
 * **Quick fixes.** Every finding whose fix is available gets a code action with the fix's own
   edits ("Apply numerics fix: ..."), made when the editor asks, for that finding alone, from the
   document's last analysis (no second scan); "Fix all safe" (``source.fixAll.tcaudit``) makes
