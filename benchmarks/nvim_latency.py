@@ -8,7 +8,7 @@ code action round trip at the first diagnostic with no ``only`` filter, as ``vim
 asks (tcaudit lists "Fix all safe" there, its edit made when the client resolves it).
 
     PYTHONPATH=. .venv/bin/python benchmarks/nvim_latency.py [--edits 10] [--ruff /tmp/ruffpkg/bin/ruff]
-        [--out benchmarks/results/nvim_latency.json]
+        [--repo CHECKOUT] [--servers tcaudit,ruff] [--out benchmarks/results/nvim_latency.json]
 """
 
 from __future__ import annotations
@@ -120,11 +120,15 @@ def main() -> int:
     parser.add_argument("--nvim", default=shutil.which("nvim") or "nvim")
     parser.add_argument("--ruff", default=shutil.which("ruff") or "/tmp/ruffpkg/bin/ruff")
     parser.add_argument("--out", default=str(HERE / "results" / "nvim_latency.json"))
+    parser.add_argument("--repo", default=str(REPO),
+                        help="the checkout whose tcaudit the server runs (default this one: a before/after pair)")
+    parser.add_argument("--servers", default="tcaudit,ruff", help="which servers, comma-separated")
     args = parser.parse_args()
     import fix_speed
 
-    servers = {"tcaudit": [sys.executable, "-m", "tcaudit", "server"]}
-    if Path(args.ruff).is_file():
+    wanted = set(args.servers.split(","))
+    servers = {"tcaudit": [sys.executable, "-m", "tcaudit", "server"]} if "tcaudit" in wanted else {}
+    if "ruff" in wanted and Path(args.ruff).is_file():
         servers["ruff"] = [args.ruff, "server"]
     rows: dict = {}
     with tempfile.TemporaryDirectory(prefix="tcaudit-nvim-files-") as tmp:
@@ -132,11 +136,12 @@ def main() -> int:
         files = {"fixture": REPO / "fixtures" / "resnet50" / "train.py", "2k-line file": big}
         for file_name, path in files.items():
             for server, command in servers.items():
-                rows[f"{server}, {file_name}"] = run(args.nvim, command, path, args.edits, {"PYTHONPATH": str(REPO)})
+                rows[f"{server}, {file_name}"] = run(args.nvim, command, path, args.edits, {"PYTHONPATH": args.repo})
                 print(server, file_name, rows[f"{server}, {file_name}"], file=sys.stderr, flush=True)
     version = subprocess.run([args.nvim, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     result = {
         "command": "benchmarks/nvim_latency.py " + " ".join(sys.argv[1:]),
+        "tcaudit": args.repo,
         "timings": "CPU only: wall milliseconds in headless Neovim",
         "nvim": version,
         "ruff": subprocess.run([args.ruff, "--version"], capture_output=True, text=True).stdout.strip()
