@@ -115,3 +115,59 @@ def test_the_region_makes_the_whole_module_s_text_for_every_fixable_finding(path
         text, edits = region
         assert text == whole, f"{finding.rule} at line {finding.location.line}"
         assert apply_edits(source.text, edits) == whole  # its edits, found on the region's code, too
+
+
+SHAPES = '''"""Steps in every shape a module holds them."""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+# a comment above a decorated function
+
+
+@functools.lru_cache(maxsize=None)
+def cached_step(model, x):
+    with torch.cuda.amp.autocast():
+        return model(x)
+
+
+async def async_step(model, x):
+    with torch.cuda.amp.autocast():
+        return model(x)
+
+
+class Trainer:
+    """A class between the functions."""
+
+    def step(self, x):
+        with torch.cuda.amp.autocast():
+            return self.model(x)
+        # a comment at the end of the block, indented
+
+
+def plain_step(model, x):
+    with torch.cuda.amp.autocast():  # tcaudit keeps this comment
+        return F.relu(model(x))
+'''
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["LF", "CRLF"])
+def test_the_region_serves_decorated_async_class_and_commented_shapes(monkeypatch, newline):
+    """Each TC202 of a module of decorated, async, class and commented functions (LF and CRLF) gets its
+    edits from its region alone, and they equal the whole module's."""
+    text = SHAPES.replace("\n", newline)
+    whole = api.scan(text=text, filename="shapes.py", isolated=True, select=["TC202"], edits=True)
+    expected = [f.fix.edits for f in whole if f.fix is not None and f.fix.available]
+    assert len(expected) == 4 and all(expected)
+    lazy = api.scan(text=text, filename="shapes.py", isolated=True, select=["TC202"])
+
+    def whole_module(*args, **kwargs):
+        raise AssertionError("the fix ran on the whole module")
+
+    monkeypatch.setattr(base, "made_by", whole_module)
+    assert [f.fix.edits for f in lazy if f.fix is not None and f.fix.available] == expected
+    for edits in expected:
+        fixed = apply_edits(text, edits)
+        assert fixed.count(newline) == text.count(newline) and "\r\r" not in fixed
+        compile(fixed, "shapes.py", "exec")
