@@ -392,8 +392,8 @@ class TcauditServer(LanguageServer):
                 # not each time it lists the actions.
                 actions.append(lsp.CodeAction(title=title, kind=convert.FIX_ALL_KIND,
                                               data={"uri": document.uri, "version": version}))
-            elif _names(wanted, convert.FIX_ALL_KIND):
-                action = await self.fix_all_action(document, title)
+            elif _names(wanted, convert.FIX_ALL_KIND):  # made now: titled by what it did
+                action = await self.fix_all_action(document)
                 if action is not None:
                     actions.append(action)
         return actions
