@@ -541,3 +541,24 @@ def test_replayed_random_edits_publish_what_a_full_scan_reports_after_every_edit
         for d in published[1:]:
             assert d["data"]["stale"]
             assert now[d["range"]["start"]["line"]] in good_lines
+
+
+def test_fix_all_safe_is_listed_at_once_and_made_when_the_client_resolves_it(tmp_path):
+    """Issue 50: a client that resolves edits (Neovim, VS Code) gets "Fix all safe" in the list without
+    its edit (listing the actions makes no ``tcaudit fix`` of the whole text), and the edit on
+    ``codeAction/resolve``: exactly ``tcaudit fix --classes safe``."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    path = tmp_path / "train.py"
+    text = FIXTURE.read_text()
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path, resolves_edits=True)
+        first = _open(client, path, text)["diagnostics"][0]
+        actions = _actions(client, path, first)
+        listed = [a for a in actions if a["kind"] == convert.FIX_ALL_KIND]
+        assert len(listed) == 1 and "edit" not in listed[0]
+        resolved = client.request("codeAction/resolve", listed[0])
+        fixed = apply_text_edits(text, _edits(resolved))
+        assert fixed == api.fix(text, filename="train.py", settings=api.load([path]), classes="safe").text != text
+    finally:
+        client.close()
