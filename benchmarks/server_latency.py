@@ -3,7 +3,7 @@ the wall time from sending a ``didChange`` to receiving the ``publishDiagnostics
 for the ResNet50 fixture and the 2,008-line file of ``fix_speed.py``; also the first diagnostics after
 ``didOpen`` (which import the rules) and a quick-fix ``codeAction`` (the fixes' edits).
 
-    .venv/bin/python benchmarks/server_latency.py [--edits 30] [--out benchmarks/results/server_latency.json]
+    .venv/bin/python benchmarks/server_latency.py [--edits 30] [--repo CHECKOUT] [--out benchmarks/results/server_latency.json]
 
 Each edit appends a comment line (the script rules scan the whole text again, as for any keystroke);
 edits are sent one at a time, each after the previous one's diagnostics arrived.
@@ -63,6 +63,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--edits", type=int, default=30)
     parser.add_argument("--out", default=str(HERE / "results" / "server_latency.json"))
+    parser.add_argument("--repo", default=str(REPO),
+                        help="the checkout whose tcaudit the server runs (default this one: a before/after pair)")
     args = parser.parse_args()
     import fix_speed
     from lsp_client import LspClient
@@ -75,7 +77,7 @@ def main() -> int:
         big = fix_speed.two_thousand_line_file(root / "big")
         fixture = root / "train.py"
         fixture.write_text((REPO / "fixtures" / "resnet50" / "train.py").read_text())
-        client = LspClient(root, env={"PYTHONPATH": str(REPO)})
+        client = LspClient(root, env={"PYTHONPATH": args.repo})
         try:
             client.initialize(root)
             for name, path in (("fixture", fixture), ("2k-line file", big)):
@@ -85,6 +87,7 @@ def main() -> int:
             client.close()
     result = {
         "command": "benchmarks/server_latency.py " + " ".join(sys.argv[1:]),
+        "tcaudit": args.repo,
         "machine": f"CPU only: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "load_average_at_end": os.getloadavg(),

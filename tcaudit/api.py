@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
@@ -134,7 +135,7 @@ def scan(
     model_audit: bool = True,
     cache: bool = False,
     jobs: int = 1,
-    edits: "bool | tuple[int, int] | None" = True,
+    edits: "bool | str | tuple[int, int] | None" = "lazy",
     models: "AuditedModels | None" = None,
     model_findings: Sequence[Finding] = (),
     **options: Any,
@@ -151,9 +152,14 @@ def scan(
     models the scripts define in a sandbox; ``model_audit=False`` skips it). A text gets the script
     rules only; ``models`` and ``model_findings`` (from an earlier scan of the file on disk: see
     ``Findings.result``) let the rules decide with what the audit measured and merge its findings.
-    ``cache``: answer unchanged files from the result cache ``tcaudit scan`` keeps. ``edits``: give
-    each available fix its text edits (``Finding.fix.edits``), a codemod run per finding; for a text,
-    ``(first, last)`` gives only the findings on those lines their edits (an editor's code action).
+    ``cache``: answer unchanged files from the result cache ``tcaudit scan`` keeps. ``edits``: each
+    available fix's text edits (``Finding.fix.edits``, what ``tcaudit fix`` would change for that finding
+    alone). ``"lazy"`` (the default): made the first time ``finding.fix.edits`` is read, for that finding
+    alone, on the smallest part of the module that holds it, so a scan costs what it costs without edits
+    and each edit read costs one fix (until then the findings keep the file's analysis alive: pass
+    ``edits=False`` for a large project whose edits you will not read); ``True``: made during the scan,
+    every one; ``False``: none (``edits`` is None); for a text, ``(first, last)`` makes those of the
+    findings on those lines during the scan (an editor's code action).
     ``settings``: settings from :func:`load`, instead of ``config``/``isolated``/keywords.
     Raises :class:`TcauditError` for a path that does not exist or an invalid setting."""
     from tcaudit import engine
@@ -165,6 +171,8 @@ def scan(
     edit_lines = tuple(edits) if isinstance(edits, (tuple, list)) else None
     if edit_lines is not None:
         edits = True
+    elif edits not in (True, False, None, "lazy"):
+        raise TcauditError(f"edits={edits!r}: expected True, False, \"lazy\" or (first line, last line)")
     if text is not None:
         display = os.fspath(filename) if filename is not None else TEXT_NAME
         chosen = _settings(settings, [display] if filename is not None else [], config, isolated, edits, options)
@@ -188,21 +196,23 @@ def scan(
     return Findings(result)
 
 
-_RULES: dict[Settings, list] = {}
+_RULES = threading.local()
 
 
 def _rules(settings: Settings) -> list:
-    """The script rules for ``settings``, made once per settings: an editor scans at every keystroke."""
+    """The script rules for ``settings``, made once per settings and thread: an editor scans at every
+    keystroke, and scans its documents side by side (a rule object is used by one scan at a time)."""
     from tcaudit.rules.registry import lazy_rules
 
+    made: dict[Settings, list] = _RULES.__dict__.setdefault("by_settings", {})
     try:
-        rules = _RULES.get(settings)
+        rules = made.get(settings)
     except TypeError:  # settings holding something unhashable: not kept
         return lazy_rules(settings)
     if rules is None:
-        if len(_RULES) > 8:
-            _RULES.clear()
-        rules = _RULES[settings] = lazy_rules(settings)
+        if len(made) > 8:
+            made.clear()
+        rules = made[settings] = lazy_rules(settings)
     return rules
 
 

@@ -100,7 +100,8 @@ class Settings:
     verbose: bool = False
     # Give each available fix its text edits (tcaudit/planned_edits.py): what machine output (JSON,
     # SARIF), the Python API and the editor need; a codemod run per finding, so the text report skips it.
-    fix_edits: bool = False
+    # "lazy": each finding's edits are made the first time they are read (the API's and the editor's default).
+    fix_edits: "bool | str" = False
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 

@@ -272,7 +272,8 @@ def analyse_source(
     """Parse ``source`` once (a syntax error raises :class:`SourceError`), build its facts and run
     ``rules`` on them: (facts, findings, internal errors). An internal error in the facts or in one
     rule costs only that part: the other rules still report. ``edits``: give each available fix its
-    text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``); ``tcaudit fix``, which makes
+    text edits (tcaudit/planned_edits.py; default: ``settings.fix_edits``; ``"lazy"``: each made when
+    first read); ``tcaudit fix``, which makes
     the fixes itself, never asks. ``facts``: those of ``source``, where the caller has them already.
     ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them.
     ``edit_lines``: (first, last): edits only for the findings on those lines."""
@@ -301,11 +302,12 @@ def analyse_source(
         findings.extend(found)
     # A fix that would bring about what another rule's decline protects against is declined too.
     findings = block_created(findings)
-    if settings.fix_edits if edits is None else edits:
+    wanted = settings.fix_edits if edits is None else edits
+    if wanted:
         from tcaudit.planned_edits import with_edits
 
         try:
-            findings = with_edits(facts, findings, rules, settings, context, edit_lines)
+            findings = with_edits(facts, findings, rules, settings, context, edit_lines, lazy=wanted == "lazy")
         except Exception as exc:  # noqa: BLE001 - the findings stand without their edits
             errors.append(f"{display}: internal error while making the fixes' edits: {exc!r}\n{traceback.format_exc()}")
     return facts, findings, errors

@@ -7,7 +7,7 @@ import enum
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # The longest a finding's message may be (ruff-like: what and where); the why goes in its explanation.
 MESSAGE_LIMIT = 120
@@ -227,6 +227,50 @@ class RenderedPlan(FixPlan):
         return dict(self.data)
 
 
+class PendingEdits:
+    """A fix's text edits not made yet: ``make()`` makes them (a tuple of :class:`TextEdit`, or None where
+    they cannot be made alone) the first time ``Fix.edits`` is read, and the fix keeps what it returned.
+    ``scan``'s default for the Python API and the editor (tcaudit/planned_edits.py): an edit costs a
+    codemod run, and most findings' edits are never asked for."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: "Callable[[], tuple[TextEdit, ...] | None]") -> None:
+        self.make = make
+
+    def then(self, step: "Callable[[tuple[TextEdit, ...]], tuple[TextEdit, ...] | None]") -> "PendingEdits":
+        """Edits made by ``step`` from these once they are made (a notebook moves them into their cells)."""
+        make = self.make
+
+        def made() -> "tuple[TextEdit, ...] | None":
+            edits = make()
+            return None if edits is None else step(edits)
+
+        return PendingEdits(made)
+
+
+class _EditsField:
+    """``Fix.edits``: a tuple, None, or a :class:`PendingEdits` made on first read. A failure to make them
+    leaves the fix without edits (None), as an eager scan would."""
+
+    def __get__(self, fix: "Fix | None", owner: type | None = None) -> "tuple[TextEdit, ...] | None":
+        if fix is None:
+            return None  # the dataclass field's default
+        value = fix.__dict__.get("_edits")
+        if isinstance(value, PendingEdits):
+            try:
+                made = value.make()
+            except Exception:  # noqa: BLE001 - a fix whose edits cannot be made keeps none
+                made = None
+            value = None if made is None else tuple(made)
+            fix.__dict__["_edits"] = value
+        return value
+
+    def __set__(self, fix: "Fix", value: "tuple[TextEdit, ...] | PendingEdits | None") -> None:
+        # The dataclass hands this field object itself to ``__init__`` as the default.
+        fix.__dict__["_edits"] = None if isinstance(value, _EditsField) else value
+
+
 @dataclass(frozen=True)
 class Fix:
     """Whether and how a finding would be fixed.
@@ -251,8 +295,27 @@ class Fix:
     creates: tuple["Situation", ...] = field(default=(), compare=False)
     # The change this fix makes, as replacements of the analysed text (an available fix's, where scan
     # computed it): applied alone to that text they give a file that parses. A fix that needs another
-    # rule's fix first (the rule's ``after``) carries that fix's edits too. None: not computed.
-    edits: "tuple[TextEdit, ...] | None" = field(default=None, compare=False)
+    # rule's fix first (the rule's ``after``) carries that fix's edits too. None: not computed. A
+    # ``PendingEdits`` given here is made the first time ``edits`` is read (``edits_pending`` till then).
+    edits: "tuple[TextEdit, ...] | None" = field(default=_EditsField(), compare=False)  # type: ignore[assignment]
+
+    @property
+    def edits_pending(self) -> bool:
+        """Whether the edits are still to be made (reading ``edits`` makes them)."""
+        return isinstance(self.__dict__.get("_edits"), PendingEdits)
+
+    @property
+    def pending_edits(self) -> "PendingEdits | None":
+        """The edits still to be made, without making them (None where they are made or there are none)."""
+        value = self.__dict__.get("_edits")
+        return value if isinstance(value, PendingEdits) else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (the cache, scan's worker processes) with its edits made: the maker holds the analysis."""
+        state = dict(self.__dict__)
+        if isinstance(state.get("_edits"), PendingEdits):
+            state["_edits"] = self.edits
+        return state
 
     @property
     def applies_by_default(self) -> bool:
@@ -277,7 +340,9 @@ class Fix:
             parts.append(f"option={self.option!r}")
         if self.plan is not None:
             parts.append(f"plan={type(self.plan).__name__}")
-        if self.edits is not None:
+        if self.edits_pending:
+            parts.append("edits=pending")
+        elif self.edits is not None:
             parts.append(f"edits={len(self.edits)}")
         return f"Fix({', '.join(parts)})"
 

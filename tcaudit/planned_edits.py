@@ -6,16 +6,24 @@ text edits (tcaudit/rewrite/textedits.py), behind the same safety net ``tcaudit 
 ``after``: it is worded for the script once that fix is made) gets the leader's fixes made first, in
 memory, and carries both: applied to the original text, its edits give the file with the leader's fix
 and its own. A fix whose edits cannot be made alone keeps ``edits=None`` (``tcaudit fix`` still makes it).
+
+Each fix is made on the smallest region of the module that holds it (``rules.base.made_in_region``:
+the top-level statements its plan touches, every module-level statement, placeholders for the other
+functions and classes), so one finding's edits cost its own statements, not the whole module; and, where
+the caller asks (``Settings.fix_edits == "lazy"``: the Python API's and the editor's default), only when
+``finding.fix.edits`` is first read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tcaudit.findings import Finding
+from tcaudit.findings import Finding, PendingEdits, TextEdit
 from tcaudit.rewrite.textedits import edits_between, position_map
+from tcaudit.source.deep import call_with_deep_stack
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -30,15 +38,32 @@ def with_edits(
     settings: "Settings",
     context: "RuleContext",
     lines: "tuple[int, int] | None" = None,
+    lazy: bool = False,
 ) -> list[Finding]:
     """``findings`` (of ``facts``'s text), each available fix given its edits where they can be made.
     ``lines``: (first, last): only the findings whose span meets those lines (an editor's code action
-    asks for one place; each fix's edits cost a codemod run)."""
-    from tcaudit.rules.base import codemod_of, fixed_text
+    asks for one place; each fix's edits cost a codemod run). ``lazy``: each fix gets its edits as
+    :class:`~tcaudit.findings.PendingEdits`, made for that finding alone the first time
+    ``finding.fix.edits`` is read (the analysis is kept until then)."""
+    from tcaudit.rules.base import codemod_of
 
     by_id = {rule.id: rule for rule in rules}
     # Per (follower rule, leader): the leader's text, made once, with the follower's findings there.
     after_leaders: dict[tuple[str, str], _LeaderText | None] = {}
+
+    def made(finding: Finding, rule: "ScriptRule") -> "tuple[TextEdit, ...] | None":
+        from tcaudit.rules.base import fixed_edits
+
+        leader = finding.waits_for
+        if leader is None:
+            return fixed_edits(facts, [finding], rule, settings)
+        else:
+            key = (rule.id, leader)
+            if key not in after_leaders:
+                after_leaders[key] = _leader_text(facts, context.fixed_by(leader, facts), rule, context)
+            new_text = _after_leader(finding, after_leaders[key], rule, context)
+        return None if new_text is None else edits_between(facts.source.text, new_text)
+
     for finding in findings:
         if lines is not None and (finding.location.end_line < lines[0] or finding.location.line > lines[1]):
             continue
@@ -46,16 +71,14 @@ def with_edits(
         rule = by_id.get(finding.rule)
         if fix is None or not fix.available or fix.plan is None or rule is None or codemod_of(rule) is None:
             continue
-        leader = finding.waits_for
-        if leader is None:
-            new_text = fixed_text(facts, [finding], rule, settings)
-        else:
-            key = (rule.id, leader)
-            if key not in after_leaders:
-                after_leaders[key] = _leader_text(facts, context.fixed_by(leader, facts), rule, context)
-            new_text = _after_leader(finding, after_leaders[key], rule, context)
-        if new_text is not None:
-            finding.fix = dataclasses.replace(fix, edits=edits_between(facts.source.text, new_text))
+        if lazy:
+            # Made on a deep stack, as the scan was: deeply nested code needs it for the codemod too.
+            pending = PendingEdits(functools.partial(call_with_deep_stack, made, finding, rule))
+            finding.fix = dataclasses.replace(fix, edits=pending)
+            continue
+        edits = made(finding, rule)
+        if edits is not None:
+            finding.fix = dataclasses.replace(fix, edits=edits)
     return findings
 
 

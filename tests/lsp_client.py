@@ -88,13 +88,17 @@ class LspClient:
                 return message["params"]
             self._other(message)
 
-    def initialize(self, root: Path, options: dict | None = None, document_changes: bool = True) -> dict:
+    def initialize(self, root: Path, options: dict | None = None, document_changes: bool = True,
+                   resolves_edits: bool = False) -> dict:
+        text_document: dict = {"publishDiagnostics": {"relatedInformation": True}}
+        if resolves_edits:  # as Neovim and VS Code say: a code action's edit may come on codeAction/resolve
+            text_document["codeAction"] = {"dataSupport": True, "resolveSupport": {"properties": ["edit"]}}
         result = self.request("initialize", {
             "processId": os.getpid(),
             "rootUri": root.as_uri(),
             "capabilities": {
                 "workspace": {"workspaceEdit": {"documentChanges": document_changes}},
-                "textDocument": {"publishDiagnostics": {"relatedInformation": True}},
+                "textDocument": text_document,
             },
             "initializationOptions": options or {},
         })

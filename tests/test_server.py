@@ -157,10 +157,39 @@ def test_the_newest_text_wins_and_a_broken_one_is_tc000(client, project):
         _change(client, path, base + f"\nx{version} = 1\n", version=version, wait=False)
     broken = base + "\ndef broken(:\n"
     published = _change(client, path, broken, version=7)
-    assert [d["code"] for d in published["diagnostics"]] == ["TC000"]
+    assert published["diagnostics"][0]["code"] == "TC000"
     assert published["diagnostics"][0]["severity"] == 1
     healed = _change(client, path, base, version=8)
     assert "TC201" in {d["code"] for d in healed["diagnostics"]}
+    assert not any(d["code"] == "TC000" or d.get("data", {}).get("stale") for d in healed["diagnostics"])
+
+
+def test_a_broken_line_keeps_the_last_good_diagnostics_of_the_others_where_they_are_now(client, project):
+    """Issue 50: while a line does not parse, the TC000 says which line and what there, and the other
+    places keep the diagnostics of the last text that parsed (``data.stale``), moved with their lines."""
+    path = project / "broken_middle.py"
+    base = FIXTURE.read_text()
+    good = _open(client, path, base, version=1)["diagnostics"]
+    lines = base.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("def "))  # before the first def
+    broken = "".join(lines[:at] + ["def broken(:\n"] + lines[at:])
+    published = _change(client, path, broken, version=2)["diagnostics"]
+    error, rest = published[0], published[1:]
+    assert error["code"] == "TC000" and error["range"]["start"]["line"] == at
+    assert f"line {at + 1}" in error["message"] and "`def broken(:`" in error["message"]
+    assert "last text that parsed" in error["message"]
+    assert all(d["data"]["stale"] for d in rest)
+
+    def moved(d: dict) -> tuple:
+        shift = 1 if d["range"]["start"]["line"] >= at else 0
+        return (d["code"], d["range"]["start"]["line"] + shift, d["range"]["start"]["character"],
+                d["range"]["end"]["line"] + shift, d["message"])
+
+    assert sorted(moved(d) for d in good) == sorted(
+        (d["code"], d["range"]["start"]["line"], d["range"]["start"]["character"], d["range"]["end"]["line"],
+         d["message"]) for d in rest)
+    healed = _change(client, path, base, version=3)["diagnostics"]
+    assert sorted(d["code"] for d in healed) == sorted(d["code"] for d in good)
 
 
 def test_closing_clears_the_diagnostics(client, project):
@@ -357,3 +386,179 @@ def test_neovim_applies_the_quick_fix_in_a_real_buffer(tmp_path):
     finding = next(f for f in api.scan(text=original, filename="train.py", settings=api.load([path])) if f.rule == "TC201")
     assert written == apply_edits(original, list(finding.fix.edits))
     assert "with torch.autocast(" in written
+
+
+def test_a_huge_document_does_not_hold_up_the_answers_about_another(tmp_path):
+    """Issue 50: each document has its own scans, so while a huge buffer is analysed, a small one still
+    gets its diagnostics and its quick fixes (before: one scan thread served all, in order)."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    small, huge = tmp_path / "small.py", tmp_path / "huge.py"
+    step = textwrap.dedent('''
+        def train_step_{i}(model, batch, optimizer, scaler):
+            images, labels = batch
+            optimizer.zero_grad()
+            with torch.cuda.amp.autocast():
+                loss = F.cross_entropy(model(images.cuda()), labels.cuda())
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.item()
+        ''')
+    huge_text = "import torch\nimport torch.nn.functional as F\n" + "".join(step.format(i=i) for i in range(1500))
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path)
+        text = FIXTURE.read_text()
+        _open(client, small, text, version=1)  # the rules are imported
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": huge.as_uri(), "languageId": "python", "version": 1, "text": huge_text}})
+        published = _change(client, small, text + "# typed\n", version=2)
+        tc201 = next(d for d in published["diagnostics"] if d["code"] == "TC201")
+        actions = _actions(client, small, tc201, only=["quickfix"])
+        assert any(a["title"].startswith("Apply") for a in actions)
+        early = [m for m in client.notifications if m.get("method") == "textDocument/publishDiagnostics"
+                 and m["params"]["uri"] == huge.as_uri()]
+        assert early == [], "the huge document's scan ended first: the small one's answers waited for it"
+        late = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == huge.as_uri(), timeout=300)
+        assert len([d for d in late["diagnostics"] if d["code"] == "TC202"]) == 1500
+    finally:
+        client.close()
+
+
+def _cell_uri(notebook: Path, index: int) -> str:
+    """A cell document URI as VS Code makes them (``vscode-notebook-cell:`` + the notebook path + a fragment)."""
+    return f"vscode-notebook-cell:{notebook.as_posix()}#W{index}sZmlsZQ%3D%3D"
+
+
+def test_a_notebook_gets_diagnostics_per_cell_and_its_quick_fixes_edit_the_cells(tmp_path):
+    """Issue 50: notebook document sync. The client opens a notebook of three code cells and a markdown
+    cell (``notebookDocument/didOpen`` with the cells' text documents); each code cell gets the findings
+    ``tcaudit scan`` reports for the same .ipynb file, in the cell's own lines; the TC201 quick fix is
+    an edit of the cell it lies in, the one the JSON report of that file carries; the fixed cell, sent
+    back with ``notebookDocument/didChange``, has no TC201 left."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    lines = FIXTURE.read_text().splitlines(keepends=True)
+    cut = [0, next(i for i, line in enumerate(lines) if line.startswith("def ")),
+           next(i for i, line in enumerate(lines) if line.startswith("def main")), len(lines)]
+    code = ["".join(lines[a:b]) for a, b in zip(cut, cut[1:])]
+    cells = [(False, "# ResNet50\nTraining in a notebook."), (True, code[0]), (True, code[1]), (True, code[2])]
+    path = tmp_path / "train.ipynb"
+    path.write_text(convert.notebook_json(cells))
+    expected = api.scan(path, settings=api.load([path]), edits=True)
+    uris = [_cell_uri(path, i) for i in range(len(cells))]
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path)
+        client.notify("notebookDocument/didOpen", {
+            "notebookDocument": {"uri": path.as_uri(), "notebookType": "jupyter-notebook", "version": 1,
+                                 "cells": [{"kind": 2 if is_code else 1, "document": uri}
+                                           for (is_code, _), uri in zip(cells, uris)]},
+            "cellTextDocuments": [{"uri": uri, "languageId": "python" if is_code else "markdown", "version": 1,
+                                   "text": text} for (is_code, text), uri in zip(cells, uris)]})
+        wanted = sorted({f.location.cell for f in expected})
+        assert wanted and 1 not in wanted
+        published = {}
+        for _ in wanted:
+            got = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] in uris)
+            published[uris.index(got["uri"]) + 1] = got["diagnostics"]
+        assert sorted(published) == wanted
+        assert sorted((cell, d["code"], d["range"]["start"]["line"] + 1, d["range"]["start"]["character"] + 1,
+                       d["message"]) for cell, ds in published.items() for d in ds) == sorted(
+            (f.location.cell, f.rule, f.location.line, f.location.column, f.message) for f in expected)
+
+        tc201 = next(f for f in expected if f.rule == "TC201")
+        diagnostic = next(d for d in published[tc201.location.cell] if d["code"] == "TC201")
+        actions = client.request("textDocument/codeAction", {
+            "textDocument": {"uri": uris[tc201.location.cell - 1]}, "range": diagnostic["range"],
+            "context": {"diagnostics": [diagnostic], "only": ["quickfix"]}})
+        assert actions[0]["title"].endswith("(TC201)")
+        assert "Suppress TC201 on this line" in [a["title"] for a in actions]
+        changes = actions[0]["edit"]["documentChanges"]
+        texts = {uri: text for (_, text), uri in zip(cells, uris)}
+        fixed = dict(texts)
+        for change in changes:
+            uri = change["textDocument"]["uri"]
+            fixed[uri] = apply_text_edits(texts[uri], change["edits"])
+        # The same cells as the JSON report's edits of that finding (each edit names its cell) make.
+        by_cell: dict[int, list] = {}
+        for edit in tc201.fix.edits:
+            by_cell.setdefault(edit.cell, []).append(edit)
+        assert {uris.index(c["textDocument"]["uri"]) + 1 for c in changes} == set(by_cell)
+        for cell, edits in by_cell.items():
+            assert fixed[uris[cell - 1]] == apply_edits(texts[uris[cell - 1]], edits)
+        assert "torch.autocast(" in fixed[uris[tc201.location.cell - 1]]
+        compile("".join(fixed[uri] for (is_code, _), uri in zip(cells, uris) if is_code), "nb", "exec")
+
+        client.notify("notebookDocument/didChange", {
+            "notebookDocument": {"uri": path.as_uri(), "version": 2},
+            "change": {"cells": {"textContent": [
+                {"document": {"uri": uri, "version": 2}, "changes": [{"text": fixed[uri]}]}
+                for uri in sorted({c["textDocument"]["uri"] for c in changes})]}}})
+        after = client.wait_for("textDocument/publishDiagnostics",
+                                lambda p: p["uri"] == uris[tc201.location.cell - 1] and p.get("version") == 2)
+        assert "TC201" not in {d["code"] for d in after["diagnostics"]}
+    finally:
+        client.close()
+
+
+def test_replayed_random_edits_publish_what_a_full_scan_reports_after_every_edit(client, project):
+    """Random edits of a real-world-shaped script (lines inserted, deleted, duplicated, broken), each
+    sent as the whole new text and waited for: every published version equals ``api.scan`` of that
+    text; while a text does not parse, its TC000 leads and every other diagnostic is a stale one of
+    the last text that parsed, on a line of the new text that reads as it did there."""
+    import random
+
+    rng = random.Random(50)
+    path = project / "replay.py"
+    text = FIXTURE.read_text()
+    settings = api.load([path])
+    _open(client, path, text, version=1)
+    good_lines = text.splitlines()
+    for version in range(2, 26):
+        lines = text.splitlines(keepends=True)
+        at = rng.randrange(len(lines))
+        kind = rng.choice(["insert", "delete", "duplicate", "break", "heal"])
+        if kind == "insert":
+            lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + f"step_{version} = {version}\n")
+        elif kind == "delete" and lines[at].strip().startswith(("print", "#", "x", "step_")):
+            del lines[at]
+        elif kind == "duplicate" and lines[at].strip().startswith(("print(", "loss.backward", "optimizer.")):
+            lines.insert(at, lines[at])
+        elif kind == "break":
+            lines.insert(at, "def broken(:\n")
+        else:
+            lines = [line for line in lines if line != "def broken(:\n"]
+        text = "".join(lines)
+        published = _change(client, path, text, version=version)["diagnostics"]
+        expected = api.scan(text=text, filename="replay.py", settings=settings, edits=False)
+        if not any(f.rule == "TC000" for f in expected):
+            assert [(d["code"], d["range"]["start"]["line"] + 1, d["message"]) for d in published] == [
+                (f.rule, f.location.line, f.message) for f in expected], (version, kind)
+            good_lines = text.splitlines()
+            continue
+        assert published[0]["code"] == "TC000" and not published[0].get("data", {}).get("stale")
+        now = text.splitlines()
+        for d in published[1:]:
+            assert d["data"]["stale"]
+            assert now[d["range"]["start"]["line"]] in good_lines
+
+
+def test_fix_all_safe_is_listed_at_once_and_made_when_the_client_resolves_it(tmp_path):
+    """Issue 50: a client that resolves edits (Neovim, VS Code) gets "Fix all safe" in the list without
+    its edit (listing the actions makes no ``tcaudit fix`` of the whole text), and the edit on
+    ``codeAction/resolve``: exactly ``tcaudit fix --classes safe``."""
+    (tmp_path / "pyproject.toml").write_text("[tool.tcaudit]\nexec-models = false\n")
+    path = tmp_path / "train.py"
+    text = FIXTURE.read_text()
+    client = LspClient(tmp_path, env=ENV)
+    try:
+        client.initialize(tmp_path, resolves_edits=True)
+        first = _open(client, path, text)["diagnostics"][0]
+        actions = _actions(client, path, first)
+        listed = [a for a in actions if a["kind"] == convert.FIX_ALL_KIND]
+        assert len(listed) == 1 and "edit" not in listed[0]
+        resolved = client.request("codeAction/resolve", listed[0])
+        fixed = apply_text_edits(text, _edits(resolved))
+        assert fixed == api.fix(text, filename="train.py", settings=api.load([path]), classes="safe").text != text
+    finally:
+        client.close()

@@ -97,6 +97,46 @@ def diagnostic(finding: Finding, lines: Sequence[str], codec: PositionCodec, uri
     )
 
 
+def broken_text_message(finding: Finding, text: str) -> str:
+    """A TC000 diagnostic's message in the editor: what does not parse, on which line and where, and that
+    the other diagnostics shown are from the last version of the text that parsed."""
+    loc = finding.location
+    lines = text.splitlines()
+    line = lines[loc.line - 1].strip() if 0 < loc.line <= len(lines) else ""
+    if len(line) > 60:
+        line = line[:57] + "..."
+    where = f"line {loc.line}, column {loc.column}" + (f" (`{line}`)" if line else "")
+    return f"{finding.message} at {where}; the other diagnostics are from the last text that parsed"
+
+
+def carried_over(findings: Sequence[Finding], old_text: str, new_text: str, broken_lines: set[int]) -> list[Finding]:
+    """The findings of ``old_text`` (the last text that parsed) that still stand on unchanged text in
+    ``new_text`` (which does not parse), moved to where that text is now; a finding whose place was
+    edited, or is on a line that does not parse (``broken_lines``), is left out."""
+    import dataclasses
+
+    from tcaudit.rewrite.textedits import position_map
+
+    where = position_map(old_text, new_text)
+    kept = []
+    for finding in findings:
+        loc = finding.location
+        if finding.rule == "TC000" or loc.cell is not None:
+            continue
+        start = where(loc.line, loc.column)
+        if loc.end_column > 1:
+            last = where(loc.end_line, loc.end_column - 1)
+            end = (last[0], last[1] + 1) if last is not None else None
+        else:
+            empty = (loc.end_line, loc.end_column) == (loc.line, loc.column)
+            end = start if empty else where(loc.end_line, loc.end_column)
+        if start is None or end is None or start[0] in broken_lines or end[0] in broken_lines:
+            continue
+        moved = dataclasses.replace(loc, line=start[0], column=start[1], end_line=end[0], end_column=end[1])
+        kept.append(dataclasses.replace(finding, location=moved, fix=None))
+    return kept
+
+
 def text_edits(edits: Sequence[TextEdit], lines: Sequence[str], codec: PositionCodec) -> list[lsp.TextEdit]:
     return [
         lsp.TextEdit(range=to_range(lines, codec, e.line, e.column, e.end_line, e.end_column), new_text=e.content)
@@ -119,6 +159,33 @@ def workspace_edit(uri: str, version: int | None, edits: list[lsp.TextEdit], doc
             edits=edits,
         )])
     return lsp.WorkspaceEdit(changes={uri: edits})
+
+
+def workspace_edits(changes: Sequence[tuple[str, "int | None", list[lsp.TextEdit]]],
+                    document_changes: bool) -> lsp.WorkspaceEdit:
+    """The edits of several documents (a notebook's cells): (uri, version, edits) each."""
+    if document_changes:
+        return lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
+            text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), edits=edits)
+            for uri, version, edits in changes])
+    return lsp.WorkspaceEdit(changes={uri: edits for uri, _, edits in changes})
+
+
+def notebook_json(cells: Sequence[tuple[bool, str]]) -> str:
+    """The notebook file an editor's notebook stands for: (is a code cell, its text) per cell, in order,
+    as nbformat 4 JSON, so the scan reads it as ``tcaudit scan`` reads the ``.ipynb`` (its cell numbers
+    count every cell, as the editor's do)."""
+    import json
+
+    out = []
+    for code, text in cells:
+        source = text.splitlines(keepends=True)
+        if code:
+            out.append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source})
+        else:
+            out.append({"cell_type": "markdown", "metadata": {}, "source": source})
+    return json.dumps({"cells": out, "metadata": {"kernelspec": {"language": "python", "name": "python3"}},
+                       "nbformat": 4, "nbformat_minor": 5}, indent=1, ensure_ascii=False) + "\n"
 
 
 def fix_title(finding: Finding) -> str:

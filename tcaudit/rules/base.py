@@ -23,7 +23,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.costs import cost_note
-from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Related, Severity
+from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Related, Severity, TextEdit
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.source.triggers import triggers_under
 
@@ -269,6 +269,10 @@ class Codemod:
     """
 
     rule: ClassVar[str]
+    # Whether the fix edits only what its findings' plans name (and adds module-level statements): then
+    # scan's per-finding edits run it on the region of the module that holds those (made_in_region). A
+    # fix that looks for more on its own (a conversion that guards every print) sets it False.
+    edits_plan_only: ClassVar[bool] = True
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         raise NotImplementedError
@@ -378,10 +382,80 @@ def fixed_text(
     codemod = codemod_of(rule)
     if codemod is None or not findings:
         return None
+    made = made_in_region(codemod, facts, findings, settings, rule.id)
+    if made is not None:
+        return made[0]
     try:
         return made_by(codemod, facts, findings, settings, rule.id)[0]
     except Refused:
         return None
+
+
+def fixed_edits(
+    facts: "ScriptFacts", findings: "Sequence[Finding]", rule: "ScriptRule", settings: "Settings"
+) -> "tuple[TextEdit, ...] | None":
+    """:func:`fixed_text` as edits of ``facts``'s text (tcaudit/rewrite/textedits.py); where the region
+    made it, found by comparing the region's code only (a whole 2,000-line text costs difflib far more
+    than the fix)."""
+    from tcaudit.rewrite.textedits import edits_between
+
+    codemod = codemod_of(rule)
+    if codemod is None or not findings:
+        return None
+    made = made_in_region(codemod, facts, findings, settings, rule.id)
+    if made is not None:
+        return made[1]
+    try:
+        text = made_by(codemod, facts, findings, settings, rule.id)[0]
+    except Refused:
+        return None
+    return edits_between(facts.source.text, text)
+
+
+def made_in_region(
+    codemod: Codemod, facts: "ScriptFacts", findings: "Sequence[Finding]", settings: "Settings", rule_id: str
+) -> "tuple[str, tuple[TextEdit, ...]] | None":
+    """(:func:`made_by`'s text, its edits of the original text), made by running ``codemod`` on the
+    smallest region of the module that holds the findings and their plans' nodes
+    (tcaudit/rewrite/region.py) instead of on the whole module; None where the region cannot vouch for
+    giving the same text (the caller then makes it on the whole module), including every refusal,
+    which the whole module's run then decides and words."""
+    from tcaudit.rewrite.region import imports_added, mentions, region_for
+    from tcaudit.rewrite.textedits import apply_edits, edits_between, keep_lone_cr
+    from tcaudit.script.guards import structural_refusal
+
+    if not codemod.edits_plan_only:
+        return None
+    lines = [line for f in findings for line in (f.location.line, f.location.end_line)]
+    region = region_for(facts, [f.fix.plan for f in findings if f.fix is not None], lines)
+    if region is None:
+        return None
+    try:
+        module = codemod.apply(region.module, list(findings), FixContext(facts, settings))
+        code = keep_lone_cr(facts.source.text, module.code)
+        text = region.spliced(code)
+    except Exception:  # noqa: BLE001 - a decline or a failure: the whole module's run says which
+        return None
+    if text is None:
+        return None
+    if text == facts.source.text:
+        return text, ()
+    # The safety net on the region: the statements left out are the same before and after (and each
+    # compiles on its own, as top-level defs and classes do), so what they add to the net's verdicts
+    # cancels out, except module-level reads of a name the fix newly imports.
+    try:
+        compile(code, facts.source.display_path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    if structural_refusal(region.module, module) is not None:
+        return None
+    added = imports_added(region.module, module)
+    if added and mentions(region.left_out(), added):
+        return None
+    edits = region.edits(code)
+    if edits is None or apply_edits(facts.source.text, edits) != text:
+        edits = edits_between(facts.source.text, text)
+    return text, edits
 
 
 def text_with_fixes(

@@ -20,10 +20,15 @@ DEEP_RECURSION_LIMIT = 60_000
 
 _LOCK = threading.Lock()
 _STATE = threading.local()
+# Deep calls running now (several threads may each run one: the editor server scans its documents side
+# by side), and the recursion limit to restore when the last one ends.
+_ACTIVE = [0, 0]
 
 
 def call_with_deep_stack(function: Callable[..., T], *args, **kwargs) -> T:
-    """``function(*args, **kwargs)``, run in a thread with a large stack; its exceptions re-raised here."""
+    """``function(*args, **kwargs)``, run in a thread with a large stack; its exceptions re-raised here.
+    The lock covers only starting the thread (the stack size is a process-wide setting), never the call,
+    so a long analysis on one thread does not hold up another thread's."""
     outcome: dict[str, object] = {}
 
     def target() -> None:
@@ -36,22 +41,34 @@ def call_with_deep_stack(function: Callable[..., T], *args, **kwargs) -> T:
     if getattr(_STATE, "deep", False):  # already on a deep stack (a scan that audits its models)
         return function(*args, **kwargs)
     with _LOCK:  # stack size and recursion limit are process-wide settings
+        if _ACTIVE[0] == 0:
+            _ACTIVE[1] = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(_ACTIVE[1], DEEP_RECURSION_LIMIT))
+        _ACTIVE[0] += 1
         previous_stack = threading.stack_size()
-        previous_limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(previous_limit, DEEP_RECURSION_LIMIT))
         try:
-            try:
-                threading.stack_size(DEEP_STACK_BYTES)
-                thread = threading.Thread(target=target, name="tcaudit-deep-stack", daemon=True)
-                thread.start()
-            except (ValueError, RuntimeError, MemoryError):  # no big thread stacks here: the plain call
-                sys.setrecursionlimit(previous_limit)
-                return function(*args, **kwargs)
-            finally:
-                threading.stack_size(previous_stack)
-            thread.join()
+            threading.stack_size(DEEP_STACK_BYTES)
+            thread = threading.Thread(target=target, name="tcaudit-deep-stack", daemon=True)
+            thread.start()
+        except (ValueError, RuntimeError, MemoryError):  # no big thread stacks here: the plain call
+            thread = None
+            _leave()
         finally:
-            sys.setrecursionlimit(previous_limit)
+            threading.stack_size(previous_stack)
+    if thread is None:
+        return function(*args, **kwargs)
+    try:
+        thread.join()
+    finally:
+        with _LOCK:
+            _leave()
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def _leave() -> None:
+    """One deep call ended (under ``_LOCK``): the last one puts the recursion limit back."""
+    _ACTIVE[0] -= 1
+    if _ACTIVE[0] == 0:
+        sys.setrecursionlimit(_ACTIVE[1])

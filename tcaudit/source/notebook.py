@@ -472,15 +472,23 @@ def in_cells(finding: "Finding", notebook: Notebook) -> "Finding":
     location = dataclasses.replace(loc, line=start[1], end_line=end_line, end_column=end_column, cell=cell.number)
     fix = finding.fix
     if fix is not None:
-        edits = None if fix.edits is None else [_edit_in_cell(edit, notebook) for edit in fix.edits]
+        pending = fix.pending_edits  # edits made on demand are moved to their cells once made
+        edits = (pending.then(lambda made: _edits_in_cells(made, notebook)) if pending is not None
+                 else None if fix.edits is None else _edits_in_cells(fix.edits, notebook))
         fix = dataclasses.replace(
-            fix, edits=None if edits is None or any(e is None for e in edits) else tuple(edits),  # type: ignore[arg-type]
+            fix, edits=edits,  # type: ignore[arg-type]
             reason=notebook.cell_lines_in(fix.reason) if fix.reason else fix.reason,
             description=notebook.cell_lines_in(fix.description),
         )
     related = tuple(_related_in_cells(place, loc.path, notebook) for place in finding.related)
     return dataclasses.replace(finding, location=location, fix=fix, message=notebook.cell_lines_in(finding.message),
                                explanation=notebook.cell_lines_in(finding.explanation), related=related)
+
+
+def _edits_in_cells(edits, notebook: Notebook):
+    """``edits`` of the virtual script moved into their cells; None where one of them spans cells."""
+    moved = [_edit_in_cell(edit, notebook) for edit in edits]
+    return None if any(e is None for e in moved) else tuple(moved)
 
 
 def _related_in_cells(place, path: str, notebook: Notebook):

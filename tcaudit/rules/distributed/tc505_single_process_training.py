@@ -82,6 +82,7 @@ class SingleProcessTraining(ScriptRule):
 
 class SingleProcessTrainingFix(Codemod):
     rule = "TC505"
+    edits_plan_only = False  # the conversion finds the prints and saves to guard all over the module
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         plan: ConvertToDdp = findings[0].fix.plan  # one finding per file: the first training loop
