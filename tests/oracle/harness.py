@@ -43,7 +43,7 @@ class RunResult:
     processes: int = 0
     by_rank: dict = field(default_factory=dict)  # {rank: losses} for the processes that had a rank
     # With TCAUDIT_ORACLE_STEPS=1 (shim/sitecustomize.py): each optimizer step attempt, all processes in
-    # the order of ``losses``, as [sum of the optimizer's parameters after it, skipped].
+    # the order of ``losses``, as [sum of the optimizer's parameters before it, after it, skipped].
     steps: list = field(default_factory=list)
 
     @property

@@ -27,7 +27,7 @@ scores raises "value cannot be converted to type c10::Half without overflow", an
 a region under ``autocast(enabled=False)`` raises "Input type and bias type" as on the GPU. Values
 follow the lower precision, so losses are compared with a loose tolerance.
 Steps (``TCAUDIT_ORACLE_STEPS=1``, any mode; the GPU suite tests/test_gpu_fp16.py): every optimizer step
-attempt is recorded as [sum of the optimizer's parameters after it (float64), skipped], where a
+attempt is recorded as [sum of the optimizer's parameters before it, after it (float64), skipped], where a
 GradScaler's step that found infs or NaNs counts as an attempt it skipped. ``TCAUDIT_ORACLE_SKIP=3,4``
 leaves those attempts (0-based, in the order the script makes them) out: their gradients are dropped
 before the optimizer runs, so it changes nothing, as a scaler that found infs does. The original run
@@ -264,21 +264,21 @@ def _parameter_sum(optimizer) -> float:
 
 
 def _install_step_record(torch) -> None:
-    """Record each optimizer step attempt as [parameter sum after it, skipped] (see the module's docstring)."""
+    """Record each optimizer step attempt as [parameter sum before, after, skipped] (the module's docstring)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     skip = {int(i) for i in os.environ.get("TCAUDIT_ORACLE_SKIP", "").split(",") if i.strip()}
-    leaving_out: list[bool] = []
+    attempt: dict = {}
 
     def pre(optimizer, args, kwargs):
-        leaving_out[:] = [len(_state["steps"]) in skip]
-        if leaving_out[0]:
+        attempt.update(before=_parameter_sum(optimizer), left_out=len(_state["steps"]) in skip)
+        if attempt["left_out"]:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None  # the optimizer passes over a parameter without a gradient
 
     def post(optimizer, args, kwargs):
-        _state["steps"].append([_parameter_sum(optimizer), bool(leaving_out and leaving_out[0])])
+        _state["steps"].append([attempt.get("before"), _parameter_sum(optimizer), bool(attempt.get("left_out"))])
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
@@ -292,9 +292,10 @@ def _install_step_record(torch) -> None:
             found = self._per_optimizer_states[id(optimizer)].get("found_inf_per_device") or {}
             if sum(float(v) for v in found.values()):
                 if len(_state["steps"]) > before:  # a fused optimizer ran its step and skipped the update itself
-                    _state["steps"][-1][1] = True
+                    _state["steps"][-1][2] = True
                 else:
-                    _state["steps"].append([_parameter_sum(optimizer), True])
+                    total = _parameter_sum(optimizer)
+                    _state["steps"].append([total, total, True])
         return result
 
     scaler_cls.step = step
