@@ -678,8 +678,8 @@ class AmpFacts:
         GradScaler at its initial scale overflows in the first backward passes and skips those updates
         (see :meth:`recommended_precision`)."""
         for function, _ in self.facts.functions:
-            if not _has_matmul(function):
-                continue
+            if self.facts.function_is_eval(function) or not _has_matmul(function):
+                continue  # a sampling temperature (``generate``) is not a loss's
             for node in nodes_of(function, (cst.AugAssign, cst.BinaryOperation)):
                 if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
                     divisor = node.value
@@ -781,8 +781,9 @@ class AmpFacts:
 
 
 FP16_MAX = 65504.0
-# A temperature's name (``T``, ``self.T``, ``tau``, ``temperature``, ``args.moco_t``, ``self.temp``).
-_TEMPERATURE = re.compile(r"^(?:\w+\.)*(?:T|t|tau|temp|temperature|\w+_(?:t|tau|temp|temperature))$")
+# A temperature's name (``T``, ``self.T``, ``tau``, ``temperature``, ``args.moco_t``, ``self.temp``); not
+# ``t`` or ``warmup_t``, a loop's step or a schedule's length.
+_TEMPERATURE = re.compile(r"^(?:\w+\.)*(?:T|tau|temp|temperature|\w+_(?:tau|temp|temperature)|(?:moco|nce|contrast\w*)_t)$")
 _MOMENTUM_UPDATE = re.compile(
     r"\*\s*(?:self\.)?(?:m|momentum)\s*\+[^\n]*\(\s*1(?:\.0?)?\s*-\s*(?:self\.)?(?:m|momentum)\s*\)"
     r"|\.mul_\(\s*(?:self\.)?(?:m|momentum|decay|ema_decay)\s*\)\s*\.add_\(|\.lerp_\(")
