@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 
 _OUT = "TCAUDIT_ORACLE_OUT"
-_state = {"losses": [], "steps": [], "rank": None, "mode": "cpu", "installed": False, "owner": None}
+_state = {"losses": [], "steps": [], "record_steps": False, "skip": set(), "rank": None, "mode": "cpu", "installed": False, "owner": None}
 
 
 def _seed(seed: int) -> None:
@@ -91,6 +91,9 @@ def begin(seed: int | None = None) -> None:
     """Start a fresh record in this process (the runner calls it in each forked child)."""
     _state["losses"] = []
     _state["steps"] = []
+    # Read here, not at install: the runner installs the shim once and sets each child's environment.
+    _state["record_steps"] = os.environ.get("TCAUDIT_ORACLE_STEPS") == "1"
+    _state["skip"] = {int(i) for i in os.environ.get("TCAUDIT_ORACLE_SKIP", "").split(",") if i.strip()}
     _state["rank"] = None
     _state["owner"] = os.getpid()
     _state["mode"] = os.environ.get("TCAUDIT_ORACLE_MODE", "cpu")
@@ -267,17 +270,20 @@ def _install_step_record(torch) -> None:
     """Record each optimizer step attempt as [parameter sum before, after, skipped] (the module's docstring)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    skip = {int(i) for i in os.environ.get("TCAUDIT_ORACLE_SKIP", "").split(",") if i.strip()}
     attempt: dict = {}
 
     def pre(optimizer, args, kwargs):
-        attempt.update(before=_parameter_sum(optimizer), left_out=len(_state["steps"]) in skip)
+        if not _state["record_steps"]:
+            return
+        attempt.update(before=_parameter_sum(optimizer), left_out=len(_state["steps"]) in _state["skip"])
         if attempt["left_out"]:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None  # the optimizer passes over a parameter without a gradient
 
     def post(optimizer, args, kwargs):
+        if not _state["record_steps"]:
+            return
         _state["steps"].append([attempt.get("before"), _parameter_sum(optimizer), bool(attempt.get("left_out"))])
 
     register_optimizer_step_pre_hook(pre)
@@ -288,7 +294,7 @@ def _install_step_record(torch) -> None:
     def step(self, optimizer, *args, **kwargs):
         before = len(_state["steps"])
         result = original_step(self, optimizer, *args, **kwargs)
-        if self.is_enabled():
+        if _state["record_steps"] and self.is_enabled():
             found = self._per_optimizer_states[id(optimizer)].get("found_inf_per_device") or {}
             if sum(float(v) for v in found.values()):
                 if len(_state["steps"]) > before:  # a fused optimizer ran its step and skipped the update itself
@@ -321,8 +327,7 @@ def install() -> None:
 
     torch.autograd.backward = backward
     _install_cuda_semantics(torch)
-    if os.environ.get("TCAUDIT_ORACLE_STEPS") == "1":
-        _install_step_record(torch)
+    _install_step_record(torch)
     atexit.register(dump)
     begin()
 
