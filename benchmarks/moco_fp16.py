@@ -203,7 +203,7 @@ def main():
     dist.init_process_group("nccl", world_size=1, rank=0)
     torch.cuda.set_device(0)
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "command": "python benchmarks/moco_fp16.py OUT.json --steps %d" % args.steps, "recipes": {}}
+              "command": f"python benchmarks/moco_fp16.py OUT.json --steps {args.steps}", "recipes": {}}
     # Numerics: resnet18 encoders at 64 px, batch 64, a queue of 4,096 keys (K a multiple of the batch).
     data = make_data(512, 64)
     for recipe in RECIPES:

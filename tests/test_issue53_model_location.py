@@ -71,6 +71,7 @@ def test_a_model_that_never_leaves_the_cpu_gets_no_gpu_advice(tmp_path):
         ("", ".to(device)", "the data goes to a device: the model must be there too"),
         ("\nmodel.cuda()", "", "moved to CUDA by a method call"),
         ("\nmodel = prepare(model)", "", "handed to a function this file does not show"),
+        ("\nmodel = nn.DataParallel(model)", "", "DataParallel puts the model on the first GPU"),
     ],
 )
 def test_a_model_that_may_leave_the_cpu_keeps_its_advice(tmp_path, prep, move, why):

@@ -67,6 +67,9 @@ _CUDA_TEXT = re.compile(CUDA_NAMED)
 _DEFAULT_DEVICE_SETTERS = frozenset({"torch.set_default_device", "torch.set_default_tensor_type", "torch.cuda.set_device"})
 _CPU_BUILDERS = ("torch.nn.", "torchvision.models.", "timm.")
 _OTHER_ACCELERATORS = re.compile(r"\b(mps|xpu|HalfTensor)\b")
+# torch's wrappers that put the model they are handed on a GPU where there is one (DataParallel on
+# ``device_ids[0]``) or shard it onto the process's device (FSDP).
+_DEVICE_WRAPPERS = re.compile(r"DataParallel$|FullyShardedDataParallel$|fully_shard$")
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
 
 # Frameworks that own the loop and/or precision when these names are referenced.
@@ -957,13 +960,15 @@ class ScriptFacts:
             if not isinstance(value, cst.Call):
                 return False
             callee = get_full_name_for_node(value.func) or ""
-            if not (self._defined_here(callee) or (self.resolve(callee) or "").startswith(_CPU_BUILDERS)):
+            qual = self.resolve(callee) or ""
+            if not (self._defined_here(callee) or qual.startswith(_CPU_BUILDERS) and not _DEVICE_WRAPPERS.search(qual)):
                 return False
         for call in self.calls:
             passed = [arg.value for arg in call.node.args]
             if not any(isinstance(v, (cst.Name, cst.Attribute)) and get_full_name_for_node(v) == owner for v in passed):
                 continue
-            if not (self._defined_here(call.name or "") or (call.qualname or "").startswith("torch.")):
+            qual = call.qualname or ""
+            if not (self._defined_here(call.name or "") or qual.startswith("torch.") and not _DEVICE_WRAPPERS.search(qual)):
                 return False
         return True
 
