@@ -219,7 +219,8 @@ def main():
         rec["max_rel_loss_diff"] = max(diffs)
         rec["param_sum_diff"] = [b - a for a, b in zip(reference["param_sum"], rec["param_sum"])]
         first = " ".join(f"{x:.4f}" for x in rec["loss"][:5])
-        print(f"{recipe:<18} {sum(rec['skipped']):>7} {first:<40} {max(diffs):>17.4f} {rec['param_sum_diff'][-1]:>21.4f}")
+        end = rec["param_sum_diff"][-1]
+        print(f"{recipe:<18} {sum(rec['skipped']):>7} {first:<40} {max(diffs):>17.4f} {end:>21.4f}")
     print("loss by step (fp32 | fp32+fp16-skips | fp16 | fp16-noscaler | fp16-fp32-logits | bf16 | bf16-fp32-logits):")
     shown = ("fp32", "fp32+fp16-skips", "fp16", "fp16-noscaler", "fp16-fp32-logits", "bf16", "bf16-fp32-logits")
     for i in range(args.steps):

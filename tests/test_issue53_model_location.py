@@ -76,14 +76,15 @@ def test_a_model_that_never_leaves_the_cpu_gets_no_gpu_advice(tmp_path):
 )
 def test_a_model_that_may_leave_the_cpu_keeps_its_advice(tmp_path, prep, move, why):
     # The device comes from the command line: the file names no CUDA.
-    code = _cpu_script(prep, move).replace(
-        "import torch.nn as nn\n", "import sys\nimport torch.nn as nn\nfrom helpers_elsewhere import prepare\n\ndevice = sys.argv[1]\n")
+    header = "import sys\nimport torch.nn as nn\nfrom helpers_elsewhere import prepare\n\ndevice = sys.argv[1]\n"
+    code = _cpu_script(prep, move).replace("import torch.nn as nn\n", header)
     assert "TC201" in rules_of(scan_code(tmp_path, code)), why
 
 
 def test_a_model_built_by_another_modules_factory_is_not_judged(tmp_path):
     # build_model may return `net.cuda()`: this file cannot tell, so the advice stays.
-    (tmp_path / "models.py").write_text("import torch.nn as nn\n\ndef build_model():\n    return nn.Linear(64, 64).cuda()\n")
+    factory = "import torch.nn as nn\n\ndef build_model():\n    return nn.Linear(64, 64).cuda()\n"
+    (tmp_path / "models.py").write_text(factory)
     code = _cpu_script().replace("model = Net()", "from models import build_model\nmodel = build_model()")
     assert "TC201" in rules_of(scan_code(tmp_path, code))
 
@@ -121,7 +122,9 @@ def test_moco_gets_bf16_without_a_scaler_where_the_gpu_has_bf16(tmp_path):
     assert "`self.T` at line 154, a momentum encoder, a queue of past keys" in text, text
 
 
-@pytest.mark.parametrize("settings", [{"gpu": "T4"}, {"gpu": "H100", "precision": "fp16"}], ids=["no-bf16", "fp16-asked"])
+@pytest.mark.parametrize(
+    "settings", [{"gpu": "T4"}, {"gpu": "H100", "precision": "fp16"}], ids=["no-bf16", "fp16-asked"]
+)
 def test_moco_gets_fp16_and_a_scaler_where_bf16_is_not_the_choice(tmp_path, settings):
     _, fixed = _tc201_fix(tmp_path, **settings)
     assert "dtype=torch.float16" in fixed and "scaler.scale(loss).backward()" in fixed

@@ -783,7 +783,8 @@ class AmpFacts:
 FP16_MAX = 65504.0
 # A temperature's name (``T``, ``self.T``, ``tau``, ``temperature``, ``args.moco_t``, ``self.temp``); not
 # ``t`` or ``warmup_t``, a loop's step or a schedule's length.
-_TEMPERATURE = re.compile(r"^(?:\w+\.)*(?:T|tau|temp|temperature|\w+_(?:tau|temp|temperature)|(?:moco|nce|contrast\w*)_t)$")
+_TEMPERATURE = re.compile(
+    r"^(?:\w+\.)*(?:T|tau|temp|temperature|\w+_(?:tau|temp|temperature)|(?:moco|nce|contrast\w*)_t)$")
 _MOMENTUM_UPDATE = re.compile(
     r"\*\s*(?:self\.)?(?:m|momentum)\s*\+[^\n]*\(\s*1(?:\.0?)?\s*-\s*(?:self\.)?(?:m|momentum)\s*\)"
     r"|\.mul_\(\s*(?:self\.)?(?:m|momentum|decay|ema_decay)\s*\)\s*\.add_\(|\.lerp_\(")

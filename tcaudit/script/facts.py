@@ -64,7 +64,8 @@ _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|s
 _ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
 _CUDA_TEXT = re.compile(CUDA_NAMED)
 # Calls that set where tensors are made, whatever ``.to()`` says; packages whose model builders build on the CPU.
-_DEFAULT_DEVICE_SETTERS = frozenset({"torch.set_default_device", "torch.set_default_tensor_type", "torch.cuda.set_device"})
+_DEFAULT_DEVICE_SETTERS = frozenset(
+    {"torch.set_default_device", "torch.set_default_tensor_type", "torch.cuda.set_device"})
 _CPU_BUILDERS = ("torch.nn.", "torchvision.models.", "timm.")
 _OTHER_ACCELERATORS = re.compile(r"\b(mps|xpu|HalfTensor)\b")
 # torch's wrappers that put the model they are handed on a GPU where there is one (DataParallel on
@@ -968,7 +969,8 @@ class ScriptFacts:
             if not any(isinstance(v, (cst.Name, cst.Attribute)) and get_full_name_for_node(v) == owner for v in passed):
                 continue
             qual = call.qualname or ""
-            if not (self._defined_here(call.name or "") or qual.startswith("torch.") and not _DEVICE_WRAPPERS.search(qual)):
+            torch_call = qual.startswith("torch.") and not _DEVICE_WRAPPERS.search(qual)
+            if not (self._defined_here(call.name or "") or torch_call):
                 return False
         return True
 
