@@ -43,8 +43,8 @@ from __future__ import annotations
 import os
 
 _OUT = "TCAUDIT_ORACLE_OUT"
-_state = {"losses": [], "steps": [], "record_steps": False, "skip": set(), "rank": None, "mode": "cpu", "installed": False,
-          "owner": None}
+_state = {"losses": [], "steps": [], "record_steps": False, "skip": set(), "rank": None, "mode": "cpu",
+          "installed": False, "owner": None}
 
 
 def _seed(seed: int) -> None:
