@@ -670,6 +670,40 @@ class AmpFacts:
                 return call, value
         return None
 
+    @functools.cached_property
+    def contrastive_temperature(self) -> cst.CSTNode | None:
+        """The first division of logits by a temperature (``logits /= self.T``, ``sim / temperature``,
+        ``/ args.moco_t``) in a function that multiplies matrices: an InfoNCE or NT-Xent loss (MoCo,
+        SimCLR). Its gradient carries ``1 / (batch * T)``; at T = 0.07 and a small per-GPU batch, fp16's
+        GradScaler at its initial scale overflows in the first backward passes and skips those updates
+        (see :meth:`recommended_precision`)."""
+        for function, _ in self.facts.functions:
+            if self.facts.function_is_eval(function) or not _has_matmul(function):
+                continue  # a sampling temperature (``generate``) is not a loss's
+            for node in nodes_of(function, (cst.AugAssign, cst.BinaryOperation)):
+                if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+                    divisor = node.value
+                elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+                    divisor = node.right
+                else:
+                    continue
+                if _TEMPERATURE.match(get_full_name_for_node(divisor) or ""):
+                    return node
+        return None
+
+    @functools.cached_property
+    def contrastive_companions(self) -> tuple[str, ...]:
+        """What else of a MoCo-style model the script has: a momentum (EMA) encoder updated from the trained
+        one (``param_k.data = param_k.data * m + param_q.data * (1. - m)``, ``.mul_(m).add_(...)``,
+        ``lerp_``) and a queue of past keys (``register_buffer("queue", ...)``)."""
+        found = []
+        text = strip_comments(self.facts.source.text)
+        if _MOMENTUM_UPDATE.search(text):
+            found.append("a momentum encoder")
+        if _KEY_QUEUE.search(text):
+            found.append("a queue of past keys")
+        return tuple(found)
+
     def recommended_precision(
         self, setting: str, convnet: bool | None = None, gpu: "gpus.Target | None" = None, compiled: bool = False
     ) -> tuple[str, bool, str]:
@@ -720,6 +754,18 @@ class AmpFacts:
         if self.uses_gradient_penalty:
             return BF16, False, ("bf16 needs no GradScaler: the gradient penalty's autograd.grad runs on unscaled "
                                  "outputs, which fp16 would need scaled by hand")
+        temperature = self.contrastive_temperature
+        if temperature is not None:  # ``auto`` on a GPU with bf16 (a GPU without it got fp16 above)
+            # benchmarks/moco_fp16.py on an H100 (torch 2.11, benchmarks/results/h100/moco_fp16_*.json).
+            divisor = temperature.value if isinstance(temperature, cst.AugAssign) else temperature.right
+            extra = "".join(f", {what}" for what in self.contrastive_companions)
+            return BF16, False, (
+                f"contrastive logits divided by a temperature (`{get_full_name_for_node(divisor)}` at line "
+                f"{self.facts.line_of(temperature)}{extra}): their gradients carry 1/(batch x T), which fp16's "
+                "GradScaler at its initial 65,536 overflows at small per-GPU batches and skips the first updates; "
+                "bf16 keeps fp32's range and needs no scaler (fp16 ran a MoCo ResNet50 step 19% faster on an "
+                "H100, and trains too where its skipped steps are acceptable: precision = fp16)"
+            )
         if self.is_conv_model if convnet is None else convnet:
             if compiled:
                 # benchmarks/convnet_recipe.py on an H200 (torch 2.11, BENCHMARKS.md): compiled ResNet50 ran
@@ -735,6 +781,14 @@ class AmpFacts:
 
 
 FP16_MAX = 65504.0
+# A temperature's name (``T``, ``self.T``, ``tau``, ``temperature``, ``args.moco_t``, ``self.temp``); not
+# ``t`` or ``warmup_t``, a loop's step or a schedule's length.
+_TEMPERATURE = re.compile(
+    r"^(?:\w+\.)*(?:T|tau|temp|temperature|\w+_(?:tau|temp|temperature)|(?:moco|nce|contrast\w*)_t)$")
+_MOMENTUM_UPDATE = re.compile(
+    r"\*\s*(?:self\.)?(?:m|momentum)\s*\+[^\n]*\(\s*1(?:\.0?)?\s*-\s*(?:self\.)?(?:m|momentum)\s*\)"
+    r"|\.mul_\(\s*(?:self\.)?(?:m|momentum|decay|ema_decay)\s*\)\s*\.add_\(|\.lerp_\(")
+_KEY_QUEUE = re.compile(r"register_buffer\(\s*[\"']queue[\"']")
 _ATTENTION_CALLS = {
     "torch.nn.MultiheadAttention", "torch.nn.modules.activation.MultiheadAttention",
     "torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",

@@ -63,6 +63,14 @@ _MODEL_DESCRIPTION = re.compile(r"_(config|cfg|conf|args|kwargs|path|dir|name|fi
 _EVAL_FUNCTION = re.compile(r"^_*(eval\w*|valid\w*|test\w*|infer\w*|predict\w*|sample\w*|generate\w*)$")
 _ACCELERATOR_TEXT = re.compile(ACCELERATOR_NAMED)
 _CUDA_TEXT = re.compile(CUDA_NAMED)
+# Calls that set where tensors are made, whatever ``.to()`` says; packages whose model builders build on the CPU.
+_DEFAULT_DEVICE_SETTERS = frozenset(
+    {"torch.set_default_device", "torch.set_default_tensor_type", "torch.cuda.set_device"})
+_CPU_BUILDERS = ("torch.nn.", "torchvision.models.", "timm.")
+_OTHER_ACCELERATORS = re.compile(r"\b(mps|xpu|HalfTensor)\b")
+# torch's wrappers that put the model they are handed on a GPU where there is one (DataParallel on
+# ``device_ids[0]``) or shard it onto the process's device (FSDP).
+_DEVICE_WRAPPERS = re.compile(r"DataParallel$|FullyShardedDataParallel$|fully_shard$")
 _DEVICE_NAME = re.compile(r"(device|^dev$|^gpu$|_gpu$|^gpu_|gpus?_?id|local_rank|^rank$|^cuda)", re.IGNORECASE)
 
 # Frameworks that own the loop and/or precision when these names are referenced.
@@ -905,10 +913,70 @@ class ScriptFacts:
         script itself and moved nowhere else: ``model_0 = Net().to("cpu")``, ``model_0.cpu()``,
         ``.to(torch.device("cpu"))``. A teaching notebook's baseline trained on the CPU beside a
         ``device = "cuda" if ... else "cpu"`` it does not use for that model: GPU advice (autocast, DDP,
-        pinned memory, fused optimizers) would change what the user chose. False where an optimizer's
-        parameters come from anything else, or a model is not moved at all."""
+        pinned memory, fused optimizers) would change what the user chose. Also a script whose trained
+        models never leave the CPU (:attr:`models_never_leave_cpu`): on a GPU machine its CUDA autocast
+        would not touch its CPU tensors and a compile would build CPU code. False where an optimizer's
+        parameters come from anything else, or a model may be moved somewhere."""
         owners = self.optimized_models
-        return bool(owners) and owners == self.models_kept_on_cpu
+        return bool(owners) and (owners == self.models_kept_on_cpu or self.models_never_leave_cpu)
+
+    @functools.cached_property
+    def models_never_leave_cpu(self) -> bool:
+        """The script's trained models stay where torch builds them, on the CPU, on any machine (issue 53:
+        graykode/nlp-tutorial's module-level Transformer): each is built by a class or function of this
+        file or of torch/torchvision/timm (no ``device=``), is never moved (``.to``, ``.cuda``) nor handed
+        to a call other than one of this file or torch's, and nothing in the file may put anything on an
+        accelerator: no CUDA, MPS or XPU named (``torch.cuda.is_available()`` included: a script that
+        asks has a GPU branch), no ``.to(x)`` or ``.cuda()`` to anything but the CPU or a dtype, no
+        ``device=`` but ``"cpu"``, no default device set. Reads only this file: a model built by another
+        module's factory is not judged (False)."""
+        owners = self.optimized_models
+        text = strip_comments(self.source.text)
+        if not owners or _CUDA_TEXT.search(text) or _OTHER_ACCELERATORS.search(text):
+            return False
+        for call in self.calls:
+            qual = call.qualname or ""
+            if call.method == "cuda" or qual in _DEFAULT_DEVICE_SETTERS:
+                return False
+            if call.method == "to" and self._host_move(call.node) is False:
+                return False
+            device = keyword(call.node, "device")
+            if device is not None and not _names_cpu(self, device.value):
+                return False
+            if qual == "torch.device" and call.node.args and not _names_cpu(self, call.node.args[0].value):
+                return False
+        return all(self._stays_where_built(owner) for owner in owners)
+
+    def _stays_where_built(self, owner: str) -> bool:
+        """``owner`` (a trained model's name) is built here by a call of this file or of a package that
+        builds on the CPU, and no call but one of this file's or torch's receives it."""
+        bindings = self.bindings_of(owner)
+        if not bindings or owner.startswith("self."):
+            return False
+        for binding in bindings:
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in (
+                    "train", "float", "requires_grad_", "apply"):
+                value = value.func.value
+            if not isinstance(value, cst.Call):
+                return False
+            callee = get_full_name_for_node(value.func) or ""
+            qual = self.resolve(callee) or ""
+            if not (self._defined_here(callee) or qual.startswith(_CPU_BUILDERS) and not _DEVICE_WRAPPERS.search(qual)):
+                return False
+        for call in self.calls:
+            passed = [arg.value for arg in call.node.args]
+            if not any(isinstance(v, (cst.Name, cst.Attribute)) and get_full_name_for_node(v) == owner for v in passed):
+                continue
+            qual = call.qualname or ""
+            torch_call = qual.startswith("torch.") and not _DEVICE_WRAPPERS.search(qual)
+            if not (self._defined_here(call.name or "") or torch_call):
+                return False
+        return True
+
+    def _defined_here(self, callee: str) -> bool:
+        """``callee`` (a dotted name as written) is a class or a function of this file."""
+        return callee in self.classes_by_name or callee in self.functions_by_name
 
     def _host_move(self, call: cst.Call) -> bool | None:
         """True: ``call`` (``x.to(...)``, ``x.cuda()``, ``x.cpu()``) moves to the CPU; False: somewhere
@@ -1258,3 +1326,20 @@ def _parameters_owners(params: cst.BaseExpression) -> set[str]:
         else:
             return set()
     return owners
+
+
+def _names_cpu(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
+    """``expr`` names the CPU in every value it may take: ``"cpu"``, ``torch.device("cpu")``."""
+    for value in facts.binding_values(expr):
+        if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+            continue
+        if isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu":
+            continue
+        if isinstance(value, cst.Call) and facts.qualname(value.func) == "torch.device" and value.args:
+            first = value.args[0].value
+            if isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu":
+                continue
+        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(value) or ""):
+            continue  # a name with bindings: its values are read above
+        return False
+    return True

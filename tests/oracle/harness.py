@@ -42,6 +42,9 @@ class RunResult:
     losses: list[float] = field(default_factory=list)  # what backward() saw, in order, all processes
     processes: int = 0
     by_rank: dict = field(default_factory=dict)  # {rank: losses} for the processes that had a rank
+    # With TCAUDIT_ORACLE_STEPS=1 (shim/sitecustomize.py): each optimizer step attempt, all processes in
+    # the order of ``losses``, as [sum of the optimizer's parameters before it, after it, skipped].
+    steps: list = field(default_factory=list)
 
     @property
     def printed(self) -> list[float]:
@@ -55,12 +58,13 @@ class RunResult:
         return f"{self.id}: rc {self.rc}, {len(self.losses)} losses\n{self.stderr[-2500:]}"
 
 
-def _losses(out: Path) -> tuple[list[float], int, dict]:
+def _losses(out: Path) -> tuple[list[float], int, dict, list]:
     records = [json.loads(p.read_text()) for p in out.glob("losses-*.json")]
     # Processes with a rank in rank order, then the others (one process in nearly every script).
     records.sort(key=lambda r: (r["rank"] is None, int(r["rank"]) if r["rank"] is not None else 0, r["pid"]))
     by_rank = {int(r["rank"]): r["losses"] for r in records if r["rank"] is not None}
-    return [x for r in records for x in r["losses"]], len(records), by_rank
+    steps = [step for r in records for step in r.get("steps", [])]
+    return [x for r in records for x in r["losses"]], len(records), by_rank, steps
 
 
 def run_scripts(runs: list[ScriptRun], workdir: Path, mode: str = "cpu", seed: int = 0, parallel: int = 2, gpu: bool = False):
@@ -124,7 +128,7 @@ def _run_once(runs: list[ScriptRun], workdir: Path, mode: str, seed: int, parall
     results = {}
     for job in jobs:
         folder = Path(job["cwd"])
-        losses, processes, by_rank = _losses(folder / "oracle")
+        losses, processes, by_rank, steps = _losses(folder / "oracle")
         stdout, stderr = (
             "".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"{name}.txt*")))
             for name in ("stdout", "stderr")
@@ -139,6 +143,7 @@ def _run_once(runs: list[ScriptRun], workdir: Path, mode: str, seed: int, parall
             losses=losses,
             processes=processes,
             by_rank=by_rank,
+            steps=steps,
         )
     return results
 

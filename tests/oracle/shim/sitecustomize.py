@@ -26,6 +26,13 @@ autocast runs GEMMs and convolutions in fp16/bf16 like CUDA's, so ``masked_fill(
 scores raises "value cannot be converted to type c10::Half without overflow", and a half tensor fed to
 a region under ``autocast(enabled=False)`` raises "Input type and bias type" as on the GPU. Values
 follow the lower precision, so losses are compared with a loose tolerance.
+Steps (``TCAUDIT_ORACLE_STEPS=1``, any mode; the GPU suite tests/test_gpu_fp16.py): every optimizer step
+attempt is recorded as [sum of the optimizer's parameters before it, after it (float64), skipped], where a
+GradScaler's step that found infs or NaNs counts as an attempt it skipped. ``TCAUDIT_ORACLE_SKIP=3,4``
+leaves those attempts (0-based, in the order the script makes them) out: their gradients are dropped
+before the optimizer runs, so it changes nothing, as a scaler that found infs does. The original run
+with the patched run's skipped steps left out is the reference that tells a scaler finding its scale
+from a mis-train.
 Not done: ``torch.cuda.is_available()`` stays False. Making it True while tensors stay on the CPU
 would send the scripts down their CUDA branches (``.cuda()``, NCCL, pinned memory, ``compile``),
 each of which then needs its own fake; the ``enabled=`` rule above covers what F1/F2 need.
@@ -36,7 +43,8 @@ from __future__ import annotations
 import os
 
 _OUT = "TCAUDIT_ORACLE_OUT"
-_state = {"losses": [], "rank": None, "mode": "cpu", "installed": False, "owner": None}
+_state = {"losses": [], "steps": [], "record_steps": False, "skip": set(), "rank": None, "mode": "cpu",
+          "installed": False, "owner": None}
 
 
 def _seed(seed: int) -> None:
@@ -77,12 +85,16 @@ def dump() -> None:
     os.makedirs(out, exist_ok=True)
     rank = _state["rank"] if _state["rank"] is not None else os.environ.get("RANK")
     with open(os.path.join(out, f"losses-{os.getpid()}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "rank": rank, "losses": _state["losses"]}, f)
+        json.dump({"pid": os.getpid(), "rank": rank, "losses": _state["losses"], "steps": _state["steps"]}, f)
 
 
 def begin(seed: int | None = None) -> None:
     """Start a fresh record in this process (the runner calls it in each forked child)."""
     _state["losses"] = []
+    _state["steps"] = []
+    # Read here, not at install: the runner installs the shim once and sets each child's environment.
+    _state["record_steps"] = os.environ.get("TCAUDIT_ORACLE_STEPS") == "1"
+    _state["skip"] = {int(i) for i in os.environ.get("TCAUDIT_ORACLE_SKIP", "").split(",") if i.strip()}
     _state["rank"] = None
     _state["owner"] = os.getpid()
     _state["mode"] = os.environ.get("TCAUDIT_ORACLE_MODE", "cpu")
@@ -248,6 +260,54 @@ def _install_cuda_semantics(torch) -> None:
         setattr(torch, name, on_device_generator(getattr(torch, name)))
 
 
+# --- optimizer steps ---------------------------------------------------------------------------
+
+
+def _parameter_sum(optimizer) -> float:
+    return sum(float(p.detach().double().sum()) for group in optimizer.param_groups for p in group["params"])
+
+
+def _install_step_record(torch) -> None:
+    """Record each optimizer step attempt as [parameter sum before, after, skipped] (the module's docstring)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    attempt: dict = {}
+
+    def pre(optimizer, args, kwargs):
+        if not _state["record_steps"]:
+            return
+        attempt.update(before=_parameter_sum(optimizer), left_out=len(_state["steps"]) in _state["skip"])
+        if attempt["left_out"]:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None  # the optimizer passes over a parameter without a gradient
+
+    def post(optimizer, args, kwargs):
+        if not _state["record_steps"]:
+            return
+        _state["steps"].append([attempt.get("before"), _parameter_sum(optimizer), bool(attempt.get("left_out"))])
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+    scaler_cls = torch.amp.GradScaler
+    original_step = scaler_cls.step
+
+    def step(self, optimizer, *args, **kwargs):
+        before = len(_state["steps"])
+        result = original_step(self, optimizer, *args, **kwargs)
+        if _state["record_steps"] and self.is_enabled():
+            found = self._per_optimizer_states[id(optimizer)].get("found_inf_per_device") or {}
+            if sum(float(v) for v in found.values()):
+                if len(_state["steps"]) > before:  # a fused optimizer ran its step and skipped the update itself
+                    _state["steps"][-1][2] = True
+                else:
+                    total = _parameter_sum(optimizer)
+                    _state["steps"].append([total, total, True])
+        return result
+
+    scaler_cls.step = step
+
+
 def install() -> None:
     global _TORCH_DIR
     if _state["installed"]:
@@ -268,6 +328,7 @@ def install() -> None:
 
     torch.autograd.backward = backward
     _install_cuda_semantics(torch)
+    _install_step_record(torch)
     atexit.register(dump)
     begin()
 
