@@ -466,6 +466,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC512": (
+        "distributed.tc512_compile_ddp_order",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+        (),
+    ),
     "TC601": (
         "loop.tc601_per_step_sync",
         (

@@ -141,6 +141,28 @@ def literal_value(expr: cst.BaseExpression | None) -> object:
 
 RL_LIBRARIES = frozenset({"gym", "gymnasium", "dm_control", "pettingzoo"})  # imported: an RL script
 
+# torch.distributed's collectives that take tensors: every rank of the group must call them.
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+        "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv",
+        "isend", "irecv",
+    }
+)
+# Every call of torch.distributed at which the ranks wait for each other: the collectives above, the
+# barriers and the object collectives.
+MEETING_POINTS = COLLECTIVES | frozenset(
+    {
+        "barrier", "monitored_barrier", "broadcast_object_list", "all_gather_object", "gather_object",
+        "scatter_object_list", "all_reduce_coalesced", "all_gather_coalesced", "batch_isend_irecv",
+    }
+)
+
+
+def is_meeting_point(qualname: str | None) -> bool:
+    """A call of torch.distributed that every rank of the group must reach (``dist.barrier()``)."""
+    return bool(qualname) and qualname.startswith("torch.distributed.") and qualname.split(".")[-1] in MEETING_POINTS
+
 
 def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
     return facts.module.code_for_node(node)
