@@ -474,6 +474,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC514": (
+        "distributed.tc514_process_group_timeout",
+        (
+            r"init_process_group",
+        ),
+        {},
+        (),
+    ),
     "TC601": (
         "loop.tc601_per_step_sync",
         (
