@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression
@@ -25,14 +24,12 @@ from tcaudit.rewrite.edits import CallEditor, add_keyword, add_stdlib_import
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, in_test_code, is_meeting_point, passes_keyword
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.script.guards import exclusive
+from tcaudit.script.guards import exclusive, last_name, names_rank
 from tcaudit.source.syntax import call_nodes
 
 TIMEOUT_MINUTES = 60
 
-# The names of a rank or of "this is the main process": compared with 0 (``rank == 0``, ``local_rank in
-# [-1, 0]``), or true on the main process by themselves (``if is_main_process():``, ``if master_process:``).
-_RANK = re.compile(r"^(local_?rank|rank|global_rank|node_rank|get_rank|get_local_rank|gpu)$", re.IGNORECASE)
+# Names true on the main process by themselves (``if is_main_process():``, ``if master_process:``).
 _MAIN = re.compile(r"^(is_)?(main|master)(_process|_proc|_rank)?$|^is_rank_?(zero|0)$|^rank_?zero$", re.IGNORECASE)
 
 # Calls that cost little on the main process: printing, logging, saving, making a folder, naming a path.
@@ -45,13 +42,6 @@ _CHEAP = re.compile(
 )
 
 
-def _last_name(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Call):
-        node = node.func
-    dotted = get_full_name_for_node(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
-    return dotted.split(".")[-1] if dotted else None
-
-
 def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.value == "0"
 
@@ -62,19 +52,17 @@ def is_main_process_test(test: cst.BaseExpression) -> bool:
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         return is_main_process_test(test.left) or is_main_process_test(test.right)
     if isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
-        name = _last_name(test)
+        name = last_name(test)
         return bool(name and _MAIN.match(name))
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         target = test.comparisons[0]
         left, right, op = test.left, target.comparator, target.operator
         if isinstance(op, cst.Equal):
             side = left if _is_zero(right) else right if _is_zero(left) else None
-            name = _last_name(side) if side is not None else None
-            return bool(name and _RANK.match(name))
+            return side is not None and names_rank(side)
         if isinstance(op, cst.In) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
             values = [e.value for e in right.elements]
-            name = _last_name(left)
-            return bool(name and _RANK.match(name)) and any(_is_zero(v) for v in values) and all(
+            return names_rank(left) and any(_is_zero(v) for v in values) and all(
                 _is_zero(v) or (isinstance(v, cst.UnaryOperation) and isinstance(v.expression, cst.Integer)) for v in values
             )
     return False
@@ -84,7 +72,7 @@ def _long_work(facts: ScriptFacts, branch: cst.If) -> cst.Call | None:
     """The first call in ``branch``'s body that is more than printing, logging or saving."""
     for statement in branch.body.body:
         for call in call_nodes(statement):
-            name = _last_name(call)
+            name = last_name(call)
             if name is None or _CHEAP.match(name):
                 continue
             if is_meeting_point(facts.qualname(call.func)):
