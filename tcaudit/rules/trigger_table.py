@@ -474,6 +474,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC513": (
+        "distributed.tc513_uneven_rank_shards",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+        (),
+    ),
     "TC514": (
         "distributed.tc514_process_group_timeout",
         (
