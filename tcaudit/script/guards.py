@@ -301,7 +301,8 @@ _DISTRIBUTED_FLAGS = re.compile(r"^(distributed|is_distributed|use_ddp|ddp|multi
 
 
 def last_name(node: cst.BaseExpression) -> str | None:
-    """The last name of a name, attribute, call's callee or string-keyed item: ``args.local_rank`` → ``local_rank``."""
+    """The last name of a name, attribute, call's callee or string-keyed item (``args.local_rank``:
+    ``local_rank``)."""
     if isinstance(node, cst.Call):
         node = node.func
     if isinstance(node, cst.Name):

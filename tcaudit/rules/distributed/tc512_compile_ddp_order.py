@@ -45,13 +45,14 @@ class CompileDdpOrder(ScriptRule):
             yield self.finding(
                 facts,
                 wrap.call.node,
-                f"the model is compiled (`{shown}`) before the DDP wrap: wrap it first, then compile the DDP model",
+                f"the model is compiled (line {facts.line_of(compiled)}) before its DDP wrap: wrap it first, "
+                "then compile",
                 explanation=(
-                    "Compiled first, Dynamo makes one backward graph that hands every gradient to DDP at its end, "
-                    "so DDP's all-reduces cannot overlap the backward; compiling the DDP model lets DDPOptimizer "
-                    "split the graph at DDP's bucket boundaries (PyTorch's DDP notes: apply the DDP wrapper before "
-                    "compiling). Not fixed automatically: the checkpoint keys' `_orig_mod.` and `module.` "
-                    "prefixes change with the order."
+                    f"`{shown}` compiles the bare module: Dynamo makes one backward graph that hands every gradient "
+                    "to DDP at its end, so DDP's all-reduces cannot overlap the backward. Compiling the DDP model "
+                    "(`model = DDP(model); model = torch.compile(model)`) lets DDPOptimizer split the graph at DDP's "
+                    "bucket boundaries (PyTorch's DDP notes: apply the DDP wrapper before compiling). Not fixed "
+                    "automatically: the checkpoint keys' `_orig_mod.` and `module.` prefixes change with the order."
                 ),
             )
 

@@ -53,13 +53,16 @@ def _shard_source(facts: ScriptFacts, node: cst.CSTNode) -> cst.BaseExpression |
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         index = node.slice[0].slice
         if isinstance(index, cst.Slice):
-            if index.lower is not None and index.step is not None and names_rank(index.lower) and names_world_size(index.step):
+            lower, step = index.lower, index.step
+            if lower is not None and step is not None and names_rank(lower) and names_world_size(step):
                 return node.value
             return None
         if isinstance(index, cst.Index) and names_rank(index.value) and isinstance(node.value, cst.Call):
             return _split_data(node.value)
         return None
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "range" and len(node.args) == 3:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "range" and (
+        len(node.args) == 3
+    ):
         start, stop, step = (a.value for a in node.args)
         if names_rank(start) and names_world_size(step):
             return stop
@@ -149,7 +152,8 @@ def _joined(facts: ScriptFacts) -> bool:
                     expr.func.value, (cst.SimpleString, cst.ConcatenatedString)
                 ):
                     return True
-                if (facts.qualname(expr.func) or "").startswith("torch.distributed.algorithms") and last_name(expr) == "Join":
+                qual = facts.qualname(expr.func) or ""
+                if qual.startswith("torch.distributed.algorithms") and last_name(expr) == "Join":
                     return True
     return False
 
@@ -194,10 +198,11 @@ class UnevenRankShards(ScriptRule):
             yield self.finding(
                 facts,
                 shard.node,
-                f"`{shown}` can give the ranks different numbers of batches: the rank with fewer leaves the loop "
-                "while the others wait in DDP's all-reduce until the timeout",
+                "data split across ranks by hand: the ranks can get different batch counts and hang in DDP's "
+                "all-reduce",
                 explanation=(
-                    "Every DDP backward all-reduces the gradients with every rank. When the data's length is not a "
+                    f"`{shown}` splits the data without evening the ranks out. Every DDP backward all-reduces the "
+                    "gradients with every rank. When the data's length is not a "
                     "multiple of the world size, the shards differ by one sample and the loaders by up to one batch; "
                     "at the last step the longer ranks wait for a rank that has left, and the job hangs until the "
                     "process group's timeout."

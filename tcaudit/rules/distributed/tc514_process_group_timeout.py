@@ -63,7 +63,8 @@ def is_main_process_test(test: cst.BaseExpression) -> bool:
         if isinstance(op, cst.In) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
             values = [e.value for e in right.elements]
             return names_rank(left) and any(_is_zero(v) for v in values) and all(
-                _is_zero(v) or (isinstance(v, cst.UnaryOperation) and isinstance(v.expression, cst.Integer)) for v in values
+                _is_zero(v) or (isinstance(v, cst.UnaryOperation) and isinstance(v.expression, cst.Integer))
+                for v in values
             )
     return False
 
@@ -98,7 +99,8 @@ class ProcessGroupTimeout(ScriptRule):
         info = distributed_facts(facts)
         calls = [
             c for c in info.init_process_group_calls
-            if not in_test_code(c.ctx) and c.arg("timeout", 2) is None and passes_keyword(facts, c, "timeout") is not True
+            if not in_test_code(c.ctx) and c.arg("timeout", 2) is None
+            and passes_keyword(facts, c, "timeout") is not True
         ]
         if not calls:
             return
@@ -114,15 +116,23 @@ class ProcessGroupTimeout(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"`{facts.module.code_for_node(work)}` runs on one rank (line {facts.line_of(work)}) while the others "
-                f"wait in {where} (line {facts.line_of(meeting)}): without `timeout=` they fail after the default "
-                "(10 minutes for NCCL)",
+                f"one rank runs `{_short(last_name(work))}()` (line {facts.line_of(work)}), the rest wait in {where} "
+                f"(line {facts.line_of(meeting)}); no `timeout=`",
                 explanation=(
-                    "A collective waits for every rank of the group; the ranks that reach it first wait until the "
-                    "process group's timeout and then abort the job. Pass a timeout that covers the slow rank's work."
+                    f"`{facts.module.code_for_node(work)}` runs on one rank only. A collective waits for every rank "
+                    "of the group; the ranks that reach it first wait until the process group's timeout (10 minutes "
+                    "for NCCL) and then abort the job. Pass a timeout that covers the slow rank's work."
                 ),
-                fix=self.planned_fix(FixClass.SAFE, f"pass timeout=datetime.timedelta(minutes={TIMEOUT_MINUTES})", plan),
+                fix=self.planned_fix(
+                    FixClass.SAFE, f"pass timeout=datetime.timedelta(minutes={TIMEOUT_MINUTES})", plan
+                ),
             )
+
+
+def _short(name: str | None) -> str:
+    """A callee's name for the one-line message: long ones cut (the explanation quotes the whole call)."""
+    name = name or "?"
+    return name if len(name) <= 24 else name[:23] + "…"
 
 
 def _branches(facts: ScriptFacts) -> list[tuple[cst.If, Frame]]:
@@ -154,11 +164,11 @@ def _meeting_after(facts: ScriptFacts, info, branch: cst.If, where: Frame) -> tu
                if isinstance(f.node, cst.If)):
             continue  # the main process's own collective: the others do not wait in it
         if is_meeting_point(call.qualname):
-            found.append((facts.line_of(call.node), call.node, f"`{facts.module.code_for_node(call.node.func)}()`"))
+            found.append((facts.line_of(call.node), call.node, f"`{_short(last_name(call.node))}()`"))
     for wrap in info.wraps_of("ddp"):
         call = wrap.call
         if call.ctx.function is function and facts.line_of(call.node) > end and not exclusive(call.ctx, where):
-            found.append((facts.line_of(call.node), call.node, "the DDP wrap (it broadcasts rank 0's parameters)"))
+            found.append((facts.line_of(call.node), call.node, "the DDP wrap"))
     if not found:
         return None
     _, node, label = min(found, key=lambda f: f[0])
@@ -184,10 +194,12 @@ def _plan(facts: ScriptFacts, call: CallSite) -> AddTimeout:
     if any(a.star == "*" for a in call.node.args):
         raise DeclineFix("the call passes *args, which may already reach `timeout`")
     value = f"timedelta(minutes={TIMEOUT_MINUTES})"
-    timedelta_names = [s.local for s in facts.imports if s.qualname == "datetime.timedelta" and s.ctx is facts.module_frame]
+    top = [s for s in facts.imports if s.ctx is facts.module_frame]
+    timedelta_names = [s.local for s in top if s.qualname == "datetime.timedelta"]
     if timedelta_names and not _rebound(facts, timedelta_names[0]):
-        return AddTimeout(call.node, facts.line_of(call.node), f"{timedelta_names[0]}(minutes={TIMEOUT_MINUTES})", False)
-    module_names = [s.local for s in facts.imports if s.qualname == "datetime" and s.ctx is facts.module_frame]
+        bare = f"{timedelta_names[0]}(minutes={TIMEOUT_MINUTES})"
+        return AddTimeout(call.node, facts.line_of(call.node), bare, False)
+    module_names = [s.local for s in top if s.qualname == "datetime"]
     if module_names and not _rebound(facts, module_names[0]):
         return AddTimeout(call.node, facts.line_of(call.node), f"{module_names[0]}.{value}", False)
     if facts.bindings_of("datetime") or any(s.local == "datetime" for s in facts.imports) or facts.mentions("datetime"):
