@@ -1,8 +1,7 @@
-"""Issue 48's distributed rules beyond their TOML examples: TC512 compile-ddp-order (report only), TC513
-uneven-rank-shards (``with model.join():`` around the batch loop, shown to train two gloo ranks with uneven
-shards to the end where the original fails) and TC514 process-group-timeout (``timeout=`` on
-``init_process_group``): exact fixed texts, fixing twice changes nothing, declines with their reasons, and
-the patched scripts run."""
+"""Issue 48's distributed rules beyond their TOML examples: TC513 uneven-rank-shards (``with model.join():``
+around the batch loop, shown to train two gloo ranks with uneven shards to the end where the original fails)
+and TC514 process-group-timeout (``timeout=`` on ``init_process_group``): exact fixed texts, fixing twice
+changes nothing, declines with their reasons, and the patched scripts run."""
 
 from __future__ import annotations
 
@@ -44,42 +43,6 @@ def _fixed(tmp_path: Path, code: str, rule: str) -> str:
 def _only(tmp_path: Path, code: str, rule: str):
     (finding,) = [f for f in scan_code(tmp_path, code, select=(rule,)).findings if f.rule == rule]
     return finding
-
-
-# -- TC512 compile-ddp-order ----------------------------------------------------------------------------
-
-
-def test_tc512_reports_the_compile_and_offers_no_fix(tmp_path):
-    code = _code('''
-        import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        def main(local_rank):
-            model = torch.compile(Net().cuda(local_rank))
-            model = DDP(model, device_ids=[local_rank])
-            return model
-    ''')
-    finding = _only(tmp_path, code, "TC512")
-    assert finding.location.line == 6 and finding.severity is Severity.WARNING
-    assert "(line 5) before its DDP wrap" in finding.message
-    assert "`torch.compile(Net().cuda(local_rank))`" in finding.explanation
-    assert finding.fix is None
-    assert _fixed(tmp_path, code, "TC512") == code
-
-
-def test_tc512_silent_for_a_compile_on_the_other_arm_and_for_compile_after_the_wrap(tmp_path):
-    code = _code('''
-        import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = Net().cuda()
-        if args.single_gpu:
-            model = torch.compile(model)
-        else:
-            model = DDP(model)
-            model = torch.compile(model)
-    ''')
-    assert not [f for f in scan_code(tmp_path, code, select=("TC512",)).findings if f.rule == "TC512"]
 
 
 # -- TC513 uneven-rank-shards ----------------------------------------------------------------------------

@@ -466,14 +466,6 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
-    "TC512": (
-        "distributed.tc512_compile_ddp_order",
-        (
-            r"DistributedDataParallel",
-        ),
-        {},
-        (),
-    ),
     "TC513": (
         "distributed.tc513_uneven_rank_shards",
         (
