@@ -281,3 +281,19 @@ def test_tc514_the_patched_script_runs_as_a_gloo_job(tmp_path):
                           timeout=120, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 passed the barrier" in proc.stdout
+
+
+def _tc514_lines(tmp_path, init: str, branch: str) -> list[int]:
+    code = f"import os\n\nimport torch\nimport torch.distributed as dist\n\n{init}\nif dist.get_rank() == 0:\n"
+    code += f"    {branch}\ndist.barrier()\n"
+    return [f.location.line for f in scan_code(tmp_path, code, select=("TC514",)).findings if f.rule == "TC514"]
+
+
+def test_tc514_silent_for_saving_on_rank_zero_and_for_a_group_of_one(tmp_path):
+    init = 'dist.init_process_group("nccl")'
+    saving = 'torch.save(model.state_dict(), f"checkpoint-{os.getpid()}.pt")\n    _save_snapshot(epoch)'
+    assert _tc514_lines(tmp_path, init, saving) == []
+    assert _tc514_lines(tmp_path, init, saving.replace("_save_snapshot", "build_cache")) == [6]
+    single = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)'
+    assert _tc514_lines(tmp_path, single, "prepare_data()") == []
+    assert _tc514_lines(tmp_path, single.replace("world_size=1", "world_size=2"), "prepare_data()") == [6]

@@ -22,10 +22,15 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor, add_keyword, add_stdlib_import
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import distributed_facts, in_test_code, is_meeting_point, passes_keyword
+from tcaudit.script.distributed import (
+    distributed_facts,
+    in_test_code,
+    is_meeting_point,
+    literal_value,
+    passes_keyword,
+)
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive, last_name, names_rank
-from tcaudit.source.syntax import call_nodes
 
 TIMEOUT_MINUTES = 60
 
@@ -34,7 +39,7 @@ _MAIN = re.compile(r"^(is_)?(main|master)(_process|_proc|_rank)?$|^is_rank_?(zer
 
 # Calls that cost little on the main process: printing, logging, saving, making a folder, naming a path.
 _CHEAP = re.compile(
-    r"^(print|pprint|log|info|warning|warn|error|debug|exception|critical|save\w*|dump|dumps|write|writelines|"
+    r"^_*(print|pprint|log|info|warning|warn|error|debug|exception|critical|save\w*|dump|dumps|write|writelines|"
     r"flush|close|open|makedirs|mkdir|exists|isdir|isfile|join|format|str|repr|int|float|bool|len|dict|list|"
     r"tuple|set|sorted|range|enumerate|zip|add_scalar|add_scalars|add_text|set_description|set_postfix|"
     r"SummaryWriter|init|watch|config|get_rank|get_world_size|time|perf_counter|now|strftime|getenv|get|state_dict|"
@@ -70,16 +75,28 @@ def is_main_process_test(test: cst.BaseExpression) -> bool:
 
 
 def _long_work(facts: ScriptFacts, branch: cst.If) -> cst.Call | None:
-    """The first call in ``branch``'s body that is more than printing, logging or saving."""
-    for statement in branch.body.body:
-        for call in call_nodes(statement):
-            name = last_name(call)
-            if name is None or _CHEAP.match(name):
-                continue
-            if is_meeting_point(facts.qualname(call.func)):
-                continue
-            return call
+    """The first call in ``branch``'s body that is more than printing, logging or saving (the calls in the
+    arguments of a cheap one, ``torch.save(model.state_dict(), f"{os.getpid()}.pt")``, are part of it)."""
+    for call in _outer_calls(branch.body):
+        name = last_name(call)
+        if name is None or _CHEAP.match(name) or is_meeting_point(facts.qualname(call.func)):
+            continue
+        return call
     return None
+
+
+def _outer_calls(node: cst.CSTNode) -> list[cst.Call]:
+    """The calls in ``node`` that are not inside another call's arguments, in the order of the text."""
+    found: list[cst.Call] = []
+
+    class _Outer(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            found.append(call)
+            call.func.visit(self)  # ``tarfile.open(path).extractall(...)``: the receiver's call too
+            return False
+
+    node.visit(_Outer())
+    return found
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +117,7 @@ class ProcessGroupTimeout(ScriptRule):
         calls = [
             c for c in info.init_process_group_calls
             if not in_test_code(c.ctx) and c.arg("timeout", 2) is None
-            and passes_keyword(facts, c, "timeout") is not True
+            and passes_keyword(facts, c, "timeout") is not True and literal_value(c.arg("world_size", 3)) != 1
         ]
         if not calls:
             return
