@@ -297,3 +297,19 @@ def test_tc514_silent_for_saving_on_rank_zero_and_for_a_group_of_one(tmp_path):
     single = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)'
     assert _tc514_lines(tmp_path, single, "prepare_data()") == []
     assert _tc514_lines(tmp_path, single.replace("world_size=1", "world_size=2"), "prepare_data()") == [6]
+
+
+def test_tc514_reads_rank_zero_or_a_single_process(tmp_path):
+    init = 'dist.init_process_group("nccl")'
+    code = f"import torch.distributed as dist\n\n{init}\nif not dist.is_initialized() or dist.get_rank() == 0:\n"
+    code += "    prepare_data()\ndist.barrier()\n"
+    assert _fixed(tmp_path, code, "TC514") == code.replace(
+        "import torch.distributed as dist\n", "import datetime\n\nimport torch.distributed as dist\n").replace(
+        init, 'dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=60))')
+
+
+def test_tc513_joins_the_model_a_step_helper_is_handed(tmp_path):
+    code = UNEVEN_TEMPLATE.format(setup="model = DDP(Net().cuda())", after="").lstrip("\n").replace(
+        "    model(x.cuda()).sum().backward()", "    loss_of(model, x).backward()")
+    loop = code[code.index("for x in shard:"):]
+    assert _fixed(tmp_path, code, "TC513") == code.replace(loop, "with model.join():\n" + textwrap.indent(loop, "    "))

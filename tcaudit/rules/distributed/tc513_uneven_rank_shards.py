@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, LoopWrapper, parse_expression
@@ -34,10 +33,10 @@ from tcaudit.script.distributed import (
     distributed_facts,
     in_test_code,
     is_meeting_point,
+    names_in,
 )
 from tcaudit.script.facts import Binding, Frame, ScriptFacts
 from tcaudit.script.guards import branches, last_name, names_rank, names_world_size
-from tcaudit.source.syntax import call_nodes
 
 _SPLITS = frozenset({"array_split", "chunk", "tensor_split"})  # the last piece may be shorter, or missing
 # Text that evens the ranks out: a minimum over the ranks (``all_reduce(n, op=ReduceOp.MIN)``).
@@ -284,8 +283,9 @@ def _model_name_at(facts: ScriptFacts, wrap: Wrap, loop: Frame) -> str | None:
 
 
 def _used_in(name: str, loop: Frame) -> bool:
-    """The loop calls ``name`` (the forward), so the object it joins is the one that trains."""
-    return any(get_full_name_for_node(call.func) == name for call in call_nodes(loop.node))
+    """The loop uses ``name`` (calls it, or hands it to a step helper), so the object it joins is the one
+    that trains."""
+    return name in names_in(loop.node)
 
 
 class UnevenRankShardsFix(Codemod):

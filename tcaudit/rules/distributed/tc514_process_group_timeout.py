@@ -30,7 +30,7 @@ from tcaudit.script.distributed import (
     passes_keyword,
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.script.guards import exclusive, last_name, names_rank
+from tcaudit.script.guards import exclusive, last_name, names_rank, process_count_of
 
 TIMEOUT_MINUTES = 60
 
@@ -53,9 +53,16 @@ def _is_zero(node: cst.BaseExpression) -> bool:
 
 def is_main_process_test(test: cst.BaseExpression) -> bool:
     """``rank == 0``, ``dist.get_rank() == 0``, ``args.local_rank in [-1, 0]``, ``is_main_process()``,
-    ``master_process``, and ``and`` of one of them with anything: true on one rank only."""
+    ``master_process``, ``and`` of one of them with anything, ``or`` of one with a single-process test
+    (``not dist.is_initialized() or rank == 0``): true on one rank only when there are several."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         return is_main_process_test(test.left) or is_main_process_test(test.right)
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        # ``not dist.is_initialized() or dist.get_rank() == 0``: rank 0 alone whenever there are several
+        left, right = test.left, test.right
+        return (is_main_process_test(left) and process_count_of(right) == "single") or (
+            is_main_process_test(right) and process_count_of(left) == "single"
+        )
     if isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
         name = last_name(test)
         return bool(name and _MAIN.match(name))
