@@ -35,7 +35,7 @@ from tcaudit.script.distributed import (
     is_meeting_point,
     names_in,
 )
-from tcaudit.script.facts import Binding, Frame, ScriptFacts
+from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.script.guards import branches, last_name, names_rank, names_world_size
 
 _SPLITS = frozenset({"array_split", "chunk", "tensor_split"})  # the last piece may be shorter, or missing
@@ -96,20 +96,14 @@ def _truncated(facts: ScriptFacts, source: cst.BaseExpression) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class Shard:
-    node: cst.CSTNode  # the split expression
-    source: cst.BaseExpression  # what it splits
-    binding: Binding | None  # the assignment that holds it
-    ctx: Frame
-
-
-def _shards(facts: ScriptFacts, info: DistributedFacts) -> list[Shard]:
-    out: list[Shard] = []
+def _shards(facts: ScriptFacts, info: DistributedFacts) -> list[cst.CSTNode]:
+    """The hand-made uneven splits of training data: in an assignment outside tests, evaluation code and
+    evaluation names, or in a training loop's header; data cut to a multiple of the world size first is even."""
+    out: list[cst.CSTNode] = []
     seen: set[int] = set()
-    places: list[tuple[cst.CSTNode, Binding | None, Frame]] = [(b.value, b, b.ctx) for b in facts.bindings]
+    places: list[tuple[cst.CSTNode, str | None, Frame]] = [(b.value, b.target, b.ctx) for b in facts.bindings]
     places += [(loop.node.iter, None, loop) for loop in info.step_loops.values() if isinstance(loop.node, cst.For)]
-    for root, binding, ctx in places:
+    for root, target, ctx in places:
         for node in _walk(root):
             if id(node) in seen:
                 continue
@@ -117,13 +111,10 @@ def _shards(facts: ScriptFacts, info: DistributedFacts) -> list[Shard]:
             if source is None:
                 continue
             seen.add(id(node))
-            if in_test_code(ctx) or facts.in_eval(ctx):
+            if in_test_code(ctx) or facts.in_eval(ctx) or (target is not None and EVAL_NAME.search(target)):
                 continue
-            if binding is not None and EVAL_NAME.search(binding.target):
-                continue
-            if _truncated(facts, source):
-                continue
-            out.append(Shard(node, source, binding, ctx))
+            if not _truncated(facts, source):
+                out.append(node)
     return out
 
 
@@ -193,10 +184,10 @@ class UnevenRankShards(ScriptRule):
             return made
 
         for shard in shards:
-            shown = facts.module.code_for_node(shard.node)
+            shown = facts.module.code_for_node(shard)
             yield self.finding(
                 facts,
-                shard.node,
+                shard,
                 "data split across ranks by hand: the ranks can get different batch counts and hang in DDP's "
                 "all-reduce",
                 explanation=(
