@@ -6,7 +6,6 @@ changes nothing, declines with their reasons, and the patched scripts run."""
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -150,7 +149,8 @@ for epoch in range(2):
         optimizer.step()
         steps += 1
 weights = [round(float(p.sum()), 6) for p in model.parameters()]
-print(f"rank {rank} trained {steps} steps, weights {weights}", flush=True)
+with open(f"trained-{rank}.txt", "w") as record:  # one file a rank: the ranks' stdout lines interleave
+    record.write(f"{steps} {weights}\\n")
 dist.destroy_process_group()
 '''.lstrip("\n")
 
@@ -158,12 +158,13 @@ dist.destroy_process_group()
 def _torchrun(script: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(script)]
-    return run_training(command, script.parent, env, timeout=180)
+    return run_training(command, script.parent, env, timeout=180, outputs=("trained-*.txt",))
 
 
 @pytest.fixture(scope="module")
 def uneven_runs(tmp_path_factory):
-    """(patched text, original run, patched run): both started at once, to share the wait."""
+    """(patched text, original run, patched run, what each rank recorded in each: {"original": {"1": "4 [...]"}}):
+    both runs started at once, to share the wait."""
     if not TORCHRUN.exists():
         pytest.skip(f"torchrun is not installed beside {sys.executable}")
     original_dir, patched_dir = tmp_path_factory.mktemp("original"), tmp_path_factory.mktemp("patched")
@@ -171,12 +172,16 @@ def uneven_runs(tmp_path_factory):
     patched = _fixed(patched_dir, UNEVEN_SCRIPT, "TC513")
     with ThreadPoolExecutor(2) as pool:
         original_run, patched_run = pool.map(_torchrun, [original_dir / "train.py", patched_dir / "train.py"])
-    return patched, original_run, patched_run
+    records = {
+        label: {p.stem.split("-")[1]: p.read_text().strip() for p in folder.glob("trained-*.txt")}
+        for label, folder in (("original", original_dir), ("patched", patched_dir))
+    }
+    return patched, original_run, patched_run, records
 
 
 @pytest.mark.slow
 def test_tc513_fix_is_exact(uneven_runs):
-    patched, _, _ = uneven_runs
+    patched = uneven_runs[0]
     assert patched == UNEVEN_SCRIPT.replace(
         '''    for x in shard:
         optimizer.zero_grad()
@@ -196,16 +201,15 @@ def test_tc513_fix_is_exact(uneven_runs):
 
 @pytest.mark.slow
 def test_tc513_original_fails_and_the_patched_script_trains_both_ranks_to_the_end(uneven_runs):
-    _, original, patched = uneven_runs
+    _, original, patched, records = uneven_runs
     shown = f"original rc {original.returncode}:\n{original.stdout[-1500:]}\n{original.stderr[-2500:]}"
     assert original.returncode != 0, shown
-    assert "rank 1 trained 4 steps" in original.stdout and "rank 0 trained" not in original.stdout, shown
+    assert list(records["original"]) == ["1"] and records["original"]["1"].startswith("4 "), (records, shown)
 
     shown = f"patched rc {patched.returncode}:\n{patched.stdout[-1500:]}\n{patched.stderr[-4000:]}"
     assert patched.returncode == 0, shown
-    runs = re.findall(r"rank (\d) trained (\d+) steps, weights (\[.*\])", patched.stdout)
-    trained = {rank: (int(steps), weights) for rank, steps, weights in runs}
-    assert trained["0"][0] == 6 and trained["1"][0] == 4, shown
+    trained = {rank: record.split(" ", 1) for rank, record in records["patched"].items()}
+    assert trained["0"][0] == "6" and trained["1"][0] == "4", (records, shown)
     assert trained["0"][1] == trained["1"][1], "join's last step makes the ranks' models equal again"
 
 
