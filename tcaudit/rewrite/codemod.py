@@ -127,6 +127,32 @@ class _Holds(cst.CSTVisitor):
         return None
 
 
+class LoopWrapper(cst.CSTTransformer):
+    """Puts loops, found by identity, under a ``with`` of the given context expression (``with
+    torch.no_grad():``, ``with model.join():``); the comments and blank lines above a loop go above the
+    ``with``."""
+
+    def __init__(self, targets: dict[int, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.BaseStatement:
+        return self._wrap(original_node, updated_node)
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.BaseStatement:
+        return self._wrap(original_node, updated_node)
+
+    def _wrap(self, original_node: cst.For | cst.While, updated_node: cst.For | cst.While) -> cst.BaseStatement:
+        context_expr = self.targets.get(id(original_node))
+        if context_expr is None:
+            return updated_node
+        return cst.With(
+            items=[cst.WithItem(context_expr)],
+            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+            leading_lines=updated_node.leading_lines,
+        )
+
+
 def unique_name(facts: ScriptFacts, base: str, taken: Iterable[str] = ()) -> str:
     """``base``, or ``base2``, ``base3``...: the first that no binding or import of the file (nor
     ``taken``, the names an edit already chose) uses."""

@@ -482,6 +482,22 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC513": (
+        "distributed.tc513_uneven_rank_shards",
+        (
+            r"DistributedDataParallel",
+        ),
+        {},
+        (),
+    ),
+    "TC514": (
+        "distributed.tc514_process_group_timeout",
+        (
+            r"init_process_group",
+        ),
+        {},
+        (),
+    ),
     "TC515": (
         "distributed.tc515_checkpoint_saved_by_every_rank",
         (

@@ -141,6 +141,28 @@ def literal_value(expr: cst.BaseExpression | None) -> object:
 
 RL_LIBRARIES = frozenset({"gym", "gymnasium", "dm_control", "pettingzoo"})  # imported: an RL script
 
+# torch.distributed's collectives that take tensors: every rank of the group must call them.
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+        "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv",
+        "isend", "irecv",
+    }
+)
+# Every call of torch.distributed at which the ranks wait for each other: the collectives above, the
+# barriers and the object collectives.
+MEETING_POINTS = COLLECTIVES | frozenset(
+    {
+        "barrier", "monitored_barrier", "broadcast_object_list", "all_gather_object", "gather_object",
+        "scatter_object_list", "all_reduce_coalesced", "all_gather_coalesced", "batch_isend_irecv",
+    }
+)
+
+
+def is_meeting_point(qualname: str | None) -> bool:
+    """A call of torch.distributed that every rank of the group must reach (``dist.barrier()``)."""
+    return bool(qualname) and qualname.startswith("torch.distributed.") and qualname.split(".")[-1] in MEETING_POINTS
+
 
 def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
     return facts.module.code_for_node(node)
@@ -291,17 +313,14 @@ RANK_TEST = re.compile(
     r"(?<![\w])(?:(?:(?:local_|global_|node_|world_|self_)?rank|is_main_process|is_master(?:_process)?|"
     r"master_process|main_process|is_rank_zero|is_global_zero|is_primary|is_main)\b|get_(?:local_|global_)?rank\()"
 )
-# torch.distributed's collectives: every rank of the group must call them, in the same order.
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "gather",
-    "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single",
-})
+# Point-to-point calls: one rank sends, another receives, each in its own branch.
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 
 
 def is_collective(call: CallSite) -> bool:
+    """A call every rank of the group must make, in the same order (not a send or receive)."""
     qual = call.qualname or ""
-    return qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in COLLECTIVES
+    return is_meeting_point(qual) and qual.rsplit(".", 1)[-1] not in POINT_TO_POINT
 
 
 def rank_branch(facts: ScriptFacts, ctx: Frame) -> tuple[cst.If, bool] | None:

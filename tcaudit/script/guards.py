@@ -300,7 +300,9 @@ _DISTRIBUTED_FLAGS = re.compile(r"^(distributed|is_distributed|use_ddp|ddp|multi
                                 r"is_initialized|dist_on|use_distributed)$", re.IGNORECASE)
 
 
-def _last_name(node: cst.BaseExpression) -> str | None:
+def last_name(node: cst.BaseExpression) -> str | None:
+    """The last name of a name, attribute, call's callee or string-keyed item (``args.local_rank``:
+    ``local_rank``)."""
     if isinstance(node, cst.Call):
         node = node.func
     if isinstance(node, cst.Name):
@@ -312,6 +314,27 @@ def _last_name(node: cst.BaseExpression) -> str | None:
         if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
             return index.value.evaluated_value if isinstance(index.value.evaluated_value, str) else None
     return None
+
+
+# Calls that return this process's rank or the number of processes.
+_RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
+_WORLD_CALLS = frozenset({"get_world_size", "get_local_world_size"})
+
+
+def names_rank(node: cst.BaseExpression) -> bool:
+    """``rank``, ``args.local_rank``, ``dist.get_rank()``: an expression that is this process's rank."""
+    name = last_name(node)
+    if isinstance(node, cst.Call):
+        return name in _RANK_CALLS
+    return bool(name) and bool(_RANK_NAMES.match(name))
+
+
+def names_world_size(node: cst.BaseExpression) -> bool:
+    """``world_size``, ``args.world_size``, ``dist.get_world_size()``: the number of processes."""
+    name = last_name(node)
+    if isinstance(node, cst.Call):
+        return name in _WORLD_CALLS
+    return bool(name) and bool(_WORLD_NAMES.match(name) or name.lower() == "num_replicas")
 
 
 def _number(node: cst.BaseExpression) -> int | None:
@@ -335,14 +358,14 @@ def process_count_of(test: cst.BaseExpression) -> str | None:
             return left or right if left == right or None in (left, right) else None
         return left if left == right else None  # ``or``: only when both arms agree
     if isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
-        name = _last_name(test)
+        name = last_name(test)
         return "multi" if name and _DISTRIBUTED_FLAGS.match(name) else None
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         target = test.comparisons[0]
         left, right, op = test.left, target.comparator, target.operator
-        name, value = _last_name(left), _number(right)
+        name, value = last_name(left), _number(right)
         if value is None:
-            name, value = _last_name(right), _number(left)
+            name, value = last_name(right), _number(left)
             op = {cst.LessThan: cst.GreaterThan(), cst.GreaterThan: cst.LessThan(), cst.LessThanEqual: cst.GreaterThanEqual(),
                   cst.GreaterThanEqual: cst.LessThanEqual()}.get(type(op), op)
         if name is None or value is None:

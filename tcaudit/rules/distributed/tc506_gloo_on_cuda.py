@@ -17,7 +17,14 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import imported_module
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import DEVICE_SWITCH, DistributedFacts, distributed_facts, in_test_code, literal_value
+from tcaudit.script.distributed import (
+    COLLECTIVES,
+    DEVICE_SWITCH,
+    DistributedFacts,
+    distributed_facts,
+    in_test_code,
+    literal_value,
+)
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.source.syntax import keyword
 
@@ -145,13 +152,6 @@ def _plan(facts: ScriptFacts, info: DistributedFacts, backend: cst.BaseExpressio
 
 # -- what the fix checks and writes ------------------------------------------------------------
 
-_COLLECTIVES = frozenset(
-    {
-        "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-        "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv",
-        "isend", "irecv",
-    }
-)
 # torch factories that allocate on the CPU unless given device= (the *_like ones follow their input).
 _FACTORIES = frozenset(
     {
@@ -188,7 +188,7 @@ def _host_collective(facts: ScriptFacts) -> str | None:
     """The code of a collective that is handed a host tensor, if any."""
     for call in facts.calls:
         qual = call.qualname or ""
-        if not qual.startswith("torch.distributed.") or qual.split(".")[-1] not in _COLLECTIVES:
+        if not qual.startswith("torch.distributed.") or qual.split(".")[-1] not in COLLECTIVES:
             continue
         for arg in call.node.args:
             for value in facts.binding_values(arg.value):

@@ -24,7 +24,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
-from tcaudit.rewrite.codemod import FixContext, parse_expression, torch_import_name
+from tcaudit.rewrite.codemod import FixContext, LoopWrapper, parse_expression, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
@@ -198,26 +198,5 @@ class EvalWithoutNoGradFix(Codemod):
 
     def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
         plans: list[WrapInNoGrad] = [f.fix.plan for f in findings]
-        return module.visit(_WrapLoops({id(p.loop): parse_expression(p.context_expr, module) for p in plans}))
+        return module.visit(LoopWrapper({id(p.loop): parse_expression(p.context_expr, module) for p in plans}))
 
-
-class _WrapLoops(cst.CSTTransformer):
-    def __init__(self, targets: dict[int, cst.BaseExpression]) -> None:
-        super().__init__()
-        self.targets = targets
-
-    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.BaseStatement:
-        return self._wrap(original_node, updated_node)
-
-    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.BaseStatement:
-        return self._wrap(original_node, updated_node)
-
-    def _wrap(self, original_node, updated_node):
-        context_expr = self.targets.get(id(original_node))
-        if context_expr is None:
-            return updated_node
-        return cst.With(
-            items=[cst.WithItem(context_expr)],
-            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
-            leading_lines=updated_node.leading_lines,
-        )
