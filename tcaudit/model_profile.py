@@ -47,6 +47,9 @@ class ModelProfile:
     # The forward's modelled device time at the script's batch (or the large one the audit assumed),
     # in milliseconds at the cost table's rates for the target GPU; 0 where nothing ran.
     forward_ms: float = 0.0
+    # Forward FLOPs per sample (the audited input's FLOPs over its leading dimension); 0 where unknown.
+    # ``verify`` reports achieved TFLOP/s and MFU from it (a training step: 3x the forward).
+    flops_per_sample: float = 0.0
 
     @property
     def is_convnet(self) -> bool:

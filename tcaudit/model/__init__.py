@@ -359,6 +359,7 @@ def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]"
             image_input=image_input,
             launch_bound=_launch_bound(facts),
             forward_ms=_forward_ms(facts),
+            flops_per_sample=facts.total_flops / shapes[0][0] if shapes and shapes[0] and shapes[0][0] else 0.0,
         )
         by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
     return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}

@@ -204,8 +204,9 @@ class MissingAutocast(ScriptRule):
             yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
-        cost = context.cost(self.spec, "autocast")
         small = little_to_gain(facts, context)  # the same for every step of the file
+        # A launch-bound model gains nothing it could be quoted: the explanation says why instead.
+        cost = context.cost(self.spec, "autocast") if small is None else ""
         for function, steps in decision.uncovered.items():
             steps = [step for step in steps if not _forward_on_cpu(facts, step)]
             if not steps:

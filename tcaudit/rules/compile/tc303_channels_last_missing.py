@@ -121,7 +121,9 @@ class ChannelsLastMissing(ScriptRule):
         else:
             return
         reported: set[str] = set()
-        cost = context.cost(self.spec, "resnet50")
+        small = little_to_gain(facts, context)
+        # No figure for a launch-bound model: the explanation says why it gains nothing instead.
+        cost = context.cost(self.spec, "resnet50") if small is None else ""
         for model in convnets:
             if model.name in reported:
                 continue
@@ -149,7 +151,6 @@ class ChannelsLastMissing(ScriptRule):
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
             severity = None
-            small = little_to_gain(facts, context)
             if small is not None:
                 message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
             yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
