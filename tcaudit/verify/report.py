@@ -117,8 +117,9 @@ def utilisation_line(result: VerifyResult) -> str:
         else:
             peaks.append(f"{run.label} {run.precision or 'unknown precision'}: no published peak for "
                          f"{run.device} ({run.sm}) in tcaudit/data/gpus.toml")
-    return ("MFU: the model audit's training FLOPs per sample (3x the forward) x samples/s, over the GPU's "
-            f"published dense peak TFLOPS for the precision each run's GEMMs used ({'; '.join(peaks)})")
+    return ("MFU: the model audit's training FLOPs per sample (3x the forward, of the model as the script builds "
+            "it by default) x samples/s, over the GPU's published dense peak TFLOPS for the precision each run's "
+            f"GEMMs used ({'; '.join(peaks)})")
 
 
 def graph_cell(run: RunMetrics) -> str:
