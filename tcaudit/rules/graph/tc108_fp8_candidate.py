@@ -140,8 +140,8 @@ class Fp8Candidate(ModelRule):
 
 # -- fix --fp8: the script half ---------------------------------------------------------------------------
 
-# The float8 recipe the conversion uses: chosen by measurement (benchmarks/fp8_recipe.py on the GPT of
-# benchmarks/fp8/gpt.py; the figures are in rules/TC108.toml, [cost.sm_90]).
+# The float8 recipe the conversion uses: torchao's default, tensorwise scaling. benchmarks/fp8_recipe.py
+# measures it against rowwise on the GPT of benchmarks/fp8/gpt.py; not run on a GPU yet (BENCHMARKS.md).
 RECIPE = "tensorwise"
 # FP8 GEMMs take K and N in multiples of 16 (torch._scaled_mm).
 FP8_ALIGNMENT = 16
