@@ -9,10 +9,9 @@ import json
 
 import pytest
 
-from conftest import run_cli
-from test_issue51_edges import MNIST
-
-pytest.importorskip("torch")
+from conftest import REPO, run_cli
+from tcaudit import gpus
+from test_issue51_edges import MNIST, RESNET
 
 HELD_BACK = ("no fix: not applied by default: the model audit measured the trained model as launch-bound at this "
              "batch, so it has little to gain; `--select {rule}` applies it")
@@ -20,6 +19,7 @@ HELD_BACK = ("no fix: not applied by default: the model audit measured the train
 
 @pytest.fixture
 def mnist(tmp_path):
+    pytest.importorskip("torch")
     script = tmp_path / "mnist.py"
     script.write_text(MNIST.lstrip("\n"), encoding="utf-8")
     return script
@@ -64,3 +64,13 @@ def test_a_launch_bound_finding_quotes_no_speedup_for_any_gpu(mnist, tmp_path, g
         explanation = finding.get("explanation") or ""
         for quoted in ("2.57×", "1.90×", "torch 2.11:", "published, not measured", "not measured on this GPU"):
             assert quoted not in explanation, (gpu, quoted, explanation)
+
+
+@pytest.mark.parametrize("gpu", sorted(set(gpus.choices()) - {gpus.AUTO}))
+def test_the_footer_quotes_a_measured_figure_only_for_the_gpu_it_was_measured_on(gpu):
+    """Every GPU and architecture ``--gpu`` accepts: the footer's "est. N× measured on H200" only where the
+    target is the H200 (``h200``, or ``sm_90``, which stands for it); for any other, the finding alone."""
+    code, out, err = run_cli("scan", "--no-cache", "--no-exec", "--gpu", gpu, RESNET, cwd=REPO)
+    assert code in (0, 1), err
+    footer = out.rstrip("\n").splitlines()[-1]
+    assert ("×" in footer) == (gpus.resolve(gpu).key == "h200"), (gpu, footer)
