@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tcaudit.config import Settings
 from tcaudit.engine import (analyse_source, candidate_rules, cannot_analyse, collecting_less_often, instantiate_rules,
                             silenced, syntax_error)
-from tcaudit.findings import LITTLE_TO_GAIN, Finding, FixClass, FollowsFix
+from tcaudit.findings import Finding, FixClass, FollowsFix
 from tcaudit.fix.textio import NotWritable, SourceText, read_text, source_text, write_atomically
 from tcaudit.rewrite.textedits import line_map
 from tcaudit.source.parsing import SourceError, SourceFile, decode_source
@@ -155,25 +155,6 @@ def fix_enabled(finding: Finding, classes: frozenset[FixClass], options: tuple[s
     return fix.enabled(classes, options)
 
 
-# Why the default run leaves a discounted finding's fix out, by ``details[LITTLE_TO_GAIN]``
-# (tcaudit/rules/advice.py): a numerics change with nothing measured to gain is risk without reward.
-HELD_BACK = {
-    "launch-bound": "the model audit measured the trained model as launch-bound at this batch",
-    "rl-loop": "an RL loop steps its small policy between environment steps",
-}
-
-
-def held_back(finding: Finding, settings: Settings) -> str | None:
-    """Why the default ``fix`` leaves ``finding``'s fix out (its advice cannot pay here: a launch-bound
-    model, an RL loop), or None: it is applied. Naming the rule (``--select TC201``) applies it."""
-    reason = finding.details.get(LITTLE_TO_GAIN) if finding.details else None
-    if reason is None or settings.names_rule(finding.rule):
-        return None
-    why = HELD_BACK.get(str(reason), f"its advice cannot pay here ({reason})")
-    return (f"not applied by default: {why}, so it has little to gain; `--select {finding.rule}` "
-            "applies it")
-
-
 def _decline_key(finding: Finding) -> tuple[str, str, str]:
     """Identifies a finding across rounds: lines shift as fixes insert code, the line's text does not."""
     return (finding.rule, finding.message, " ".join(finding.source_line.split()))
@@ -293,7 +274,6 @@ def _fix_facts(settings: Settings, classes: frozenset[FixClass], display: str, m
     (applied to the findings fix acts on) and the model audit's facts."""
     return "\x1f".join((
         "fix", ",".join(sorted(str(c) for c in classes)), repr(settings.ignored_for(display)),
-        ",".join(sorted(settings.select + settings.extend_select)),
         models.digest() if models is not None else "",
     ))
 
@@ -330,10 +310,6 @@ def _fix_text(
                 continue
             if not fix.available:
                 run.decline(finding, fix.reason or "")
-                continue
-            kept_out = held_back(finding, settings)
-            if kept_out is not None:
-                run.decline(finding, kept_out)
                 continue
             if finding.rule not in run.codemods:
                 continue

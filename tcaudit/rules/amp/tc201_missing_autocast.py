@@ -30,7 +30,7 @@ from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Follow
 from tcaudit.gpus import Target
 from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_statement, torch_import_name
-from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.advice import held_back, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import (
     BRANCH,
@@ -233,12 +233,12 @@ class MissingAutocast(ScriptRule):
                 first_node,
                 message,
                 severity=severity,
-                fix=self.planned_fix(
+                fix=held_back(self.planned_fix(
                     FixClass.NUMERICS,
                     f"wrap forward and loss in torch.autocast(device_type, dtype=torch.{decision.dtype})"
                     + (" and scale the loss with torch.amp.GradScaler" if decision.scaler else ""),
                     lambda steps=steps: _plan(facts, decision, steps),
-                ),
+                ), small, self.id, context.settings),
                 explanation=explanation,
                 details=small.details if small is not None else None,
             )
@@ -246,7 +246,8 @@ class MissingAutocast(ScriptRule):
             finding = self._partly_covered(facts, step, coverage)
             if small is not None:
                 finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small.message,
-                                              details={**finding.details, **small.details})
+                                              details={**finding.details, **small.details},
+                                              fix=held_back(finding.fix, small, self.id, context.settings))
             yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:

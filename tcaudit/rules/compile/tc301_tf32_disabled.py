@@ -15,7 +15,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import InsertSetting, insert_setting, setting_plan
-from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.advice import held_back, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
@@ -79,11 +79,11 @@ class Tf32Disabled(ScriptRule):
             severity=severity,
             explanation=explanation,
             details=small.details if small is not None else None,
-            fix=self.planned_fix(
+            fix=held_back(self.planned_fix(
                 FixClass.NUMERICS,
                 "enable TF32 for fp32 matmuls after the imports",
                 lambda: setting_plan(facts, FIX_CODE),
-            ),
+            ), small, self.id, context.settings),
         )
 
 
