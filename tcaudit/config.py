@@ -121,6 +121,12 @@ class Settings:
         """The fixes asked for by name (``Fix.option``): the structural conversions, and ``pad-dims``."""
         return self.structural_fixes + ((PAD_DIMS,) if self.pad_dims else ())
 
+    def names_rule(self, rule: str) -> bool:
+        """Whether ``select`` or ``extend-select`` names ``rule`` by its id (``--select TC201``), not only
+        through ``ALL`` or a prefix: ``fix`` then applies what it leaves out by default (advice a
+        launch-bound model cannot use, tcaudit/fix/engine.py)."""
+        return rule in self.select or rule in self.extend_select
+
     def enabled_rules(self) -> list[str]:
         selectors = self.select + self.extend_select
         return [

@@ -37,8 +37,21 @@ class Gpu:
     fp32: float | None = None
     tf32: float | None = None
     half: float | None = None  # FP16/BF16 Tensor Core, FP32 accumulate, dense
+    fp8: float | None = None  # FP8 Tensor Core, dense (sm_89 and newer, where the datasheet gives it)
     source: str = ""  # the document the figures are from
     detail: str = ""  # what it says
+    fp8_detail: str = ""  # what it says of FP8
+
+    def peak(self, precision: str) -> float | None:
+        """The published dense peak TFLOPS for a run whose GEMMs use ``precision`` (``fp8``, ``bf16``,
+        ``fp16``, ``tf32``, ``fp32``), or None where gpus.toml keeps no figure for that path."""
+        if precision == "fp8":
+            return self.fp8
+        if precision in ("bf16", "fp16"):
+            return self.half if precision == "fp16" or self.has_bf16 else None
+        if precision == "tf32":
+            return self.tf32 if self.has_tf32 else self.fp32
+        return self.fp32 if precision == "fp32" else None
 
     @property
     def arch(self) -> int:
@@ -78,9 +91,9 @@ def gpus() -> dict[str, Gpu]:
     """Every GPU of gpus.toml by key."""
     out = {}
     for key, entry in _data()["gpu"].items():
-        fields = {k: entry[k] for k in ("fp32", "tf32", "half") if k in entry}
+        fields = {k: entry[k] for k in ("fp32", "tf32", "half", "fp8") if k in entry}
         out[key] = Gpu(key, entry["name"], entry["sm"], source=entry.get("source", ""), detail=entry.get("detail", ""),
-                       **fields)
+                       fp8_detail=entry.get("fp8_detail", ""), **fields)
     return out
 
 
@@ -205,6 +218,13 @@ def _setting_for(name: str, sm: str) -> str:
             continue
         return key
     return sm
+
+
+def device_gpu(name: str, sm: str) -> Gpu | None:
+    """The gpus.toml entry of a device as torch or nvidia-smi names it (``NVIDIA H100 80GB HBM3``,
+    ``sm_90``), or None where gpus.toml has no entry for that exact GPU (its architecture alone does not
+    say which peak it has)."""
+    return gpus().get(_setting_for(name, sm))
 
 
 def _from_nvidia_smi() -> Detected | None:

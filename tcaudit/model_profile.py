@@ -28,6 +28,20 @@ SMALL_STEP_MS = 1.0
 
 
 @dataclass(frozen=True)
+class LinearGemm:
+    """One ``nn.Linear`` of the model as its forward ran it: its module path (``h.0.mlp.c_fc``), the GEMM's
+    M (batch x tokens), N (out features) and K (in features), and whether it reads the model's input or
+    gives its output (the first and last layers, which FP8 training leaves in bf16)."""
+
+    path: str
+    m: int
+    n: int
+    k: int
+    reads_input: bool = False
+    gives_output: bool = False
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """One audited model of a script: where it is built, and how its forward FLOPs split by kind."""
 
@@ -47,6 +61,13 @@ class ModelProfile:
     # The forward's modelled device time at the script's batch (or the large one the audit assumed),
     # in milliseconds at the cost table's rates for the target GPU; 0 where nothing ran.
     forward_ms: float = 0.0
+    # Forward FLOPs per sample (the audited input's FLOPs over its leading dimension); 0 where unknown.
+    # ``verify`` reports achieved TFLOP/s and MFU from it (a training step: 3x the forward).
+    flops_per_sample: float = 0.0
+    # Every ``nn.Linear`` the forward ran, in order (``fix --fp8`` picks the layers to convert from them),
+    # and whether the audit assumed the batch or sequence (then M is its guess, not the script's).
+    linears: tuple[LinearGemm, ...] = ()
+    input_assumed: bool = True
 
     @property
     def is_convnet(self) -> bool:

@@ -54,7 +54,15 @@ COMPILE = Conversion(
     nothing="no trained model left uncompiled found here (TC305 reports none)",
 )
 
-CONVERSIONS: tuple[Conversion, ...] = (DDP, DALI, COMPILE)
+FP8 = Conversion(
+    name="fp8",
+    rules=("TC108",),
+    help="train the large linear layers the model audit picks in FP8 with torchao's float8 training, on GPUs "
+    "with FP8 (sm_89 and newer; TC108)",
+    nothing="no trained model with linear layers large enough for FP8 found here (TC108 reports none)",
+)
+
+CONVERSIONS: tuple[Conversion, ...] = (DDP, DALI, COMPILE, FP8)
 NAMES: tuple[str, ...] = tuple(c.name for c in CONVERSIONS)
 
 

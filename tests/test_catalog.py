@@ -97,9 +97,10 @@ def _fixable_examples():
 FIXABLE = list(_fixable_examples())
 
 
-# Rules whose fix is offered only on evidence from a `tcaudit verify` run of the same script text:
-# a TOML example cannot carry that run, so their exact before/after lives in their own test.
-FIX_NEEDS_A_RUN = {"TC508": "tests/test_rule_tc508.py"}
+# Rules whose fix is offered only on evidence from a `tcaudit verify` run of the same script text, or from
+# the model audit (TC108's `fix --fp8` picks the layers from it): a TOML example cannot carry that run,
+# so their exact before/after lives in their own test.
+FIX_NEEDS_A_RUN = {"TC508": "tests/test_rule_tc508.py", "TC108": "tests/test_issue52_fp8.py"}
 
 
 def test_every_fixable_rule_shows_its_fix():

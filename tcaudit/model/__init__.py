@@ -27,7 +27,7 @@ from tcaudit.findings import Finding
 if TYPE_CHECKING:
     from tcaudit.config import ModelSpec, Settings
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.model_profile import AuditedModels, ModelProfile
+    from tcaudit.model_profile import AuditedModels, LinearGemm, ModelProfile
     from tcaudit.source.parsing import SourceFile
 
 TORCH_MISSING_NOTE = (
@@ -307,6 +307,22 @@ def _forward_ms(facts: "ModelFacts") -> float:
     return round(cost.current_time * 1e3 * (cost.assumed_scale() or 1.0), 4)
 
 
+def _linears(facts: "ModelFacts") -> "tuple[LinearGemm, ...]":
+    """Each ``nn.Linear`` the forward ran, once (its first call), with its GEMM's sizes."""
+    from tcaudit.model_profile import LinearGemm
+
+    inputs = [list(shape) for shape in facts.input.get("shapes") or []]
+    out: dict[str, LinearGemm] = {}
+    for op in facts.ops_of("gemm"):
+        if op.module_type != "Linear" or not op.module or op.module in out:
+            continue
+        info = op.info
+        out[op.module] = LinearGemm(op.module, int(info["m"]), int(info["n"]), int(info["k"]),
+                                    reads_input=bool(op.shapes) and list(op.shapes[0]) in inputs,
+                                    gives_output=bool(info.get("model_output")))
+    return tuple(out.values())
+
+
 def _small_mlp_profile(facts: "ModelFacts") -> "ModelProfile | None":
     """A model the audit could only read from its parameters (its forward has another name, takes
     several inputs) whose layers are all Linear, each within a launch at any batch a script uses (a
@@ -359,6 +375,9 @@ def audited_models(facts_list: "list[ModelFacts]") -> "dict[str, AuditedModels]"
             image_input=image_input,
             launch_bound=_launch_bound(facts),
             forward_ms=_forward_ms(facts),
+            flops_per_sample=facts.total_flops / shapes[0][0] if shapes and shapes[0] and shapes[0][0] else 0.0,
+            linears=_linears(facts),
+            input_assumed=bool(facts.input.get("assumed", True)),
         )
         by_path.setdefault(os.path.realpath(target["path"]), []).append(profile)
     return {path: AuditedModels(tuple(profiles)) for path, profiles in by_path.items()}

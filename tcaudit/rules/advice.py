@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from tcaudit.findings import LITTLE_TO_GAIN
 
 if TYPE_CHECKING:
+    from tcaudit.config import Settings
+    from tcaudit.findings import Fix
     from tcaudit.rules.base import RuleContext
     from tcaudit.script.facts import ScriptFacts
 
@@ -65,3 +67,21 @@ def little_to_gain(facts: "ScriptFacts", context: "RuleContext") -> Discount | N
     ):
         return Discount(RL_LOOP, RL_LOOP_WHY, "rl-loop")
     return None
+
+
+# Why a discounted finding's fix is left out unless its rule is named, by ``Discount.reason``.
+HELD_BACK = {
+    "launch-bound": "the model audit measured the trained model as launch-bound at this batch",
+    "rl-loop": "an RL loop steps its small policy between environment steps",
+}
+
+
+def held_back(fix: "Fix | None", discount: Discount | None, rule: str, settings: "Settings") -> "Fix | None":
+    """``fix``, declined where the advice cannot pay (``discount``) unless the selection names ``rule`` by its
+    id: a numerics change with nothing measured to gain is risk without reward, so the default ``fix``
+    leaves it out and says how to ask for it (``--select TC201``). Scan says the same, and the rules that
+    follow it (``context.fixable``) see it declined too."""
+    if fix is None or discount is None or not fix.available or settings.names_rule(rule):
+        return fix
+    why = HELD_BACK.get(discount.reason, f"its advice cannot pay here ({discount.reason})")
+    return fix.declined(f"not applied by default: {why}, so it has little to gain; `--select {rule}` applies it")

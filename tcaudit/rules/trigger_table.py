@@ -33,6 +33,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC108": (
+        "graph.tc108_fp8_candidate",
+        (
+            (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+        ),
+        {},
+        (),
+    ),
     "TC201": (
         "amp.tc201_missing_autocast",
         (

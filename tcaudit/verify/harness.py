@@ -83,6 +83,9 @@ class Recorder:
         self._pending_wait: float | None = None
         self.health = health
         self.model_module = None
+        # The precision the model's GEMMs run in, read at its first forward (verify's MFU divides by
+        # the GPU's peak for it): fp8, bf16, fp16, tf32 or fp32.
+        self.precision: str | None = None
         self.optimizer = None
         self.grad_norms: list = []  # device tensors, read back at the end
         self.skipped_steps: list[int] = []
@@ -120,6 +123,8 @@ class Recorder:
             self.model_id = id(module)
             self.model_module = module
         if id(module) == self.model_id:
+            if self.precision is None:
+                self.precision = precision_in_use(self.torch, module, tensor.device.type)
             self._pending_samples += int(tensor.shape[0])
             if self._pending_wait is None and self._last is not None:
                 self._pending_wait = called - self._last
@@ -209,14 +214,18 @@ class Recorder:
         if self.cuda:
             peak = max(self._peak_so_far, torch.cuda.max_memory_allocated() / 2**30)
             device = torch.cuda.get_device_name(torch.cuda.current_device())
+            major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+            sm = f"sm_{major}{minor}"
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
             device = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+            sm = None
         data = {
             "status": reason,
             "rank": self.rank,
             "world_size": self.world,
             "device": device,
+            "sm": sm,
             "cuda": self.cuda,
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -230,6 +239,7 @@ class Recorder:
             "input_waits": self.input_waits,
             "graph_replays": self.graph_replays,
             "cudagraph_skips": _cudagraph_skips(),
+            "precision": self.precision,
         }
         if self.health:
             data["health"] = self.health_facts()
@@ -268,6 +278,27 @@ class Recorder:
             "ddp_find_unused_parameters": ddp_flag,
             "peak_memory_gib_per_step": self.peak_memory_per_step,
         }
+
+
+def precision_in_use(torch, module, device_type: str) -> str:
+    """What the model's GEMMs run in at this forward: ``fp8`` where torchao's float8 training converted
+    a layer (``Float8Linear``), else autocast's dtype (``bf16``/``fp16``), else the parameters' (a model
+    cast with ``.half()``), else ``tf32`` where fp32 matmuls may use TF32, else ``fp32``."""
+    model = _unwrapped(module)
+    if any(type(m).__name__ == "Float8Linear" for m in model.modules()):
+        return "fp8"
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return names.get(torch.get_autocast_dtype(device_type), "fp32")
+    except (TypeError, AttributeError, RuntimeError):  # a torch before the device-type forms
+        pass
+    parameter = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if parameter is not None and parameter.dtype in names:
+        return names[parameter.dtype]
+    if device_type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "fp32"
 
 
 def _cudagraph_skips() -> int:

@@ -52,19 +52,23 @@ def render_table(result: VerifyResult, console: Console) -> None:
     multi = any(run.world_size > 1 for runs in result.runs.values() for run in runs)
     table.add_column("run", no_wrap=True)
     graphs = any(run.graph_replays or run.cudagraph_skips for runs in result.runs.values() for run in runs)
-    for column in (*(["processes"] if multi else []), "samples/s", "per round", "p50 ms", "p90 ms",
-                   "input wait", unit, "final loss", "mean loss", *(["graph replays"] if graphs else [])):
+    flops = any(run.tflops is not None for runs in result.runs.values() for run in runs)
+    for column in (*(["processes"] if multi else []), "samples/s", "per round", *(["TFLOP/s", "MFU"] if flops else []),
+                   "p50 ms", "p90 ms", "input wait", unit, "final loss", "mean loss",
+                   *(["graph replays"] if graphs else [])):
         table.add_column(column, justify="right")
     for label, runs in result.runs.items():
         run = median_run(runs)
         name = "original (again)" if result.aa and label == "patched" else label
         table.add_row(name, *([str(run.world_size)] if multi else []), _fmt(run.samples_per_s, ".1f"),
                       " ".join(_fmt(r.samples_per_s, ".0f") for r in runs),
+                      *([_fmt(run.tflops, ".3g"), mfu_cell(run)] if flops else []),
                       _fmt(run.step_ms_p50, ".1f"), _fmt(run.step_ms_p90, ".1f"), _percent(result.input_wait(label)),
                       _fmt(run.peak_memory_gib, ".2f"), _fmt(run.final_loss, ".4f"), _fmt(run.mean_loss, ".4f"),
                       *([graph_cell(run)] if graphs else []))
     console.print(table)
     console.print(speedup_line(result) + (" (CPU timings: not a GPU claim)" if result.cpu_timings else ""))
+    console.print(utilisation_line(result))
     if result.aa and result.interval.interval is not None:
         band = max(result.interval.high - 1, 1 - result.interval.low)
         console.print(f"A/A self-check: both sides run the original; noise band on this machine ±{band:.1%} "
@@ -89,6 +93,33 @@ def render_table(result: VerifyResult, console: Console) -> None:
     if result.attribution is not None:
         render_attribution(result, console)
     console.print(f"fixes applied: {', '.join(result.applied) or 'none'}; results in {result.out_dir}")
+
+
+def mfu_cell(run: RunMetrics) -> str:
+    """``41% bf16``: the model FLOP utilisation and the precision whose peak it is measured against."""
+    if run.mfu is None:
+        return "-"
+    return f"{run.mfu:.1%} {run.precision}"
+
+
+def utilisation_line(result: VerifyResult) -> str:
+    """How the TFLOP/s and MFU columns were computed, or why the table has none."""
+    original, patched = result.original, result.patched
+    if original.tflops is None and patched.tflops is None:
+        return ("MFU: not reported: the model audit measured no FLOPs for this script's model "
+                "(--no-exec, or a model it could not build)")
+    if result.cpu_timings:
+        return "MFU: not reported on a CPU (TFLOP/s from the model audit's FLOPs per sample, CPU timings)"
+    peaks = []
+    for run in (original, patched):
+        if run.peak_tflops is not None:
+            peaks.append(f"{run.label} {run.precision} {run.peak_tflops:g}")
+        else:
+            peaks.append(f"{run.label} {run.precision or 'unknown precision'}: no published peak for "
+                         f"{run.device} ({run.sm}) in tcaudit/data/gpus.toml")
+    return ("MFU: the model audit's training FLOPs per sample (3x the forward, of the model as the script builds "
+            "it by default) x samples/s, over the GPU's published dense peak TFLOPS for the precision each run's "
+            f"GEMMs used ({'; '.join(peaks)})")
 
 
 def graph_cell(run: RunMetrics) -> str:

@@ -60,6 +60,15 @@ class RunMetrics:
     graph_replays: int = 0
     # Graphs Inductor declined to capture as CUDA graphs over the whole run (torch's counter).
     cudagraph_skips: int = 0
+    # What the model's GEMMs ran in (fp8, bf16, fp16, tf32, fp32; the harness reads it at the first
+    # forward) and the device's architecture (``sm_90``; None on a CPU).
+    precision: str | None = None
+    sm: str | None = None
+    # Achieved model TFLOP/s (the model audit's training FLOPs per sample x samples/s) and its share of
+    # the GPU's published dense peak for ``precision`` (MFU); None where either is unknown.
+    tflops: float | None = None
+    mfu: float | None = None
+    peak_tflops: float | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -110,7 +119,38 @@ def summarize(label: str, ranks: list[dict], round_index: int = 0) -> RunMetrics
         health=run_health(first["losses"], warmup, first["health"]) if "health" in first else None,
         graph_replays=sum(first.get("graph_replays", [])[warmup:]),
         cudagraph_skips=int(first.get("cudagraph_skips", 0)),
+        precision=first.get("precision"),
+        sm=first.get("sm"),
     )
+
+
+# A training step's FLOPs are about three forwards (the backward computes the gradients of both the
+# inputs and the weights of every GEMM and convolution): the convention MFU is quoted in (PaLM, torchtitan).
+TRAINING_FLOPS_PER_FORWARD = 3.0
+
+
+def training_flops_per_sample(models) -> float | None:
+    """The model audit's training FLOPs per sample of the script's audited models (3x their forwards,
+    summed: a GAN's two networks both train), or None where the audit measured none."""
+    forward = sum(profile.flops_per_sample for profile in models.profiles) if models is not None else 0.0
+    return TRAINING_FLOPS_PER_FORWARD * forward if forward > 0 else None
+
+
+def with_utilisation(run: RunMetrics, flops_per_sample: float | None) -> RunMetrics:
+    """``run`` with its achieved TFLOP/s and MFU: the FLOPs per sample x samples/s, over the published
+    dense peak (tcaudit/data/gpus.toml) of the GPU it ran on for the precision it ran in. No MFU on a
+    CPU, on a GPU gpus.toml does not list, or for a precision it keeps no peak for."""
+    from tcaudit import gpus
+
+    if flops_per_sample is None or not run.samples_per_s:
+        return run
+    run.tflops = flops_per_sample * run.samples_per_s / 1e12
+    gpu = gpus.device_gpu(run.device, run.sm) if run.cuda and run.sm else None
+    peak = gpu.peak(run.precision) if gpu is not None and run.precision else None
+    if peak:
+        run.peak_tflops = peak
+        run.mfu = run.tflops / run.world_size / peak
+    return run
 
 
 def _tail(run: RunMetrics) -> list[float]:
@@ -181,7 +221,7 @@ def _write_copy(script: Path, copy: Path) -> None:
 
 
 def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset[FixClass],
-                patched_file: Path | None = None, aa: bool = False):
+                patched_file: Path | None = None, aa: bool = False, models=None):
     """The original's copy and the patched copy: ``tcaudit fix``'s patch, or ``patched_file`` as given,
     or (``aa``) the original again. Returns (original copy, patched copy, rules applied, patched text).
     A notebook's copies are the scripts its code cells make (:func:`copy_bytes`)."""
@@ -214,7 +254,9 @@ def make_copies(script: Path, work: Path, settings: Settings, classes: frozenset
                                     fromfile=f"a/{script.name}", tofile=f"b/{script.name}")
         (work / "patch.diff").write_text("".join(diff))
         return original_copy, patched_copy, [], patched_text
-    result = fix_file(script, settings, classes, models=audited_models(script, settings))
+    if models is None:
+        models = audited_models(script, settings)
+    result = fix_file(script, settings, classes, models=models)
     if result.error:
         raise VerifyError(f"{script}: {result.error}")
     patched_copy.write_bytes(copy_bytes(result.source, result.fixed))
@@ -440,6 +482,9 @@ class VerifyResult:
             "rounds": self.rounds,
             "round_speedups": list(self.interval.ratios),
             "speedup_method": METHOD,
+            "utilisation": {label: {"precision": run.precision, "tflops": run.tflops, "mfu": run.mfu,
+                                    "peak_tflops": run.peak_tflops}
+                            for label, run in (("original", self.original), ("patched", self.patched))},
             "confidence": self.confidence,
             "aa": self.aa,
             "input_wait": {label: self.input_wait(label) for label in self.runs},
@@ -504,8 +549,11 @@ def verify(
     work = out_dir / "work"
     runs_dir = out_dir / "runs"
     runs_dir.mkdir(exist_ok=True)
+    models = audited_models(script, settings)
     original_copy, patched_copy, applied, patched_text = make_copies(
-        script, work, settings, classes, patched_file=patched_file.resolve() if patched_file else None, aa=aa)
+        script, work, settings, classes, patched_file=patched_file.resolve() if patched_file else None, aa=aa,
+        models=models)
+    flops_per_sample = training_flops_per_sample(models)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(script.resolve().parent), env.get("PYTHONPATH")]))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -552,7 +600,7 @@ def verify(
                 cmd = without_network(cmd)
             ranks = run_one(label, cmd, script.resolve().parent, env, out, size, total, progress, timeout,
                             round_index=None if rounds == 1 else round_index + 1)
-            results[label].append(summarize(label, ranks, round_index + 1))
+            results[label].append(with_utilisation(summarize(label, ranks, round_index + 1), flops_per_sample))
         if round_line is not None:
             round_line.advance()
     if round_line is not None:

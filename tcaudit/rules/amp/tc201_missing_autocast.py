@@ -30,7 +30,7 @@ from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Follow
 from tcaudit.gpus import Target
 from tcaudit.rewrite.autocast import AutocastEditor, DevicePlanner, DeviceVariable, GradScalerPlan, plan_grad_scaler
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_statement, torch_import_name
-from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.advice import held_back, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import (
     BRANCH,
@@ -204,8 +204,9 @@ class MissingAutocast(ScriptRule):
             yield from self._after_cast_removal(facts, context)
             return
         recipe = "bf16 autocast" if decision.dtype == "bfloat16" else "fp16 autocast with a GradScaler"
-        cost = context.cost(self.spec, "autocast")
         small = little_to_gain(facts, context)  # the same for every step of the file
+        # A launch-bound model gains nothing it could be quoted: the explanation says why instead.
+        cost = context.cost(self.spec, "autocast") if small is None else ""
         for function, steps in decision.uncovered.items():
             steps = [step for step in steps if not _forward_on_cpu(facts, step)]
             if not steps:
@@ -232,12 +233,12 @@ class MissingAutocast(ScriptRule):
                 first_node,
                 message,
                 severity=severity,
-                fix=self.planned_fix(
+                fix=held_back(self.planned_fix(
                     FixClass.NUMERICS,
                     f"wrap forward and loss in torch.autocast(device_type, dtype=torch.{decision.dtype})"
                     + (" and scale the loss with torch.amp.GradScaler" if decision.scaler else ""),
                     lambda steps=steps: _plan(facts, decision, steps),
-                ),
+                ), small, self.id, context.settings),
                 explanation=explanation,
                 details=small.details if small is not None else None,
             )
@@ -245,7 +246,8 @@ class MissingAutocast(ScriptRule):
             finding = self._partly_covered(facts, step, coverage)
             if small is not None:
                 finding = dataclasses.replace(finding, severity=Severity.INFO, message=finding.message + small.message,
-                                              details={**finding.details, **small.details})
+                                              details={**finding.details, **small.details},
+                                              fix=held_back(finding.fix, small, self.id, context.settings))
             yield finding
 
     def _partly_covered(self, facts: ScriptFacts, step: TrainingStep, coverage: StepCoverage) -> Finding:

@@ -15,7 +15,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, FixClass, Severity
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import InsertSetting, insert_setting, setting_plan
-from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.advice import held_back, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
@@ -54,8 +54,10 @@ class Tf32Disabled(ScriptRule):
         if profiles and all(p is not None and p.gemm_share == 0 for p in profiles):
             return  # only convolutions (DCGAN, a 1x1 conv): cuDNN runs them in TF32 by default, no matmul to speed up
         convnet = bool(models) and all(pipeline.is_convnet(m, context.models) for m in models)
+        small = little_to_gain(facts, context)
         if convnet:
-            cost = context.cost(self.spec, "convnet")
+            # No figure for a launch-bound model: the explanation says why it gains nothing instead.
+            cost = context.cost(self.spec, "convnet") if small is None else ""
             message = "fp32 training without TF32 matmuls (a convnet: small gain)"
             explanation = (
                 f"This convnet gains little{cost}, only its linear layers would: `{FIX_CODE}` after the imports."
@@ -68,7 +70,6 @@ class Tf32Disabled(ScriptRule):
                 f"`{FIX_CODE}` after the imports, or train under autocast."
             )
             severity = None
-        small = little_to_gain(facts, context)
         if small is not None:
             message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
         yield self.finding(
@@ -78,11 +79,11 @@ class Tf32Disabled(ScriptRule):
             severity=severity,
             explanation=explanation,
             details=small.details if small is not None else None,
-            fix=self.planned_fix(
+            fix=held_back(self.planned_fix(
                 FixClass.NUMERICS,
                 "enable TF32 for fp32 matmuls after the imports",
                 lambda: setting_plan(facts, FIX_CODE),
-            ),
+            ), small, self.id, context.settings),
         )
 
 

@@ -22,7 +22,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_keyword
-from tcaudit.rules.advice import little_to_gain
+from tcaudit.rules.advice import held_back, little_to_gain
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.aliasing import based_on, chain_root, in_place_write, written_through
 from tcaudit.script.amp import autocast_dtype_for
@@ -121,7 +121,9 @@ class ChannelsLastMissing(ScriptRule):
         else:
             return
         reported: set[str] = set()
-        cost = context.cost(self.spec, "resnet50")
+        small = little_to_gain(facts, context)
+        # No figure for a launch-bound model: the explanation says why it gains nothing instead.
+        cost = context.cost(self.spec, "resnet50") if small is None else ""
         for model in convnets:
             if model.name in reported:
                 continue
@@ -149,9 +151,9 @@ class ChannelsLastMissing(ScriptRule):
                     fix, description=f"{fix.description}; in its forward code {views} becomes `.reshape(...)`"
                 )
             severity = None
-            small = little_to_gain(facts, context)
             if small is not None:
                 message, explanation, severity = message + small.message, explanation + small.explanation, Severity.INFO
+            fix = held_back(fix, small, self.id, context.settings)
             yield self.finding(facts, model.construction, message, fix=fix, follows="TC201" if before_autocast else None,
                                explanation=explanation, severity=severity,
                                details=small.details if small is not None else None)

@@ -32,6 +32,9 @@ from tcaudit.source.triggers import all_of
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 DROPOUT_MODULES = {"torch.nn.Dropout", "torch.nn.modules.dropout.Dropout"}
+LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.modules.linear.Linear", "torch.nn.LazyLinear"}
+# Methods that keep a tensor's rank (what the rank of the query, key and values is read through).
+RANK_KEEPING = {"transpose", "contiguous", "float", "half", "bfloat16", "to", "type_as", "clone", "permute"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,7 +138,10 @@ class ManualAttention(ScriptRule):
                     f"the attention weights `{chain.weights}` are used for more than the product with the "
                     "values (returned, stored or logged); scaled_dot_product_attention does not return them"
                 )
-            call = self._call_text(facts, chain, output)
+            rank = _attention_rank(facts, function, chain, output)
+            if isinstance(rank, str) and not chain.decline:
+                chain.decline = rank
+            call = self._call_text(facts, chain, output, per_head=rank == 3)
             statements = tuple(chain.statements)
             removed = statements + ((chain.mask_statement,) if chain.mask_statement is not None else ())
 
@@ -316,18 +322,53 @@ class ManualAttention(ScriptRule):
         return False
 
     @staticmethod
-    def _call_text(facts: ScriptFacts, chain: _Chain, output: cst.BaseExpression) -> str:
+    def _call_text(facts: ScriptFacts, chain: _Chain, output: cst.BaseExpression, per_head: bool = False) -> str:
+        """The SDPA call; ``per_head``: the tensors are one head's 3-D (B, T, hs), which SDPA would run
+        on its math kernel (flash and memory-efficient attention take 4-D input only), so they go in as
+        (B, 1, T, hs) and the result comes out 3-D again."""
         code = facts.module.code_for_node
         values = _matmul_parts(output)[1]
         arguments = [code(chain.query), code(chain.key), code(values)]
+        if per_head:
+            arguments = [f"{_atom(text)}.unsqueeze(1)" for text in arguments]
         if chain.mask is not None:
-            arguments.append(f"attn_mask={chain.mask}")
+            arguments.append(f"attn_mask={_atom(chain.mask)}.unsqueeze(-3)" if per_head else f"attn_mask={chain.mask}")
         if chain.dropout is not None:
             arguments.append(f"dropout_p={chain.dropout}")
         if chain.causal:
             arguments.append("is_causal=True")
         arguments.append(f"scale={chain.scale if chain.scale is not None else '1.0'}")
-        return f"{_sdpa_name(facts)}({', '.join(arguments)})"
+        return f"{_sdpa_name(facts)}({', '.join(arguments)})" + (".squeeze(1)" if per_head else "")
+
+
+def _atom(text: str) -> str:
+    """``text`` as the receiver of a method call: parenthesised unless it is a name, attribute, call or
+    subscript already."""
+    try:
+        expr = cst.parse_expression(text)
+    except cst.ParserSyntaxError:
+        return f"({text})"
+    return text if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not expr.lpar \
+        else f"({text})"
+
+
+def _attention_rank(facts: ScriptFacts, function: cst.FunctionDef, chain: "_Chain",
+                    output: cst.BaseExpression) -> int | str | None:
+    """The rank of the query, key and values where the code says it: 4 (B, heads, T, hs: SDPA's fused
+    kernels take them as they are), 3 (one head's (B, T, hs): they go in as (B, 1, T, hs)), None (not
+    known: passed as they are, as attention functions are called with 4-D tensors), or the reason
+    to decline: another rank, where SDPA would run its math kernel, correct and no faster."""
+    values = _matmul_parts(output)[1]
+    ranks = [_rank(facts, function, expr) for expr in (chain.query, chain.key, values)]
+    known = {rank for rank in ranks if rank is not None}
+    if not known or known == {4}:
+        return None
+    if known == {3} and None not in ranks:
+        return 3
+    shown = ", ".join("?" if rank is None else f"{rank}-D" for rank in ranks)
+    return (f"the query, key and values are {shown} here: SDPA's flash and memory-efficient kernels take 4-D "
+            "(batch, heads, T, head_dim) input only, so the call would run the math kernel, no faster than "
+            "the code it replaces")
 
 
 # -- helpers over the syntax tree ------------------------------------------------------------------
@@ -515,8 +556,13 @@ def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bo
 
 
 def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str) -> bool:
+    return _module_attribute(facts, function, attr, DROPOUT_MODULES)
+
+
+def _module_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str, qualnames: set[str]) -> bool:
+    """``self.<attr>`` is assigned one of the modules ``qualnames`` in the class's methods."""
     for call in _init_calls(facts, function):
-        if call.qualname in DROPOUT_MODULES and call.statement is not None:
+        if call.qualname in qualnames and call.statement is not None:
             assigned = call.statement.node
             body = assigned.body if isinstance(assigned, cst.SimpleStatementLine) else ()
             if (len(body) == 1 and isinstance(body[0], cst.Assign) and len(body[0].targets) == 1
@@ -526,6 +572,104 @@ def _dropout_attribute(facts: ScriptFacts, function: cst.FunctionDef, attr: str)
     return False
 
 
+
+
+def _rank(facts: ScriptFacts, function: cst.FunctionDef, expr: cst.BaseExpression, depth: int = 0) -> int | None:
+    """The number of dimensions of the tensor ``expr`` holds in ``function``, where the code says it: a
+    ``.view``/``.reshape`` with its sizes, a ``self.<Linear>(x)`` or ``F.linear(x, ...)`` of a tensor of
+    known rank, a name assigned once in the function, a parameter unpacked ``B, T, C = x.shape``; through
+    ``.transpose``, ``.contiguous``, ``.unsqueeze``... None: not known from the code."""
+    expr = unparen(expr)
+    if depth > 12:
+        return None
+    if isinstance(expr, cst.Name):
+        value = _single_assignment(function, expr.value)
+        if value is not None:
+            return _rank(facts, function, value, depth + 1)
+        return _unpacked_shape_rank(function, expr.value)
+    if not isinstance(expr, cst.Call):
+        return None
+    func = expr.func
+    args = [a for a in expr.args if a.keyword is None]
+    if any(a.star for a in expr.args):
+        return None
+    if isinstance(func, cst.Attribute):
+        method = func.attr.value
+        if method in ("view", "reshape") and args:
+            if len(args) == 1 and isinstance(unparen(args[0].value), (cst.Tuple, cst.List)):
+                return len(unparen(args[0].value).elements)
+            if len(args) == 1 and not isinstance(unparen(args[0].value), (cst.Integer, cst.UnaryOperation, cst.Name,
+                                                                           cst.BinaryOperation)):
+                return None  # ``x.view(shape)``, ``x.view(other.size())``: not counted here
+            return len(args)
+        if method in RANK_KEEPING:
+            return _rank(facts, function, func.value, depth + 1)
+        if method == "unsqueeze":
+            inner = _rank(facts, function, func.value, depth + 1)
+            return None if inner is None else inner + 1
+        if _is_name(func.value, "self") and len(expr.args) == 1 and _module_attribute(
+                facts, function, method, LINEAR_MODULES):
+            return _rank(facts, function, expr.args[0].value, depth + 1)
+    if facts.qualname(func) == "torch.nn.functional.linear" and args:
+        return _rank(facts, function, args[0].value, depth + 1)
+    return None
+
+
+def _single_assignment(function: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
+    """The value ``name`` is assigned, where the function assigns it exactly once (``q = self.query(x)``)."""
+    values: list[cst.BaseExpression | None] = []
+
+    class Assignments(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if _is_name(target.target, name):
+                    values.append(node.value)
+                elif _mentions(target.target, name):
+                    values.append(None)  # unpacked (``q, k, v = ...``) or a subscript: rank not read
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if _mentions(node.target, name):
+                values.append(None)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            if _mentions(node.target, name):
+                values.append(node.value)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+    function.visit(Assignments())
+    return values[0] if len(values) == 1 else None
+
+
+def _unpacked_shape_rank(function: cst.FunctionDef, name: str) -> int | None:
+    """``B, T, C = x.shape`` (or ``x.size()``) for a parameter ``x`` of ``function``: 3."""
+    if not any(param.name.value == name for param in function.params.params):
+        return None
+    found: list[int] = []
+
+    class Unpacks(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            value = unparen(node.value)
+            if isinstance(value, cst.Call) and not value.args:
+                value = value.func
+                if not (isinstance(value, cst.Attribute) and value.attr.value == "size"):
+                    return
+            elif not (isinstance(value, cst.Attribute) and value.attr.value == "shape"):
+                return
+            if not _is_name(value.value, name):
+                return
+            for target in node.targets:
+                unpacked = unparen(target.target)
+                if isinstance(unpacked, (cst.Tuple, cst.List)) and not any(
+                        isinstance(e, cst.StarredElement) for e in unpacked.elements):
+                    found.append(len(unpacked.elements))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+    function.visit(Unpacks())
+    return found[0] if len(set(found)) == 1 else None
 
 
 def _last_dim(call: cst.Call, position: int) -> bool:

@@ -1,19 +1,42 @@
 """TC108 fp8-candidate: on Hopper and newer, a bf16/fp16 model whose GEMMs are large enough that FP8
-training pays (information; never a fix)."""
+training pays (information, from the model audit).
+
+Fix (structural, ``fix --fp8`` only): the script half converts each trained model's large linear layers
+with torchao's float8 training (``convert_to_float8_training`` with a ``module_filter_fn`` naming the
+layers the model audit found with N and K of at least ``MIN_DIM`` and multiples of 16; the layers that
+read the model's input or give its output stay in bf16), right after the statements that build the model
+and move it to its device, so that the autocast and the compile the script has (or TC201's and TC305's
+fixes add) run on the converted layers; on CUDA with FP8 Tensor Cores only (the script still runs on a
+CPU and on older GPUs). Declined, with the reason, for a target GPU without FP8, where torchao is not
+installed, for a model the audit did not measure or with no such layer, and for fp32 training.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
 
 from tcaudit import gpus
 from tcaudit.costs import measured
-from tcaudit.findings import Finding
+from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model.channel import read_project_file
 from tcaudit.model.facts import ModelFacts, OpFact, short_dtype
-from tcaudit.rules.base import ModelContext, ModelRule
+from tcaudit.model_profile import LinearGemm, ModelProfile
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
+from tcaudit.rules.base import Codemod, ModelContext, ModelRule, RuleContext, ScriptRule
 from tcaudit.rules.graph.model_reports import percent
+from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
+from tcaudit.script.facts import ScriptFacts
+from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.script.trained_models import ModelSite, is_prep
+from tcaudit.source.syntax import call_nodes, strip_comments
+from tcaudit.source.triggers import all_of
+from tcaudit.structural import FP8 as FP8_CONVERSION
 
 HALF = {"bfloat16", "float16"}
 FP8 = {"float8_e4m3fn", "float8_e5m2"}
@@ -113,3 +136,173 @@ class Fp8Candidate(ModelRule):
         if facts.total_flops:
             details["flop_share"] = round(sum(op.flops for op in big) / facts.total_flops, 4)
         return self.finding(context, context.target_site(), message, details=details, explanation=explanation + ".")
+
+
+# -- fix --fp8: the script half ---------------------------------------------------------------------------
+
+# The float8 recipe the conversion uses: torchao's default, tensorwise scaling. benchmarks/fp8_recipe.py
+# measures it against rowwise on the GPT of benchmarks/fp8/gpt.py; not run on a GPU yet (BENCHMARKS.md).
+RECIPE = "tensorwise"
+# FP8 GEMMs take K and N in multiples of 16 (torch._scaled_mm).
+FP8_ALIGNMENT = 16
+INSTALL = "`pip install torchao` (or `pip install 'tcaudit[fp8]'`)"
+
+
+def fp8_layers(profile: ModelProfile) -> list[LinearGemm]:
+    """The linear layers FP8 training pays for: N and K at least ``MIN_DIM`` and multiples of 16, M too
+    where the script gives the batch; not the layer that reads the model's input nor the one that gives its
+    output (the first and last layers stay in bf16, as FP8 recipes keep them)."""
+    return [layer for layer in profile.linears
+            if not layer.reads_input and not layer.gives_output
+            and min(layer.n, layer.k) >= MIN_DIM and layer.n % FP8_ALIGNMENT == 0 and layer.k % FP8_ALIGNMENT == 0
+            and (profile.input_assumed or layer.m >= MIN_DIM)]
+
+
+def layer_pattern(chosen: Sequence[LinearGemm], every: Sequence[LinearGemm]) -> list[str]:
+    """Regular expressions that match exactly the ``chosen`` module paths among ``every`` linear layer:
+    ``h\\.\\d+\\.mlp\\.c_fc`` where every layer of that shape (its indices left out) is chosen, the paths
+    themselves where only some are."""
+    def shape(path: str) -> str:
+        return r"\.".join(r"\d+" if part.isdigit() else re.escape(part) for part in path.split("."))
+
+    wanted = {layer.path for layer in chosen}
+    by_shape: dict[str, list[str]] = {}
+    for layer in every:
+        by_shape.setdefault(shape(layer.path), []).append(layer.path)
+    out: list[str] = []
+    for pattern, paths in by_shape.items():
+        if all(path in wanted for path in paths):
+            out.append(pattern)
+        else:
+            out.extend(re.escape(path) for path in paths if path in wanted)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Fp8Conversion(FixPlan):
+    kind = "insert-after"
+    after: cst.CSTNode  # the statement that builds the model, or the last that moves it to its device
+    statement: str  # the guarded conversion
+
+
+class Fp8Training(ScriptRule):
+    """``fix --fp8``: the conversion of each trained model's large linear layers to torchao float8 training,
+    or why not. Reports only when the conversion is asked for; the model half reports the candidate."""
+
+    id = "TC108"
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),)
+    # The conversion goes on top of the autocast TC201's fix adds and before the compile TC305's adds.
+    after = ("TC201", "TC305")
+
+    def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        if FP8_CONVERSION.name not in context.settings.structural_fixes:
+            return
+        pipeline = pipeline_facts(facts)
+        if not pipeline.owns_cuda_training or USES_FP8.search(strip_comments(facts.source.text)):
+            return
+        seen: set[str] = set()
+        for site in pipeline.trained_models:
+            if site.name in seen:
+                continue
+            seen.add(site.name)
+            profile = pipeline.profile_of(site, context.models)
+            chosen = fp8_layers(profile) if profile is not None else []
+            what = (f"{len(chosen)} linear layer{'s' if len(chosen) != 1 else ''} of `{site.name}`" if chosen
+                    else f"`{site.name}`")
+            yield self.finding(
+                facts,
+                site.construction,
+                f"FP8 training for {what} (torchao float8, {RECIPE} scaling): `fix --fp8`",
+                explanation=(
+                    f"FP8 Tensor Cores run large GEMMs faster than bf16{context.cost(self.spec, 'gemm')}; torchao's "
+                    "float8 training fuses the casts and scales that would otherwise eat the gain"
+                    f"{context.cost(self.spec, 'training')}. The conversion keeps the first and last layers and "
+                    f"layers under {MIN_DIM} wide in bf16; compare the loss curve with bf16's."
+                ),
+                fix=self.planned_fix(
+                    FixClass.STRUCTURAL, f"convert the large linear layers of `{site.name}` to torchao float8 training",
+                    lambda site=site, profile=profile, chosen=chosen: self._plan(
+                        facts, context, pipeline, site, profile, chosen),
+                    option=FP8_CONVERSION.name),
+                details={"fp8_layers": [layer.path for layer in chosen], "recipe": RECIPE},
+            )
+
+    def _plan(self, facts: ScriptFacts, context: RuleContext, pipeline, site: ModelSite,
+              profile: ModelProfile | None, chosen: list[LinearGemm]) -> Fp8Conversion:
+        target = context.settings.target
+        if target.gpu is None:
+            raise DeclineFix("no target GPU is known, and FP8 needs one with FP8 Tensor Cores (sm_89 and newer): "
+                             "name it with `--gpu` (h100, h200, l4, rtx4090...)")
+        if not target.gpu.has_fp8:
+            raise DeclineFix(f"the target GPU, {target.gpu.label}, has no FP8 Tensor Cores (Ada and Hopper, "
+                             "sm_89, and newer)")
+        if importlib.util.find_spec("torchao") is None:
+            raise DeclineFix(f"torchao, whose float8 training the conversion calls, is not installed: {INSTALL}")
+        if profile is None:
+            raise DeclineFix(f"the model audit did not measure `{site.name}`, and it picks the layers: let it "
+                             "build the model (no `--no-exec`; a `[[tool.tcaudit.models]]` entry where it cannot)")
+        if not chosen:
+            raise DeclineFix(
+                f"no linear layer of `{profile.model_class}` has N and K of at least {MIN_DIM} and multiples of "
+                f"{FP8_ALIGNMENT} (the first and last layers aside): FP8 GEMMs smaller than that ran no faster "
+                "than bf16 (0.97× at 2048³ on an H200)")
+        if not pipeline.trains_under_autocast and not context.fixable("TC201", facts):
+            raise DeclineFix(f"`{site.name}` trains in fp32: FP8 training goes on top of bf16 autocast, which "
+                             "the script does not use (TC201's fix adds it)")
+        after = _after_model_is_placed(facts, site)
+        torch_name = torch_import_name(facts) or "torch"
+        patterns = layer_pattern(chosen, profile.linears)
+        lines = "\n".join(f'        r"{"|" if index else ""}{pattern}"' for index, pattern in enumerate(patterns))
+        statement = (
+            f"if next({site.name}.parameters()).is_cuda and {torch_name}.cuda.get_device_capability() >= (8, 9):\n"
+            "    import re\n\n"
+            "    from torchao.float8 import Float8LinearConfig, convert_to_float8_training\n\n"
+            "    fp8_layers = re.compile(\n"
+            '        r"(?:_orig_mod\\.|module\\.)*(?:"\n'
+            f"{lines}\n"
+            '        r")"\n'
+            "    )\n"
+            f"    convert_to_float8_training({site.name}, config=Float8LinearConfig.from_recipe_name(\"{RECIPE}\"),\n"
+            "                               module_filter_fn=lambda module, fqn: fp8_layers.fullmatch(fqn) is not None)"
+            "\n"
+        )
+        return Fp8Conversion(after=after, statement=statement)
+
+    @classmethod
+    def merge_model_findings(cls, script: list[Finding], model: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+        """Under ``fix --fp8`` the script's finding (the conversion, or why not) stands for the audit's
+        candidate finding of the same file."""
+        files = {finding.location.path for finding in script}
+        return script, [finding for finding in model if finding.location.path not in files]
+
+
+def _after_model_is_placed(facts: ScriptFacts, site: ModelSite) -> cst.CSTNode:
+    """The statement that builds ``site``'s model, or the last one after it in the same block that moves it
+    to its device (``model.to(device)``, ``if args.cuda: model.cuda()``): the conversion goes after it, so
+    that it sees the parameters on the GPU, and before any compile or wrap of the model."""
+    for binding in facts.bindings_of(site.name):
+        statement = binding.statement
+        if statement is None or not any(call is site.construction for call in call_nodes(binding.value)):
+            continue
+        block, index = statement.block, statement.index
+        after = statement.node
+        for node in block[index + 1:]:
+            if not is_prep(node, site.name):
+                break
+            after = node
+        return after
+    raise DeclineFix(f"could not find the statement that builds `{site.name}`; convert it by hand")
+
+
+class Fp8TrainingFix(Codemod):
+    rule = "TC108"
+
+    def apply(self, module: cst.Module, findings: Sequence[Finding], context: FixContext) -> cst.Module:
+        editor = StatementEditor()
+        for finding in findings:
+            plan: Fp8Conversion = finding.fix.plan
+            editor.insert_after(plan.after, [parse_statement(plan.statement, module)])
+        new = editor.apply(module)
+        if torch_import_name(context.facts) is None:
+            new = ensure_import(new, "import torch")
+        return new
