@@ -573,13 +573,14 @@ def ranks(tmp_path_factory):
         if "TC505" in _applied(err).get(spec["entry"], set()):
             text, files = _runnable(folder, spec["entry"])
             path = ("src",) if (folder / "src").is_dir() else ()
-            runs.append(ScriptRun(name, text, files=files, path=path, timeout=300, world_size=2))
-    return outcome, run_scripts(runs, workdir / "runs", mode="cpu") if runs else {}
+            runs.append(ScriptRun(name, text, files=files, path=path, timeout=300, world_size=2,
+                                  env=(("TCAUDIT_ORACLE_STEPS", "1"),)))
+    return outcome, run_scripts(runs, workdir / "runs", mode="cpu") if runs else {}, workdir / "runs"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_ddp_patch_trains_two_ranks_on_their_own_data_or_says_why_not(ranks, name):
-    outcome, runs = ranks
+    outcome, runs, folders = ranks
     applied, err = outcome[name]
     entry = expect(name)["entry"]
     if "TC505" not in applied.get(entry, set()):
@@ -590,3 +591,16 @@ def test_a_ddp_patch_trains_two_ranks_on_their_own_data_or_says_why_not(ranks, n
     assert run.rc == 0, run.explain()
     assert sorted(run.by_rank) == [0, 1] and run.by_rank[0] and run.by_rank[1], run.explain()
     assert run.by_rank[0] != run.by_rank[1], f"both ranks computed {run.by_rank[0]}"
+    # One model: after every optimizer step both ranks hold the same parameters (DDP averaged the gradients).
+    records = {record["rank"]: record["steps"] for record in (
+        json.loads(p.read_text()) for p in (folders / name / "oracle").glob("losses-*.json")) if record["rank"] is not None}
+    assert sorted(records) == [0, 1] and records[0] and len(records[0]) == len(records[1]), records
+    for step, (mine, theirs) in enumerate(zip(records[0], records[1])):
+        assert abs(mine[1] - theirs[1]) <= 1e-6 * max(1.0, abs(mine[1])), (step, mine, theirs)
+    # The checkpoints (rank 0's) load without a process group: `model.module`'s state, no DDP object.
+    checkpoints = sorted((folders / name).glob("*.pt"))
+    assert checkpoints or name != "ddp_tutorial", "the tutorial saves checkpoint.pt every epoch"
+    for checkpoint in checkpoints:
+        import torch
+
+        assert torch.load(checkpoint, weights_only=True), checkpoint
