@@ -199,3 +199,17 @@ def test_a_factory_that_also_builds_another_loader_declines(tmp_path):
     assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
     assert ("TC505 no fix: the training DataLoader is built by `build_train_loader` (data/factory.py:10), which "
             "line 15 calls for another loader too") in err, err
+
+
+def test_a_folder_fix_writes_the_loader_module_first_and_still_converts_the_script(tmp_path):
+    """``fix . --ddp --apply`` fixes data/factory.py before train.py (path order): the script then meets its
+    loader already sharded by the guarded sampler, and converts (reseeding it each epoch)."""
+    folder = _copy("ddp_loader_module", tmp_path)
+    code, out, err = run_cli("fix", ".", "--ddp", "--apply", "--select", "TC5", "--isolated", "--no-cache",
+                             "--no-exec", cwd=folder)
+    assert "fixed data/factory.py (TC503)" in err and "fixed train.py (TC504, TC505)" in err, err
+    assert err.index("fixed data/factory.py") < err.index("fixed train.py")
+    assert 'train_loader.sampler.set_epoch(epoch)' in (folder / "train.py").read_text(encoding="utf-8")
+    again = {p: p.read_bytes() for p in folder.rglob("*.py")}
+    run_cli("fix", ".", "--ddp", "--apply", "--select", "TC5", "--isolated", "--no-cache", "--no-exec", cwd=folder)
+    assert {p: p.read_bytes() for p in folder.rglob("*.py")} == again

@@ -146,6 +146,10 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
                 "calls for another loader too: a DistributedSampler there would split that one across ranks as "
                 "well; shard the training loader by hand"
             )
+        helper = loader.pipeline.facts
+        samplers = [leaf for v in loader.site.values("sampler") for leaf in helper.binding_values(v)]
+        if samplers and any("DistributedSampler" in helper.module.code_for_node(v) for v in samplers):
+            continue  # already sharded there (TC503's guarded sampler, written by this run's fix of that module)
         try:
             plan_sampler(loader.pipeline.facts, loader.site.call, guarded=True)
         except DeclineFix as decline:

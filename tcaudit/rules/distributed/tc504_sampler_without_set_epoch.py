@@ -224,7 +224,8 @@ class SamplerWithoutSetEpoch(ScriptRule):
         loader, where the loop sees it, whenever its sampler has ``set_epoch``."""
         epoch = facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
-            sampler = " ".join(code(loader.pipeline.facts, v) for v in loader.site.values("sampler"))
+            helper = loader.pipeline.facts
+            sampler = " ".join(code(helper, leaf) for v in loader.site.values("sampler") for leaf in helper.binding_values(v))
             if loader.site.values("sampler") and "DistributedSampler" not in sampler:
                 continue  # a sampler of its own: TC503 says so
             if loader.site.values("shuffle") and all(literal_value(v) is False for v in loader.site.values("shuffle")):
