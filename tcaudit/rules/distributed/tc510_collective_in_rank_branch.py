@@ -51,12 +51,13 @@ class CollectiveInRankBranch(ScriptRule):
             if in_test_code(call.ctx):
                 continue
             if is_collective(call):
-                made, what = call, f"`{facts.module.code_for_node(call.node.func)}()`"
+                made, what, via = call, f"`{facts.module.code_for_node(call.node.func)}()`", ""
             elif call.name is not None and call.name.removeprefix("self.") in making and "." not in call.name.removeprefix(
                     "self."):
                 made = making[call.name.removeprefix("self.")]
-                what = f"`{call.name}()` (which calls `{facts.module.code_for_node(made.node.func)}()`, line " \
-                       f"{facts.line_of(made.node)})"
+                what = f"`{call.name}()`"
+                via = f" `{call.name}()` makes `{facts.module.code_for_node(made.node.func)}()` (line " \
+                      f"{facts.line_of(made.node)})."
             else:
                 continue
             found = rank_branch(facts, call.ctx)
@@ -66,15 +67,15 @@ class CollectiveInRankBranch(ScriptRule):
             if self._matched(facts, call, made, branch, in_else, collectives, making):
                 continue
             test = facts.module.code_for_node(branch.test)
-            side = f"outside `if {test}:`" if in_else else f"where `{test}`"
+            side = f"the `else` of `if {test}:`" if in_else else f"`if {test}:`"
             yield self.finding(
                 facts,
                 call.node,
-                f"{what} runs only on the ranks {side}: the others never reach it and the job hangs",
-                explanation="Every rank of a process group must make the same collectives in the same order. The "
-                "ranks that skip this one leave the others waiting in it until the group's timeout (10 minutes "
-                "for NCCL by default), and the job dies there. Make the collective on every rank (compute on all, "
-                "print on one).",
+                f"{what} runs on some ranks only: the others never make this collective and the job hangs",
+                explanation=f"It runs under {side}.{via} Every rank of a process group must make the same "
+                "collectives in the same order. The ranks that skip this one leave the others waiting in it until "
+                "the group's timeout (10 minutes for NCCL by default), and the job dies there. Make the collective "
+                "on every rank (compute on all, print on one).",
             )
 
     @staticmethod

@@ -63,6 +63,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
             branch = found[0]
             test = facts.module.code_for_node(branch.test)
             what = f"`{helper}()` runs the DDP-wrapped `{model}`" if helper else f"`{model}(...)` runs the DDP wrapper"
+            what = what if len(what) <= 50 else "the DDP wrapper runs"
 
             def plan(node=node, model=model, branch=branch) -> UnwrapAtCalls:
                 if any((c.method or "") in ("backward", "step") for c in facts.calls if c.ctx.inside(branch)):
@@ -73,8 +74,8 @@ class RankZeroForwardThroughDdp(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"{what} only where `{test}`: its forward can wait for the other ranks and hang the job",
-                explanation="DDP's forward is not local: after a training step it broadcasts the module's buffers "
+                f"{what} on some ranks only: its forward can wait for the others and hang the job",
+                explanation=f"It runs under `if {test}:`. DDP's forward is not local: after a training step it broadcasts the module's buffers "
                 "(BatchNorm statistics, registered masks) from rank 0 (`broadcast_buffers=True`, the default), and "
                 "SyncBatchNorm all-reduces in every forward. On some ranks only, that collective waits for ranks "
                 "that never come. Run the bare module there: `model.module`.",

@@ -236,8 +236,6 @@ class Fp8Training(ScriptRule):
         if not target.gpu.has_fp8:
             raise DeclineFix(f"the target GPU, {target.gpu.label}, has no FP8 Tensor Cores (Ada and Hopper, "
                              "sm_89, and newer)")
-        if importlib.util.find_spec("torchao") is None:
-            raise DeclineFix(f"torchao, whose float8 training the conversion calls, is not installed: {INSTALL}")
         if profile is None:
             raise DeclineFix(f"the model audit did not measure `{site.name}`, and it picks the layers: let it "
                              "build the model (no `--no-exec`; a `[[tool.tcaudit.models]]` entry where it cannot)")
@@ -249,6 +247,9 @@ class Fp8Training(ScriptRule):
         if not pipeline.trains_under_autocast and not context.fixable("TC201", facts):
             raise DeclineFix(f"`{site.name}` trains in fp32: FP8 training goes on top of bf16 autocast, which "
                              "the script does not use (TC201's fix adds it)")
+        # Last: installing torchao helps only where nothing above stands in the way.
+        if importlib.util.find_spec("torchao") is None:
+            raise DeclineFix(f"torchao, whose float8 training the conversion calls, is not installed: {INSTALL}")
         after = _after_model_is_placed(facts, site)
         torch_name = torch_import_name(facts) or "torch"
         patterns = layer_pattern(chosen, profile.linears)
