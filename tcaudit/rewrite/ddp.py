@@ -136,10 +136,9 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
     """Every training DataLoader a helper of another module builds for this script must get its guarded
     DistributedSampler there (TC503's fix in that module, which ``fix`` of the script makes with it), or
     the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches."""
+    trained = {id(other.call.node) for other in elsewhere}
     for loader in elsewhere:
-        calls = [c for c in facts.calls if c.name == loader.call.name]
-        trained = {id(other.call.node) for other in elsewhere}
-        others = [c for c in calls if id(c.node) not in trained]
+        others = [c for c in facts.calls if c.name == loader.call.name and id(c.node) not in trained]
         if others:
             raise DeclineFix(
                 f"the training DataLoader is built by {loader.described}, which line {facts.line_of(others[0].node)} "
@@ -1064,7 +1063,7 @@ def bare_reads(project: Project, module: ProjectModule, fn: cst.FunctionDef, par
     facts = module.facts
     trains = any((call.method or "") in ("backward", "step") for call in facts.calls
                  if call.ctx.function is fn or (call.ctx.function is not None and contains(fn, call.ctx.function)))
-    where = f"{module.display_path}"
+    where = module.display_path
     out: list[tuple[str, int, str, bool]] = []
     kept = {f"self.{b.target.split('.', 1)[1]}" for b in facts.bindings
             if fn.name.value == "__init__" and b.ctx.function is fn and b.target.startswith("self.")
