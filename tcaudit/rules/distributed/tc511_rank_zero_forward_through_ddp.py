@@ -19,10 +19,11 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression
 from tcaudit.rewrite.edits import CallEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
+from tcaudit.script.callers import parameter_receiving
 from tcaudit.script.distributed import distributed_facts, in_test_code, rank_branch
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import call_nodes, param_names
+from tcaudit.source.syntax import call_nodes
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,12 +96,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
                 continue
             short = (call.name or "").removeprefix("self.")
             for fn in facts.functions_by_name.get(short, []):
-                params = param_names(fn)
-                if params[:1] in (["self"], ["cls"]):
-                    params = params[1:]
-                positional = [a for a in call.node.args if a.keyword is None and not a.star]
-                param = arg.keyword.value if arg.keyword is not None else (
-                    params[positional.index(arg)] if positional.index(arg) < len(params) else None)
+                param = parameter_receiving(fn, call.node, chain)
                 if param is not None and _forwards(fn, param):
                     return chain, arg.value, call.name
         return None, None, None
