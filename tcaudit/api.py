@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 from tcaudit.config import API_ARGUMENTS, KNOWN_KEYS, ConfigError, Settings, load_settings
 from tcaudit.findings import Finding, FixClass, Location, Severity, TextEdit, parse_classes
+from tcaudit.source.incremental import IncrementalState
 
 if TYPE_CHECKING:
     from tcaudit.engine import ScanResult
@@ -39,6 +40,7 @@ __all__ = [
     "Findings",
     "FixClass",
     "FixResult",
+    "IncrementalState",
     "Location",
     "Settings",
     "Severity",
@@ -138,6 +140,7 @@ def scan(
     edits: "bool | str | tuple[int, int] | None" = "lazy",
     models: "AuditedModels | None" = None,
     model_findings: Sequence[Finding] = (),
+    incremental: "IncrementalState | None" = None,
     **options: Any,
 ) -> Findings:
     """Scan files or a text; the findings as ``tcaudit scan`` reports them (filtered by the config's
@@ -161,6 +164,10 @@ def scan(
     every one; ``False``: none (``edits`` is None); for a text, ``(first, last)`` makes those of the
     findings on those lines during the scan (an editor's code action).
     ``settings``: settings from :func:`load`, instead of ``config``/``isolated``/keywords.
+    ``incremental``: for a text scanned again and again as it is edited (an editor's buffer), one
+    :class:`IncrementalState` per document, passed to each scan of it: only the top-level statements
+    that changed since the last scan are parsed, and what the analysis found out about the others is
+    reused. The findings are the same as without it.
     Raises :class:`TcauditError` for a path that does not exist or an invalid setting."""
     from tcaudit import engine
 
@@ -178,7 +185,8 @@ def scan(
         chosen = _settings(settings, [display] if filename is not None else [], config, isolated, edits, options)
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
         result = engine.scan_text(raw, display, chosen, path=Path(display), models=models,
-                                  model_findings=model_findings, rules=_rules(chosen), edit_lines=edit_lines)
+                                  model_findings=model_findings, rules=_rules(chosen), edit_lines=edit_lines,
+                                  incremental=incremental)
         return Findings(result)
     if paths_or_text is None:
         raise TcauditError("nothing to scan: pass paths or text")

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import traceback
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # LibCST and the rules load on the first file that needs them
     from tcaudit.rules.base import ModelRule, ScriptRule
     from tcaudit.rules.registry import LazyRule
     from tcaudit.script.facts import ScriptFacts
+    from tcaudit.source.incremental import IncrementalState
 
 # LibCST builds a tree of many small objects for each file, and Python's cyclic collector, at its
 # default threshold (700 new containers), walks the young ones again and again meanwhile: a tenth
@@ -277,7 +279,23 @@ def analyse_source(
     the fixes itself, never asks. ``facts``: those of ``source``, where the caller has them already.
     ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them.
     ``edit_lines``: (first, last): edits only for the findings on those lines."""
+    from tcaudit.source.memo import remembering
+
     source.module
+    with remembering():  # one walk per question and node while the analysis runs (tcaudit/source/memo.py)
+        return _analyse(source, rules, settings, models, edits, facts, unplanned, edit_lines)
+
+
+def _analyse(
+    source: SourceFile,
+    rules: list["ScriptRule"],
+    settings: Settings,
+    models: "AuditedModels | None",
+    edits: bool | None,
+    facts: "ScriptFacts | None",
+    unplanned: frozenset[str],
+    edit_lines: "tuple[int, int] | None",
+) -> tuple["ScriptFacts | None", list[Finding], list[str]]:
     from tcaudit.rules.base import in_rule_order
     from tcaudit.rules.registry import context as rule_context
     from tcaudit.rules.situations import block_created
@@ -476,6 +494,7 @@ def scan_text(
     model_findings: "Sequence[Finding]" = (),
     rules: "Sequence[ScriptRule | LazyRule] | None" = None,
     edit_lines: "tuple[int, int] | None" = None,
+    incremental: "IncrementalState | None" = None,
 ) -> ScanResult:
     """Scan a text that is not (or not as it is now) on disk, such as a script read from stdin or an
     editor's buffer, exactly as :func:`scan` scans a file: the script rules, then the filters
@@ -485,7 +504,9 @@ def scan_text(
     editor's last save): the script rules decide with those facts, and its findings are merged as
     scan merges them. ``rules``: the script rules to run (default: those ``settings`` enable,
     imported as their triggers occur); a caller scanning often passes the same ones each time.
-    ``edit_lines``: (first, last): where the settings ask for edits, only those findings' edits."""
+    ``edit_lines``: (first, last): where the settings ask for edits, only those findings' edits.
+    ``incremental``: what the last scan of this document kept (tcaudit/source/incremental.py): only
+    the top-level statements that changed are parsed, and the walks over the others are reused."""
     from tcaudit.rules.registry import lazy_rules
 
     path = path if path is not None else Path(display)
@@ -495,9 +516,13 @@ def scan_text(
     except SourceError as exc:
         result = FileResult(display, [tc000(display, exc)])
     else:
+        chosen = rules if rules is not None else lazy_rules(settings)
         try:
-            result = call_with_deep_stack(scan_source, source, rules if rules is not None else lazy_rules(settings),
-                                          settings, "TC000" in enabled, models, edit_lines)
+            with contextlib.ExitStack() as stack:
+                if incremental is not None:
+                    stack.enter_context(incremental.analysing(source))
+                result = call_with_deep_stack(scan_source, source, chosen, settings, "TC000" in enabled, models,
+                                              edit_lines)
         except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
             result = FileResult(display, [tc000(display, cannot_analyse(exc))])
     findings = result.findings

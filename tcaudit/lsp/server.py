@@ -100,6 +100,8 @@ class Document:
     # whose diagnostics were last published (a cell that lost its findings, or went, is cleared).
     notebook: bool = False
     cells_published: set[str] = field(default_factory=set)
+    # The last parse and the walks over it, for the next scan (tcaudit/source/incremental.py).
+    incremental: api.IncrementalState = field(default_factory=api.IncrementalState)
 
 
 class TcauditServer(LanguageServer):
@@ -238,7 +240,8 @@ class TcauditServer(LanguageServer):
         """The document's findings (in a worker thread: nothing here talks to the client); ``edits``:
         ``"lazy"`` (made when first read), or False."""
         return api.scan(text=text, filename=document.display, settings=settings, edits=edits,
-                        models=document.models, model_findings=document.model_findings)
+                        models=document.models, model_findings=document.model_findings,
+                        incremental=document.incremental)
 
     def publish(self, document: Document, text_document, analysis: Analysis) -> None:
         document.analysis = analysis

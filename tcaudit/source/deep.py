@@ -9,6 +9,7 @@ RecursionError, which callers report for that file alone.
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 from typing import Callable, TypeVar
@@ -28,13 +29,15 @@ _ACTIVE = [0, 0]
 def call_with_deep_stack(function: Callable[..., T], *args, **kwargs) -> T:
     """``function(*args, **kwargs)``, run in a thread with a large stack; its exceptions re-raised here.
     The lock covers only starting the thread (the stack size is a process-wide setting), never the call,
-    so a long analysis on one thread does not hold up another thread's."""
+    so a long analysis on one thread does not hold up another thread's. The call sees the caller's
+    context variables."""
     outcome: dict[str, object] = {}
+    context = contextvars.copy_context()  # the caller's context variables (an analysis's walk memo)
 
     def target() -> None:
         _STATE.deep = True
         try:
-            outcome["value"] = function(*args, **kwargs)
+            outcome["value"] = context.run(function, *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = exc
 

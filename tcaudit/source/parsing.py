@@ -60,6 +60,11 @@ class SourceFile:
         return self
 
     @property
+    def parsed_module(self) -> "cst.Module | None":
+        """The LibCST module where the text was parsed already; None before (nothing is parsed here)."""
+        return self._module
+
+    @property
     def module(self) -> cst.Module:
         """The LibCST module, parsed on first use. Raises SourceError for unparsable code."""
         if self._module is None:

@@ -8,6 +8,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from tcaudit.source.memo import active as active_memo
 from tcaudit.source.walk import walk
 
 _COMMENT = re.compile(r"#[^\n]*")
@@ -26,39 +27,99 @@ def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
 
 def nodes_of(node: cst.CSTNode, kind: type) -> list:
     """Every node of type ``kind`` under ``node`` (itself included), in visiting order. (LibCST's
-    ``matchers.findall`` does this too, but importing its matchers costs a scan's start-up.)"""
-    found: list = []
+    ``matchers.findall`` does this too, but importing its matchers costs a scan's start-up.) While an
+    analysis keeps a memo (tcaudit/source/memo.py), answered from it: a module's answer is its
+    top-level statements' answers put together. The list is the caller's to change."""
+    memo = active_memo()
+    if memo is None:
+        return _nodes_of(node, kind)
+    return list(_remembered_nodes(memo, node, kind))
 
-    class _Nodes(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            if isinstance(child, kind):
-                found.append(child)
-            return True
 
-    walk(node, _Nodes())
-    return found
+def _remembered_nodes(memo, node: cst.CSTNode, kind: type) -> list:
+    if not isinstance(node, cst.Module):
+        return memo.answer(node, ("nodes", kind), lambda: _nodes_of(node, kind))
+
+    def composed() -> list:
+        found: list = [node] if isinstance(node, kind) else []
+        for child in module_children(node):
+            found.extend(_remembered_nodes(memo, child, kind))
+        return found
+
+    return memo.answer(node, ("nodes", kind), composed)
+
+
+def _nodes_of(node: cst.CSTNode, kind: type) -> list:
+    collector = _Nodes(kind)
+    walk(node, collector)
+    return collector.found
+
+
+class _Nodes(cst.CSTVisitor):
+    """Collects the nodes of one type. One class for every walk: walk.py keeps a plan per visitor class."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.kind = kind
+        self.found: list = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        return True
+
+
+def module_children(module: cst.Module) -> list[cst.CSTNode]:
+    """The module's children in visiting order: its header's lines, its statements, its footer's lines."""
+    return [*module.header, *module.body, *module.footer]
 
 
 def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
-    """Each node's parent, by the child's ``id`` (the root has none)."""
-    parents: dict[int, cst.CSTNode] = {}
+    """Each node's parent, by the child's ``id`` (the root has none). While an analysis keeps a memo,
+    answered from it (a module's from its statements'); the map is then shared: do not change it."""
+    memo = active_memo()
+    if memo is None:
+        return _parent_map(module)
+    return _remembered_parents(memo, module)
 
-    stack: list[cst.CSTNode] = []
 
-    class _Parents(cst.CSTVisitor):
-        # The node being left is the top of the stack: its parent is the one below (``node.children``
-        # would make LibCST visit every node's children once more to list them).
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if stack:
-                parents[id(node)] = stack[-1]
-            stack.append(node)
-            return True
+def _remembered_parents(memo, node: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    if not isinstance(node, cst.Module):
+        return memo.answer(node, "parents", lambda: _parent_map(node))
 
-        def on_leave(self, original_node: cst.CSTNode) -> None:
-            stack.pop()
+    def composed() -> dict[int, cst.CSTNode]:
+        parents: dict[int, cst.CSTNode] = {}
+        for child in module_children(node):
+            parents[id(child)] = node
+            parents.update(_remembered_parents(memo, child))
+        return parents
 
-    walk(module, _Parents())
-    return parents
+    return memo.answer(node, "parents", composed)
+
+
+def _parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    collector = _Parents()
+    walk(module, collector)
+    return collector.parents
+
+
+class _Parents(cst.CSTVisitor):
+    """Each node's parent. The node being left is the top of the stack: its parent is the one below
+    (``node.children`` would make LibCST visit every node's children once more to list them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parents: dict[int, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
 
 
 def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:

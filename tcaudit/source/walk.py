@@ -225,11 +225,14 @@ class _SyntacticPosition:
 
 class _Positions(Mapping):
     """CSTNode → CodeRange, built on first access from the recorded tuples (most nodes' positions
-    are never asked for). Keys are node identities: the module it holds keeps them alive."""
+    are never asked for). Keys are node identities: the module it holds keeps them alive. Where the
+    tuples were recorded per top-level statement (:func:`code_positions` with a memo), ``offsets``
+    holds each node's line offset: the lines before its statement."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self.computed: dict[int, tuple[int, int, int, int]] = {}
+        self.offsets: dict[int, int] | None = None
         self._ranges: dict[int, CodeRange] = {}
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
@@ -240,6 +243,9 @@ class _Positions(Mapping):
                 line, column, end_line, end_column = self.computed[key]
             except KeyError:
                 raise KeyError(node) from None
+            if self.offsets is not None:
+                offset = self.offsets[key]
+                line, end_line = line + offset, end_line + offset
             found = self._ranges[key] = CodeRange(CodePosition(line, column), CodePosition(end_line, end_column))
         return found
 
@@ -264,9 +270,17 @@ def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
     ``MetadataWrapper(module).resolve(PositionProvider)`` gives the same mapping, but before the
     provider's code-generation pass it also walks (and rebuilds) the whole tree once for the
     batchable providers, of which there are none here; that walk costs as much as the pass itself.
+    While an analysis keeps a memo (tcaudit/source/memo.py), each top-level statement's positions
+    are recorded on their own, from its first line, and remembered: a statement an edit did not touch
+    costs nothing the next time, only its line offset changes.
     """
-    positions = _Positions(module)
+    from tcaudit.source.memo import active
+
+    memo = active()
     try:
+        if memo is not None and module.has_trailing_newline:
+            return _composed_positions(memo, module)
+        positions = _Positions(module)
         state = _PositionState(
             default_indent=module.default_indent, default_newline=module.default_newline,
             provider=positions,  # type: ignore[arg-type] - it only needs somewhere to record
@@ -275,3 +289,46 @@ def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
     except (AttributeError, TypeError):  # a LibCST without these internals: take the public road
         return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     return positions
+
+
+def _statement_positions(module: cst.Module, node: cst.CSTNode) -> tuple[dict[int, tuple[int, int, int, int]], int]:
+    """(the positions of ``node``'s nodes as if its code began the file, the newlines in its code)."""
+    positions = _Positions(module)
+    state = _PositionState(default_indent=module.default_indent, default_newline=module.default_newline,
+                           provider=positions)  # type: ignore[arg-type]
+    node._codegen(state)
+    return positions.computed, state.line - 1
+
+
+def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
+    """The lines of one of ``module``'s top-level statements (its leading comment and blank lines
+    included), from ``memo`` where it recorded the statement's positions."""
+    if memo is None:
+        return module.code_for_node(node).count("\n")
+    question = ("positions", module.default_indent, module.default_newline)
+    return memo.answer(node, question, lambda: _statement_positions(module, node))[1]
+
+
+def _composed_positions(memo, module: cst.Module) -> _Positions:
+    from tcaudit.source.syntax import module_children
+
+    def composed() -> _Positions:
+        positions = _Positions(module)
+        computed: dict[int, tuple[int, int, int, int]] = {}
+        offsets: dict[int, int] = {}
+        offset = 0
+        question = ("positions", module.default_indent, module.default_newline)
+        for child in module_children(module):
+            recorded, lines = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
+            computed.update(recorded)
+            offsets.update(dict.fromkeys(recorded, offset))
+            offset += lines
+        end_line = offset + 1
+        if not computed:  # nothing in the file: its newline alone
+            end_line = 2
+        computed[id(module)] = (1, 0, end_line, 0)
+        offsets[id(module)] = 0
+        positions.computed, positions.offsets = computed, offsets
+        return positions
+
+    return memo.answer(module, ("module positions", module.default_indent, module.default_newline), composed)

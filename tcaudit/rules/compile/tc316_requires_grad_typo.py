@@ -24,6 +24,7 @@ from tcaudit.findings import Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.walk import walk
 
 TYPOS = ("require_grad", "requires_grads", "require_grads", "requires_gard", "requieres_grad", "reqires_grad")
 METHOD_TYPOS = tuple(f"{typo}_" for typo in TYPOS)
@@ -121,7 +122,7 @@ class RequiresGradTypo(ScriptRule):
         if "torch" not in facts.imported_roots():
             return
         typos = _Typos()
-        facts.module.visit(typos)
+        walk(facts.module, typos)
         for attribute in typos.assigned:
             name = attribute.attr.value
             if name in typos.owned:

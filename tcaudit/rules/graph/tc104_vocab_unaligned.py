@@ -79,6 +79,7 @@ from tcaudit.script.model_classes import callee_class, class_of, classes_buildin
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import keyword
 from tcaudit.source.triggers import all_of
+from tcaudit.source.walk import walk
 
 # The one padding policy of a vocabulary, for both halves: the next multiple of 64.
 VOCAB_MULTIPLE = 64
@@ -430,7 +431,7 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
                 if default is not None and _integer(default.value) is not None and is_vocab_name(dest):
                     found.append(VocabLiteral(default.value, dest, "argparse"))
 
-    facts.module.visit(_V())
+    walk(facts.module, _V())
     # Literals in the layers are a vocabulary only as a pair: an embedding and a head of the same size
     # (``nn.Embedding(10_000, 128)`` before an LSTM classifier is a lookup with no GEMM behind it).
     embedding_sizes = {_value(lit) for lit in found if lit.name == "num_embeddings"}
@@ -961,7 +962,7 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
         def visit_Param(self, node: cst.Param) -> None:
             check(node.name.value, node.default, node)
 
-    facts.module.visit(_V())
+    walk(facts.module, _V())
 
 
 def _check_uses(facts: ScriptFacts, names: set[str], bounds: set[int]) -> None:

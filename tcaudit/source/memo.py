@@ -1,0 +1,79 @@
+"""What whole-tree walks found, kept while an analysis runs and, in an editor, from one analysis of a
+document to the next.
+
+The rules and the facts ask the same questions of the same trees many times (every call of a module,
+each node's parent, every node's position): a 2,000-line file took about thirty walks of its whole
+tree per analysis. LibCST trees are immutable, so an answer about a node holds for as long as that
+node exists. While a :class:`WalkMemo` is active (:func:`remembering`), ``nodes_of``,
+``parent_map`` and ``code_positions`` (tcaudit/source/syntax.py, tcaudit/source/walk.py) answer from
+it, and answer for a module by putting together the answers for its top-level statements. After an
+edit, tcaudit/source/incremental.py parses only the statements that changed and keeps the other
+statement objects as they were, so their answers are reused and the walks cost what the edit changed.
+
+Entries are keyed by the node's identity and hold the node, so an identity is never reused while its
+entry lives; :meth:`WalkMemo.sweep` drops what the last analysis did not ask about (the statements
+an edit replaced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import Any, Callable, Hashable, Iterator
+
+
+class WalkMemo:
+    """Answers about nodes, by (node identity, question). One analysis at a time uses one memo."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, Hashable], tuple[Any, Any]] = {}
+        self._used: set[tuple[int, Hashable]] = set()
+        self.hits = 0
+        self.misses = 0
+
+    def answer(self, node: Any, question: Hashable, compute: Callable[[], Any]) -> Any:
+        """The answer to ``question`` about ``node``: remembered, or ``compute()`` now and remembered."""
+        key = (id(node), question)
+        entry = self._entries.get(key)
+        self._used.add(key)
+        if entry is not None and entry[0] is node:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        value = compute()
+        self._entries[key] = (node, value)
+        return value
+
+    def sweep(self) -> None:
+        """Forget what was not asked about since the last sweep (called after each analysis)."""
+        used = self._used
+        self._entries = {key: entry for key, entry in self._entries.items() if key in used}
+        self._used = set()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_ACTIVE: ContextVar["WalkMemo | None"] = ContextVar("tcaudit_walk_memo", default=None)
+
+
+def active() -> "WalkMemo | None":
+    """The memo of the analysis running in this thread, if any."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def remembering(memo: "WalkMemo | None" = None) -> Iterator[WalkMemo]:
+    """Make ``memo`` (a new one by default) the one walks answer from in this thread (and the threads
+    it runs the analysis on, which copy its context) until the block ends; a memo already active stays
+    where none is given (an analysis inside another shares its memo). A memo serves one analysis at a
+    time: it is not locked."""
+    current = _ACTIVE.get()
+    if current is not None and (memo is None or memo is current):
+        yield current
+        return
+    token = _ACTIVE.set(memo if memo is not None else WalkMemo())
+    try:
+        yield _ACTIVE.get()  # type: ignore[misc]
+    finally:
+        _ACTIVE.reset(token)

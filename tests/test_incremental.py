@@ -1,0 +1,199 @@
+"""Incremental analysis (issue 50, item 1): a document's next text is parsed only where it changed
+(tcaudit/source/incremental.py) and the walks over the statements it did not change are reused
+(tcaudit/source/memo.py). Both must be invisible in the results: the spliced module is the module a
+whole parse gives, the remembered walks answer what a fresh walk answers, and a scan with the state
+reports exactly what a scan without it reports."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from conftest import FIXTURES
+from tcaudit import api
+from tcaudit.source.incremental import IncrementalState
+from tcaudit.source.memo import WalkMemo, remembering
+from tcaudit.source.parsing import SourceFile
+from tcaudit.source.syntax import nodes_of, parent_map
+from tcaudit.source.walk import code_positions
+
+SCRIPTS = sorted([*FIXTURES.glob("fix/*.in.py"), *FIXTURES.glob("scripts/*.py"), *FIXTURES.glob("projects/**/*.py")])
+
+
+def _source(text: str) -> SourceFile:
+    return SourceFile(Path("edited.py"), "edited.py", text.encode(), text, "utf-8")
+
+
+def _parses(text: str) -> bool:
+    try:
+        return cst.parse_module(text).code == text
+    except cst.ParserSyntaxError:
+        return False
+
+
+def _edit(text: str, rng: random.Random) -> str:
+    """One edit as typing makes them: a line copied elsewhere, deleted, indented, a blank or comment
+    line inserted (at either indentation), a token changed, something appended to a line."""
+    lines = text.split("\n")[:-1]
+    index = rng.randrange(len(lines) + 1)
+    kind = rng.choice(["copy", "delete", "blank", "comment", "indented comment", "indent", "rename", "append"])
+    if kind == "copy" and lines:
+        lines.insert(index, lines[rng.randrange(len(lines))])
+    elif kind == "delete" and index < len(lines):
+        del lines[index]
+    elif kind == "blank":
+        lines.insert(index, "")
+    elif kind == "comment":
+        lines.insert(index, "# a note")
+    elif kind == "indented comment":
+        lines.insert(index, "    # a note")
+    elif kind == "indent" and index < len(lines):
+        lines[index] = "    " + lines[index]
+    elif kind == "rename" and index < len(lines):
+        lines[index] = lines[index].replace("model", "net")
+    elif index < len(lines) and lines[index].strip():
+        lines[index] += " + 1"
+    return "\n".join(lines) + "\n"
+
+
+def _analysed(state: IncrementalState, text: str) -> SourceFile:
+    source = _source(text)
+    with state.analysing(source):
+        code_positions(source.module)  # as an analysis asks, so that the memo has something to reuse
+    return source
+
+
+@pytest.mark.parametrize("path", SCRIPTS[::3], ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_a_spliced_module_is_the_module_a_whole_parse_gives(path):
+    text = path.read_text(encoding="utf-8")
+    if "\r" in text or "\ufeff" in text or not _parses(text):
+        pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
+    rng = random.Random(path.name)
+    state = IncrementalState()
+    _analysed(state, text)
+    for _ in range(8):
+        new = _edit(text, rng)
+        if not _parses(new):  # a broken text is parsed whole and reported; the state keeps the last good one
+            continue
+        source = _analysed(state, new)
+        module = source.parsed_module
+        assert module.code == new
+        assert module.deep_equals(cst.parse_module(new)), (path, state.reparsed)
+        text = new
+
+
+def test_an_edit_inside_a_function_reparses_that_function_and_its_neighbours_only():
+    functions = "".join(f"\n\ndef step_{k}(model, batch):\n    loss = model(batch).sum()\n    return loss\n"
+                        for k in range(40))
+    text = "import torch\n" + functions
+    state = IncrementalState()
+    first = _analysed(state, text)
+    assert state.reparsed == "all"
+    edited = text.replace("def step_20(model, batch):\n    loss", "def step_20(model, batch):\n    x = 1\n    loss")
+    second = _analysed(state, edited)
+    assert state.reparsed == 2  # step_20, and step_19 before it (a line an edit makes part of its block)
+    # The statements the edit did not touch are the same objects, so what was found about them is reused.
+    assert second.parsed_module.body[5] is first.parsed_module.body[5]
+    assert second.parsed_module.body[-1] is first.parsed_module.body[-1]
+    assert state.memo.hits > 0
+
+
+TEXT = "import torch\n" + "".join(f"\n\ndef f{k}(loss):\n    return loss\n" for k in range(5))
+
+
+@pytest.mark.parametrize("edit, reparsed", [
+    pytest.param(lambda t: "# a header comment\n" + t, "all", id="header"),
+    pytest.param(lambda t: t.replace("\n", "\r\n"), "all", id="carriage returns"),
+    # The module's indentation comes from its first block: changed there, the whole module is parsed.
+    pytest.param(lambda t: t.replace("    return loss\n", "  return loss\n", 1), "all", id="first block's indent"),
+    pytest.param(lambda t: t.replace("    return loss\n", "  return loss\n").replace("  return", "    return", 1),
+                 5, id="another block's indent"),
+    pytest.param(lambda t: t.replace("def f0(loss):\n    return loss", "f0 = None"), 3, id="first block gone"),
+    pytest.param(lambda t: t.replace("import torch\n", "import torch\nimport os\n"), 3, id="first statement"),
+    pytest.param(lambda t: t + "# the end\n", 2, id="footer"),
+    pytest.param(lambda t: t.replace("def f0(loss):\n    return loss", "f0 = None\n\n\ndef g(loss):\n    return loss"),
+                 3, id="first block replaced by one"),
+])
+def test_what_decides_for_the_whole_module_is_followed(edit, reparsed):
+    state = IncrementalState()
+    _analysed(state, TEXT)
+    new = edit(TEXT)
+    source = _analysed(state, new)
+    assert source.parsed_module.code == new
+    if "\r" not in new:
+        assert source.parsed_module.deep_equals(cst.parse_module(new))
+    assert state.reparsed == reparsed
+
+
+def test_a_module_that_loses_its_only_block_is_parsed_whole():
+    state = IncrementalState()
+    text = "import torch\n\n\ndef f(loss):\n    return loss\n\n\nx = 1\n"
+    _analysed(state, text)
+    new = text.replace("def f(loss):\n    return loss", "f = None")
+    assert _analysed(state, new).parsed_module.deep_equals(cst.parse_module(new))
+    assert state.reparsed == "all"
+
+
+def test_a_text_that_does_not_parse_leaves_the_last_good_module_to_splice_into():
+    text = "import torch\n" + "".join(f"\n\ndef f{k}(loss):\n    return loss\n" for k in range(6))
+    state = IncrementalState()
+    _analysed(state, text)
+    broken = text.replace("def f3(loss):", "def f3(loss:")
+    with pytest.raises(Exception):
+        _analysed(state, broken)
+    fixed = text.replace("def f3(loss):", "def f3(loss, scale):")
+    source = _analysed(state, fixed)
+    assert state.reparsed == 2
+    assert source.parsed_module.deep_equals(cst.parse_module(fixed))
+
+
+@pytest.mark.parametrize("path", SCRIPTS[1::4], ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_remembered_walks_answer_what_fresh_walks_answer(path):
+    text = path.read_text(encoding="utf-8")
+    if not _parses(text):
+        pytest.skip("not parsable")
+    module = cst.parse_module(text)
+    positions, nodes, parents = code_positions(module), nodes_of(module, cst.CSTNode), parent_map(module)
+    memo = WalkMemo()
+    for _ in range(2):  # the second time from the memo
+        with remembering(memo):
+            remembered = code_positions(module)
+            assert [id(n) for n in nodes_of(module, cst.CSTNode)] == [id(n) for n in nodes]
+            assert parent_map(module) == parents
+            assert all(remembered[node] == positions[node] for node in nodes)
+            assert [id(n) for n in nodes_of(module, cst.Call)] == [id(n) for n in nodes if isinstance(n, cst.Call)]
+    assert memo.hits > 0
+
+
+def test_nodes_of_hands_out_a_list_of_its_own():
+    module = cst.parse_module("f(g(1))\n")
+    with remembering():
+        calls = nodes_of(module, cst.Call)
+        calls.clear()
+        assert len(nodes_of(module, cst.Call)) == 2
+
+
+def _key(finding) -> tuple:
+    fix = finding.fix
+    return (finding.rule, finding.location.line, finding.location.column, finding.message,
+            None if fix is None else (fix.available, fix.reason))
+
+
+@pytest.mark.parametrize("name", ["resnet50/train.py", "scripts/tc5_single_gpu.py", "fix/all_rw_moco.in.py"])
+def test_a_scan_with_the_state_reports_what_a_scan_without_it_reports(name):
+    path = FIXTURES / name
+    text = path.read_text(encoding="utf-8")
+    settings = api.load(isolated=True, exec_models=False)
+    state = IncrementalState()
+    rng = random.Random(name)
+    checked = 0
+    for _ in range(10):
+        with_state = api.scan(text=text, filename=path.name, settings=settings, edits=False, incremental=state)
+        without = api.scan(text=text, filename=path.name, settings=settings, edits=False)
+        assert [_key(f) for f in with_state] == [_key(f) for f in without]
+        checked += state.reparsed != "all"
+        text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
+    assert checked, "no scan was incremental: the test would not see a difference"
