@@ -52,6 +52,7 @@ from tcaudit import __version__, api
 from tcaudit.config import CONFIG_NAMES, ConfigError, Settings, load_settings
 from tcaudit.findings import Finding
 from tcaudit.lsp import convert
+from tcaudit.model.sandbox import Cancelled
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class TcauditServer(LanguageServer):
         self._settings: dict[str, Settings] = {}  # by the folder the config is looked for from
         self.scans = ThreadPoolExecutor(max_workers=SCAN_THREADS, thread_name_prefix="tcaudit-scan")
         self.audits = ThreadPoolExecutor(max_workers=AUDIT_THREADS, thread_name_prefix="tcaudit-audit")
+        self.auditing: str | None = None  # the document whose model audit runs now
 
     # -- settings ---------------------------------------------------------------------------------
     def settings_for(self, document: Document) -> Settings:
@@ -281,6 +283,10 @@ class TcauditServer(LanguageServer):
             return
         if document.audit is not None and not document.audit.done():
             document.audit_again = True
+            if self.auditing == uri:  # what it is building is already old: end it now
+                from tcaudit.model.sandbox import shared_sandbox
+
+                shared_sandbox().cancel()
             return
         document.audit = asyncio.get_running_loop().create_task(self._audit(document))
 
@@ -290,7 +296,13 @@ class TcauditServer(LanguageServer):
             document.audit_again = False
             settings = self.settings_for(document)
             try:
-                models, findings, notes = await loop.run_in_executor(self.audits, _audit_file, document, settings)
+                models, findings, notes = await loop.run_in_executor(self.audits, self._audit_file, document, settings)
+            except Cancelled:  # a newer save (or, rarely, another document's) ended it: audit the file as it is now
+                if document.closed:
+                    return
+                self.log(lsp.MessageType.Info,
+                         f"tcaudit: model audit of {document.display} cancelled: a newer save came")
+                continue
             except Exception as exc:  # noqa: BLE001
                 self.log(lsp.MessageType.Error,
                          f"tcaudit: internal error in the model audit of {document.display}: {exc!r}")
@@ -305,6 +317,18 @@ class TcauditServer(LanguageServer):
             document.analysis = None
             self.schedule_scan(document.uri)
             return
+
+    def _audit_file(self, document: Document, settings: Settings):
+        """:func:`_audit_file` in the audit thread, noting which document it audits (a save of that
+        document while it runs cancels it)."""
+        from tcaudit.model.sandbox import shared_sandbox
+
+        shared_sandbox().resume()
+        self.auditing = document.uri
+        try:
+            return _audit_file(document, settings)
+        finally:
+            self.auditing = None
 
     # -- code actions ------------------------------------------------------------------------------
     async def cell_code_actions(self, document: Document, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:

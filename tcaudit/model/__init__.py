@@ -123,7 +123,7 @@ def _run_within_budget(jobs, budget: float, cache, limits, preload, result: Mode
     import time
 
     from tcaudit.model.facts import ModelFacts
-    from tcaudit.model.sandbox import StartupError, shared_sandbox
+    from tcaudit.model.sandbox import Cancelled, StartupError, shared_sandbox
 
     found: dict[int, ModelFacts] = {}
     for number, job in enumerate(jobs):
@@ -146,7 +146,7 @@ def _run_within_budget(jobs, budget: float, cache, limits, preload, result: Mode
                 facts = shared_sandbox().run([job], limits, preload)[0]
                 if cache is not None:
                     cache.store(job, facts)
-            except StartupError:
+            except (StartupError, Cancelled):
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug about one model: TC100 for it, the others go on
                 facts = ModelFacts.failed(job["target"], f"internal error while auditing the model: {exc!r}\n"

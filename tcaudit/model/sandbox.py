@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,11 @@ class Limits:
         except ValueError:
             pass
         return cls(time_limit, memory)
+
+
+class Cancelled(Exception):
+    """The audit was cancelled (:meth:`Sandbox.cancel`): the model being built was killed, and what
+    this audit measured is to be dropped, never cached (an editor's newer save supersedes it)."""
 
 
 class StartupError(Exception):
@@ -339,6 +345,7 @@ class Zygote:
         self.log_path = os.path.join(self.workdir, "zygote.log")
         self.preload = list(preload)
         self.counter = 0
+        self.current: int | None = None  # the model's process while one is built
         command, env = child_command(["serve", *preload], self.workdir)
         log = open(self.log_path, "wb")
         try:
@@ -367,6 +374,20 @@ class Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def cancel(self) -> None:
+        """From another thread: kill the model being built now (its result then says so). In a PID
+        namespace of its own the model's pid is not ours to signal: the zygote ends, as on a timeout."""
+        pid = self.current
+        if pid is None:
+            return
+        if own_pid_namespace():
+            self.close(graceful=False)
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, TypeError, OverflowError):
+            pass
+
     def run(self, job: dict[str, Any], limits: Limits) -> ModelFacts:
         # The job, the result and the log never pass through a name in the private folder, where the
         # model's code could have planted a symlink or a FIFO (tcaudit/model/channel.py).
@@ -378,7 +399,7 @@ class Zygote:
         started = self.reader.read(30.0)
         if not started or "pid" not in started:
             raise EOFError("the audit process did not start the model's process")
-        pid = started["pid"]
+        pid = self.current = started["pid"]
         # Handed over only now: the model's process, forked already, never had it in its memory.
         nonce = secrets.token_hex(16)
         self.process.stdin.write((json.dumps({"nonce": nonce}) + "\n").encode("utf-8"))
@@ -395,6 +416,7 @@ class Zygote:
             except (ProcessLookupError, TypeError, OverflowError):
                 pass
             finished = self.reader.read(30.0)
+        self.current = None
         finished = finished or {}
         if finished and finished.get("nonce") != nonce:
             self.close(graceful=False)  # the protocol is out of step: the next model gets a new audit process
@@ -571,14 +593,38 @@ class Sandbox:
 
     def __init__(self) -> None:
         self.zygote: Zygote | None = None
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """From another thread: end the audit running now. The model being built is killed and
+        :meth:`run` raises :class:`Cancelled` (for it and every job after it) until :meth:`resume`."""
+        self._cancelled.set()
+        zygote = self.zygote
+        if zygote is not None:
+            zygote.cancel()
+
+    def resume(self) -> None:
+        """Run jobs again after a :meth:`cancel` (the next audit calls it first)."""
+        self._cancelled.clear()
 
     def run(self, jobs: list[dict[str, Any]], limits: Limits, preload: list[str]) -> list[ModelFacts]:
         if not hasattr(os, "fork") or sys.platform == "win32":
-            return [run_once(job, limits) for job in jobs]
+            return [self._checked(run_once(job, limits)) for job in jobs if self._not_cancelled()]
         results = []
         for job in jobs:
-            results.append(self._run_forked(job, limits, preload))
+            self._not_cancelled()
+            results.append(self._checked(self._run_forked(job, limits, preload)))
         return results
+
+    def _not_cancelled(self) -> bool:
+        if self._cancelled.is_set():
+            raise Cancelled
+        return True
+
+    def _checked(self, facts: ModelFacts) -> ModelFacts:
+        """The facts of a build that :meth:`cancel` did not end (a killed build's are not the model's)."""
+        self._not_cancelled()
+        return facts
 
     def _run_forked(self, job: dict[str, Any], limits: Limits, preload: list[str]) -> ModelFacts:
         for attempt in range(2):
@@ -589,8 +635,10 @@ class Sandbox:
             except (EOFError, BrokenPipeError, OSError, ValueError):
                 # The audit process died or said something that is not the protocol: whether its own
                 # fault or the model's code's (it can signal it where there is no PID namespace), the
-                # scan goes on; a new one gets the model once more, then the model is TC100.
+                # scan goes on; a new one gets the model once more, then the model is TC100. Ended by
+                # cancel(): no second try.
                 self.close()
+                self._not_cancelled()
         return ModelFacts.failed(job["target"], "the audit process ended twice while this model was built "
                                  "(killed or signalled, by the system or by the model's code)")
 

@@ -57,7 +57,7 @@ from tcaudit.script.loader_sharding import (
     unsharded_training_loaders,
 )
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
-from tcaudit.source.syntax import call_nodes, is_main_guard, param_names
+from tcaudit.source.syntax import call_nodes, is_main_guard, nodes_of, param_names
 from tcaudit.source.walk import walk
 
 DDP_NAME = "DistributedDataParallel"
@@ -503,15 +503,7 @@ class DdpConversion:
         return any(call.qualname == "torch.load" for call in self.facts.calls)
 
     def _ifs(self) -> list[cst.If]:
-        out: list[cst.If] = []
-
-        class _Ifs(cst.CSTVisitor):
-            def visit_If(self, node: cst.If) -> None:
-                if not is_main_guard(node):
-                    out.append(node)
-
-        walk(self.module, _Ifs())
-        return out
+        return [node for node in nodes_of(self.module, cst.If) if not is_main_guard(node)]
 
     def _collect_module_reads(self, plan: DdpLayout) -> None:
         """``model.state_dict()`` and custom attributes of the wrapped model → ``model.module...``: after the
@@ -707,16 +699,13 @@ class DdpConversion:
     def _collect_devices(self, plan: DdpLayout) -> None:
         facts = self.facts
 
-        class _Devices(cst.CSTVisitor):
-            def visit_SimpleString(self, node: cst.SimpleString) -> None:
-                value = literal_value(node)
-                if isinstance(value, str) and re.fullmatch(r"cuda:\d+", value):
-                    if value != "cuda:0":
-                        raise DeclineFix(f'the script names GPU {value[5:]} ("{value}"); under torchrun each '
-                                         "process uses the GPU of its LOCAL_RANK")
-                    plan.device_strings.add(id(node))
-
-        walk(self.module, _Devices())
+        for node in nodes_of(self.module, cst.SimpleString):
+            value = literal_value(node)
+            if isinstance(value, str) and re.fullmatch(r"cuda:\d+", value):
+                if value != "cuda:0":
+                    raise DeclineFix(f'the script names GPU {value[5:]} ("{value}"); under torchrun each '
+                                     "process uses the GPU of its LOCAL_RANK")
+                plan.device_strings.add(id(node))
         for call in facts.method_calls("cuda"):
             args = call.node.args
             if len(args) == 1 and args[0].keyword is None and isinstance(args[0].value, cst.Integer):

@@ -5,9 +5,11 @@ An editor sends a new text at each keystroke; parsing a 2,000-line file whole co
 parsed module of one document. For the next text it finds the lines that changed (the common prefix
 and suffix of the two texts), widens them to the top-level statements that hold them (with the one
 before, and the one after where the change ends between two: a line typed there may belong to
-either), parses that stretch alone and splices its statements into the last module in place of the old ones. Every other statement is
-the very object it was, so what the analysis remembered about it (tcaudit/source/memo.py: node lists,
-parents, positions) is reused and the walks cost what the edit changed.
+either), parses that stretch alone and splices its statements into the last module in place of the
+old ones. Every other statement is the very object it was, so what the analysis remembered about
+it (tcaudit/source/memo.py: node lists, parents, positions) is reused and the walks cost what the
+edit changed. The facts and the rules still run on the whole module (they relate statements to each
+other: the loop, the model, the optimizer); what they ask of the tree is what gets cheaper.
 
 The spliced module is the module a whole parse gives (tests/test_incremental.py compares them with
 ``deep_equals`` over random edits of every fixture). Where that could fail, the text is parsed whole
