@@ -5,8 +5,11 @@ for the ResNet50 fixture and the 2,008-line file of ``fix_speed.py``; also the f
 
     .venv/bin/python benchmarks/server_latency.py [--edits 30] [--repo CHECKOUT] [--out benchmarks/results/server_latency.json]
 
-Each edit appends a comment line (the script rules scan the whole text again, as for any keystroke);
-edits are sent one at a time, each after the previous one's diagnostics arrived.
+Each edit appends a comment line at the end (``--where end``, the default) or types a statement into a
+function in the middle of the file (``--where middle``: a line ``note_N = N`` after the first line of
+the middle ``def``'s body), as one keystroke's change; edits are sent one at a time, each after the
+previous one's diagnostics arrived. Since issue 50 a document's scans are incremental (only the
+top-level statements an edit changed are parsed; walks over the others are reused).
 """
 
 from __future__ import annotations
@@ -27,7 +30,19 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def measure(client, path: Path, text: str, edits: int) -> dict:
+def edited(text: str, version: int, where: str) -> str:
+    """The text after one more edit: a comment appended, or a statement typed into the middle function."""
+    if where == "end":
+        return text + f"# edit {version}\n"
+    lines = text.split("\n")
+    defs = [i for i, line in enumerate(lines) if line.startswith("def ")]
+    at = defs[len(defs) // 2] + 1
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())] or "    "
+    lines.insert(at, f"{indent}note_{version} = {version}")
+    return "\n".join(lines)
+
+
+def measure(client, path: Path, text: str, edits: int, where: str = "end") -> dict:
     uri = path.as_uri()
     start = time.perf_counter()
     client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}})
@@ -35,7 +50,7 @@ def measure(client, path: Path, text: str, edits: int) -> dict:
     opened = time.perf_counter() - start
     times = []
     for version in range(2, edits + 2):
-        text = text + f"# edit {version}\n"
+        text = edited(text, version, where)
         start = time.perf_counter()
         client.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
                                                  "contentChanges": [{"text": text}]})
@@ -62,6 +77,7 @@ def measure(client, path: Path, text: str, edits: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--edits", type=int, default=30)
+    parser.add_argument("--where", choices=("end", "middle"), default="end", help="where each edit is typed")
     parser.add_argument("--out", default=str(HERE / "results" / "server_latency.json"))
     parser.add_argument("--repo", default=str(REPO),
                         help="the checkout whose tcaudit the server runs (default this one: a before/after pair)")
@@ -81,7 +97,7 @@ def main() -> int:
         try:
             client.initialize(root)
             for name, path in (("fixture", fixture), ("2k-line file", big)):
-                rows[name] = measure(client, path, path.read_text(), args.edits)
+                rows[name] = measure(client, path, path.read_text(), args.edits, args.where)
                 print(name, rows[name], flush=True)
         finally:
             client.close()
@@ -92,6 +108,7 @@ def main() -> int:
         "python": platform.python_version(),
         "load_average_at_end": os.getloadavg(),
         "edits": args.edits,
+        "where": args.where,
         "results": rows,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
