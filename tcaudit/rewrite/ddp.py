@@ -57,7 +57,7 @@ from tcaudit.script.loader_sharding import (
     unsharded_training_loaders,
 )
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
-from tcaudit.source.syntax import call_nodes, is_main_guard, nodes_of, param_names
+from tcaudit.source.syntax import call_nodes, enclosing_function, is_main_guard, nodes_of, param_names, parent_map
 from tcaudit.source.walk import walk
 
 DDP_NAME = "DistributedDataParallel"
@@ -512,42 +512,29 @@ class DdpConversion:
         facts = self.facts
         model = plan.model
 
-        class _Reads(cst.CSTVisitor):
-            def __init__(self) -> None:
-                self.functions: list[cst.FunctionDef] = []
-
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-                self.functions.append(node)
-
-            def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-                self.functions.pop()
-
-            def visit_Attribute(self, node: cst.Attribute) -> None:
-                if attribute_chain(node.value) != model:
-                    return
-                attr = node.attr.value
-                function = self.functions[-1] if self.functions else None
-                same_function = function is plan.wrap_function
-                if same_function and facts.line_of(node) < plan.wrap_line:
-                    return
-                if same_function and any(plan.wrap_line < line < facts.line_of(node) for line in rebound):
-                    return  # ``net = Net(); net.load_state_dict(...)`` after training: a new, bare model
-                handed = not same_function and function is not None and conversion._receives_wrapped(function, plan)
-                if (not same_function and not handed and plan.wrap_function is not None
-                        and not model.startswith("self.") and attr != "state_dict"):
-                    return  # a helper's parameter that happens to share the name: only its checkpoint save
-                if attr == "state_dict" or (same_function or handed or model.startswith("self.")) and attr == "load_state_dict":
-                    readers.append((node, function))
-                    plan.module_calls.add(id(node))
-                elif attr not in MODULE_API:
-                    readers.append((node, function))
-                    plan.module_attributes.add(id(node))
-
         readers: list[tuple[cst.Attribute, cst.FunctionDef | None]] = []
         rebound = self._rebound(plan)
-        conversion = self
-        reads = _Reads()
-        walk(self.module, reads)
+        parents = parent_map(self.module)
+        for node in nodes_of(self.module, cst.Attribute):
+            if attribute_chain(node.value) != model:
+                continue
+            attr = node.attr.value
+            function = enclosing_function(node, parents)
+            same_function = function is plan.wrap_function
+            if same_function and facts.line_of(node) < plan.wrap_line:
+                continue
+            if same_function and any(plan.wrap_line < line < facts.line_of(node) for line in rebound):
+                continue  # ``net = Net(); net.load_state_dict(...)`` after training: a new, bare model
+            handed = not same_function and function is not None and self._receives_wrapped(function, plan)
+            if (not same_function and not handed and plan.wrap_function is not None
+                    and not model.startswith("self.") and attr != "state_dict"):
+                continue  # a helper's parameter that happens to share the name: only its checkpoint save
+            if attr == "state_dict" or (same_function or handed or model.startswith("self.")) and attr == "load_state_dict":
+                readers.append((node, function))
+                plan.module_calls.add(id(node))
+            elif attr not in MODULE_API:
+                readers.append((node, function))
+                plan.module_attributes.add(id(node))
         self._check_helpers_before_wrap(plan, readers)
         self._collect_whole_model_saves(plan)
         if re.search(rf"(?<![\w.]){re.escape(model)}\.module\b", self.info.text):

@@ -122,6 +122,14 @@ class _Parents(cst.CSTVisitor):
         self.stack.pop()
 
 
+def enclosing_function(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.FunctionDef | None:
+    """The innermost ``def`` around ``node`` (None at module level), by ``parents`` (:func:`parent_map`)."""
+    parent = parents.get(id(node))
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        parent = parents.get(id(parent))
+    return parent
+
+
 def param_names(function: cst.FunctionDef, *, stars: bool = True) -> list[str]:
     """The function's parameter names in order: positional-only, ordinary, keyword-only, then (with
     ``stars``) the ``*args`` and ``**kwargs`` names."""

@@ -21,6 +21,7 @@ import libcst as cst
 from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import class_of
+from tcaudit.source.syntax import enclosing_function, parent_map
 
 SAMPLERS = frozenset({"multinomial", "argmax", "topk"})
 _SOFTMAX = frozenset({"softmax", "log_softmax"})
@@ -128,7 +129,7 @@ class _Tracer:
         self.following: set[int] = set()  # helpers whose returns are being followed (no recursion)
 
     def reads(self, expr: cst.BaseExpression) -> list[LogitsRead]:
-        scope = enclosing_function(self.facts, expr)
+        scope = enclosing_function(expr, parent_map(self.facts.module))
         return self._trace(expr, expr, None, scope)
 
     # ``outer`` is the outermost expression that is ``expr`` indexed or viewed (the model's output as
@@ -274,18 +275,6 @@ class _Tracer:
             if (span.start.line, span.start.column) <= (where.line, where.column) <= (span.end.line, span.end.column):
                 out.append(id(block))
         return tuple(out)
-
-
-def enclosing_function(facts: ScriptFacts, node: cst.CSTNode) -> cst.FunctionDef | None:
-    """The innermost function whose text holds ``node`` (None: module level)."""
-    where = facts.position(node).start
-    best = None
-    for fn, _ in facts.functions:
-        span = facts.position(fn)
-        if (span.start.line, span.start.column) <= (where.line, where.column) <= (span.end.line, span.end.column):
-            if best is None or facts.position(best).start.line <= span.start.line:
-                best = fn
-    return best
 
 
 def _before(end, start) -> bool:

@@ -63,7 +63,6 @@ from tcaudit.rules.graph.logits_reads import (
     LogitsRead,
     Untraceable,
     binds,
-    enclosing_function,
     is_parameter,
     sampler_calls,
     sampler_input,
@@ -77,7 +76,7 @@ from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_des
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import callee_class, class_of, classes_building, holds_config
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import enclosing_function, keyword, parent_map
 from tcaudit.source.triggers import all_of
 from tcaudit.source.walk import walk
 
@@ -782,7 +781,7 @@ def _real_size_at(
     facts: ScriptFacts, node: cst.CSTNode, sites: list[VocabLiteral], size: int, arguments: tuple[PaddedArgument, ...],
     classes: set[str],
 ) -> str:
-    scope = enclosing_function(facts, node)
+    scope = enclosing_function(node, parent_map(facts.module))
     owner = class_of(facts, scope)
     # Inside the model the script's names are its padded config; a global there (``config``) would tie the
     # class to one instance, so only the literal bounds a read in the model's own methods.
@@ -791,7 +790,7 @@ def _real_size_at(
         if not argument.real:
             continue
         root = argument.real.split(".")[0]
-        built_in = enclosing_function(facts, argument.node)
+        built_in = enclosing_function(argument.node, parent_map(facts.module))
         if built_in is scope or (built_in is None and binds(facts, None, root) and not binds(facts, scope, root)):
             return argument.real
     others = {_value(lit) for lit in _vocab_literals(facts) if lit.name in {s.name for s in sites}}
