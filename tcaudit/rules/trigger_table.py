@@ -517,7 +517,7 @@ TRIGGER_TABLE = {
     "TC601": (
         "loop.tc601_per_step_sync",
         (
-            r"\.backward\(|\.step\(|\b(fit|train)\w*\(",
+            r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b",
         ),
         {},
         (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",),

@@ -312,7 +312,7 @@ class PerStepSync(ScriptRule):
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
     # Or a call that may run a training loop of another module (``trainer.fit(...)``, ``train(...)``):
     # a prefilter only, what is reported is decided by following the call.
-    triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(",)
+    triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b",)
     # A helper module with a sync that training scripts of the project import (a loss helper, a meter):
     # judged from those scripts, so a scan of the helper alone (the editor, pre-commit) reports it.
     helper_triggers = (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",)
@@ -321,6 +321,7 @@ class PerStepSync(ScriptRule):
         info = distributed_facts(facts)
         cost = context.cost(self.spec, "per_step")
         yield from self._in_framework_steps(facts, info, context, cost)
+        yield from self._framework_logging(facts, context, cost)
         own: list[Finding] = []
         if _host_waits(facts, info):
             if info.step_loops:
@@ -432,6 +433,34 @@ class PerStepSync(ScriptRule):
                     f"GPU work{cost}. Log the tensor with `self.log(...)` (Lightning reads it at its logging "
                     "interval) or sync under `if batch_idx % log_interval == 0:`.",
                 )
+
+    def _framework_logging(self, facts: ScriptFacts, context: RuleContext, cost: str) -> Iterator[Finding]:
+        """Hugging Face training arguments that log every step (``logging_steps=1``): the Trainer keeps the
+        running loss on the GPU and copies it to the host (``.item()``, with the gradient norm) at each
+        logging step (transformers 5.25, ``Trainer._maybe_log_save_evaluate``), so every step syncs.
+        Silent where ``logging_strategy`` is not "steps", on the CPU, and for a value it cannot read."""
+        values = context.values(facts)
+        for owner in loop_owners(facts):
+            if owner.framework != "transformers" or owner.parsed_by is not None or owner.cpu_only(values):
+                continue
+            setting = owner.setting(values, "logging_steps")
+            if setting.arg is None or not setting.values or not all(_is_one(v.value) for v in setting.values):
+                continue
+            strategy = owner.setting(values, "logging_strategy")
+            if strategy.arg is not None and (not strategy.values or any(
+                    str(getattr(v.value, "value", v.value)).lower() not in ("steps", "intervalstrategy.steps")
+                    for v in strategy.values)):
+                continue  # logged per epoch, not at all, or a strategy it cannot read
+            yield self.finding(
+                facts,
+                setting.arg,
+                f"`{owner.label}` logs every step ({setting.how}): the Trainer copies the loss to the host every step",
+                explanation=f"The Trainer sums the loss on the GPU and reads it (`.item()`, the gradient norm too) "
+                f"at each logging step; every step here, so each one waits for the GPU{cost}. A larger "
+                "`logging_steps` (the default is 500) syncs once per that many steps.",
+                fix=Fix(FixClass.SAFE, "log less often", available=False,
+                        reason="how often to log is the user's decision: set a larger `logging_steps` by hand"),
+            )
 
     # -- helpers of other modules ---------------------------------------------------------------------
     def _in_other_modules(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext, cost: str) -> Iterator[Finding]:
@@ -621,3 +650,8 @@ class PerStepSync(ScriptRule):
             available=False,
             reason="how often to log is the user's decision; the value must be kept on the device or logged less often by hand",
         )
+
+
+def _is_one(value: object) -> bool:
+    """``logging_steps`` of 1 (an int: a float below 1 is a fraction of the run's steps)."""
+    return type(value) is int and value == 1
