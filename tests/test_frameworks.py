@@ -29,7 +29,7 @@ RULES = ["TC215", "TC307", "TC401", "TC412", "TC601"]
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC307", 26)]),
-    "hf_trainer": (("transformers",), [("TC215", 22)]),
+    "hf_trainer": (("transformers",), [("TC215", 22), ("TC601", 26)]),
     "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
@@ -58,6 +58,9 @@ def test_each_script_reports_its_fp32_framework_settings_and_nothing_else(name):
     assert found == sorted(SCRIPTS[name][1])
 
 
+LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False)]}
+
+
 @pytest.mark.parametrize("name", FIXED)
 def test_fix_edits_the_frameworks_own_option_exactly_and_once(name, tmp_path):
     script = tmp_path / "train.py"
@@ -67,7 +70,8 @@ def test_fix_edits_the_frameworks_own_option_exactly_and_once(name, tmp_path):
     assert script.read_text(encoding="utf-8") == (FRAMEWORKS / f"{name}.out.py").read_text(encoding="utf-8")
     code, out, _ = run_cli("fix", str(script), "--no-exec", "--no-cache", "--isolated")
     assert code == 0 and out.strip() == "", out
-    assert scan(script) == []
+    # What is left has no fix: logging every step (TC601, info) is the user's choice.
+    assert [(f["rule"], f["fix"]["available"]) for f in scan(script)] == LEFT_AFTER_FIX.get(name, [])
 
 
 def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_pass():
@@ -88,7 +92,7 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
 
 
 def test_a_gpu_without_bf16_gets_fp16():
-    (finding,) = scan(FRAMEWORKS / "hf_trainer.in.py", "--gpu", "v100")
+    (finding,) = [f for f in scan(FRAMEWORKS / "hf_trainer.in.py", "--gpu", "v100") if f["rule"] == "TC215"]
     assert finding["fix"]["description"] == "set fp16=True"
     (finding,) = [f for f in scan(FRAMEWORKS / "lightning_datamodule.in.py", "--gpu", "T4") if f["rule"] == "TC215"]
     assert finding["fix"]["description"] == 'set precision="16-mixed"'
@@ -103,7 +107,17 @@ def test_training_arguments_built_in_another_module_are_reported_at_the_trainer_
     assert "built in settings.py:9, another module" in entry["fix"]["reason"]
     found = sorted((f["rule"], f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
     assert found == [("TC215", "settings.py", 9, True), ("TC215", "train.py", 22, False),
-                     ("TC401", "settings.py", 9, False)]
+                     ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False),
+                     ("TC601", "settings.py", 10, False)]
+    # The Trainer's workers, from the same arguments: at the trainer too, declined to where they are built.
+    (workers,) = [f for f in scan(Path("train.py"), cwd=folder) if f["rule"] == "TC401"]
+    assert workers["severity"] == "info" and workers["line"] == 22
+    assert workers["message"].endswith("`dataloader_num_workers` defaults to 0 where its arguments are built")
+    assert workers["related"][0]["path"] == "settings.py" and workers["related"][0]["line"] == 9
+    assert "built in settings.py:9, another module: set `dataloader_num_workers=" in workers["fix"]["reason"]
+    # logging_steps=1: the Trainer reads the loss on the host every step.
+    (logging,) = [f for f in scan(Path("settings.py"), cwd=folder) if f["rule"] == "TC601"]
+    assert "logs every step (`logging_steps=1`)" in logging["message"] and not logging["fix"]["available"]
 
 
 # -- the patched scripts train -------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Why advice cannot pay in a file, for the rules of several families to quote: a model the audit
-measured as launch-bound, or a reinforcement-learning loop whose models it did not measure."""
+measured as launch-bound, or a reinforcement-learning loop whose models it did not measure; and why a
+framework option cannot be set from the file that reports it (the arguments are built elsewhere)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from tcaudit.findings import LITTLE_TO_GAIN
+from tcaudit.findings import LITTLE_TO_GAIN, DeclineFix
 
 if TYPE_CHECKING:
     from tcaudit.config import Settings
@@ -85,3 +86,11 @@ def held_back(fix: "Fix | None", discount: Discount | None, rule: str, settings:
         return fix
     why = HELD_BACK.get(discount.reason, f"its advice cannot pay here ({discount.reason})")
     return fix.declined(f"not applied by default: {why}, so it has little to gain; `--select {rule}` applies it")
+
+
+def set_where_built(where: str, option: str) -> NoReturn:
+    """Decline a framework option's fix reported at a trainer whose arguments another module builds
+    (``where``: that module's path and line): the edit belongs there."""
+    path = where.rpartition(":")[0]
+    raise DeclineFix(f"the training arguments are built in {where}, another module: set `{option}` there "
+                     f"(`tcaudit fix {path}` makes it)")

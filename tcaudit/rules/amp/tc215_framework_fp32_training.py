@@ -25,6 +25,7 @@ from tcaudit.project.frameworks import OWNER_NAMED, LoopOwner, Setting, loop_own
 from tcaudit.project.values import Value, Values
 from tcaudit.rewrite.codemod import FixContext, torch_import_name
 from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, add_torch_import, apply_keyword_edits
+from tcaudit.rules.advice import set_where_built
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
@@ -75,7 +76,7 @@ class FrameworkFp32Training(ScriptRule):
                 trainer.node.func,
                 f"{_who(owner)} this trainer gets (built in {where}) trains in fp32: {verdict[1]}",
                 explanation=f"{_EXPLANATION} Set `{option}` where the arguments are built.",
-                fix=self.planned_fix(FixClass.NUMERICS, f"set {option}", lambda where=where, option=option: _elsewhere(
+                fix=self.planned_fix(FixClass.NUMERICS, f"set {option}", lambda where=where, option=option: set_where_built(
                     where, option)),
                 related=[self.place(owner.facts, owner.node.func, f"the {owner.label} this trainer gets: fp32")],
             )
@@ -181,12 +182,6 @@ def _value_code(owner: LoopOwner, half: str) -> tuple[str, bool]:
     if owner.framework == "transformers":
         return available, torch is None
     return f'"{half}" if {available} else "no"', torch is None
-
-
-def _elsewhere(where: str, option: str):
-    path = where.rpartition(":")[0]
-    raise DeclineFix(f"the training arguments are built in {where}, another module: set `{option}` there "
-                     f"(`tcaudit fix {path}` makes it)")
 
 
 # -- the fix ------------------------------------------------------------------------------------------

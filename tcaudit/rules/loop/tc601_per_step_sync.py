@@ -455,9 +455,10 @@ class PerStepSync(ScriptRule):
                 facts,
                 setting.arg,
                 f"`{owner.label}` logs every step ({setting.how}): the Trainer copies the loss to the host every step",
+                severity=Severity.INFO,
                 explanation=f"The Trainer sums the loss on the GPU and reads it (`.item()`, the gradient norm too) "
-                f"at each logging step; every step here, so each one waits for the GPU{cost}. A larger "
-                "`logging_steps` (the default is 500) syncs once per that many steps.",
+                f"at each logging step; every step here, so each one waits for the GPU{cost}. Little where each "
+                "step is long; a larger `logging_steps` (the default is 500) syncs once per that many steps.",
                 fix=Fix(FixClass.SAFE, "log less often", available=False,
                         reason="how often to log is the user's decision: set a larger `logging_steps` by hand"),
             )

@@ -15,12 +15,13 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, Severity
-from tcaudit.project.frameworks import LoopOwner, Setting, hf_trainer_calls, loop_owners
+from tcaudit.project.frameworks import LoopOwner, Setting, hf_trainer_calls, loop_owners, owners_reached
 from tcaudit.project.loaders import by_site, dataset_built_there, loaders_built_elsewhere, training_uses, zero_workers
 from tcaudit.project.values import Value
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rewrite.edits import AddKeyword, KeywordPlan, ReplaceArgument, add_stdlib_import, apply_keyword_edits
 from tcaudit.rewrite.workers import WORKERS, imports_os, os_local_name, plan_workers
+from tcaudit.rules.advice import set_where_built
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.rules.pipeline.helper_loaders import fix_in_helper
 from tcaudit.rules.pipeline.loader_workers import loaders_with_named_zero, loaders_without_workers
@@ -82,6 +83,7 @@ class DataLoaderNoWorkers(ScriptRule):
 
         yield from self._for_scripts(facts, context, pipeline, values, explanation)
         yield from self._for_hf_trainers(facts, pipeline, values)
+        yield from self._for_hf_arguments_elsewhere(facts, context, values)
 
     def _for_hf_trainers(self, facts: ScriptFacts, pipeline, values) -> Iterator[Finding]:
         """Hugging Face training arguments that leave ``dataloader_num_workers`` at 0: the Trainer builds
@@ -102,6 +104,30 @@ class DataLoaderNoWorkers(ScriptRule):
                 f"worker processes do it ahead: `dataloader_num_workers={WORKERS}`.",
                 fix=self.planned_fix(FixClass.NUMERICS, f"set dataloader_num_workers={WORKERS}",
                                      lambda owner=owner, setting=setting: _plan_hf_workers(pipeline, owner, setting)),
+            )
+
+    def _for_hf_arguments_elsewhere(self, facts: ScriptFacts, context: RuleContext, values) -> Iterator[Finding]:
+        """A Hugging Face Trainer of this file whose training arguments another module builds
+        (``Trainer(args=make_args())``, ``make_args`` in config.py) with ``dataloader_num_workers`` at 0:
+        reported at the trainer, the fix declined to where the arguments are built."""
+        for trainer, owner in owners_reached(facts, context.project(facts)):
+            if owner.framework != "transformers" or owner.cpu_only(values):
+                continue
+            setting = owner.setting(values, "dataloader_num_workers")
+            if not setting.values or any(v.value != 0 for v in setting.values):
+                continue
+            where = f"{owner.facts.source.display_path}:{owner.facts.line_of(owner.node)}"
+            option = f"dataloader_num_workers={WORKERS}"
+            yield self.finding(
+                facts,
+                trainer.node.func,
+                f"this Trainer loads each batch in the main process: {_zero_how(setting)} where its arguments are built",
+                severity=Severity.INFO,
+                explanation="The Trainer's DataLoader reads, collates and pads each batch while the GPU waits; "
+                f"worker processes do it ahead: set `{option}` where the arguments are built.",
+                fix=self.planned_fix(FixClass.NUMERICS, f"set {option}",
+                                     lambda where=where, option=option: set_where_built(where, option)),
+                related=[self.place(owner.facts, owner.node.func, f"the {owner.label} this trainer gets: no workers")],
             )
 
     def _for_scripts(self, facts: ScriptFacts, context: RuleContext, pipeline, values, explanation: str) -> Iterator[Finding]:
