@@ -318,11 +318,14 @@ def _composed_positions(memo, module: cst.Module) -> _Positions:
         offsets: dict[int, int] = {}
         offset = 0
         question = ("positions", module.default_indent, module.default_newline)
+        parts = []
         for child in module_children(module):
             recorded, lines = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
-            computed.update(recorded)
-            offsets.update(dict.fromkeys(recorded, offset))
+            parts.append((recorded, offset))
             offset += lines
+        for recorded, at in reversed(parts):  # a node in two statements keeps its first place, as in one pass
+            computed.update(recorded)
+            offsets.update(dict.fromkeys(recorded, at))
         end_line = offset + 1
         if not computed:  # nothing in the file: its newline alone
             end_line = 2
