@@ -39,6 +39,24 @@ FIRST_RTOL = 5e-2  # the first loss (no update yet): fp16 rounding of one forwar
 PARAM_RTOL = 1e-2  # the parameter sum after the first step both sides took, against the skip-aligned original
 TREND_RTOL, TREND_ATOL = 0.25, 0.05  # the mean of the last half of the losses, against the skip-aligned original
 BLOW_UP = 10.0  # a patched loss this many times the reference's largest is divergence
+# Where the parameter sum after the first step is no fair measure of a mis-train, and why (the loss
+# trend is still compared). By a fix that changes the update on purpose:
+UPDATE_CHANGED_BY = {
+    "TC205": "the original clips the scaled gradients (the loss scale, 65536 at first, times too hard): the "
+             "patched run clips the true ones, so its updates differ by design",
+}
+# By the fixture's optimizer (the H100 run of 2026-12-06, benchmarks/results/h100/gpu_fp16.json):
+PARAM_SUM_UNFAIR = {
+    "all_rw_keras_style_fit": "Adam's first update moves each parameter by about lr whatever its gradient's size, "
+                              "so fp16-rounded near-zero gradients flip the sign of many: the sums differed by 30% "
+                              "after step 0 on an H100 while the loss trend agreed within 4.2%",
+}
+
+
+def param_sum_unfair(case_id: str, applied) -> str | None:
+    """Why the parameter sums of this case are not compared (None: they are)."""
+    by_rule = next((why for rule, why in UPDATE_CHANGED_BY.items() if rule in applied), None)
+    return by_rule or PARAM_SUM_UNFAIR.get(case_id.split("@")[0])
 # Fixes that change how many steps a run takes (a DistributedSampler's shard, drop_last): counts differ.
 STEP_COUNT_CHANGERS = ("TC318", "TC501", "TC503", "TC505")
 STEPS = (("TCAUDIT_ORACLE_STEPS", "1"),)
@@ -173,6 +191,7 @@ def fp16_runs(tmp_path_factory):
                 "patched": _side(results[f"{case_id}--patched"]),
                 "aligned_original": _side(results.get(f"{case_id}--aligned")),
                 "compared": compared[case_id],
+                "param_sum_not_compared": param_sum_unfair(case_id, p.applied),
             }
             for case_id, p in patched.items()
         ],
@@ -205,7 +224,7 @@ def test_patched_fixture_trains_like_its_original(fp16_runs, case_id):
     if expectation(case_id).compare == 0:
         return  # a fix changes the data or the dropout masks from the first step (tests/test_oracle.py's reason)
     assert found.get("first_loss_rel", math.inf) <= FIRST_RTOL, f"first loss {found.get('first_loss')} ({applied})"
-    if "param_sum_rel" in found:
+    if "param_sum_rel" in found and param_sum_unfair(case_id, p.applied) is None:
         assert found["param_sum_rel"] <= PARAM_RTOL, (
             f"after the first step both took (attempt {found['first_taken_step']}), parameter sums "
             f"{found['param_sum']}: a mis-train, not a skipped step ({applied})")
