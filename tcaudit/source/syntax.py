@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.source.memo import active as active_memo
-from tcaudit.source.walk import walk
+from tcaudit.source.walk import module_children, walk
 
 _COMMENT = re.compile(r"#[^\n]*")
 
@@ -67,11 +67,6 @@ class _Nodes(cst.CSTVisitor):
         if isinstance(node, self.kind):
             self.found.append(node)
         return True
-
-
-def module_children(module: cst.Module) -> list[cst.CSTNode]:
-    """The module's children in visiting order: its header's lines, its statements, its footer's lines."""
-    return [*module.header, *module.body, *module.footer]
 
 
 def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:

@@ -309,9 +309,12 @@ def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
     return memo.answer(node, question, lambda: _statement_positions(module, node))[1]
 
 
-def _composed_positions(memo, module: cst.Module) -> _Positions:
-    from tcaudit.source.syntax import module_children
+def module_children(module: cst.Module) -> list[cst.CSTNode]:
+    """The module's children in visiting order: its header's lines, its statements, its footer's lines."""
+    return [*module.header, *module.body, *module.footer]
 
+
+def _composed_positions(memo, module: cst.Module) -> _Positions:
     def composed() -> _Positions:
         positions = _Positions(module)
         computed: dict[int, tuple[int, int, int, int]] = {}
