@@ -94,6 +94,11 @@ class LoopOwner:
     def node(self) -> cst.Call:
         return self.call.node
 
+    @property
+    def where(self) -> str:
+        """The module and line where the settings are built: ``settings.py:9``."""
+        return f"{self.facts.source.display_path}:{self.facts.line_of(self.node)}"
+
     def setting(self, values: Values, key: str) -> Setting:
         """The option ``key`` of this owner, as the framework will see it when the script runs."""
         default = DEFAULTS[self.framework].get(key)

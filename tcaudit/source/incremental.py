@@ -21,6 +21,7 @@ stretch that does not parse on its own (its syntax error then comes from the who
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 from dataclasses import dataclass, field
@@ -95,9 +96,6 @@ class IncrementalState:
             return
         counts = [statement_lines(module, statement, self.memo) for statement in module.body]
         self._last = _Parsed(source.text, module, counts, _first_indented(module))
-
-    def forget(self) -> None:
-        self._last = None
 
     def _splice(self, source: "SourceFile") -> "cst.Module | None":
         from tcaudit.source.walk import statement_lines
@@ -211,8 +209,6 @@ def _first_indented(module: "cst.Module") -> int:
 
 def _statement_at(starts: list[int], line: int) -> int:
     """The index of the statement whose lines hold ``line`` (0-based), given each one's first line."""
-    import bisect
-
     return max(bisect.bisect_right(starts, line) - 1, 0)
 
 

@@ -69,7 +69,7 @@ class FrameworkFp32Training(ScriptRule):
             verdict = _fp32(owner, values)
             if verdict is None:
                 continue
-            where = f"{owner.facts.source.display_path}:{owner.facts.line_of(owner.node)}"
+            where = owner.where
             option = _option(owner, half)
             yield self.finding(
                 facts,

@@ -90,10 +90,8 @@ class DataLoaderNoWorkers(ScriptRule):
         its DataLoader from them. Info: how much workers gain depends on each sample's loading work, which
         the dataset (tokenized ahead or decoded per sample) decides."""
         for owner in loop_owners(facts):
-            if owner.framework != "transformers" or owner.cpu_only(values):
-                continue
-            setting = owner.setting(values, "dataloader_num_workers")
-            if not setting.values or any(v.value != 0 for v in setting.values):
+            setting = _no_workers(owner, values)
+            if setting is None:
                 continue
             yield self.finding(
                 facts,
@@ -111,12 +109,10 @@ class DataLoaderNoWorkers(ScriptRule):
         (``Trainer(args=make_args())``, ``make_args`` in config.py) with ``dataloader_num_workers`` at 0:
         reported at the trainer, the fix declined to where the arguments are built."""
         for trainer, owner in owners_reached(facts, context.project(facts)):
-            if owner.framework != "transformers" or owner.cpu_only(values):
+            setting = _no_workers(owner, values)
+            if setting is None:
                 continue
-            setting = owner.setting(values, "dataloader_num_workers")
-            if not setting.values or any(v.value != 0 for v in setting.values):
-                continue
-            where = f"{owner.facts.source.display_path}:{owner.facts.line_of(owner.node)}"
+            where = owner.where
             option = f"dataloader_num_workers={WORKERS}"
             yield self.finding(
                 facts,
@@ -154,6 +150,17 @@ class DataLoaderNoWorkers(ScriptRule):
                 related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it")
                          for use in uses[:8]],
             )
+
+
+def _no_workers(owner: LoopOwner, values) -> Setting | None:
+    """The ``dataloader_num_workers`` of Hugging Face training arguments, where every value it may hold is 0
+    and the arguments are not visibly on the CPU; None otherwise."""
+    if owner.framework != "transformers" or owner.cpu_only(values):
+        return None
+    setting = owner.setting(values, "dataloader_num_workers")
+    if not setting.values or any(v.value != 0 for v in setting.values):
+        return None
+    return setting
 
 
 def _zero_how(setting: Setting) -> str:
