@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import re
 import signal
 import sys
 import traceback
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING
 from tcaudit import progress
 from tcaudit.catalog import load_catalog, matches_selector
 from tcaudit.config import Settings
-from tcaudit.findings import Finding, Location, Severity, assign_fingerprints, mirrored_at
+from tcaudit.findings import Finding, Location, PendingEdits, Severity, assign_fingerprints, mirrored_at
 from tcaudit.source.deep import call_with_deep_stack
 from tcaudit.source.discovery import discover, display_path
+from tcaudit.source.inert import recording_reads
 from tcaudit.source.parsing import (
     SourceError,
     SourceFile,
@@ -484,6 +486,190 @@ def mirrored(findings: list[Finding], index_of: dict[str, int],
     return out
 
 
+# A line of the file named in a message ("line 90", "lines 90-91"), and a place named by file and line.
+_LINE_NAMED = re.compile(r"\b(lines? )(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
+_PLACE_NAMED = re.compile(r"\.py:\d|\.ipynb:\d|:\d+:\d")
+
+
+@dataclass
+class _Kept:
+    """One analysis of an editor's document (its findings before the filters), kept to stand for the
+    next text where the edit is one no rule notices (tcaudit/source/inert.py): then its findings are
+    moved to their new lines instead of analysing again."""
+
+    settings: Settings
+    models: object
+    rules: tuple[str, ...]
+    check_syntax: bool
+    text: str
+    outline: object  # the text's top-level statements (tcaudit/source/inert.py), parsed when first needed
+    result: FileResult
+    reads: dict  # what the analysis read besides the text (tcaudit/source/inert.py)
+
+    @classmethod
+    def of(cls, result: FileResult, settings: Settings, models: object, rules: "Sequence", check_syntax: bool,
+           reads: dict) -> "_Kept | None":
+        if not result.parsed or result.errors or result.source is None or any(f.rule == "TC000" for f in result.findings):
+            return None
+        return cls(settings, models, tuple(rule.id for rule in rules), check_syntax, result.source.text, None, result,
+                   reads)
+
+    def reuse(self, source: SourceFile, settings: Settings, models: object, rules: "Sequence",
+              check_syntax: bool) -> FileResult | None:
+        """The findings for ``source`` without analysing it, where its edit from the kept text is inert
+        and nothing else the analysis read changed; else None."""
+        from tcaudit.source.inert import Outline, inert_edit, reads_unchanged
+
+        if ((settings is not self.settings and settings != self.settings) or models is not self.models or check_syntax != self.check_syntax
+                or tuple(rule.id for rule in rules) != self.rules or "\r" in source.text
+                or not reads_unchanged(self.reads)):
+            return None
+        if self.outline is None:
+            self.outline = Outline.parse(self.text)
+        found = inert_edit(self.text, self.outline, source.text, _vocabulary())  # type: ignore[arg-type]
+        if found is None:
+            return None
+        shift, outline = found
+        again = _Analysis(source, rules, settings, check_syntax, models)
+        moved = []
+        for finding in self.result.findings:
+            place = _moved_finding(finding, shift, self.result.source, source, again)  # type: ignore[arg-type]
+            if place is None:
+                return None
+            moved.append(place)
+        result = FileResult(self.result.path, moved, source=source, parsed=True)
+        self.text, self.outline, self.result = source.text, outline, result
+        return result
+
+
+class _Analysis:
+    """A whole analysis of a text, made the first time it is asked for: where a moved finding's fix
+    edits would touch what the edit changed, its edits come from the text analysed again."""
+
+    def __init__(self, source: SourceFile, rules: "Sequence", settings: Settings, check_syntax: bool,
+                 models: object) -> None:
+        self.args = (source, rules, settings, check_syntax, models)
+        self.findings: list[Finding] | None = None
+
+    def edits_of(self, rule: str, location: Location):
+        if self.findings is None:
+            source, rules, settings, check_syntax, models = self.args
+            fresh = decode_source(source.text.encode("utf-8"), source.path, source.display_path)
+            self.findings = call_with_deep_stack(scan_source, fresh, rules, settings, check_syntax, models).findings
+        for finding in self.findings:
+            if finding.rule == rule and finding.location == location and finding.fix is not None:
+                return finding.fix.edits
+        return None
+
+
+_VOCABULARY = None
+
+
+def _vocabulary():
+    """What the analysis reads of a text (tcaudit/rules/text_table.py), compiled once."""
+    global _VOCABULARY
+    if _VOCABULARY is None:
+        from tcaudit.rules.text_table import TEXT_PATTERNS, TEXT_PIECES, TEXT_WORDS
+        from tcaudit.source.inert import Vocabulary
+
+        _VOCABULARY = Vocabulary(TEXT_PATTERNS, TEXT_WORDS, TEXT_PIECES)
+    return _VOCABULARY
+
+
+def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, again: _Analysis) -> Finding | None:
+    """``finding`` of the old text where it is in the new one (its place, related places and fix
+    edits moved), or None where that cannot be told."""
+    import dataclasses
+
+    location = finding.location
+    if location.cell is not None:
+        return None
+    if location.path != old.display_path:
+        return finding
+    span = shift.span(location.line, location.column, location.end_line, location.end_column)
+    if span is None:
+        return None
+    message, explanation = finding.message, finding.explanation
+    if shift.line_delta:
+        texts = [_lines_moved(text, shift) for text in (message, explanation, *(p.message for p in finding.related))]
+        if any(text is None or _PLACE_NAMED.search(text) for text in texts):
+            return None
+        message, explanation = texts[0], texts[1]
+    related = []
+    for place in finding.related:
+        if place.location.path != old.display_path:
+            related.append(place)
+            continue
+        moved = _moved_location(place.location, shift)
+        if moved is None:
+            return None
+        related.append(dataclasses.replace(place, location=moved))
+    new_location = dataclasses.replace(location, line=span[0], column=span[1], end_line=span[2], end_column=span[3])
+    fix = finding.fix
+    if fix is not None:
+        pending = fix.pending_edits
+        if pending is not None:
+            fix = dataclasses.replace(fix, edits=PendingEdits(
+                lambda: _moved_edits(pending.make(), shift, lambda: again.edits_of(finding.rule, new_location))))
+        elif fix.edits is not None:
+            edits = _moved_edits(fix.edits, shift, lambda: None)
+            if edits is None:
+                return None
+            fix = dataclasses.replace(fix, edits=edits)
+    source_line = finding.source_line
+    if source_line == old.line_text(location.line):
+        source_line = new.line_text(span[0])
+    return dataclasses.replace(finding, location=new_location, related=tuple(related), fix=fix,
+                               source_line=source_line, message=message, explanation=explanation)
+
+
+def _lines_moved(text: str, shift) -> str | None:
+    """``text`` with the lines it names ("line 90", "lines 90-91, 95") renumbered for the new text; None
+    where one of them is a line the edit changed."""
+    failed = False
+
+    def number(match: re.Match) -> str:
+        nonlocal failed
+        place = shift.position(int(match.group(0)), 1)
+        if place is None:
+            failed = True
+            return match.group(0)
+        return str(place[0])
+
+    def moved(match: re.Match) -> str:
+        return match.group(1) + re.sub(r"\d+", number, match.group(2))
+
+    out = _LINE_NAMED.sub(moved, text)
+    return None if failed else out
+
+
+def _moved_location(location: Location, shift) -> Location | None:
+    import dataclasses
+
+    span = shift.span(location.line, location.column, location.end_line, location.end_column)
+    if span is None or location.cell is not None:
+        return None
+    return dataclasses.replace(location, line=span[0], column=span[1], end_line=span[2], end_column=span[3])
+
+
+def _moved_edits(edits, shift, otherwise):
+    """Text edits of the old text, moved into the new one; ``otherwise()`` where one touches or holds
+    what the edit changed (made from the old text, it would undo the change)."""
+    import dataclasses
+
+    if edits is None:
+        return None
+    moved = []
+    for edit in edits:
+        if edit.cell is not None or not shift.clear_of(edit.line, edit.column, edit.end_line, edit.end_column):
+            return otherwise()
+        span = shift.span(edit.line, edit.column, edit.end_line, edit.end_column)
+        if span is None:
+            return otherwise()
+        moved.append(dataclasses.replace(edit, line=span[0], column=span[1], end_line=span[2], end_column=span[3]))
+    return tuple(moved)
+
+
 def scan_text(
     raw: bytes,
     display: str,
@@ -517,14 +703,28 @@ def scan_text(
         result = FileResult(display, [tc000(display, exc)])
     else:
         chosen = rules if rules is not None else lazy_rules(settings)
-        try:
-            with contextlib.ExitStack() as stack:
-                if incremental is not None:
-                    stack.enter_context(incremental.analysing(source))
-                result = call_with_deep_stack(scan_source, source, chosen, settings, "TC000" in enabled, models,
-                                              edit_lines)
-        except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
-            result = FileResult(display, [tc000(display, cannot_analyse(exc))])
+        check_syntax = "TC000" in enabled
+        keep = incremental is not None and source.notebook is None and edit_lines is None
+        reused = None
+        if keep:
+            incremental.reused = False
+            if isinstance(incremental.kept, _Kept):
+                reused = incremental.kept.reuse(source, settings, models, chosen, check_syntax)
+        if reused is not None:
+            result = reused
+            incremental.reused = True
+        else:
+            try:
+                with contextlib.ExitStack() as stack:
+                    if incremental is not None:
+                        stack.enter_context(incremental.analysing(source))
+                    reads = stack.enter_context(recording_reads(path.parent if keep else None))
+                    result = call_with_deep_stack(scan_source, source, chosen, settings, check_syntax, models,
+                                                  edit_lines)
+            except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
+                result = FileResult(display, [tc000(display, cannot_analyse(exc))])
+            if keep:
+                incremental.kept = _Kept.of(result, settings, models, chosen, check_syntax, reads)
     findings = result.findings
     if model_findings:
         findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)

@@ -48,7 +48,7 @@ FLOORS: list[tuple[str, ...]] = [
 ]
 WINGS = {"graph": "model graph", "amp": "mixed precision", "compile": "backend", "pipeline": "input pipeline",
          "distributed": "distributed", "loop": "host"}
-KERNEL = {"__init__", "base", "registry", "trigger_table", "situations", "advice"}
+KERNEL = {"__init__", "base", "registry", "trigger_table", "text_table", "situations", "advice"}
 # The fix vocabulary of findings.py, which script/ (what the code is) must not know.
 FIX_TYPES = {"Fix", "FixPlan", "DeclineFix", "FollowsFix", "RenderedPlan", "FixClass", "parse_classes"}
 

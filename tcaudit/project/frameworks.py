@@ -27,6 +27,7 @@ from tcaudit.project.symbols import Project
 from tcaudit.project.values import Value, Values, class_default
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.inert import note_read
 from tcaudit.source.syntax import keyword
 
 Framework = Literal["lightning", "transformers", "accelerate"]
@@ -291,6 +292,7 @@ def _attribute_writes(facts: ScriptFacts):
 def _yaml_setting(folder: Path, key: str) -> tuple[Path, int, str] | None:
     """``precision: bf16-mixed`` under ``trainer:`` in a YAML file of the script's folder (a LightningCLI
     config): (the file, the line, the value)."""
+    note_read(folder)
     try:
         children = sorted(folder.iterdir())[:200]
     except OSError:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tcaudit.source.errors import SourceError
+from tcaudit.source.inert import note_read
 from tcaudit.source.parsing import read_file_bytes
 
 # Folders whose modules are never the project's: installed packages and virtual environments.
@@ -102,6 +103,7 @@ def _top_names(folder: Path) -> frozenset[str]:
     """The module and package names directly in ``folder`` (``utils`` for ``utils.py`` or ``utils/``),
     listed again only when the folder changes: most imports (``torch``, ``numpy``) are ruled out
     without a look at the disk."""
+    note_read(folder)
     try:
         stamp = folder.stat().st_mtime_ns
     except OSError:
@@ -199,8 +201,11 @@ def stat_key(path: Path) -> tuple[int, int, int] | None:
     try:
         stat = path.stat()
     except OSError:
+        note_read(path, None)
         return None
-    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    note_read(path, key)  # an editor's next scan reuses this one only while the file stays so
+    return key
 
 
 def forget_imports() -> None:

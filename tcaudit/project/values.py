@@ -24,6 +24,7 @@ from tcaudit.project.modules import load_module
 from tcaudit.project.symbols import Project
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.inert import note_read
 from tcaudit.source.syntax import keyword, param_names
 
 MAX_DEPTH = 8
@@ -377,6 +378,7 @@ class Values:
             texts = []
             folders = {entry.parent.resolve()} | ({self.project.root.resolve()} if self.project.root else set())
             for folder in folders:
+                note_read(folder)
                 try:
                     children = sorted(folder.iterdir())[:500]
                 except OSError:

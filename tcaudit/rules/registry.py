@@ -299,17 +299,117 @@ def render_table(table: dict | None = None, model_table: dict | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
+# -- what the analysis reads of a text, for the editor's inert edits (tcaudit/source/inert.py) ---------
+
+TEXT_TABLE_PATH = Path(__file__).with_name("text_table.py")
+# The packages whose code reads a script's text: what the code is, the project, the rules.
+_READERS = ("script", "project", "rules")
+_RE_CALLS = frozenset({"compile", "search", "match", "fullmatch", "findall", "finditer", "sub", "subn", "split"})
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+TEXT_TABLE_HEADER = '''"""What the script analysis reads of a text by pattern or by name, for the editor to tell an edit
+that no rule can notice (tcaudit/source/inert.py): an edit whose changed lines match a pattern or hold
+a word of these is analysed again.
+
+Generated from the code of tcaudit/script, tcaudit/project and tcaudit/rules by
+``python -m tcaudit.rules.registry --write``; do not edit (tests/test_rule_registry.py checks it).
+``TEXT_PATTERNS``: every regular expression the analysis compiles or searches with (its source, and
+``re`` flags as an int where given as ``re.X`` names); ``TEXT_WORDS``: every word-like string constant of
+that code (a name a rule compares with, a key it reads); ``TEXT_PIECES``: the other short strings it
+looks for in text with ``in``.
+"""
+'''
+
+
+def build_text_table() -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    """(patterns, words, pieces) read from the analysis's code (its syntax, nothing imported)."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent
+    patterns: set[tuple[str, int]] = set()
+    words: set[str] = set()
+    pieces: set[str] = set()
+    for folder in _READERS:
+        for path in sorted((package / folder).rglob("*.py")):
+            if path.name in ("trigger_table.py", "text_table.py", "registry.py"):
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            skip: set[int] = set()
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    body = node.body
+                    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                        skip.add(id(body[0].value))  # a docstring
+                elif isinstance(node, ast.JoinedStr):
+                    skip.update(id(part) for part in node.values)  # a message's pieces
+                elif isinstance(node, ast.Call):
+                    func = node.func
+                    if (isinstance(func, ast.Attribute) and func.attr in _RE_CALLS and isinstance(func.value, ast.Name)
+                            and func.value.id == "re" and node.args and isinstance(node.args[0], ast.Constant)
+                            and isinstance(node.args[0].value, str)):
+                        patterns.add((node.args[0].value, _flags(node)))
+                        skip.add(id(node.args[0]))
+                elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(
+                        node.left.value, str) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                    pieces.add(node.left.value)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                    if _IDENTIFIER.fullmatch(node.value):
+                        words.add(node.value)
+                    else:  # dotted names and the like ("torch.cuda.amp", ".backward"): their words
+                        if len(node.value) <= 80 and " " not in node.value.strip():
+                            words.update(_IDENTIFIER.findall(node.value))
+    for _rule_id, (_module, triggers, structural, helper) in build_table().items():
+        stored = [*(triggers or ()), *(p for ps in structural.values() for p in ps), *helper]
+        for trigger in stored:
+            for part in (trigger if isinstance(trigger, tuple) else (trigger,)):
+                patterns.add((part, 0))
+    # Patterns and pieces that match any line of code (``\w+``, ``" "``) split names or text; they tell
+    # nothing apart, so an edit matching them says nothing: left out.
+    patterns = {(p, f) for p, f in patterns if not re.search(p, _ANY_CODE, f)}
+    pieces = {piece for piece in pieces if piece not in _ANY_CODE}
+    return sorted(patterns), sorted(words), sorted(pieces)
+
+
+# A line of code no rule reads anything in: fresh names, numbers, arithmetic, a comment.
+_ANY_CODE = "    zq0 = (zq1 + 2) * -zq2 / 3.5  # zq3: zq4, zq5.\n"
+
+
+def _flags(call) -> int:
+    """The ``re`` flags a call passes as ``re.I | re.M`` names (0 where none, or not by name)."""
+    import ast
+
+    value = 0
+    for node in [*call.args[1:], *(k.value for k in call.keywords if k.arg == "flags")]:
+        for name in ast.walk(node):
+            if isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "re":
+                value |= int(getattr(re, name.attr, 0))
+    return value
+
+
+def render_text_table(table: tuple | None = None) -> str:
+    patterns, words, pieces = build_text_table() if table is None else table
+    lines = [TEXT_TABLE_HEADER.rstrip("\n"), "", "TEXT_PATTERNS = ("]
+    lines.extend(f"    ({_literal(pattern)}, {flags})," for pattern, flags in patterns)
+    lines += [")", "", "TEXT_WORDS = frozenset({"]
+    lines.extend(f"    {word!r}," for word in words)
+    lines += ["})", "", "TEXT_PIECES = ("]
+    lines.extend(f"    {piece!r}," for piece in pieces)
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    expected = render_table()
+    expected = {TABLE_PATH: render_table(), TEXT_TABLE_PATH: render_text_table()}
     if argv == ["--write"]:
-        TABLE_PATH.write_text(expected, encoding="utf-8")
-        print(f"wrote {TABLE_PATH}")
+        for path, text in expected.items():
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
         return 0
     if argv == ["--check"]:
-        if TABLE_PATH.read_text(encoding="utf-8") == expected:
-            return 0
-        print(f"{TABLE_PATH} is out of date: run python -m tcaudit.rules.registry --write", file=sys.stderr)
-        return 1
+        stale = [path for path, text in expected.items() if not path.exists() or path.read_text(encoding="utf-8") != text]
+        for path in stale:
+            print(f"{path} is out of date: run python -m tcaudit.rules.registry --write", file=sys.stderr)
+        return 1 if stale else 0
     print("usage: python -m tcaudit.rules.registry --write | --check", file=sys.stderr)
     return 2
 

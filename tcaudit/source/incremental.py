@@ -54,6 +54,10 @@ class IncrementalState:
     # What the last text cost: the statements parsed ("all" for a whole parse).
     reparsed: "int | str" = "all"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # The last analysis's findings, for the next text where its edit is one no rule notices
+    # (tcaudit/source/inert.py): kept and reused by tcaudit/engine.py. Whether that happened last time.
+    kept: object = field(default=None, repr=False)
+    reused: bool = False
 
     @contextlib.contextmanager
     def analysing(self, source: "SourceFile") -> Iterator[bool]:

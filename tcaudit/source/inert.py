@@ -1,0 +1,374 @@
+"""Whether an edit of a document leaves every script rule's findings as they were, only moved.
+
+The editor scans a document at each keystroke, and most keystrokes change nothing a rule reads: a
+comment, a blank line, spacing, a new local variable that nothing else uses yet. For such an edit the
+last analysis's findings stand, moved to where their lines are now, and the facts and the rules need
+not run again (tcaudit/engine.py keeps the last analysis of each document for this).
+
+An edit is *inert* when all of these hold (anything else is analysed again in full):
+
+* the new text parses (Python's own parser), and its top-level statements before and after the
+  changed stretch are the old ones, moved by the lines the edit added or took away;
+* the statements the edit touched have the same syntax tree as before (positions aside), except for
+  whole statements added or taken away that only bind *fresh* names (used nowhere else in the file)
+  to numbers and arithmetic of fresh names and numbers (``note = 3``, ``k2 = k1 * 2``), none of them
+  put in front of a string statement (a docstring stays a docstring);
+* no text the edit added or took away (its whole lines) matches any regular expression the analysis
+  reads source text or names with (:func:`text_patterns`, given by the caller: the rules' triggers
+  and every pattern the rules and the script analysis compile): a comment that mentions
+  ``channels_last`` or a new variable called ``batch_size`` is analysed again;
+* no file the last analysis read besides the document (a project module, a config beside the
+  script) changed since (:func:`recording_reads`).
+
+The findings' positions are mapped by :class:`Shift`; a position inside the changed stretch cannot be
+mapped, and then the text is analysed again too. tests/test_inert_edits.py replays random edits of
+real-world-shaped files and checks that what this reuses equals a full analysis after every edit.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import builtins
+import contextlib
+import os
+import re
+from collections import Counter
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_COMMENT = re.compile(r"#[^\n]*")  # a comment (or the rest of a string holding ``#``: it is in the tree too)
+# What the value of a fresh-name statement may hold besides numbers and fresh names.
+_ARITHMETIC = (ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Tuple, ast.Load, ast.Store)
+
+
+class Shift:
+    """Where positions of the old text are in the new one: the texts differ only in one stretch
+    (``old[start:old_end]`` became ``new[start:new_end]``). Lines are 1-based, columns 1-based code
+    points, as :class:`~tcaudit.findings.Location` and :class:`~tcaudit.findings.TextEdit` count them."""
+
+    def __init__(self, old: str, new: str) -> None:
+        limit = min(len(old), len(new))
+        start = _common(lambda k: old[:k] == new[:k], limit)
+        end = _common(lambda k: old[len(old) - k:] == new[len(new) - k:], limit - start)
+        old_end, new_end = len(old) - end, len(new) - end
+        if old_end == start or new_end == start:
+            # Lines added or taken away: slid back to a line's start where they can be (``"    a = 1\n"``
+            # typed before an indented line matches its indentation first), so that what follows them
+            # is after the change, not at its edge.
+            inserted = old_end == start
+            changed, stop = (new, new_end) if inserted else (old, old_end)
+            while start > 0 and old[start - 1] != "\n" and changed[stop - 1] == old[start - 1]:
+                start, stop = start - 1, stop - 1
+            old_end, new_end = (start, stop) if inserted else (stop, start)
+        self.start = start
+        self.old_end = old_end
+        self.new_end = new_end
+        self._at_line_start = start == 0 or old[start - 1] == "\n"
+        self.delta = self.new_end - self.old_end
+        self._old_starts = _line_starts(old)
+        self._new_starts = _line_starts(new)
+        self.line_delta = len(self._new_starts) - len(self._old_starts)
+
+    @property
+    def unchanged(self) -> bool:
+        return self.start == self.old_end == self.new_end
+
+    def offset(self, line: int, column: int) -> int | None:
+        """The old text's offset of (line, column), or None where there is no such line."""
+        if not 1 <= line <= len(self._old_starts):
+            return None
+        return self._old_starts[line - 1] + column - 1
+
+    def position(self, line: int, column: int, end: bool = False) -> tuple[int, int] | None:
+        """(line, column) of the old text in the new one: of a first character, or (``end``) of the
+        exclusive end of a stretch; None where it is in the changed stretch or at an edge of it that
+        could belong to either side."""
+        offset = self.offset(line, column)
+        if offset is None:
+            return None
+        start, old_end = self.start, self.old_end
+        if offset < start or (end and offset == start):
+            moved = offset
+        elif offset > old_end or (not end and offset == old_end and (old_end > start or self._at_line_start)):
+            moved = offset + self.delta
+        else:
+            return None
+        index = bisect.bisect_right(self._new_starts, moved) - 1
+        return index + 1, moved - self._new_starts[index] + 1
+
+    def span(self, line: int, column: int, end_line: int, end_column: int) -> tuple[int, int, int, int] | None:
+        """A stretch of the old text in the new one, None where either end cannot be placed."""
+        first = self.position(line, column)
+        last = self.position(end_line, end_column, end=True)
+        if first is None or last is None:
+            return None
+        return (*first, *last)
+
+    def clear_of(self, line: int, column: int, end_line: int, end_column: int) -> bool:
+        """Whether the stretch neither touches nor holds the changed one (a text edit made from the old
+        text, of a stretch that holds the change, would undo the change)."""
+        first = self.offset(line, column)
+        last = self.offset(end_line, end_column)
+        if first is None or last is None:
+            return False
+        return last < self.start or first > self.old_end
+
+
+def _common(same: "Callable[[int], bool]", limit: int) -> int:
+    """The largest ``k <= limit`` with ``same(k)`` (``same`` holds up to some length, then fails):
+    a binary search of slices, which Python compares in C."""
+    low, high = 0, limit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if same(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    find = text.find
+    at = find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = find("\n", at + 1)
+    return starts
+
+
+class Vocabulary:
+    """What the analysis reads of a text: its patterns, the words it compares names with, the pieces it
+    looks for with ``in`` (tcaudit/rules/text_table.py)."""
+
+    def __init__(self, patterns: Iterable[tuple[str, int]], words: Iterable[str], pieces: Iterable[str]) -> None:
+        self.patterns = [re.compile(pattern, flags) for pattern, flags in patterns]
+        self.words = frozenset(words)
+        self.pieces = tuple(pieces)
+
+    def notices(self, text: str) -> bool:
+        """Whether some part of the analysis could read something in ``text``: lines of code, whose
+        names (outside comments) a rule may compare with its words."""
+        return any(word in self.words for word in _WORD.findall(_COMMENT.sub("", text))) or self.searched(text)
+
+    def searched(self, text: str) -> bool:
+        """Whether a search of the analysis's in a file's text could find something in ``text``."""
+        return any(piece in text for piece in self.pieces) or any(pattern.search(text) for pattern in self.patterns)
+
+
+class Outline:
+    """A parsed text's top-level statements: each one's first line (its decorators' included) and tree.
+    Kept from one edit to the next: after an inert edit only the statements it touched are parsed."""
+
+    def __init__(self, starts: list[int], statements: list[ast.stmt]) -> None:
+        self.starts = starts
+        self.statements = statements
+
+    @classmethod
+    def parse(cls, text: str, first_line: int = 1) -> "Outline | None":
+        """The outline of ``text`` (whose first line is ``first_line`` of the file); None where it does
+        not parse."""
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            return None
+        starts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()) or ())]) + first_line - 1
+                  for s in tree.body]
+        return cls(starts, tree.body)
+
+    def touched(self, first: int, last: int) -> tuple[int, int]:
+        """(i, j): the statements ``i..j-1`` own a line from ``first`` to ``last``; a statement owns its
+        lines up to the next one's first line (its comments and blank lines after it)."""
+        starts = self.starts
+        i = max(bisect.bisect_right(starts, first) - 1, 0)
+        j = max(bisect.bisect_right(starts, last), i)
+        return i, j
+
+
+def inert_edit(old: str, outline: Outline | None, new: str, vocabulary: Vocabulary
+               ) -> tuple[Shift, Outline] | None:
+    """(the shift, the new text's outline) where the edit from ``old`` (whose outline is ``outline``) to
+    ``new`` is inert (the module docstring), else None."""
+    if outline is None:
+        return None
+    shift = Shift(old, new)
+    if shift.unchanged:
+        return shift, outline
+    removed, added = _changed_lines(old, shift.start, shift.old_end), _changed_lines(new, shift.start, shift.new_end)
+    if vocabulary.notices(removed) or vocabulary.notices(added):
+        return None
+    first = old.count("\n", 0, shift.start) + 1  # the first changed line (the same in both texts)
+    last = old.count("\n", 0, shift.old_end) + 1
+    i, j = outline.touched(first, last)
+    # The stretch of whole top-level statements that holds the change, parsed alone in the new text: the
+    # text around it is the same, and starts (or ends) with a whole statement at the margin.
+    starts = outline.starts
+    top = starts[i] if i < len(starts) and starts[i] <= first else 1
+    if i == 0:
+        top = 1
+    bottom = starts[j] - 1 if j < len(starts) else None  # the old stretch's last line
+    new_lines = new.split("\n")
+    end = len(new_lines) if bottom is None else bottom + shift.line_delta
+    if end < top - 1:
+        return None
+    stretch = Outline.parse("\n".join(new_lines[top - 1:end]) + "\n", top)
+    if stretch is None:
+        return None
+    old_rest = _without_fresh(_flat(outline.statements[i:j]), old, vocabulary)
+    new_rest = _without_fresh(_flat(stretch.statements), new, vocabulary)
+    if old_rest is None or new_rest is None or old_rest != new_rest:
+        return None
+    new_outline = Outline([*starts[:i], *stretch.starts, *(line + shift.line_delta for line in starts[j:])],
+                          [*outline.statements[:i], *stretch.statements, *outline.statements[j:]])
+    return shift, new_outline
+
+
+def _changed_lines(text: str, start: int, end: int) -> str:
+    """The whole lines that hold ``text[start:end]`` (the changed stretch with its lines' context)."""
+    if start == end:  # nothing here: the other text's side holds the lines around it
+        return ""
+    first = text.rfind("\n", 0, start) + 1
+    last = end - 1 if text[end - 1] == "\n" else text.find("\n", end)
+    return text[first:len(text) if last < 0 else last]
+
+
+def _flat(statements: Iterable[ast.AST], depth: int = 0) -> list[tuple[int, str, ast.AST]]:
+    """Every statement under these, in order: (nesting depth, its tree without the statements it holds
+    and without positions, the statement). Exception handlers and match cases count as statements."""
+    out: list[tuple[int, str, ast.AST]] = []
+    for statement in statements:
+        fields, nested = {}, []
+        for name, value in ast.iter_fields(statement):
+            if isinstance(value, list) and value and isinstance(value[0], _BLOCK_ITEMS):
+                nested.append(value)
+                value = []
+            fields[name] = value
+        shallow = ast.dump(type(statement)(**fields))
+        out.append((depth, shallow, statement))
+        for block in nested:
+            out.extend(_flat(block, depth + 1))
+    return out
+
+
+_BLOCK_ITEMS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _without_fresh(flat: list[tuple[int, str, ast.AST]], text: str, vocabulary: Vocabulary
+                   ) -> list[tuple[int, str]] | None:
+    """``flat`` without its fresh-name statements, as (depth, tree) pairs; None where one stands in
+    front of a string statement that is the module's docstring or holds something a search of the
+    analysis's finds (it stops or starts being a docstring: imports go after the module's, and a search
+    may leave docstrings out). At the top level no statement is fresh: one ends the leading imports."""
+    candidates = {i: names for i, (depth, _, statement) in enumerate(flat)
+                  if depth > 0 and (names := _fresh_shape(statement)) is not None}
+    uses: dict[str, int] = {}
+    while True:  # a name is fresh where all its uses are in fresh statements (``k1 = 2``, ``k2 = k1 * 3``)
+        counts = Counter(name for names in candidates.values() for name in names)
+        stale = [i for i, names in candidates.items()
+                 if any(name in _BUILTIN_NAMES or _uses(text, name, uses) != counts[name] for name in names)]
+        if not stale:
+            break
+        for i in stale:
+            del candidates[i]
+    kept: list[tuple[int, str]] = []
+    dropped_before = False
+    for i, (depth, shallow, statement) in enumerate(flat):
+        if i in candidates:
+            dropped_before = True
+            continue
+        if dropped_before and _is_string_statement(statement):
+            if vocabulary.searched(statement.value.value) or depth == 0:  # type: ignore[attr-defined]
+                return None
+        dropped_before = False
+        kept.append((depth, shallow))
+    return kept
+
+
+def _uses(text: str, name: str, known: dict[str, int]) -> int:
+    """How often ``name`` is used as a name in ``text`` (an attribute ``x.name`` is not a use)."""
+    if name not in known:
+        known[name] = len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", text))
+    return known[name]
+
+
+def _is_string_statement(statement: ast.AST) -> bool:
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
+
+
+def _fresh_shape(statement: ast.AST) -> list[str] | None:
+    """The names of ``name = <numbers, names and arithmetic>`` (or ``+=`` and the like, or ``pass``), one
+    per use; None for any other statement."""
+    if isinstance(statement, ast.Pass):
+        return []
+    if isinstance(statement, ast.Assign):
+        targets, value = statement.targets, statement.value
+    elif isinstance(statement, ast.AugAssign):
+        targets, value = [statement.target], statement.value
+    else:
+        return None
+    names: list[str] = []
+    for target in targets:
+        if not isinstance(target, ast.Name):
+            return None
+        names.append(target.id)
+    for node in ast.walk(value):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, (str, bytes)) or node.value is Ellipsis:
+                return None
+        elif not isinstance(node, _ARITHMETIC):
+            return None
+    return names
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+# -- the files an analysis read besides the document -----------------------------------------------
+
+_READS: ContextVar["dict[str, tuple[int, int, int] | None] | None"] = ContextVar("tcaudit_reads", default=None)
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+_UNSTAMPED = object()
+
+
+def note_read(path: Path | str, stamp: "tuple[int, int, int] | None | object" = _UNSTAMPED) -> None:
+    """Record that the analysis running in this thread read ``path`` (a file, or a folder it listed),
+    with its (modification time, size, inode) where the caller has it (None: it was not there)."""
+    reads = _READS.get()
+    if reads is not None:
+        key = os.fspath(path)
+        if key not in reads:
+            reads[key] = _stamp(key) if stamp is _UNSTAMPED else stamp  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def recording_reads(folder: Path | None) -> Iterator[dict[str, tuple[int, int, int] | None]]:
+    """Record, while the block runs, the files the analysis reads besides the document (and the
+    document's folder, whose listing decides which modules and configs are there)."""
+    reads: dict[str, tuple[int, int, int] | None] = {}
+    token = _READS.set(reads)
+    try:
+        if folder is not None:
+            note_read(folder)
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+def reads_unchanged(reads: dict[str, tuple[int, int, int] | None]) -> bool:
+    """Whether every file (and folder) recorded is as it was."""
+    return all(_stamp(path) == stamp for path, stamp in reads.items())
