@@ -508,11 +508,15 @@ class _Kept:
 
     @classmethod
     def of(cls, result: FileResult, settings: Settings, models: object, rules: "Sequence", check_syntax: bool,
-           reads: dict) -> "_Kept | None":
+           reads: dict, starts: "list[int] | None") -> "_Kept | None":
+        """What to keep of an analysis (``starts``: its top-level statements' lines, where known)."""
+        from tcaudit.source.inert import Outline
+
         if not result.parsed or result.errors or result.source is None or any(f.rule == "TC000" for f in result.findings):
             return None
-        return cls(settings, models, tuple(rule.id for rule in rules), check_syntax, result.source.text, None, result,
-                   reads)
+        text = result.source.text
+        outline = Outline.of_chunks(text, starts) if starts else None
+        return cls(settings, models, tuple(rule.id for rule in rules), check_syntax, text, outline, result, reads)
 
     def reuse(self, source: SourceFile, settings: Settings, models: object, rules: "Sequence",
               check_syntax: bool) -> FileResult | None:
@@ -724,7 +728,8 @@ def scan_text(
             except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
                 result = FileResult(display, [tc000(display, cannot_analyse(exc))])
             if keep:
-                incremental.kept = _Kept.of(result, settings, models, chosen, check_syntax, reads)
+                incremental.kept = _Kept.of(result, settings, models, chosen, check_syntax, reads,
+                                            incremental.statement_starts(source.text))
     findings = result.findings
     if model_findings:
         findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)

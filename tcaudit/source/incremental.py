@@ -79,6 +79,18 @@ class IncrementalState:
         finally:
             self._lock.release()
 
+    def statement_starts(self, text: str) -> "list[int] | None":
+        """The first line (1-based) of each top-level statement of ``text``, its leading comment and blank
+        lines included, where ``text`` is the last one parsed; else None."""
+        last = self._last
+        if last is None or last.text != text:
+            return None
+        starts, line = [], len(last.module.header) + 1
+        for count in last.statement_lines:
+            starts.append(line)
+            line += count
+        return starts
+
     def prepare(self, source: "SourceFile") -> None:
         """Give ``source`` a module spliced from the last one where the edit allows; else leave it to
         parse whole on first use."""

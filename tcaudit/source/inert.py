@@ -160,32 +160,63 @@ class Vocabulary:
 
 
 class Outline:
-    """A parsed text's top-level statements: each one's first line (its decorators' included) and tree.
-    Kept from one edit to the next: after an inert edit only the statements it touched are parsed."""
+    """A text's top-level statements as chunks of lines: each chunk's first line (1-based) and, once
+    parsed, its statements' trees. A chunk starts where a top-level statement (or the comments and
+    decorators in front of it) starts, so each parses alone. Kept from one edit to the next: only the
+    chunks an edit touches are parsed (after an editor's analysis, the chunks are LibCST's statements:
+    tcaudit/source/incremental.py knows their lines)."""
 
-    def __init__(self, starts: list[int], statements: list[ast.stmt]) -> None:
+    def __init__(self, lines: list[str], starts: list[int], chunks: "list[list[ast.stmt] | None]") -> None:
+        self.lines = lines
         self.starts = starts
-        self.statements = statements
+        self.chunks = chunks
 
     @classmethod
     def parse(cls, text: str, first_line: int = 1) -> "Outline | None":
-        """The outline of ``text`` (whose first line is ``first_line`` of the file); None where it does
-        not parse."""
+        """The outline of ``text`` (whose first line is ``first_line`` of the file), every chunk parsed;
+        None where it does not parse."""
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
             return None
-        starts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()) or ())]) + first_line - 1
-                  for s in tree.body]
-        return cls(starts, tree.body)
+        starts: list[int] = []
+        chunks: list[list[ast.stmt] | None] = []
+        for statement in tree.body:
+            decorators = getattr(statement, "decorator_list", None) or ()
+            start = min([statement.lineno, *(d.lineno for d in decorators)]) + first_line - 1
+            if starts and starts[-1] == start:  # ``a = 1; b = 2``: one line, one chunk
+                chunks[-1].append(statement)  # type: ignore[union-attr]
+            else:
+                starts.append(start)
+                chunks.append([statement])
+        return cls(text.split("\n"), starts, chunks)
+
+    @classmethod
+    def of_chunks(cls, text: str, starts: list[int]) -> "Outline":
+        """The outline of ``text`` whose chunks start at ``starts``, none parsed yet."""
+        return cls(text.split("\n"), starts, [None] * len(starts))
 
     def touched(self, first: int, last: int) -> tuple[int, int]:
-        """(i, j): the statements ``i..j-1`` own a line from ``first`` to ``last``; a statement owns its
-        lines up to the next one's first line (its comments and blank lines after it)."""
+        """(i, j): the chunks ``i..j-1`` hold a line from ``first`` to ``last``."""
         starts = self.starts
         i = max(bisect.bisect_right(starts, first) - 1, 0)
         j = max(bisect.bisect_right(starts, last), i)
         return i, j
+
+    def statements(self, i: int, j: int) -> "list[ast.stmt] | None":
+        """The statements of chunks ``i..j-1``, parsing those not parsed yet; None where one does not."""
+        out: list[ast.stmt] = []
+        for k in range(i, j):
+            chunk = self.chunks[k]
+            if chunk is None:
+                end = self.starts[k + 1] - 1 if k + 1 < len(self.starts) else len(self.lines)
+                try:
+                    chunk = ast.parse("\n".join(self.lines[self.starts[k] - 1:end]) + "\n").body
+                except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+                    return None
+                self.chunks[k] = chunk
+            out.extend(chunk)
+        return out
 
 
 def inert_edit(old: str, outline: Outline | None, new: str, vocabulary: Vocabulary
@@ -217,12 +248,16 @@ def inert_edit(old: str, outline: Outline | None, new: str, vocabulary: Vocabula
     stretch = Outline.parse("\n".join(new_lines[top - 1:end]) + "\n", top)
     if stretch is None:
         return None
-    old_rest = _without_fresh(_flat(outline.statements[i:j]), old, vocabulary)
-    new_rest = _without_fresh(_flat(stretch.statements), new, vocabulary)
+    old_statements = outline.statements(i, j)
+    if old_statements is None:
+        return None
+    old_rest = _without_fresh(_flat(old_statements), old, vocabulary)
+    new_rest = _without_fresh(_flat(stretch.statements(0, len(stretch.starts)) or []), new, vocabulary)
     if old_rest is None or new_rest is None or old_rest != new_rest:
         return None
-    new_outline = Outline([*starts[:i], *stretch.starts, *(line + shift.line_delta for line in starts[j:])],
-                          [*outline.statements[:i], *stretch.statements, *outline.statements[j:]])
+    new_outline = Outline(new_lines,
+                          [*starts[:i], *stretch.starts, *(line + shift.line_delta for line in starts[j:])],
+                          [*outline.chunks[:i], *stretch.chunks, *outline.chunks[j:]])
     return shift, new_outline
 
 

@@ -38,7 +38,7 @@ def nodes_of(node: cst.CSTNode, kind: type) -> list:
 
 def _remembered_nodes(memo, node: cst.CSTNode, kind: type) -> list:
     if not isinstance(node, cst.Module):
-        return memo.answer(node, ("nodes", kind), lambda: _nodes_of(node, kind))
+        return memo.answer(node, ("nodes", kind), lambda: [n for n in _everything(memo, node)[0] if isinstance(n, kind)])
 
     def composed() -> list:
         found: list = [node] if isinstance(node, kind) else []
@@ -47,6 +47,18 @@ def _remembered_nodes(memo, node: cst.CSTNode, kind: type) -> list:
         return found
 
     return memo.answer(node, ("nodes", kind), composed)
+
+
+def _everything(memo, node: cst.CSTNode) -> "tuple[list[cst.CSTNode], dict[int, cst.CSTNode]]":
+    """Every node under ``node`` in visiting order, and each one's parent: one walk answers every
+    ``nodes_of`` kind (a filter of the list) and the parents."""
+    return memo.answer(node, "everything", lambda: _walk_everything(node))
+
+
+def _walk_everything(node: cst.CSTNode) -> "tuple[list[cst.CSTNode], dict[int, cst.CSTNode]]":
+    collector = _Everything()
+    walk(node, collector)
+    return collector.found, collector.parents
 
 
 def _nodes_of(node: cst.CSTNode, kind: type) -> list:
@@ -80,7 +92,7 @@ def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
 
 def _remembered_parents(memo, node: cst.CSTNode) -> dict[int, cst.CSTNode]:
     if not isinstance(node, cst.Module):
-        return memo.answer(node, "parents", lambda: _parent_map(node))
+        return _everything(memo, node)[1]
 
     def composed() -> dict[int, cst.CSTNode]:
         parents: dict[int, cst.CSTNode] = {}
@@ -115,6 +127,18 @@ class _Parents(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+
+
+class _Everything(_Parents):
+    """Every node in visiting order, and each one's parent (one walk for both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.found.append(node)
+        return super().on_visit(node)
 
 
 def enclosing_function(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.FunctionDef | None:
