@@ -27,6 +27,7 @@ import libcst as cst
 from tcaudit.findings import TextEdit
 from tcaudit.rewrite.textedits import edits_between
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import line_starts
 
 _PLACEHOLDER = "__tcaudit_elided_{}__"
 # A top-level statement kind whose body does not run when the module does (a class body does, but it is
@@ -117,7 +118,9 @@ def region_for(facts: ScriptFacts, anchors: Iterable[Any], lines: Iterable[int] 
             keep.add(_statement_at(starts, facts.line_of(node)))
         except KeyError:
             continue  # a node the plan made, not one of this text
-    offsets = _line_offsets(text)
+    offsets = line_starts(text)
+    if offsets[-1] != len(text):
+        offsets.append(len(text))  # and the text's end
     if len(offsets) <= starts[-1]:
         return None
     newline = module.default_newline
@@ -206,16 +209,6 @@ def _statement_at(starts: list[int], line: int) -> int:
         else:
             high = middle - 1
     return low
-
-
-def _line_offsets(text: str) -> list[int]:
-    """The offset each line starts at (only ``\\n`` and ``\\r\\n`` end lines here), and the text's end."""
-    offsets = [0]
-    for match in re.finditer("\n", text):
-        offsets.append(match.end())
-    if offsets[-1] != len(text):
-        offsets.append(len(text))
-    return offsets
 
 
 def _nodes_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iterable[cst.CSTNode]:

@@ -38,6 +38,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from tcaudit.source.syntax import line_starts
+
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"#[^\n]*")  # a comment (or the rest of a string holding ``#``: it is in the tree too)
 # What the value of a fresh-name statement may hold besides numbers and fresh names.
@@ -68,8 +70,8 @@ class Shift:
         self.new_end = new_end
         self._at_line_start = start == 0 or old[start - 1] == "\n"
         self.delta = self.new_end - self.old_end
-        self._old_starts = _line_starts(old)
-        self._new_starts = _line_starts(new)
+        self._old_starts = line_starts(old)
+        self._new_starts = line_starts(new)
         self.line_delta = len(self._new_starts) - len(self._old_starts)
 
     @property
@@ -128,16 +130,6 @@ def _common(same: "Callable[[int], bool]", limit: int) -> int:
         else:
             high = middle - 1
     return low
-
-
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    find = text.find
-    at = find("\n")
-    while at >= 0:
-        starts.append(at + 1)
-        at = find("\n", at + 1)
-    return starts
 
 
 class Vocabulary:
