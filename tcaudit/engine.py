@@ -709,27 +709,32 @@ def scan_text(
         chosen = rules if rules is not None else lazy_rules(settings)
         check_syntax = "TC000" in enabled
         keep = incremental is not None and source.notebook is None and edit_lines is None
-        reused = None
-        if keep:
-            incremental.reused = False
-            if isinstance(incremental.kept, _Kept):
-                reused = incremental.kept.reuse(source, settings, models, chosen, check_syntax)
-        if reused is not None:
-            result = reused
-            incremental.reused = True
-        else:
-            try:
-                with contextlib.ExitStack() as stack:
-                    if incremental is not None:
-                        stack.enter_context(incremental.analysing(source))
-                    reads = stack.enter_context(recording_reads(path.parent if keep else None))
-                    result = call_with_deep_stack(scan_source, source, chosen, settings, check_syntax, models,
-                                                  edit_lines)
-            except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
-                result = FileResult(display, [tc000(display, cannot_analyse(exc))])
+        with incremental.claim() if incremental is not None else contextlib.nullcontext(False) as held:
+            # Another scan of the document (a code action's beside the typing's) holds its state: this
+            # one neither reuses nor keeps anything.
+            keep = keep and held
+            reused = None
+            if held:
+                incremental.reused = False
             if keep:
-                incremental.kept = _Kept.of(result, settings, models, chosen, check_syntax, reads,
-                                            incremental.statement_starts(source.text))
+                if isinstance(incremental.kept, _Kept):
+                    reused = incremental.kept.reuse(source, settings, models, chosen, check_syntax)
+            if reused is not None:
+                result = reused
+                incremental.reused = True
+            else:
+                try:
+                    with contextlib.ExitStack() as stack:
+                        if incremental is not None:
+                            stack.enter_context(incremental.analysing(source))
+                        reads = stack.enter_context(recording_reads(path.parent if keep else None))
+                        result = call_with_deep_stack(scan_source, source, chosen, settings, check_syntax, models,
+                                                      edit_lines)
+                except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan
+                    result = FileResult(display, [tc000(display, cannot_analyse(exc))])
+                if keep:
+                    incremental.kept = _Kept.of(result, settings, models, chosen, check_syntax, reads,
+                                                incremental.statement_starts(source.text))
     findings = result.findings
     if model_findings:
         findings = merge_model_findings(findings, [f for f in model_findings if f.location.path == display], settings)

@@ -53,7 +53,8 @@ class IncrementalState:
     _last: "_Parsed | None" = None
     # What the last text cost: the statements parsed ("all" for a whole parse).
     reparsed: "int | str" = "all"
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Held by the analysis using the state (reentrant: the engine holds it around reuse and analysis).
+    _lock: "threading.RLock" = field(default_factory=threading.RLock, repr=False)
     # The last analysis's findings, for the next text where its edit is one no rule notices
     # (tcaudit/source/inert.py): kept and reused by tcaudit/engine.py. Whether that happened last time.
     kept: object = field(default=None, repr=False)
@@ -76,6 +77,18 @@ class IncrementalState:
                 if source.parsed_module is not None:
                     self.remember(source)
                     self.memo.sweep()
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[bool]:
+        """Hold the state for one scan: yields False (holding nothing) where another thread's scan of the
+        document holds it, which then scans without it."""
+        if not self._lock.acquire(blocking=False):
+            yield False
+            return
+        try:
+            yield True
         finally:
             self._lock.release()
 
