@@ -610,6 +610,13 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
         related.append(dataclasses.replace(place, location=moved))
     new_location = dataclasses.replace(location, line=span[0], column=span[1], end_line=span[2], end_column=span[3])
     fix = finding.fix
+    if fix is not None and shift.line_delta and (fix.reason or _LINE_NAMED.search(fix.description)):
+        reason = None if fix.reason is None else _lines_moved(fix.reason, shift)
+        description = _lines_moved(fix.description, shift)
+        if description is None or (fix.reason is not None and reason is None) or _PLACE_NAMED.search(
+                f"{reason or ''} {description}"):
+            return None
+        fix = dataclasses.replace(fix, reason=reason, description=description, edits=fix.__dict__.get("_edits"))
     if fix is not None:
         pending = fix.pending_edits
         if pending is not None:
