@@ -9,7 +9,9 @@ either), parses that stretch alone and splices its statements into the last modu
 old ones. Every other statement is the very object it was, so what the analysis remembered about
 it (tcaudit/source/memo.py: node lists, parents, positions) is reused and the walks cost what the
 edit changed. The facts and the rules still run on the whole module (they relate statements to each
-other: the loop, the model, the optimizer); what they ask of the tree is what gets cheaper.
+other: the loop, the model, the optimizer); what they ask of the tree is what gets cheaper. An edit
+that no rule can notice (a comment, spacing, a new local variable: tcaudit/source/inert.py) is not
+analysed at all: the engine keeps the last analysis here (``kept``) and moves its findings.
 
 The spliced module is the module a whole parse gives (tests/test_incremental.py compares them with
 ``deep_equals`` over random edits of every fixture). Where that could fail, the text is parsed whole
@@ -46,8 +48,9 @@ class _Parsed:
 
 @dataclass
 class IncrementalState:
-    """What one document's analyses keep for the next one: its last module, and the memo of the walks
-    over it. One analysis at a time uses a state (an editor scans each document in turn)."""
+    """What one document's analyses keep for the next one: its last module, the memo of the walks over
+    it, and the last analysis's findings (for an edit no rule notices). One analysis at a time uses a
+    state (an editor scans each document in turn; a second scan beside it goes without)."""
 
     memo: WalkMemo = field(default_factory=WalkMemo)
     _last: "_Parsed | None" = None
