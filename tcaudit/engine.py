@@ -486,9 +486,8 @@ def mirrored(findings: list[Finding], index_of: dict[str, int],
     return out
 
 
-# A line of the file named in a message ("line 90", "lines 90-91"), and a place named by file and line.
+# A line of the file named in a message ("line 90", "lines 90-91, 95").
 _LINE_NAMED = re.compile(r"\b(lines? )(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
-_PLACE_NAMED = re.compile(r"\.py:\d|\.ipynb:\d|:\d+:\d")
 
 
 @dataclass
@@ -594,9 +593,11 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
     if span is None:
         return None
     message, explanation = finding.message, finding.explanation
+    # This file's places named by name and line ("train.py:42"; another module's lines do not move).
+    own_place = re.compile(rf"(?<![\w.-]){re.escape(Path(old.display_path).name)}:\d")
     if shift.line_delta:
         texts = [_lines_moved(text, shift) for text in (message, explanation, *(p.message for p in finding.related))]
-        if any(text is None or _PLACE_NAMED.search(text) for text in texts):
+        if any(text is None or own_place.search(text) for text in texts):
             return None
         message, explanation = texts[0], texts[1]
     related = []
@@ -613,7 +614,7 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
     if fix is not None and shift.line_delta and (fix.reason or _LINE_NAMED.search(fix.description)):
         reason = None if fix.reason is None else _lines_moved(fix.reason, shift)
         description = _lines_moved(fix.description, shift)
-        if description is None or (fix.reason is not None and reason is None) or _PLACE_NAMED.search(
+        if description is None or (fix.reason is not None and reason is None) or own_place.search(
                 f"{reason or ''} {description}"):
             return None
         fix = dataclasses.replace(fix, reason=reason, description=description, edits=fix.__dict__.get("_edits"))

@@ -1,22 +1,22 @@
 """Whether an edit of a document leaves every script rule's findings as they were, only moved.
 
-The editor scans a document at each keystroke, and most keystrokes change nothing a rule reads: a
-comment, a blank line, spacing, a new local variable that nothing else uses yet. For such an edit the
-last analysis's findings stand, moved to where their lines are now, and the facts and the rules need
-not run again (tcaudit/engine.py keeps the last analysis of each document for this).
+The editor scans a document at each keystroke, and many keystrokes change nothing a rule reads: a
+comment, a blank line, spacing. For such an edit the last analysis's findings stand, moved to where
+their lines are now, and the facts and the rules need not run again (tcaudit/engine.py keeps the last
+analysis of each document for this).
 
 An edit is *inert* when all of these hold (anything else is analysed again in full):
 
 * the new text parses (Python's own parser), and its top-level statements before and after the
   changed stretch are the old ones, moved by the lines the edit added or took away;
-* the statements the edit touched have the same syntax tree as before (positions aside), except for
-  whole statements added or taken away that only bind *fresh* names (used nowhere else in the file)
-  to numbers and arithmetic of fresh names and numbers (``note = 3``, ``k2 = k1 * 2``), none of them
-  put in front of a string statement (a docstring stays a docstring);
-* no text the edit added or took away (its whole lines) matches any regular expression the analysis
-  reads source text or names with (:func:`text_patterns`, given by the caller: the rules' triggers
-  and every pattern the rules and the script analysis compile): a comment that mentions
-  ``channels_last`` or a new variable called ``batch_size`` is analysed again;
+* the statements the edit touched have the same syntax trees as before, positions aside: only
+  comments, blank lines and spacing changed. (A statement added, even one binding a new name to a
+  number, is not inert: rules read the shape of blocks, such as "the ``amp.scale_loss`` block does
+  more than the backward".)
+* no text the edit added or took away (its whole lines) holds anything the analysis reads of a text
+  (:class:`Vocabulary`, from tcaudit/rules/text_table.py: every pattern the rules and the script
+  analysis search with, the words they compare names with, the pieces they look for): a comment that
+  mentions ``channels_last`` or ``torchrun`` is analysed again;
 * no file the last analysis read besides the document (a project module, a config beside the
   script) changed since (:func:`recording_reads`).
 
@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import ast
 import bisect
-import builtins
 import contextlib
 import os
 import re
-from collections import Counter
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -42,8 +40,6 @@ from tcaudit.source.syntax import line_starts
 
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"#[^\n]*")  # a comment (or the rest of a string holding ``#``: it is in the tree too)
-# What the value of a fresh-name statement may hold besides numbers and fresh names.
-_ARITHMETIC = (ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Tuple, ast.Load, ast.Store)
 
 
 class Shift:
@@ -243,9 +239,7 @@ def inert_edit(old: str, outline: Outline | None, new: str, vocabulary: Vocabula
     old_statements = outline.statements(i, j)
     if old_statements is None:
         return None
-    old_rest = _without_fresh(_flat(old_statements), old, vocabulary)
-    new_rest = _without_fresh(_flat(stretch.statements(0, len(stretch.starts)) or []), new, vocabulary)
-    if old_rest is None or new_rest is None or old_rest != new_rest:
+    if _shapes(old_statements) != _shapes(stretch.statements(0, len(stretch.starts)) or []):
         return None
     new_outline = Outline(new_lines,
                           [*starts[:i], *stretch.starts, *(line + shift.line_delta for line in starts[j:])],
@@ -262,10 +256,10 @@ def _changed_lines(text: str, start: int, end: int) -> str:
     return text[first:len(text) if last < 0 else last]
 
 
-def _flat(statements: Iterable[ast.AST], depth: int = 0) -> list[tuple[int, str, ast.AST]]:
+def _shapes(statements: Iterable[ast.AST], depth: int = 0) -> list[tuple[int, str]]:
     """Every statement under these, in order: (nesting depth, its tree without the statements it holds
-    and without positions, the statement). Exception handlers and match cases count as statements."""
-    out: list[tuple[int, str, ast.AST]] = []
+    and without positions). Exception handlers and match cases count as statements."""
+    out: list[tuple[int, str]] = []
     for statement in statements:
         fields, nested = {}, []
         for name, value in ast.iter_fields(statement):
@@ -273,87 +267,13 @@ def _flat(statements: Iterable[ast.AST], depth: int = 0) -> list[tuple[int, str,
                 nested.append(value)
                 value = []
             fields[name] = value
-        shallow = ast.dump(type(statement)(**fields))
-        out.append((depth, shallow, statement))
+        out.append((depth, ast.dump(type(statement)(**fields))))
         for block in nested:
-            out.extend(_flat(block, depth + 1))
+            out.extend(_shapes(block, depth + 1))
     return out
 
 
 _BLOCK_ITEMS = (ast.stmt, ast.excepthandler, ast.match_case)
-
-
-def _without_fresh(flat: list[tuple[int, str, ast.AST]], text: str, vocabulary: Vocabulary
-                   ) -> list[tuple[int, str]] | None:
-    """``flat`` without its fresh-name statements, as (depth, tree) pairs; None where one stands in
-    front of a string statement that is the module's docstring or holds something a search of the
-    analysis's finds (it stops or starts being a docstring: imports go after the module's, and a search
-    may leave docstrings out). At the top level no statement is fresh: one ends the leading imports."""
-    candidates = {i: names for i, (depth, _, statement) in enumerate(flat)
-                  if depth > 0 and (names := _fresh_shape(statement)) is not None}
-    uses: dict[str, int] = {}
-    while True:  # a name is fresh where all its uses are in fresh statements (``k1 = 2``, ``k2 = k1 * 3``)
-        counts = Counter(name for names in candidates.values() for name in names)
-        stale = [i for i, names in candidates.items()
-                 if any(name in _BUILTIN_NAMES or _uses(text, name, uses) != counts[name] for name in names)]
-        if not stale:
-            break
-        for i in stale:
-            del candidates[i]
-    kept: list[tuple[int, str]] = []
-    dropped_before = False
-    for i, (depth, shallow, statement) in enumerate(flat):
-        if i in candidates:
-            dropped_before = True
-            continue
-        if dropped_before and _is_string_statement(statement):
-            if vocabulary.searched(statement.value.value) or depth == 0:  # type: ignore[attr-defined]
-                return None
-        dropped_before = False
-        kept.append((depth, shallow))
-    return kept
-
-
-def _uses(text: str, name: str, known: dict[str, int]) -> int:
-    """How often ``name`` is used as a name in ``text`` (an attribute ``x.name`` is not a use)."""
-    if name not in known:
-        known[name] = len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", text))
-    return known[name]
-
-
-def _is_string_statement(statement: ast.AST) -> bool:
-    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
-            and isinstance(statement.value.value, str))
-
-
-def _fresh_shape(statement: ast.AST) -> list[str] | None:
-    """The names of ``name = <numbers, names and arithmetic>`` (or ``+=`` and the like, or ``pass``), one
-    per use; None for any other statement."""
-    if isinstance(statement, ast.Pass):
-        return []
-    if isinstance(statement, ast.Assign):
-        targets, value = statement.targets, statement.value
-    elif isinstance(statement, ast.AugAssign):
-        targets, value = [statement.target], statement.value
-    else:
-        return None
-    names: list[str] = []
-    for target in targets:
-        if not isinstance(target, ast.Name):
-            return None
-        names.append(target.id)
-    for node in ast.walk(value):
-        if isinstance(node, ast.Name):
-            names.append(node.id)
-        elif isinstance(node, ast.Constant):
-            if isinstance(node.value, (str, bytes)) or node.value is Ellipsis:
-                return None
-        elif not isinstance(node, _ARITHMETIC):
-            return None
-    return names
-
-
-_BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 # -- the files an analysis read besides the document -----------------------------------------------
