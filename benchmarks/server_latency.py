@@ -5,14 +5,14 @@ for the ResNet50 fixture and the 2,008-line file of ``fix_speed.py``; also the f
 
     .venv/bin/python benchmarks/server_latency.py [--edits 30] [--repo CHECKOUT] [--out benchmarks/results/server_latency.json]
 
-Each edit appends a comment line at the end (``--where end``, the default) or types a statement into a
-function in the middle of the file (``--where middle``: a line ``note_N = N`` after the first line of
-the middle ``def``'s body; ``--where noticed``: ``torch.cuda.synchronize()`` there instead, which the
-rules read), as one keystroke's change; edits are sent one at a time, each after the previous one's
-diagnostics arrived. Since issue 50 a document's scans are incremental (only the top-level statements
-an edit changed are parsed; walks over the others are reused), and an edit no rule notices (the
-comment, the new variable: tcaudit/source/inert.py) moves the last findings without analysing again;
-``noticed`` measures the edits that are analysed again.
+Each edit appends a comment line at the end (``--where end``, the default) or types a line into the
+function in the middle of the file, after its ``def`` line: a statement ``note_N = N`` (``middle``), a
+comment line (``comment``) or ``torch.cuda.synchronize()`` (``noticed``, a call the rules read). Each is
+one keystroke's change; edits are sent one at a time, each after the previous one's diagnostics
+arrived. Since issue 50 a document's scans are incremental (only the top-level statements an edit
+changed are parsed; walks over the others are reused), and an edit no rule can notice (the comments:
+tcaudit/source/inert.py) moves the last findings without analysing again; ``middle`` and ``noticed``
+are analysed again.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def edited(text: str, version: int, where: str) -> str:
     defs = [i for i, line in enumerate(lines) if line.startswith("def ")]
     at = defs[len(defs) // 2] + 1
     indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())] or "    "
-    typed = f"note_{version} = {version}" if where == "middle" else f"torch.cuda.synchronize()  # {version}"
+    typed = {"middle": f"note_{version} = {version}", "comment": f"# note {version}",
+             "noticed": f"torch.cuda.synchronize()  # {version}"}[where]
     lines.insert(at, f"{indent}{typed}")
     return "\n".join(lines)
 
@@ -81,9 +82,9 @@ def measure(client, path: Path, text: str, edits: int, where: str = "end") -> di
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--edits", type=int, default=30)
-    parser.add_argument("--where", choices=("end", "middle", "noticed"), default="end",
-                        help="what each edit types where: a comment at the end, a new variable in the middle function, "
-                             "or a call rules read there (a host sync)")
+    parser.add_argument("--where", choices=("end", "middle", "comment", "noticed"), default="end",
+                        help="what each edit types where: a comment at the end; in the middle function a new "
+                             "variable, a comment line, or a call the rules read (a host sync)")
     parser.add_argument("--out", default=str(HERE / "results" / "server_latency.json"))
     parser.add_argument("--repo", default=str(REPO),
                         help="the checkout whose tcaudit the server runs (default this one: a before/after pair)")
