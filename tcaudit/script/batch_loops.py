@@ -18,6 +18,7 @@ from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
 from tcaudit.source.syntax import contains, nodes_of, target_names
+from tcaudit.source.walk import walk
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
@@ -162,17 +163,9 @@ def _add_unpacked(batch: BatchLoop) -> None:
             value = value.value
         return get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
 
-    assigns: list[cst.Assign] = []
-
-    class _V(cst.CSTVisitor):
-        def visit_FunctionDef(inner, node: cst.FunctionDef) -> bool:  # noqa: N805
-            return node is batch.loop
-
-        def visit_Assign(inner, node: cst.Assign) -> None:  # noqa: N805
-            assigns.append(node)
-
-    body = batch.loop.body if isinstance(batch.loop, (cst.For, cst.While)) else batch.loop
-    body.visit(_V())
+    collector = _LoopAssigns(batch.loop)
+    walk(batch.loop.body if isinstance(batch.loop, (cst.For, cst.While)) else batch.loop, collector)
+    assigns = collector.assigns
     for _ in range(2):
         for node in assigns:
             values = node.value.elements if isinstance(node.value, (cst.Tuple, cst.List)) else None
@@ -183,6 +176,21 @@ def _add_unpacked(batch: BatchLoop) -> None:
                             names |= target_names(t.value)
                 elif source_name(node.value) in names:
                     names |= target_names(target.target)
+
+
+class _LoopAssigns(cst.CSTVisitor):
+    """The assignments in a batch loop (not in functions defined inside it)."""
+
+    def __init__(self, loop: cst.CSTNode) -> None:
+        super().__init__()
+        self.loop = loop
+        self.assigns: list[cst.Assign] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.loop
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assigns.append(node)
 
 
 def element_source(statement: cst.CSTNode, node: cst.CSTNode, name: str) -> cst.BaseExpression | None:

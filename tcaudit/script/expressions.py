@@ -12,6 +12,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import keyword
+from tcaudit.source.walk import walk
 
 # Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
 CHECKPOINT_LOAD = re.compile(r"(^|\.)(from_pretrained|load_state_dict|load_checkpoint)$")
@@ -104,18 +105,24 @@ def flag_dest(call: cst.Call) -> str | None:
 
 
 def function_returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
-    out: list[cst.BaseExpression] = []
+    """The values ``fn``'s own ``return`` statements give (not those of functions defined inside it)."""
+    returns = _Returns(fn)
+    walk(fn, returns)
+    return returns.out
 
-    class _V(cst.CSTVisitor):
-        def visit_FunctionDef(inner, node: cst.FunctionDef) -> bool:  # noqa: N805
-            return node is fn
 
-        def visit_Return(inner, node: cst.Return) -> None:  # noqa: N805
-            if node.value is not None:
-                out.append(node.value)
+class _Returns(cst.CSTVisitor):
+    def __init__(self, fn: cst.FunctionDef) -> None:
+        super().__init__()
+        self.fn = fn
+        self.out: list[cst.BaseExpression] = []
 
-    fn.visit(_V())
-    return out
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.fn
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None:
+            self.out.append(node.value)
 
 
 def _small_statements(call: CallSite) -> list[cst.CSTNode]:

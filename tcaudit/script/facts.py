@@ -1264,19 +1264,25 @@ def _is_data_movement(statement: cst.CSTNode) -> bool:
 
 
 def _names_in(node: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
+    collector = _AllNames()
+    walk(node, collector)
+    return collector.names
 
-    class _V(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            names.add(n.value)
 
-        def visit_Attribute(self, n: cst.Attribute) -> None:
-            dotted = get_full_name_for_node(n)
-            if dotted:
-                names.add(dotted)
+class _AllNames(cst.CSTVisitor):
+    """Every name and every attribute chain (each link's) under a node."""
 
-    node.visit(_V())
-    return names
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, n: cst.Name) -> None:
+        self.names.add(n.value)
+
+    def visit_Attribute(self, n: cst.Attribute) -> None:
+        dotted = get_full_name_for_node(n)
+        if dotted:
+            self.names.add(dotted)
 
 
 def assigned_names(node: cst.CSTNode) -> set[str]:

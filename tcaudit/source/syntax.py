@@ -215,16 +215,7 @@ def target_names(target: cst.BaseExpression) -> set[str]:
 
 def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
     """Whether ``node`` (by identity) is ``container`` or lies inside it."""
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= n is node
-            return not found
-
-    container.visit(_Find())
-    return found
+    return node is container or any(n is node for n in nodes_of(container, type(node)))
 
 
 def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
