@@ -24,16 +24,16 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215", "TC307", "TC401", "TC412", "TC601"]
+RULES = ["TC215", "TC301", "TC307", "TC401", "TC412", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
-    "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC307", 26)]),
-    "hf_trainer": (("transformers",), [("TC215", 22), ("TC601", 26)]),
+    "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC301", 40), ("TC307", 26)]),
+    "hf_trainer": (("transformers",), [("TC215", 22), ("TC301", 22), ("TC601", 26)]),
     "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
-    "hf_argparser": (("transformers",), [("TC215", 15), ("TC401", 15)]),
+    "hf_argparser": (("transformers",), [("TC215", 15), ("TC301", 15), ("TC401", 15)]),
     "near_misses": ((), []),
 }
 FIXED = sorted(name for name in SCRIPTS if (FRAMEWORKS / f"{name}.out.py").is_file())
@@ -83,9 +83,13 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
     assert "pass `--mixed_precision bf16`" in reasons["accelerate_argparse"]
     assert "`--mixed_precision` defaults to 'no'" in reasons["accelerate_argparse"]
     assert reasons["hf_argparser"] == "the training arguments come from the command line (`HfArgumentParser`): pass `--bf16`"
-    (finding,) = scan(PROJECTS / "lightning_cli" / "main.py")
-    assert "set `trainer.precision: bf16-mixed` in the config" in finding["fix"]["reason"]
+    precision, tf32 = scan(PROJECTS / "lightning_cli" / "main.py")
+    assert "set `trainer.precision: bf16-mixed` in the config" in precision["fix"]["reason"]
+    # TF32 is no trainer option: the script's own setting works whatever the config says.
+    assert tf32["rule"] == "TC301" and tf32["fix"]["available"] is True
     assert scan(PROJECTS / "lightning_cli_bf16" / "main.py") == []
+    tf32 = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC301")
+    assert tf32["message"].endswith("`--tf32` is not passed") and "pass `--tf32 True`" in tf32["fix"]["reason"]
     workers = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC401")
     assert workers["severity"] == "info"
     assert workers["fix"]["reason"].endswith("pass `--dataloader_num_workers 8` (or the machine's core count)")
@@ -107,6 +111,7 @@ def test_training_arguments_built_in_another_module_are_reported_at_the_trainer_
     assert "built in settings.py:9, another module" in entry["fix"]["reason"]
     found = sorted((f["rule"], f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
     assert found == [("TC215", "settings.py", 9, True), ("TC215", "train.py", 22, False),
+                     ("TC301", "settings.py", 9, True), ("TC301", "train.py", 22, False),
                      ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False),
                      ("TC601", "settings.py", 10, False)]
     # The Trainer's workers, from the same arguments: at the trainer too, declined to where they are built.

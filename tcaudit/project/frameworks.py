@@ -40,14 +40,18 @@ _HF_ARGUMENTS = {
 _HF_TRAINERS = {"transformers": ("Trainer", "Seq2SeqTrainer"), "trl": ("SFTTrainer",)}
 # What each framework trains in when the option is not written (lightning 2.6, transformers 5, accelerate 1).
 DEFAULTS: dict[str, dict[str, object]] = {
-    "lightning": {"precision": "32-true", "accelerator": "auto"},
+    "lightning": {"precision": "32-true", "accelerator": "auto", "devices": "auto", "log_every_n_steps": 50,
+                  "logger": None},
     "transformers": {"bf16": False, "fp16": False, "use_cpu": False, "no_cuda": False, "dataloader_num_workers": 0,
-                     "optim": "adamw_torch_fused", "torch_compile": False},
+                     "optim": "adamw_torch_fused", "torch_compile": False, "tf32": None,
+                     "train_sampling_strategy": "random", "group_by_length": False},
     "accelerate": {"mixed_precision": None, "cpu": False},
 }
 # The text a file must hold for :func:`loop_owners` to find anything (a rule's trigger).
 OWNER_NAMED = r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI"
 Source = Literal["written", "default", "command line", "config"]
+# Lightning's ``precision`` values that train in fp32 (None: not written).
+LIGHTNING_FP32 = (None, 32, "32", "32-true")
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,22 @@ class LoopOwner:
                            "config", flag)
         return Setting(key, None, [Value(default, f"`trainer.{key}` is set nowhere (default {default!r})")],
                        "config", flag)
+
+    def trains_in_fp32(self, values: Values) -> bool:
+        """Whether every value the owner's precision options may hold is fp32: Lightning's ``precision`` at 32,
+        neither ``bf16`` nor ``fp16`` for Hugging Face, accelerate's ``mixed_precision`` "no" or left to the
+        launch. False where a value cannot be read."""
+        if self.framework == "lightning":
+            held = self.setting(values, "precision").values
+            return bool(held) and all(v.value in LIGHTNING_FP32 for v in held)
+        if self.framework == "transformers":
+            for key in ("bf16", "fp16"):
+                held = self.setting(values, key).values
+                if not held or any(v.value is not False for v in held):
+                    return False
+            return True
+        held = self.setting(values, "mixed_precision").values
+        return bool(held) and all(v.value in ("no", None) for v in held)
 
     def cpu_only(self, values: Values) -> bool:
         """Whether the owner visibly trains on the CPU (``accelerator="cpu"``, ``use_cpu=True``,

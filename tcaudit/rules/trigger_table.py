@@ -157,6 +157,7 @@ TRIGGER_TABLE = {
         "compile.tc301_tf32_disabled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI",
         ),
         {},
         (),
