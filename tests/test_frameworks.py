@@ -24,16 +24,16 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215", "TC301", "TC307", "TC401", "TC412", "TC601"]
+RULES = ["TC215", "TC301", "TC307", "TC401", "TC412", "TC505", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
-    "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC301", 40), ("TC307", 26)]),
-    "hf_trainer": (("transformers",), [("TC215", 22), ("TC301", 22), ("TC601", 26)]),
-    "hf_padding": (("transformers", "tokenizers"), [("TC412", 47)]),
+    "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC301", 40), ("TC307", 26), ("TC505", 40)]),
+    "hf_trainer": (("transformers",), [("TC215", 22), ("TC301", 22), ("TC505", 37), ("TC601", 26)]),
+    "hf_padding": (("transformers", "tokenizers"), [("TC412", 47), ("TC505", 46)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
-    "hf_argparser": (("transformers",), [("TC215", 15), ("TC301", 15), ("TC401", 15)]),
+    "hf_argparser": (("transformers",), [("TC215", 15), ("TC301", 15), ("TC401", 15), ("TC505", 18)]),
     "near_misses": ((), []),
 }
 FIXED = sorted(name for name in SCRIPTS if (FRAMEWORKS / f"{name}.out.py").is_file())
@@ -58,7 +58,10 @@ def test_each_script_reports_its_fp32_framework_settings_and_nothing_else(name):
     assert found == sorted(SCRIPTS[name][1])
 
 
-LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False)]}
+# What is left has no fix: logging every step (TC601, info) is the user's choice, and so is how many GPUs train
+# (TC505: Lightning's `devices`, or launching the Hugging Face Trainer under torchrun).
+LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False), ("TC505", False)], "hf_padding": [("TC505", False)],
+                  "lightning_datamodule": [("TC505", False)]}
 
 
 @pytest.mark.parametrize("name", FIXED)
@@ -70,8 +73,7 @@ def test_fix_edits_the_frameworks_own_option_exactly_and_once(name, tmp_path):
     assert script.read_text(encoding="utf-8") == (FRAMEWORKS / f"{name}.out.py").read_text(encoding="utf-8")
     code, out, _ = run_cli("fix", str(script), "--no-exec", "--no-cache", "--isolated")
     assert code == 0 and out.strip() == "", out
-    # What is left has no fix: logging every step (TC601, info) is the user's choice.
-    assert [(f["rule"], f["fix"]["available"]) for f in scan(script)] == LEFT_AFTER_FIX.get(name, [])
+    assert sorted((f["rule"], f["fix"]["available"]) for f in scan(script)) == sorted(LEFT_AFTER_FIX.get(name, []))
 
 
 def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_pass():
@@ -83,16 +85,32 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
     assert "pass `--mixed_precision bf16`" in reasons["accelerate_argparse"]
     assert "`--mixed_precision` defaults to 'no'" in reasons["accelerate_argparse"]
     assert reasons["hf_argparser"] == "the training arguments come from the command line (`HfArgumentParser`): pass `--bf16`"
-    precision, tf32 = scan(PROJECTS / "lightning_cli" / "main.py")
+    precision, tf32, devices = sorted(scan(PROJECTS / "lightning_cli" / "main.py"), key=lambda f: f["rule"])
     assert "set `trainer.precision: bf16-mixed` in the config" in precision["fix"]["reason"]
     # TF32 is no trainer option: the script's own setting works whatever the config says.
     assert tf32["rule"] == "TC301" and tf32["fix"]["available"] is True
+    # `devices: 1` in config.yaml pins one GPU: the flag to pass, and why it is not changed for the user.
+    assert devices["rule"] == "TC505" and devices["message"].endswith("`trainer.devices: 1` in config.yaml")
+    assert devices["fix"]["reason"].startswith("the value comes from the config (`trainer.devices: 1` in config.yaml): "
+                                               "pass `--trainer.devices -1`")
     assert scan(PROJECTS / "lightning_cli_bf16" / "main.py") == []
     tf32 = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC301")
     assert tf32["message"].endswith("`--tf32` is not passed") and "pass `--tf32 True`" in tf32["fix"]["reason"]
     workers = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC401")
     assert workers["severity"] == "info"
     assert workers["fix"]["reason"].endswith("pass `--dataloader_num_workers 8` (or the machine's core count)")
+
+
+def test_one_gpu_names_what_to_set_for_lightning_and_the_launch_for_the_hf_trainer():
+    (lightning,) = [f for f in scan(FRAMEWORKS / "lightning_datamodule.in.py") if f["rule"] == "TC505"]
+    assert lightning["message"] == "Lightning `Trainer` trains on one GPU: `devices=1`"
+    assert lightning["severity"] == "info" and lightning["fix"]["available"] is False
+    assert lightning["fix"]["reason"].startswith('set `devices="auto"` (or `-1`) with `strategy="ddp"` by hand: it decides '
+                                                 "how many processes Lightning launches and the global batch")
+    (hf,) = [f for f in scan(FRAMEWORKS / "hf_trainer.in.py") if f["rule"] == "TC505"]
+    assert hf["message"] == "the Hugging Face Trainer trains in one process unless launched with `torchrun`"
+    assert hf["fix"]["reason"].startswith("how the script is launched is outside it: run `torchrun --nproc_per_node=N "
+                                          "hf_trainer.in.py`")
 
 
 def test_a_gpu_without_bf16_gets_fp16():
@@ -112,7 +130,7 @@ def test_training_arguments_built_in_another_module_are_reported_at_the_trainer_
     found = sorted((f["rule"], f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
     assert found == [("TC215", "settings.py", 9, True), ("TC215", "train.py", 22, False),
                      ("TC301", "settings.py", 9, True), ("TC301", "train.py", 22, False),
-                     ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False),
+                     ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False), ("TC505", "train.py", 22, False),
                      ("TC601", "settings.py", 10, False)]
     # The Trainer's workers, from the same arguments: at the trainer too, declined to where they are built.
     (workers,) = [f for f in scan(Path("train.py"), cwd=folder) if f["rule"] == "TC401"]

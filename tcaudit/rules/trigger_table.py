@@ -439,6 +439,7 @@ TRIGGER_TABLE = {
         "distributed.tc505_single_process_training",
         (
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*backward\b", r"\.\s*step\b"),
+            r"Trainer\b|LightningCLI",
         ),
         {},
         (),
