@@ -34,6 +34,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
     "hf_argparser": (("transformers",), [("TC215", 15), ("TC301", 15), ("TC401", 15), ("TC505", 18)]),
+    "lightning_named": (("lightning",), [("TC601", 41)]),
     "near_misses": ((), []),
 }
 FIXED = sorted(name for name in SCRIPTS if (FRAMEWORKS / f"{name}.out.py").is_file())
@@ -58,6 +59,8 @@ def test_each_script_reports_its_fp32_framework_settings_and_nothing_else(name):
     assert found == sorted(SCRIPTS[name][1])
 
 
+# fixtures fixed with an opt-in structural fix: (fixture, the option, the file it turns into)
+STRUCTURAL = [("lightning_named", "--compile", "lightning_named.compiled.py")]
 # What is left has no fix: logging every step (TC601, info) is the user's choice, and so is how many GPUs train
 # (TC505: Lightning's `devices`, or launching the Hugging Face Trainer under torchrun).
 LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False), ("TC505", False)], "hf_padding": [("TC505", False)],
@@ -99,6 +102,39 @@ def test_a_value_the_command_line_or_a_config_sets_is_declined_with_the_flag_to_
     workers = next(f for f in scan(FRAMEWORKS / "hf_argparser.in.py") if f["rule"] == "TC401")
     assert workers["severity"] == "info"
     assert workers["fix"]["reason"].endswith("pass `--dataloader_num_workers 8` (or the machine's core count)")
+
+
+@pytest.mark.parametrize("name, option, fixed", STRUCTURAL)
+def test_an_opt_in_fix_edits_exactly_and_once(name, option, fixed, tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(FRAMEWORKS / f"{name}.in.py", script)
+    code, _, err = run_cli("fix", str(script), option, "--apply", "--no-exec", "--no-cache", "--isolated")
+    assert code in (0, 1), err
+    assert script.read_text(encoding="utf-8") == (FRAMEWORKS / fixed).read_text(encoding="utf-8")
+    code, out, _ = run_cli("fix", str(script), option, "--no-exec", "--no-cache", "--isolated")
+    assert code == 0 and out.strip() == "", out
+
+
+def test_a_lightning_module_fit_uncompiled_is_compiled_in_place_where_it_is_bound_to_a_name(tmp_path):
+    (named,) = scan(FRAMEWORKS / "lightning_named.in.py", "--select", "TC305")
+    assert (named["line"], named["severity"]) == (45, "info")
+    assert named["message"] == "the LightningModule `model` given to `fit` is never compiled: `model.compile()`"
+    assert named["fix"]["available"] is True
+    # Built inside fit(...): no name to compile in place.
+    (inline,) = scan(FRAMEWORKS / "lightning_datamodule.in.py", "--select", "TC305")
+    assert inline["fix"]["reason"].startswith("the LightningModule is built inside the `fit(...)` call (`Regressor()`)")
+    # No forward: compiling the module would compile nothing training_step runs.
+    (no_forward,) = scan(FIXTURES / "scripts" / "tc3_lightning.py", "--select", "TC305")
+    assert no_forward["fix"]["reason"].startswith("`LitConvNet` defines no `forward`")
+    # Compiled already (in place, or torch.compile passed to fit), or on the CPU: silent.
+    text = (FRAMEWORKS / "lightning_named.in.py").read_text(encoding="utf-8")
+    for variant in (text.replace("    trainer = L.Trainer(\n", "    model.compile()\n    trainer = L.Trainer(\n"),
+                    text.replace("trainer.fit(model, loader())", "trainer.fit(torch.compile(model), loader())"),
+                    text.replace("        max_steps=3,\n", "        max_steps=3,\n        accelerator=\"cpu\",\n")):
+        assert variant != text
+        path = tmp_path / "train.py"
+        path.write_text(variant, encoding="utf-8")
+        assert scan(path, "--select", "TC305") == []
 
 
 def test_one_gpu_names_what_to_set_for_lightning_and_the_launch_for_the_hf_trainer():
@@ -159,11 +195,12 @@ def trained(tmp_path_factory):
     from oracle.harness import ScriptRun, run_scripts
 
     runs = []
-    for name in FIXED:
+    pairs = [(name, f"{name}.out.py") for name in FIXED] + [(name, fixed) for name, _, fixed in STRUCTURAL]
+    for name, fixed in pairs:
         if missing(*SCRIPTS[name][0]):
             continue
-        for label, suffix in (("original", ".in.py"), ("patched", ".out.py")):
-            text = (FRAMEWORKS / f"{name}{suffix}").read_text(encoding="utf-8")
+        for label, file in (("original", f"{name}.in.py"), ("patched", fixed)):
+            text = (FRAMEWORKS / file).read_text(encoding="utf-8")
             runs.append(ScriptRun(f"{name}-{label}", text, env=OFFLINE, timeout=300))
     workdir = tmp_path_factory.mktemp("frameworks")
     if not missing("transformers"):
@@ -179,7 +216,7 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*FIXED, "hf_args_module"])
+@pytest.mark.parametrize("name", [*FIXED, *(name for name, _, _ in STRUCTURAL), "hf_args_module"])
 def test_the_patched_script_trains_with_the_originals_losses(trained, name):
     needs = SCRIPTS[name][0] if name in SCRIPTS else ("transformers",)
     if missing(*needs):

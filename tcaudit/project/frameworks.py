@@ -241,6 +241,41 @@ def lightning_hooks(facts: ScriptFacts, name: str) -> list[cst.FunctionDef]:
     return out
 
 
+def lightning_module_class(facts: ScriptFacts, value: cst.BaseExpression) -> cst.ClassDef | None:
+    """The LightningModule subclass of this module that ``value`` builds (``Regressor(width=64)``), if it is one."""
+    if not isinstance(value, cst.Call):
+        return None
+    cls = facts.classes_by_name.get((get_full_name_for_node(value.func) or "").rpartition(".")[2])
+    if cls is None or not _derives_lightning_module(facts, cls, 0):
+        return None
+    return cls
+
+
+def lightning_forward(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) -> bool:
+    """Whether ``cls`` (or a class of this module it derives from) defines ``forward``: what ``torch.compile``
+    of a LightningModule compiles (``training_step`` calling ``self(x)`` runs it; one calling ``self.net(x)``
+    does not)."""
+    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
+        return False
+    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
+        return True
+    for base in cls.bases:
+        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        if parent is not None and parent is not cls and lightning_forward(facts, parent, depth + 1):
+            return True
+    return False
+
+
+def _derives_lightning_module(facts: ScriptFacts, cls: cst.ClassDef, depth: int) -> bool:
+    for base in cls.bases:
+        if _is_lightning_module(facts, base.value):
+            return True
+        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        if depth < 4 and parent is not None and parent is not cls and _derives_lightning_module(facts, parent, depth + 1):
+            return True
+    return False
+
+
 def _is_lightning_module(facts: ScriptFacts, base: cst.BaseExpression) -> bool:
     qual = facts.qualname(base) or ""
     return qual.partition(".")[0] in _LIGHTNING_ROOTS and qual.rpartition(".")[2] == "LightningModule"

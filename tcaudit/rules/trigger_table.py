@@ -191,6 +191,7 @@ TRIGGER_TABLE = {
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
             r"TrainingArguments|SFTConfig|HfArgumentParser",
+            (r"LightningModule", r"\.fit\("),
         ),
         {},
         (),
@@ -519,7 +520,7 @@ TRIGGER_TABLE = {
     "TC601": (
         "loop.tc601_per_step_sync",
         (
-            r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b",
+            r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b|\blog_every_n_steps\b",
         ),
         {},
         (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",),
