@@ -24,13 +24,13 @@ from conftest import FIXTURES, run_cli
 
 FRAMEWORKS = FIXTURES / "frameworks"
 PROJECTS = FRAMEWORKS / "projects"
-RULES = ["TC215", "TC301", "TC307", "TC401", "TC412", "TC505", "TC601"]
+RULES = ["TC215", "TC301", "TC307", "TC401", "TC412", "TC413", "TC505", "TC601"]
 
 # fixture → (the frameworks it imports, the framework findings (rule, line) a scan reports)
 SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "lightning_datamodule": (("lightning",), [("TC215", 40), ("TC301", 40), ("TC307", 26), ("TC505", 40)]),
     "hf_trainer": (("transformers",), [("TC215", 22), ("TC301", 22), ("TC505", 37), ("TC601", 26)]),
-    "hf_padding": (("transformers", "tokenizers"), [("TC412", 47), ("TC505", 46)]),
+    "hf_padding": (("transformers", "tokenizers"), [("TC412", 47), ("TC413", 43), ("TC505", 46)]),
     "accelerate_loop": (("accelerate",), [("TC215", 9)]),
     "accelerate_argparse": (("accelerate",), [("TC215", 17)]),
     "hf_argparser": (("transformers",), [("TC215", 15), ("TC301", 15), ("TC401", 15), ("TC505", 18)]),
@@ -63,7 +63,9 @@ def test_each_script_reports_its_fp32_framework_settings_and_nothing_else(name):
 STRUCTURAL = [("lightning_named", "--compile", "lightning_named.compiled.py")]
 # What is left has no fix: logging every step (TC601, info) is the user's choice, and so is how many GPUs train
 # (TC505: Lightning's `devices`, or launching the Hugging Face Trainer under torchrun).
-LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False), ("TC505", False)], "hf_padding": [("TC505", False)],
+# (TC413: grouping batches by length changes which examples train together.)
+LEFT_AFTER_FIX = {"hf_trainer": [("TC601", False), ("TC505", False)],
+                  "hf_padding": [("TC413", False), ("TC505", False)],
                   "lightning_datamodule": [("TC505", False)]}
 
 
@@ -137,12 +139,22 @@ def test_a_lightning_module_fit_uncompiled_is_compiled_in_place_where_it_is_boun
         assert scan(path, "--select", "TC305") == []
 
 
+def test_ragged_batches_name_both_keywords_and_are_not_regrouped_for_the_user():
+    (finding,) = [f for f in scan(FRAMEWORKS / "hf_padding.in.py") if f["rule"] == "TC413"]
+    assert finding["message"] == ("`TrainingArguments` batches at random and `DataCollatorWithPadding` pads each "
+                                  "to its longest")
+    assert finding["severity"] == "info" and finding["fix"]["available"] is False
+    assert finding["fix"]["reason"].endswith('set `train_sampling_strategy="group_by_length"` (`group_by_length=True` '
+                                             "before transformers 5) by hand")
+    assert (finding["related"][0]["line"], finding["related"][0]["path"]) == (47, finding["path"])
+
+
 def test_one_gpu_names_what_to_set_for_lightning_and_the_launch_for_the_hf_trainer():
     (lightning,) = [f for f in scan(FRAMEWORKS / "lightning_datamodule.in.py") if f["rule"] == "TC505"]
     assert lightning["message"] == "Lightning `Trainer` trains on one GPU: `devices=1`"
     assert lightning["severity"] == "info" and lightning["fix"]["available"] is False
-    assert lightning["fix"]["reason"].startswith('set `devices="auto"` (or `-1`) with `strategy="ddp"` by hand: it decides '
-                                                 "how many processes Lightning launches and the global batch")
+    assert lightning["fix"]["reason"].startswith('set `devices="auto"` (or `-1`) with `strategy="ddp"` by hand: it '
+                                                 "decides how many processes Lightning launches and the global batch")
     (hf,) = [f for f in scan(FRAMEWORKS / "hf_trainer.in.py") if f["rule"] == "TC505"]
     assert hf["message"] == "the Hugging Face Trainer trains in one process unless launched with `torchrun`"
     assert hf["fix"]["reason"].startswith("how the script is launched is outside it: run `torchrun --nproc_per_node=N "
@@ -166,7 +178,8 @@ def test_training_arguments_built_in_another_module_are_reported_at_the_trainer_
     found = sorted((f["rule"], f["path"], f["line"], f["fix"]["available"]) for f in scan(Path("."), cwd=folder))
     assert found == [("TC215", "settings.py", 9, True), ("TC215", "train.py", 22, False),
                      ("TC301", "settings.py", 9, True), ("TC301", "train.py", 22, False),
-                     ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False), ("TC505", "train.py", 22, False),
+                     ("TC401", "settings.py", 9, False), ("TC401", "train.py", 22, False),
+                     ("TC505", "train.py", 22, False),
                      ("TC601", "settings.py", 10, False)]
     # The Trainer's workers, from the same arguments: at the trainer too, declined to where they are built.
     (workers,) = [f for f in scan(Path("train.py"), cwd=folder) if f["rule"] == "TC401"]

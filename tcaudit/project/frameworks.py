@@ -271,8 +271,9 @@ def _derives_lightning_module(facts: ScriptFacts, cls: cst.ClassDef, depth: int)
         if _is_lightning_module(facts, base.value):
             return True
         parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
-        if depth < 4 and parent is not None and parent is not cls and _derives_lightning_module(facts, parent, depth + 1):
-            return True
+        if depth < 4 and parent is not None and parent is not cls:
+            if _derives_lightning_module(facts, parent, depth + 1):
+                return True
     return False
 
 

@@ -403,6 +403,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC413": (
+        "pipeline.tc413_ragged_batches_ungrouped",
+        (
+            (r"TrainingArguments|SFTConfig|HfArgumentParser", r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification)"),
+        ),
+        {},
+        (),
+    ),
     "TC501": (
         "distributed.tc501_dataparallel",
         (

@@ -51,7 +51,8 @@ FIX_CODE = 'torch.set_float32_matmul_precision("high")'
 
 class Tf32Disabled(ScriptRule):
     id = "TC301"
-    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE), r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI")
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),
+                r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not context.settings.target.has_tf32:
@@ -152,7 +153,8 @@ class Tf32Disabled(ScriptRule):
                 explanation=_HF_EXPLANATION + " Set it where the arguments are built.",
                 fix=self.planned_fix(FixClass.NUMERICS, "set tf32 where CUDA has TF32 (Ampere and later)",
                                      lambda where=where: set_where_built(where, f"tf32={_TF32_WHERE_AMPERE}")),
-                related=[self.place(owner.facts, owner.node.func, f"the {owner.label} this trainer gets: fp32, no TF32")],
+                related=[self.place(owner.facts, owner.node.func,
+                                    f"the {owner.label} this trainer gets: fp32, no TF32")],
             )
 
 

@@ -102,7 +102,8 @@ class SingleProcessTraining(ScriptRule):
                 facts,
                 owner.node.func,
                 f"Lightning `{owner.label}` trains on one GPU: {pinned.how}",
-                explanation="With `devices=\"auto\"` (Lightning's default: every visible GPU) or `devices=-1`, Lightning "
+                explanation="With `devices=\"auto\"` (Lightning's default: every visible GPU) or `devices=-1`, "
+                "Lightning "
                 "launches one process per GPU and trains with DistributedDataParallel by itself; "
                 f"`{pinned.key}=1` keeps the rest of the machine idle.",
                 fix=Fix(FixClass.STRUCTURAL, "train on every visible GPU", available=False, reason=_lightning_reason(
@@ -122,7 +123,8 @@ class SingleProcessTraining(ScriptRule):
             "DistributedDataParallel, one process per GPU, with no change to the script.",
             fix=Fix(FixClass.STRUCTURAL, "launch with torchrun", available=False,
                     reason="how the script is launched is outside it: run `torchrun --nproc_per_node=N "
-                    f"{facts.source.path.name}` (the Trainer sets up DDP from torchrun's environment); no code changes"),
+                    f"{facts.source.path.name}` (the Trainer sets up DDP from torchrun's environment); no code "
+                    "changes"),
         )
 
 
@@ -162,7 +164,8 @@ def _lightning_reason(owner: LoopOwner, pinned: Setting) -> str:
               "devices), so the learning rate may need scaling")
     if pinned.source in ("command line", "config"):
         flag = pinned.flag or f"--{pinned.key}"
-        return f"the value comes from the {pinned.source} ({pinned.how}): pass `{flag} -1` or set it in the config; {change}"
+        return (f"the value comes from the {pinned.source} ({pinned.how}): pass `{flag} -1` or set it in the config; "
+                f"{change}")
     return f'set `devices="auto"` (or `-1`) with `strategy="ddp"` by hand: {change}'
 
 
