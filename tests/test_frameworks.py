@@ -38,6 +38,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], list[tuple[str, int]]]] = {
     "near_misses": ((), []),
 }
 FIXED = sorted(name for name in SCRIPTS if (FRAMEWORKS / f"{name}.out.py").is_file())
+C_COMPILER = shutil.which("cc") or shutil.which("gcc")
 OFFLINE = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
            ("TOKENIZERS_PARALLELISM", "false"))
 
@@ -215,6 +216,17 @@ def trained(tmp_path_factory):
         for label, file in (("original", f"{name}.in.py"), ("patched", fixed)):
             text = (FRAMEWORKS / file).read_text(encoding="utf-8")
             runs.append(ScriptRun(f"{name}-{label}", text, env=OFFLINE, timeout=300))
+    if not missing("lightning") and C_COMPILER:
+        # The compile the fix guards on CUDA, made on the CPU (Inductor builds C++): Lightning fits the module
+        # compiled in place, through its compiled forward.
+        text = (FRAMEWORKS / "lightning_named.compiled.py").read_text(encoding="utf-8")
+        forced = text.replace("    if torch.cuda.is_available():\n        model.compile()\n",
+                              "    model.compile()\n    import torch._dynamo\n")
+        forced = forced.replace("    trainer.fit(model, loader())\n", "    trainer.fit(model, loader())\n"
+                                "    print('graphs', torch._dynamo.utils.counters['stats']['unique_graphs'])\n"
+                                "    print('keys', sorted(model.state_dict())[0])\n")
+        assert forced.count("print('graphs'") == 1 and "cuda.is_available():\n        model" not in forced
+        runs.append(ScriptRun("lightning_named-compiled-on-cpu", forced, env=OFFLINE, timeout=600))
     workdir = tmp_path_factory.mktemp("frameworks")
     if not missing("transformers"):
         folder = workdir / "hf_args_module"
@@ -240,6 +252,19 @@ def test_the_patched_script_trains_with_the_originals_losses(trained, name):
     assert len(original.losses) >= 3, original.explain()
     assert patched.losses[0] == original.losses[0]
     assert patched.losses == original.losses
+
+
+@pytest.mark.slow
+def test_lightning_fits_a_module_compiled_in_place_with_the_originals_first_loss(trained):
+    """What ``fix --compile`` writes for a LightningModule, with the compile made on the CPU: Lightning trains
+    through the compiled forward (one graph captured) and the checkpoint keys stay the module's own."""
+    if missing("lightning") or not C_COMPILER:
+        pytest.skip("lightning or a C compiler (for Inductor's CPU code) is missing")
+    original, compiled = trained["lightning_named-original"], trained["lightning_named-compiled-on-cpu"]
+    assert compiled.rc == 0, compiled.explain()
+    assert "graphs 1" in compiled.stdout and "keys net.0.bias" in compiled.stdout, compiled.explain()
+    assert len(compiled.losses) == len(original.losses) >= 3
+    assert compiled.losses[0] == pytest.approx(original.losses[0], rel=1e-5)
 
 
 # -- the model audit reaches the frameworks' models ------------------------------------------------------
