@@ -148,6 +148,11 @@ def test_ragged_batches_name_both_keywords_and_are_not_regrouped_for_the_user():
     assert finding["fix"]["reason"].endswith('set `train_sampling_strategy="group_by_length"` (`group_by_length=True` '
                                              "before transformers 5) by hand")
     assert (finding["related"][0]["line"], finding["related"][0]["path"]) == (47, finding["path"])
+    # The arguments built in another module: reported at the trainer, which gets the collator.
+    (elsewhere,) = scan(Path("."), "--select", "TC413", cwd=PROJECTS / "hf_collator_module")
+    assert (elsewhere["path"], elsewhere["line"]) == ("train.py", 8)
+    assert [(r["path"], r["line"]) for r in elsewhere["related"]] == [("train.py", 9), ("settings.py", 8)]
+    assert "in settings.py:8, where the arguments are built, by hand" in elsewhere["fix"]["reason"]
 
 
 def test_one_gpu_names_what_to_set_for_lightning_and_the_launch_for_the_hf_trainer():

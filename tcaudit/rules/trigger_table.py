@@ -406,7 +406,7 @@ TRIGGER_TABLE = {
     "TC413": (
         "pipeline.tc413_ragged_batches_ungrouped",
         (
-            (r"TrainingArguments|SFTConfig|HfArgumentParser", r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification)"),
+            (r"TrainingArguments|SFTConfig|HfArgumentParser|Trainer\b", r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification)"),
         ),
         {},
         (),
