@@ -6,9 +6,10 @@ padding collators (``DataCollatorWithPadding``, ``DataCollatorForSeq2Seq``,
 function of another project module, then reported at the trainer), leave the sampler at random (neither
 ``train_sampling_strategy`` nor, before transformers 5, ``group_by_length`` written): each batch is padded
 to its longest example and the padding is computed like real tokens. Silent where the arguments run on
-the CPU, pack sequences (TRL's ``packing``/``padding_free``), or the file pads every example to one length (``padding="max_length"``) or streams its dataset (the Trainer
-ignores the sampler for an ``IterableDataset``). Info, no fix: grouping by length changes which
-examples share a batch, which is the user's call.
+the CPU, pack sequences (TRL's ``packing``/``padding_free``), or the file pads every example to one
+length (``padding="max_length"``) or streams its dataset (the Trainer ignores the sampler for an
+``IterableDataset``). Info, no fix: grouping by length changes which examples share a batch, which is the
+user's call.
 """
 
 from __future__ import annotations
