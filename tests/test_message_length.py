@@ -30,6 +30,7 @@ SHORT = frozenset({
     "TC214",
     "TC410",
     "TC411",
+    "TC413",
 })
 CONCISE = re.compile(r"(?P<path>.+?):\d+:\d+: (?P<rule>TC\d{3}) (?P<message>.*)")
 

@@ -30,8 +30,9 @@ EXPECTED = {
     "tc3_seeded_unet.py": [("TC303", 58), ("TC305", 58)],
     # model from a factory, step split over methods; emit_nvtx around fit(); the rest behind flags.
     "tc3_trainer_class.py": [("TC302", 43), ("TC305", 43), ("TC306", 87)],
-    # Lightning owns the loop: only the module-level anomaly switch is plainly user code.
-    "tc3_lightning.py": [("TC306", 15), ("TC307", 36)],
+    # Lightning owns the loop: the module-level anomaly switch is plainly user code; the LightningModule given
+    # to fit is never compiled (TC305, issue 47: declined, it defines no forward).
+    "tc3_lightning.py": [("TC305", 55), ("TC306", 15), ("TC307", 36)],
     "tc3_tuned.py": [],
     "tc3_cpu_only.py": [],
     "tc3_inference.py": [],

@@ -41,14 +41,18 @@ _HF_ARGUMENTS = {
 _HF_TRAINERS = {"transformers": ("Trainer", "Seq2SeqTrainer"), "trl": ("SFTTrainer",)}
 # What each framework trains in when the option is not written (lightning 2.6, transformers 5, accelerate 1).
 DEFAULTS: dict[str, dict[str, object]] = {
-    "lightning": {"precision": "32-true", "accelerator": "auto"},
+    "lightning": {"precision": "32-true", "accelerator": "auto", "devices": "auto", "log_every_n_steps": 50,
+                  "logger": None},
     "transformers": {"bf16": False, "fp16": False, "use_cpu": False, "no_cuda": False, "dataloader_num_workers": 0,
-                     "optim": "adamw_torch_fused", "torch_compile": False},
+                     "optim": "adamw_torch_fused", "torch_compile": False, "tf32": None,
+                     "train_sampling_strategy": "random", "group_by_length": False},
     "accelerate": {"mixed_precision": None, "cpu": False},
 }
 # The text a file must hold for :func:`loop_owners` to find anything (a rule's trigger).
 OWNER_NAMED = r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI"
 Source = Literal["written", "default", "command line", "config"]
+# Lightning's ``precision`` values that train in fp32 (None: not written).
+LIGHTNING_FP32 = (None, 32, "32", "32-true")
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,22 @@ class LoopOwner:
         return Setting(key, None, [Value(default, f"`trainer.{key}` is set nowhere (default {default!r})")],
                        "config", flag)
 
+    def trains_in_fp32(self, values: Values) -> bool:
+        """Whether every value the owner's precision options may hold is fp32: Lightning's ``precision`` at 32,
+        neither ``bf16`` nor ``fp16`` for Hugging Face, accelerate's ``mixed_precision`` "no" or left to the
+        launch. False where a value cannot be read."""
+        if self.framework == "lightning":
+            held = self.setting(values, "precision").values
+            return bool(held) and all(v.value in LIGHTNING_FP32 for v in held)
+        if self.framework == "transformers":
+            for key in ("bf16", "fp16"):
+                held = self.setting(values, key).values
+                if not held or any(v.value is not False for v in held):
+                    return False
+            return True
+        held = self.setting(values, "mixed_precision").values
+        return bool(held) and all(v.value in ("no", None) for v in held)
+
     def cpu_only(self, values: Values) -> bool:
         """Whether the owner visibly trains on the CPU (``accelerator="cpu"``, ``use_cpu=True``,
         ``Accelerator(cpu=True)``): then GPU advice does not apply."""
@@ -220,6 +240,42 @@ def lightning_hooks(facts: ScriptFacts, name: str) -> list[cst.FunctionDef]:
         if isinstance(cls.body, cst.IndentedBlock):
             out += [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name]
     return out
+
+
+def lightning_module_class(facts: ScriptFacts, value: cst.BaseExpression) -> cst.ClassDef | None:
+    """The LightningModule subclass of this module that ``value`` builds (``Regressor(width=64)``), if it is one."""
+    if not isinstance(value, cst.Call):
+        return None
+    cls = facts.classes_by_name.get((get_full_name_for_node(value.func) or "").rpartition(".")[2])
+    if cls is None or not _derives_lightning_module(facts, cls, 0):
+        return None
+    return cls
+
+
+def lightning_forward(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) -> bool:
+    """Whether ``cls`` (or a class of this module it derives from) defines ``forward``: what ``torch.compile``
+    of a LightningModule compiles (``training_step`` calling ``self(x)`` runs it; one calling ``self.net(x)``
+    does not)."""
+    if depth > 4 or not isinstance(cls.body, cst.IndentedBlock):
+        return False
+    if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
+        return True
+    for base in cls.bases:
+        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        if parent is not None and parent is not cls and lightning_forward(facts, parent, depth + 1):
+            return True
+    return False
+
+
+def _derives_lightning_module(facts: ScriptFacts, cls: cst.ClassDef, depth: int) -> bool:
+    for base in cls.bases:
+        if _is_lightning_module(facts, base.value):
+            return True
+        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        if depth < 4 and parent is not None and parent is not cls:
+            if _derives_lightning_module(facts, parent, depth + 1):
+                return True
+    return False
 
 
 def _is_lightning_module(facts: ScriptFacts, base: cst.BaseExpression) -> bool:

@@ -157,6 +157,7 @@ TRIGGER_TABLE = {
         "compile.tc301_tf32_disabled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI",
         ),
         {},
         (),
@@ -190,6 +191,7 @@ TRIGGER_TABLE = {
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
             r"TrainingArguments|SFTConfig|HfArgumentParser",
+            (r"LightningModule", r"\.fit\("),
         ),
         {},
         (),
@@ -401,6 +403,14 @@ TRIGGER_TABLE = {
         {},
         (),
     ),
+    "TC413": (
+        "pipeline.tc413_ragged_batches_ungrouped",
+        (
+            (r"TrainingArguments|SFTConfig|HfArgumentParser|Trainer\b", r"DataCollator(?:WithPadding|ForSeq2Seq|ForTokenClassification)"),
+        ),
+        {},
+        (),
+    ),
     "TC501": (
         "distributed.tc501_dataparallel",
         (
@@ -438,6 +448,7 @@ TRIGGER_TABLE = {
         "distributed.tc505_single_process_training",
         (
             ('\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d', r"\.\s*backward\b", r"\.\s*step\b"),
+            r"Trainer\b|LightningCLI",
         ),
         {},
         (),
@@ -517,7 +528,7 @@ TRIGGER_TABLE = {
     "TC601": (
         "loop.tc601_per_step_sync",
         (
-            r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b",
+            r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b|\blog_every_n_steps\b",
         ),
         {},
         (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",),

@@ -30,7 +30,6 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 
-_LIGHTNING_FP32 = (None, 32, "32", "32-true")
 _EXPLANATION = ("Without mixed precision every matmul and convolution runs in fp32, off the Tensor Cores' bf16/fp16 "
                 "path (8-16x the fp32 throughput on Ampere and later); the framework's own option turns autocast on "
                 "for the forward and the loss.")
@@ -90,25 +89,19 @@ def _who(owner: LoopOwner) -> str:
 
 def _fp32(owner: LoopOwner, values: Values) -> tuple[Setting, str] | None:
     """(the setting to change, why it is fp32) when every value the owner may train with is fp32."""
+    if not owner.trains_in_fp32(values):
+        return None
     if owner.framework == "lightning":
         precision = owner.setting(values, "precision")
-        held = precision.values
-        if not held or not all(v.value in _LIGHTNING_FP32 for v in held):
-            return None
         return precision, precision.how
     if owner.framework == "transformers":
         bf16, fp16 = owner.setting(values, "bf16"), owner.setting(values, "fp16")
-        for setting in (bf16, fp16):
-            if not setting.values or any(v.value is not False for v in setting.values):
-                return None
         if bf16.source == "default" and fp16.source == "default":
             return bf16, "neither `bf16` nor `fp16` is set (both default to False)"
         if bf16.source == "command line" and fp16.source == "command line":
             return bf16, "`--bf16` and `--fp16` are not passed (both default to False)" if not bf16.arg else bf16.how
         return (fp16 if fp16.arg is not None and bf16.arg is None else bf16), f"{bf16.how}, {fp16.how}"
     mixed = owner.setting(values, "mixed_precision")
-    if not mixed.values or not all(v.value in ("no", None) for v in mixed.values):
-        return None
     if mixed.source == "config":
         return mixed, "no `mixed_precision` given, so `accelerate launch` decides (\"no\" unless told)"
     if all(v.value is None for v in mixed.values):

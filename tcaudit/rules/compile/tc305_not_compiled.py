@@ -26,7 +26,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model_profile import SMALL_STEP_MS
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, ensure_import, parse_statement, torch_import_name
-from tcaudit.project.frameworks import LoopOwner, Setting, loop_owners
+from tcaudit.project.frameworks import LoopOwner, Setting, lightning_forward, lightning_module_class, loop_owners
 from tcaudit.rewrite.edits import (
     AddKeyword,
     KeywordPlan,
@@ -64,13 +64,15 @@ COMPILERS = ("torch.compile", "torch.jit", "torch._dynamo", "torch._C._jit", "to
 
 class NotCompiled(ScriptRule):
     id = "TC305"
-    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE), r"TrainingArguments|SFTConfig|HfArgumentParser")
+    triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE), r"TrainingArguments|SFTConfig|HfArgumentParser",
+                all_of(r"LightningModule", r"\.fit\("))
     after = ("TC304",)  # the legacy TorchScript flags TC304's fix deletes are not the script's compiling
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         pipeline = pipeline_facts(facts)
         if not pipeline.owns_cuda_training:
             yield from self._hf_arguments(facts, context)
+            yield from self._lightning_modules(facts, context)
         if not pipeline.owns_cuda_training or _compiles_on_purpose(facts, context):
             return
         compiled = _compiled_in_place(facts)
@@ -148,6 +150,75 @@ class NotCompiled(ScriptRule):
                                      lambda owner=owner, setting=setting: _hf_compile_plan(owner, setting),
                                      option="compile", context=context),
             )
+
+
+    def _lightning_modules(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
+        """LightningModules of this file that a Lightning ``Trainer`` of this file fits (``trainer.fit(model,
+        ...)``) and nothing compiles. Fixed under ``fix --compile`` as TC305 compiles a script's model: in
+        place (``model.compile()``, Lightning calls the module's compiled forward from ``training_step``, and
+        the checkpoint keys stay the same), on CUDA, after the statement that builds it."""
+        values = context.values(facts)
+        trainers = {id(o.node) for o in loop_owners(facts)
+                    if o.framework == "lightning" and o.label == "Trainer" and not o.cpu_only(values)}
+        if not trainers or _compiles_on_purpose(facts, context):
+            return
+        compiled = _compiled_in_place(facts)
+        seen: set[str] = set()
+        for call in facts.calls:
+            if call.method != "fit" or call.receiver is None or not _fits_with(facts, call.receiver, trainers):
+                continue
+            given = call.arg("model", 0)
+            if given is None:
+                continue
+            name = get_full_name_for_node(given) if isinstance(given, (cst.Name, cst.Attribute)) else None
+            if name is not None and (name in compiled or name in seen):
+                continue
+            built = [v for v in facts.binding_values(given) if isinstance(v, cst.Call)] if name else [given]
+            classes = [lightning_module_class(facts, v) for v in built]
+            if not built or not all(classes):
+                continue  # not a LightningModule this file builds (a compiled one, one from a factory)
+            seen.add(name or "")
+            code = f"{name or 'model'}.compile()"
+            explanation = (
+                f"`{code}` (in place: Lightning calls the compiled forward from `training_step`, and checkpoint keys "
+                "stay the same; Lightning's docs pass `torch.compile(model)` to `fit`, which it unwraps to the same) "
+                "fuses its elementwise ops and cuts Python overhead" + context.cost(self.spec, "compiled") + "."
+            )
+            label = f"`{name}`" if name else f"`{classes[0].name.value}(...)`"
+            yield self.finding(
+                facts,
+                given,
+                f"the LightningModule {label} given to `fit` is never compiled: `{code}`",
+                explanation=explanation,
+                fix=self.planned_fix(
+                    FixClass.STRUCTURAL, "compile the LightningModule in place on CUDA (tcaudit fix --compile)",
+                    lambda name=name, classes=classes, given=given: _lightning_plan(facts, name, classes, given),
+                    option="compile", context=context,
+                ),
+            )
+
+
+def _fits_with(facts: ScriptFacts, receiver: cst.BaseExpression, trainers: set[int]) -> bool:
+    """``receiver`` (of a ``.fit(...)``) is one of the Lightning ``Trainer(...)`` calls ``trainers``, or a name
+    bound only to them."""
+    values = facts.binding_values(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else [receiver]
+    calls = [v for v in values if isinstance(v, cst.Call)]
+    return bool(calls) and all(id(v) in trainers for v in calls)
+
+
+def _lightning_plan(facts: ScriptFacts, name: str | None, classes, given: cst.BaseExpression) -> "CompileInPlace":
+    without = [cls.name.value for cls in classes if not lightning_forward(facts, cls)]
+    if without:
+        raise DeclineFix(
+            f"`{without[0]}` defines no `forward`: its `training_step` calls its layers itself, and compiling the "
+            "module compiles only `forward`; compile the submodules `training_step` runs by hand (`self.net.compile()`)"
+        )
+    if name is None:
+        raise DeclineFix(
+            f"the LightningModule is built inside the `fit(...)` call (`{facts.module.code_for_node(given)}`): bind it "
+            "to a name first (`model = ...`), then `model.compile()` before `fit`"
+        )
+    return _compile_plan(facts, name, f"{name}.compile()", facts.position(given).end.line)
 
 
 def _hf_compile_plan(owner: LoopOwner, setting: Setting) -> KeywordPlan:

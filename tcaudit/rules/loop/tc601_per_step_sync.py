@@ -26,7 +26,7 @@ from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_t
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.script.steps import is_interval_guard, is_opt_in_flag, runs_every_step
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import keyword, nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
@@ -312,7 +312,7 @@ class PerStepSync(ScriptRule):
     # Necessary: a training step (a sync can be any formatting of a tensor, so no narrower text).
     # Or a call that may run a training loop of another module (``trainer.fit(...)``, ``train(...)``):
     # a prefilter only, what is reported is decided by following the call.
-    triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b",)
+    triggers = (r"\.backward\(|\.step\(|\b(fit|train)\w*\(|\blogging_steps\b|\blog_every_n_steps\b",)
     # A helper module with a sync that training scripts of the project import (a loss helper, a meter):
     # judged from those scripts, so a scan of the helper alone (the editor, pre-commit) reports it.
     helper_triggers = (r"\.(item|cpu|numpy|tolist)\(|synchronize\(",)
@@ -441,6 +441,8 @@ class PerStepSync(ScriptRule):
         Silent where ``logging_strategy`` is not "steps", on the CPU, and for a value it cannot read."""
         values = context.values(facts)
         for owner in loop_owners(facts):
+            if owner.framework == "lightning" and not owner.cpu_only(values):
+                yield from self._lightning_logging(facts, owner, values, cost)
             if owner.framework != "transformers" or owner.parsed_by is not None or owner.cpu_only(values):
                 continue
             setting = owner.setting(values, "logging_steps")
@@ -462,6 +464,40 @@ class PerStepSync(ScriptRule):
                 fix=Fix(FixClass.SAFE, "log less often", available=False,
                         reason="how often to log is the user's decision: set a larger `logging_steps` by hand"),
             )
+
+    def _lightning_logging(self, facts: ScriptFacts, owner, values, cost: str) -> Iterator[Finding]:
+        """A Lightning trainer that logs every step (``log_every_n_steps=1``, in the script or in a
+        LightningCLI config) with a logger, for a LightningModule of this file whose ``training_step`` logs
+        per step with ``self.log``: at each logging step ``LoggerConnector.log_metrics`` turns every logged
+        tensor into a number (``convert_tensors_to_scalars``, ``.item()``; lightning 2.6). Silent with
+        ``logger=False`` or ``barebones=True`` (nothing is sent), and where no training step of the file logs
+        per step (whether a module of another file does is not followed)."""
+        setting = owner.setting(values, "log_every_n_steps")
+        if setting.source == "default" or not setting.values:
+            return
+        ones = (1, "1") if setting.source == "config" else (1,)
+        if not all(v.value in ones and type(v.value) is not bool for v in setting.values):
+            return
+        for key in ("logger", "barebones"):
+            held = owner.setting(values, key).values
+            off = False if key == "logger" else True
+            if held and all(v.value is off for v in held) and owner.setting(values, key).source != "default":
+                return
+        if not _logs_every_step(facts):
+            return
+        yield self.finding(
+            facts,
+            setting.arg if setting.arg is not None else owner.node.func,
+            f"Lightning `{owner.label}` logs every step ({setting.how}): the logged tensors reach the host each step",
+            severity=Severity.INFO,
+            explanation="At each logging step Lightning turns every value `training_step` hands to `self.log` into a "
+            "Python number for the loggers (`LoggerConnector.log_metrics`: `.item()`, lightning 2.6); every step "
+            f"here, so each one waits for the GPU{cost}. Little where each step is long; Lightning's default "
+            "`log_every_n_steps` is 50.",
+            fix=Fix(FixClass.SAFE, "log less often", available=False,
+                    reason="how often to log is the user's decision: set a larger `log_every_n_steps` (Lightning's "
+                    "default is 50) by hand"),
+        )
 
     # -- helpers of other modules ---------------------------------------------------------------------
     def _in_other_modules(self, facts: ScriptFacts, info: DistributedFacts, context: RuleContext, cost: str) -> Iterator[Finding]:
@@ -651,6 +687,19 @@ class PerStepSync(ScriptRule):
             available=False,
             reason="how often to log is the user's decision; the value must be kept on the device or logged less often by hand",
         )
+
+
+def _logs_every_step(facts: ScriptFacts) -> bool:
+    """Whether a ``training_step`` of this file's LightningModules calls ``self.log``/``self.log_dict`` without
+    ``on_step=False`` (in ``training_step`` Lightning logs on each step by default)."""
+    for fn in lightning_training_steps(facts):
+        for call in facts.calls_in(fn):
+            if call.receiver_name != "self" or call.method not in ("log", "log_dict"):
+                continue
+            on_step = keyword(call.node, "on_step")
+            if on_step is None or literal_value(on_step.value) is not False:
+                return True
+    return False
 
 
 def _is_one(value: object) -> bool:
