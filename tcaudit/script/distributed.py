@@ -27,7 +27,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import keyword, strip_comments
+from tcaudit.source.syntax import code_text, keyword, strip_comments
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -37,7 +37,8 @@ EVAL_NAME = re.compile(r"(^|[._])(val|valid|validation|test|testing|eval|evaluat
 TRAIN_NAME = re.compile(r"train", re.IGNORECASE)
 _SCHEDULER = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
 
-# Text that shows a script is already launched as several processes, or hands that to a framework.
+# Code (not comments or docstrings) that shows a script is already launched as several processes, or hands
+# that to a framework.
 _MULTI_PROCESS_TEXT = re.compile(
     r"\bLOCAL_RANK\b|\bWORLD_SIZE\b|\blocal_rank\b|\bworld_size\b|torchrun|torch\.distributed\.(run|launch)"
     r"|\bhorovod\b|\bhvd\b|\bdeepspeed\b|\btorch_xla\b|\bxla\b|\bray\b|\bFabric\b|\baccelerate\b|\blightning\b"
@@ -404,7 +405,7 @@ class DistributedFacts:
                 break
         if facts.references_to("torch.distributed", "torch.multiprocessing"):
             reasons.append("uses torch.distributed / torch.multiprocessing")
-        match = _MULTI_PROCESS_TEXT.search(self.text)
+        match = _MULTI_PROCESS_TEXT.search(code_text(facts.source.text))  # a docstring's "torchrun" launches nothing
         if match:
             reasons.append(f"mentions {match.group(0)}")
         return reasons
