@@ -6,6 +6,7 @@ The two-rank runs of the converted project fixtures (fixtures/projects/ddp_*) ar
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -213,3 +214,64 @@ def test_a_folder_fix_writes_the_loader_module_first_and_still_converts_the_scri
     again = {p: p.read_bytes() for p in folder.rglob("*.py")}
     run_cli("fix", ".", "--ddp", "--apply", "--select", "TC5", "--isolated", "--no-cache", "--no-exec", cwd=folder)
     assert {p: p.read_bytes() for p in folder.rglob("*.py")} == again
+
+
+def test_a_datamodule_classs_training_loader_is_sharded_where_it_is_built_and_reseeded_where_the_loop_is(tmp_path):
+    """Plain PyTorch, no Lightning: data/module.py's ``DataModule.train_dataloader()`` builds the training
+    loader, the epoch loop iterates ``dm.train_dataloader()``. The method gets the guarded DistributedSampler,
+    the loop names that epoch's loader and reseeds it; val_dataloader() stays whole. TC503 afterwards sees the
+    same loader: silent on the fixed project, and it reports it again once the module loses its sampler."""
+    folder = _copy("ddp_datamodule", tmp_path)
+    original = (folder / "data" / "module.py").read_text(encoding="utf-8")
+    code, out, err = _fix(folder, "train.py", "--apply")
+    assert "fixed data/module.py (TC503)" in err and "fixed train.py (TC504, TC505)" in err, err
+    module = (folder / "data" / "module.py").read_text(encoding="utf-8")
+    assert module == original.replace(
+        "import torch\n", "import torch\nimport torch.distributed as dist\n").replace(
+        "from torch.utils.data import DataLoader, TensorDataset\n",
+        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n"
+    ).replace(
+        "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)\n",
+        "        # DDP (tcaudit fix --ddp): each rank reads its own shard while a process group is up.\n"
+        "        sampler = DistributedSampler(self.train_set, shuffle=True) if dist.is_available() and "
+        "dist.is_initialized() else None\n"
+        "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=sampler is None, drop_last=True, "
+        "sampler=sampler)\n")
+    assert "        return DataLoader(self.val_set, batch_size=self.batch_size)\n" in module
+    train = (folder / "train.py").read_text(encoding="utf-8")
+    assert ("    for epoch in range(2):\n"
+            "        model.train()\n"
+            "        train_loader = dm.train_dataloader()\n"
+            "        if hasattr(train_loader.sampler, \"set_epoch\"):\n"
+            "            train_loader.sampler.set_epoch(epoch)\n"
+            "        for x, y in train_loader:\n") in train, train
+    code, out, err = run_cli("scan", ".", "--select", "TC503,TC504,TC505", "--isolated", "--no-cache", "--no-exec",
+                             "--format", "json", cwd=folder)
+    assert code == 0 and json.loads(out)["findings"] == [], out
+    (folder / "data" / "module.py").write_text(original, encoding="utf-8")
+    code, out, err = run_cli("scan", ".", "--select", "TC503", "--isolated", "--no-cache", "--no-exec",
+                             "--format", "json", cwd=folder)
+    assert sorted((f["path"], f["line"]) for f in json.loads(out)["findings"]) == [("data/module.py", 20),
+                                                                                ("train.py", 22)], out
+
+
+def test_a_datamodule_the_script_gets_from_a_factory_declines_naming_the_loader(tmp_path):
+    """``dm = make_datamodule(4)``: the object's class is not followed through the factory, so the loader
+    its method builds cannot get a sampler. Converting anyway (the script's own evaluation loader is
+    visible) would train every rank on the same batches: the conversion declines, naming the loop's loader."""
+    folder = _copy("ddp_datamodule", tmp_path)
+    with open(folder / "data" / "module.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef make_datamodule(batch_size):\n    return DataModule(batch_size)\n")
+    train = folder / "train.py"
+    train.write_text(train.read_text(encoding="utf-8").replace(
+        "from data.module import DataModule\n",
+        "from torch.utils.data import DataLoader, TensorDataset\n\nfrom data.module import make_datamodule\n").replace(
+        "    dm = DataModule(batch_size=4)\n", "    dm = make_datamodule(4)\n").replace(
+        "    dm.setup()\n",
+        "    dm.setup()\n    val_loader = DataLoader(TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,))), "
+        "batch_size=4)\n").replace("for x, y in dm.val_dataloader())", "for x, y in val_loader)"), encoding="utf-8")
+    before = {p: p.read_bytes() for p in folder.rglob("*.py")}
+    code, out, err = _fix(folder, ".", "--apply")
+    assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
+    assert ("train.py:20: TC505 no fix: the training loop iterates `dm.train_dataloader()` (line 20), whose DataLoader "
+            "tcaudit cannot follow to give it a DistributedSampler") in err, err

@@ -41,6 +41,8 @@ CONVERTED = {
     "ddp_mnist_kwargs": (["--epochs", "1", "--batch-size", "4", "--test-batch-size", "4", "--samples", "16", "--save-model"], 16, 1),
     # Its docstrings and comments mention torchrun, LOCAL_RANK, world_size and Lightning: it is still one process.
     "ddp_docstring_mentions_torchrun": (["--epochs", "2"], 32, 2),
+    # The loader comes from a DataModule-like class's method, called in the batch loop's header each epoch.
+    "ddp_datamodule_class": (["--epochs", "2"], 32, 2),
     "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),
 }
 

@@ -53,7 +53,9 @@ from tcaudit.script.loader_sharding import (
     BATCH_SAMPLER_POSITION,
     SAMPLER_POSITION,
     SELF_SHARDING_LIBRARIES,
+    made_by,
     plain_sampler,
+    step_loop_sources,
     unsharded_training_loaders,
 )
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
@@ -156,6 +158,29 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
                 f"the training DataLoader is built by {loader.described}, where it cannot get a DistributedSampler "
                 f"({decline}); without one every rank would read the whole dataset: shard it by hand"
             ) from None
+
+
+def check_training_sources(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> None:
+    """Each training loop must iterate a loader the conversion can follow to its DataLoader: one of this
+    file (directly or from a function that returns it) or one a helper of another module builds
+    (``elsewhere``). A method of an object the file made (``for x, y in dm.train_dataloader():`` where
+    ``dm = make_datamodule(cfg)`` comes from a factory) hides its DataLoader: declined, naming it, since
+    the conversion would wrap the model and leave every rank reading the whole dataset."""
+    info = distributed_facts(facts)
+    known = {id(call.node) for call in info.dataloaders}
+    known |= {id(made) for call in info.dataloaders for made in made_by(facts, call)}
+    known |= {id(loader.call.node) for loader in elsewhere}
+    for source in step_loop_sources(facts, info):
+        if id(source) in known or not isinstance(source, cst.Call) or not isinstance(source.func, cst.Attribute):
+            continue
+        receiver = source.func.value
+        if not isinstance(receiver, cst.Name) or receiver.value == "self" or not facts.bindings_of(receiver.value):
+            continue  # a module's function, a parameter, the object's own method: not this shape
+        raise DeclineFix(
+            f"the training loop iterates `{facts.module.code_for_node(source)}` (line {facts.line_of(source)}), whose "
+            "DataLoader tcaudit cannot follow to give it a DistributedSampler; DDP without one trains every rank on "
+            "the same batches: shard that loader by hand"
+        )
 
 
 @dataclass
