@@ -607,6 +607,51 @@ class DdpConversion:
                     )
                 plan.module_values.add(id(arg.value))
 
+    def _check_holder_handed_out(self, plan: DdpLayout) -> None:
+        """``self.model`` wrapped, and ``self`` handed to other code (``callback.on_epoch_end(self, epoch)``):
+        what that code reads of ``trainer.model`` (``trainer.model.head``, its ``state_dict()``) now meets the
+        DDP wrapper. Where the callee is a function tcaudit can read (in this or another project module) and
+        reads nothing of the model beyond what DDP answers itself, the conversion goes on; otherwise it
+        declines, naming the call or the read."""
+        if not plan.model.startswith("self.") or plan.wrap_function is None:
+            return
+        facts = self.facts
+        attr = plan.model.split(".", 1)[1]
+        cls = next((c for c, _ in facts.classes if contains(c, plan.wrap_function)), None)
+        if cls is None:
+            return
+        for call in facts.calls:
+            if call.ctx.class_def is not cls or call.ctx.function is None:
+                continue
+            for arg in call.node.args:
+                if arg.star or not isinstance(arg.value, cst.Name) or arg.value.value != "self":
+                    continue
+                if call.receiver_name == "self":
+                    continue  # the class's own methods see the wrapped attribute as the conversion edits them
+                shown = facts.module.code_for_node(call.node.func)
+                symbol = self.project.callee(facts, call) if self.project is not None else None
+                if symbol is None and (call.qualname is not None or call.name in _BUILTINS_TAKING_ANY):
+                    continue  # a library's function or a builtin (``logging.info("%s", self)``, ``print(self)``)
+                local = facts.functions_by_name.get(call.name or "", []) if symbol is None else []
+                target = symbol.function if symbol is not None else (local[0] if len(local) == 1 else None)
+                if target is None:
+                    raise DeclineFix(
+                        f"`self`, which holds the wrapped `{plan.model}`, is handed to `{shown}(...)` (line "
+                        f"{facts.line_of(call.node)}), which tcaudit cannot follow: code there that reads "
+                        f"`.{attr}`'s attributes or its state_dict() would meet DistributedDataParallel; unwrap it "
+                        f"there (`.{attr}.module`) or convert by hand"
+                    )
+                param = _receiving_param(target, call.node, arg, constructor=target.name.value == "__init__")
+                where = symbol.module.display_path if symbol is not None else facts.source.display_path
+                into = symbol.module.facts if symbol is not None else facts
+                read = _holder_read(into, target, param, attr) if param is not None else None
+                if read is not None:
+                    raise DeclineFix(
+                        f"`{shown}()` ({where}) reads `{read[0]}` (line {read[1]}) of the object holding the "
+                        f"wrapped `{plan.model}`, which DistributedDataParallel does not answer; unwrap it there "
+                        f"(`.{attr}.module`) or convert by hand"
+                    )
+
     def _sees_wrapped(self, call, plan: DdpLayout) -> bool:
         """Whether the model's name at ``call`` holds the DDP wrapper: after the wrap in its own scope (not
         rebound since), in a helper handed the wrapped model, or, for ``self.model``, in the class's
@@ -766,6 +811,7 @@ class DdpConversion:
         self._collect_rank_zero(plan)
         self._collect_module_reads(plan)
         self._collect_bare_arguments(plan)
+        self._check_holder_handed_out(plan)
         self._collect_devices(plan)
         return plan
 
@@ -1053,6 +1099,24 @@ def _receiving_param(fn: cst.FunctionDef, call: cst.Call, arg: cst.Arg, construc
     positional = [a for a in call.args if a.keyword is None and not a.star]
     index = next(i for i, a in enumerate(positional) if a is arg)
     return params[index] if index < len(params) else None
+
+
+# Builtins that take any object and read nothing of a model inside it.
+_BUILTINS_TAKING_ANY = frozenset({"print", "isinstance", "getattr", "hasattr", "setattr", "id", "repr", "str", "type",
+                                  "vars", "len", "format"})
+
+
+def _holder_read(facts: ScriptFacts, fn: cst.FunctionDef, param: str, attr: str) -> tuple[str, int] | None:
+    """The first read in ``fn`` of ``<param>.<attr>.<name>`` that DDP does not answer itself (its own API but
+    ``state_dict``, whose keys it prefixes with ``module.``), or of ``<param>.<attr>`` handed on whole."""
+    holder = f"{param}.{attr}"
+    for node in nodes_of(fn, cst.Attribute):
+        if attribute_chain(node.value) == holder and (node.attr.value not in MODULE_API or node.attr.value == "state_dict"):
+            return f"{holder}.{node.attr.value}", facts.line_of(node)
+    for call in nodes_of(fn, cst.Call):
+        if any(not a.star and attribute_chain(a.value) == holder for a in call.args):
+            return f"{holder}", facts.line_of(call)
+    return None
 
 
 def bare_reads(project: Project, module: ProjectModule, fn: cst.FunctionDef, param: str, depth: int,

@@ -579,26 +579,25 @@ def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> 
 
 
 def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Binding]]:
-    """Names the loader is bound to, with those bindings: its assignment target, and the targets of
-    calls of the helper that returns it (``train_loader = build_loader(...)``, ``self.loader =
-    self._make_loader()``)."""
+    """Names the loader is bound to, with those bindings: its assignment target, the targets of calls of
+    the helper that returns it (``train_loader = build_loader(...)``, ``self.loader =
+    self._make_loader()``), and the attribute a class it is handed to keeps it in (``self.loader``)."""
     out: dict[str, list[Binding]] = {}
     for binding in facts.bindings:
         if binding.value is loader.node:
             out.setdefault(binding.target, []).append(binding)
     fn = loader.ctx.function
-    if fn is None:
-        return out
     targets = set(out)
-    returned = function_returns(fn)
-    if not any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
-        return out
-    for binding in facts.bindings:
-        value = binding.value
-        if isinstance(value, cst.Call):
-            callee = get_full_name_for_node(value.func) or ""
-            if callee.removeprefix("self.") == fn.name.value:
-                out.setdefault(binding.target, []).append(binding)
+    returned = function_returns(fn) if fn is not None else []
+    if any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
+        for binding in facts.bindings:
+            value = binding.value
+            if isinstance(value, cst.Call):
+                callee = get_full_name_for_node(value.func) or ""
+                if callee.removeprefix("self.") == fn.name.value:
+                    out.setdefault(binding.target, []).append(binding)
+    # Handed to a class that keeps it (``Trainer(model, loader)``), whether built where it is handed on
+    # or returned by a helper first.
     for name in [n for n in out if "." not in n]:
         out.update(_kept_by_classes(facts, name))
     return out
