@@ -229,14 +229,15 @@ def test_a_datamodule_classs_training_loader_is_sharded_where_it_is_built_and_re
     assert module == original.replace(
         "import torch\n", "import torch\nimport torch.distributed as dist\n").replace(
         "from torch.utils.data import DataLoader, TensorDataset\n",
-        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "from torch.utils.data.distributed import DistributedSampler\n"
     ).replace(
         "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)\n",
         "        # DDP (tcaudit fix --ddp): each rank reads its own shard while a process group is up.\n"
         "        sampler = DistributedSampler(self.train_set, shuffle=True) if dist.is_available() and "
         "dist.is_initialized() else None\n"
-        "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=sampler is None, drop_last=True, "
-        "sampler=sampler)\n")
+        "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=sampler is None, "
+        "drop_last=True, sampler=sampler)\n")
     assert "        return DataLoader(self.val_set, batch_size=self.batch_size)\n" in module
     train = (folder / "train.py").read_text(encoding="utf-8")
     assert ("    for epoch in range(2):\n"
@@ -345,9 +346,10 @@ def test_a_factory_returning_the_train_and_val_loaders_shards_only_the_training_
     code, out, err = _fix(folder, ".", "--apply")
     assert "fixed data/loaders.py (TC503)" in err and "fixed train.py (TC505, TC504)" in err, err
     loaders = (folder / "data" / "loaders.py").read_text(encoding="utf-8")
-    assert "    val_loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=workers)\n" in loaders
-    assert ("    sampler = DistributedSampler(train_set, shuffle=True) if dist.is_available() and dist.is_initialized() "
-            "else None\n") in loaders
+    assert ("    val_loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, "
+            "num_workers=workers)\n") in loaders
+    assert ("    sampler = DistributedSampler(train_set, shuffle=True) if dist.is_available() and "
+            "dist.is_initialized() else None\n") in loaders
     train = (folder / "train.py").read_text(encoding="utf-8")
     assert ('        if hasattr(train_loader.sampler, "set_epoch"):\n'
             "            train_loader.sampler.set_epoch(epoch)\n"
@@ -355,3 +357,19 @@ def test_a_factory_returning_the_train_and_val_loaders_shards_only_the_training_
     code, out, err = run_cli("scan", ".", "--select", "TC503,TC504,TC505", "--isolated", "--no-cache", "--no-exec",
                              "--format", "json", cwd=folder)
     assert code == 0 and json.loads(out)["findings"] == [], out
+
+
+def test_a_datamodule_that_builds_its_loader_in_setup_declines_naming_the_loader(tmp_path):
+    """``setup()`` keeps ``self._train = DataLoader(...)`` and ``train_dataloader()`` returns it: the DataLoader
+    is not built where the method returns it, so no sampler is placed; declined rather than unsharded."""
+    folder = _copy("ddp_datamodule", tmp_path)
+    module = folder / "data" / "module.py"
+    module.write_text(module.read_text(encoding="utf-8").replace(
+        "    def train_dataloader(self):\n"
+        "        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)\n",
+        "        self._train = DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)\n\n"
+        "    def train_dataloader(self):\n        return self._train\n"), encoding="utf-8")
+    before = {p: p.read_bytes() for p in folder.rglob("*.py")}
+    code, out, err = _fix(folder, ".", "--apply")
+    assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
+    assert "train.py:17: TC505 no fix: the training loop iterates `dm.train_dataloader()` (line 17)" in err, err

@@ -104,8 +104,8 @@ def test_only_code_says_a_script_is_already_distributed(tmp_path):
     target = tmp_path / "train.py"
     target.write_text(text, encoding="utf-8")
     assert [f.rule for f in scan_paths([str(target)], select=("TC505",)).findings] == ["TC505"]
-    launched = text.replace('    device = "cuda" if torch.cuda.is_available() else "cpu"  # one GPU (torchrun: not yet)\n',
-                            '    device = f"cuda:{os.environ[\'LOCAL_RANK\']}"\n')
+    one_gpu = '    device = "cuda" if torch.cuda.is_available() else "cpu"  # one GPU (torchrun: not yet)\n'
+    launched = text.replace(one_gpu, '    device = f"cuda:{os.environ[\'LOCAL_RANK\']}"\n')
     assert launched != text
     target.write_text(launched, encoding="utf-8")
     assert scan_paths([str(target)], select=("TC505",)).findings == []

@@ -1111,7 +1111,8 @@ def _holder_read(facts: ScriptFacts, fn: cst.FunctionDef, param: str, attr: str)
     ``state_dict``, whose keys it prefixes with ``module.``), or of ``<param>.<attr>`` handed on whole."""
     holder = f"{param}.{attr}"
     for node in nodes_of(fn, cst.Attribute):
-        if attribute_chain(node.value) == holder and (node.attr.value not in MODULE_API or node.attr.value == "state_dict"):
+        read = node.attr.value
+        if attribute_chain(node.value) == holder and (read not in MODULE_API or read == "state_dict"):
             return f"{holder}.{node.attr.value}", facts.line_of(node)
     for call in nodes_of(fn, cst.Call):
         if any(not a.star and attribute_chain(a.value) == holder for a in call.args):

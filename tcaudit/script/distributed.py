@@ -405,7 +405,9 @@ class DistributedFacts:
                 break
         if facts.references_to("torch.distributed", "torch.multiprocessing"):
             reasons.append("uses torch.distributed / torch.multiprocessing")
-        match = _MULTI_PROCESS_TEXT.search(code_text(facts.source.text))  # a docstring's "torchrun" launches nothing
+        # A docstring's "torchrun" launches nothing: code only (tokenized where the cheap search finds one).
+        text = facts.source.text
+        match = _MULTI_PROCESS_TEXT.search(text) and _MULTI_PROCESS_TEXT.search(code_text(text))
         if match:
             reasons.append(f"mentions {match.group(0)}")
         return reasons

@@ -54,7 +54,8 @@ def is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bo
         # A Dataset class of this file that picks its rank's part itself.
         if isinstance(value, cst.Call):
             cls = classes.get(callee_class(value))
-            if cls is not None and SHARDED_TEXT.search(code_text(code(facts, cls))):  # its code, not its docstring
+            text = code(facts, cls) if cls is not None else ""
+            if SHARDED_TEXT.search(text) and SHARDED_TEXT.search(code_text(text)):  # its code, not its docstring
                 return True
     return False
 

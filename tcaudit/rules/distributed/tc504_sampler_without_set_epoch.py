@@ -337,7 +337,8 @@ def _hoisted(facts: ScriptFacts, call: CallSite, loop: Frame, epoch: str | None)
                           code_, before=batch_loop, hoisted=call.node, name=name)
 
 
-def _hoisted_method_loader(facts: ScriptFacts, sampler: CallSite, loop: Frame, epoch: str | None) -> InsertSetEpoch | None:
+def _hoisted_method_loader(facts: ScriptFacts, sampler: CallSite, loop: Frame,
+                           epoch: str | None) -> InsertSetEpoch | None:
     """The sampler's DataLoader is returned by a function or method of this file (``DataModule.train_dataloader``)
     that the epoch loop calls once, in a batch loop's header: that call, named and reseeded (:func:`_hoisted`)."""
     loader = _loader_holding(facts, sampler, distributed_facts(facts).target_of(sampler.node))
