@@ -373,3 +373,20 @@ def test_a_datamodule_that_builds_its_loader_in_setup_declines_naming_the_loader
     code, out, err = _fix(folder, ".", "--apply")
     assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
     assert "train.py:17: TC505 no fix: the training loop iterates `dm.train_dataloader()` (line 17)" in err, err
+
+
+def test_a_helper_module_whose_fix_cannot_find_the_script_declines_the_conversion(tmp_path, monkeypatch):
+    """The sampler in data/module.py is placed by that module's own fix (TC503), which finds the scripts that
+    train with its loader by searching the project for their imports, up to a number of files. In a large
+    repository the search can stop before it reaches train.py (here: after none): the script is then not
+    converted, naming the loader, rather than converted with every rank reading the whole dataset."""
+    import tcaudit.project.importers as importers
+
+    folder = _copy("ddp_datamodule", tmp_path)
+    monkeypatch.setattr(importers, "MAX_IMPORTERS_LOOKED_AT", 0)
+    before = {p: p.read_bytes() for p in folder.rglob("*.py")}
+    code, out, err = _fix(folder, ".", "--apply")
+    assert {p: p.read_bytes() for p in folder.rglob("*.py")} == before
+    assert ("train.py:17: TC505 no fix: the training DataLoader is built by `train_dataloader` (data/module.py:20), "
+            "and that module's fix cannot find this script among the project's files that import it (the search "
+            "stops after 0 files)") in err, err

@@ -34,12 +34,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
-from tcaudit.project.loaders import HelperLoader
+from tcaudit.project import importers
+from tcaudit.project.loaders import HelperLoader, training_uses
 from tcaudit.project.modules import ProjectModule
 from tcaudit.project.symbols import Project
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
@@ -134,10 +136,12 @@ def convertible_loop(facts: ScriptFacts):
     return None if loop is None or in_test_code(loop) else loop
 
 
-def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> None:
+def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader], root: Path | None) -> None:
     """Every training DataLoader a helper of another module builds for this script must get its guarded
     DistributedSampler there (TC503's fix in that module, which ``fix`` of the script makes with it), or
-    the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches."""
+    the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches. That fix
+    finds the scripts from the module's side, so the module must see this script among its importers
+    (the search stops after a number of files in a large repository)."""
     trained = {id(other.call.node) for other in elsewhere}
     for loader in elsewhere:
         others = [c for c in facts.calls if c.name == loader.call.name and id(c.node) not in trained]
@@ -151,6 +155,12 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
         samplers = [leaf for v in loader.site.values("sampler") for leaf in helper.binding_values(v)]
         if samplers and any("DistributedSampler" in helper.module.code_for_node(v) for v in samplers):
             continue  # already sharded there (TC503's guarded sampler, written by this run's fix of that module)
+        if not _seen_from(helper, facts, root):
+            raise DeclineFix(
+                f"the training DataLoader is built by {loader.described}, and that module's fix cannot find this "
+                f"script among the project's files that import it (the search stops after "
+                f"{importers.MAX_IMPORTERS_LOOKED_AT} files), so its DistributedSampler would not be added: shard it by hand"
+            )
         try:
             plan_sampler(loader.pipeline.facts, loader.site.call, guarded=True)
         except DeclineFix as decline:
@@ -181,6 +191,16 @@ def check_training_sources(facts: ScriptFacts, elsewhere: list[HelperLoader]) ->
             "DataLoader tcaudit cannot follow to give it a DistributedSampler; DDP without one trains every rank on "
             "the same batches: shard that loader by hand"
         )
+
+
+def _seen_from(helper: ScriptFacts, script: ScriptFacts, root: Path | None) -> bool:
+    """Whether the helper module's own view of the project (TC503's, which places the sampler) finds ``script``
+    among the scripts that train with its DataLoaders."""
+    try:
+        here = script.source.path.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(use.script.source.path.resolve() == here for use in training_uses(helper, root))
 
 
 @dataclass

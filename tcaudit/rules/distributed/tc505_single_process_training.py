@@ -64,7 +64,7 @@ class SingleProcessTraining(ScriptRule):
                     "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                     "across ranks by hand"
                 )
-            check_helper_loaders(facts, elsewhere)
+            check_helper_loaders(facts, elsewhere, context.settings.root)
             layout = plan_conversion(facts, project=project)
             return ConvertToDdp(
                 layout,
