@@ -39,6 +39,10 @@ CONVERTED = {
     "ddp_hf_random_sampler": (["--epochs", "2"], 16, 2),
     # No shuffle off the accelerator: one epoch (the same order every epoch is what the script asks for).
     "ddp_mnist_kwargs": (["--epochs", "1", "--batch-size", "4", "--test-batch-size", "4", "--samples", "16", "--save-model"], 16, 1),
+    # Its docstrings and comments mention torchrun, LOCAL_RANK, world_size and Lightning: it is still one process.
+    "ddp_docstring_mentions_torchrun": (["--epochs", "2"], 32, 2),
+    # The loader comes from a DataModule-like class's method, called in the batch loop's header each epoch.
+    "ddp_datamodule_class": (["--epochs", "2"], 32, 2),
     "ddp_resnet50": (["--synthetic", "--steps", "2", "--batch-size", "2", "--image-size", "32", "--num-classes", "4"], None, None),
 }
 
@@ -88,6 +92,23 @@ def test_converted_script_trains_under_torchrun_on_two_processes(name, tmp_path)
 
 def _settings(select: tuple[str, ...] = ("TC5",)) -> Settings:
     return Settings(select=select, structural_fixes=("ddp",))
+
+
+def test_only_code_says_a_script_is_already_distributed(tmp_path):
+    """The docstring and comments of ddp_docstring_mentions_torchrun name torchrun, LOCAL_RANK, world_size
+    and Lightning: TC505 still fires there. The same script reading ``os.environ["LOCAL_RANK"]`` in its code
+    is launched as several processes already: TC505 stays silent."""
+    from helpers import scan_paths
+
+    text = (FIX / "ddp_docstring_mentions_torchrun.in.py").read_text(encoding="utf-8")
+    target = tmp_path / "train.py"
+    target.write_text(text, encoding="utf-8")
+    assert [f.rule for f in scan_paths([str(target)], select=("TC505",)).findings] == ["TC505"]
+    one_gpu = '    device = "cuda" if torch.cuda.is_available() else "cpu"  # one GPU (torchrun: not yet)\n'
+    launched = text.replace(one_gpu, '    device = f"cuda:{os.environ[\'LOCAL_RANK\']}"\n')
+    assert launched != text
+    target.write_text(launched, encoding="utf-8")
+    assert scan_paths([str(target)], select=("TC505",)).findings == []
 
 
 def test_nothing_structural_without_asking(tmp_path):

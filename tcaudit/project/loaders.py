@@ -70,7 +70,7 @@ def _find(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
             continue
         helper = project.callee(facts, call)
         fn = helper.function if helper is not None else None
-        if helper is None or fn is None or helper.module.path == here or helper.kind != "function":
+        if helper is None or fn is None or helper.module.path == here or helper.kind not in ("function", "method"):
             continue
         if facts.function_is_eval(call.ctx.function) if call.ctx.function is not None else False:
             continue

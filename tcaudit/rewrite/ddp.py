@@ -34,12 +34,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix
-from tcaudit.project.loaders import HelperLoader
+from tcaudit.project import importers
+from tcaudit.project.loaders import HelperLoader, training_uses
 from tcaudit.project.modules import ProjectModule
 from tcaudit.project.symbols import Project
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
@@ -53,7 +55,9 @@ from tcaudit.script.loader_sharding import (
     BATCH_SAMPLER_POSITION,
     SAMPLER_POSITION,
     SELF_SHARDING_LIBRARIES,
+    made_by,
     plain_sampler,
+    step_loop_sources,
     unsharded_training_loaders,
 )
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
@@ -132,10 +136,12 @@ def convertible_loop(facts: ScriptFacts):
     return None if loop is None or in_test_code(loop) else loop
 
 
-def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> None:
+def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader], root: Path | None) -> None:
     """Every training DataLoader a helper of another module builds for this script must get its guarded
     DistributedSampler there (TC503's fix in that module, which ``fix`` of the script makes with it), or
-    the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches."""
+    the conversion declines: a rank reading the whole dataset trains N GPUs on the same batches. That fix
+    finds the scripts from the module's side, so the module must see this script among its importers
+    (the search stops after a number of files in a large repository)."""
     trained = {id(other.call.node) for other in elsewhere}
     for loader in elsewhere:
         others = [c for c in facts.calls if c.name == loader.call.name and id(c.node) not in trained]
@@ -149,6 +155,12 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
         samplers = [leaf for v in loader.site.values("sampler") for leaf in helper.binding_values(v)]
         if samplers and any("DistributedSampler" in helper.module.code_for_node(v) for v in samplers):
             continue  # already sharded there (TC503's guarded sampler, written by this run's fix of that module)
+        if not _seen_from(helper, facts, root):
+            raise DeclineFix(
+                f"the training DataLoader is built by {loader.described}, and that module's fix cannot find this "
+                f"script among the project's files that import it (the search stops after "
+                f"{importers.MAX_IMPORTERS_LOOKED_AT} files), so its DistributedSampler would not be added: shard it by hand"
+            )
         try:
             plan_sampler(loader.pipeline.facts, loader.site.call, guarded=True)
         except DeclineFix as decline:
@@ -156,6 +168,39 @@ def check_helper_loaders(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> N
                 f"the training DataLoader is built by {loader.described}, where it cannot get a DistributedSampler "
                 f"({decline}); without one every rank would read the whole dataset: shard it by hand"
             ) from None
+
+
+def check_training_sources(facts: ScriptFacts, elsewhere: list[HelperLoader]) -> None:
+    """Each training loop must iterate a loader the conversion can follow to its DataLoader: one of this
+    file (directly or from a function that returns it) or one a helper of another module builds
+    (``elsewhere``). A method of an object the file made (``for x, y in dm.train_dataloader():`` where
+    ``dm = make_datamodule(cfg)`` comes from a factory) hides its DataLoader: declined, naming it, since
+    the conversion would wrap the model and leave every rank reading the whole dataset."""
+    info = distributed_facts(facts)
+    known = {id(call.node) for call in info.dataloaders}
+    known |= {id(made) for call in info.dataloaders for made in made_by(facts, call)}
+    known |= {id(loader.call.node) for loader in elsewhere}
+    for source in step_loop_sources(facts, info):
+        if id(source) in known or not isinstance(source, cst.Call) or not isinstance(source.func, cst.Attribute):
+            continue
+        receiver = source.func.value
+        if not isinstance(receiver, cst.Name) or receiver.value == "self" or not facts.bindings_of(receiver.value):
+            continue  # a module's function, a parameter, the object's own method: not this shape
+        raise DeclineFix(
+            f"the training loop iterates `{facts.module.code_for_node(source)}` (line {facts.line_of(source)}), whose "
+            "DataLoader tcaudit cannot follow to give it a DistributedSampler; DDP without one trains every rank on "
+            "the same batches: shard that loader by hand"
+        )
+
+
+def _seen_from(helper: ScriptFacts, script: ScriptFacts, root: Path | None) -> bool:
+    """Whether the helper module's own view of the project (TC503's, which places the sampler) finds ``script``
+    among the scripts that train with its DataLoaders."""
+    try:
+        here = script.source.path.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(use.script.source.path.resolve() == here for use in training_uses(helper, root))
 
 
 @dataclass
@@ -582,6 +627,51 @@ class DdpConversion:
                     )
                 plan.module_values.add(id(arg.value))
 
+    def _check_holder_handed_out(self, plan: DdpLayout) -> None:
+        """``self.model`` wrapped, and ``self`` handed to other code (``callback.on_epoch_end(self, epoch)``):
+        what that code reads of ``trainer.model`` (``trainer.model.head``, its ``state_dict()``) now meets the
+        DDP wrapper. Where the callee is a function tcaudit can read (in this or another project module) and
+        reads nothing of the model beyond what DDP answers itself, the conversion goes on; otherwise it
+        declines, naming the call or the read."""
+        if not plan.model.startswith("self.") or plan.wrap_function is None:
+            return
+        facts = self.facts
+        attr = plan.model.split(".", 1)[1]
+        cls = next((c for c, _ in facts.classes if contains(c, plan.wrap_function)), None)
+        if cls is None:
+            return
+        for call in facts.calls:
+            if call.ctx.class_def is not cls or call.ctx.function is None:
+                continue
+            for arg in call.node.args:
+                if arg.star or not isinstance(arg.value, cst.Name) or arg.value.value != "self":
+                    continue
+                if call.receiver_name == "self":
+                    continue  # the class's own methods see the wrapped attribute as the conversion edits them
+                shown = facts.module.code_for_node(call.node.func)
+                symbol = self.project.callee(facts, call) if self.project is not None else None
+                if symbol is None and (call.qualname is not None or call.name in _BUILTINS_TAKING_ANY):
+                    continue  # a library's function or a builtin (``logging.info("%s", self)``, ``print(self)``)
+                local = facts.functions_by_name.get(call.name or "", []) if symbol is None else []
+                target = symbol.function if symbol is not None else (local[0] if len(local) == 1 else None)
+                if target is None:
+                    raise DeclineFix(
+                        f"`self`, which holds the wrapped `{plan.model}`, is handed to `{shown}(...)` (line "
+                        f"{facts.line_of(call.node)}), which tcaudit cannot follow: code there that reads "
+                        f"`.{attr}`'s attributes or its state_dict() would meet DistributedDataParallel; unwrap it "
+                        f"there (`.{attr}.module`) or convert by hand"
+                    )
+                param = _receiving_param(target, call.node, arg, constructor=target.name.value == "__init__")
+                where = symbol.module.display_path if symbol is not None else facts.source.display_path
+                into = symbol.module.facts if symbol is not None else facts
+                read = _holder_read(into, target, param, attr) if param is not None else None
+                if read is not None:
+                    raise DeclineFix(
+                        f"`{shown}()` ({where}) reads `{read[0]}` (line {read[1]}) of the object holding the "
+                        f"wrapped `{plan.model}`, which DistributedDataParallel does not answer; unwrap it there "
+                        f"(`.{attr}.module`) or convert by hand"
+                    )
+
     def _sees_wrapped(self, call, plan: DdpLayout) -> bool:
         """Whether the model's name at ``call`` holds the DDP wrapper: after the wrap in its own scope (not
         rebound since), in a helper handed the wrapped model, or, for ``self.model``, in the class's
@@ -741,6 +831,7 @@ class DdpConversion:
         self._collect_rank_zero(plan)
         self._collect_module_reads(plan)
         self._collect_bare_arguments(plan)
+        self._check_holder_handed_out(plan)
         self._collect_devices(plan)
         return plan
 
@@ -1028,6 +1119,25 @@ def _receiving_param(fn: cst.FunctionDef, call: cst.Call, arg: cst.Arg, construc
     positional = [a for a in call.args if a.keyword is None and not a.star]
     index = next(i for i, a in enumerate(positional) if a is arg)
     return params[index] if index < len(params) else None
+
+
+# Builtins that take any object and read nothing of a model inside it.
+_BUILTINS_TAKING_ANY = frozenset({"print", "isinstance", "getattr", "hasattr", "setattr", "id", "repr", "str", "type",
+                                  "vars", "len", "format"})
+
+
+def _holder_read(facts: ScriptFacts, fn: cst.FunctionDef, param: str, attr: str) -> tuple[str, int] | None:
+    """The first read in ``fn`` of ``<param>.<attr>.<name>`` that DDP does not answer itself (its own API but
+    ``state_dict``, whose keys it prefixes with ``module.``), or of ``<param>.<attr>`` handed on whole."""
+    holder = f"{param}.{attr}"
+    for node in nodes_of(fn, cst.Attribute):
+        read = node.attr.value
+        if attribute_chain(node.value) == holder and (read not in MODULE_API or read == "state_dict"):
+            return f"{holder}.{node.attr.value}", facts.line_of(node)
+    for call in nodes_of(fn, cst.Call):
+        if any(not a.star and attribute_chain(a.value) == holder for a in call.args):
+            return f"{holder}", facts.line_of(call)
+    return None
 
 
 def bare_reads(project: Project, module: ProjectModule, fn: cst.FunctionDef, param: str, depth: int,

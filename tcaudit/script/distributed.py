@@ -27,7 +27,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import keyword, strip_comments
+from tcaudit.source.syntax import code_text, keyword, strip_comments
 from tcaudit.source.walk import walk
 
 DATALOADER_SUFFIXES = (".DataLoader",)
@@ -38,7 +38,8 @@ EVAL_NAME = re.compile(r"(^|[._])(val|valid|validation|test|testing|eval|evaluat
 TRAIN_NAME = re.compile(r"train", re.IGNORECASE)
 _SCHEDULER = re.compile(r"sched|scheduler|lr_", re.IGNORECASE)
 
-# Text that shows a script is already launched as several processes, or hands that to a framework.
+# Code (not comments or docstrings) that shows a script is already launched as several processes, or hands
+# that to a framework.
 _MULTI_PROCESS_TEXT = re.compile(
     r"\bLOCAL_RANK\b|\bWORLD_SIZE\b|\blocal_rank\b|\bworld_size\b|torchrun|torch\.distributed\.(run|launch)"
     r"|\bhorovod\b|\bhvd\b|\bdeepspeed\b|\btorch_xla\b|\bxla\b|\bray\b|\bFabric\b|\baccelerate\b|\blightning\b"
@@ -409,7 +410,9 @@ class DistributedFacts:
                 break
         if facts.references_to("torch.distributed", "torch.multiprocessing"):
             reasons.append("uses torch.distributed / torch.multiprocessing")
-        match = _MULTI_PROCESS_TEXT.search(self.text)
+        # A docstring's "torchrun" launches nothing: code only (tokenized where the cheap search finds one).
+        text = facts.source.text
+        match = _MULTI_PROCESS_TEXT.search(text) and _MULTI_PROCESS_TEXT.search(code_text(text))
         if match:
             reasons.append(f"mentions {match.group(0)}")
         return reasons

@@ -23,6 +23,7 @@ from tcaudit.script.distributed import (
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import callee_class
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import code_text
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
 # ``shard(...)``) already gives each process its own data; a streaming dataset splits itself.
@@ -53,7 +54,8 @@ def is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bo
         # A Dataset class of this file that picks its rank's part itself.
         if isinstance(value, cst.Call):
             cls = classes.get(callee_class(value))
-            if cls is not None and SHARDED_TEXT.search(code(facts, cls)):
+            text = code(facts, cls) if cls is not None else ""
+            if SHARDED_TEXT.search(text) and SHARDED_TEXT.search(code_text(text)):  # its code, not its docstring
                 return True
     return False
 

@@ -3,7 +3,9 @@ analysis, the rules, the model audit's slicing): one home for each."""
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -223,3 +225,35 @@ def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     if not isinstance(cls.body, cst.IndentedBlock):
         return None
     return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def code_text(text: str) -> str:
+    """``text`` with its comments and docstrings (any string that is a statement of its own) blanked out,
+    lines and columns kept: what the code says, not what its prose mentions. A string the code uses
+    (``os.environ["LOCAL_RANK"]``) stays. Text the tokenizer cannot read gets :func:`strip_comments`."""
+    # Offsets of the tokenizer's rows: it reads lines ending at "\n" only (not str.splitlines' "\x0c", "\r"...).
+    starts = [0]
+    at = text.find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = text.find("\n", at + 1)
+    spans: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    statement: list[tokenize.TokenInfo] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                spans.append((token.start, token.end))
+            elif token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                if statement and all(t.type == tokenize.STRING for t in statement):
+                    spans.append((statement[0].start, statement[-1].end))
+                statement = []
+            elif token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+                statement.append(token)
+    except (tokenize.TokenError, SyntaxError):
+        return strip_comments(text)
+    chars = list(text)
+    for (row, col), (end_row, end_col) in spans:
+        for index in range(starts[row - 1] + col, starts[end_row - 1] + end_col):
+            if chars[index] not in "\r\n":
+                chars[index] = " "
+    return "".join(chars)

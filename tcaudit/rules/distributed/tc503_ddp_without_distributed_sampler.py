@@ -48,6 +48,9 @@ class AddSampler(FixPlan):
 
 class DdpWithoutDistributedSampler(ScriptRule):
     id = "TC503"
+    # Under ``fix --ddp`` a helper module's DataLoader gets its sampler only for scripts whose conversion
+    # TC505 will make: a declined conversion leaves the project as it was.
+    after = ("TC505",)
     triggers = (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard",)
     # A module whose function builds the DataLoader a DDP script of the project trains with.
     helper_triggers = (r"DataLoader\(",)
@@ -126,7 +129,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
             if not _unsharded(facts, site):
                 continue
             jobs = [use for use in uses if distributed_facts(use.script).is_ddp_script
-                    or (ddp and convertible_loop(use.script) is not None)]
+                    or (ddp and self._converted(use.script, context))]
             if not jobs:
                 continue
             yield self.finding(
@@ -139,6 +142,15 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 related=[self.place(use.script, use.call.node, f"{use.script.source.display_path} trains with it "
                                     "under DDP") for use in jobs[:8]],
             )
+
+    @staticmethod
+    def _converted(script: ScriptFacts, context: RuleContext) -> bool:
+        """Whether ``fix --ddp`` converts ``script``: TC505 offers it a conversion it can make. (Where TC505
+        is not among the rules run, this module is fixed as the companion of a script's conversion that
+        ``fix`` has just made.)"""
+        if convertible_loop(script) is None:
+            return False
+        return "TC505" not in context.settings.enabled_rules() or bool(context.fixable("TC505", script))
 
     @staticmethod
     def _guarded_plan(facts: ScriptFacts, site) -> AddSampler:

@@ -2,8 +2,10 @@
 
 Fix (safe): ``sampler.set_epoch(epoch)`` as the first statement of the epoch loop, through the name
 the loop can see (the sampler's, a parameter it is passed through, or ``loader.sampler``), guarded
-where the sampler may be None or the loader something else on some paths. Declined where the loop
-has no counter, the sampler or its loader is built inside the loop, or it is not a
+where the sampler may be None or the loader something else on some paths. A loader a method builds
+afresh each epoch in the batch loop's header (``for batch in dm.train_dataloader():``) is named first
+(``train_loader = dm.train_dataloader()`` before that loop) and reseeded there. Declined where the loop
+has no counter, the sampler or its loader is built inside the loop otherwise, or it is not a
 DistributedSampler on every path.
 """
 
@@ -19,7 +21,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.project.loaders import loaders_built_elsewhere
-from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement
+from tcaudit.rewrite.codemod import FixContext, StatementEditor, unique_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of, parameter_receiving
 from tcaudit.script.distributed import (
@@ -38,7 +40,7 @@ from tcaudit.script.distributed import (
 from tcaudit.script.evidence import STEP_OR_BACKWARD_CALL
 from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import param_names
+from tcaudit.source.syntax import nodes_of, param_names
 from tcaudit.source.triggers import all_of
 
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
@@ -125,7 +127,12 @@ class InsertSetEpoch(FixPlan):
     sampler: str  # the expression set_epoch is called on, as the loop sees it
     epoch_loop_line: int
     epoch: str
-    code: str  # the statement(s) written first in the loop
+    code: str  # the statement(s) written first in the loop (or before ``before``)
+    # A loader built in a batch loop's header: the statements go before that loop (``before``), whose
+    # header then iterates over ``name`` in place of the call (``hoisted``).
+    before: cst.For | None = None
+    hoisted: cst.Call | None = None
+    name: str | None = None
 
 
 class SamplerWithoutSetEpoch(ScriptRule):
@@ -233,6 +240,9 @@ class SamplerWithoutSetEpoch(ScriptRule):
             name = loader.received if loader.received and "." not in loader.received else None
 
             def plan(loader=loader, name=name) -> InsertSetEpoch:
+                hoisted = _hoisted(facts, loader.call, loop, epoch)
+                if hoisted is not None:
+                    return hoisted
                 if not name or not epoch or not re.fullmatch(r"\w+", epoch) or epoch == "_":
                     raise DeclineFix("the loader or the epoch counter has no name to call set_epoch with")
                 if loader.call.ctx.inside(loop.node):
@@ -274,12 +284,91 @@ def _plan(facts: ScriptFacts, sampler: CallSite, loop: Frame, receiver: str | No
         raise DeclineFix("the epoch loop is a `while` loop without an epoch counter to pass to set_epoch")
     if not receiver or not epoch or not re.fullmatch(r"\w+", epoch):
         raise DeclineFix("the sampler or the epoch counter has no name to call it with")
-    seen, guard = _receiver(facts, sampler, loop)
+    try:
+        seen, guard = _receiver(facts, sampler, loop)
+    except DeclineFix:
+        hoisted = _hoisted_method_loader(facts, sampler, loop, epoch)
+        if hoisted is None:
+            raise
+        return hoisted
     if guard:
         code = f"if {guard}:\n    {seen}.set_epoch({epoch})\n"
     else:
         code = f"{seen}.set_epoch({epoch})\n"
     return InsertSetEpoch(loop.node, facts.line_of(sampler.node), seen, facts.line_of(loop.node), epoch, code)
+
+
+# Calls a batch loop's header may wrap the loader in: ``for i, batch in enumerate(dm.train_dataloader()):``.
+_HEADER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "iter"})
+
+
+def _batch_loop_over(loop: Frame, call: cst.Call) -> cst.For | None:
+    """The ``for`` inside the epoch loop whose header iterates over ``call`` (directly or through
+    enumerate/tqdm/iter), or None."""
+    for node in nodes_of(loop.node, cst.For):
+        if node is loop.node or node.asynchronous is not None:
+            continue
+        header = node.iter
+        if header is call:
+            return node
+        if (isinstance(header, cst.Call) and get_full_name_for_node(header.func) in _HEADER_WRAPPERS and header.args
+                and header.args[0].value is call and header.args[0].keyword is None and not header.args[0].star):
+            return node
+    return None
+
+
+def _hoisted(facts: ScriptFacts, call: CallSite, loop: Frame, epoch: str | None) -> InsertSetEpoch | None:
+    """``for x, y in dm.train_dataloader():`` in the epoch loop builds a new DataLoader, and a new sampler
+    with it, every epoch; the loop reseeds it once it has a name: ``train_loader = dm.train_dataloader()``
+    just before the batch loop (the call runs when it did, once per epoch), ``set_epoch``, and the batch
+    loop over ``train_loader``. None where the call is not such a batch loop's header."""
+    if not epoch or not re.fullmatch(r"\w+", epoch) or epoch == "_":
+        return None
+    if call.ctx.function is not loop.function or not call.ctx.inside(loop.node):
+        return None
+    batch_loop = _batch_loop_over(loop, call.node)
+    if batch_loop is None:
+        return None
+    taken = param_names(loop.function) if loop.function is not None else ()
+    name = unique_name(facts, "train_loader", taken)
+    code_ = (f"{name} = {code(facts, call.node)}\n"
+             f'if hasattr({name}.sampler, "set_epoch"):\n    {name}.sampler.set_epoch({epoch})\n')
+    return InsertSetEpoch(loop.node, facts.line_of(call.node), f"{name}.sampler", facts.line_of(loop.node), epoch,
+                          code_, before=batch_loop, hoisted=call.node, name=name)
+
+
+def _hoisted_method_loader(facts: ScriptFacts, sampler: CallSite, loop: Frame,
+                           epoch: str | None) -> InsertSetEpoch | None:
+    """The sampler's DataLoader is returned by a function or method of this file (``DataModule.train_dataloader``)
+    that the epoch loop calls once, in a batch loop's header: that call, named and reseeded (:func:`_hoisted`)."""
+    loader = _loader_holding(facts, sampler, distributed_facts(facts).target_of(sampler.node))
+    fn = loader.ctx.function if loader is not None else None
+    if loader is None or fn is None:
+        return None
+    names = {b.target for b in facts.bindings if b.value is loader.node}
+    if not any(r is loader.node or get_full_name_for_node(r) in names for r in function_returns(fn)):
+        return None
+    owner = loader.ctx.class_def
+    calls = [c for c in facts.calls if c.ctx.inside(loop.node) and _calls_function(facts, c, fn, owner)]
+    if len(calls) != 1:
+        return None
+    return _hoisted(facts, calls[0], loop, epoch)
+
+
+def _calls_function(facts: ScriptFacts, call: CallSite, fn: cst.FunctionDef, owner: cst.ClassDef | None) -> bool:
+    """Whether ``call`` runs ``fn``: a module-level function by its name; a method through ``self`` in its
+    class, or through a name every value of which is an instance of that class (``dm = DataModule(...)``)."""
+    if owner is None:
+        return call.name == fn.name.value and not call.ctx.inside(fn)
+    if call.method != fn.name.value or not call.receiver_name:
+        return False
+    receiver = call.receiver_name
+    if receiver == "self":
+        return call.ctx.class_def is owner
+    values = [b.value for b in facts.bindings_of(receiver)]
+    return bool(values) and all(
+        isinstance(v, cst.Call) and get_full_name_for_node(v.func) == owner.name.value for v in values
+    )
 
 
 def _conditional_target(facts: ScriptFacts, sampler: CallSite) -> str | None:
@@ -491,26 +580,25 @@ def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> 
 
 
 def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Binding]]:
-    """Names the loader is bound to, with those bindings: its assignment target, and the targets of
-    calls of the helper that returns it (``train_loader = build_loader(...)``, ``self.loader =
-    self._make_loader()``)."""
+    """Names the loader is bound to, with those bindings: its assignment target, the targets of calls of
+    the helper that returns it (``train_loader = build_loader(...)``, ``self.loader =
+    self._make_loader()``), and the attribute a class it is handed to keeps it in (``self.loader``)."""
     out: dict[str, list[Binding]] = {}
     for binding in facts.bindings:
         if binding.value is loader.node:
             out.setdefault(binding.target, []).append(binding)
     fn = loader.ctx.function
-    if fn is None:
-        return out
     targets = set(out)
-    returned = function_returns(fn)
-    if not any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
-        return out
-    for binding in facts.bindings:
-        value = binding.value
-        if isinstance(value, cst.Call):
-            callee = get_full_name_for_node(value.func) or ""
-            if callee.removeprefix("self.") == fn.name.value:
-                out.setdefault(binding.target, []).append(binding)
+    returned = function_returns(fn) if fn is not None else []
+    if any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
+        for binding in facts.bindings:
+            value = binding.value
+            if isinstance(value, cst.Call):
+                callee = get_full_name_for_node(value.func) or ""
+                if callee.removeprefix("self.") == fn.name.value:
+                    out.setdefault(binding.target, []).append(binding)
+    # Handed to a class that keeps it (``Trainer(model, loader)``), whether built where it is handed on
+    # or returned by a helper first.
     for name in [n for n in out if "." not in n]:
         out.update(_kept_by_classes(facts, name))
     return out
@@ -549,7 +637,12 @@ class SamplerSetEpochFix(Codemod):
         editor = _FirstStatementEditor()
         for finding in findings:
             plan: InsertSetEpoch = finding.fix.plan
-            editor.prepend(plan.loop, parse_statement(plan.code, module))
+            statements = list(cst.parse_module(plan.code, config=module.config_for_parsing).body)
+            if plan.before is not None and plan.hoisted is not None and plan.name:
+                editor.hoist(plan.before, plan.hoisted, plan.name, statements)
+            else:
+                for statement in statements:
+                    editor.prepend(plan.loop, statement)
         return module.visit(editor)
 
 
@@ -562,11 +655,26 @@ class _FirstStatementEditor(StatementEditor):
     def __init__(self) -> None:
         super().__init__()
         self.first: dict[int, list[cst.BaseStatement]] = {}
+        self.named: dict[int, str] = {}  # id(loader call in a loop header) → the name it is iterated through
+        self.moved: set[int] = set()  # batch loops whose comments above go above the statements put before them
 
     def prepend(self, loop: cst.CSTNode, statement: cst.BaseStatement) -> None:
         self.first.setdefault(id(loop), []).append(statement)
 
+    def hoist(self, batch_loop: cst.For, call: cst.Call, name: str, statements: list[cst.BaseStatement]) -> None:
+        """``statements`` before ``batch_loop``, taking its comments, and ``name`` in place of ``call``."""
+        statements[0] = statements[0].with_changes(leading_lines=batch_loop.leading_lines)
+        self.insert_before(batch_loop, statements)
+        self.named[id(call)] = name
+        self.moved.add(id(batch_loop))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        name = self.named.get(id(original_node))
+        return cst.Name(name) if name else updated_node
+
     def _body(self, original: cst.CSTNode, updated):
+        if id(original) in self.moved:
+            updated = updated.with_changes(leading_lines=[])
         statements = self.first.get(id(original))
         if not statements:
             return updated

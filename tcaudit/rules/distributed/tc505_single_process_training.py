@@ -25,7 +25,14 @@ from tcaudit.project.frameworks import LoopOwner, Setting, hf_trainer_calls, loo
 from tcaudit.project.loaders import loaders_built_elsewhere
 from tcaudit.project.values import Values
 from tcaudit.rewrite.codemod import FixContext
-from tcaudit.rewrite.ddp import DdpLayout, apply_conversion, check_helper_loaders, convertible_loop, plan_conversion
+from tcaudit.rewrite.ddp import (
+    DdpLayout,
+    apply_conversion,
+    check_helper_loaders,
+    check_training_sources,
+    convertible_loop,
+    plan_conversion,
+)
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import distributed_facts, loop_header_end
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE, STEP_CALL
@@ -60,12 +67,13 @@ class SingleProcessTraining(ScriptRule):
         def plan() -> ConvertToDdp:
             project = context.project(facts)
             elsewhere = loaders_built_elsewhere(facts, project)
+            check_training_sources(facts, elsewhere)
             if not info.dataloaders and not elsewhere:
                 raise DeclineFix(
                     "no DataLoader to shard with a DistributedSampler; the data pipeline must be split "
                     "across ranks by hand"
                 )
-            check_helper_loaders(facts, elsewhere)
+            check_helper_loaders(facts, elsewhere, context.settings.root)
             layout = plan_conversion(facts, project=project)
             return ConvertToDdp(
                 layout,
