@@ -27,7 +27,7 @@ import libcst as cst
 from tcaudit.findings import TextEdit
 from tcaudit.rewrite.textedits import edits_between
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.syntax import line_starts
+from tcaudit.source.parsing import line_starts
 
 _PLACEHOLDER = "__tcaudit_elided_{}__"
 # A top-level statement kind whose body does not run when the module does (a class body does, but it is

@@ -36,7 +36,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from tcaudit.source.syntax import line_starts
+from tcaudit.source.parsing import line_starts
 
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"#[^\n]*")  # a comment (or the rest of a string holding ``#``: it is in the tree too)

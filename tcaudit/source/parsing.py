@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from tcaudit.source.notebook import Notebook
 
 
+def line_starts(text: str) -> list[int]:
+    """The offset each line of ``text`` starts at (lines end at ``\n``; a text ending with one has an
+    empty last line)."""
+    starts = [0]
+    find = text.find
+    at = find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = find("\n", at + 1)
+    return starts
+
+
 def looks_like_python2(text: str) -> bool:
     for line in text.splitlines():
         stripped = line.strip()

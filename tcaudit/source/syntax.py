@@ -22,18 +22,6 @@ def strip_comments(text: str) -> str:
     return _COMMENT.sub("", text)
 
 
-def line_starts(text: str) -> list[int]:
-    """The offset each line of ``text`` starts at (lines end at ``\n``; a text ending with one has an
-    empty last line)."""
-    starts = [0]
-    find = text.find
-    at = find("\n")
-    while at >= 0:
-        starts.append(at + 1)
-        at = find("\n", at + 1)
-    return starts
-
-
 def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
     """Every call under ``node`` (itself included), outermost first."""
     return nodes_of(node, cst.Call)
