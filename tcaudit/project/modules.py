@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,9 @@ class ProjectModule:
 
     @functools.cached_property
     def facts(self) -> ScriptFacts:
-        return ScriptFacts(self.source)
+        facts = ScriptFacts(self.source)
+        _BY_FACTS[id(facts)] = self
+        return facts
 
     @functools.cached_property
     def definitions(self) -> dict[str, cst.FunctionDef | cst.ClassDef]:
@@ -52,6 +55,15 @@ class _Entry:
 
 
 _MODULES: dict[Path, _Entry] = {}
+# Each module by the identity of its facts (weakly: a module read again replaces its entry).
+_BY_FACTS: "weakref.WeakValueDictionary[int, ProjectModule]" = weakref.WeakValueDictionary()
+
+
+def module_of(facts: ScriptFacts) -> ProjectModule | None:
+    """The project module whose facts ``facts`` are; None for other facts (a scanned file's own, an
+    editor buffer's), without reading anything."""
+    module = _BY_FACTS.get(id(facts))
+    return module if module is not None and module.__dict__.get("facts") is facts else None
 _STATS = {"parsed": 0, "reused": 0}
 
 

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.project.imports import module_file, search_roots
-from tcaudit.project.modules import ProjectModule, load_module
+from tcaudit.project.modules import ProjectModule, load_module, module_of
 from tcaudit.script.facts import CallSite, ScriptFacts
 
 Kind = Literal["function", "class", "method", "module", "constant"]
@@ -159,11 +159,8 @@ class Project:
         cls = call.ctx.class_def
         if cls is None:
             return None
-        try:
-            module = load_module(facts.source.path.resolve())
-        except (OSError, RuntimeError):
-            return None
-        if module is None or module.facts is not facts:
+        module = module_of(facts)
+        if module is None:
             return None  # a scanned file's own methods: the rules follow those themselves
         return self.method(Symbol(module, "class", cls.name.value, cls), name)
 
