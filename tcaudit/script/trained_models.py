@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
@@ -23,7 +22,7 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
 from tcaudit.script.optimizers import MODEL_OPTIMIZER_FACTORIES, is_optimizer
 from tcaudit.script.training_code import TrainingCodeFacts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import keyword, nodes_of
 
 # torchvision/timm convnet families (classification and segmentation backbones with fixed input sizes).
 _CONV_ARCH = re.compile(
@@ -354,8 +353,13 @@ class TrainedModelFacts(TrainingCodeFacts):
 
 def _parameter_loops(module: cst.Module) -> list[cst.For]:
     """``for p in <name>.parameters():`` loops anywhere in the file."""
-    pattern = m.For(iter=m.Call(func=m.Attribute(value=m.Name() | m.Attribute(), attr=m.Name("parameters"))))
-    return [node for node in m.findall(module, pattern) if isinstance(node, cst.For)]
+    out = []
+    for node in nodes_of(module, cst.For):
+        func = node.iter.func if isinstance(node.iter, cst.Call) else None
+        if (isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Attribute))
+                and func.attr.value == "parameters"):
+            out.append(node)
+    return out
 
 
 def _clears_requires_grad(loop: cst.For) -> bool:
