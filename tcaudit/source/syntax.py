@@ -11,6 +11,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.source.memo import active as active_memo
+from tcaudit.source.parsing import line_starts
 from tcaudit.source.walk import module_children, walk
 
 _COMMENT = re.compile(r"#[^\n]*")
@@ -220,11 +221,7 @@ def code_text(text: str) -> str:
     lines and columns kept: what the code says, not what its prose mentions. A string the code uses
     (``os.environ["LOCAL_RANK"]``) stays. Text the tokenizer cannot read gets :func:`strip_comments`."""
     # Offsets of the tokenizer's rows: it reads lines ending at "\n" only (not str.splitlines' "\x0c", "\r"...).
-    starts = [0]
-    at = text.find("\n")
-    while at >= 0:
-        starts.append(at + 1)
-        at = text.find("\n", at + 1)
+    starts = line_starts(text)
     spans: list[tuple[tuple[int, int], tuple[int, int]]] = []
     statement: list[tokenize.TokenInfo] = []
     try:
