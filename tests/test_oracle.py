@@ -82,6 +82,8 @@ EXPECT = {
     "ddp_module_level": DDP_ORDER,
     "ddp_trainer": DDP_ORDER,
     "ddp_hf_random_sampler": DDP_ORDER,  # RandomSampler draws from the global RNG, DistributedSampler from its seed
+    "ddp_datamodule_class": DDP_ORDER,  # the DataModule's shuffled loader: the same
+    "ddp_docstring_mentions_torchrun": DDP_ORDER,
     "tc503_mp_spawn_kwargs": DDP_ORDER,
     "tc503_torchrun": DDP_ORDER,
     "tc503_trainer": DDP_ORDER,
