@@ -841,6 +841,7 @@ TEXT_WORDS = frozenset({
     'eye',
     'f',
     'factory',
+    'facts',
     'failed',
     'ffcv',
     'fill_',
