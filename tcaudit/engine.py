@@ -511,7 +511,8 @@ class _Kept:
         """What to keep of an analysis (``starts``: its top-level statements' lines, where known)."""
         from tcaudit.source.inert import Outline
 
-        if not result.parsed or result.errors or result.source is None or any(f.rule == "TC000" for f in result.findings):
+        if (not result.parsed or result.errors or result.source is None
+                or any(f.rule == "TC000" for f in result.findings)):
             return None
         text = result.source.text
         outline = Outline.of_chunks(text, starts) if starts else None
@@ -523,9 +524,9 @@ class _Kept:
         and nothing else the analysis read changed; else None."""
         from tcaudit.source.inert import Outline, inert_edit, reads_unchanged
 
-        if ((settings is not self.settings and settings != self.settings) or models is not self.models or check_syntax != self.check_syntax
-                or tuple(rule.id for rule in rules) != self.rules or "\r" in source.text
-                or not reads_unchanged(self.reads)):
+        if ((settings is not self.settings and settings != self.settings) or models is not self.models
+                or check_syntax != self.check_syntax or tuple(rule.id for rule in rules) != self.rules
+                or "\r" in source.text or not reads_unchanged(self.reads)):
             return None
         if self.outline is None:
             self.outline = Outline.parse(self.text)
@@ -585,12 +586,10 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
     import dataclasses
 
     location = finding.location
-    if location.cell is not None:
-        return None
-    if location.path != old.display_path:
+    if location.path != old.display_path and location.cell is None:
         return finding
-    span = shift.span(location.line, location.column, location.end_line, location.end_column)
-    if span is None:
+    new_location = _moved_location(location, shift)
+    if new_location is None:
         return None
     message, explanation = finding.message, finding.explanation
     # This file's places named by name and line ("train.py:42"; another module's lines do not move).
@@ -609,7 +608,6 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
         if moved is None:
             return None
         related.append(dataclasses.replace(place, location=moved))
-    new_location = dataclasses.replace(location, line=span[0], column=span[1], end_line=span[2], end_column=span[3])
     fix = finding.fix
     if fix is not None and shift.line_delta and (fix.reason or _LINE_NAMED.search(fix.description)):
         reason = None if fix.reason is None else _lines_moved(fix.reason, shift)
@@ -630,7 +628,7 @@ def _moved_finding(finding: Finding, shift, old: SourceFile, new: SourceFile, ag
             fix = dataclasses.replace(fix, edits=edits)
     source_line = finding.source_line
     if source_line == old.line_text(location.line):
-        source_line = new.line_text(span[0])
+        source_line = new.line_text(new_location.line)
     return dataclasses.replace(finding, location=new_location, related=tuple(related), fix=fix,
                                source_line=source_line, message=message, explanation=explanation)
 
