@@ -168,6 +168,58 @@ def test_remembered_walks_answer_what_fresh_walks_answer(path):
     assert memo.hits > 0
 
 
+def _frame(frame) -> tuple:
+    """A context as the kinds and nodes of its frames, the module's frame as "module" (each analysis has
+    its own)."""
+    return tuple((f.kind, None if f.parent is None else id(f.node)) for f in frame.chain())
+
+
+def _statement(statement) -> tuple | None:
+    return None if statement is None else (id(statement.node), statement.index, tuple(map(id, statement.block)))
+
+
+def _records(facts) -> dict:
+    return {
+        "calls": [(id(c.node), c.name, c.qualname, _frame(c.ctx), _statement(c.statement)) for c in facts.calls],
+        "bindings": [(b.target, id(b.value), _frame(b.ctx), _statement(b.statement)) for b in facts.bindings],
+        "places": [(id(n), _frame(f)) for n, f in [*facts.functions, *facts.classes, *facts.withs]],
+        "imports": [(id(i.node), i.local, i.qualname, _frame(i.ctx), i.in_import_error_fallback)
+                    for i in facts.imports],
+        "stars": list(facts.star_imports),
+        "references": [(id(n), dotted, _frame(f)) for n, dotted, f in facts._raw_references],
+        "roots": {id(list(r.ctx.chain())[-1]) for r in [*facts.calls, *facts.bindings, *facts.imports]},
+    }
+
+
+@pytest.mark.parametrize("name", ["resnet50/train.py", "scripts/tc5_single_gpu.py", "fix/all_rw_moco.in.py",
+                                  "fix/ddp_datamodule_class.in.py"])
+def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name):
+    """The facts take a statement an edit did not touch from the last analysis (tcaudit/script/facts.py's
+    ``_moved_records``): every record, context and statement place equals a fresh walk's, and every
+    context ends at this analysis's module frame."""
+    from tcaudit.source.memo import active
+    from tcaudit.script.facts import ScriptFacts
+
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    state, rng, moved = IncrementalState(), random.Random(name), 0
+    for _ in range(8):
+        source = _source(text)
+        with state.analysing(source):
+            hits = state.memo.hits
+            facts = ScriptFacts(source)
+            reused = _records(facts)
+            moved += state.memo.hits > hits
+            memo = active()
+        with remembering(WalkMemo()):  # a memo of its own: every statement walked afresh
+            fresh = _records(ScriptFacts(source))
+        assert memo is state.memo
+        assert reused.pop("roots") == {id(facts.module_frame)}
+        fresh.pop("roots")
+        assert reused == fresh
+        text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
+    assert moved, "no statement's records were reused: the test would not see a difference"
+
+
 def test_nodes_of_hands_out_a_list_of_its_own():
     module = cst.parse_module("f(g(1))\n")
     with remembering():

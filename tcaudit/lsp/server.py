@@ -37,8 +37,11 @@ Settings come from the same config files the command line reads (the nearest ``p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +66,27 @@ SCAN_THREADS = 4
 # Model audits running at once: one, since every audit of this process talks to one sandbox process
 # (tcaudit/model/sandbox.py's ``shared_sandbox``), one model at a time. Scans never wait for it.
 AUDIT_THREADS = 1
+
+_paused = 0
+_paused_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Hold off Python's cycle collector (``gc``) until the block ends, and until every other such block
+    of the process has ended (several documents are analysed at once); allocations made meanwhile are
+    collected at the next allocation after."""
+    global _paused
+    with _paused_lock:
+        _paused += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if not _paused:
+                gc.enable()
 
 
 @dataclass
@@ -169,15 +193,19 @@ class TcauditServer(LanguageServer):
             while True:
                 document.stale = False
                 text, version = self.current_text(document)
-                analysis = await self._analyse(document, text, version)
-                if document.closed:
-                    return
-                if not document.stale:
-                    if document.notebook:
-                        self.publish_cells(document, analysis)
-                    else:
-                        self.publish(document, self.workspace.get_text_document(document.uri), analysis)
-                    return
+                # Python's cycle collector waits while the document is analysed and its diagnostics are
+                # sent: a full collection over the trees the analysis keeps took a tenth of an edit's
+                # time on a 2,000-line file. It runs after, between keystrokes.
+                with collector_paused():
+                    analysis = await self._analyse(document, text, version)
+                    if document.closed:
+                        return
+                    if not document.stale:
+                        if document.notebook:
+                            self.publish_cells(document, analysis)
+                        else:
+                            self.publish(document, self.workspace.get_text_document(document.uri), analysis)
+                        return
         finally:
             document.scanning = False
 

@@ -29,6 +29,7 @@ from tcaudit.project.frameworks import hf_trainer_calls
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.source.parsing import SourceFile
+from tcaudit.source.syntax import evaluated_value
 
 MODULE_BASES = {
     "torch.nn.Module",
@@ -406,7 +407,7 @@ def _returns_parsed_args(function: cst.FunctionDef) -> bool:
 def _string_value(node: cst.BaseExpression | None) -> str | None:
     if isinstance(node, cst.SimpleString):
         try:
-            return node.evaluated_value if isinstance(node.evaluated_value, str) else None
+            return evaluated_value(node) if isinstance(evaluated_value(node), str) else None
         except Exception:  # noqa: BLE001
             return None
     return None
@@ -1231,7 +1232,7 @@ class ConstantEvaluator:
             return None
         if isinstance(node, cst.Integer):
             try:
-                return int(node.evaluated_value)
+                return int(evaluated_value(node))
             except (TypeError, ValueError):
                 return None
         if isinstance(node, (cst.Tuple, cst.List)):

@@ -26,7 +26,7 @@ import libcst as cst
 
 from tcaudit.model.build import MODEL_VAR, MODULE_METHOD
 from tcaudit.model.discovery import Candidate, ScriptIndex, dotted, function_effect
-from tcaudit.source.syntax import is_main_guard, param_names
+from tcaudit.source.syntax import evaluated_value, is_main_guard, param_names
 
 MUTATING_METHODS = {
     "update", "append", "extend", "insert", "setdefault", "pop", "add", "remove", "clear", "__setitem__",
@@ -298,7 +298,7 @@ class Slicer:
                 if name == "open":
                     mode = next((a.value for a in call.args[1:2] if a.keyword is None), None)
                     mode = mode or next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
-                    text = mode.evaluated_value if isinstance(mode, cst.SimpleString) else ""
+                    text = evaluated_value(mode) if isinstance(mode, cst.SimpleString) else ""
                     if isinstance(text, str) and any(ch in text for ch in "wax+"):
                         reason = "writes a file (`open(..., 'w')`)"
                         return

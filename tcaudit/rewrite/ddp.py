@@ -46,6 +46,7 @@ from tcaudit.project.modules import ProjectModule
 from tcaudit.project.symbols import Project
 from tcaudit.rewrite.codemod import parse_expression, parse_statement, torch_import_name
 from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_import, contains
+from tcaudit.rewrite.region import mentions
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
@@ -582,7 +583,7 @@ class DdpConversion:
                 plan.module_attributes.add(id(node))
         self._check_helpers_before_wrap(plan, readers)
         self._collect_whole_model_saves(plan)
-        if re.search(rf"(?<![\w.]){re.escape(model)}\.module\b", self.info.text):
+        if mentions(self.info.text, [f"{model}.module"]):
             # The script already unwraps the model itself (a DataParallel script's ``model.module``,
             # often behind ``isinstance``): leave its reads alone.
             plan.module_calls.clear()
@@ -595,7 +596,7 @@ class DdpConversion:
         to): that call gets ``model.module``, as the function expects. Declined, naming the read, where
         that function also trains the model (the bare model there would bypass DDP's gradient sync) or
         keeps it in an object whose methods read it."""
-        if self.project is None or re.search(rf"(?<![\w.]){re.escape(plan.model)}\.module\b", self.info.text):
+        if self.project is None or mentions(self.info.text, [f"{plan.model}.module"]):
             return
         facts = self.facts
         for call in facts.calls:

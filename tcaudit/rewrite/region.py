@@ -170,7 +170,10 @@ def imports_added(before: cst.Module, after: cst.Module) -> set[str]:
 
 
 def mentions(text: str, names: Iterable[str]) -> bool:
-    return any(re.search(rf"(?<![\w.]){re.escape(name)}\b", text) for name in names)
+    """Whether ``text`` uses one of ``names`` (dotted ones too) as a name, not as an attribute or part of a
+    longer name. (Looked for as plain text first: a pattern that starts with a look-behind tries every
+    position of the text.)"""
+    return any(name in text and re.search(rf"(?<![\w.]){re.escape(name)}\b", text) for name in names)
 
 
 def _imported(module: cst.Module) -> set[str]:

@@ -291,7 +291,7 @@ TRIGGER_TABLE = {
     "TC317": (
         "compile.tc317_torch_load_weights_only",
         (
-            r"\bload\b",
+            r"load(?<!\wload)\b",
         ),
         {},
         (),

@@ -18,7 +18,7 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import call_nodes, keyword, nodes_of, param_names, strip_comments
+from tcaudit.source.syntax import call_nodes, evaluated_value, keyword, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels
@@ -56,7 +56,7 @@ def dtypes_of(facts: ScriptFacts, expr: cst.BaseExpression | None) -> frozenset[
             elif not facts.bindings_of(get_full_name_for_node(value) or ""):
                 out.add(UNKNOWN)
         elif isinstance(value, cst.SimpleString):
-            text = value.evaluated_value
+            text = evaluated_value(value)
             out.add(_DTYPE_STRINGS.get(str(text), UNKNOWN))
         else:
             out.add(UNKNOWN)
@@ -125,7 +125,7 @@ def _device_of(facts: ScriptFacts, call: CallSite) -> str | None:
         return "cpu"
     expr = call.arg("device_type", 0)
     if isinstance(expr, cst.SimpleString):
-        return str(expr.evaluated_value).split(":")[0]
+        return str(evaluated_value(expr)).split(":")[0]
     return None
 
 

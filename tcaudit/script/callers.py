@@ -76,11 +76,13 @@ def callers_of(
             found = list(_cached(facts, "by_callee_name", _calls_by_callee_name).get(name, []))
     elif how == "self":
         spellings = (name, f"self.{name}", f"cls.{name}")
-        found = [c for c in facts.calls if c.name in spellings]
+        named = _cached(facts, "by_callee_name", _calls_by_callee_name).get(name, [])
+        found = [c for c in named if c.name in spellings]
     elif how == "exact":
         method = any(other is fn and ctx.kind == "class" for other, ctx in facts.functions)
         wanted = f"self.{name}" if method else name
-        found = [c for c in facts.calls if c.name == wanted]
+        named = _cached(facts, "by_callee_name", _calls_by_callee_name).get(name, [])
+        found = [c for c in named if c.name == wanted]
     elif how == "bare":
         found = [c for c in _cached(facts, "by_callee_name", _calls_by_callee_name).get(name, []) if c.name == name]
     else:

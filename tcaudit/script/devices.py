@@ -23,7 +23,7 @@ from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, outermost_loop
 from tcaudit.script.guards import branches, is_pure_test
-from tcaudit.source.syntax import call_nodes, is_main_guard
+from tcaudit.source.syntax import call_nodes, evaluated_value, is_main_guard
 
 # The names a script usually keeps its device in, and the device types a string may name.
 DEVICE_NAMES = ("device", "dev", "self.device", "args.device")
@@ -69,7 +69,7 @@ def value_kind(facts: ScriptFacts, value: cst.BaseExpression) -> DeviceKind:
     if isinstance(value, cst.Call) and facts.qualname(value.func) == "torch.device":
         return DeviceKind.DEVICE
     if isinstance(value, cst.SimpleString):
-        return DeviceKind.INDEXED if ":" in str(value.evaluated_value) else DeviceKind.TYPE
+        return DeviceKind.INDEXED if ":" in str(evaluated_value(value)) else DeviceKind.TYPE
     return DeviceKind.OTHER
 
 
@@ -306,7 +306,7 @@ def _names_a_device(facts: ScriptFacts, value: cst.BaseExpression) -> bool:
     leaves = device_values(facts, value, Follow.BRANCHES)
     return bool(leaves) and all(
         value_kind(facts, leaf) is DeviceKind.DEVICE
-        or (isinstance(leaf, cst.SimpleString) and str(leaf.evaluated_value).split(":")[0] in DEVICE_TYPES)
+        or (isinstance(leaf, cst.SimpleString) and str(evaluated_value(leaf)).split(":")[0] in DEVICE_TYPES)
         for leaf in leaves
     )
 

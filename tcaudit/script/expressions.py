@@ -11,7 +11,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import evaluated_value, keyword
 from tcaudit.source.walk import walk
 
 # Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
@@ -32,7 +32,7 @@ def literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.Float):
         return float(expr.value.replace("_", ""))
     if isinstance(expr, cst.SimpleString):
-        return expr.evaluated_value
+        return evaluated_value(expr)
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
         inner = literal(expr.expression)
         return -inner if isinstance(inner, (int, float)) else ...

@@ -25,8 +25,9 @@ from libcst.metadata import CodeRange
 from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.script.optimizers import is_optimizer
+from tcaudit.source.memo import active as active_memo
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import keyword, strip_comments
+from tcaudit.source.syntax import evaluated_value, keyword, strip_comments
 from tcaudit.source.walk import code_positions, walk
 
 # Names that star imports from these modules may bring in and that the rules care about.
@@ -266,9 +267,9 @@ class _Collector(cst.CSTVisitor):
         super().__init_subclass__(**kwargs)
         cls._visit_hooks, cls._leave_hooks = {}, {}
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, module_frame: Frame | None = None) -> None:
         super().__init__()
-        self.module_frame = Frame("module", module, None)
+        self.module_frame = module_frame if module_frame is not None else Frame("module", module, None)
         self.ctx = self.module_frame
         self.blocks: list[tuple[cst.CSTNode, ...]] = []
         self.block_index: list[dict[int, int]] = []
@@ -520,15 +521,80 @@ class _Collector(cst.CSTVisitor):
             self.imports.append(ImportSite(node, local, qual, self.ctx, fallback))
 
 
+def _collect(module: cst.Module) -> _Collector:
+    """What the collector records of ``module``: the callbacks of ``module.visit(collector)``, without LibCST
+    rebuilding the tree, made one top-level statement at a time. While an analysis keeps a memo
+    (tcaudit/source/memo.py), each statement's records are remembered; in an editor the next analysis
+    takes those of every statement an edit left as it was, moved onto its module (:func:`_moved_records`),
+    and walks only the statements that changed."""
+    whole = _Collector(module)
+    whole.visit_Module(module)
+    memo = active_memo()
+    if memo is None:
+        for statement in module.body:
+            walk(statement, whole)
+        return whole
+    body, index = whole.blocks[-1], whole.block_index[-1]
+    for statement in module.body:
+        def records(statement: cst.CSTNode = statement) -> _Collector:
+            one = _Collector(module, whole.module_frame)
+            one.blocks, one.block_index = [body], [index]
+            walk(statement, one)
+            return one
+
+        piece = memo.answer(statement, "facts-records", records)
+        if piece.module_frame is not whole.module_frame or piece.blocks[0] is not body:
+            piece = _moved_records(piece, statement, whole.module_frame, body, index)
+            memo.replace(statement, "facts-records", piece)
+        for name in _RECORDS:
+            getattr(whole, name).extend(getattr(piece, name))
+    return whole
+
+
+# What a collector records, in the order of the statements walked.
+_RECORDS = ("calls", "withs", "functions", "classes", "bindings", "imports", "star_imports", "references")
+
+
+def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body: tuple[cst.CSTNode, ...],
+                   index: dict[int, int]) -> _Collector:
+    """The records ``piece`` made of ``statement`` for another module, made for the one whose frame is
+    ``root`` and whose statements are ``body``: the same nodes, in contexts that end at ``root``, and the
+    top-level statement at its place in ``body``."""
+    frames: dict[int, Frame] = {id(piece.module_frame): root}
+
+    def moved(frame: Frame) -> Frame:
+        new = frames.get(id(frame))
+        if new is None:
+            assert frame.parent is not None
+            new = frames[id(frame)] = Frame(frame.kind, frame.node, moved(frame.parent))
+        return new
+
+    top = Statement(statement, body, index.get(id(statement), 0))
+
+    def placed(found: Statement | None) -> Statement | None:
+        return top if found is not None and found.node is statement else found
+
+    out = _Collector(root.node, root)  # type: ignore[arg-type]
+    out.blocks, out.block_index = [body], [index]
+    out.calls = [CallSite(c.node, c.name, c.qualname, moved(c.ctx), placed(c.statement)) for c in piece.calls]
+    out.withs = [(node, moved(frame)) for node, frame in piece.withs]
+    out.functions = [(node, moved(frame)) for node, frame in piece.functions]
+    out.classes = [(node, moved(frame)) for node, frame in piece.classes]
+    out.bindings = [Binding(b.target, b.value, moved(b.ctx), placed(b.statement)) for b in piece.bindings]
+    out.imports = [ImportSite(i.node, i.local, i.qualname, moved(i.ctx), i.in_import_error_fallback)
+                   for i in piece.imports]
+    out.star_imports = list(piece.star_imports)
+    out.references = [(node, dotted, moved(frame)) for node, dotted, frame in piece.references]
+    return out
+
+
 class ScriptFacts:
     """Everything the script rules know about one file."""
 
     def __init__(self, source: SourceFile) -> None:
         self.source = source
         self.module = source.module
-        collector = _Collector(self.module)
-        # The same callbacks as ``self.module.visit(collector)``, without LibCST rebuilding the tree.
-        walk(self.module, collector)
+        collector = _collect(self.module)
         self.module_frame = collector.module_frame
         self.imports = collector.imports
         self.star_imports = collector.star_imports
@@ -665,8 +731,33 @@ class ScriptFacts:
         return [c for c in self.calls if c.qualname in wanted]
 
     def method_calls(self, *methods: str) -> list[CallSite]:
+        if len(methods) == 1:
+            return list(self._calls_by_method.get(methods[0], ()))
         wanted = set(methods)
         return [c for c in self.calls if c.method in wanted]
+
+    @functools.cached_property
+    def _calls_by_method(self) -> dict[str | None, list[CallSite]]:
+        table: dict[str | None, list[CallSite]] = {}
+        for call in self.calls:
+            table.setdefault(call.method, []).append(call)
+        return table
+
+    def calls_within(self, node: cst.CSTNode) -> list[CallSite]:
+        """The calls whose context is inside ``node`` (a frame's node: a function, a loop, a ``with``, a
+        branch), in source order: ``[c for c in calls if c.ctx.inside(node)]`` from an index."""
+        return list(self._calls_by_frame_node.get(id(node), ()))
+
+    @functools.cached_property
+    def _calls_by_frame_node(self) -> dict[int, list[CallSite]]:
+        # Indexed once: rules asked ``ctx.inside`` of every call for each loop and function (quadratic).
+        table: dict[int, list[CallSite]] = {}
+        for call in self.calls:
+            for frame in call.ctx.chain():
+                calls = table.setdefault(id(frame.node), [])
+                if not calls or calls[-1] is not call:  # an ``if`` and its ``else`` frame share a node
+                    calls.append(call)
+        return table
 
     def calls_in(self, function: cst.FunctionDef | None) -> list[CallSite]:
         return self._calls_by_function.get(id(function), [])
@@ -797,7 +888,7 @@ class ScriptFacts:
             if qual in NO_GRAD_QUALNAMES:
                 return True
         if _EVAL_FUNCTION.match(fn.name.value):
-            return not any(c.method == "backward" for c in self.calls if c.ctx.inside(fn))
+            return not any(c.method == "backward" for c in self.calls_within(fn))
         return False
 
     def function_has_autocast_decorator(self, fn: cst.FunctionDef) -> bool:
@@ -990,10 +1081,10 @@ class ScriptFacts:
             return None
         value = found.value
         if isinstance(value, cst.SimpleString):
-            return str(value.evaluated_value) == "cpu"
+            return str(evaluated_value(value)) == "cpu"
         if isinstance(value, cst.Call) and self.qualname(value.func) == "torch.device" and value.args:
             first = value.args[0].value
-            return isinstance(first, cst.SimpleString) and str(first.evaluated_value) == "cpu"
+            return isinstance(first, cst.SimpleString) and str(evaluated_value(first)) == "cpu"
         qual = self.qualname(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
         if qual and qual.startswith("torch.") and qual != "torch.device" and not self.bindings_of(qual):
             return None  # a dtype: torch.float16, torch.bfloat16
@@ -1031,7 +1122,7 @@ class ScriptFacts:
             if isinstance(value, cst.Integer):
                 return True
             if isinstance(value, cst.SimpleString):
-                text = str(value.evaluated_value)
+                text = str(evaluated_value(value))
                 if text.split(":")[0] == "cuda" or text.isdigit():
                     return True
                 continue
@@ -1321,7 +1412,7 @@ def _parameters_owners(params: cst.BaseExpression) -> set[str]:
         elif isinstance(part, cst.Dict):
             for element in part.elements:
                 if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
-                    if element.key.evaluated_value == "params":
+                    if evaluated_value(element.key) == "params":
                         parts.append(element.value)
         elif (isinstance(part, cst.Call) and isinstance(part.func, cst.Attribute)
               and part.func.attr.value == "parameters"):
@@ -1339,11 +1430,11 @@ def _names_cpu(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
     for value in facts.binding_values(expr):
         if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
             continue
-        if isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu":
+        if isinstance(value, cst.SimpleString) and evaluated_value(value) == "cpu":
             continue
         if isinstance(value, cst.Call) and facts.qualname(value.func) == "torch.device" and value.args:
             first = value.args[0].value
-            if isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu":
+            if isinstance(first, cst.SimpleString) and evaluated_value(first) == "cpu":
                 continue
         if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(value) or ""):
             continue  # a name with bindings: its values are read above

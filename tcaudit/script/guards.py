@@ -18,7 +18,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import Frame, ScriptFacts
-from tcaudit.source.syntax import target_names
+from tcaudit.source.syntax import evaluated_value, target_names
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,7 @@ def last_name(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         index = node.slice[0].slice
         if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
-            return index.value.evaluated_value if isinstance(index.value.evaluated_value, str) else None
+            return evaluated_value(index.value) if isinstance(evaluated_value(index.value), str) else None
     return None
 
 

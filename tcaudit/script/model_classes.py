@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import call_nodes, method_of, nodes_of
+from tcaudit.source.syntax import call_nodes, evaluated_value, method_of, nodes_of
 
 CONV2D_LAYERS = frozenset(
     f"torch.nn.{prefix}{name}"
@@ -266,7 +266,7 @@ def recurrent_layer(facts: ScriptFacts, constructions: Iterable[cst.Call]) -> st
     # class of this file is not looked for (following bases would decline compiles TC305 makes today).
     for cls in classes_reached(facts, roots, bases=False, nested=True):
         strings = {
-            node.evaluated_value for node in nodes_of(cls, cst.SimpleString) if isinstance(node.evaluated_value, str)
+            evaluated_value(node) for node in nodes_of(cls, cst.SimpleString) if isinstance(evaluated_value(node), str)
         }
         for call in call_nodes(cls):
             qual = facts.qualname(call.func) or ""

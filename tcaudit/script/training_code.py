@@ -121,8 +121,8 @@ class TrainingCodeFacts:
             return True
         if any(call.ctx.inside(node) for call in facts.optimizer_steps):
             return True
-        for call in facts.calls:
-            if call.ctx.inside(node) and any(fn in self.functions_reaching_step for fn in self.called_functions(call)):
+        for call in facts.calls_within(node):
+            if any(fn in self.functions_reaching_step for fn in self.called_functions(call)):
                 return True
         return False
 

@@ -44,6 +44,13 @@ class WalkMemo:
         self._entries[key] = (node, value)
         return value
 
+    def replace(self, node: Any, question: Hashable, value: Any) -> None:
+        """Remember ``value`` as the answer to ``question`` about ``node`` from now on (an answer remade for
+        another tree that holds the node: the old one need not keep that tree alive)."""
+        key = (id(node), question)
+        self._used.add(key)
+        self._entries[key] = (node, value)
+
     def sweep(self) -> None:
         """Forget what was not asked about since the last sweep (called after each analysis)."""
         used = self._used

@@ -23,6 +23,21 @@ def strip_comments(text: str) -> str:
     return _COMMENT.sub("", text)
 
 
+def evaluated_value(node: "cst.BaseString | cst.Integer | cst.Float | cst.Imaginary") -> object:
+    """``node.evaluated_value``: a literal's value. A plain string literal (no escapes, no bytes) is read
+    off its text; LibCST asks Python's parser for every one (``ast.literal_eval``: about 40 µs, a fifth
+    of a 2,000-line file's analysis went there)."""
+    if isinstance(node, cst.SimpleString):
+        text = node.value
+        prefix = node.prefix
+        if not prefix.strip("rRuU"):  # none, raw or u
+            quote = node.quote
+            body = text[len(prefix) + len(quote):len(text) - len(quote)]
+            if "\\" not in body and "\r" not in body:
+                return body
+    return node.evaluated_value
+
+
 def call_nodes(node: cst.CSTNode) -> list[cst.Call]:
     """Every call under ``node`` (itself included), outermost first."""
     return nodes_of(node, cst.Call)
@@ -186,7 +201,7 @@ def is_main_guard(node: cst.CSTNode) -> bool:
         return False
     sides = (test.left, test.comparisons[0].comparator)
     names = {get_full_name_for_node(side) for side in sides}
-    strings = {side.evaluated_value for side in sides if isinstance(side, cst.SimpleString)}
+    strings = {evaluated_value(side) for side in sides if isinstance(side, cst.SimpleString)}
     return "__name__" in names and "__main__" in strings
 
 

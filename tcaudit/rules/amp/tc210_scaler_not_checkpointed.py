@@ -25,7 +25,7 @@ from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expressio
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import binding_conditions, condition_code, exclusive
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import evaluated_value, keyword
 
 SAVE = frozenset({"torch.save"})
 KEY = "scaler"
@@ -232,7 +232,7 @@ class ScalerNotCheckpointed(ScriptRule):
 
 def _string(node: cst.BaseExpression | None) -> str | None:
     if isinstance(node, cst.SimpleString):
-        value = node.evaluated_value
+        value = evaluated_value(node)
         return value if isinstance(value, str) else None
     return None
 

@@ -29,7 +29,7 @@ from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
 from tcaudit.source.syntax import call_nodes, keyword
 from tcaudit.source.triggers import all_of
 
-_SPARSE = re.compile(r"\bsparse\s*=\s*True|sparse_grad|to_sparse")
+_SPARSE = re.compile(r"sparse(?<!\wsparse)\s*=\s*True|sparse_grad|to_sparse")  # ``\bsparse``: left edge checked after
 
 FUSABLE = {
     "torch.optim.Adam": "Adam",

@@ -26,7 +26,7 @@ from tcaudit.rules.compile.attention import causal_construction, negative_infini
 from tcaudit.script.expressions import is_integer, unparen
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import class_of
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import evaluated_value, keyword
 from tcaudit.source.triggers import all_of
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -547,7 +547,7 @@ def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bo
         if call.method != "register_buffer" or len(call.node.args) < 2:
             continue
         if not isinstance(call.node.args[0].value, cst.SimpleString) or \
-                call.node.args[0].value.evaluated_value != name:
+                evaluated_value(call.node.args[0].value) != name:
             continue
         value = call.node.args[1].value
         text = facts.module.code_for_node(value).replace(" ", "")

@@ -91,7 +91,7 @@ def _plan(facts: ScriptFacts, call: CallSite, state_dicts: set[int]) -> AddKeywo
 
 class TorchLoadWeightsOnly(ScriptRule):
     id = "TC317"
-    triggers = (r"\bload\b",)
+    triggers = (r"load(?<!\wload)\b",)  # ``\bload\b``, its left edge checked after the letters (faster)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         loads = [c for c in facts.calls if c.qualname in LOADS]

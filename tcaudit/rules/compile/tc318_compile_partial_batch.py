@@ -156,7 +156,7 @@ def _trains(facts: ScriptFacts, pipeline: PipelineFacts, batch: BatchLoop, compi
         return True
     if not compiled_steps or facts.in_eval(batch.ctx) or not isinstance(batch.loop, (cst.For, cst.While)):
         return False
-    return any(call.name in compiled_steps and call.ctx.inside(batch.loop) for call in facts.calls)
+    return any(call.name in compiled_steps for call in facts.calls_within(batch.loop))
 
 
 def _training_compiles(facts: ScriptFacts, pipeline: PipelineFacts) -> tuple[list[cst.Call | None], set[str]]:

@@ -349,7 +349,7 @@ def _hoisted_method_loader(facts: ScriptFacts, sampler: CallSite, loop: Frame,
     if not any(r is loader.node or get_full_name_for_node(r) in names for r in function_returns(fn)):
         return None
     owner = loader.ctx.class_def
-    calls = [c for c in facts.calls if c.ctx.inside(loop.node) and _calls_function(facts, c, fn, owner)]
+    calls = [c for c in facts.calls_within(loop.node) if _calls_function(facts, c, fn, owner)]
     if len(calls) != 1:
         return None
     return _hoisted(facts, calls[0], loop, epoch)

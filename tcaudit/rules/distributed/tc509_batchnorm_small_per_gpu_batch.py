@@ -38,7 +38,7 @@ from tcaudit.script.loader_sharding import feeds_training, is_training_loader
 from tcaudit.script.model_classes import classes_building
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import keyword, nodes_of
+from tcaudit.source.syntax import evaluated_value, keyword, nodes_of
 from tcaudit.source.triggers import all_of
 
 SMALL_BATCH = 16  # fewer samples per GPU than this: BN statistics get noisy (Wu & He 2018, Fig. 1)
@@ -441,7 +441,7 @@ def _offers_sync_bn(facts: ScriptFacts) -> bool:
     if any(_SYNC_NAME.match(name.value) for name in nodes_of(facts.module, cst.Name)):
         return True
     return any(
-        isinstance(text.evaluated_value, str) and _SYNC_OPTION.fullmatch(text.evaluated_value)
+        isinstance(evaluated_value(text), str) and _SYNC_OPTION.fullmatch(evaluated_value(text))
         for text in nodes_of(facts.module, cst.SimpleString)
     )
 

@@ -67,7 +67,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
             what = what if len(what) <= 50 else "the DDP wrapper runs"
 
             def plan(node=node, model=model, branch=branch) -> UnwrapAtCalls:
-                if any((c.method or "") in ("backward", "step") for c in facts.calls if c.ctx.inside(branch)):
+                if any((c.method or "") in ("backward", "step") for c in facts.calls_within(branch)):
                     raise DeclineFix(f"the block under `if {test}:` also trains; DDP's gradient sync needs every "
                                      "rank there: move the training out of it by hand")
                 return UnwrapAtCalls((node,), model, facts.line_of(node), _conditional(wrapped[model]))

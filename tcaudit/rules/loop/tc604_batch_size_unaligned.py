@@ -15,14 +15,17 @@ from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import evaluated_value
 
 ALIGNMENT = 8
 _BATCH_FLAG = re.compile(r"^--?(train[-_]?)?(batch[-_]?size|bs|bsz)$", re.IGNORECASE)
 _BATCH_NAME = re.compile(r"^(train_?)?(batch_?size|bs|bsz)$", re.IGNORECASE)
-# Token models: the GEMM M dimension is batch × sequence length, aligned whatever the batch.
+# Token models: the GEMM M dimension is batch × sequence length, aligned whatever the batch. A whole word's
+# left edge is checked after its letters (``bptt(?<!\wbptt)`` is ``\bbptt``): a pattern whose branches all
+# start with a letter is searched for by those letters, ten times faster over a whole file.
 _SEQUENCE_MODEL = re.compile(
-    r"block_size|seq_len|seq_length|sequence_length|max_len|max_length|context_length|ctx_len|\bbptt\b|n_ctx|"
-    r"max_seq|num_tokens|tokeniz|Embedding|Transformer|\bLSTM\b|\bGRU\b|\bRNN\b"
+    r"block_size|seq_len|seq_length|sequence_length|max_len|max_length|context_length|ctx_len|bptt(?<!\wbptt)\b|"
+    r"n_ctx|max_seq|num_tokens|tokeniz|Embedding|Transformer|LSTM(?<!\wLSTM)\b|GRU(?<!\wGRU)\b|RNN(?<!\wRNN)\b"
 )
 
 
@@ -92,7 +95,7 @@ class BatchSizeUnaligned(ScriptRule):
                     isinstance(element, cst.DictElement)
                     and isinstance(element.key, cst.SimpleString)
                     and isinstance(element.value, cst.Integer)
-                    and _BATCH_NAME.match(str(element.key.evaluated_value))
+                    and _BATCH_NAME.match(str(evaluated_value(element.key)))
                 ):
                     owner = info.target_of(dict_node) or ""
                     if not EVAL_NAME.search(owner):

@@ -77,7 +77,7 @@ class EvalWithoutNoGrad(ScriptRule):
             why = self._evaluation(facts, frame, eval_receivers)
             if why is None:
                 continue
-            inside = [c for c in facts.calls if c.ctx.inside(frame.node)]
+            inside = facts.calls_within(frame.node)
             if any(self._computes_gradients(facts, c) for c in inside):
                 continue  # saliency maps, adversarial inputs: the loop needs autograd, no_grad would break it
             if why == "after-eval" and any(

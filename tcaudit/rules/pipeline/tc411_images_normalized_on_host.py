@@ -460,8 +460,8 @@ def _loop_edits(
     images, whole_batch = found
     body = list(loop.body.body) if isinstance(loop.body, cst.IndentedBlock) else []
     copies = [
-        c for c in facts.calls
-        if c.ctx.inside(loop) and c.method in ("to", "cuda") and moves_to_device(c)
+        c for c in facts.calls_within(loop)
+        if c.method in ("to", "cuda") and moves_to_device(c)
         and _copies_images(c.receiver, images, whole_batch)
     ]
     shown = f"{images}[0]" if whole_batch else images
