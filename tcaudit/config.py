@@ -102,6 +102,11 @@ class Settings:
     # SARIF), the Python API and the editor need; a codemod run per finding, so the text report skips it.
     # "lazy": each finding's edits are made the first time they are read (the API's and the editor's default).
     fix_edits: "bool | str" = False
+    # Plan the fixes asked for by name (``Fix.option``: the structural conversions) that the settings do
+    # not ask for, so that each such finding says why its fix would be declined: ``scan``'s reports.
+    # False: leave them unplanned (``unasked_options``), as ``tcaudit fix`` without the flag does: the
+    # editor, whose quick fixes are what ``tcaudit fix`` makes with these settings.
+    plan_unasked: bool = True
     config_path: Path | None = None
     root: Path = field(default_factory=Path.cwd)
 
@@ -120,6 +125,11 @@ class Settings:
     def fix_options(self) -> tuple[str, ...]:
         """The fixes asked for by name (``Fix.option``): the structural conversions, and ``pad-dims``."""
         return self.structural_fixes + ((PAD_DIMS,) if self.pad_dims else ())
+
+    @property
+    def unasked_options(self) -> frozenset[str]:
+        """The structural conversions these settings do not ask for: ``tcaudit fix`` plans none of them."""
+        return frozenset(STRUCTURAL_OPTIONS) - frozenset(self.fix_options)
 
     def names_rule(self, rule: str) -> bool:
         """Whether ``select`` or ``extend-select`` names ``rule`` by its id (``--select TC201``), not only

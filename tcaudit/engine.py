@@ -281,10 +281,13 @@ def analyse_source(
     the fixes itself, never asks. ``facts``: those of ``source``, where the caller has them already.
     ``unplanned``: opt-in fixes (``Fix.option``) the caller will not make, so no rule plans them.
     ``edit_lines``: (first, last): edits only for the findings on those lines."""
+    from tcaudit.project.imports import looking_up_once
     from tcaudit.source.memo import remembering
 
     source.module
-    with remembering():  # one walk per question and node while the analysis runs (tcaudit/source/memo.py)
+    # One walk per question and node while the analysis runs (tcaudit/source/memo.py), one look at the disk
+    # per import (tcaudit/project/imports.py).
+    with remembering(), looking_up_once():
         return _analyse(source, rules, settings, models, edits, facts, unplanned, edit_lines)
 
 
@@ -308,6 +311,8 @@ def _analyse(
         facts = facts if facts is not None else ScriptFacts(source)
     except Exception as exc:  # noqa: BLE001 - an internal error must not hide the other files
         return None, [], [f"{display}: internal error while analysing: {exc!r}\n{traceback.format_exc()}"]
+    if not settings.plan_unasked:
+        unplanned |= settings.unasked_options
     context = rule_context(settings, models, unplanned)
     findings: list[Finding] = []
     errors: list[str] = []

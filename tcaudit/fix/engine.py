@@ -124,13 +124,11 @@ def _analyse(path: Path, display: str, text: str, source: SourceText, rules, set
     ignores, suppression comments); facts is None when no rule can match. Raises SourceError when
     the text does not parse. ``facts``: the text's, where they are made already. Opt-in fixes the
     settings do not ask for are not planned (``RuleContext.unplanned``)."""
-    from tcaudit.structural import NAMES
-
     candidates = candidate_rules(rules, text, path, settings.root)
     if not candidates:
         return None, []
     sf = facts.source if facts is not None else _source_file(path, display, text, source, module)
-    unplanned = frozenset(NAMES) - frozenset(settings.fix_options)
+    unplanned = settings.unasked_options
     facts, findings, errors = analyse_source(sf, candidates, settings, models, edits=False, facts=facts,
                                              unplanned=unplanned)
     if errors:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -159,6 +160,10 @@ class TcauditServer(LanguageServer):
                 self.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Error, message=f"tcaudit: {exc}"))
                 settings = load_settings(start, None, None, isolated=True)
             settings = api.with_detected_gpu(settings)  # detected once per process (tcaudit.gpus.detected)
+            # The quick fixes are what ``tcaudit fix`` makes with these settings: a structural conversion
+            # (``fix --ddp``, ``--compile``...) only where the config asks for it (``structural-fixes``);
+            # the others are not planned (the DDP and compile plans were a quarter of an edit's analysis).
+            settings = dataclasses.replace(settings, plan_unasked=False)
             self._settings[folder] = settings
         return settings
 

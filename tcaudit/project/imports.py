@@ -11,12 +11,15 @@ project model stops there (a library's code is the library's business, and its s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from tcaudit.source.errors import SourceError
 from tcaudit.source.inert import note_read
@@ -70,9 +73,40 @@ def search_roots(entry: Path, root: Path | None) -> tuple[Path, ...]:
     return tuple(out)
 
 
+# Where imports led in the analysis running in this thread (:func:`looking_up_once`), by (roots,
+# importer, module name).
+_LOOKED_UP: "ContextVar[dict[tuple[tuple[Path, ...], Path, str], Path | None] | None]" = ContextVar(
+    "tcaudit_imports_looked_up", default=None)
+
+
+@contextlib.contextmanager
+def looking_up_once() -> Iterator[None]:
+    """While the block runs (one file's analysis), each import's module file is looked for on disk once:
+    the rules ask where a name leads for every call of a file (1,700 times on a 2,000-line file, each a
+    look at the disk). The next analysis looks again (files come and go between them)."""
+    if _LOOKED_UP.get() is not None:  # an analysis inside another: the outer one's
+        yield
+        return
+    token = _LOOKED_UP.set({})
+    try:
+        yield
+    finally:
+        _LOOKED_UP.reset(token)
+
+
 def module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path | None:
     """The project file an import of ``dotted`` from ``importer`` loads (``.pkg.mod``: relative to
     ``importer``'s package), or None when it is not a project module."""
+    looked_up = _LOOKED_UP.get()
+    if looked_up is None:
+        return _module_file(roots, importer, dotted)
+    key = (roots, importer, dotted)
+    if key not in looked_up:
+        looked_up[key] = _module_file(roots, importer, dotted)
+    return looked_up[key]
+
+
+def _module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path | None:
     if dotted.startswith("."):
         level = len(dotted) - len(dotted.lstrip("."))
         base = importer.parent

@@ -18,6 +18,7 @@ from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
 from tcaudit.source.syntax import contains, nodes_of, target_names
+from tcaudit.source.memo import remembered
 from tcaudit.source.walk import walk
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
@@ -163,9 +164,7 @@ def _add_unpacked(batch: BatchLoop) -> None:
             value = value.value
         return get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
 
-    collector = _LoopAssigns(batch.loop)
-    walk(batch.loop.body if isinstance(batch.loop, (cst.For, cst.While)) else batch.loop, collector)
-    assigns = collector.assigns
+    assigns = remembered(batch.loop, "loop assigns", lambda: _loop_assigns(batch.loop))
     for _ in range(2):
         for node in assigns:
             values = node.value.elements if isinstance(node.value, (cst.Tuple, cst.List)) else None
@@ -176,6 +175,12 @@ def _add_unpacked(batch: BatchLoop) -> None:
                             names |= target_names(t.value)
                 elif source_name(node.value) in names:
                     names |= target_names(target.target)
+
+
+def _loop_assigns(loop: cst.CSTNode) -> list[cst.Assign]:
+    collector = _LoopAssigns(loop)
+    walk(loop.body if isinstance(loop, (cst.For, cst.While)) else loop, collector)
+    return collector.assigns
 
 
 class _LoopAssigns(cst.CSTVisitor):

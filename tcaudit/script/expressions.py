@@ -12,6 +12,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import evaluated_value, keyword
+from tcaudit.source.memo import remembered
 from tcaudit.source.walk import walk
 
 # Calls that load weights into a model (a checkpoint, pretrained weights), by dotted name.
@@ -106,6 +107,10 @@ def flag_dest(call: cst.Call) -> str | None:
 
 def function_returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     """The values ``fn``'s own ``return`` statements give (not those of functions defined inside it)."""
+    return list(remembered(fn, "returns", lambda: _returns(fn)))
+
+
+def _returns(fn: cst.FunctionDef) -> list[cst.BaseExpression]:
     returns = _Returns(fn)
     walk(fn, returns)
     return returns.out

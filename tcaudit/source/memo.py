@@ -69,6 +69,14 @@ def active() -> "WalkMemo | None":
     return _ACTIVE.get()
 
 
+def remembered(node: Any, question: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()``, an answer about ``node`` that depends on nothing but the tree under it, remembered
+    where an analysis keeps a memo (an editor's: for as long as an edit leaves the node as it is). The
+    answer is shared: do not change it."""
+    memo = _ACTIVE.get()
+    return compute() if memo is None else memo.answer(node, question, compute)
+
+
 @contextlib.contextmanager
 def remembering(memo: "WalkMemo | None" = None) -> Iterator[WalkMemo]:
     """Make ``memo`` (a new one by default) the one walks answer from in this thread (and the threads

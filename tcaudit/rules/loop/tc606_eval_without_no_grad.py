@@ -30,7 +30,7 @@ from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
 from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
 from tcaudit.source.triggers import all_of
-from tcaudit.source.walk import walk
+from tcaudit.source.syntax import parent_map
 
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|encoder|decoder|classifier|backbone)$")
 _GRADIENT_METHODS = frozenset({"backward", "requires_grad_"})
@@ -174,23 +174,11 @@ class EvalWithoutNoGrad(ScriptRule):
     @staticmethod
     def _statement_of(facts: ScriptFacts, loop: cst.CSTNode) -> tuple[tuple, int] | None:
         """The block holding the loop statement and its index there."""
-        found: list[tuple[tuple, int]] = []
-
-        class _Blocks(cst.CSTVisitor):
-            def _look(self, body) -> None:
-                for index, item in enumerate(body):
-                    if item is loop:
-                        found.append((tuple(body), index))
-
-            def visit_Module(self, node: cst.Module) -> None:
-                self._look(node.body)
-
-            def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
-                self._look(node.body)
-                return not found
-
-        walk(facts.module, _Blocks())
-        return found[0] if found else None
+        holder = parent_map(facts.module).get(id(loop))
+        if not isinstance(holder, (cst.Module, cst.IndentedBlock)):
+            return None
+        body = tuple(holder.body)
+        return next(((body, index) for index, item in enumerate(body) if item is loop), None)
 
 
 class EvalWithoutNoGradFix(Codemod):
