@@ -148,6 +148,8 @@ class Settings:
 
     def ignored_for(self, path: str) -> tuple[str, ...]:
         """Selectors that per-file-ignores turns off for this path (relative to the config's folder)."""
+        if not self.per_file_ignores:
+            return ()
         try:
             rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
         except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)

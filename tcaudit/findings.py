@@ -507,9 +507,13 @@ def assign_fingerprints(findings: list[Finding], root: "Path | None" = None) -> 
     edit above a finding does not change it, while a second identical finding stays distinct.
     """
     seen: dict[str, int] = {}
+    keys: dict[str, str] = {}  # each file's path key, resolved once
     for finding in sorted(findings, key=lambda f: f.sort_key):
         text = " ".join(finding.source_line.split())
-        base = "\x1f".join((finding.rule, _path_key(finding.location.path, root), finding.scope, text))
+        path = finding.location.path
+        if path not in keys:
+            keys[path] = _path_key(path, root)
+        base = "\x1f".join((finding.rule, keys[path], finding.scope, text))
         index = seen.get(base, 0)
         seen[base] = index + 1
         digest = hashlib.sha256(f"{base}\x1f{index}".encode("utf-8")).hexdigest()

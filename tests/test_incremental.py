@@ -220,6 +220,27 @@ def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name
     assert moved, "no statement's records were reused: the test would not see a difference"
 
 
+@pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py", "scripts/tc5_single_gpu.py"])
+def test_positions_and_parents_put_together_from_the_last_module_are_a_fresh_walks(name):
+    """After each edit, a module's positions and parents are the last module's with the replaced statements'
+    taken out and the new ones' put in (``WalkMemo.union``): every node's equal a fresh walk's."""
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    state, rng, updated = IncrementalState(), random.Random(name), 0
+    for _ in range(10):
+        source = _source(text)
+        with state.analysing(source):
+            module = source.module
+            remembered, parents = code_positions(module), parent_map(module)
+            updated += state.reparsed != "all"
+        nodes = nodes_of(module, cst.CSTNode)  # no memo here: fresh walks
+        fresh_positions = code_positions(module)
+        assert parents == parent_map(module)
+        assert all(remembered[node] == fresh_positions[node] for node in nodes)
+        assert len(remembered) == len(fresh_positions)
+        text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
+    assert updated, "no analysis was incremental: the test would not see a difference"
+
+
 def test_nodes_of_hands_out_a_list_of_its_own():
     module = cst.parse_module("f(g(1))\n")
     with remembering():

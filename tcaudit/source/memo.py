@@ -28,6 +28,9 @@ class WalkMemo:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, Hashable], tuple[Any, Any]] = {}
         self._used: set[tuple[int, Hashable]] = set()
+        # The last union made for each question (:meth:`union`): (children, their parts, the union, the
+        # child of each key).
+        self._unions: dict[Hashable, tuple[list, list[dict], dict, dict]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -51,6 +54,30 @@ class WalkMemo:
         self._used.add(key)
         self._entries[key] = (node, value)
 
+    def union(self, question: Hashable, children: list, part_of: Callable[[Any], dict]) -> "tuple[dict, dict] | None":
+        """(the union of the dicts ``part_of(child)`` gives for ``children``, keyed by node ids; the id of
+        the child each key came from), shared: do not change them. None where two children share a key
+        (then put the parts together as the question needs). Made from the last union for ``question``
+        where the children are mostly the same objects (an edit replaced a few top-level statements):
+        the parts of the children that went are taken out, those of the ones that came put in, and
+        nothing else is touched (a 2,000-line file's positions and parents cost a tenth of an analysis
+        to put together afresh)."""
+        parts = [part_of(child) for child in children]
+        last = self._unions.get(question)
+        made = _updated_union(last, children, parts) if last is not None else None
+        if made is None:
+            table: dict = {}
+            owners: dict = {}
+            for child, part in zip(children, parts):
+                table.update(part)
+                owners.update(dict.fromkeys(part, id(child)))
+            if len(table) != sum(map(len, parts)):
+                self._unions.pop(question, None)
+                return None
+            made = (table, owners)
+        self._unions[question] = (list(children), parts, *made)
+        return made
+
     def sweep(self) -> None:
         """Forget what was not asked about since the last sweep (called after each analysis)."""
         used = self._used
@@ -59,6 +86,34 @@ class WalkMemo:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _updated_union(last: tuple[list, list[dict], dict, dict], children: list, parts: list[dict]) -> "tuple[dict, dict] | None":
+    """The union of ``parts`` made from ``last`` (see :meth:`WalkMemo.union`), or None where that would
+    not be cheaper than making it afresh, or a node came to be in two parts."""
+    old_children, old_parts, table, owners = last
+    same = min(len(old_children), len(children))
+    first = 0
+    while first < same and old_children[first] is children[first] and old_parts[first] is parts[first]:
+        first += 1
+    tail = 0
+    while (tail < same - first and old_children[-1 - tail] is children[-1 - tail]
+           and old_parts[-1 - tail] is parts[-1 - tail]):
+        tail += 1
+    gone, came = old_parts[first:len(old_parts) - tail], parts[first:len(parts) - tail]
+    if sum(map(len, gone)) + sum(map(len, came)) > len(table) // 2:
+        return None
+    table, owners = dict(table), dict(owners)
+    for part in gone:
+        for key in part:
+            del table[key]
+            del owners[key]
+    size = len(table)
+    for child, part in zip(children[first:len(children) - tail], came):
+        table.update(part)
+        owners.update(dict.fromkeys(part, id(child)))
+        size += len(part)
+    return (table, owners) if len(table) == size else None
 
 
 _ACTIVE: ContextVar["WalkMemo | None"] = ContextVar("tcaudit_walk_memo", default=None)

@@ -233,6 +233,11 @@ class _Positions(Mapping):
         self.module = module
         self.computed: dict[int, tuple[int, int, int, int]] = {}
         self.offsets: dict[int, int] | None = None
+        # Recorded per statement and put together by WalkMemo.union (shared: never changed here): the
+        # statement each node is in, by id, and each statement's line offset; the module's own range.
+        self.owners: dict[int, int] | None = None
+        self.statement_offsets: dict[int, int] = {}
+        self.whole: tuple[int, int, int, int] | None = None
         self._ranges: dict[int, CodeRange] = {}
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
@@ -240,7 +245,13 @@ class _Positions(Mapping):
         found = self._ranges.get(key)
         if found is None:
             try:
-                line, column, end_line, end_column = self.computed[key]
+                if self.whole is not None and node is self.module:
+                    line, column, end_line, end_column = self.whole
+                else:
+                    line, column, end_line, end_column = self.computed[key]
+                    if self.owners is not None:
+                        offset = self.statement_offsets[self.owners[key]]
+                        line, end_line = line + offset, end_line + offset
             except KeyError:
                 raise KeyError(node) from None
             if self.offsets is not None:
@@ -250,7 +261,7 @@ class _Positions(Mapping):
         return found
 
     def __len__(self) -> int:
-        return len(self.computed)
+        return len(self.computed) + (self.whole is not None)
 
     def __iter__(self):
         nodes: list[cst.CSTNode] = []
@@ -261,7 +272,7 @@ class _Positions(Mapping):
                 return True
 
         walk(self.module, _Every())
-        return iter([node for node in nodes if id(node) in self.computed])
+        return iter([node for node in nodes if id(node) in self.computed or (self.whole and node is self.module)])
 
 
 def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
@@ -317,19 +328,27 @@ def module_children(module: cst.Module) -> list[cst.CSTNode]:
 def _composed_positions(memo, module: cst.Module) -> _Positions:
     def composed() -> _Positions:
         positions = _Positions(module)
-        computed: dict[int, tuple[int, int, int, int]] = {}
-        offsets: dict[int, int] = {}
         offset = 0
         question = ("positions", module.default_indent, module.default_newline)
+        children = module_children(module)
         parts = []
-        for child in module_children(module):
+        for child in children:
             recorded, lines = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
             parts.append((recorded, offset))
+            positions.statement_offsets[id(child)] = offset
             offset += lines
+        end_line = offset + 1
+        recorded_of = {id(child): recorded for child, (recorded, _) in zip(children, parts)}
+        union = memo.union(("module positions", *question[1:]), children, lambda child: recorded_of[id(child)])
+        if union is not None:
+            positions.computed, positions.owners = union
+            positions.whole = (1, 0, end_line if union[0] else 2, 0)  # an empty file: its newline alone
+            return positions
+        computed: dict[int, tuple[int, int, int, int]] = {}
+        offsets: dict[int, int] = {}
         for recorded, at in reversed(parts):  # a node in two statements keeps its first place, as in one pass
             computed.update(recorded)
             offsets.update(dict.fromkeys(recorded, at))
-        end_line = offset + 1
         if not computed:  # nothing in the file: its newline alone
             end_line = 2
         computed[id(module)] = (1, 0, end_line, 0)
