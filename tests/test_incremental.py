@@ -222,8 +222,9 @@ def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name
 
 @pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py", "scripts/tc5_single_gpu.py"])
 def test_positions_and_parents_put_together_from_the_last_module_are_a_fresh_walks(name):
-    """After each edit, a module's positions and parents are the last module's with the replaced statements'
-    taken out and the new ones' put in (``WalkMemo.union``): every node's equal a fresh walk's."""
+    """After each edit, a module's positions are the last module's with the replaced statements' taken out
+    and the new ones' put in (``WalkMemo.union``), its parents put together from its statements': every
+    node's equal a fresh walk's."""
     text = (FIXTURES / name).read_text(encoding="utf-8")
     state, rng, updated = IncrementalState(), random.Random(name), 0
     for _ in range(10):

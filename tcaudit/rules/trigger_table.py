@@ -148,7 +148,7 @@ TRIGGER_TABLE = {
     "TC215": (
         "amp.tc215_framework_fp32_training",
         (
-            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|\bAccelerator\b|LightningCLI",
+            r"Trainer(?<!\wTrainer)\b|TrainingArguments|SFTConfig|HfArgumentParser|Accelerator(?<!\wAccelerator)\b|LightningCLI",
         ),
         {},
         (),
@@ -157,7 +157,7 @@ TRIGGER_TABLE = {
         "compile.tc301_tf32_disabled",
         (
             (r"\.\s*backward\b", '\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
-            r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI",
+            r"Trainer(?<!\wTrainer)\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI",
         ),
         {},
         (),
@@ -217,7 +217,7 @@ TRIGGER_TABLE = {
     "TC308": (
         "compile.tc308_manual_attention",
         (
-            (r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),
+            (r"softmax", r"transpose(?<!\wtranspose)\b|\.mT\b", r"@|matmul"),
         ),
         {},
         (),
@@ -233,7 +233,7 @@ TRIGGER_TABLE = {
     "TC310": (
         "compile.tc310_graph_break_in_forward",
         (
-            (r"def forward", r"(?<!\bre\.)\bcompile\b"),
+            (r"def forward", r"compile(?<!\wcompile)(?<!\bre\.compile)\b"),
         ),
         {
             "compile": (r"def forward",),
@@ -299,7 +299,7 @@ TRIGGER_TABLE = {
     "TC318": (
         "compile.tc318_compile_partial_batch",
         (
-            (r"DataLoader", r"\bcompile\b", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
+            (r"DataLoader", r"compile(?<!\wcompile)\b", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),
         ),
         {
             "compile": ((r"DataLoader", r"\.\s*(?:backward|step)\b", 'mps\\b|\\bxpu\\b|FloatTensor|HalfTensor|\\bcuda\\b|torch\\.accelerator\\b|[\\"\']gpu[\\"\']|device|gpu|rank|\\.to\\(\\s*\\d'),),
@@ -414,7 +414,7 @@ TRIGGER_TABLE = {
     "TC501": (
         "distributed.tc501_dataparallel",
         (
-            r"(?<!Distributed)DataParallel",
+            r"DataParallel(?<!DistributedDataParallel)",
         ),
         {},
         (),
@@ -488,7 +488,7 @@ TRIGGER_TABLE = {
     "TC510": (
         "distributed.tc510_collective_in_rank_branch",
         (
-            r"\b(?:all_reduce|all_gather\w*|reduce|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|gather\w*|scatter\w*|all_to_all\w*)\(",
+            r"(?:a(?<!\wa)ll_(?:reduce|gather\w*|to_all\w*)|r(?<!\wr)educe(?:_scatter\w*)?|b(?<!\wb)(?:roadcast\w*|arrier)|m(?<!\wm)onitored_barrier|g(?<!\wg)ather\w*|s(?<!\ws)catter\w*)\(",
         ),
         {},
         (),

@@ -60,8 +60,9 @@ class WalkMemo:
         (then put the parts together as the question needs). Made from the last union for ``question``
         where the children are mostly the same objects (an edit replaced a few top-level statements):
         the parts of the children that went are taken out, those of the ones that came put in, and
-        nothing else is touched (a 2,000-line file's positions and parents cost a tenth of an analysis
-        to put together afresh)."""
+        nothing else is touched (a copy of each dict: the last analysis may still read its own). On a
+        2,000-line file the positions cost 3.6 ms so against 6.3 ms afresh; the parents (one dict, no
+        owners) cost more so than afresh, and are put together afresh."""
         parts = [part_of(child) for child in children]
         last = self._unions.get(question)
         made = _updated_union(last, children, parts) if last is not None else None

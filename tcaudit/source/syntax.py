@@ -113,14 +113,8 @@ def _remembered_parents(memo, node: cst.CSTNode) -> dict[int, cst.CSTNode]:
         return _everything(memo, node)[1]
 
     def composed() -> dict[int, cst.CSTNode]:
-        children = module_children(node)
-        union = memo.union("parents", children, lambda child: _remembered_parents(memo, child))
-        if union is not None:  # the statements' parents, put together from the last module's
-            parents = dict(union[0])
-            parents.update(dict.fromkeys(map(id, children), node))
-            return parents
-        parents = {}
-        for child in children:
+        parents: dict[int, cst.CSTNode] = {}
+        for child in module_children(node):
             parents[id(child)] = node
             parents.update(_remembered_parents(memo, child))
         return parents

@@ -52,7 +52,7 @@ FIX_CODE = 'torch.set_float32_matmul_precision("high")'
 class Tf32Disabled(ScriptRule):
     id = "TC301"
     triggers = (all_of(BACKWARD_CALL, CUDA_EVIDENCE),
-                r"\bTrainer\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI")
+                r"Trainer(?<!\wTrainer)\b|TrainingArguments|SFTConfig|HfArgumentParser|LightningCLI")
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         if not context.settings.target.has_tf32:

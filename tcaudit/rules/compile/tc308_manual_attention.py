@@ -110,7 +110,7 @@ def _transposed_key(node: cst.BaseExpression) -> cst.BaseExpression | None:
 
 class ManualAttention(ScriptRule):
     id = "TC308"
-    triggers = (all_of(r"softmax", r"\btranspose\b|\.mT\b", r"@|matmul"),)
+    triggers = (all_of(r"softmax", r"transpose(?<!\wtranspose)\b|\.mT\b", r"@|matmul"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
         for function, _ in facts.functions:

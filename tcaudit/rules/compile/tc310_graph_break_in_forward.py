@@ -35,7 +35,7 @@ class GraphBreakInForward(ScriptRule):
     # The rule speaks only where the model is compiled: by the file (its text says "compile":
     # ``torch.compile`` however imported, or ``model.compile()``; ``re.compile`` is neither), or by
     # `fix --compile` when the config asks for it (then the file need not say "compile").
-    triggers = (all_of(r"def forward", r"(?<!\bre\.)\bcompile\b"),)
+    triggers = (all_of(r"def forward", r"compile(?<!\wcompile)(?<!\bre\.compile)\b"),)
     structural_triggers = {"compile": (r"def forward",)}
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:

@@ -83,7 +83,7 @@ class AddAfterCompile(FixPlan):
 
 class CompilePartialBatch(ScriptRule):
     id = "TC318"
-    triggers = (all_of(r"DataLoader", r"\bcompile\b", STEP_OR_BACKWARD_CALL, ACCELERATOR_OR_CUDA),)
+    triggers = (all_of(r"DataLoader", r"compile(?<!\wcompile)\b", STEP_OR_BACKWARD_CALL, ACCELERATOR_OR_CUDA),)
     # ``fix --compile`` compiles the trained model (TC305), so the file need not say "compile".
     structural_triggers = {"compile": (all_of(r"DataLoader", STEP_OR_BACKWARD_CALL, ACCELERATOR_OR_CUDA),)}
     after = ("TC305",)  # the compile TC305's fix adds makes the partial batch recompile

