@@ -562,3 +562,45 @@ def test_fix_all_safe_is_listed_at_once_and_made_when_the_client_resolves_it(tmp
         assert fixed == api.fix(text, filename="train.py", settings=api.load([path]), classes="safe").text != text
     finally:
         client.close()
+
+
+def test_the_cycle_collector_waits_for_a_pause_in_the_typing():
+    """IdleCollector: no collection while a document is analysed, none from a timer that a later analysis
+    overtook, a full one once the typing pauses, and one of the young generations after ``most`` analyses
+    with no pause."""
+    import asyncio
+    import gc
+
+    from tcaudit.lsp.server import IdleCollector
+
+    collections: list[int] = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    async def typing() -> None:
+        collector = IdleCollector(idle_s=0.05, most=5)
+        with collector.paused():
+            assert not gc.isenabled()
+        with collector.paused():  # a second keystroke before the first's timer: that timer does nothing
+            pass
+        assert not gc.isenabled() and not collections
+        await asyncio.sleep(0.2)  # the pause in the typing
+        assert 2 in collections
+        mark = len(collections)
+        for _ in range(5):  # five analyses back to back: the fifth collects the young generations
+            with collector.paused():
+                assert not gc.isenabled()
+        assert 1 in collections[mark:]
+
+    was = gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        asyncio.run(typing())
+    finally:
+        gc.callbacks.remove(count)
+        if was:
+            gc.enable()
+        else:
+            gc.disable()

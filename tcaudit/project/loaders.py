@@ -5,7 +5,6 @@ with the DataLoader's line as a related place; TC505's ``--ddp`` decline names t
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,14 +47,7 @@ class HelperLoader:
 def loaders_built_elsewhere(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
     """The training DataLoaders the script's calls get from helpers of other project modules, where the
     script trains on CUDA. Made once per file."""
-    found = _FOUND.get(facts)
-    if found is None:
-        found = _find(facts, project)
-        _FOUND[facts] = found
-    return found
-
-
-_FOUND: "weakref.WeakKeyDictionary[ScriptFacts, list[HelperLoader]]" = weakref.WeakKeyDictionary()
+    return facts.derived(loaders_built_elsewhere, lambda made: _find(made, project))
 
 
 def _find(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
@@ -166,14 +158,7 @@ def training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:
     """The DataLoaders built in ``facts``' module (which trains nothing itself) that scripts of the
     project get from its functions and train with on CUDA (what :func:`loaders_built_elsewhere` finds
     from each script), found by looking for the project's training scripts that import this module."""
-    found = _USES.get(facts)
-    if found is None:
-        found = _training_uses(facts, root)
-        _USES[facts] = found
-    return found
-
-
-_USES: "weakref.WeakKeyDictionary[ScriptFacts, list[TrainingUse]]" = weakref.WeakKeyDictionary()
+    return facts.derived(training_uses, lambda made: _training_uses(made, root))
 
 
 def _training_uses(facts: ScriptFacts, root: Path | None) -> list[TrainingUse]:

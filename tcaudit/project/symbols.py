@@ -6,7 +6,6 @@ Trainer(...)`` ... ``trainer.fit()`` is ``Trainer.fit`` of the module that defin
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -183,11 +182,4 @@ class Project:
 
 def project_of(facts: ScriptFacts, root: Path | None) -> Project:
     """The project seen from ``facts``' file, made once per file's facts."""
-    cached = _PROJECTS.get(facts)
-    if cached is None:
-        cached = Project(facts, root)
-        _PROJECTS[facts] = cached
-    return cached
-
-
-_PROJECTS: "weakref.WeakKeyDictionary[ScriptFacts, Project]" = weakref.WeakKeyDictionary()
+    return facts.derived(Project, lambda made: Project(made, root))

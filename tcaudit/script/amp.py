@@ -945,11 +945,7 @@ def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
 
 
 def amp_facts(facts: ScriptFacts) -> AmpFacts:
-    cached = getattr(facts, "_amp_facts", None)
-    if cached is None:
-        cached = AmpFacts(facts)
-        facts._amp_facts = cached  # type: ignore[attr-defined]
-    return cached
+    return facts.derived(AmpFacts, AmpFacts)
 
 
 def _path_to(body: tuple[cst.CSTNode, ...], anchor: cst.CSTNode) -> list[tuple[tuple[cst.CSTNode, ...], int]]:

@@ -15,7 +15,6 @@ calls ``get_worker_info()`` or ``torch.initial_seed()`` or controls its own pick
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import libcst as cst
@@ -111,15 +110,12 @@ def loader_generators(pipeline: PipelineFacts, site: LoaderSite) -> SharedGenera
 def own_generators(facts: ScriptFacts, cls: cst.ClassDef) -> tuple[OwnGenerator, ...]:
     """The generators ``cls`` (with its bases of this file) creates in ``__init__`` and draws from in
     ``__getitem__`` without reseeding them; cached per class."""
-    table = _CACHE.get(facts)
-    if table is None:
-        table = _CACHE[facts] = {}
+    table: dict[int, tuple[OwnGenerator, ...]] = facts.derived(own_generators, lambda _: {})
     if id(cls) not in table:
         table[id(cls)] = _own_generators(facts, cls)
     return table[id(cls)]
 
 
-_CACHE: "weakref.WeakKeyDictionary[ScriptFacts, dict[int, tuple[OwnGenerator, ...]]]" = weakref.WeakKeyDictionary()
 
 
 def _own_generators(facts: ScriptFacts, cls: cst.ClassDef) -> tuple[OwnGenerator, ...]:
@@ -369,13 +365,7 @@ def _unpacked_from(facts: ScriptFacts, name: str) -> list[cst.BaseExpression]:
 
 
 def _tuple_assignments(facts: ScriptFacts) -> list[cst.Assign]:
-    cached = _TUPLES.get(facts)
-    if cached is None:
-        cached = _TUPLES[facts] = [
-            node for node in nodes_of(facts.module, cst.Assign)
-            if isinstance(node.value, cst.Call) and any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets)
-        ]
-    return cached
-
-
-_TUPLES: "weakref.WeakKeyDictionary[ScriptFacts, list[cst.Assign]]" = weakref.WeakKeyDictionary()
+    return facts.derived(_tuple_assignments, lambda made: [
+        node for node in nodes_of(made.module, cst.Assign)
+        if isinstance(node.value, cst.Call) and any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets)
+    ])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -573,11 +572,7 @@ class DistributedFacts:
         return None
 
 
-_CACHE: "weakref.WeakKeyDictionary[ScriptFacts, DistributedFacts]" = weakref.WeakKeyDictionary()
 
 
 def distributed_facts(facts: ScriptFacts) -> DistributedFacts:
-    info = _CACHE.get(facts)
-    if info is None:
-        info = _CACHE[facts] = DistributedFacts(facts)
-    return info
+    return facts.derived(DistributedFacts, DistributedFacts)

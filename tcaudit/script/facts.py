@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -29,6 +29,8 @@ from tcaudit.source.memo import active as active_memo
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.syntax import evaluated_value, keyword, strip_comments
 from tcaudit.source.walk import code_positions, walk
+
+_T = TypeVar("_T")
 
 # Names that star imports from these modules may bring in and that the rules care about.
 _STAR_EXPORTS = {
@@ -615,6 +617,17 @@ class ScriptFacts:
         self._positions = None
         self._with_kinds: dict[int, frozenset[str]] = {}
         self._function_is_eval: dict[int, bool] = {}
+        self._derived: dict[object, object] = {}
+
+    def derived(self, key: object, build: "Callable[[ScriptFacts], _T]") -> "_T":
+        """What ``build(self)`` makes of these facts (a layer of facts above them, a file's project), made once
+        and kept on them, so that it lives exactly as long as they do. (Kept in a module-level weak map
+        instead, a value that refers back to its facts keeps them alive for good: an editor's every
+        analysis stayed in memory.)"""
+        found = self._derived.get(key, _NOT_LOOKED_UP)
+        if found is _NOT_LOOKED_UP:
+            found = self._derived[key] = build(self)
+        return found  # type: ignore[return-value]
 
     # -- names --------------------------------------------------------------------------------------
     def resolve(self, dotted: str | None) -> str | None:

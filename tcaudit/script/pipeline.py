@@ -14,7 +14,6 @@ for inserting a global setting after the imports (TC301, TC302).
 
 from __future__ import annotations
 
-import weakref
 
 import libcst as cst
 
@@ -27,14 +26,7 @@ class PipelineFacts(BatchLoopFacts):
 
 
 def pipeline_facts(facts: ScriptFacts) -> PipelineFacts:
-    cached = _CACHE.get(facts)
-    if cached is None:
-        cached = PipelineFacts(facts)
-        _CACHE[facts] = cached
-    return cached
-
-
-_CACHE: "weakref.WeakKeyDictionary[ScriptFacts, PipelineFacts]" = weakref.WeakKeyDictionary()
+    return facts.derived(PipelineFacts, PipelineFacts)
 
 
 def import_block_end(facts: ScriptFacts) -> cst.CSTNode | None:
