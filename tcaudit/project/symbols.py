@@ -55,6 +55,8 @@ class Project:
         path = facts.source.path
         self.roots = search_roots(path, root)
         self.root = root
+        # ``callee``'s answers, by the ids of the facts and the call node asked about, with those two.
+        self._callees: dict[tuple[int, int], tuple[ScriptFacts, cst.CSTNode, Symbol | None]] = {}
 
     # -- names ---------------------------------------------------------------------------------------
     def symbol(self, facts: ScriptFacts, dotted: str | None) -> Symbol | None:
@@ -137,7 +139,15 @@ class Project:
         """The function or method of another project module that ``call`` (a call written in
         ``facts``' module) runs: ``compute_loss(...)`` imported from ``utils.loss``,
         ``utils.get_data(args)``, ``Trainer(...)``'s ``__init__``, ``trainer.fit()`` on an object the
-        module built from a project class. None for anything else."""
+        module built from a project class. None for anything else. (Asked of every call of a file by
+        several rules: answered once per call.)"""
+        key = (id(facts), id(call.node))
+        kept = self._callees.get(key)
+        if kept is None or kept[0] is not facts or kept[1] is not call.node:
+            kept = self._callees[key] = (facts, call.node, self._callee(facts, call))
+        return kept[2]
+
+    def _callee(self, facts: ScriptFacts, call: CallSite) -> Symbol | None:
         found = self.symbol(facts, call.name)
         if found is not None:
             if found.kind == "class":

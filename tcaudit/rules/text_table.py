@@ -520,7 +520,6 @@ TEXT_WORDS = frozenset({
     '__reduce_ex__',
     '__setitem__',
     '__setstate__',
-    '_amp_facts',
     '_dynamo',
     '_g',
     '_generate_square_subsequent_mask',

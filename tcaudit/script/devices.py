@@ -287,8 +287,8 @@ def _names_moved_to(facts: ScriptFacts, step: TrainingStep) -> list[str]:
     ``.to(name)``, where every value the name may hold is a device (``torch.device(...)`` or a
     device-type string): ``target = torch.device("cuda" if args.cuda else "cpu")``."""
     out: list[str] = []
-    for call in facts.calls:
-        if call.ctx.function is not step.function or call.method != "to":
+    for call in facts.calls_in(step.function):
+        if call.method != "to":
             continue
         arg = device_argument(call.node)
         name = get_full_name_for_node(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
@@ -316,7 +316,7 @@ def _cuda_flag(facts: ScriptFacts, step: TrainingStep) -> str | None:
     and ``if use_cuda: x = x.cuda()``), as code valid before its training loop: that flag, not the
     machine, says whether the run is on CUDA. None where some move runs unconditionally, the moves
     share no such test, or the loop assigns a name it reads."""
-    moves = [c for c in facts.calls if c.ctx.function is step.function and moves_to_device(c)]
+    moves = [c for c in facts.calls_in(step.function) if moves_to_device(c)]
     if not moves:
         return None
     common: list[str] | None = None

@@ -103,6 +103,8 @@ def callee_type(facts: ScriptFacts, call: CallSite) -> str | None:
     func = call.node.func
     if not isinstance(func, (cst.Name, cst.Attribute)):
         return None
+    if not call.name or not (facts.bindings_of(call.name) or facts.star_imports):
+        return None  # not imported, never assigned, no star import: nothing to follow (most calls of a file)
     found: set[str] = set()
     unknown = False
     for value in facts.binding_values(func):
