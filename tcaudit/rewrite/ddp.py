@@ -49,7 +49,7 @@ from tcaudit.rewrite.edits import CallEditor, add_stdlib_import, add_torch_impor
 from tcaudit.rewrite.region import mentions
 from tcaudit.rewrite.sampler import plan_sampler
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value, names_in
+from tcaudit.script.distributed import DEVICE_SWITCH, Wrap, distributed_facts, in_test_code, literal_value
 from tcaudit.script.expressions import attribute_chain, function_returns
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
@@ -62,7 +62,9 @@ from tcaudit.script.loader_sharding import (
     unsharded_training_loaders,
 )
 from tcaudit.script.pipeline import import_block_end, pipeline_facts
-from tcaudit.source.syntax import call_nodes, enclosing_function, is_main_guard, nodes_of, param_names, parent_map
+from tcaudit.source.syntax import (
+    call_nodes, enclosing_function, is_main_guard, names_in, nodes_of, param_names, parent_map,
+)
 from tcaudit.source.walk import walk
 
 DDP_NAME = "DistributedDataParallel"

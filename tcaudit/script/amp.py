@@ -14,11 +14,10 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit import gpus
 from tcaudit.script.callers import callers_of, reachable_functions
-from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
-from tcaudit.source.syntax import call_nodes, evaluated_value, keyword, nodes_of, param_names, strip_comments
+from tcaudit.source.syntax import call_nodes, evaluated_value, keyword, names_in, nodes_of, param_names, strip_comments
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels

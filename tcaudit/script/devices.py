@@ -19,11 +19,10 @@ from typing import Iterable, Literal, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.script.distributed import names_in
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, outermost_loop
 from tcaudit.script.guards import branches, is_pure_test
-from tcaudit.source.syntax import call_nodes, evaluated_value, is_main_guard
+from tcaudit.source.syntax import call_nodes, evaluated_value, is_main_guard, names_in
 
 # The names a script usually keeps its device in, and the device types a string may name.
 DEVICE_NAMES = ("device", "dev", "self.device", "args.device")

@@ -27,7 +27,6 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.source.syntax import code_text, evaluated_value, keyword, strip_comments
-from tcaudit.source.walk import walk
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -174,37 +173,6 @@ def is_meeting_point(qualname: str | None) -> bool:
 
 def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
     return facts.module.code_for_node(node)
-
-
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every plain name and dotted name read in an expression."""
-    collector = _ReadNames()
-    walk(node, collector)
-    return collector.out
-
-
-class _ReadNames(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out: set[str] = set()
-        self.inner: set[int] = set()
-
-    def visit_Name(self, n: cst.Name) -> None:
-        self.out.add(n.value)
-
-    def visit_Attribute(self, n: cst.Attribute) -> None:
-        # The outermost attribute of a chain names it once, with every prefix (``a.b.c``: also
-        # ``a.b``): naming each inner attribute again would walk the chain once per link.
-        if id(n) in self.inner:
-            return
-        value = n.value
-        while isinstance(value, cst.Attribute):
-            self.inner.add(id(value))
-            value = value.value
-        dotted = get_full_name_for_node(n)
-        if dotted:
-            parts = dotted.split(".")
-            self.out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
 
 
 def has_modulo(node: cst.CSTNode) -> bool:

@@ -27,7 +27,7 @@ from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import evaluated_value, keyword, strip_comments
+from tcaudit.source.syntax import evaluated_value, keyword, names_in, strip_comments
 from tcaudit.source.walk import code_positions, walk
 
 _T = TypeVar("_T")
@@ -1322,7 +1322,7 @@ def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
     loss = step.loss
     if isinstance(loss, cst.Call) and loss.args:  # scaler.scale(loss)
         loss = loss.args[0].value
-    wanted = _names_in(loss)
+    wanted = names_in(loss)
     chosen: list[Statement] = []
     for index in range(statement.index - 1, -1, -1):
         node = statement.block[index]
@@ -1332,7 +1332,7 @@ def loss_statements(facts: ScriptFacts, step: TrainingStep) -> list[Statement]:
         if _is_data_movement(node):
             break
         chosen.append(Statement(node, statement.block, index))
-        wanted |= _names_in(node)
+        wanted |= names_in(node)
     if isinstance(step.loss, cst.Call) and not chosen:
         return []
     chosen.reverse()
@@ -1365,28 +1365,6 @@ def _is_data_movement(statement: cst.CSTNode) -> bool:
             continue
         return False
     return True
-
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    collector = _AllNames()
-    walk(node, collector)
-    return collector.names
-
-
-class _AllNames(cst.CSTVisitor):
-    """Every name and every attribute chain (each link's) under a node."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_Name(self, n: cst.Name) -> None:
-        self.names.add(n.value)
-
-    def visit_Attribute(self, n: cst.Attribute) -> None:
-        dotted = get_full_name_for_node(n)
-        if dotted:
-            self.names.add(dotted)
 
 
 def assigned_names(node: cst.CSTNode) -> set[str]:

@@ -16,9 +16,10 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value, names_in
+from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive
+from tcaudit.source.syntax import names_in
 
 _TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
 MAX_CALL_DEPTH = 2

@@ -257,3 +257,34 @@ def code_text(text: str) -> str:
             if chars[index] not in "\r\n":
                 chars[index] = " "
     return "".join(chars)
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every plain name and dotted name read in an expression."""
+    collector = _ReadNames()
+    walk(node, collector)
+    return collector.out
+
+
+class _ReadNames(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out: set[str] = set()
+        self.inner: set[int] = set()
+
+    def visit_Name(self, n: cst.Name) -> None:
+        self.out.add(n.value)
+
+    def visit_Attribute(self, n: cst.Attribute) -> None:
+        # The outermost attribute of a chain names it once, with every prefix (``a.b.c``: also
+        # ``a.b``): naming each inner attribute again would walk the chain once per link.
+        if id(n) in self.inner:
+            return
+        value = n.value
+        while isinstance(value, cst.Attribute):
+            self.inner.add(id(value))
+            value = value.value
+        dotted = get_full_name_for_node(n)
+        if dotted:
+            parts = dotted.split(".")
+            self.out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))

@@ -42,11 +42,10 @@ from tcaudit.script.amp import (
     amp_facts,
     unsafe_kind,
 )
-from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.guards import branches
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import call_nodes
+from tcaudit.source.syntax import call_nodes, names_in
 
 # -- the plan -----------------------------------------------------------------------------------
 

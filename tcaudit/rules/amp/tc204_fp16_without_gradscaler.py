@@ -20,9 +20,9 @@ from tcaudit.rewrite.autocast import AutocastEditor, GradScalerPlan, plan_grad_s
 from tcaudit.rewrite.codemod import FixContext, ensure_import, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import HALF, amp_facts, cast_dtype
-from tcaudit.script.distributed import names_in
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.guards import condition_code, extra_conditions, is_pure_test
+from tcaudit.source.syntax import names_in
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,12 +23,12 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.findings import Finding, Severity
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.accumulation import ACCUMULATION_NAME, AccumulationLoop, accumulation_loops
-from tcaudit.script.distributed import in_test_code, names_in
+from tcaudit.script.distributed import in_test_code
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import nodes_of, target_names
+from tcaudit.source.syntax import names_in, nodes_of, target_names
 from tcaudit.source.triggers import all_of
 
 # Tensor methods a loss passes through unscaled (``loss.mean()``, ``loss.float()``).

@@ -46,7 +46,6 @@ from tcaudit.script.distributed import (
     is_dataparallel,
     is_ddp,
     is_fsdp,
-    names_in,
 )
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal
@@ -55,7 +54,7 @@ from tcaudit.script.guards import training_phase
 from tcaudit.script.model_classes import callee_class, defines_no_forward, recurrent_layer, torch_forward
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.trained_models import ModelSite, from_loop_or_comprehension, is_prep, strip_chain
-from tcaudit.source.syntax import call_nodes, parent_map
+from tcaudit.source.syntax import call_nodes, names_in, parent_map
 from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.

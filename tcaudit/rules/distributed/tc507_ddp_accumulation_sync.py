@@ -28,12 +28,11 @@ from tcaudit.script.distributed import (
     in_test_code,
     innermost_loop,
     loops_of,
-    names_in,
 )
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import call_nodes, param_names
+from tcaudit.source.syntax import call_nodes, names_in, param_names
 
 _SYNC_CONTROL = re.compile(r"no_sync|require_backward_grad_sync|set_requires_gradient_sync")
 

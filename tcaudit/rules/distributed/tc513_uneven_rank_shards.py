@@ -33,10 +33,10 @@ from tcaudit.script.distributed import (
     distributed_facts,
     in_test_code,
     is_meeting_point,
-    names_in,
 )
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.script.guards import branches, last_name, names_rank, names_world_size
+from tcaudit.source.syntax import names_in
 
 _SPLITS = frozenset({"array_split", "chunk", "tensor_split"})  # the last piece may be shorter, or missing
 # Text that evens the ranks out: a minimum over the ranks (``all_reduce(n, op=ReduceOp.MIN)``).
