@@ -94,11 +94,16 @@ def test_an_edit_inside_a_function_reparses_that_function_and_its_neighbours_onl
     assert state.reparsed == "all"
     edited = text.replace("def step_20(model, batch):\n    loss", "def step_20(model, batch):\n    x = 1\n    loss")
     second = _analysed(state, edited)
-    assert state.reparsed == 2  # step_20, and step_19 before it (a line an edit makes part of its block)
+    assert state.reparsed == 1  # step_20 alone: the edit comes after its header, so step_19 keeps its lines
     # The statements the edit did not touch are the same objects, so what was found about them is reused.
     assert second.parsed_module.body[5] is first.parsed_module.body[5]
     assert second.parsed_module.body[-1] is first.parsed_module.body[-1]
     assert state.memo.hits > 0
+    # An edit of the header itself (or of the lines above it) parses step_19 too: a line the edit leaves
+    # there may belong to step_19's block.
+    third = edited.replace("def step_30(model, batch):", "def step_30(model, batch, k):")
+    _analysed(state, third)
+    assert state.reparsed == 2
 
 
 TEXT = "import torch\n" + "".join(f"\n\ndef f{k}(loss):\n    return loss\n" for k in range(5))
@@ -113,7 +118,7 @@ TEXT = "import torch\n" + "".join(f"\n\ndef f{k}(loss):\n    return loss\n" for 
                  5, id="another block's indent"),
     pytest.param(lambda t: t.replace("def f0(loss):\n    return loss", "f0 = None"), 3, id="first block gone"),
     pytest.param(lambda t: t.replace("import torch\n", "import torch\nimport os\n"), 3, id="first statement"),
-    pytest.param(lambda t: t + "# the end\n", 2, id="footer"),
+    pytest.param(lambda t: t + "# the end\n", 1, id="footer"),
     pytest.param(lambda t: t.replace("def f0(loss):\n    return loss", "f0 = None\n\n\ndef g(loss):\n    return loss"),
                  3, id="first block replaced by one"),
 ])

@@ -4,8 +4,8 @@ An editor sends a new text at each keystroke; parsing a 2,000-line file whole co
 0.16 s, and each top-level statement parses on its own. :class:`IncrementalState` keeps the last
 parsed module of one document. For the next text it finds the lines that changed (the common prefix
 and suffix of the two texts), widens them to the top-level statements that hold them (with the one
-before, and the one after where the change ends between two: a line typed there may belong to
-either), parses that stretch alone and splices its statements into the last module in place of the
+before where the change reaches a statement's first line of code or the lines above it, and the one
+after where the change ends between two: a line typed there may belong to either), parses that stretch alone and splices its statements into the last module in place of the
 old ones. Every other statement is the very object it was, so what the analysis remembered about
 it (tcaudit/source/memo.py: node lists, parents, positions) is reused and the walks cost what the
 edit changed. The facts and the rules still run on the whole module (they relate statements to each
@@ -130,8 +130,6 @@ class IncrementalState:
         self._last = _Parsed(source.text, module, counts, _first_indented(module))
 
     def _splice(self, source: "SourceFile") -> "cst.Module | None":
-        from tcaudit.source.walk import statement_lines
-
         last = self._last
         text = source.text
         if last is None or "\r" in text or not text.endswith("\n") or source.notebook is not None:
@@ -160,7 +158,27 @@ class IncrementalState:
             return None
         # One statement more before the change: lines a change makes part of the previous statement's
         # last block (a comment indented to its level goes to that block's footer) are parsed with it.
-        first = max(_statement_at(starts, before) - 1, 0)
+        # Not where the change comes after the statement's first line of code (its header, at the
+        # margin): the lines before that are as they were, and so is where they belong.
+        at = _statement_at(starts, before)
+        header = any(line[:1] not in ("", " ", "\t", "#", "\x0c") for line in old_lines[starts[at]:before + 1])
+        if header and at > 0:
+            spliced = self._splice_from(at, source, last, old_lines, new_lines, starts, body_end, before, after)
+            if spliced is not _OTHER_INDENT:
+                return spliced  # type: ignore[return-value]
+            # The stretch's first block set another indentation than the module's: with the statement
+            # before it, the stretch may take the module's (blocks indented unlike the first block).
+        spliced = self._splice_from(max(at - 1, 0), source, last, old_lines, new_lines, starts, body_end, before, after)
+        return None if spliced is _OTHER_INDENT else spliced  # type: ignore[return-value]
+
+    def _splice_from(self, first: int, source: "SourceFile", last: "_Parsed", old_lines: list[str],
+                     new_lines: list[str], starts: list[int], body_end: int, before: int, after: int) -> object:
+        """The module spliced with the stretch from top-level statement ``first`` parsed again; None where it
+        cannot be; ``_OTHER_INDENT`` where the stretch's indentation is not the module's."""
+        from tcaudit.source.walk import statement_lines
+
+        module = last.module
+        text = source.text
         end = len(module.body) - 1
         last_index = end if after >= body_end else _statement_at(starts, max(after, before))
         old_start = starts[first]
@@ -180,7 +198,7 @@ class IncrementalState:
         # stretch's first block; where it was in the old stretch and the new one has none, parse whole.
         blocks = [i for i, statement in enumerate(statements) if _has_block(statement)]
         if blocks and parsed.default_indent != module.default_indent:
-            return None
+            return _OTHER_INDENT
         if first <= last.first_indented:
             if blocks:
                 first_indented = first + blocks[0]
@@ -237,6 +255,9 @@ def _first_indented(module: "cst.Module") -> int:
     """The index of the first statement with an indented block (LibCST takes the module's indentation
     from it); ``len(module.body)`` where none has one."""
     return next((i for i, statement in enumerate(module.body) if _has_block(statement)), len(module.body))
+
+
+_OTHER_INDENT = object()  # what _splice_from says of a stretch indented unlike the module
 
 
 def _statement_at(starts: list[int], line: int) -> int:

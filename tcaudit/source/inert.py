@@ -219,6 +219,11 @@ def inert_edit(old: str, outline: Outline | None, new: str, vocabulary: Vocabula
     removed, added = _changed_lines(old, shift.start, shift.old_end), _changed_lines(new, shift.start, shift.new_end)
     if vocabulary.notices(removed) or vocabulary.notices(added):
         return None
+    # Code that changed (not comments or spacing alone) is told without parsing: the lines around the
+    # change, comments and whitespace taken out, differ. (Where they are the same, the trees decide.)
+    before, after = _lines_around(old, shift.start, shift.old_end), _lines_around(new, shift.start, shift.new_end)
+    if _code_of(before) != _code_of(after):
+        return None
     first = old.count("\n", 0, shift.start) + 1  # the first changed line (the same in both texts)
     last = old.count("\n", 0, shift.old_end) + 1
     i, j = outline.touched(first, last)
@@ -254,6 +259,22 @@ def _changed_lines(text: str, start: int, end: int) -> str:
     first = text.rfind("\n", 0, start) + 1
     last = end - 1 if text[end - 1] == "\n" else text.find("\n", end)
     return text[first:len(text) if last < 0 else last]
+
+
+def _lines_around(text: str, start: int, end: int) -> str:
+    """The whole lines that hold ``text[start:end]``, or the line ``start`` is in where that is empty."""
+    first = text.rfind("\n", 0, start) + 1
+    last = text.find("\n", end)
+    return text[first:len(text) if last < 0 else last]
+
+
+def _code_of(lines: str) -> str:
+    """``lines`` without ``#`` comments and whitespace (a ``#`` in a string ends the line's text too: a
+    necessary condition only)."""
+    return _NOT_CODE.sub("", lines)
+
+
+_NOT_CODE = re.compile(r"#[^\n]*|\s+")
 
 
 def _shapes(statements: Iterable[ast.AST], depth: int = 0) -> list[tuple[int, str]]:
