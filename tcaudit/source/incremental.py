@@ -5,11 +5,12 @@ An editor sends a new text at each keystroke; parsing a 2,000-line file whole co
 parsed module of one document. For the next text it finds the lines that changed (the common prefix
 and suffix of the two texts), widens them to the top-level statements that hold them (with the one
 before where the change reaches a statement's first line of code or the lines above it, and the one
-after where the change ends between two: a line typed there may belong to either), parses that stretch alone and splices its statements into the last module in place of the
-old ones. Every other statement is the very object it was, so what the analysis remembered about
-it (tcaudit/source/memo.py: node lists, parents, positions) is reused and the walks cost what the
-edit changed. The facts and the rules still run on the whole module (they relate statements to each
-other: the loop, the model, the optimizer); what they ask of the tree is what gets cheaper. An edit
+after where the change ends between two: a line typed there may belong to either), parses that
+stretch alone and splices its statements into the last module in place of the old ones. Every other
+statement is the very object it was, so what the analysis remembered about it (tcaudit/source/memo.py:
+node lists, parents, positions, the facts' records) is reused and the walks cost what the edit
+changed. The rules still run on the whole module (they relate statements to each other: the loop,
+the model, the optimizer); what they ask of the tree is what gets cheaper. An edit
 that no rule can notice (a comment, spacing, a new local variable: tcaudit/source/inert.py) is not
 analysed at all: the engine keeps the last analysis here (``kept``) and moves its findings.
 
