@@ -27,7 +27,7 @@ from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import evaluated_value, keyword, names_in, strip_comments
+from tcaudit.source.syntax import chain_root, evaluated_value, keyword, names_in, strip_comments
 from tcaudit.source.walk import code_positions, walk
 
 _T = TypeVar("_T")
@@ -443,13 +443,7 @@ class _Collector(cst.CSTVisitor):
         self.calls.append(CallSite(node, name, None, self.ctx, self.statements[-1]))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if id(node) in self._inner_attrs:
-            return
-        value = node.value
-        while isinstance(value, cst.Attribute):
-            self._inner_attrs.add(id(value))
-            value = value.value
-        if isinstance(value, cst.Name):
+        if isinstance(chain_root(node, self._inner_attrs), cst.Name):
             dotted = get_full_name_for_node(node)
             if dotted:
                 self.references.append((node, dotted, self.ctx))

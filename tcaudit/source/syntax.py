@@ -259,6 +259,19 @@ def code_text(text: str) -> str:
     return "".join(chars)
 
 
+def chain_root(node: cst.Attribute, inner: set[int]) -> cst.BaseExpression | None:
+    """What the attribute chain ``node`` ends in (``a`` of ``a.b.c``), where ``node`` is its outermost
+    link; None for an inner link (``a.b``), which ``inner`` (the ids of the inner links of the chains
+    seen so far, visited after their outermost) holds."""
+    if id(node) in inner:
+        return None
+    value = node.value
+    while isinstance(value, cst.Attribute):
+        inner.add(id(value))
+        value = value.value
+    return value
+
+
 def names_in(node: cst.CSTNode) -> set[str]:
     """Every plain name and dotted name read in an expression."""
     collector = _ReadNames()
@@ -278,12 +291,8 @@ class _ReadNames(cst.CSTVisitor):
     def visit_Attribute(self, n: cst.Attribute) -> None:
         # The outermost attribute of a chain names it once, with every prefix (``a.b.c``: also
         # ``a.b``): naming each inner attribute again would walk the chain once per link.
-        if id(n) in self.inner:
+        if chain_root(n, self.inner) is None:
             return
-        value = n.value
-        while isinstance(value, cst.Attribute):
-            self.inner.add(id(value))
-            value = value.value
         dotted = get_full_name_for_node(n)
         if dotted:
             parts = dotted.split(".")
