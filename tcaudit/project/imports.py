@@ -117,7 +117,7 @@ def _module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path |
         bases: tuple[Path, ...] = (base,)
     else:
         parts = dotted.split(".")
-        bases = tuple(root for root in roots if parts[0] in _top_names(root))
+        bases = tuple(root for root in roots if parts[0] in top_names(root))
     for base in bases:
         target = base.joinpath(*parts)
         candidates = ([target.with_name(target.name + ".py")] if parts else []) + [target / "__init__.py"]
@@ -133,7 +133,7 @@ def _module_file(roots: tuple[Path, ...], importer: Path, dotted: str) -> Path |
 _TOP_NAMES: dict[Path, tuple[int, frozenset[str]]] = {}
 
 
-def _top_names(folder: Path) -> frozenset[str]:
+def top_names(folder: Path) -> frozenset[str]:
     """The module and package names directly in ``folder`` (``utils`` for ``utils.py`` or ``utils/``),
     listed again only when the folder changes: most imports (``torch``, ``numpy``) are ruled out
     without a look at the disk."""

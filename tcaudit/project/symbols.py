@@ -13,7 +13,7 @@ from typing import Literal
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from tcaudit.project.imports import module_file, search_roots
+from tcaudit.project.imports import module_file, search_roots, top_names
 from tcaudit.project.modules import ProjectModule, load_module, module_of
 from tcaudit.script.facts import CallSite, ScriptFacts
 
@@ -57,6 +57,7 @@ class Project:
         self.root = root
         # ``callee``'s answers, by the ids of the facts and the call node asked about, with those two.
         self._callees: dict[tuple[int, int], tuple[ScriptFacts, cst.CSTNode, Symbol | None]] = {}
+        self._reaches: dict[int, tuple[ScriptFacts, bool]] = {}  # ``_may_reach``'s, by the id of the facts
 
     # -- names ---------------------------------------------------------------------------------------
     def symbol(self, facts: ScriptFacts, dotted: str | None) -> Symbol | None:
@@ -144,8 +145,21 @@ class Project:
         key = (id(facts), id(call.node))
         kept = self._callees.get(key)
         if kept is None or kept[0] is not facts or kept[1] is not call.node:
-            kept = self._callees[key] = (facts, call.node, self._callee(facts, call))
+            found = self._callee(facts, call) if self._may_reach(facts) or module_of(facts) is not None else None
+            kept = self._callees[key] = (facts, call.node, found)
         return kept[2]
+
+    def _may_reach(self, facts: ScriptFacts) -> bool:
+        """Whether an import of ``facts``' file may lead into the project: a relative one, or one whose first
+        name is a module or package of a search root. Where none does (a single-file script), no call of the
+        file runs another module's code (only a project module's own methods, which ``callee`` finds from
+        the module itself)."""
+        kept = self._reaches.get(id(facts))
+        if kept is None or kept[0] is not facts:
+            tops = frozenset().union(*(top_names(root) for root in self.roots))
+            names = [site.qualname for site in facts.imports] + list(facts.star_imports)
+            kept = self._reaches[id(facts)] = (facts, any(n.startswith(".") or n.split(".")[0] in tops for n in names))
+        return kept[1]
 
     def _callee(self, facts: ScriptFacts, call: CallSite) -> Symbol | None:
         found = self.symbol(facts, call.name)
