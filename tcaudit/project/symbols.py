@@ -57,7 +57,6 @@ class Project:
         self.root = root
         # ``callee``'s answers, by the ids of the facts and the call node asked about, with those two.
         self._callees: dict[tuple[int, int], tuple[ScriptFacts, cst.CSTNode, Symbol | None]] = {}
-        self._reaches: dict[int, tuple[ScriptFacts, bool]] = {}  # ``_may_reach``'s, by the id of the facts
 
     # -- names ---------------------------------------------------------------------------------------
     def symbol(self, facts: ScriptFacts, dotted: str | None) -> Symbol | None:
@@ -154,12 +153,12 @@ class Project:
         name is a module or package of a search root. Where none does (a single-file script), no call of the
         file runs another module's code (only a project module's own methods, which ``callee`` finds from
         the module itself)."""
-        kept = self._reaches.get(id(facts))
-        if kept is None or kept[0] is not facts:
+        def reaches(made: ScriptFacts) -> bool:
             tops = frozenset().union(*(top_names(root) for root in self.roots))
-            names = [site.qualname for site in facts.imports] + list(facts.star_imports)
-            kept = self._reaches[id(facts)] = (facts, any(n.startswith(".") or n.split(".")[0] in tops for n in names))
-        return kept[1]
+            names = [site.qualname for site in made.imports] + list(made.star_imports)
+            return any(n.startswith(".") or n.split(".")[0] in tops for n in names)
+
+        return facts.derived(("may reach the project from", self.roots), reaches)
 
     def _callee(self, facts: ScriptFacts, call: CallSite) -> Symbol | None:
         found = self.symbol(facts, call.name)

@@ -657,6 +657,7 @@ TEXT_WORDS = frozenset({
     'cache_enabled',
     'call',
     'call_line',
+    'callers',
     'calling_functions',
     'calls',
     'came_pytorch',

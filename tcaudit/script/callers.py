@@ -23,12 +23,11 @@ calls (:func:`callees`, :func:`reachable_functions`) and the functions that call
 
 ScriptFacts itself asks who calls a function that takes a device (``uses_cuda``), so this module
 sits below tcaudit/script/facts.py and imports nothing of it: it reads the facts it is given through
-:class:`CallFacts`, and keeps its indexes beside them.
+:class:`CallFacts`, and keeps its indexes on them (``derived``).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Literal, Protocol, TypeVar
@@ -57,6 +56,8 @@ class CallFacts(Protocol):
     def functions_by_name(self) -> Mapping[str, list[cst.FunctionDef]]: ...
 
     def calls_in(self, function: cst.FunctionDef | None) -> Sequence[_CallSite]: ...
+
+    def derived(self, key: object, build: Callable[[Any], _T]) -> _T: ...
 
 
 def callers_of(
@@ -202,14 +203,5 @@ def _calling_functions(facts: CallFacts) -> dict[int, set[cst.FunctionDef]]:
 
 
 def _cached(facts: CallFacts, key: str, build: Callable[[CallFacts], _T]) -> _T:
-    # Kept beside the facts by a weak reference (a corpus scan does not keep every file alive); the
-    # indexes hold the file's nodes, never the facts themselves.
-    tables = _TABLES.get(facts)
-    if tables is None:
-        tables = _TABLES[facts] = {}
-    if key not in tables:
-        tables[key] = build(facts)
-    return tables[key]
-
-
-_TABLES: "weakref.WeakKeyDictionary[CallFacts, dict[str, Any]]" = weakref.WeakKeyDictionary()
+    # Kept on the facts (ScriptFacts.derived), living as long as they do; the indexes hold the file's nodes.
+    return facts.derived(("callers", key), build)
