@@ -173,6 +173,54 @@ def test_remembered_walks_answer_what_fresh_walks_answer(path):
     assert memo.hits > 0
 
 
+@pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py"])
+def test_a_remembered_walk_answers_for_every_tree_under_it(name):
+    """A question about a node inside a statement whose walk is remembered is answered from that walk
+    (a slice of it), whatever was asked first; the answers are a fresh walk's, and the memo's note of
+    which walk holds which node shrinks with the walks it forgets (edits do not make it grow)."""
+    from tcaudit.source import walk as walk_module
+
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    module = cst.parse_module(text)
+    inner = [n for n in nodes_of(module, cst.CSTNode) if not isinstance(n, cst.Module)]
+    fresh = {id(n): ([id(c) for c in nodes_of(n, cst.Call)], [id(c) for c in nodes_of(n, cst.CSTNode)],
+                     parent_map(n)) for n in inner}
+    walks = []
+    real_walk = walk_module.walk
+    for order in (inner, inner[::-1]):  # the statements' walks first; the innermost trees' first
+        memo = WalkMemo()
+        with remembering(memo), pytest.MonkeyPatch.context() as patch:
+            patch.setattr("tcaudit.source.syntax.walk", lambda node, visitor: (walks.append(node), real_walk(node, visitor)))
+            for node in order:
+                calls, everything, parents = fresh[id(node)]
+                assert [id(c) for c in nodes_of(node, cst.Call)] == calls
+                assert [id(c) for c in nodes_of(node, cst.CSTNode)] == everything
+                assert parent_map(node) == parents
+        if order is inner:
+            assert len(walks) == len(module.body), "a tree inside a walked statement was walked again"
+    state, rng = IncrementalState(), random.Random(name)
+    for _ in range(12):
+        source = _source(text)
+        with state.analysing(source):
+            for statement in source.module.body:
+                nodes_of(statement, cst.Call)
+                for node in nodes_of(statement, cst.SimpleStatementLine):
+                    assert [id(c) for c in nodes_of(node, cst.Call)] == [id(c) for c in _fresh_calls(node)]
+        # What the memo notes is of this module's nodes only: the last modules' went with their walks.
+        assert state.memo.enclosed <= len(_fresh_nodes(source.module))
+        text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
+
+
+def _fresh_calls(node) -> list:
+    with remembering(WalkMemo()):
+        return nodes_of(node, cst.Call)
+
+
+def _fresh_nodes(node) -> list:
+    with remembering(WalkMemo()):
+        return nodes_of(node, cst.CSTNode)
+
+
 def _frame(frame) -> tuple:
     """A context as the kinds and nodes of its frames, the module's frame as "module" (each analysis has
     its own)."""

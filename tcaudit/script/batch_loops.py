@@ -19,7 +19,6 @@ from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
 from tcaudit.source.syntax import contains, nodes_of, target_names
 from tcaudit.source.memo import remembered
-from tcaudit.source.walk import walk
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")
 
@@ -178,24 +177,10 @@ def _add_unpacked(batch: BatchLoop) -> None:
 
 
 def _loop_assigns(loop: cst.CSTNode) -> list[cst.Assign]:
-    collector = _LoopAssigns(loop)
-    walk(loop.body if isinstance(loop, (cst.For, cst.While)) else loop, collector)
-    return collector.assigns
-
-
-class _LoopAssigns(cst.CSTVisitor):
     """The assignments in a batch loop (not in functions defined inside it)."""
-
-    def __init__(self, loop: cst.CSTNode) -> None:
-        super().__init__()
-        self.loop = loop
-        self.assigns: list[cst.Assign] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return node is self.loop
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        self.assigns.append(node)
+    root = loop.body if isinstance(loop, (cst.For, cst.While)) else loop
+    inner = {id(a) for d in nodes_of(root, cst.FunctionDef) if d is not loop for a in nodes_of(d, cst.Assign)}
+    return [a for a in nodes_of(root, cst.Assign) if id(a) not in inner]
 
 
 def element_source(statement: cst.CSTNode, node: cst.CSTNode, name: str) -> cst.BaseExpression | None:

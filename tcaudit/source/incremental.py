@@ -194,6 +194,8 @@ class IncrementalState:
         if parsed is None or not parsed.body or (parsed.footer and last_index != end):
             return None
         statements = list(parsed.body)
+        if first != 0 and parsed.header:  # lines before the first statement are its leading lines here
+            statements[0] = statements[0].with_changes(leading_lines=(*parsed.header, *statements[0].leading_lines))
         # LibCST keeps one indentation for the module: the first indented block's. Where that block is
         # before the stretch, the stretch must have the same; where it is in the stretch, so must the
         # stretch's first block; where it was in the old stretch and the new one has none, parse whole.
@@ -212,9 +214,6 @@ class IncrementalState:
         changes: dict = {"body": (*module.body[:first], *statements, *module.body[last_index + 1:])}
         if first == 0:  # lines before the first statement are the module's header
             changes["header"] = (*module.header, *parsed.header)
-        elif parsed.header:
-            statements[0] = statements[0].with_changes(leading_lines=(*parsed.header, *statements[0].leading_lines))
-            changes["body"] = (*module.body[:first], *statements, *module.body[last_index + 1:])
         if last_index == end:
             changes["footer"] = parsed.footer
         spliced = module.with_changes(**changes)

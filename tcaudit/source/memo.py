@@ -31,6 +31,10 @@ class WalkMemo:
         # The last union made for each question (:meth:`union`): (children, their parts, the union, the
         # child of each key).
         self._unions: dict[Hashable, tuple[list, list[dict], dict, dict]] = {}
+        # Which remembered answer holds each node it names (:meth:`enclose`): the node's id → the
+        # answer's key; and each such answer's node ids, to forget them with it.
+        self._inside: dict[int, tuple[int, Hashable]] = {}
+        self._enclosed: dict[tuple[int, Hashable], list[int]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -79,14 +83,51 @@ class WalkMemo:
         self._unions[question] = (list(children), parts, *made)
         return made
 
+    def enclose(self, node: Any, question: Hashable, members: "list[Any]") -> None:
+        """Note that the answer to ``question`` about ``node`` (remembered already) holds ``members``,
+        the nodes of ``node``'s tree: :meth:`enclosing` finds it from any of them."""
+        key = (id(node), question)
+        inside = self._inside
+        for member in self._enclosed.get(key, ()):  # the answer for an earlier node of that id
+            if inside.get(member) == key:
+                del inside[member]
+        ids = list(map(id, members))
+        inside.update(dict.fromkeys(ids, key))
+        self._enclosed[key] = ids
+
+    def enclosing(self, node: Any, question: Hashable) -> "tuple[Any, Any] | None":
+        """(the root, the answer) of a remembered answer to ``question`` that :meth:`enclose` said holds a
+        node with ``node``'s id, or None. The caller checks that the answer holds ``node`` itself (an id
+        outlives its node where the answer that named it was remade)."""
+        key = self._inside.get(id(node))
+        if key is None or key[1] != question:
+            return None
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._used.add(key)
+        return entry
+
     def sweep(self) -> None:
         """Forget what was not asked about since the last sweep (called after each analysis)."""
         used = self._used
-        self._entries = {key: entry for key, entry in self._entries.items() if key in used}
+        entries = self._entries
+        self._entries = {key: entry for key, entry in entries.items() if key in used}
         self._used = set()
+        if self._enclosed:
+            inside = self._inside
+            for key in [key for key in self._enclosed if key not in used]:
+                for member in self._enclosed.pop(key):
+                    if inside.get(member) == key:
+                        del inside[member]
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def enclosed(self) -> int:
+        """How many nodes :meth:`enclosing` can find a remembered answer for."""
+        return len(self._inside)
 
 
 def _updated_union(last: tuple[list, list[dict], dict, dict], children: list, parts: list[dict]) -> "tuple[dict, dict] | None":

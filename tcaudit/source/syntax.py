@@ -11,6 +11,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from tcaudit.source.memo import active as active_memo
+from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import line_starts
 from tcaudit.source.walk import module_children, walk
 
@@ -56,7 +57,7 @@ def nodes_of(node: cst.CSTNode, kind: type) -> list:
 
 def _remembered_nodes(memo, node: cst.CSTNode, kind: type) -> list:
     if not isinstance(node, cst.Module):
-        return memo.answer(node, ("nodes", kind), lambda: [n for n in _everything(memo, node)[0] if isinstance(n, kind)])
+        return memo.answer(node, ("nodes", kind), lambda: _of_kind(_everything(memo, node).found, kind))
 
     def composed() -> list:
         found: list = [node] if isinstance(node, kind) else []
@@ -67,16 +68,74 @@ def _remembered_nodes(memo, node: cst.CSTNode, kind: type) -> list:
     return memo.answer(node, ("nodes", kind), composed)
 
 
-def _everything(memo, node: cst.CSTNode) -> "tuple[list[cst.CSTNode], dict[int, cst.CSTNode]]":
-    """Every node under ``node`` in visiting order, and each one's parent: one walk answers every
-    ``nodes_of`` kind (a filter of the list) and the parents."""
-    return memo.answer(node, "everything", lambda: _walk_everything(node))
+def _of_kind(nodes: list, kind: "type | tuple[type, ...]") -> list:
+    """``[n for n in nodes if isinstance(n, kind)]``, deciding once per node class: LibCST's node classes
+    are ABCs, whose ``isinstance`` is a Python-level call for each node that is not of the class itself."""
+    table = _KIND_TABLES.get(kind)
+    if table is None:
+        table = _KIND_TABLES[kind] = {}
+    try:
+        return [n for n in nodes if table[type(n)]]
+    except KeyError:
+        for n in nodes:
+            cls = type(n)
+            if cls not in table:
+                table[cls] = issubclass(cls, kind)
+        return [n for n in nodes if table[type(n)]]
 
 
-def _walk_everything(node: cst.CSTNode) -> "tuple[list[cst.CSTNode], dict[int, cst.CSTNode]]":
+# Per kind asked of nodes_of: whether each node class is of it.
+_KIND_TABLES: "dict[type | tuple[type, ...], dict[type, bool]]" = {}
+
+
+class _Walked:
+    """Every node under a root in visiting order, and each one's parent: one walk answers every
+    ``nodes_of`` kind (a filter of the list) and the parents. A walk also answers for each node under
+    its root (``found[i:ends[i]]`` is the tree under ``found[i]``): a question about a statement inside
+    a function whose walk is remembered slices that walk instead of walking again."""
+
+    __slots__ = ("found", "ends", "parents", "_index")
+
+    def __init__(self, found: list, ends: "list[int] | None", parents: dict[int, cst.CSTNode]) -> None:
+        self.found = found
+        self.ends = ends  # None for a slice (it is not sliced again: its walk is)
+        self.parents = parents
+        self._index: "dict[int, int] | None" = None
+
+    def under(self, node: cst.CSTNode) -> "_Walked | None":
+        """The walk of ``node``'s tree sliced from this one, or None where this walk does not hold
+        ``node`` itself."""
+        if self.ends is None:
+            return None
+        index = self._index
+        if index is None:
+            index = self._index = {id(n): i for i, n in enumerate(self.found)}
+        at = index.get(id(node))
+        found = self.found
+        if at is None or found[at] is not node:
+            return None
+        nodes = found[at:self.ends[at]]
+        parents = self.parents
+        return _Walked(nodes, None, {key: parents[key] for key in map(id, nodes[1:])})
+
+
+def _everything(memo, node: cst.CSTNode) -> _Walked:
+    """Every node under ``node`` in visiting order, and each one's parent: sliced from a remembered
+    walk that holds ``node``, else walked (and remembered as one that holds its nodes)."""
+    return memo.answer(node, "everything", lambda: _walk_everything(memo, node))
+
+
+def _walk_everything(memo, node: cst.CSTNode) -> _Walked:
+    enclosing = memo.enclosing(node, "everything")
+    if enclosing is not None:
+        sliced = enclosing[1].under(node)
+        if sliced is not None:
+            return sliced
     collector = _Everything()
     walk(node, collector)
-    return collector.found, collector.parents
+    walked = _Walked(collector.found, collector.ends, collector.parents)
+    memo.enclose(node, "everything", collector.found)
+    return walked
 
 
 def _nodes_of(node: cst.CSTNode, kind: type) -> list:
@@ -110,7 +169,7 @@ def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
 
 def _remembered_parents(memo, node: cst.CSTNode) -> dict[int, cst.CSTNode]:
     if not isinstance(node, cst.Module):
-        return _everything(memo, node)[1]
+        return _everything(memo, node).parents
 
     def composed() -> dict[int, cst.CSTNode]:
         parents: dict[int, cst.CSTNode] = {}
@@ -147,16 +206,29 @@ class _Parents(cst.CSTVisitor):
         self.stack.pop()
 
 
-class _Everything(_Parents):
-    """Every node in visiting order, and each one's parent (one walk for both)."""
+class _Everything(cst.CSTVisitor):
+    """Every node in visiting order, where each one's tree ends in that list, and each one's parent
+    (one walk for all three)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.found: list[cst.CSTNode] = []
+        self.ends: list[int] = []
+        self.parents: dict[int, cst.CSTNode] = {}
+        self.stack: list[int] = []  # the indices of the nodes entered and not left
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        self.found.append(node)
-        return super().on_visit(node)
+        found = self.found
+        stack = self.stack
+        if stack:
+            self.parents[id(node)] = found[stack[-1]]
+        stack.append(len(found))
+        found.append(node)
+        self.ends.append(0)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.ends[self.stack.pop()] = len(self.found)
 
 
 def enclosing_function(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.FunctionDef | None:
@@ -273,27 +345,26 @@ def chain_root(node: cst.Attribute, inner: set[int]) -> cst.BaseExpression | Non
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
-    """Every plain name and dotted name read in an expression."""
-    collector = _ReadNames()
-    walk(node, collector)
-    return collector.out
+    """Every plain name and dotted name read in an expression (a new set, the caller's to change)."""
+    return set(remembered(node, "names read", lambda: frozenset(_names_read(node))))
 
 
-class _ReadNames(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out: set[str] = set()
-        self.inner: set[int] = set()
-
-    def visit_Name(self, n: cst.Name) -> None:
-        self.out.add(n.value)
-
-    def visit_Attribute(self, n: cst.Attribute) -> None:
+def _names_read(node: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+    inner: set[int] = set()
+    for n in nodes_of(node, _NAMES):  # an attribute chain's outermost link comes before its inner ones
+        if type(n) is cst.Name:
+            out.add(n.value)
+            continue
         # The outermost attribute of a chain names it once, with every prefix (``a.b.c``: also
         # ``a.b``): naming each inner attribute again would walk the chain once per link.
-        if chain_root(n, self.inner) is None:
-            return
+        if chain_root(n, inner) is None:
+            continue
         dotted = get_full_name_for_node(n)
         if dotted:
             parts = dotted.split(".")
-            self.out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
+            out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
+    return out
+
+
+_NAMES = (cst.Name, cst.Attribute)
