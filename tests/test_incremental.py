@@ -85,6 +85,75 @@ def test_a_spliced_module_is_the_module_a_whole_parse_gives(path):
         text = new
 
 
+def _edit_inside(text: str, rng: random.Random) -> str:
+    """One edit typed inside a block: a statement or an ``if`` with its body, a comment at the line's
+    indentation, deeper or at the margin, a blank or whitespace line, a line deleted, changed or dedented."""
+    lines = text.split("\n")[:-1]
+    indented = [k for k, line in enumerate(lines) if line[:1] in (" ", "\t") and line.strip()]
+    if not indented:
+        return text
+    index = rng.choice(indented)
+    line = lines[index]
+    indent = line[:len(line) - len(line.lstrip())]
+    kind = rng.choice(["statement", "compound", "comment", "deeper comment", "margin comment", "blank",
+                       "spaces", "delete", "append", "dedent", "after"])
+    if kind == "statement":
+        lines.insert(index, f"{indent}note = 1")
+    elif kind == "compound":
+        lines[index:index] = [f"{indent}if note:", f"{indent}    note = 2"]
+    elif kind == "comment":
+        lines.insert(index, f"{indent}# a note")
+    elif kind == "deeper comment":
+        lines.insert(index, f"{indent}    # a note")
+    elif kind == "margin comment":
+        lines.insert(index, "# a note")
+    elif kind == "blank":
+        lines.insert(index, "")
+    elif kind == "spaces":
+        lines.insert(index, indent)
+    elif kind == "delete":
+        del lines[index]
+    elif kind == "append":
+        lines[index] += "  # typed"
+    elif kind == "dedent":
+        lines[index] = line[4:] if line.startswith("    ") else line.lstrip()
+    else:  # a statement after the line, at its indentation
+        lines.insert(index + 1, f"{indent}note = 3")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("path", SCRIPTS[::2], ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_a_module_remade_inside_a_statement_is_the_module_a_whole_parse_gives(path):
+    """Edits typed inside blocks parse only the statements they touched in the innermost block that
+    holds them (``_Inside``); the module is a whole parse's, node for node, after every edit."""
+    text = path.read_text(encoding="utf-8")
+    if "\r" in text or "\ufeff" in text or not _parses(text):
+        pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
+    rng = random.Random(path.name)
+    state = IncrementalState()
+    _analysed(state, text)
+    for _ in range(10):
+        new = _edit_inside(text, rng)
+        if not _parses(new):
+            continue
+        source = _analysed(state, new)
+        module = source.parsed_module
+        assert module.code == new
+        assert module.deep_equals(cst.parse_module(new)), (path, state.reparsed, state.parsed_inside)
+        INSIDE[state.parsed_inside is not None] += 1
+        text = new
+
+
+INSIDE = {True: 0, False: 0}  # how the edits above were parsed: inside a statement, or not
+
+
+def test_most_edits_inside_blocks_are_parsed_inside_them():
+    """The test above would pass by never splicing inside: most of its edits must have been."""
+    if not INSIDE[True] + INSIDE[False]:
+        pytest.skip("the random edits did not run in this process")
+    assert INSIDE[True] >= INSIDE[False], INSIDE
+
+
 def test_an_edit_inside_a_function_reparses_that_function_and_its_neighbours_only():
     functions = "".join(f"\n\ndef step_{k}(model, batch):\n    loss = model(batch).sum()\n    return loss\n"
                         for k in range(40))

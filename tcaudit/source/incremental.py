@@ -55,8 +55,11 @@ class IncrementalState:
 
     memo: WalkMemo = field(default_factory=WalkMemo)
     _last: "_Parsed | None" = None
-    # What the last text cost: the statements parsed ("all" for a whole parse).
+    # What the last text cost: the top-level statements parsed or remade ("all" for a whole parse), and of
+    # those remade around what changed inside them (one at most), the statements parsed in its block
+    # (None where whole top-level statements were parsed).
     reparsed: "int | str" = "all"
+    parsed_inside: "int | None" = None
     # Held by the analysis using the state (reentrant: the engine holds it around reuse and analysis).
     _lock: "threading.RLock" = field(default_factory=threading.RLock, repr=False)
     # The last analysis's findings, for the next text where its edit is one no rule notices
@@ -112,6 +115,7 @@ class IncrementalState:
         """Give ``source`` a module spliced from the last one where the edit allows; else leave it to
         parse whole on first use."""
         self.reparsed = "all"
+        self.parsed_inside = None
         module = self._splice(source)
         if module is not None:
             source.with_module(module)
@@ -163,6 +167,12 @@ class IncrementalState:
         # margin): the lines before that are as they were, and so is where they belong.
         at = _statement_at(starts, before)
         header = any(line[:1] not in ("", " ", "\t", "#", "\x0c") for line in old_lines[starts[at]:before + 1])
+        if header and after < starts[at] + last.statement_lines[at]:
+            # The change is inside one statement, after its first line: parse only what it touched
+            # in the innermost block that holds it.
+            inside = self._splice_inside(at, source, last, old_lines, new_lines, starts, before, after)
+            if inside is not None:
+                return inside
         if header and at > 0:
             spliced = self._splice_from(at, source, last, old_lines, new_lines, starts, body_end, before, after)
             if spliced is not _OTHER_INDENT:
@@ -171,6 +181,41 @@ class IncrementalState:
             # before it, the stretch may take the module's (blocks indented unlike the first block).
         spliced = self._splice_from(max(at - 1, 0), source, last, old_lines, new_lines, starts, body_end, before, after)
         return None if spliced is _OTHER_INDENT else spliced  # type: ignore[return-value]
+
+    def _splice_inside(self, at: int, source: "SourceFile", last: "_Parsed", old_lines: list[str],
+                       new_lines: list[str], starts: list[int], before: int, after: int) -> "cst.Module | None":
+        """The module with top-level statement ``at`` remade around the statements the change touched
+        in the innermost block that holds it (a line typed in a 300-line ``main()`` parses that line, not
+        ``main``); None where that cannot be told apart from a whole parse (see :class:`_Inside`)."""
+        from tcaudit.source.walk import statement_positions
+
+        module = last.module
+        top = module.body[at]
+        base, count = starts[at], last.statement_lines[at]
+        try:
+            recorded = statement_positions(module, top, self.memo).recorded
+        except Exception:  # noqa: BLE001 - no positions, no splice inside: the statement is parsed whole
+            return None
+        inside = _Inside(module, recorded, base, old_lines, new_lines, before + 1, after)
+        try:
+            statement = inside.remade(top)
+        except Exception:  # noqa: BLE001 - LibCST refused a remade node: the statement is parsed whole
+            return None
+        if statement is None:
+            return None
+        spliced = module.with_changes(body=(*module.body[:at], statement, *module.body[at + 1:]))
+        # The statement's code is the new text's lines for it, or the splice is not taken (a line counted
+        # wrong would misplace every position after it).
+        made = statement_positions(spliced, statement, self.memo)
+        new_count = count + len(new_lines) - len(old_lines)
+        if made.lines != new_count or made.code != "\n".join(new_lines[base:base + new_count]) + "\n":
+            return None
+        counts = list(last.statement_lines)
+        counts[at] = new_count
+        self._last = _Parsed(source.text, spliced, counts, last.first_indented)
+        self.reparsed = 1
+        self.parsed_inside = inside.parsed
+        return spliced
 
     def _splice_from(self, first: int, source: "SourceFile", last: "_Parsed", old_lines: list[str],
                      new_lines: list[str], starts: list[int], body_end: int, before: int, after: int) -> object:
@@ -226,6 +271,126 @@ class IncrementalState:
                                              *last.statement_lines[last_index + 1:]], first_indented)
         self.reparsed = len(statements)
         return spliced
+
+
+class _Inside:
+    """Where in a top-level statement a change falls, and that stretch parsed again.
+
+    Lines are 0-based lines of the old text; the change replaced old lines ``[first, after)`` (none where
+    text was only inserted before line ``first``). In a block (``body`` of a def, class, loop, ``if``,
+    ``with``, ``try``) each statement owns its leading lines and its code; the lines after its code up
+    to the next statement's leading lines (a nested block's trailing comments) are its too. The change
+    goes down into the one statement whose lines hold it, as long as that statement's block holds it;
+    the statements of the innermost such block that hold the change are parsed again, inside ``if 1:``
+    lines that give them their indentation (so that LibCST reads their comment and blank lines as in
+    the whole file), and the statements around them are the very objects they were.
+
+    Not taken (the enclosing stretch is parsed instead), where the owner of a line could change with
+    the edit: a stretch after a statement with a block of its own that does not begin with code at the
+    block's indentation (a comment there may close that block's code), a stretch that ends in a
+    statement with a block where comment lines follow it, lines left over after the stretch's last
+    statement, a block whose statements are decorated, an indentation that is not the module's
+    repeated."""
+
+    def __init__(self, module: "cst.Module", recorded: dict, base: int, old_lines: list[str],
+                 new_lines: list[str], first: int, after: int) -> None:
+        self.module = module
+        self.recorded = recorded  # positions in the top-level statement's own code (its first line is 1)
+        self.base = base  # the statement's first line in the text
+        self.old_lines = old_lines
+        self.new_lines = new_lines
+        self.first = first
+        self.last = max(after - 1, first)  # the last old line changed (or the line text went before)
+        self.delta = len(new_lines) - len(old_lines)
+        self.parsed = 0
+
+    def remade(self, node: "cst.CSTNode") -> "cst.CSTNode | None":
+        """``node`` with the stretch of its block (or of a block inside) parsed again; None where the
+        change is not inside its block's statements or cannot be parsed there alone."""
+        import libcst as cst
+
+        block = getattr(node, "body", None)
+        if not isinstance(block, cst.IndentedBlock) or not block.body:
+            return None
+        statements = block.body
+        if any(getattr(statement, "decorators", ()) for statement in statements):
+            return None
+        recorded, base = self.recorded, self.base
+        try:
+            codes = [base + recorded[id(statement)][0] - 1 for statement in statements]
+            end = base + recorded[id(statements[-1])][2] - 1
+        except KeyError:
+            return None
+        tops = [code - len(statement.leading_lines) for code, statement in zip(codes, statements)]
+        if self.first < tops[0] or self.last > end:
+            return None
+        i = bisect.bisect_right(tops, self.first) - 1
+        j = bisect.bisect_right(tops, self.last) - 1
+        if i == j:
+            inner = self.remade(statements[i])
+            if inner is not None:
+                return _block_replaced(node, block, i, i, (inner,))
+        lasts = [top - 1 for top in tops[1:]] + [end]
+        remade = self._parsed(statements, i, j, tops[i], lasts[j], self.old_lines[codes[i]])
+        if remade is None:
+            return None
+        return _block_replaced(node, block, i, j, remade)
+
+    def _parsed(self, statements, i: int, j: int, top: int, last: int, code_line: str) -> "tuple | None":
+        """Statements ``i`` to ``j`` of a block (old lines ``top`` to ``last``) as the new text has them."""
+        import libcst as cst
+
+        indent = code_line[:len(code_line) - len(code_line.lstrip(" \t"))]
+        unit = self.module.default_indent
+        depth = len(indent) // len(unit) if unit else 0
+        if not indent or indent != unit * depth:
+            return None
+        new_last = last + self.delta
+        if new_last < top:
+            return None
+        lines = self.new_lines[top:new_last + 1]
+        opening = next((line for line in lines if line.strip()), None)
+        if opening is None or not _at(opening, indent):
+            if i > 0 and isinstance(statements[i - 1], cst.BaseCompoundStatement):
+                return None  # a comment or a deeper line here may belong to the block above
+        region = "".join(f"{unit * level}if 1:\n" for level in range(depth)) + "\n".join(lines) + "\n"
+        parsed = _parse_region(region)
+        if parsed is None or parsed.header or parsed.footer or len(parsed.body) != 1:
+            return None
+        node = parsed.body[0]
+        for level in range(depth):
+            if not isinstance(node, cst.If) or node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+                return None
+            block = node.body
+            if block.footer or (level < depth - 1 and len(block.body) != 1):
+                return None
+            if level == depth - 1:
+                remade = tuple(block.body)
+                break
+            node = block.body[0]
+        else:  # pragma: no cover - depth >= 1 always breaks
+            return None
+        if isinstance(remade[-1], cst.BaseCompoundStatement):
+            # Comment lines right after the stretch may belong to its last statement's block now.
+            for line in self.new_lines[new_last + 1:]:
+                stripped = line.strip()
+                if stripped.startswith("#"):
+                    return None
+                if stripped:
+                    break
+        self.parsed = len(remade)
+        return remade
+
+
+def _at(line: str, indent: str) -> bool:
+    """Whether ``line`` is code that begins at ``indent`` exactly."""
+    return line.startswith(indent) and line[len(indent):][:1] not in ("", " ", "\t", "#", "\x0c")
+
+
+def _block_replaced(node: "cst.CSTNode", block: "cst.IndentedBlock", i: int, j: int, statements: tuple) -> "cst.CSTNode":
+    """``node`` with statements ``i`` to ``j`` of its block ``node.body`` replaced by ``statements``."""
+    body = (*block.body[:i], *statements, *block.body[j + 1:])
+    return node.with_changes(body=block.with_changes(body=body))
 
 
 def _has_block(statement: "cst.CSTNode") -> bool:

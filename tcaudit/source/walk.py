@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dis
 import types
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
@@ -302,13 +302,28 @@ def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
     return positions
 
 
-def _statement_positions(module: cst.Module, node: cst.CSTNode) -> tuple[dict[int, tuple[int, int, int, int]], int]:
-    """(the positions of ``node``'s nodes as if its code began the file, the newlines in its code)."""
+class StatementPositions(NamedTuple):
+    """One top-level statement's code generated on its own (its leading lines included): each of its
+    nodes' positions as if its code began the file, the newlines in its code, and the code."""
+
+    recorded: dict[int, tuple[int, int, int, int]]
+    lines: int
+    code: str
+
+
+def _statement_positions(module: cst.Module, node: cst.CSTNode) -> StatementPositions:
     positions = _Positions(module)
     state = _PositionState(default_indent=module.default_indent, default_newline=module.default_newline,
                            provider=positions)  # type: ignore[arg-type]
     node._codegen(state)
-    return positions.computed, state.line - 1
+    return StatementPositions(positions.computed, state.line - 1, "".join(state.tokens))
+
+
+def statement_positions(module: cst.Module, node: cst.CSTNode, memo) -> StatementPositions:
+    """:class:`StatementPositions` of one of ``module``'s top-level statements, remembered in ``memo``
+    (where :func:`code_positions` finds them)."""
+    question = ("positions", module.default_indent, module.default_newline)
+    return memo.answer(node, question, lambda: _statement_positions(module, node))
 
 
 def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
@@ -316,8 +331,7 @@ def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
     included), from ``memo`` where it recorded the statement's positions."""
     if memo is None:
         return module.code_for_node(node).count("\n")
-    question = ("positions", module.default_indent, module.default_newline)
-    return memo.answer(node, question, lambda: _statement_positions(module, node))[1]
+    return statement_positions(module, node, memo).lines
 
 
 def module_children(module: cst.Module) -> list[cst.CSTNode]:
@@ -333,7 +347,7 @@ def _composed_positions(memo, module: cst.Module) -> _Positions:
         children = module_children(module)
         parts = []
         for child in children:
-            recorded, lines = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
+            recorded, lines, _ = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
             parts.append((recorded, offset))
             positions.statement_offsets[id(child)] = offset
             offset += lines
