@@ -131,17 +131,34 @@ def test_a_module_remade_inside_a_statement_is_the_module_a_whole_parse_gives(pa
         pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
     rng = random.Random(path.name)
     state = IncrementalState()
-    _analysed(state, text)
+    _walked(state, text)
     for _ in range(10):
         new = _edit_inside(text, rng)
         if not _parses(new):
             continue
-        source = _analysed(state, new)
+        source, positions, nodes, parents = _walked(state, new)
         module = source.parsed_module
         assert module.code == new
         assert module.deep_equals(cst.parse_module(new)), (path, state.reparsed, state.parsed_inside)
         INSIDE[state.parsed_inside is not None] += 1
+        # The walk and the positions remade from the last ones are a fresh walk's.
+        fresh_nodes = nodes_of(module, cst.CSTNode)
+        assert [id(n) for n in nodes] == [id(n) for n in fresh_nodes]
+        assert parents == parent_map(module)
+        fresh = code_positions(module)
+        assert all(positions[n] == fresh[n] for n in fresh_nodes), (path, state.parsed_inside)
         text = new
+
+
+def _walked(state: IncrementalState, text: str) -> tuple:
+    """The text analysed with the state as the rules ask of it: (source, positions, every node, parents)."""
+    source = _source(text)
+    with state.analysing(source):
+        module = source.module
+        found = (source, code_positions(module), nodes_of(module, cst.CSTNode), parent_map(module))
+        for statement in module.body:  # questions about trees inside the statements, as the rules ask
+            nodes_of(statement, cst.SimpleStatementLine)
+    return found
 
 
 INSIDE = {True: 0, False: 0}  # how the edits above were parsed: inside a statement, or not

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import libcst as cst
 
     from tcaudit.source.parsing import SourceFile
+    from tcaudit.source.walk import StatementPositions
 
 
 @dataclass
@@ -187,16 +188,17 @@ class IncrementalState:
         """The module with top-level statement ``at`` remade around the statements the change touched
         in the innermost block that holds it (a line typed in a 300-line ``main()`` parses that line, not
         ``main``); None where that cannot be told apart from a whole parse (see :class:`_Inside`)."""
-        from tcaudit.source.walk import statement_positions
+        from tcaudit.source.syntax import remade_walk
+        from tcaudit.source.walk import remember_statement_positions, statement_positions
 
         module = last.module
         top = module.body[at]
         base, count = starts[at], last.statement_lines[at]
         try:
-            recorded = statement_positions(module, top, self.memo).recorded
+            old_positions = statement_positions(module, top, self.memo)
         except Exception:  # noqa: BLE001 - no positions, no splice inside: the statement is parsed whole
             return None
-        inside = _Inside(module, recorded, base, old_lines, new_lines, before + 1, after)
+        inside = _Inside(module, old_positions.recorded, base, old_lines, new_lines, before + 1, after)
         try:
             statement = inside.remade(top)
         except Exception:  # noqa: BLE001 - LibCST refused a remade node: the statement is parsed whole
@@ -204,12 +206,20 @@ class IncrementalState:
         if statement is None:
             return None
         spliced = module.with_changes(body=(*module.body[:at], statement, *module.body[at + 1:]))
-        # The statement's code is the new text's lines for it, or the splice is not taken (a line counted
-        # wrong would misplace every position after it).
-        made = statement_positions(spliced, statement, self.memo)
         new_count = count + len(new_lines) - len(old_lines)
-        if made.lines != new_count or made.code != "\n".join(new_lines[base:base + new_count]) + "\n":
-            return None
+        code = "\n".join(new_lines[base:base + new_count]) + "\n"
+        # The walk and the positions of the remade statement, from the old one's: the new statements'
+        # code generated in place must be the new text's lines for them.
+        walked = remade_walk(self.memo, top, statement)
+        made = None if walked is None else inside.positions(spliced, old_positions, walked, code)
+        if made is not None:
+            remember_statement_positions(spliced, statement, self.memo, made)
+        else:
+            # Generated whole: its code must be the new text's lines for it, or the splice is not taken (a
+            # line counted wrong would misplace every position after it).
+            made = statement_positions(spliced, statement, self.memo)
+            if made.lines != new_count or made.code != code:
+                return None
         counts = list(last.statement_lines)
         counts[at] = new_count
         self._last = _Parsed(source.text, spliced, counts, last.first_indented)
@@ -303,6 +313,14 @@ class _Inside:
         self.last = max(after - 1, first)  # the last old line changed (or the line text went before)
         self.delta = len(new_lines) - len(old_lines)
         self.parsed = 0
+        # Once parsed: each remade node (by id) and the old node it stands for; the new statements, the
+        # line their stretch begins on, their block's depth, and where the old statements they replace began
+        # and ended.
+        self.remade_from: dict[int, cst.CSTNode] = {}
+        self.statements: tuple = ()
+        self.top = 0
+        self.depth = 0
+        self.old_span: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def remade(self, node: "cst.CSTNode") -> "cst.CSTNode | None":
         """``node`` with the stretch of its block (or of a block inside) parsed again; None where the
@@ -329,12 +347,42 @@ class _Inside:
         if i == j:
             inner = self.remade(statements[i])
             if inner is not None:
-                return _block_replaced(node, block, i, i, (inner,))
+                return self._replaced(node, block, i, i, (inner,))
         lasts = [top - 1 for top in tops[1:]] + [end]
         remade = self._parsed(statements, i, j, tops[i], lasts[j], self.old_lines[codes[i]])
         if remade is None:
             return None
-        return _block_replaced(node, block, i, j, remade)
+        self.old_span = (*recorded[id(statements[i])][:2], *recorded[id(statements[j])][2:])
+        return self._replaced(node, block, i, j, remade)
+
+    def _replaced(self, node: "cst.CSTNode", block: "cst.IndentedBlock", i: int, j: int, statements: tuple) -> "cst.CSTNode":
+        """``node`` with statements ``i`` to ``j`` of its block ``node.body`` replaced by ``statements``."""
+        body = (*block.body[:i], *statements, *block.body[j + 1:])
+        made = node.with_changes(body=block.with_changes(body=body))
+        self.remade_from[id(made)] = node
+        self.remade_from[id(made.body)] = block
+        return made
+
+    def positions(self, module: "cst.Module", old: "StatementPositions", walked: tuple[list, list[int]],
+                  code: str) -> "StatementPositions | None":
+        """The remade top-level statement's positions from the old one's (``walked``: its nodes in visiting
+        order, and where each one's tree ends there), the new statements' generated in place; None where
+        their code is not the new text's lines for them."""
+        from tcaudit.source.walk import positions_in_place, remade_positions
+
+        order, ends = walked
+        first, last = self.statements[0], self.statements[-1]
+        start = next((k for k, node in enumerate(order) if node is first), None)
+        end = next((k for k, node in enumerate(order) if node is last), None)
+        if start is None or end is None:
+            return None
+        line = self.top - self.base + 1
+        placed, made = positions_in_place(module, self.statements, line, self.depth)
+        lines = self.new_lines[self.top:self.top + made.count("\n")]
+        if not made.endswith("\n") or made != "\n".join(lines) + "\n":
+            return None
+        return remade_positions(old, order, range(start, ends[end]), self.remade_from, placed, self.old_span,
+                                (*placed[id(first)][:2], *placed[id(last)][2:]), self.delta, code)
 
     def _parsed(self, statements, i: int, j: int, top: int, last: int, code_line: str) -> "tuple | None":
         """Statements ``i`` to ``j`` of a block (old lines ``top`` to ``last``) as the new text has them."""
@@ -379,18 +427,13 @@ class _Inside:
                 if stripped:
                     break
         self.parsed = len(remade)
+        self.statements, self.top, self.depth = remade, top, depth
         return remade
 
 
 def _at(line: str, indent: str) -> bool:
     """Whether ``line`` is code that begins at ``indent`` exactly."""
     return line.startswith(indent) and line[len(indent):][:1] not in ("", " ", "\t", "#", "\x0c")
-
-
-def _block_replaced(node: "cst.CSTNode", block: "cst.IndentedBlock", i: int, j: int, statements: tuple) -> "cst.CSTNode":
-    """``node`` with statements ``i`` to ``j`` of its block ``node.body`` replaced by ``statements``."""
-    body = (*block.body[:i], *statements, *block.body[j + 1:])
-    return node.with_changes(body=block.with_changes(body=body))
 
 
 def _has_block(statement: "cst.CSTNode") -> bool:

@@ -51,6 +51,12 @@ class WalkMemo:
         self._entries[key] = (node, value)
         return value
 
+    def peek(self, node: Any, question: Hashable) -> Any:
+        """The remembered answer to ``question`` about ``node``, or None; not counted as asked (an answer
+        only peeked at is forgotten at the next sweep, as the node it is about is gone by then)."""
+        entry = self._entries.get((id(node), question))
+        return entry[1] if entry is not None and entry[0] is node else None
+
     def replace(self, node: Any, question: Hashable, value: Any) -> None:
         """Remember ``value`` as the answer to ``question`` about ``node`` from now on (an answer remade for
         another tree that holds the node: the old one need not keep that tree alive)."""

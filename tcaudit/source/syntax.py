@@ -13,7 +13,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import line_starts
-from tcaudit.source.walk import module_children, walk
+from tcaudit.source.walk import child_attributes, module_children, walk
 
 _COMMENT = re.compile(r"#[^\n]*")
 
@@ -136,6 +136,61 @@ def _walk_everything(memo, node: cst.CSTNode) -> _Walked:
     walked = _Walked(collector.found, collector.ends, collector.parents)
     memo.enclose(node, "everything", collector.found)
     return walked
+
+
+def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CSTNode], list[int]] | None":
+    """Remember the walk of ``new`` (a statement remade from ``old`` around a few new nodes: every other
+    node of it is ``old``'s) as put together from ``old``'s remembered walk, each of ``old``'s trees
+    taken from it whole and only the new nodes visited: (the nodes in visiting order, where each one's
+    tree ends in that list). None (nothing remembered) where ``old``'s walk is not."""
+    walked = memo.peek(old, "everything")
+    if walked is None or walked.ends is None:
+        return None
+    index = walked._index
+    if index is None:
+        index = walked._index = {id(n): i for i, n in enumerate(walked.found)}
+    old_found, old_ends, old_parents = walked.found, walked.ends, walked.parents
+    found: list[cst.CSTNode] = []
+    ends: list[int] = []
+    parents: dict[int, cst.CSTNode] = {}
+
+    def add(node: cst.CSTNode, parent: "cst.CSTNode | None") -> None:
+        if parent is not None:
+            parents[id(node)] = parent
+        at = index.get(id(node))
+        if at is not None and old_found[at] is node:
+            stop, offset = old_ends[at], len(found) - at
+            found.extend(old_found[at:stop])
+            ends.extend([end + offset for end in old_ends[at:stop]])
+            parents.update({key: old_parents[key] for key in map(id, old_found[at + 1:stop])})
+            return
+        attributes = child_attributes(node)
+        if attributes is None:  # a class LibCST walks itself
+            collector = _Everything()
+            walk(node, collector)
+            offset = len(found)
+            found.extend(collector.found)
+            ends.extend([end + offset for end in collector.ends])
+            parents.update(collector.parents)
+            return
+        me = len(found)
+        found.append(node)
+        ends.append(0)
+        for name in attributes:
+            value = getattr(node, name)
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:
+                    add(child, node)
+            elif value is not None and kind is not cst.MaybeSentinel:
+                add(value, node)
+        ends[me] = len(found)
+
+    add(new, None)
+    made = _Walked(found, ends, parents)
+    memo.answer(new, "everything", lambda: made)
+    memo.enclose(new, "everything", found)
+    return found, ends
 
 
 def _nodes_of(node: cst.CSTNode, kind: type) -> list:

@@ -326,6 +326,64 @@ def statement_positions(module: cst.Module, node: cst.CSTNode, memo) -> Statemen
     return memo.answer(node, question, lambda: _statement_positions(module, node))
 
 
+def positions_in_place(module: cst.Module, statements: "tuple[cst.CSTNode, ...]", line: int,
+                       depth: int) -> tuple[dict[int, tuple[int, int, int, int]], str]:
+    """The positions of ``statements`` (consecutive statements of a block ``depth`` levels deep in a
+    top-level statement, the module's indentation at each level) where their code begins on ``line`` of
+    that statement's own code, and that code."""
+    positions = _Positions(module)
+    state = _PositionState(default_indent=module.default_indent, default_newline=module.default_newline,
+                           provider=positions, indent_tokens=[module.default_indent] * depth,  # type: ignore[arg-type]
+                           line=line, column=0)
+    for statement in statements:
+        statement._codegen(state)
+    return positions.computed, "".join(state.tokens)
+
+
+def remade_positions(old: StatementPositions, order: list, region: range, remade: "dict[int, cst.CSTNode]",
+                     placed: dict[int, tuple[int, int, int, int]],
+                     old_span: tuple[int, int, int, int], new_span: tuple[int, int, int, int],
+                     shift: int, code: str) -> "StatementPositions | None":
+    """The positions of a top-level statement remade around new statements (tcaudit/source/incremental.py),
+    from the old statement's: ``order`` is the new statement's nodes in visiting order, ``region`` the
+    indices of the new statements' nodes there (``placed`` their positions), ``remade`` the old node each
+    remade one (on the way from the top to the new statements) stands for. A node before the region is
+    where it was; one after it is ``shift`` lines further. A remade node (a block, a statement holding
+    it) begins where it began, or where the new statements begin where it began with the old ones (a
+    block begins with its first statement), and ends ``shift`` lines further, or where the new
+    statements end where it ended with the old ones (``old_span``, ``new_span``: where the old
+    statements and the new ones begin and end). None where the old positions lack a node."""
+    recorded = old.recorded
+    old_start, old_end = old_span[:2], old_span[2:]
+    new_start, new_end = new_span[:2], new_span[2:]
+    out: dict[int, tuple[int, int, int, int]] = {}
+    try:
+        for index in range(region.start):
+            node = order[index]
+            key = id(node)
+            stood_for = remade.get(key)
+            if stood_for is None:
+                out[key] = recorded[key]
+                continue
+            line, column, end_line, end_column = recorded[id(stood_for)]
+            start, end = (line, column), (end_line, end_column)
+            out[key] = (*(new_start if start == old_start else start),
+                        *(new_end if end == old_end else (end_line + shift, end_column)))
+        for index in range(region.stop, len(order)):
+            key = id(order[index])
+            line, column, end_line, end_column = recorded[key]
+            out[key] = (line + shift, column, end_line + shift, end_column)
+    except KeyError:
+        return None
+    out.update(placed)
+    return StatementPositions(out, old.lines + shift, code)
+
+
+def remember_statement_positions(module: cst.Module, node: cst.CSTNode, memo, positions: StatementPositions) -> None:
+    """Have ``memo`` answer :func:`statement_positions` for ``node`` with ``positions`` (made otherwise)."""
+    memo.replace(node, ("positions", module.default_indent, module.default_newline), positions)
+
+
 def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
     """The lines of one of ``module``'s top-level statements (its leading comment and blank lines
     included), from ``memo`` where it recorded the statement's positions."""
