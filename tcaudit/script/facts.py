@@ -158,12 +158,14 @@ class CallSite:
     @property
     def method(self) -> str | None:
         func = self.node.func
-        return func.attr.value if isinstance(func, cst.Attribute) else None
+        # ``type() is``: Attribute has no subclasses, and isinstance of LibCST's ABCs costs a Python call
+        # for every other node (this is asked of every call of a file by many rules).
+        return func.attr.value if type(func) is cst.Attribute else None
 
     @property
     def receiver(self) -> cst.BaseExpression | None:
         func = self.node.func
-        return func.value if isinstance(func, cst.Attribute) else None
+        return func.value if type(func) is cst.Attribute else None
 
     @property
     def receiver_name(self) -> str | None:
@@ -606,6 +608,7 @@ class ScriptFacts:
             CallSite(c.node, c.name, self.resolve(c.name), c.ctx, c.statement) for c in collector.calls
         ]
         self._bindings_by_target: dict[str, list[Binding]] = {}
+        self._binding_values: dict[int, tuple[cst.BaseExpression, tuple[cst.BaseExpression, ...]]] = {}
         for binding in self.bindings:
             self._bindings_by_target.setdefault(binding.target, []).append(binding)
         self._positions = None
@@ -672,7 +675,14 @@ class ScriptFacts:
 
     def binding_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
         """The expressions a name may stand for (itself included), following simple assignments
-        and both branches of conditional expressions (``a if c else b``, ``a or b``)."""
+        and both branches of conditional expressions (``a if c else b``, ``a or b``). A new list (the
+        answer is kept per expression: the rules ask it of the same names many times)."""
+        found = self._binding_values.get(id(expr))
+        if found is None or found[0] is not expr:
+            found = self._binding_values[id(expr)] = (expr, self._followed(expr))
+        return list(found[1])
+
+    def _followed(self, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, ...]:
         out: list[cst.BaseExpression] = []
         stack = [(expr, 0)]
         seen: set[int] = set()
@@ -691,7 +701,7 @@ class ScriptFacts:
                 if dotted:
                     for binding in self.bindings_of(dotted):
                         stack.append((binding.value, level + 1))
-        return out
+        return tuple(out)
 
     # -- positions ----------------------------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> CodeRange:
