@@ -96,7 +96,17 @@ def _edit_inside(text: str, rng: random.Random) -> str:
     line = lines[index]
     indent = line[:len(line) - len(line.lstrip())]
     kind = rng.choice(["statement", "compound", "comment", "deeper comment", "margin comment", "blank",
-                       "spaces", "delete", "append", "dedent", "after"])
+                       "spaces", "delete", "append", "dedent", "after", "end of block"])
+    if kind == "end of block":  # a line typed after the last line of the block the line is in
+        end = index
+        while end + 1 < len(lines) and (not lines[end + 1].strip() or lines[end + 1].startswith(indent)):
+            end += 1
+        while not lines[end].strip():
+            end -= 1
+        lines.insert(end + 1, f"{indent}{rng.choice(['note = 4', 'if note:', '# a note', 'return note'])}")
+        if lines[end + 1].endswith(":"):
+            lines.insert(end + 2, f"{indent}    note = 5")
+        return "\n".join(lines) + "\n"
     if kind == "statement":
         lines.insert(index, f"{indent}note = 1")
     elif kind == "compound":
@@ -169,6 +179,48 @@ def test_most_edits_inside_blocks_are_parsed_inside_them():
     if not INSIDE[True] + INSIDE[False]:
         pytest.skip("the random edits did not run in this process")
     assert INSIDE[True] >= INSIDE[False], INSIDE
+
+
+MAIN = """import torch
+
+
+def main(model, loader, optimizer):
+    model.train()
+    for epoch in range(10):
+        for images, labels in loader:
+            loss = model(images).sum()
+            loss.backward()
+            optimizer.step()
+        print(epoch)
+    return model
+
+
+def other():
+    return 1
+"""
+
+
+@pytest.mark.parametrize("edit, parsed", [
+    pytest.param(lambda t: t.replace("    model.train()\n", "    note = 1\n    model.train()\n"), 1, id="typed before a statement"),
+    pytest.param(lambda t: t.replace("    for epoch", "    note = 1\n    for epoch"), 1, id="typed before a loop"),
+    pytest.param(lambda t: t.replace("            loss.backward()", "            torch.cuda.synchronize()\n            loss.backward()"),
+                 1, id="typed in the inner loop"),
+    pytest.param(lambda t: t.replace("loss.backward()", "loss.backward(retain_graph=True)"), 1, id="a statement changed"),
+    pytest.param(lambda t: t.replace("        print(epoch)\n", "        print(epoch)\n        note = 2\n"), 2,
+                 id="appended to the outer loop"),
+    pytest.param(lambda t: t.replace("    return model\n", "    return model\n    note = 3\n"), 2, id="appended to the function"),
+])
+def test_an_edit_inside_a_loop_parses_the_statements_it_touched(edit, parsed):
+    """An edit inside a function parses only the statements it touched in the innermost block (the
+    line typed; with the statement it follows where it ends a block); the module is a whole parse's."""
+    state = IncrementalState()
+    first = _analysed(state, MAIN)
+    new = edit(MAIN)
+    assert new != MAIN
+    source = _analysed(state, new)
+    assert source.parsed_module.deep_equals(cst.parse_module(new))
+    assert (state.reparsed, state.parsed_inside) == (1, parsed)
+    assert source.parsed_module.body[-1] is first.parsed_module.body[-1]
 
 
 def test_an_edit_inside_a_function_reparses_that_function_and_its_neighbours_only():

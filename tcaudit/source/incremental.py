@@ -168,7 +168,8 @@ class IncrementalState:
         # margin): the lines before that are as they were, and so is where they belong.
         at = _statement_at(starts, before)
         header = any(line[:1] not in ("", " ", "\t", "#", "\x0c") for line in old_lines[starts[at]:before + 1])
-        if header and after < starts[at] + last.statement_lines[at]:
+        ends_at = starts[at] + last.statement_lines[at]  # the first line after the statement
+        if header and (after < ends_at or (after == ends_at and after == before + 1)):
             # The change is inside one statement, after its first line: parse only what it touched
             # in the innermost block that holds it.
             inside = self._splice_inside(at, source, last, old_lines, new_lines, starts, before, after)
@@ -311,6 +312,7 @@ class _Inside:
         self.new_lines = new_lines
         self.first = first
         self.last = max(after - 1, first)  # the last old line changed (or the line text went before)
+        self.inserted = after == first  # lines only typed (before old line ``first``), none changed
         self.delta = len(new_lines) - len(old_lines)
         self.parsed = 0
         # Once parsed: each remade node (by id) and the old node it stands for; the new statements, the
@@ -340,10 +342,27 @@ class _Inside:
         except KeyError:
             return None
         tops = [code - len(statement.leading_lines) for code, statement in zip(codes, statements)]
-        if self.first < tops[0] or self.last > end:
+        # Lines typed right after the block's last statement are parsed with it (where they are not this
+        # block's, its parse fails and the block around it takes them).
+        appended = self.inserted and self.first == end + 1 and not block.footer
+        if self.first < tops[0] or (self.last > end and not appended):
             return None
         i = bisect.bisect_right(tops, self.first) - 1
         j = bisect.bisect_right(tops, self.last) - 1
+        if self.inserted and not appended and self.first == tops[i]:
+            # Lines typed between two statements: indented deeper, at the end of the block above; else
+            # parsed alone, as statements of their own.
+            typed = self.new_lines[self.first:self.first + self.delta]
+            opening = next((line for line in typed if line.strip()), "")
+            indent = self.old_lines[codes[i]][:len(self.old_lines[codes[i]]) - len(self.old_lines[codes[i]].lstrip())]
+            if i > 0 and opening.startswith(indent) and opening[len(indent):][:1] in (" ", "\t"):
+                inner = self.remade(statements[i - 1])
+                if inner is not None:
+                    return self._replaced(node, block, i - 1, i - 1, (inner,))
+            remade = self._parsed(statements, i, i - 1, self.first, self.first - 1, self.old_lines[codes[i]])
+            if remade is not None:
+                self.old_span = (*recorded[id(statements[i])][:2], -1, -1)  # nothing ended with them
+                return self._replaced(node, block, i, i - 1, remade)
         if i == j:
             inner = self.remade(statements[i])
             if inner is not None:
