@@ -26,7 +26,7 @@ from libcst.helpers import get_full_name_for_node
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import code_text, evaluated_value, keyword, strip_comments
+from tcaudit.source.syntax import code_text, evaluated_value, keyword, nodes_of, strip_comments
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -176,16 +176,12 @@ def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
 
 
 def has_modulo(node: cst.CSTNode) -> bool:
-    found = False
+    """Whether ``node`` computes a remainder (``i % k``; not ``"%d" % i``, which formats)."""
+    return any(isinstance(n.operator, cst.Modulo) and not isinstance(n.left, _STRINGS)
+               for n in nodes_of(node, cst.BinaryOperation))
 
-    class _Mod(cst.CSTVisitor):
-        def visit_BinaryOperation(self, n: cst.BinaryOperation) -> None:
-            nonlocal found
-            if isinstance(n.operator, cst.Modulo) and not isinstance(n.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
-                found = True
 
-    node.visit(_Mod())
-    return found
+_STRINGS = (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)
 
 
 def star_kwargs_keys(facts: ScriptFacts, call: CallSite) -> set[str] | None:

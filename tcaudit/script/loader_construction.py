@@ -162,15 +162,10 @@ class LoaderConstructionFacts(TrainedModelFacts):
         if statement is None:
             return False
         verdict = False
-
-        class _V(cst.CSTVisitor):
-            def visit_DictElement(inner, node: cst.DictElement) -> None:  # noqa: N805
-                nonlocal verdict
-                if node.value is call.node:
-                    key = literal(node.key)
-                    verdict = isinstance(key, str) and is_eval_name(key)
-
-        statement.visit(_V())
+        for node in nodes_of(statement, cst.DictElement):  # the last element holding the call decides
+            if node.value is call.node:
+                key = literal(node.key)
+                verdict = isinstance(key, str) and is_eval_name(key)
         return verdict
 
     def _loader_keys(self, call: CallSite) -> tuple[dict[str, list[KeyValue]], bool, list[str]]:

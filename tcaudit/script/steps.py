@@ -19,21 +19,14 @@ from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive
-from tcaudit.source.syntax import names_in
+from tcaudit.source.syntax import names_in, nodes_of
 
 _TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
 MAX_CALL_DEPTH = 2
 
 
 def comparisons(test: cst.BaseExpression) -> list[cst.Comparison]:
-    out: list[cst.Comparison] = []
-
-    class _Comparisons(cst.CSTVisitor):
-        def visit_Comparison(self, node: cst.Comparison) -> None:
-            out.append(node)
-
-    test.visit(_Comparisons())
-    return out
+    return nodes_of(test, cst.Comparison)
 
 
 def is_interval_guard(facts: ScriptFacts, test: cst.BaseExpression) -> bool:

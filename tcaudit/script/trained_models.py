@@ -288,17 +288,12 @@ class TrainedModelFacts(TrainingCodeFacts):
         return bool(self.facts.references_to(*_IMAGE_DATA))
 
     def _expr_builds_conv(self, expr: cst.BaseExpression) -> bool:
-        found = False
         facts = self.facts
-
-        class _V(cst.CSTVisitor):
-            def visit_Call(inner, node: cst.Call) -> None:  # noqa: N805
-                nonlocal found
-                qual = facts.qualname(node.func) or ""
-                if (qual in CONV2D_LAYERS and not self._patchifies(node)) or self.is_conv_construction(node):
-                    found = True
-
-        expr.visit(_V())
+        found = False
+        for node in nodes_of(expr, cst.Call):  # each call asked, as a visitor of every call would
+            qual = facts.qualname(node.func) or ""
+            if (qual in CONV2D_LAYERS and not self._patchifies(node)) or self.is_conv_construction(node):
+                found = True
         return found
 
     @functools.cached_property
@@ -452,13 +447,4 @@ def from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, de
 
 def has_comprehension(node: cst.CSTNode) -> bool:
     """Whether ``node`` is or holds a list, set or dict comprehension or a generator expression."""
-    found = False
-
-    class _V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found |= isinstance(n, COMPREHENSIONS)
-            return not found
-
-    node.visit(_V())
-    return found
+    return bool(nodes_of(node, COMPREHENSIONS))
