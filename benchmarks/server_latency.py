@@ -10,7 +10,8 @@ function in the middle of the file, after its ``def`` line: a statement ``note_N
 comment line (``comment``) or ``torch.cuda.synchronize()`` (``noticed``, a call the rules read). Each is
 one keystroke's change; edits are sent one at a time, each after the previous one's diagnostics
 arrived. Since issue 50 a document's scans are incremental (only the top-level statements an edit
-changed are parsed; walks over the others are reused), and an edit no rule can notice (the comments:
+changed are parsed, and inside one of them only the statements the edit touched in the innermost block
+holding them; walks over the others are reused), and an edit no rule can notice (the comments:
 tcaudit/source/inert.py) moves the last findings without analysing again; ``middle`` and ``noticed``
 are analysed again.
 """

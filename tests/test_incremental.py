@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Iterator
 
 import libcst as cst
 import pytest
@@ -59,6 +60,21 @@ def _edit(text: str, rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _replayed(path: Path, edit, count: int, start) -> "Iterator[str]":
+    """The texts of ``count`` random edits of the script at ``path`` (``start(text)`` first), each one that
+    parses (a broken text is parsed whole and reported; the state keeps the last good one)."""
+    text = path.read_text(encoding="utf-8")
+    if "\r" in text or "\ufeff" in text or not _parses(text):
+        pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
+    rng = random.Random(path.name)
+    start(text)
+    for _ in range(count):
+        new = edit(text, rng)
+        if _parses(new):
+            yield new
+            text = new
+
+
 def _analysed(state: IncrementalState, text: str) -> SourceFile:
     source = _source(text)
     with state.analysing(source):
@@ -68,21 +84,12 @@ def _analysed(state: IncrementalState, text: str) -> SourceFile:
 
 @pytest.mark.parametrize("path", SCRIPTS[::3], ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_a_spliced_module_is_the_module_a_whole_parse_gives(path):
-    text = path.read_text(encoding="utf-8")
-    if "\r" in text or "\ufeff" in text or not _parses(text):
-        pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
-    rng = random.Random(path.name)
     state = IncrementalState()
-    _analysed(state, text)
-    for _ in range(8):
-        new = _edit(text, rng)
-        if not _parses(new):  # a broken text is parsed whole and reported; the state keeps the last good one
-            continue
+    for new in _replayed(path, _edit, 8, lambda text: _analysed(state, text)):
         source = _analysed(state, new)
         module = source.parsed_module
         assert module.code == new
         assert module.deep_equals(cst.parse_module(new)), (path, state.reparsed)
-        text = new
 
 
 def _edit_inside(text: str, rng: random.Random) -> str:
@@ -136,16 +143,8 @@ def _edit_inside(text: str, rng: random.Random) -> str:
 def test_a_module_remade_inside_a_statement_is_the_module_a_whole_parse_gives(path):
     """Edits typed inside blocks parse only the statements they touched in the innermost block that
     holds them (``_Inside``); the module is a whole parse's, node for node, after every edit."""
-    text = path.read_text(encoding="utf-8")
-    if "\r" in text or "\ufeff" in text or not _parses(text):
-        pytest.skip("not a text the splice takes (carriage returns, a BOM) or not parsable")
-    rng = random.Random(path.name)
     state = IncrementalState()
-    _walked(state, text)
-    for _ in range(10):
-        new = _edit_inside(text, rng)
-        if not _parses(new):
-            continue
+    for new in _replayed(path, _edit_inside, 10, lambda text: _walked(state, text)):
         source, positions, nodes, parents = _walked(state, new)
         module = source.parsed_module
         assert module.code == new
@@ -157,7 +156,6 @@ def test_a_module_remade_inside_a_statement_is_the_module_a_whole_parse_gives(pa
         assert parents == parent_map(module)
         fresh = code_positions(module)
         assert all(positions[n] == fresh[n] for n in fresh_nodes), (path, state.parsed_inside)
-        text = new
 
 
 def _walked(state: IncrementalState, text: str) -> tuple:

@@ -9,7 +9,12 @@ after where the change ends between two: a line typed there may belong to either
 stretch alone and splices its statements into the last module in place of the old ones. Every other
 statement is the very object it was, so what the analysis remembered about it (tcaudit/source/memo.py:
 node lists, parents, positions, the facts' records) is reused and the walks cost what the edit
-changed. The rules still run on the whole module (they relate statements to each other: the loop,
+changed. Where the change falls inside one top-level statement, after its first line (a line typed in
+a long ``main()``), it goes further down (:class:`_Inside`): only the statements it touched in the
+innermost block that holds them are parsed, the top-level statement is remade around them (the blocks
+and statements on the way down, with the other statements of those blocks the objects they were), and
+its walk and positions are the old ones' with the new statements' put in (their code, generated in
+place, must be the new text's lines for them). The rules still run on the whole module (they relate statements to each other: the loop,
 the model, the optimizer); what they ask of the tree is what gets cheaper. An edit
 that no rule can notice (a comment, spacing, a new local variable: tcaudit/source/inert.py) is not
 analysed at all: the engine keeps the last analysis here (``kept``) and moves its findings.

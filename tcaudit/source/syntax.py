@@ -13,7 +13,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import line_starts
-from tcaudit.source.walk import child_attributes, module_children, walk
+from tcaudit.source.walk import attribute_nodes, child_attributes, module_children, walk
 
 _COMMENT = re.compile(r"#[^\n]*")
 
@@ -177,13 +177,8 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CST
         found.append(node)
         ends.append(0)
         for name in attributes:
-            value = getattr(node, name)
-            kind = type(value)
-            if kind is tuple or kind is list:
-                for child in value:
-                    add(child, node)
-            elif value is not None and kind is not cst.MaybeSentinel:
-                add(value, node)
+            for child in attribute_nodes(getattr(node, name)):
+                add(child, node)
         ends[me] = len(found)
 
     add(new, None)

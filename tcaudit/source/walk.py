@@ -92,6 +92,16 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         _walk(node, visitor)
 
 
+def attribute_nodes(value: object) -> "tuple[cst.CSTNode, ...] | list[cst.CSTNode]":
+    """The nodes a child attribute's value holds, in visiting order: its items, itself, or none."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return value  # type: ignore[return-value]
+    if value is None or kind is cst.MaybeSentinel:
+        return ()
+    return (value,)  # type: ignore[return-value]
+
+
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     if visitor.on_visit(node):
         attributes = child_attributes(node)
@@ -100,13 +110,8 @@ def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         else:
             for name in attributes:
                 visitor.on_visit_attribute(node, name)
-                value = getattr(node, name)
-                kind = type(value)
-                if kind is tuple or kind is list:
-                    for child in value:
-                        _walk(child, visitor)
-                elif value is not None and kind is not cst.MaybeSentinel:
-                    _walk(value, visitor)
+                for child in attribute_nodes(getattr(node, name)):
+                    _walk(child, visitor)
                 visitor.on_leave_attribute(node, name)
     visitor.on_leave(node)
 
