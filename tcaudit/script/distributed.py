@@ -237,17 +237,23 @@ _TEST_CLASS = re.compile(r"^_*Test|Test(s|Case|Base|Mixin|Fixture)?$")
 
 def in_test_code(ctx: Frame) -> bool:
     """Inside a unit test (``def test_*``, ``class FooTest``, a TestCase subclass): code that exercises
-    an API on purpose, not a training job whose throughput matters."""
-    for frame in ctx.chain():
-        node = frame.node
-        if frame.kind == "def" and _TEST_FUNCTION.match(node.name.value):  # type: ignore[attr-defined]
+    an API on purpose, not a training job whose throughput matters. Kept on each frame asked about."""
+    found = ctx.answers.get("test code")
+    if found is None:
+        found = ctx.answers["test code"] = _test_frame(ctx) or (ctx.parent is not None and in_test_code(ctx.parent))
+    return found
+
+
+def _test_frame(frame: Frame) -> bool:
+    node = frame.node
+    if frame.kind == "def" and _TEST_FUNCTION.match(node.name.value):  # type: ignore[attr-defined]
+        return True
+    if frame.kind == "class":
+        assert isinstance(node, cst.ClassDef)
+        if _TEST_CLASS.search(node.name.value):
             return True
-        if frame.kind == "class":
-            assert isinstance(node, cst.ClassDef)
-            if _TEST_CLASS.search(node.name.value):
-                return True
-            if any((get_full_name_for_node(b.value) or "").endswith(("TestCase", "TestBase")) for b in node.bases):
-                return True
+        if any((get_full_name_for_node(b.value) or "").endswith(("TestCase", "TestBase")) for b in node.bases):
+            return True
     return False
 
 

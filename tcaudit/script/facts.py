@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
@@ -96,6 +96,9 @@ class Frame:
     kind: str
     node: cst.CSTNode
     parent: "Frame | None"
+    # Answers about this frame and the ones around it that the analysis keeps (``distributed.in_test_code``):
+    # the records of a file share their frames, and rules ask the same of every call.
+    answers: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def chain(self) -> Iterator["Frame"]:
         frame: Frame | None = self
@@ -155,11 +158,12 @@ class CallSite:
     ctx: Frame
     statement: Statement | None
 
-    @property
+    @functools.cached_property
     def method(self) -> str | None:
+        """The attribute called (``step`` of ``opt.step()``), None for a plain name: asked of every call
+        of a file by many rules, so kept. (``type() is``: Attribute has no subclasses, and ``isinstance``
+        of LibCST's ABCs costs a Python call for every other node.)"""
         func = self.node.func
-        # ``type() is``: Attribute has no subclasses, and isinstance of LibCST's ABCs costs a Python call
-        # for every other node (this is asked of every call of a file by many rules).
         return func.attr.value if type(func) is cst.Attribute else None
 
     @property
