@@ -41,7 +41,7 @@ from tcaudit.source.parsing import (
     read_source,
 )
 from tcaudit.source.suppressions import Directives, directives
-from tcaudit.source.triggers import Trigger, trigger
+from tcaudit.source.triggers import Trigger, answering_literals, trigger
 from tcaudit.unused_suppressions import RULE as UNUSED_SUPPRESSION
 from tcaudit.unused_suppressions import Usage, rules_that_ran, unused_suppressions
 
@@ -739,6 +739,8 @@ def scan_text(
                         if incremental is not None:
                             stack.enter_context(incremental.analysing(source))
                         reads = stack.enter_context(recording_reads(path.parent if keep else None))
+                        if held:  # the document's trigger literals, answered from its last text's
+                            stack.enter_context(answering_literals(incremental.literals, source.text))
                         result = call_with_deep_stack(scan_source, source, chosen, settings, check_syntax, models,
                                                       edit_lines)
                 except Exception as exc:  # noqa: BLE001 - a TC000 on this text, never the end of the scan

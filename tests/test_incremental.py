@@ -7,6 +7,7 @@ reports exactly what a scan without it reports."""
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -460,3 +461,25 @@ def test_a_scan_with_the_state_reports_what_a_scan_without_it_reports(name):
         checked += state.reparsed != "all"
         text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
     assert checked, "no scan was incremental: the test would not see a difference"
+
+
+@pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py", "scripts/tc5_single_gpu.py"])
+def test_the_literals_triggers_need_are_answered_from_the_last_text_as_a_search_answers(name):
+    """``triggers.Literals``: whether each text of a document contains a literal, answered from the last
+    text's answers and the stretch the edit changed, is ``literal in text`` after every edit (typed,
+    deleted, several at once), for literals found before, never found, and found only in the edit."""
+    from tcaudit.source.triggers import Literals
+
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    rng = random.Random(name)
+    words = sorted(set(re.findall(r"[A-Za-z_.(]{3,12}", text)))
+    literals = [*rng.sample(words, 60), "note = 1", "a note", "note", "backward", "torch.compile", "DistributedSampler",
+                ".cuda(", "zzz_never"]
+    state = Literals()
+    for _ in range(40):
+        state.use(text)
+        for literal in rng.sample(literals, 40):  # not every literal every time, as triggers ask
+            assert state.contains(literal) == (literal in text), literal
+        text = rng.choice([_edit, _edit_inside])(text, rng)
+        if rng.random() < 0.2:
+            text = _edit(text, rng)  # two edits between analyses

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from tcaudit.source.memo import WalkMemo, remembering
+from tcaudit.source.triggers import Literals
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -72,6 +73,8 @@ class IncrementalState:
     # (tcaudit/source/inert.py): kept and reused by tcaudit/engine.py. Whether that happened last time.
     kept: object = field(default=None, repr=False)
     reused: bool = False
+    # Which literals the rules' triggers need are in the text, from the last text's answers.
+    literals: Literals = field(default_factory=Literals, repr=False)
 
     @contextlib.contextmanager
     def analysing(self, source: "SourceFile") -> Iterator[bool]:
