@@ -605,6 +605,7 @@ class ScriptFacts:
         self.functions = collector.functions
         self.classes = collector.classes
         self._raw_references = collector.references
+        self._resolved: dict[str, str | None] = {}
         self._import_map: dict[str, list[str]] = {}
         for site in self.imports:
             self._import_map.setdefault(site.local, []).append(site.qualname)
@@ -632,9 +633,17 @@ class ScriptFacts:
 
     # -- names --------------------------------------------------------------------------------------
     def resolve(self, dotted: str | None) -> str | None:
-        """``ac`` → ``torch.cuda.amp.autocast``; ``O.SGD`` → ``torch.optim.SGD``; None when not imported."""
+        """``ac`` → ``torch.cuda.amp.autocast``; ``O.SGD`` → ``torch.optim.SGD``; None when not imported.
+        Kept per name (a file's references repeat the same few names thousands of times)."""
         if not dotted:
             return None
+        try:
+            return self._resolved[dotted]
+        except KeyError:
+            found = self._resolved[dotted] = self._resolve(dotted)
+            return found
+
+    def _resolve(self, dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")
         quals = self._import_map.get(head)
         if quals:
