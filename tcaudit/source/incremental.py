@@ -14,10 +14,10 @@ a long ``main()``), it goes further down (:class:`_Inside`): only the statements
 innermost block that holds them are parsed, the top-level statement is remade around them (the blocks
 and statements on the way down, with the other statements of those blocks the objects they were), and
 its walk and positions are the old ones' with the new statements' put in (their code, generated in
-place, must be the new text's lines for them). The rules still run on the whole module (they relate statements to each other: the loop,
-the model, the optimizer); what they ask of the tree is what gets cheaper. An edit
-that no rule can notice (a comment, spacing, a new local variable: tcaudit/source/inert.py) is not
-analysed at all: the engine keeps the last analysis here (``kept``) and moves its findings.
+place, must be the new text's lines for them). The rules still run on the whole module (they relate
+statements to each other: the loop, the model, the optimizer); what they ask of the tree is what gets
+cheaper. An edit that no rule can notice (a comment, spacing: tcaudit/source/inert.py) is not analysed
+at all: the engine keeps the last analysis here (``kept``) and moves its findings.
 
 The spliced module is the module a whole parse gives (tests/test_incremental.py compares them with
 ``deep_equals`` over random edits of every fixture). Where that could fail, the text is parsed whole
@@ -362,7 +362,8 @@ class _Inside:
             # parsed alone, as statements of their own.
             typed = self.new_lines[self.first:self.first + self.delta]
             opening = next((line for line in typed if line.strip()), "")
-            indent = self.old_lines[codes[i]][:len(self.old_lines[codes[i]]) - len(self.old_lines[codes[i]].lstrip())]
+            code_line = self.old_lines[codes[i]]
+            indent = code_line[:len(code_line) - len(code_line.lstrip())]
             if i > 0 and opening.startswith(indent) and opening[len(indent):][:1] in (" ", "\t"):
                 inner = self.remade(statements[i - 1])
                 if inner is not None:
@@ -382,7 +383,8 @@ class _Inside:
         self.old_span = (*recorded[id(statements[i])][:2], *recorded[id(statements[j])][2:])
         return self._replaced(node, block, i, j, remade)
 
-    def _replaced(self, node: "cst.CSTNode", block: "cst.IndentedBlock", i: int, j: int, statements: tuple) -> "cst.CSTNode":
+    def _replaced(self, node: "cst.CSTNode", block: "cst.IndentedBlock", i: int, j: int,
+                  statements: tuple) -> "cst.CSTNode":
         """``node`` with statements ``i`` to ``j`` of its block ``node.body`` replaced by ``statements``."""
         body = (*block.body[:i], *statements, *block.body[j + 1:])
         made = node.with_changes(body=block.with_changes(body=body))
