@@ -15,6 +15,7 @@ import re
 from typing import Callable, Iterable, Sequence
 
 from tcaudit.findings import TextEdit
+from tcaudit.source.parsing import common_prefix, common_suffix
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 
@@ -65,8 +66,8 @@ def edits_between(old: str, new: str) -> tuple[TextEdit, ...]:
     for i1, i2, j1, j2 in changed_runs(old_lines, new_lines):
         start, end = where.starts[i1], where.starts[i2]
         removed, added = old[start:end], new[new_starts[j1]:new_starts[j2]]
-        prefix = _common_prefix(removed, added)
-        suffix = _common_suffix(removed[prefix:], added[prefix:])
+        prefix = common_prefix(removed, added)
+        suffix = common_suffix(removed, added, prefix)
         start, end = start + prefix, end - suffix
         content = added[prefix:len(added) - suffix]
         line, column = where.position(start)
@@ -187,22 +188,6 @@ def overlapping(first: Sequence[TextEdit], second: Sequence[TextEdit]) -> bool:
             if (a.line, a.column) <= (b.end_line, b.end_column) and (b.line, b.column) <= (a.end_line, a.end_column):
                 return True
     return False
-
-
-def _common_prefix(a: str, b: str) -> int:
-    limit = min(len(a), len(b))
-    index = 0
-    while index < limit and a[index] == b[index]:
-        index += 1
-    return index
-
-
-def _common_suffix(a: str, b: str) -> int:
-    limit = min(len(a), len(b))
-    index = 0
-    while index < limit and a[-1 - index] == b[-1 - index]:
-        index += 1
-    return index
 
 
 def line_map(old: str, new: str) -> dict[int, int]:

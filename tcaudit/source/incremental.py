@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from tcaudit.source.memo import WalkMemo, remembering
+from tcaudit.source.parsing import common_prefix, common_suffix
 from tcaudit.source.triggers import Literals
 
 if TYPE_CHECKING:
@@ -152,8 +153,8 @@ class IncrementalState:
         new_lines = text.split("\n")
         if old_lines == new_lines:
             return last.module
-        prefix = _common_prefix(old_lines, new_lines)
-        suffix = _common_suffix(old_lines, new_lines, prefix)
+        prefix = common_prefix(old_lines, new_lines)
+        suffix = common_suffix(old_lines, new_lines, prefix)
         module = last.module
         if not module.body:
             return None
@@ -362,8 +363,7 @@ class _Inside:
             # parsed alone, as statements of their own.
             typed = self.new_lines[self.first:self.first + self.delta]
             opening = next((line for line in typed if line.strip()), "")
-            code_line = self.old_lines[codes[i]]
-            indent = code_line[:len(code_line) - len(code_line.lstrip())]
+            indent = _indent_of(self.old_lines[codes[i]])
             if i > 0 and opening.startswith(indent) and opening[len(indent):][:1] in (" ", "\t"):
                 inner = self.remade(statements[i - 1])
                 if inner is not None:
@@ -417,7 +417,7 @@ class _Inside:
         """Statements ``i`` to ``j`` of a block (old lines ``top`` to ``last``) as the new text has them."""
         import libcst as cst
 
-        indent = code_line[:len(code_line) - len(code_line.lstrip(" \t"))]
+        indent = _indent_of(code_line)
         unit = self.module.default_indent
         depth = len(indent) // len(unit) if unit else 0
         if not indent or indent != unit * depth:
@@ -460,6 +460,11 @@ class _Inside:
         return remade
 
 
+def _indent_of(line: str) -> str:
+    """The spaces and tabs ``line`` begins with."""
+    return line[:len(line) - len(line.lstrip(" \t"))]
+
+
 def _at(line: str, indent: str) -> bool:
     """Whether ``line`` is code that begins at ``indent`` exactly."""
     return line.startswith(indent) and line[len(indent):][:1] not in ("", " ", "\t", "#", "\x0c")
@@ -500,27 +505,3 @@ _OTHER_INDENT = object()  # what _splice_from says of a stretch indented unlike 
 def _statement_at(starts: list[int], line: int) -> int:
     """The index of the statement whose lines hold ``line`` (0-based), given each one's first line."""
     return max(bisect.bisect_right(starts, line) - 1, 0)
-
-
-def _common_prefix(a: list[str], b: list[str]) -> int:
-    limit = min(len(a), len(b))
-    low, high = 0, limit  # a[:low] == b[:low]; the answer is in [low, high]
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[low:middle] == b[low:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _common_suffix(a: list[str], b: list[str], prefix: int) -> int:
-    limit = min(len(a), len(b)) - prefix
-    low, high = 0, limit
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[len(a) - middle:len(a) - low] == b[len(b) - middle:len(b) - low]:
-            low = middle
-        else:
-            high = middle - 1
-    return low

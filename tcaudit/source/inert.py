@@ -34,9 +34,9 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
-from tcaudit.source.parsing import line_starts
+from tcaudit.source.parsing import common_prefix, common_suffix, line_starts
 
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"#[^\n]*")  # a comment (or the rest of a string holding ``#``: it is in the tree too)
@@ -48,9 +48,8 @@ class Shift:
     points, as :class:`~tcaudit.findings.Location` and :class:`~tcaudit.findings.TextEdit` count them."""
 
     def __init__(self, old: str, new: str) -> None:
-        limit = min(len(old), len(new))
-        start = _common(lambda k: old[:k] == new[:k], limit)
-        end = _common(lambda k: old[len(old) - k:] == new[len(new) - k:], limit - start)
+        start = common_prefix(old, new)
+        end = common_suffix(old, new, start)
         old_end, new_end = len(old) - end, len(new) - end
         if old_end == start or new_end == start:
             # Lines added or taken away: slid back to a line's start where they can be (``"    a = 1\n"``
@@ -113,19 +112,6 @@ class Shift:
         if first is None or last is None:
             return False
         return last < self.start or first > self.old_end
-
-
-def _common(same: "Callable[[int], bool]", limit: int) -> int:
-    """The largest ``k <= limit`` with ``same(k)`` (``same`` holds up to some length, then fails):
-    a binary search of slices, which Python compares in C."""
-    low, high = 0, limit
-    while low < high:
-        middle = (low + high + 1) // 2
-        if same(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 class Vocabulary:

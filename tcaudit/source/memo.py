@@ -117,8 +117,7 @@ class WalkMemo:
     def sweep(self) -> None:
         """Forget what was not asked about since the last sweep (called after each analysis)."""
         used = self._used
-        entries = self._entries
-        self._entries = {key: entry for key, entry in entries.items() if key in used}
+        self._entries = {key: entry for key, entry in self._entries.items() if key in used}
         self._used = set()
         if self._enclosed:
             inside = self._inside

@@ -12,7 +12,7 @@ import tokenize
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from tcaudit.source.errors import SourceError  # noqa: F401 - re-exported: the readers of files catch it from here
 
@@ -32,6 +32,32 @@ def line_starts(text: str) -> list[int]:
         starts.append(at + 1)
         at = find("\n", at + 1)
     return starts
+
+
+def common_prefix(a: "Sequence", b: "Sequence") -> int:
+    """How many leading items (characters of two texts, lines of two line lists) ``a`` and ``b`` share:
+    a search by halves, comparing slices (in C) instead of item by item."""
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low]; the answer is in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def common_suffix(a: "Sequence", b: "Sequence", prefix: int = 0) -> int:
+    """How many trailing items ``a`` and ``b`` share, not reaching into their first ``prefix`` (the
+    common prefix, so that a changed stretch is never counted on both sides)."""
+    low, high = 0, min(len(a), len(b)) - prefix
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[len(a) - middle:len(a) - low] == b[len(b) - middle:len(b) - low]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def looks_like_python2(text: str) -> bool:

@@ -102,19 +102,21 @@ class _Walked:
         self.parents = parents
         self._index: "dict[int, int] | None" = None
 
-    def under(self, node: cst.CSTNode) -> "_Walked | None":
-        """The walk of ``node``'s tree sliced from this one, or None where this walk does not hold
-        ``node`` itself."""
-        if self.ends is None:
-            return None
+    def index_of(self, node: cst.CSTNode) -> "int | None":
+        """Where ``node`` itself is in ``found``; None where this walk does not hold it."""
         index = self._index
         if index is None:
             index = self._index = {id(n): i for i, n in enumerate(self.found)}
         at = index.get(id(node))
-        found = self.found
-        if at is None or found[at] is not node:
+        return at if at is not None and self.found[at] is node else None
+
+    def under(self, node: cst.CSTNode) -> "_Walked | None":
+        """The walk of ``node``'s tree sliced from this one, or None where this walk does not hold
+        ``node`` itself."""
+        at = None if self.ends is None else self.index_of(node)
+        if at is None:
             return None
-        nodes = found[at:self.ends[at]]
+        nodes = self.found[at:self.ends[at]]  # type: ignore[index]
         parents = self.parents
         return _Walked(nodes, None, {key: parents[key] for key in map(id, nodes[1:])})
 
@@ -146,31 +148,30 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CST
     walked = memo.peek(old, "everything")
     if walked is None or walked.ends is None:
         return None
-    index = walked._index
-    if index is None:
-        index = walked._index = {id(n): i for i, n in enumerate(walked.found)}
-    old_found, old_ends, old_parents = walked.found, walked.ends, walked.parents
     found: list[cst.CSTNode] = []
     ends: list[int] = []
     parents: dict[int, cst.CSTNode] = {}
 
+    def take(nodes: list, node_ends: list[int], start: int, stop: int) -> None:
+        """Nodes ``start`` to ``stop`` of another walk, their trees' ends moved to this one's."""
+        offset = len(found) - start
+        found.extend(nodes[start:stop])
+        ends.extend([end + offset for end in node_ends[start:stop]])
+
     def add(node: cst.CSTNode, parent: "cst.CSTNode | None") -> None:
         if parent is not None:
             parents[id(node)] = parent
-        at = index.get(id(node))
-        if at is not None and old_found[at] is node:
-            stop, offset = old_ends[at], len(found) - at
-            found.extend(old_found[at:stop])
-            ends.extend([end + offset for end in old_ends[at:stop]])
-            parents.update({key: old_parents[key] for key in map(id, old_found[at + 1:stop])})
+        at = walked.index_of(node)
+        if at is not None:
+            stop = walked.ends[at]
+            take(walked.found, walked.ends, at, stop)
+            parents.update({key: walked.parents[key] for key in map(id, walked.found[at + 1:stop])})
             return
         attributes = child_attributes(node)
         if attributes is None:  # a class LibCST walks itself
             collector = _Everything()
             walk(node, collector)
-            offset = len(found)
-            found.extend(collector.found)
-            ends.extend([end + offset for end in collector.ends])
+            take(collector.found, collector.ends, 0, len(collector.found))
             parents.update(collector.parents)
             return
         me = len(found)

@@ -20,6 +20,8 @@ import re
 from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator, Union
 
+from tcaudit.source.parsing import common_prefix, common_suffix
+
 try:  # Python 3.11+
     from re import _constants as _sre
     from re import _parser as _sre_parse
@@ -107,8 +109,7 @@ class Literals:
     def __init__(self) -> None:
         self.text: str | None = None
         self._found: dict[str, int] = {}  # a literal's place in ``text`` (-1: not in it)
-        self._last: str | None = None
-        self._last_found: dict[str, int] = {}
+        self._last_found: dict[str, int] = {}  # the same of the last text (none before the first)
         self._stretch = (0, 0, 0)  # the changed stretch: start, its end in the last text, in this one
 
     def use(self, text: str) -> None:
@@ -116,7 +117,7 @@ class Literals:
         if text is self.text:
             return
         if self.text is not None:  # what was found in the last text, for this one
-            self._last, self._last_found = self.text, self._found
+            self._last_found = self._found
             self._stretch = _changed_stretch(self.text, text)
         self.text, self._found = text, {}
 
@@ -129,7 +130,7 @@ class Literals:
     def _place(self, literal: str) -> int:
         text = self.text
         assert text is not None
-        last = self._last_found.get(literal) if self._last is not None else None
+        last = self._last_found.get(literal)
         if last is None:
             return text.find(literal)
         start, old_end, new_end = self._stretch
@@ -141,42 +142,23 @@ class Literals:
                 return last + new_end - old_end
             return text.find(literal)
         # Not in the last text: only where the new stretch is, or a literal running into it.
-        low = max(0, start - size + 1)
-        found = text.find(literal, low, new_end + size - 1)
-        return found
+        return text.find(literal, max(0, start - size + 1), new_end + size - 1)
 
 
 def _changed_stretch(old: str, new: str) -> tuple[int, int, int]:
     """(start, end in ``old``, end in ``new``) of the one stretch ``old`` and ``new`` differ in."""
-    limit = min(len(old), len(new))
-    low, high = 0, limit
-    while low < high:  # the common prefix, by halves (slices compare in C)
-        middle = (low + high + 1) // 2
-        if old[low:middle] == new[low:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    start = low
-    low, high = 0, limit - start
-    while low < high:  # the common suffix, not reaching into the prefix
-        middle = (low + high + 1) // 2
-        if old[len(old) - middle:len(old) - low] == new[len(new) - middle:len(new) - low]:
-            low = middle
-        else:
-            high = middle - 1
-    return start, len(old) - low, len(new) - low
+    start = common_prefix(old, new)
+    end = common_suffix(old, new, start)
+    return start, len(old) - end, len(new) - end
 
 
 _LITERALS: "ContextVar[Literals | None]" = ContextVar("tcaudit_trigger_literals", default=None)
 
 
 @contextlib.contextmanager
-def answering_literals(literals: "Literals | None", text: str) -> Iterator[None]:
+def answering_literals(literals: Literals, text: str) -> Iterator[None]:
     """Within the block, triggers checked on ``text`` ask ``literals`` (a document's) whether it
     contains what they need."""
-    if literals is None:
-        yield
-        return
     literals.use(text)
     token = _LITERALS.set(literals)
     try:
