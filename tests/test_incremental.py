@@ -412,22 +412,31 @@ def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name
 
 @pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py", "scripts/tc5_single_gpu.py"])
 def test_positions_and_parents_put_together_from_the_last_module_are_a_fresh_walks(name):
-    """After each edit, a module's positions are the last module's with the replaced statements' taken out
-    and the new ones' put in (``WalkMemo.union``), its parents put together from its statements': every
-    node's equal a fresh walk's."""
+    """After each edit, a module's positions are its statements' (the kept ones' remembered, the memo saying
+    which statement holds a node), its parents put together from its statements': every node's equal a
+    fresh walk's. The last analysis's positions still answer for its own nodes after the next one (a quick
+    fix made from them), though the memo forgot the statements an edit replaced."""
     text = (FIXTURES / name).read_text(encoding="utf-8")
-    state, rng, updated = IncrementalState(), random.Random(name), 0
+    state, rng, updated, last = IncrementalState(), random.Random(name), 0, None
     for _ in range(10):
         source = _source(text)
+        module = source.module
+        nodes, fresh_parents = nodes_of(module, cst.CSTNode), _fresh_parents(module)  # no memo: fresh walks
         with state.analysing(source):
-            module = source.module
             remembered, parents = code_positions(module), parent_map(module)
             updated += state.reparsed != "all"
-        nodes = nodes_of(module, cst.CSTNode)  # no memo here: fresh walks
-        fresh_positions = code_positions(module)
-        assert parents == parent_map(module)
-        assert all(remembered[node] == fresh_positions[node] for node in nodes)
+            # Asked while the analysis runs: from the walks of the statements.
+            assert all(parents.get(id(node)) is fresh_parents.get(id(node)) for node in nodes[::2])
+            assert parents.get(id(module)) is None and parents.get(id(cst.Name("elsewhere"))) is None
+        fresh_positions = code_positions(module)  # no memo here: fresh
+        assert all(remembered[node] == fresh_positions[node] for node in nodes[::2])
         assert len(remembered) == len(fresh_positions)
+        if last is not None:  # the other half of the last module's nodes: asked for the first time now
+            last_nodes, last_remembered, last_fresh, last_parents, last_fresh_parents = last
+            assert all(last_remembered[node] == last_fresh[node] for node in last_nodes[1::2])
+            assert all(last_parents.get(id(node)) is last_fresh_parents.get(id(node)) for node in last_nodes[1::2])
+        assert parents == fresh_parents
+        last = (nodes, remembered, fresh_positions, parents, fresh_parents)
         text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)
     assert updated, "no analysis was incremental: the test would not see a difference"
 
@@ -483,3 +492,25 @@ def test_the_literals_triggers_need_are_answered_from_the_last_text_as_a_search_
         text = rng.choice([_edit, _edit_inside])(text, rng)
         if rng.random() < 0.2:
             text = _edit(text, rng)  # two edits between analyses
+
+
+def test_a_modules_parents_stay_its_own_when_a_tree_of_a_fix_holds_its_nodes():
+    """A fix builds a tree around some of the module's statements and walks it: the memo then says that
+    walk holds those nodes, and the module's parents still answer with the module's own."""
+    text = (FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8")
+    source = _source(text)
+    module = source.module
+    fresh = _fresh_parents(module)
+    with IncrementalState().analysing(source):
+        parents = parent_map(module)
+        borrowed = module.body[len(module.body) // 2]
+        nodes_of(cst.Module(body=[cst.If(test=cst.Name("flag"), body=cst.IndentedBlock(body=[borrowed]))]), cst.CSTNode)
+        inner = nodes_of(borrowed, cst.CSTNode)
+        assert len(inner) > 10
+        assert all(parents.get(id(node)) is fresh.get(id(node)) for node in inner)
+        assert parents.get(id(borrowed)) is module
+
+
+def _fresh_parents(module: cst.Module) -> dict:
+    with remembering():
+        return dict(parent_map(module))

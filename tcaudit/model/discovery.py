@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from tcaudit.project.frameworks import hf_trainer_calls
@@ -127,7 +127,7 @@ def dotted(node: cst.CSTNode | None) -> str | None:
     if node is None:
         return None
     try:
-        return get_full_name_for_node(node)
+        return full_name(node)
     except Exception:  # noqa: BLE001 - exotic expressions have no dotted name
         return None
 

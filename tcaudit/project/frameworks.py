@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import read_small
 from tcaudit.project.symbols import Project
@@ -249,7 +249,7 @@ def lightning_module_class(facts: ScriptFacts, value: cst.BaseExpression) -> cst
     """The LightningModule subclass of this module that ``value`` builds (``Regressor(width=64)``), if it is one."""
     if not isinstance(value, cst.Call):
         return None
-    cls = facts.classes_by_name.get((get_full_name_for_node(value.func) or "").rpartition(".")[2])
+    cls = facts.classes_by_name.get((full_name(value.func) or "").rpartition(".")[2])
     if cls is None or not _derives_lightning_module(facts, cls, 0):
         return None
     return cls
@@ -264,7 +264,7 @@ def lightning_forward(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) -> 
     if any(isinstance(item, cst.FunctionDef) and item.name.value == "forward" for item in cls.body.body):
         return True
     for base in cls.bases:
-        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        parent = facts.classes_by_name.get((full_name(base.value) or "").rpartition(".")[2])
         if parent is not None and parent is not cls and lightning_forward(facts, parent, depth + 1):
             return True
     return False
@@ -274,7 +274,7 @@ def _derives_lightning_module(facts: ScriptFacts, cls: cst.ClassDef, depth: int)
     for base in cls.bases:
         if _is_lightning_module(facts, base.value):
             return True
-        parent = facts.classes_by_name.get((get_full_name_for_node(base.value) or "").rpartition(".")[2])
+        parent = facts.classes_by_name.get((full_name(base.value) or "").rpartition(".")[2])
         if depth < 4 and parent is not None and parent is not cls:
             if _derives_lightning_module(facts, parent, depth + 1):
                 return True
@@ -308,7 +308,7 @@ def owners_reached(facts: ScriptFacts, project: Project) -> list[tuple[CallSite,
         candidates = [given] if isinstance(given, cst.Call) else [
             v for v in facts.binding_values(given) if isinstance(v, cst.Call)]
         for value in candidates:
-            symbol = project.symbol(facts, get_full_name_for_node(value.func))
+            symbol = project.symbol(facts, full_name(value.func))
             if symbol is None or symbol.kind != "function" or symbol.facts is facts:
                 continue
             for owner in loop_owners(symbol.facts):
@@ -328,7 +328,7 @@ def _parsed_arguments(facts: ScriptFacts, call: CallSite) -> tuple[cst.ClassDef 
         qual = facts.qualname(item.value) or ""
         if qual.rpartition(".")[2] in _HF_ARGUMENTS.get(qual.partition(".")[0], ()):
             return None, None
-        name = get_full_name_for_node(item.value) or ""
+        name = full_name(item.value) or ""
         cls = facts.classes_by_name.get(name)
         if cls is not None and _subclasses_training_arguments(facts, cls):
             return cls, facts

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.project.importers import training_importers
 from tcaudit.project.modules import load_module
@@ -86,12 +86,12 @@ def _returned_at(fn: cst.FunctionDef, site: LoaderSite) -> int | None:
     does not return it."""
     names = {site.target} if site.target else set()
     for returned in function_returns(fn):
-        if returned is site.call.node or (names and get_full_name_for_node(returned) in names):
+        if returned is site.call.node or (names and full_name(returned) in names):
             return -1
         if isinstance(returned, (cst.Tuple, cst.List)):
             for index, element in enumerate(returned.elements):
                 value = element.value
-                if value is site.call.node or (names and get_full_name_for_node(value) in names):
+                if value is site.call.node or (names and full_name(value) in names):
                     return index
     return None
 
@@ -100,9 +100,9 @@ def _received_as(call: CallSite, position: int) -> str | None:
     """The name the script gives the returned loader (``train_dl`` of ``train_dl, val_dl = f()``)."""
     for target in assigned_targets(call):
         if position == -1:
-            return get_full_name_for_node(target)
+            return full_name(target)
         if isinstance(target, (cst.Tuple, cst.List)) and position < len(target.elements):
-            return get_full_name_for_node(target.elements[position].value)
+            return full_name(target.elements[position].value)
     return None
 
 
@@ -113,7 +113,7 @@ def dataset_built_there(site: LoaderSite, pipeline: PipelineFacts) -> bool:
     fn = site.call.ctx.function
     if dataset is None:
         return False
-    root = (get_full_name_for_node(dataset) or "").split(".")[0]
+    root = (full_name(dataset) or "").split(".")[0]
     if fn is not None and root in param_names(fn):
         return False
     return pipeline.dataset_kind(site) == "other"

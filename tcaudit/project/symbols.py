@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import module_file, search_roots, top_names
 from tcaudit.project.modules import ProjectModule, load_module, module_of
@@ -117,7 +117,7 @@ class Project:
             if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
                 return Symbol(cls.module, "method", name, statement, node)
         for base in node.bases:
-            dotted = get_full_name_for_node(base.value)
+            dotted = full_name(base.value)
             parent = self._class_named(cls.module, dotted, depth + 1)
             if parent is not None:
                 found = self.method(parent, name, depth + 1)
@@ -194,7 +194,7 @@ class Project:
             value = binding.value
             if not isinstance(value, cst.Call):
                 return None
-            found = self.symbol(facts, get_full_name_for_node(value.func))
+            found = self.symbol(facts, full_name(value.func))
             if found is None or found.kind != "class":
                 return None
             classes.append(found)

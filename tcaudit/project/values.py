@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import read_small
 from tcaudit.project.modules import load_module
@@ -98,7 +98,7 @@ class Values:
             if qual in self.assume:
                 return [Value(self.assume[qual])]
             return None
-        dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        dotted = full_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
         if dotted is None:
             return None
         return self._name(facts, expr, dotted, fn, depth)
@@ -169,7 +169,7 @@ class Values:
                 return self._omegaconf(facts, holder, attr, depth)
         if attr and "." not in attr:
             holder = [b for b in facts.bindings_of(root) if not b.is_item_write]
-            if holder and all(isinstance(b.value, cst.Call) and _PARSE_ARGS.search(get_full_name_for_node(b.value.func) or "")
+            if holder and all(isinstance(b.value, cst.Call) and _PARSE_ARGS.search(full_name(b.value.func) or "")
                               for b in holder):
                 return self._option(facts, attr)
             if not holder and _args_like(root):
@@ -220,7 +220,7 @@ class Values:
                 for element in node.elements:
                     if isinstance(element, cst.DictElement) and literal(element.key) == key:
                         found = element.value
-            elif isinstance(node, cst.Call) and get_full_name_for_node(node.func) == "dict":
+            elif isinstance(node, cst.Call) and full_name(node.func) == "dict":
                 argument = keyword(node, key)
                 found = argument.value if argument is not None else None
             if found is None:
@@ -306,7 +306,7 @@ class Values:
                 value, command_line = cst.Call(func=value.args[0].value), True
             if not isinstance(value, cst.Call) or keyword(value, attr) is not None or any(a.keyword is None for a in value.args):
                 return None
-            name = get_full_name_for_node(value.func)
+            name = full_name(value.func)
             cls_facts, cls = facts, facts.classes_by_name.get(name or "")
             if cls is None:
                 symbol = self.project.symbol(facts, name)

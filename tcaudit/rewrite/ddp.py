@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix
 from tcaudit.project import importers
@@ -94,12 +94,12 @@ def _rank_zero_call(facts: ScriptFacts, call: cst.Call) -> bool:
     if _computes_in_arguments(facts, call):
         return False
     func = call.func
-    dotted = get_full_name_for_node(func) or ""
+    dotted = full_name(func) or ""
     qual = facts.resolve(dotted) or ""
     if dotted == "print" or qual in ("torch.save", "wandb.log") or qual.startswith("logging."):
         return qual != "logging.getLogger" and not qual.startswith("logging.basicConfig")
     if isinstance(func, cst.Attribute):
-        receiver = (get_full_name_for_node(func.value) or "").split(".")[-1].lower()
+        receiver = (full_name(func.value) or "").split(".")[-1].lower()
         method = func.attr.value
         if receiver in ("logger", "log", "logging", "_logger", "console") and method in _LOG_METHODS:
             return True
@@ -113,7 +113,7 @@ def _rank_zero_call(facts: ScriptFacts, call: cst.Call) -> bool:
 def _computes_in_arguments(facts: ScriptFacts, call: cst.Call) -> bool:
     defined = facts.functions_by_name
     for inner in call_nodes(call)[1:]:
-        name = (get_full_name_for_node(inner.func) or "").removeprefix("self.")
+        name = (full_name(inner.func) or "").removeprefix("self.")
         if name in defined or name in facts.model_names:
             return True
     return False
@@ -921,7 +921,7 @@ class DdpConversion:
 
     def _insert_destroy(self, editor: "_DdpEditor", last: cst.CSTNode, destroy: cst.BaseStatement) -> None:
         call = _single_call(last)
-        dotted = get_full_name_for_node(call.func) if call is not None else None
+        dotted = full_name(call.func) if call is not None else None
         if dotted in ("sys.exit", "exit", "quit") and call is not None and len(call.args) == 1:
             # ``sys.exit(main())``: run main, destroy the group, then exit with its status.
             status = parse_statement("exit_status = 0", self.module)
@@ -1009,9 +1009,9 @@ class _DdpEditor(CallEditor):
         if id(original_node) in self.plan.device_ordinals:
             first = updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             updated_node = updated_node.with_changes(args=[first])
-        if self.isinstance_names and get_full_name_for_node(updated_node.func) == "isinstance" and len(updated_node.args) == 2:
+        if self.isinstance_names and full_name(updated_node.func) == "isinstance" and len(updated_node.args) == 2:
             second = updated_node.args[1]
-            if get_full_name_for_node(second.value) in self.isinstance_names:
+            if full_name(second.value) in self.isinstance_names:
                 updated_node = updated_node.with_changes(
                     args=[updated_node.args[0], second.with_changes(value=cst.Name(DDP_NAME))]
                 )

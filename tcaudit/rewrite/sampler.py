@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.codemod import parse_expression, parse_statement
@@ -224,15 +224,15 @@ def _dataset(facts: ScriptFacts, call: CallSite, hoist: list) -> str:
     dataset = call.arg("dataset", 0)
     if dataset is None:
         raise DeclineFix("the DataLoader's dataset could not be found")
-    if not isinstance(dataset, (cst.Name, cst.Attribute)) or get_full_name_for_node(dataset) is None:
+    if not isinstance(dataset, (cst.Name, cst.Attribute)) or full_name(dataset) is None:
         if isinstance(dataset, cst.Call):
-            callee = facts.qualname(dataset.func) or get_full_name_for_node(dataset.func) or ""
+            callee = facts.qualname(dataset.func) or full_name(dataset.func) or ""
             if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
                 raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
         return _hoist(facts, call, dataset, hoist)
     for value in facts.binding_values(dataset):
         if isinstance(value, cst.Call):
-            callee = facts.qualname(value.func) or get_full_name_for_node(value.func) or ""
+            callee = facts.qualname(value.func) or full_name(value.func) or ""
             if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
                 raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
     return facts.module.code_for_node(dataset)
@@ -313,7 +313,7 @@ def _occurrences(node: cst.CSTNode, dotted: str) -> int:
     class _V(cst.CSTVisitor):
         def visit_Attribute(self, n: cst.Attribute) -> bool:
             nonlocal count
-            if get_full_name_for_node(n) == dotted:
+            if full_name(n) == dotted:
                 count += 1
                 return False
             n.value.visit(self)

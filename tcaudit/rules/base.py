@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.costs import cost_note
@@ -487,7 +487,7 @@ def defined_in(module, base: type) -> list[type]:
 
 
 def dotted(node: cst.CSTNode | None) -> str | None:
-    return get_full_name_for_node(node) if node is not None else None
+    return full_name(node) if node is not None else None
 
 
 # -- the model rules (TC1): checks over what the model audit measured ------------------------------------

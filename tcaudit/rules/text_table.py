@@ -46,6 +46,7 @@ TEXT_PATTERNS = (
     (r"DataLoader\(", 0),
     (r"DataParallel$|FullyShardedDataParallel$|fully_shard$", 0),
     (r"DataParallel(?<!DistributedDataParallel)", 0),
+    (r"DataParallel|fully_shard", 0),
     (r"DistributedDataParallel", 0),
     (r"DistributedDataParallel|FullyShardedDataParallel|fully_shard", 0),
     (r"DistributedSampler", 0),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 from libcst.metadata import CodePosition
 
 from tcaudit.script.expressions import attribute_chain
@@ -68,7 +68,7 @@ def receiver_root(expr: cst.BaseExpression) -> str | None:
         elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
             expr = expr.func.value
         else:
-            return get_full_name_for_node(expr) if isinstance(expr, cst.Name) else None
+            return full_name(expr) if isinstance(expr, cst.Name) else None
 
 
 # -- in-place writes --------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def in_place_write(
         root = chain_root(call.receiver)
         if is_in_place_name(call.method) and isinstance(root, cst.Name) and root.value == name:
             return call.node
-        passed = [a for a in call.node.args if get_full_name_for_node(a.value) == name]
+        passed = [a for a in call.node.args if full_name(a.value) == name]
         if not passed:
             continue
         if any(a.keyword is not None and a.keyword.value == "out" for a in passed):

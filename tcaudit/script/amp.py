@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit import gpus
 from tcaudit.script.callers import callers_of, reachable_functions
@@ -52,7 +52,7 @@ def dtypes_of(facts: ScriptFacts, expr: cst.BaseExpression | None) -> frozenset[
             qual = facts.qualname(value)
             if qual in _DTYPE_NAMES:
                 out.add(_DTYPE_NAMES[qual])
-            elif not facts.bindings_of(get_full_name_for_node(value) or ""):
+            elif not facts.bindings_of(full_name(value) or ""):
                 out.add(UNKNOWN)
         elif isinstance(value, cst.SimpleString):
             text = evaluated_value(value)
@@ -523,7 +523,7 @@ class AmpFacts:
         func = call.node.func
         while isinstance(func, cst.Subscript):  # ``layers[0](x)``
             func = func.value
-        if self._is_module_name(get_full_name_for_node(func)):
+        if self._is_module_name(full_name(func)):
             return True
         for helper in self._helpers(call):
             for fn in {helper} | reachable_functions(self.facts, helper, depth=2):
@@ -686,7 +686,7 @@ class AmpFacts:
                     divisor = node.right
                 else:
                     continue
-                if _TEMPERATURE.match(get_full_name_for_node(divisor) or ""):
+                if _TEMPERATURE.match(full_name(divisor) or ""):
                     return node
         return None
 
@@ -759,7 +759,7 @@ class AmpFacts:
             divisor = temperature.value if isinstance(temperature, cst.AugAssign) else temperature.right
             extra = "".join(f", {what}" for what in self.contrastive_companions)
             return BF16, False, (
-                f"contrastive logits divided by a temperature (`{get_full_name_for_node(divisor)}` at line "
+                f"contrastive logits divided by a temperature (`{full_name(divisor)}` at line "
                 f"{self.facts.line_of(temperature)}{extra}): their gradients carry 1/(batch x T), which fp16's "
                 "GradScaler at its initial 65,536 overflows at small per-GPU batches and skips the first updates; "
                 "bf16 keeps fp32's range and needs no scaler (fp16 ran a MoCo ResNet50 step 19% faster on an "
@@ -816,7 +816,7 @@ def _has_matmul(node: cst.CSTNode) -> bool:
     """Whether ``node`` holds a matrix product (``@``, ``matmul``, ``bmm``, ``einsum``)."""
     if any(isinstance(op.operator, cst.MatrixMultiply) for op in nodes_of(node, cst.BinaryOperation)):
         return True
-    return any((get_full_name_for_node(c.func) or "").rsplit(".", 1)[-1] in ("matmul", "bmm", "einsum", "baddbmm")
+    return any((full_name(c.func) or "").rsplit(".", 1)[-1] in ("matmul", "bmm", "einsum", "baddbmm")
                for c in call_nodes(node))
 
 
@@ -827,8 +827,8 @@ def _fill_magnitude(facts: ScriptFacts, expr: cst.BaseExpression | None) -> floa
         return None
     inner = expr.expression if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus) else expr
     if (isinstance(inner, cst.Attribute) and inner.attr.value in ("min", "max") and isinstance(inner.value, cst.Call)
-            and (get_full_name_for_node(inner.value.func) or "").endswith("finfo") and inner.value.args):
-        dtype = (get_full_name_for_node(inner.value.args[0].value) or "").rsplit(".", 1)[-1]
+            and (full_name(inner.value.func) or "").endswith("finfo") and inner.value.args):
+        dtype = (full_name(inner.value.args[0].value) or "").rsplit(".", 1)[-1]
         return (-3.4e38 if inner is not expr else 3.4e38) if dtype in _WIDE_DTYPES else None
     value = numeric_constant(facts, expr)
     return float(value) if value is not None else None
@@ -862,7 +862,7 @@ def cast_dtype(facts: ScriptFacts, call: CallSite) -> str | None:
             for dtype in (HALF, BF16, "float64"):
                 if found == frozenset({dtype}):
                     return dtype
-            text = get_full_name_for_node(arg.value) or ""
+            text = full_name(arg.value) or ""
             if text.endswith("HalfTensor"):
                 return HALF
     return None
@@ -886,12 +886,12 @@ def _cast_model_name(call: CallSite) -> str | None:
     while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
         receiver = receiver.func.value
     if isinstance(receiver, (cst.Name, cst.Attribute)):
-        return get_full_name_for_node(receiver)
+        return full_name(receiver)
     statement = call.statement.node if call.statement else None
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         small = statement.body[0]
         if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            return get_full_name_for_node(small.targets[0].target)
+            return full_name(small.targets[0].target)
     return None
 
 
@@ -904,7 +904,7 @@ def is_model_expr(facts: ScriptFacts, call: CallSite) -> bool:
             receiver = receiver.func.value
             continue
         break
-    name = get_full_name_for_node(receiver) if receiver is not None else None
+    name = full_name(receiver) if receiver is not None else None
     if name and name in facts.model_names:
         return True
     if isinstance(receiver, cst.Call):
@@ -913,7 +913,7 @@ def is_model_expr(facts: ScriptFacts, call: CallSite) -> bool:
             for small in statement.body:
                 if isinstance(small, cst.Assign):
                     for target in small.targets:
-                        if get_full_name_for_node(target.target) in facts.model_names:
+                        if full_name(target.target) in facts.model_names:
                             return True
     return False
 
@@ -935,7 +935,7 @@ def unsafe_kind(facts: ScriptFacts, call: CallSite) -> str | None:
     if isinstance(func, cst.Call) and facts.qualname(func.func) in BCE_MODULES:
         return "bce"  # nn.BCELoss()(p, y)
     if isinstance(func, (cst.Name, cst.Attribute)):
-        name = get_full_name_for_node(func)
+        name = full_name(func)
         if name and facts.bindings_of(name):
             for value in facts.binding_values(func):
                 if isinstance(value, cst.Call) and facts.qualname(value.func) in BCE_MODULES:

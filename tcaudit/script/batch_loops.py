@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_targets
@@ -96,7 +96,7 @@ class BatchLoopFacts(LoaderConstructionFacts):
     def _iteration_pairs(self, target: cst.BaseExpression, iterable: cst.BaseExpression) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
         """(loop target part, iterated expression) pairs: ``enumerate``, ``tqdm`` and ``zip`` unwrapped."""
         if isinstance(iterable, cst.Call):
-            dotted = get_full_name_for_node(iterable.func) or ""
+            dotted = full_name(iterable.func) or ""
             args = [a.value for a in iterable.args if a.keyword is None and not a.star]
             if dotted == "enumerate" and args:
                 if isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
@@ -117,7 +117,7 @@ class BatchLoopFacts(LoaderConstructionFacts):
     def _next_source(self, expr: cst.BaseExpression) -> CallSite | None:
         """``next(it)`` with ``it = iter(loader)`` (or ``next(iter(loader))``) → the ``iter`` call."""
         for value in self.facts.binding_values(expr):
-            if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "iter" and value.args:
+            if isinstance(value, cst.Call) and full_name(value.func) == "iter" and value.args:
                 return self.call_site(value)
         return None
 
@@ -161,7 +161,7 @@ def _add_unpacked(batch: BatchLoop) -> None:
     def source_name(value: cst.BaseExpression) -> str | None:
         if isinstance(value, cst.Subscript):
             value = value.value
-        return get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        return full_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
 
     assigns = remembered(batch.loop, "loop assigns", lambda: _loop_assigns(batch.loop))
     for _ in range(2):

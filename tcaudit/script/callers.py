@@ -33,7 +33,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Literal, Protocol, TypeVar
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 How = Literal["name", "self", "exact", "bare"]
 _CallSite = Any  # a tcaudit.script.facts.CallSite (not imported: see the module's docstring)
@@ -100,10 +100,10 @@ def parameter_receiving(fn: cst.FunctionDef, call: cst.Call, dotted: str) -> str
         params = params[1:]
     positional = [a for a in call.args if a.keyword is None and not a.star]
     for index, arg in enumerate(positional):
-        if get_full_name_for_node(arg.value) == dotted and index < len(params):
+        if full_name(arg.value) == dotted and index < len(params):
             return params[index]
     for arg in call.args:
-        if arg.keyword is not None and get_full_name_for_node(arg.value) == dotted:
+        if arg.keyword is not None and full_name(arg.value) == dotted:
             return arg.keyword.value
     return None
 

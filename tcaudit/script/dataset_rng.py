@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import literal
@@ -166,7 +166,7 @@ def _lineage(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) -> list[cst.
     if depth > 3:
         return out
     for base in cls.bases:
-        name = get_full_name_for_node(base.value)
+        name = full_name(base.value)
         parent = facts.classes_by_name.get(name) if name and not facts.resolve(name) else None
         if parent is not None and parent is not cls:
             out += [c for c in _lineage(facts, parent, depth + 1) if c not in out]
@@ -212,7 +212,7 @@ def _attribute_writes(fn: cst.FunctionDef, me: str) -> list[tuple[str, cst.BaseE
         elif isinstance(node, cst.AugAssign):
             targets(node.target, None)
     for call in nodes_of(fn, cst.Call):
-        if get_full_name_for_node(call.func) == "setattr" and call.args and get_full_name_for_node(call.args[0].value) == me:
+        if full_name(call.func) == "setattr" and call.args and full_name(call.args[0].value) == me:
             key = literal(call.args[1].value) if len(call.args) > 1 else ...
             if isinstance(key, str):
                 out.append((key, None))
@@ -312,7 +312,7 @@ def _instances(
         values = values + _unpacked_from(facts, expr.value)
     for value in values:
         if isinstance(value, (cst.Name, cst.Attribute)):
-            dotted = get_full_name_for_node(value)
+            dotted = full_name(value)
             if dotted and facts.bindings_of(dotted):
                 continue  # followed by binding_values
             if dotted and fn is not None and dotted in param_names(fn):

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Iterable, Literal, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, outermost_loop
@@ -58,7 +58,7 @@ def device_values(facts: ScriptFacts, expr: cst.BaseExpression, follow: Follow) 
     if follow is Follow.NAMES:
         leaves = [
             v for v in leaves
-            if not (isinstance(v, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(v) or ""))
+            if not (isinstance(v, (cst.Name, cst.Attribute)) and facts.bindings_of(full_name(v) or ""))
         ]
     return leaves
 
@@ -225,7 +225,7 @@ def _moved_type(facts: ScriptFacts, device: cst.BaseExpression, torch_name: str)
     name without bindings, or values not all devices or all strings."""
     if not isinstance(device, (cst.Name, cst.Attribute)):
         return None
-    dotted = get_full_name_for_node(device)
+    dotted = full_name(device)
     if not dotted or not facts.bindings_of(dotted):
         return None
     return type_expression(dotted, device_kind(facts, [device], Follow.NAMES), torch_name)
@@ -290,7 +290,7 @@ def _names_moved_to(facts: ScriptFacts, step: TrainingStep) -> list[str]:
         if call.method != "to":
             continue
         arg = device_argument(call.node)
-        name = get_full_name_for_node(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
+        name = full_name(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
         if not name or name in DEVICE_NAMES or name in out:
             continue
         values = [b.value for b in facts.bindings_of(name)]

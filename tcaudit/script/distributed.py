@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
@@ -59,6 +59,10 @@ DEVICE_SWITCH = re.compile(
 
 
 # -- types of constructions -----------------------------------------------------------------------
+
+
+# The last names of the wrappers' qualified names (is_ddp, is_dataparallel, is_fsdp).
+_WRAPPER_NAMES = re.compile(r"DataParallel|fully_shard")
 
 
 def is_ddp(qualname: str | None) -> bool:
@@ -105,28 +109,23 @@ def callee_type(facts: ScriptFacts, call: CallSite) -> str | None:
     if not call.name or not (facts.bindings_of(call.name) or facts.star_imports):
         return None  # not imported, never assigned, no star import: nothing to follow (most calls of a file)
     found: set[str] = set()
-    unknown = False
-    for value in facts.binding_values(func):
+    for value in facts.following(func):  # the first unknown value, or a second type, answers None
         if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
             continue
-        if isinstance(value, (cst.Name, cst.Attribute)):
-            qual = facts.qualname(value)
-            dotted = get_full_name_for_node(value)
-            if qual:
-                found.add(qual)
-            elif dotted and facts.bindings_of(dotted):
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            return None
+        qual = facts.qualname(value)
+        if not qual:
+            dotted = full_name(value)
+            if dotted and facts.bindings_of(dotted):
                 continue  # an intermediate alias; its values are in the list too
-            else:
-                star = _star_qualname(facts, dotted) if value is func else None
-                if star:
-                    found.add(star)
-                else:
-                    unknown = True
-        else:
-            unknown = True
-    if unknown or len(found) != 1:
-        return None
-    return found.pop()
+            qual = _star_qualname(facts, dotted) if value is func else None
+            if not qual:
+                return None
+        found.add(qual)
+        if len(found) > 1:
+            return None
+    return found.pop() if found else None
 
 
 # -- small syntax helpers ---------------------------------------------------------------------------
@@ -192,7 +191,7 @@ def star_kwargs_keys(facts: ScriptFacts, call: CallSite) -> set[str] | None:
     for arg in call.node.args:
         if arg.star != "**":
             continue
-        name = get_full_name_for_node(arg.value)
+        name = full_name(arg.value)
         if not name or not facts.bindings_of(name):
             return None
         if any(c.receiver_name == name and c.method in ("update", "setdefault", "__setitem__") for c in facts.calls):
@@ -201,7 +200,7 @@ def star_kwargs_keys(facts: ScriptFacts, call: CallSite) -> set[str] | None:
             if value is arg.value or isinstance(value, (cst.IfExp, cst.BooleanOperation)):
                 continue
             if isinstance(value, (cst.Name, cst.Attribute)):
-                dotted = get_full_name_for_node(value)
+                dotted = full_name(value)
                 if dotted and facts.bindings_of(dotted):
                     continue  # an alias of another dict; its values are in the list too
                 return None
@@ -252,7 +251,7 @@ def _test_frame(frame: Frame) -> bool:
         assert isinstance(node, cst.ClassDef)
         if _TEST_CLASS.search(node.name.value):
             return True
-        if any((get_full_name_for_node(b.value) or "").endswith(("TestCase", "TestBase")) for b in node.bases):
+        if any((full_name(b.value) or "").endswith(("TestCase", "TestBase")) for b in node.bases):
             return True
     return False
 
@@ -348,7 +347,11 @@ class DistributedFacts:
 
     @functools.cached_property
     def wraps(self) -> list[Wrap]:
-        out = []
+        out: list[Wrap] = []
+        if not _WRAPPER_NAMES.search(self.facts.source.text):
+            # A qualified name ends in a name the text holds (an import's, or the dotted name written), so
+            # a text without the wrappers' names wraps nothing: no need to follow every call's callee.
+            return out
         for call in self.facts.calls:
             qual = self.callee_types[id(call.node)]
             kind = "ddp" if is_ddp(qual) else "dataparallel" if is_dataparallel(qual) else "fsdp" if is_fsdp(qual) else None
@@ -415,7 +418,7 @@ class DistributedFacts:
             receiver = call.receiver
             if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
                 receiver = receiver.func.value  # m.cpu().parameters()
-            name = get_full_name_for_node(receiver) if receiver is not None else None
+            name = full_name(receiver) if receiver is not None else None
             if name:
                 out.add(name)
         return out
@@ -453,7 +456,7 @@ class DistributedFacts:
     def iterable_dataset_defined(self) -> bool:
         for node, _ in self.facts.classes:
             for base in node.bases:
-                dotted = get_full_name_for_node(base.value) or ""
+                dotted = full_name(base.value) or ""
                 if dotted.split(".")[-1] == "IterableDataset":
                     return True
         return False

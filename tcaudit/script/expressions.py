@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import evaluated_value, keyword
@@ -140,9 +140,9 @@ def _small_statements(call: CallSite) -> list[cst.CSTNode]:
 def assigned_name(call: CallSite) -> str | None:
     for small in _small_statements(call):
         if isinstance(small, cst.Assign) and small.value is call.node and len(small.targets) == 1:
-            return get_full_name_for_node(small.targets[0].target)
+            return full_name(small.targets[0].target)
         if isinstance(small, cst.AnnAssign) and small.value is call.node:
-            return get_full_name_for_node(small.target)
+            return full_name(small.target)
     return None
 
 
@@ -161,11 +161,11 @@ def is_device_expr(expr: cst.BaseExpression) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         return True
     if isinstance(expr, cst.Call):
-        dotted = get_full_name_for_node(expr.func) or ""
+        dotted = full_name(expr.func) or ""
         return dotted.endswith("device") or dotted.endswith("current_device")
     if isinstance(expr, cst.Subscript):
         return is_device_expr(expr.value)
-    dotted = get_full_name_for_node(expr)
+    dotted = full_name(expr)
     return bool(dotted) and bool(_DEVICE_NAME.search(dotted.split(".")[-1]))
 
 

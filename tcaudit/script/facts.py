@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 from libcst.metadata import CodeRange
 
 from tcaudit.script.callers import callers_of
@@ -174,7 +174,7 @@ class CallSite:
     @property
     def receiver_name(self) -> str | None:
         receiver = self.receiver
-        return get_full_name_for_node(receiver) if receiver is not None else None
+        return full_name(receiver) if receiver is not None else None
 
     def arg(self, key: str, position: int | None = None) -> cst.BaseExpression | None:
         """The value the call passes at ``position`` (``*args`` not counted), else as ``key=``; None when
@@ -445,12 +445,12 @@ class _Collector(cst.CSTVisitor):
 
     # -- records ----------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
-        name = get_full_name_for_node(node.func)
+        name = full_name(node.func)
         self.calls.append(CallSite(node, name, None, self.ctx, self.statements[-1]))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(chain_root(node, self._inner_attrs), cst.Name):
-            dotted = get_full_name_for_node(node)
+            dotted = full_name(node)
             if dotted:
                 self.references.append((node, dotted, self.ctx))
 
@@ -463,7 +463,7 @@ class _Collector(cst.CSTVisitor):
                 for t, v in zip(target.elements, value.elements):
                     self._record_binding(t.value, v.value)
             return
-        name = get_full_name_for_node(target)
+        name = full_name(target)
         if name:
             self.bindings.append(Binding(name, value, self.ctx, self.statements[-1]))
 
@@ -485,7 +485,7 @@ class _Collector(cst.CSTVisitor):
             return False
         handler = frame.node
         assert isinstance(handler, cst.ExceptHandler)
-        caught = get_full_name_for_node(handler.type) if handler.type is not None else "BaseException"
+        caught = full_name(handler.type) if handler.type is not None else "BaseException"
         return bool(caught) and caught.split(".")[-1] in (
             "ImportError",
             "ModuleNotFoundError",
@@ -497,7 +497,7 @@ class _Collector(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> None:
         fallback = self._in_import_fallback()
         for alias in node.names:
-            full = get_full_name_for_node(alias.name) or ""
+            full = full_name(alias.name) or ""
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 local, qual = alias.asname.name.value, full
             else:
@@ -506,14 +506,14 @@ class _Collector(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         fallback = self._in_import_fallback()
-        module = get_full_name_for_node(node.module) if node.module is not None else ""
+        module = full_name(node.module) if node.module is not None else ""
         dots = "." * len(node.relative)
         base = f"{dots}{module or ''}"
         if isinstance(node.names, cst.ImportStar):
             self.star_imports.append(base)
             return
         for alias in node.names:
-            name = get_full_name_for_node(alias.name) or ""
+            name = full_name(alias.name) or ""
             local = (
                 alias.asname.name.value
                 if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
@@ -657,7 +657,7 @@ class ScriptFacts:
     def qualname(self, expr: cst.BaseExpression | None) -> str | None:
         if expr is None:
             return None
-        return self.resolve(get_full_name_for_node(expr))
+        return self.resolve(full_name(expr))
 
     @functools.cached_property
     def references(self) -> list[Reference]:
@@ -692,11 +692,18 @@ class ScriptFacts:
         answer is kept per expression: the rules ask it of the same names many times)."""
         found = self._binding_values.get(id(expr))
         if found is None or found[0] is not expr:
-            found = self._binding_values[id(expr)] = (expr, self._followed(expr))
+            found = self._binding_values[id(expr)] = (expr, tuple(self._following(expr)))
         return list(found[1])
 
-    def _followed(self, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, ...]:
-        out: list[cst.BaseExpression] = []
+    def following(self, expr: cst.BaseExpression) -> Iterable[cst.BaseExpression]:
+        """:meth:`binding_values` one by one, in its order, for a caller that may stop at the first few
+        (a callee with an unknown value among many: ``self.relu(x)`` of thirty blocks' ``self.relu = ...``)."""
+        found = self._binding_values.get(id(expr))
+        if found is not None and found[0] is expr:
+            return found[1]
+        return self._following(expr)
+
+    def _following(self, expr: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         stack = [(expr, 0)]
         seen: set[int] = set()
         while stack:
@@ -704,17 +711,16 @@ class ScriptFacts:
             if id(node) in seen or level > 6:
                 continue
             seen.add(id(node))
-            out.append(node)
+            yield node
             if isinstance(node, cst.IfExp):
                 stack += [(node.body, level + 1), (node.orelse, level + 1)]
             elif isinstance(node, cst.BooleanOperation):
                 stack += [(node.left, level + 1), (node.right, level + 1)]
             elif isinstance(node, (cst.Name, cst.Attribute)):
-                dotted = get_full_name_for_node(node)
+                dotted = full_name(node)
                 if dotted:
                     for binding in self.bindings_of(dotted):
                         stack.append((binding.value, level + 1))
-        return tuple(out)
 
     # -- positions ----------------------------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> CodeRange:
@@ -848,7 +854,7 @@ class ScriptFacts:
             return False
         for value in self.binding_values(expr):
             target = value.func if isinstance(value, cst.Call) else value
-            dotted = get_full_name_for_node(target)
+            dotted = full_name(target)
             qual = self.resolve(dotted)
             if qual in AUTOCAST_QUALNAMES or (qual and qual.endswith(".autocast")):
                 return True
@@ -1081,13 +1087,13 @@ class ScriptFacts:
                 value = value.func.value
             if not isinstance(value, cst.Call):
                 return False
-            callee = get_full_name_for_node(value.func) or ""
+            callee = full_name(value.func) or ""
             qual = self.resolve(callee) or ""
             if not (self._defined_here(callee) or qual.startswith(_CPU_BUILDERS) and not _DEVICE_WRAPPERS.search(qual)):
                 return False
         for call in self.calls:
             passed = [arg.value for arg in call.node.args]
-            if not any(isinstance(v, (cst.Name, cst.Attribute)) and get_full_name_for_node(v) == owner for v in passed):
+            if not any(isinstance(v, (cst.Name, cst.Attribute)) and full_name(v) == owner for v in passed):
                 continue
             qual = call.qualname or ""
             torch_call = qual.startswith("torch.") and not _DEVICE_WRAPPERS.search(qual)
@@ -1163,7 +1169,7 @@ class ScriptFacts:
                 continue
             if not isinstance(value, (cst.Name, cst.Attribute)):
                 continue
-            dotted = get_full_name_for_node(value)
+            dotted = full_name(value)
             if not dotted or self.bindings_of(dotted):
                 continue  # followed by binding_values
             last = dotted.split(".")[-1]
@@ -1207,7 +1213,7 @@ class ScriptFacts:
         out = set()
         for node, _ in self.classes:
             for base in node.bases:
-                qual = self.qualname(base.value) or get_full_name_for_node(base.value) or ""
+                qual = self.qualname(base.value) or full_name(base.value) or ""
                 if qual.endswith(("autograd.Function", "Function")):
                     out.add(node)
         return out
@@ -1219,7 +1225,7 @@ class ScriptFacts:
         for binding in self.bindings:
             for value in self.binding_values(binding.value):
                 if isinstance(value, cst.Call):
-                    qual = self.qualname(value.func) or get_full_name_for_node(value.func) or ""
+                    qual = self.qualname(value.func) or full_name(value.func) or ""
                     if qual.endswith(GRADSCALER_SUFFIXES):
                         out.add(binding.target)
         return out
@@ -1276,7 +1282,7 @@ class ScriptFacts:
             cls = call.ctx.class_def
             if cls is not None and cls in self.autograd_function_classes:
                 continue
-            receiver_name = get_full_name_for_node(receiver)
+            receiver_name = full_name(receiver)
             positional = [a for a in call.node.args if a.keyword is None]
             if receiver_name and positional and re.search(r"accelerator|engine|fabric|deepspeed", receiver_name):
                 continue  # a framework's backward(loss)
@@ -1285,7 +1291,7 @@ class ScriptFacts:
             scaler = None
             if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
                 if receiver.func.attr.value == "scale":
-                    scaler = get_full_name_for_node(receiver.func.value)
+                    scaler = full_name(receiver.func.value)
             steps.append(TrainingStep(call, receiver, scaler))
         return steps
 
@@ -1319,7 +1325,7 @@ class ScriptFacts:
                     value = arg.value
                     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
                         if value.func.attr.value in ("parameters", "named_parameters"):
-                            name = get_full_name_for_node(value.func.value)
+                            name = full_name(value.func.value)
                             if name:
                                 out.add(name)
         for binding in self.bindings:
@@ -1397,7 +1403,7 @@ def assigned_names(node: cst.CSTNode) -> set[str]:
             for target in targets:
                 for element in target.elements if isinstance(target, (cst.Tuple, cst.List)) else [target]:
                     value = element.value if isinstance(element, cst.Element) else element
-                    dotted = get_full_name_for_node(value)
+                    dotted = full_name(value)
                     if dotted:
                         out.add(dotted)
     return out
@@ -1424,7 +1430,7 @@ def _parameters_owners(params: cst.BaseExpression) -> set[str]:
                         parts.append(element.value)
         elif (isinstance(part, cst.Call) and isinstance(part.func, cst.Attribute)
               and part.func.attr.value == "parameters"):
-            dotted = get_full_name_for_node(part.func.value)
+            dotted = full_name(part.func.value)
             if not dotted:
                 return set()
             owners.add(dotted.split(".")[0] if not dotted.startswith("self.") else ".".join(dotted.split(".")[:2]))
@@ -1444,7 +1450,7 @@ def _names_cpu(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
             first = value.args[0].value
             if isinstance(first, cst.SimpleString) and evaluated_value(first) == "cpu":
                 continue
-        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(value) or ""):
+        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(full_name(value) or ""):
             continue  # a name with bindings: its values are read above
         return False
     return True

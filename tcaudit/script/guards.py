@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.source.syntax import evaluated_value, target_names
@@ -242,16 +242,16 @@ class _TopLevelNames(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
             if alias.asname is not None:
-                self.imported.add(get_full_name_for_node(alias.asname.name) or "")
+                self.imported.add(full_name(alias.asname.name) or "")
             else:
-                self.imported.add((get_full_name_for_node(alias.name) or "").split(".")[0])
+                self.imported.add((full_name(alias.name) or "").split(".")[0])
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         if not isinstance(node.names, cst.ImportStar):
             for alias in node.names:
                 target = alias.asname.name if alias.asname is not None else alias.name
-                self.imported.add(get_full_name_for_node(target) or "")
+                self.imported.add(full_name(target) or "")
         return False
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:

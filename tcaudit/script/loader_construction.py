@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_name, function_returns, literal, moves_to_device
@@ -122,7 +122,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if call.name != DALI_LOADER or not call.node.args:
                 continue
             first = call.node.args[0].value
-            if first is site.call.node or (site.target is not None and get_full_name_for_node(first) == site.target):
+            if first is site.call.node or (site.target is not None and full_name(first) == site.target):
                 return True
         return False
 
@@ -152,7 +152,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if frame.kind == "def" and is_eval_name(frame.node.name.value):  # type: ignore[attr-defined]
                 return False
         dataset = call.arg("dataset", 0)
-        if dataset is not None and is_eval_name(get_full_name_for_node(dataset)):
+        if dataset is not None and is_eval_name(full_name(dataset)):
             return False
         return not self._dict_key_is_eval(call)
 
@@ -177,7 +177,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if arg.star == "*":
                 complete = False
             elif arg.star == "**":
-                name = get_full_name_for_node(arg.value)
+                name = full_name(arg.value)
                 if name:
                     dicts.append(name)
                 if not self._collect_dict(arg.value, call.ctx, keys, name or "**", 0):
@@ -211,7 +211,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
                 keys.setdefault(key, []).append(KeyValue(element.value, element, label, False))
             return ok
         if isinstance(expr, cst.Call):
-            dotted = get_full_name_for_node(expr.func)
+            dotted = full_name(expr.func)
             if dotted == "dict":
                 ok = True
                 for arg in expr.args:
@@ -237,7 +237,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             return ok
         if not isinstance(expr, (cst.Name, cst.Attribute)):
             return False
-        name = get_full_name_for_node(expr)
+        name = full_name(expr)
         if not name:
             return False
         fn = ctx.function
@@ -300,7 +300,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
         for call in facts.calls:
             # Passed to a helper that may fill it in (``add_cuda_options(kwargs)``).
             if call.ctx.function is fn and any(
-                arg.keyword is None and not arg.star and get_full_name_for_node(arg.value) == name for arg in call.node.args
+                arg.keyword is None and not arg.star and full_name(arg.value) == name for arg in call.node.args
             ) and call.method != "update" and call.name not in ("print", "len", "dict", "logging.info", "logger.info", "log"):
                 ok = False
         return ok
@@ -317,7 +317,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
         out: dict[str, bool] = {}
         for node, _ in facts.classes:
             for base in node.bases:
-                qual = facts.qualname(base.value) or get_full_name_for_node(base.value) or ""
+                qual = facts.qualname(base.value) or full_name(base.value) or ""
                 if qual.endswith("IterableDataset"):
                     shards = any(
                         (c.name or "").endswith("get_worker_info") for c in facts.calls if c.ctx.class_def is node
@@ -387,7 +387,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
             if not isinstance(value, cst.Call):
                 continue
             qual = facts.qualname(value.func) or ""
-            dotted = get_full_name_for_node(value.func) or ""
+            dotted = full_name(value.func) or ""
             if qual.endswith("TensorDataset"):
                 if any(self._on_device(arg.value) for arg in value.args):
                     return "device"
@@ -440,7 +440,7 @@ class LoaderConstructionFacts(TrainedModelFacts):
         optimizer``): the ``train_set`` expression."""
         out: list[cst.BaseExpression] = []
         for call, position, width in self._unpackings(name):
-            func = get_full_name_for_node(call.func)
+            func = full_name(call.func)
             for fn in self.facts.functions_by_name.get(func or "", []):
                 for returned in function_returns(fn):
                     if isinstance(returned, cst.Tuple) and len(returned.elements) == width:
@@ -485,23 +485,23 @@ class LoaderConstructionFacts(TrainedModelFacts):
         if depth > 3:
             return None
         facts = self.facts
-        name = get_full_name_for_node(expr)
+        name = full_name(expr)
         if name and fn is not None and name in param_names(fn):
             return self._param_loaders(name, fn, depth)
         sites: list[LoaderSite] = []
         leaves = 0
         values = facts.binding_values(expr)
         for value in values:
-            if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == DALI_LOADER and value.args:
+            if isinstance(value, cst.Call) and full_name(value.func) == DALI_LOADER and value.args:
                 # ``loader = tcaudit_dali_loader(loader)`` (``fix --dali``) yields the wrapped DataLoader's batches.
                 value = value.args[0].value
                 if isinstance(value, (cst.Name, cst.Attribute)) and any(
-                    v is not value and isinstance(v, type(value)) and get_full_name_for_node(v) == get_full_name_for_node(value)
+                    v is not value and isinstance(v, type(value)) and full_name(v) == full_name(value)
                     for v in values
                 ):
                     continue  # the same name: its other values are followed already
             if isinstance(value, (cst.Name, cst.Attribute)):
-                dotted = get_full_name_for_node(value)
+                dotted = full_name(value)
                 if dotted and facts.bindings_of(dotted):
                     continue  # followed by binding_values
                 if dotted and fn is not None and dotted in param_names(fn):

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import (
@@ -65,7 +65,7 @@ _ITERATION_WRAPPERS = re.compile(r"(^|\.)(enumerate|iter|tqdm|trange|track|islic
 
 def _iterated(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
     """What a loop header iterates, through ``enumerate``/``tqdm``/``zip``/``iter`` wrappers."""
-    if isinstance(expr, cst.Call) and _ITERATION_WRAPPERS.search(get_full_name_for_node(expr.func) or ""):
+    if isinstance(expr, cst.Call) and _ITERATION_WRAPPERS.search(full_name(expr.func) or ""):
         out: list[cst.BaseExpression] = []
         for arg in expr.args:
             if arg.keyword is None and not arg.star:
@@ -86,7 +86,7 @@ def step_loop_sources(facts: ScriptFacts, info: DistributedFacts) -> list[cst.Ba
         for call in facts.calls:
             if call.name == "next" and call.node.args and call.ctx.inside(node):
                 for value in facts.binding_values(call.node.args[0].value):
-                    if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "iter" and value.args:
+                    if isinstance(value, cst.Call) and full_name(value.func) == "iter" and value.args:
                         heads.append(value.args[0].value)
         for head in heads:
             out += _values(facts, head, frame.function)
@@ -169,7 +169,7 @@ def also_feeds_other_loops(facts: ScriptFacts, info: DistributedFacts, call: Cal
     sources = {id(v) for v in step_loop_sources(facts, info)}
     for node in made:
         if id(node) not in sources:
-            return get_full_name_for_node(node.func) or "the helper"
+            return full_name(node.func) or "the helper"
     return None
 
 

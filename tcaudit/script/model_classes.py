@@ -14,7 +14,7 @@ import re
 from typing import Callable, Iterable, Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.syntax import call_nodes, evaluated_value, method_of, nodes_of
@@ -38,7 +38,7 @@ RECURRENT_NAME = re.compile(r"rnn|lstm|gru", re.IGNORECASE)
 def callee_class(call: cst.Call) -> str:
     """The name of the class of this file that ``call`` would build: its callee's last name
     (``blocks.Block(...)`` → ``Block``); look it up in ``facts.classes_by_name``."""
-    return (get_full_name_for_node(call.func) or "").split(".")[-1]
+    return (full_name(call.func) or "").split(".")[-1]
 
 
 def class_of(facts: ScriptFacts, fn: cst.FunctionDef | None) -> cst.ClassDef | None:
@@ -94,7 +94,7 @@ def classes_reached(
             continue
         seen.add(cls)
         yield cls
-        names = [(get_full_name_for_node(base.value) or "").split(".")[-1] for base in cls.bases] if bases else []
+        names = [(full_name(base.value) or "").split(".")[-1] for base in cls.bases] if bases else []
         if own is None:
             names += [callee_class(call) for call in call_nodes(cls)]
         else:
@@ -115,7 +115,7 @@ def forward_outputs(facts: ScriptFacts, model: str) -> set[str]:
     out: set[str] = set()
     for binding in facts.bindings:
         value = binding.value
-        if isinstance(value, cst.Call) and get_full_name_for_node(value.func) == model:
+        if isinstance(value, cst.Call) and full_name(value.func) == model:
             out.add(binding.target)
     return out
 
@@ -162,7 +162,7 @@ def classes_building(
         for base in node.bases if bases is not None else ():
             if bases(facts.qualname(base.value) or ""):
                 found.add(name)
-            dotted = get_full_name_for_node(base.value)
+            dotted = full_name(base.value)
             if dotted:
                 uses.add(followed(dotted))
         for call in by_class.get(id(node), []):
@@ -218,7 +218,7 @@ def class_takes_images(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) ->
     for call in facts.calls:
         if call.ctx.function is not forward:
             continue
-        if call.receiver_name == x or any(get_full_name_for_node(a.value) == x for a in call.node.args):
+        if call.receiver_name == x or any(full_name(a.value) == x for a in call.node.args):
             pos = facts.position(call.node).start
             if first is None or (pos.line, pos.column) < first[0]:
                 first = ((pos.line, pos.column), call)
@@ -281,7 +281,7 @@ def recurrent_layer(facts: ScriptFacts, constructions: Iterable[cst.Call]) -> st
 def picked_from_torch_nn(facts: ScriptFacts, call: cst.Call) -> str | None:
     """``getattr(nn, rnn_type)(...)``: the code of the name picked from torch.nn (``rnn_type``)."""
     picker = call.func
-    if not (isinstance(picker, cst.Call) and get_full_name_for_node(picker.func) == "getattr" and len(picker.args) > 1):
+    if not (isinstance(picker, cst.Call) and full_name(picker.func) == "getattr" and len(picker.args) > 1):
         return None
     if facts.qualname(picker.args[0].value) != "torch.nn":
         return None
@@ -313,7 +313,7 @@ def class_torch_forward(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) -
         return None
     classes = facts.classes_by_name
     for base in cls.bases:
-        dotted = get_full_name_for_node(base.value) or ""
+        dotted = full_name(base.value) or ""
         qual = facts.qualname(base.value) or ""
         if qual.startswith("torch.nn.") and qual.split(".")[-1] != "Module":
             return qual
@@ -337,7 +337,7 @@ def defines_no_forward(facts: ScriptFacts, cls: cst.ClassDef, depth: int = 0) ->
         qual = facts.qualname(base.value) or ""
         if qual == "torch.nn.Module":
             continue
-        parent = classes.get((get_full_name_for_node(base.value) or "").split(".")[-1]) if not qual else None
+        parent = classes.get((full_name(base.value) or "").split(".")[-1]) if not qual else None
         if parent is None or parent is cls or not defines_no_forward(facts, parent, depth + 1):
             return False
     return bool(cls.bases)

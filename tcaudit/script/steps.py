@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value
@@ -97,7 +97,7 @@ def is_opt_in_flag(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
     unless the user turns it on (an argparse ``store_true``, a ``False``/``0``/``None`` default,
     a parameter defaulting to one). ``if master_process:`` (true on rank 0 every step) is not."""
     for flag in flag_operands(test):
-        dotted = get_full_name_for_node(flag)
+        dotted = full_name(flag)
         if dotted and _off_by_default(facts, dotted):
             return True
     return False
@@ -115,7 +115,7 @@ def _off_by_default(facts: ScriptFacts, dotted: str) -> bool:
         values = values or []
         resolved = []
         for value in values:
-            name = get_full_name_for_node(value) if isinstance(value, cst.Name) else None
+            name = full_name(value) if isinstance(value, cst.Name) else None
             default = parameter_default(facts, name) if name else None
             resolved.append(default if default is not None else value)
         values = resolved

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
 from tcaudit.script.distributed import innermost_loop
@@ -81,7 +81,7 @@ class TrainedModelFacts(TrainingCodeFacts):
             if qual.startswith(MODEL_OPTIMIZER_FACTORIES):  # timm's create_optimizer_v2(model, "adamw")
                 model = call.arg("model_or_params", 0) if "create_optimizer_v2" in qual else call.arg("model", 1)
                 if isinstance(model, (cst.Name, cst.Attribute)):
-                    names.append(get_full_name_for_node(model) or "")
+                    names.append(full_name(model) or "")
                 continue
             if not is_optimizer(qual):
                 continue
@@ -114,7 +114,7 @@ class TrainedModelFacts(TrainingCodeFacts):
                 names.add(call.receiver_name)
         for loop in _parameter_loops(facts.module):
             if _clears_requires_grad(loop):
-                names.add(get_full_name_for_node(loop.iter.func.value))  # type: ignore[attr-defined]
+                names.add(full_name(loop.iter.func.value))  # type: ignore[attr-defined]
         for call in facts.calls:
             qual = call.qualname or call.name or ""
             if qual.endswith(("swa_utils.AveragedModel", "ModelEMA", "ModelEmaV2", "ModelEmaV3", "EMA")):
@@ -162,7 +162,7 @@ class TrainedModelFacts(TrainingCodeFacts):
                 if value.args:
                     yield from self.construction_paths(value.args[0].value, depth + 1, seen, through)
                 continue
-            dotted = get_full_name_for_node(func)
+            dotted = full_name(func)
             if not qual and dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in self.class_names:
                 for fn in facts.functions_by_name[dotted]:
                     for returned in function_returns(fn):
@@ -231,7 +231,7 @@ class TrainedModelFacts(TrainingCodeFacts):
             return self._picked_arch_is_conv(picked)
         if qual in ("torch.nn.Sequential", "torch.nn.ModuleList"):
             return any(self._expr_builds_conv(arg.value) for arg in call.args)
-        dotted = get_full_name_for_node(call.func)
+        dotted = full_name(call.func)
         return bool(dotted) and dotted.split(".")[-1] in self.conv_classes and not qual
 
     def arch_by_name(self, call: cst.Call) -> cst.BaseExpression | None:
@@ -245,7 +245,7 @@ class TrainedModelFacts(TrainingCodeFacts):
             if isinstance(index, cst.Index) and _model_namespace(facts.qualname(func.value.value)):
                 return index.value
             return None
-        if isinstance(func, cst.Call) and get_full_name_for_node(func.func) == "getattr" and not facts.bindings_of("getattr"):
+        if isinstance(func, cst.Call) and full_name(func.func) == "getattr" and not facts.bindings_of("getattr"):
             args = [a.value for a in func.args if a.keyword is None and not a.star]
             if len(args) == 2 and _model_namespace(facts.qualname(args[0])):
                 return args[1]
@@ -412,7 +412,7 @@ def is_prep(statement: cst.CSTNode, name: str) -> bool:
         return False
     small = statement.body[0]
     if isinstance(small, cst.Assign):
-        if len(small.targets) != 1 or get_full_name_for_node(small.targets[0].target) != name:
+        if len(small.targets) != 1 or full_name(small.targets[0].target) != name:
             return False
         value = small.value
     elif isinstance(small, cst.Expr):
@@ -422,7 +422,7 @@ def is_prep(statement: cst.CSTNode, name: str) -> bool:
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in PREP):
         return False
     root = strip_chain(value)
-    return get_full_name_for_node(root) == name
+    return full_name(root) == name
 
 
 def from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, depth: int = 0) -> bool:
@@ -432,7 +432,7 @@ def from_loop_or_comprehension(facts: ScriptFacts, value: cst.BaseExpression, de
     expr = strip_chain(value)
     while isinstance(expr, cst.Subscript):
         expr = expr.value
-    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    dotted = full_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
     if dotted is None or depth > 3:
         return False
     for binding in facts.bindings_of(dotted):

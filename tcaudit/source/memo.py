@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 
 class WalkMemo:
@@ -28,15 +28,13 @@ class WalkMemo:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, Hashable], tuple[Any, Any]] = {}
         self._used: set[tuple[int, Hashable]] = set()
-        # The last union made for each question (:meth:`union`): (children, their parts, the union, the
-        # child of each key).
-        self._unions: dict[Hashable, tuple[list, list[dict], dict, dict]] = {}
-        # Which remembered answer holds each node it names (:meth:`enclose`): the node's id → the
-        # answer's key; and each such answer's node ids, to forget them with it.
-        self._inside: dict[int, tuple[int, Hashable]] = {}
+        # Which remembered answer holds each node it names (:meth:`enclose`), per question: the node's id
+        # → the answer's key; and each such answer's node ids, to forget them with it.
+        self._inside: dict[Hashable, dict[int, tuple[int, Hashable]]] = {}
         self._enclosed: dict[tuple[int, Hashable], list[int]] = {}
         self.hits = 0
         self.misses = 0
+        self.sweeps = 0  # how many times it forgot what was not asked about
 
     def answer(self, node: Any, question: Hashable, compute: Callable[[], Any]) -> Any:
         """The answer to ``question`` about ``node``: remembered, or ``compute()`` now and remembered."""
@@ -64,49 +62,29 @@ class WalkMemo:
         self._used.add(key)
         self._entries[key] = (node, value)
 
-    def union(self, question: Hashable, children: list, part_of: Callable[[Any], dict]) -> "tuple[dict, dict] | None":
-        """(the union of the dicts ``part_of(child)`` gives for ``children``, keyed by node ids; the id of
-        the child each key came from), shared: do not change them. None where two children share a key
-        (then put the parts together as the question needs). Made from the last union for ``question``
-        where the children are mostly the same objects (an edit replaced a few top-level statements):
-        the parts of the children that went are taken out, those of the ones that came put in, and
-        nothing else is touched (a copy of each dict: the last analysis may still read its own). On a
-        2,000-line file the positions cost 3.6 ms so against 6.3 ms afresh; the parents (one dict, no
-        owners) cost more so than afresh, and are put together afresh."""
-        parts = [part_of(child) for child in children]
-        last = self._unions.get(question)
-        made = _updated_union(last, children, parts) if last is not None else None
-        if made is None:
-            table: dict = {}
-            owners: dict = {}
-            for child, part in zip(children, parts):
-                table.update(part)
-                owners.update(dict.fromkeys(part, id(child)))
-            if len(table) != sum(map(len, parts)):
-                self._unions.pop(question, None)
-                return None
-            made = (table, owners)
-        self._unions[question] = (list(children), parts, *made)
-        return made
-
-    def enclose(self, node: Any, question: Hashable, members: "list[Any]") -> None:
-        """Note that the answer to ``question`` about ``node`` (remembered already) holds ``members``,
-        the nodes of ``node``'s tree: :meth:`enclosing` finds it from any of them."""
+    def enclose(self, node: Any, question: Hashable, members: "Iterable[Any]", ids: bool = False) -> None:
+        """Note that the answer to ``question`` about ``node`` holds ``members``, the nodes of ``node``'s
+        tree (their ids where ``ids``): :meth:`enclosing` finds it from any of them."""
         key = (id(node), question)
-        inside = self._inside
+        inside = self._inside.setdefault(question, {})
         for member in self._enclosed.get(key, ()):  # the answer for an earlier node of that id
             if inside.get(member) == key:
                 del inside[member]
-        ids = list(map(id, members))
-        inside.update(dict.fromkeys(ids, key))
-        self._enclosed[key] = ids
+        member_ids = list(members) if ids else list(map(id, members))
+        inside.update(dict.fromkeys(member_ids, key))
+        self._enclosed[key] = member_ids
 
     def enclosing(self, node: Any, question: Hashable) -> "tuple[Any, Any] | None":
         """(the root, the answer) of a remembered answer to ``question`` that :meth:`enclose` said holds a
         node with ``node``'s id, or None. The caller checks that the answer holds ``node`` itself (an id
         outlives its node where the answer that named it was remade)."""
-        key = self._inside.get(id(node))
-        if key is None or key[1] != question:
+        return self.enclosing_id(id(node), question)
+
+    def enclosing_id(self, member: int, question: Hashable) -> "tuple[Any, Any] | None":
+        """:meth:`enclosing` of the node whose id is ``member``."""
+        inside = self._inside.get(question)
+        key = inside.get(member) if inside is not None else None
+        if key is None:
             return None
         entry = self._entries.get(key)
         if entry is None:
@@ -116,12 +94,13 @@ class WalkMemo:
 
     def sweep(self) -> None:
         """Forget what was not asked about since the last sweep (called after each analysis)."""
+        self.sweeps += 1
         used = self._used
         self._entries = {key: entry for key, entry in self._entries.items() if key in used}
         self._used = set()
         if self._enclosed:
-            inside = self._inside
             for key in [key for key in self._enclosed if key not in used]:
+                inside = self._inside[key[1]]
                 for member in self._enclosed.pop(key):
                     if inside.get(member) == key:
                         del inside[member]
@@ -131,36 +110,9 @@ class WalkMemo:
 
     @property
     def enclosed(self) -> int:
-        """How many nodes :meth:`enclosing` can find a remembered answer for."""
-        return len(self._inside)
-
-
-def _updated_union(last: tuple[list, list[dict], dict, dict], children: list, parts: list[dict]) -> "tuple[dict, dict] | None":
-    """The union of ``parts`` made from ``last`` (see :meth:`WalkMemo.union`), or None where that would
-    not be cheaper than making it afresh, or a node came to be in two parts."""
-    old_children, old_parts, table, owners = last
-    same = min(len(old_children), len(children))
-    first = 0
-    while first < same and old_children[first] is children[first] and old_parts[first] is parts[first]:
-        first += 1
-    tail = 0
-    while (tail < same - first and old_children[-1 - tail] is children[-1 - tail]
-           and old_parts[-1 - tail] is parts[-1 - tail]):
-        tail += 1
-    gone, came = old_parts[first:len(old_parts) - tail], parts[first:len(parts) - tail]
-    if sum(map(len, gone)) + sum(map(len, came)) > len(table) // 2:
-        return None
-    table, owners = dict(table), dict(owners)
-    for part in gone:
-        for key in part:
-            del table[key]
-            del owners[key]
-    size = len(table)
-    for child, part in zip(children[first:len(children) - tail], came):
-        table.update(part)
-        owners.update(dict.fromkeys(part, id(child)))
-        size += len(part)
-    return (table, owners) if len(table) == size else None
+        """How many nodes :meth:`enclosing` can find a remembered answer for (for the question it finds
+        most for)."""
+        return max(map(len, self._inside.values()), default=0)
 
 
 _ACTIVE: ContextVar["WalkMemo | None"] = ContextVar("tcaudit_walk_memo", default=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+from collections.abc import Mapping
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -87,6 +88,37 @@ def _of_kind(nodes: list, kind: "type | tuple[type, ...]") -> list:
 # Per kind asked of nodes_of: whether each node class is of it.
 _KIND_TABLES: "dict[type | tuple[type, ...], dict[type, bool]]" = {}
 
+
+def full_name(node: "cst.CSTNode | str") -> "str | None":
+    """LibCST's ``get_full_name_for_node`` (``a.b.c`` of a name, attribute, call, subscript, def, class or
+    decorator; None for others), its common cases told by the node's class itself: an ``isinstance`` of a
+    LibCST class runs ABCMeta's check in Python, and the analysis asks this of a long file's every name."""
+    kind = type(node)
+    if kind is cst.Name:
+        return node.value  # type: ignore[union-attr]
+    if kind is cst.Attribute:
+        return f"{full_name(node.value)}.{node.attr.value}"  # type: ignore[union-attr]
+    if kind is cst.Call:
+        return full_name(node.func)  # type: ignore[union-attr]
+    if kind in _NAMED:
+        return full_name(node.name)  # type: ignore[union-attr]
+    if kind is cst.Subscript:
+        return full_name(node.value)  # type: ignore[union-attr]
+    if kind is cst.Decorator:
+        return full_name(node.decorator)  # type: ignore[union-attr]
+    if kind is str:
+        return node  # type: ignore[return-value]
+    if kind in _NOT_NAMED:
+        return None
+    return get_full_name_for_node(node)  # a subclass: LibCST's own answer
+
+
+_NAMED = (cst.FunctionDef, cst.ClassDef)
+_NOT_NAMED = frozenset((cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString, cst.ConcatenatedString,
+                        cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.BooleanOperation, cst.IfExp,
+                        cst.Lambda, cst.Tuple, cst.List, cst.Dict, cst.Set, cst.ListComp, cst.DictComp,
+                        cst.SetComp, cst.GeneratorExp, cst.Ellipsis, cst.Await, cst.Yield, cst.NamedExpr,
+                        cst.Imaginary, cst.StarredElement))
 
 class _Walked:
     """Every node under a root in visiting order, and each one's parent: one walk answers every
@@ -209,27 +241,77 @@ class _Nodes(cst.CSTVisitor):
         return True
 
 
-def parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
+def parent_map(module: cst.CSTNode) -> "Mapping[int, cst.CSTNode]":
     """Each node's parent, by the child's ``id`` (the root has none). While an analysis keeps a memo,
-    answered from it (a module's from its statements'); the map is then shared: do not change it."""
+    answered from it (a module's from its statements' walks); the map is then shared: do not change it."""
     memo = active_memo()
     if memo is None:
         return _parent_map(module)
     return _remembered_parents(memo, module)
 
 
-def _remembered_parents(memo, node: cst.CSTNode) -> dict[int, cst.CSTNode]:
+def _remembered_parents(memo, node: cst.CSTNode) -> "Mapping[int, cst.CSTNode]":
     if not isinstance(node, cst.Module):
         return _everything(memo, node).parents
+    return memo.answer(node, "parents", lambda: _ModuleParents(memo, node))
 
-    def composed() -> dict[int, cst.CSTNode]:
-        parents: dict[int, cst.CSTNode] = {}
-        for child in module_children(node):
-            parents[id(child)] = node
-            parents.update(_remembered_parents(memo, child))
-        return parents
 
-    return memo.answer(node, "parents", composed)
+class _ModuleParents(Mapping):
+    """:func:`parent_map` of a module while an analysis keeps a memo: a node's parent from the remembered
+    walk of the top-level statement that holds it (the memo says which: ``WalkMemo.enclosing``), so that
+    no map of the whole module is put together for the few nodes the rules ask about. After the memo's
+    next sweep (an analysis of a later text: the memo may have forgotten this module's statements), and
+    to list or count, from a walk of the whole module."""
+
+    def __init__(self, memo, module: cst.Module) -> None:
+        self.module = module
+        self._memo = memo
+        self._sweeps = memo.sweeps
+        children = module_children(module)
+        for child in children:  # each statement walked, and the memo told which walk holds its nodes
+            _everything(memo, child)
+        self._children = {id(child) for child in children}
+        self._whole: "dict[int, cst.CSTNode] | None" = None
+
+    def get(self, key: int, default=None):  # type: ignore[override]
+        if key in self._children:
+            return self.module
+        if key == id(self.module):
+            return default
+        memo = self._memo
+        if self._whole is None and memo.sweeps == self._sweeps:
+            found = memo.enclosing_id(key, "everything")
+            if found is None:  # every node of the module is in its statement's walk: not one of them
+                parent = default
+            elif id(found[0]) in self._children or found[0] is self.module:
+                # The memo holds the walk's root: an id among this module's statements' is one of them,
+                # and the node of its walk with ``key``'s id is the node asked about.
+                parent = found[1].parents.get(key, _NOT_FOUND)
+            else:  # a walk of another tree (a fix's) that holds some of these nodes: the whole map
+                parent = _NOT_FOUND
+            if parent is not _NOT_FOUND and memo.sweeps == self._sweeps:  # (no sweep while asking)
+                return parent
+        return self.whole().get(key, default)
+
+    def __getitem__(self, key: int) -> cst.CSTNode:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def whole(self) -> dict[int, cst.CSTNode]:
+        if self._whole is None:
+            self._whole = _parent_map(self.module)
+        return self._whole
+
+    def __iter__(self):
+        return iter(self.whole())
+
+    def __len__(self) -> int:
+        return len(self.whole())
+
+
+_NOT_FOUND = object()
 
 
 def _parent_map(module: cst.CSTNode) -> dict[int, cst.CSTNode]:
@@ -323,7 +405,7 @@ def is_main_guard(node: cst.CSTNode) -> bool:
     if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
         return False
     sides = (test.left, test.comparisons[0].comparator)
-    names = {get_full_name_for_node(side) for side in sides}
+    names = {full_name(side) for side in sides}
     strings = {evaluated_value(side) for side in sides if isinstance(side, cst.SimpleString)}
     return "__name__" in names and "__main__" in strings
 
@@ -338,7 +420,7 @@ def target_names(target: cst.BaseExpression) -> set[str]:
         return out
     if isinstance(target, cst.StarredElement):
         return target_names(target.value)
-    name = get_full_name_for_node(target)
+    name = full_name(target)
     return {name} if name and isinstance(target, (cst.Name, cst.Attribute)) else set()
 
 
@@ -411,7 +493,7 @@ def _names_read(node: cst.CSTNode) -> set[str]:
         # ``a.b``): naming each inner attribute again would walk the chain once per link.
         if chain_root(n, inner) is None:
             continue
-        dotted = get_full_name_for_node(n)
+        dotted = full_name(n)
         if dotted:
             parts = dotted.split(".")
             out.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))

@@ -232,15 +232,19 @@ class _Positions(Mapping):
     """CSTNode → CodeRange, built on first access from the recorded tuples (most nodes' positions
     are never asked for). Keys are node identities: the module it holds keeps them alive. Where the
     tuples were recorded per top-level statement (:func:`code_positions` with a memo), ``offsets``
-    holds each node's line offset: the lines before its statement."""
+    holds each node's line offset (the lines before its statement), or ``parts`` each statement's
+    tuples and ``statement_offsets`` its offset."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self.computed: dict[int, tuple[int, int, int, int]] = {}
         self.offsets: dict[int, int] | None = None
-        # Recorded per statement and put together by WalkMemo.union (shared: never changed here): the
-        # statement each node is in, by id, and each statement's line offset; the module's own range.
-        self.owners: dict[int, int] | None = None
+        # Recorded per statement and remembered by a memo: each top-level statement's tuples (the memo
+        # says which statement holds a node: WalkMemo.enclosing) and line offset, by its id; the
+        # module's own range.
+        self.parts: "list[tuple[cst.CSTNode, dict[int, tuple[int, int, int, int]]]] | None" = None
+        self.memo = None
+        self.question: tuple = ()
         self.statement_offsets: dict[int, int] = {}
         self.whole: tuple[int, int, int, int] | None = None
         self._ranges: dict[int, CodeRange] = {}
@@ -252,11 +256,10 @@ class _Positions(Mapping):
             try:
                 if self.whole is not None and node is self.module:
                     line, column, end_line, end_column = self.whole
+                elif self.parts is not None:
+                    line, column, end_line, end_column = self._in_part(node)
                 else:
                     line, column, end_line, end_column = self.computed[key]
-                    if self.owners is not None:
-                        offset = self.statement_offsets[self.owners[key]]
-                        line, end_line = line + offset, end_line + offset
             except KeyError:
                 raise KeyError(node) from None
             if self.offsets is not None:
@@ -265,7 +268,34 @@ class _Positions(Mapping):
             found = self._ranges[key] = CodeRange(CodePosition(line, column), CodePosition(end_line, end_column))
         return found
 
+    def _in_part(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
+        """The tuple of a node of one of the statements, moved down by the lines before that statement."""
+        key = id(node)
+        found = self.memo.enclosing(node, self.question)  # type: ignore[union-attr]
+        if found is not None:
+            statement, (recorded, _, _) = found
+            # The memo holds ``statement``: an offset kept by its id is this module's statement's.
+            offset = self.statement_offsets.get(id(statement))
+            where = recorded.get(key)
+            if offset is not None and where is not None:
+                return where[0] + offset, where[1], where[2] + offset, where[3]
+        for statement, recorded in self.parts:  # type: ignore[union-attr]
+            where = recorded.get(key)  # (a memo of a later text: it forgot this one's statements)
+            if where is not None:
+                offset = self.statement_offsets[id(statement)]
+                return where[0] + offset, where[1], where[2] + offset, where[3]
+        raise KeyError(key)
+
+    def _holds(self, node: cst.CSTNode) -> bool:
+        if self.whole is not None and node is self.module:
+            return True
+        if self.parts is not None:
+            return any(id(node) in recorded for _, recorded in self.parts)
+        return id(node) in self.computed
+
     def __len__(self) -> int:
+        if self.parts is not None:
+            return sum(len(recorded) for _, recorded in self.parts) + (self.whole is not None)
         return len(self.computed) + (self.whole is not None)
 
     def __iter__(self):
@@ -277,7 +307,7 @@ class _Positions(Mapping):
                 return True
 
         walk(self.module, _Every())
-        return iter([node for node in nodes if id(node) in self.computed or (self.whole and node is self.module)])
+        return iter([node for node in nodes if self._holds(node)])
 
 
 def code_positions(module: cst.Module) -> "Mapping[cst.CSTNode, CodeRange]":
@@ -326,9 +356,19 @@ def _statement_positions(module: cst.Module, node: cst.CSTNode) -> StatementPosi
 
 def statement_positions(module: cst.Module, node: cst.CSTNode, memo) -> StatementPositions:
     """:class:`StatementPositions` of one of ``module``'s top-level statements, remembered in ``memo``
-    (where :func:`code_positions` finds them)."""
-    question = ("positions", module.default_indent, module.default_newline)
-    return memo.answer(node, question, lambda: _statement_positions(module, node))
+    (where :func:`code_positions` finds them, and which statement holds a node)."""
+    question = _positions_question(module)
+
+    def made() -> StatementPositions:
+        positions = _statement_positions(module, node)
+        memo.enclose(node, question, positions.recorded, ids=True)
+        return positions
+
+    return memo.answer(node, question, made)
+
+
+def _positions_question(module: cst.Module) -> tuple:
+    return ("positions", module.default_indent, module.default_newline)
 
 
 def positions_in_place(module: cst.Module, statements: "tuple[cst.CSTNode, ...]", line: int,
@@ -386,7 +426,9 @@ def remade_positions(old: StatementPositions, order: list, region: range, remade
 
 def remember_statement_positions(module: cst.Module, node: cst.CSTNode, memo, positions: StatementPositions) -> None:
     """Have ``memo`` answer :func:`statement_positions` for ``node`` with ``positions`` (made otherwise)."""
-    memo.replace(node, ("positions", module.default_indent, module.default_newline), positions)
+    question = _positions_question(module)
+    memo.replace(node, question, positions)
+    memo.enclose(node, question, positions.recorded, ids=True)
 
 
 def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
@@ -403,34 +445,19 @@ def module_children(module: cst.Module) -> list[cst.CSTNode]:
 
 
 def _composed_positions(memo, module: cst.Module) -> _Positions:
+    question = _positions_question(module)
+
     def composed() -> _Positions:
         positions = _Positions(module)
         offset = 0
-        question = ("positions", module.default_indent, module.default_newline)
-        children = module_children(module)
         parts = []
-        for child in children:
-            recorded, lines, _ = memo.answer(child, question, lambda child=child: _statement_positions(module, child))
-            parts.append((recorded, offset))
+        for child in module_children(module):
+            recorded, lines, _ = statement_positions(module, child, memo)
+            parts.append((child, recorded))
             positions.statement_offsets[id(child)] = offset
             offset += lines
-        end_line = offset + 1
-        recorded_of = {id(child): recorded for child, (recorded, _) in zip(children, parts)}
-        union = memo.union(("module positions", *question[1:]), children, lambda child: recorded_of[id(child)])
-        if union is not None:
-            positions.computed, positions.owners = union
-            positions.whole = (1, 0, end_line if union[0] else 2, 0)  # an empty file: its newline alone
-            return positions
-        computed: dict[int, tuple[int, int, int, int]] = {}
-        offsets: dict[int, int] = {}
-        for recorded, at in reversed(parts):  # a node in two statements keeps its first place, as in one pass
-            computed.update(recorded)
-            offsets.update(dict.fromkeys(recorded, at))
-        if not computed:  # nothing in the file: its newline alone
-            end_line = 2
-        computed[id(module)] = (1, 0, end_line, 0)
-        offsets[id(module)] = 0
-        positions.computed, positions.offsets = computed, offsets
+        positions.parts, positions.memo, positions.question = parts, memo, question
+        positions.whole = (1, 0, offset + 1 if any(recorded for _, recorded in parts) else 2, 0)  # empty: its newline
         return positions
 
-    return memo.answer(module, ("module positions", module.default_indent, module.default_newline), composed)
+    return memo.answer(module, ("module positions", *question[1:]), composed)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.gpus import Target
@@ -302,7 +302,7 @@ def _forward_on_cpu(facts: ScriptFacts, step: TrainingStep) -> bool:
     kept = facts.models_kept_on_cpu
     if not kept:
         return False
-    called = {get_full_name_for_node(node.func) for statement in _step_statements(facts, step)
+    called = {full_name(node.func) for statement in _step_statements(facts, step)
               for node in call_nodes(statement)}
     trained = facts.optimized_models or frozenset()
     return bool(called & kept) and not (called & (trained - kept))

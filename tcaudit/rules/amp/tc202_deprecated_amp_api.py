@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
@@ -140,7 +140,7 @@ def _plan_import(facts: ScriptFacts, statement: cst.Import | cst.ImportFrom, nam
     )
     decorators = tuple(
         (dec, qual) for dec, qual in _custom_decorators(facts)
-        if (get_full_name_for_node(dec.decorator) or "").split(".")[0] in local_names
+        if (full_name(dec.decorator) or "").split(".")[0] in local_names
     )
     rewritten = {id(call) for call, _ in calls} | {id(dec.decorator) for dec, _ in decorators}
     in_imports = {id(node) for site in facts.imports for node in nodes_of(site.node, (cst.Name, cst.Attribute))}
@@ -233,7 +233,7 @@ class _Rewriter(cst.CSTTransformer):
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
         if id(original_node) not in self.imports or original_node.module is None:
             return updated_node
-        module = get_full_name_for_node(original_node.module) or ""
+        module = full_name(original_node.module) or ""
         for old in DEPRECATED_MODULES:
             if module == old or module.startswith(old + "."):
                 new = "torch.amp" + module[len(old):]
@@ -247,7 +247,7 @@ class _Rewriter(cst.CSTTransformer):
             return updated_node
         names = []
         for alias in updated_node.names:
-            full = get_full_name_for_node(alias.name) or ""
+            full = full_name(alias.name) or ""
             for old in DEPRECATED_MODULES:
                 if full == old or full.startswith(old + "."):
                     alias = alias.with_changes(name=cst.parse_expression("torch.amp" + full[len(old):]))
@@ -258,7 +258,7 @@ class _Rewriter(cst.CSTTransformer):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if id(original_node) not in self.attributes:
             return updated_node
-        dotted = get_full_name_for_node(original_node) or ""
+        dotted = full_name(original_node) or ""
         for old in (".cuda.amp", ".cpu.amp"):
             if old in dotted:
                 return cst.parse_expression(dotted.replace(old, ".amp", 1))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor
@@ -86,10 +86,10 @@ def _cast_only_statement(call: CallSite) -> cst.SimpleStatementLine | None:
     value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
     if value is not call.node:
         return None
-    receiver = get_full_name_for_node(call.receiver) if call.receiver is not None else None
+    receiver = full_name(call.receiver) if call.receiver is not None else None
     if isinstance(small, cst.Expr) or (
         isinstance(small, cst.Assign) and len(small.targets) == 1
-        and get_full_name_for_node(small.targets[0].target) == receiver
+        and full_name(small.targets[0].target) == receiver
     ):
         return statement
     return None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression, torch_import_name, unique_name
@@ -211,7 +211,7 @@ def _hoist_names(facts: ScriptFacts, plans: list[BceOutsideAutocast]) -> dict[tu
         inputs = _inputs(plan.call)
         for index in plan.hoisted:
             value = inputs[index].value
-            callee = get_full_name_for_node(value.func) if isinstance(value, cst.Call) else None
+            callee = full_name(value.func) if isinstance(value, cst.Call) else None
             base = f"{callee.rsplit('.', 1)[-1]}_out" if callee and callee.rsplit(".", 1)[-1].isidentifier() else "bce_input"
             names[(id(plan.call), index)] = unique_name(facts, base, names.values())
     return names

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement, torch_import_name
@@ -138,7 +138,7 @@ class ApexAmp(ScriptRule):
         step_optimizer = facts.module.code_for_node(scale_args[1].value)
         asname = with_node.items[0].asname
         body = with_node.body.body if isinstance(with_node.body, cst.IndentedBlock) else ()
-        scaled = get_full_name_for_node(asname.name) if asname is not None else None
+        scaled = full_name(asname.name) if asname is not None else None
         backward_only = (
             scaled is not None and len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine)
             and len(body[0].body) == 1 and isinstance(body[0].body[0], cst.Expr)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement
@@ -81,7 +81,7 @@ class ScalerNotCheckpointed(ScriptRule):
             for value in facts.binding_values(binding.value):
                 if not isinstance(value, cst.Call):
                     continue
-                qual = facts.qualname(value.func) or get_full_name_for_node(value.func) or ""
+                qual = facts.qualname(value.func) or full_name(value.func) or ""
                 if not qual.endswith("GradScaler"):
                     continue
                 enabled = keyword(value, "enabled")
@@ -159,7 +159,7 @@ class ScalerNotCheckpointed(ScriptRule):
                 continue
             value = element.value
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "state_dict":
-                owner = get_full_name_for_node(value.func.value)
+                owner = full_name(value.func.value)
                 if facts.is_optimizer_name(owner) and owner not in facts.scalers:
                     return element, owner, _string(element.key)
         return None

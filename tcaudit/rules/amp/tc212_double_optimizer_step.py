@@ -15,7 +15,7 @@ import re
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
@@ -57,7 +57,7 @@ class DoubleOptimizerStep(ScriptRule):
         extra = [
             c for c in facts.method_calls("step")
             if id(c.node) not in known and _SCALER_NAME.search(c.receiver_name or "") and len(c.node.args) == 1
-            and facts.is_optimizer_name(get_full_name_for_node(c.node.args[0].value)) and not facts.in_eval(c.ctx)
+            and facts.is_optimizer_name(full_name(c.node.args[0].value)) and not facts.in_eval(c.ctx)
         ]
         return [*facts.optimizer_steps, *extra]
 

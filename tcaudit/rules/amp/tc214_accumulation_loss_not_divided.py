@@ -18,7 +18,7 @@ import re
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding, Severity
 from tcaudit.rules.base import RuleContext, ScriptRule
@@ -112,7 +112,7 @@ class _LossPath:
     def __init__(self, facts: ScriptFacts, accumulation: AccumulationLoop) -> None:
         self.facts = facts
         self.divisor_code = accumulation.divisor_code
-        last = get_full_name_for_node(accumulation.divisor) or ""
+        last = full_name(accumulation.divisor) or ""
         self.divisor_last = last.split(".")[-1] if last else ""
         self.unknown = False  # something this rule cannot see: no finding
         self.scaled = False  # a division, N, a ``reduction="sum"``: deliberate, no finding
@@ -233,7 +233,7 @@ class _LossPath:
         func = node.func
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            receiver = get_full_name_for_node(func.value) or ""
+            receiver = full_name(func.value) or ""
             if method == "scale" and (receiver in facts.scalers or receiver.lower().endswith("scaler")) and node.args:
                 self.follow(node.args[0].value, scope, depth + 1, helpers)
                 return

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.rules.compile.forward_breaks import branches, host_read, reads_tensor_value, tensor_params, under_flag
 from tcaudit.script.accumulation import accumulation_loops
@@ -179,9 +179,9 @@ def _outputs(facts: ScriptFacts, names: list[str]) -> GraphSafety:
         if call.name in _HARMLESS_CALLEES:
             continue
         for arg in call.node.args:
-            if isinstance(arg.value, (cst.Name, cst.Attribute)) and get_full_name_for_node(arg.value) in wanted:
+            if isinstance(arg.value, (cst.Name, cst.Attribute)) and full_name(arg.value) in wanted:
                 callee = call.name or "a call"
-                return GraphSafety(False, f"`{get_full_name_for_node(arg.value)}` is passed to `{callee}`")
+                return GraphSafety(False, f"`{full_name(arg.value)}` is passed to `{callee}`")
     calls = [call for call in facts.calls if call.name in wanted]
     if not calls:
         return GraphSafety(False, "no call of the compiled model was found")
@@ -340,7 +340,7 @@ class _LoopOutputs:
         return self._oldest(self._names_in(expr))
 
     def _call(self, call: cst.Call) -> int | None:
-        dotted = get_full_name_for_node(call.func)
+        dotted = full_name(call.func)
         args = [self._expr(arg.value) for arg in call.args]
         if dotted in self.models:
             return self.generation

@@ -6,7 +6,7 @@ captured)."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
 
@@ -21,7 +21,7 @@ STATIC_TORCH = ("torch.is_tensor", "torch.is_grad_enabled", "torch.is_autocast_e
 
 def is_module_class(facts: ScriptFacts, cls: cst.ClassDef) -> bool:
     for base in cls.bases:
-        dotted = get_full_name_for_node(base.value) or ""
+        dotted = full_name(base.value) or ""
         qual = facts.qualname(base.value) or dotted
         if qual.endswith(("nn.Module", "nn.modules.module.Module")) or dotted in ("nn.Module", "Module"):
             return True
@@ -32,7 +32,7 @@ def tensor_params(fn: cst.FunctionDef) -> set[str]:
     out = set()
     for param in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params):
         annotation = param.annotation
-        if annotation is not None and (get_full_name_for_node(annotation.annotation) or "").endswith("Tensor"):
+        if annotation is not None and (full_name(annotation.annotation) or "").endswith("Tensor"):
             out.add(param.name.value)
     return out
 
@@ -79,7 +79,7 @@ def reads_tensor_value(facts: ScriptFacts, test: cst.BaseExpression, tensor_para
             nonlocal found
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value in VALUE_METHODS:
-                receiver = get_full_name_for_node(func.value) or ""
+                receiver = full_name(func.value) or ""
                 if not receiver.startswith("self.") and not receiver.endswith("shape"):
                     found = True
             qual = facts.qualname(func) or ""

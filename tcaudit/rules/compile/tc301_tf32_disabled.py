@@ -17,7 +17,7 @@ import re
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, Severity
 from tcaudit.project.frameworks import LoopOwner, loop_owners, owners_reached
@@ -207,7 +207,7 @@ def _trained_dtype(facts: ScriptFacts, pipeline) -> str | None:
     models = set(pipeline.trained_model_names) | facts.model_names
     for call in facts.calls:
         if (call.qualname or "") == "torch.set_default_dtype" and call.node.args:
-            dtype = facts.resolve(get_full_name_for_node(call.node.args[0].value))
+            dtype = facts.resolve(full_name(call.node.args[0].value))
             if dtype in FLOAT64:
                 return "float64"
             if dtype in HALF:
@@ -248,7 +248,7 @@ def _cast_of(facts: ScriptFacts, call: cst.Call) -> str | None:
     if method == "float":
         return "float32"
     if method == "to":
-        dtypes = {facts.resolve(get_full_name_for_node(a.value)) for a in call.args}
+        dtypes = {facts.resolve(full_name(a.value)) for a in call.args}
         if dtypes & set(FLOAT64):
             return "float64"
         if dtypes & set(HALF):

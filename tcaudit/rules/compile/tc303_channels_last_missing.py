@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
@@ -215,7 +215,7 @@ def _check_model(facts: ScriptFacts, site: ModelSite) -> list[CallSite]:
             continue
         receiver = call.receiver
         if (call.receiver_name in outputs) or (
-            isinstance(receiver, cst.Call) and get_full_name_for_node(receiver.func) == site.name
+            isinstance(receiver, cst.Call) and full_name(receiver.func) == site.name
         ):
             raise DeclineFix(
                 f"`{facts.module.code_for_node(call.node)}` views the model's output, which channels_last "
@@ -250,9 +250,9 @@ def _views_flat_layer_output(facts: ScriptFacts, view: CallSite) -> bool:
     cls, function = view.ctx.class_def, view.ctx.function
 
     def flat(expr: cst.BaseExpression | None) -> bool:
-        if not (isinstance(expr, cst.Call) and (get_full_name_for_node(expr.func) or "").startswith("self.")):
+        if not (isinstance(expr, cst.Call) and (full_name(expr.func) or "").startswith("self.")):
             return False
-        layer = init_value(facts, cls, get_full_name_for_node(expr.func))
+        layer = init_value(facts, cls, full_name(expr.func))
         return isinstance(layer, cst.Call) and (facts.qualname(layer.func) or "") in _FLAT_LAYERS
 
     receiver = view.receiver
@@ -328,7 +328,7 @@ def _direct_constructions(facts: ScriptFacts, pipeline: PipelineFacts, value: cs
         expr = expr.func.value
     if not isinstance(expr, cst.Call):
         return []
-    dotted = get_full_name_for_node(expr.func)
+    dotted = full_name(expr.func)
     if dotted and "." not in dotted and dotted in facts.functions_by_name and dotted not in pipeline.class_names:
         return list(pipeline.constructions(expr))
     return [expr]
@@ -392,9 +392,9 @@ def _initialised_after(
         call = line.body[0].value
         if not isinstance(call, cst.Call):
             continue
-        callee = get_full_name_for_node(call.func) or ""
+        callee = full_name(call.func) or ""
         first = next((a.value for a in call.args if a.keyword is None), None)
-        target = get_full_name_for_node(first) if first is not None else None
+        target = full_name(first) if first is not None else None
         if callee == f"{name}.apply" or (
             (facts.qualname(call.func) or "").startswith("torch.nn.init.")
             and target is not None and (target == name or target.startswith(name + "."))
@@ -412,7 +412,7 @@ def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Ca
     if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
         return None
     small = following.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and get_full_name_for_node(small.targets[0].target) == name:
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and full_name(small.targets[0].target) == name:
         value = small.value
     elif isinstance(small, cst.Expr):
         value = small.value
@@ -421,7 +421,7 @@ def _next_device_move(facts: ScriptFacts, binding: Binding, name: str) -> cst.Ca
     if (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
-        and get_full_name_for_node(value.func.value) == name
+        and full_name(value.func.value) == name
         and _plain_device_to(facts, value)
     ):
         return value
@@ -466,7 +466,7 @@ def _input_edits(facts: ScriptFacts, pipeline: PipelineFacts, model: str, channe
                 if move is not None and _moves_batch(facts, move, batch):
                     edits.extend(_move_edit(move, None, channels_last, converted))
                 continue
-            name = get_full_name_for_node(argument) if isinstance(argument, cst.Name) else None
+            name = full_name(argument) if isinstance(argument, cst.Name) else None
             if name is None or _viewed_in_loop(facts, name, batch):
                 continue
             moves = [
@@ -534,7 +534,7 @@ def _moves_batch(facts: ScriptFacts, move: CallSite, batch: BatchLoop) -> bool:
     receiver = move.receiver
     if isinstance(receiver, cst.Subscript):
         receiver = receiver.value
-    name = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+    name = full_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
     return name in batch.names
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model_profile import SMALL_STEP_MS
@@ -169,7 +169,7 @@ class NotCompiled(ScriptRule):
             given = call.arg("model", 0)
             if given is None:
                 continue
-            name = get_full_name_for_node(given) if isinstance(given, (cst.Name, cst.Attribute)) else None
+            name = full_name(given) if isinstance(given, (cst.Name, cst.Attribute)) else None
             if name is not None and (name in compiled or name in seen):
                 continue
             built = [v for v in facts.binding_values(given) if isinstance(v, cst.Call)] if name else [given]
@@ -434,7 +434,7 @@ def _plan(facts: ScriptFacts, name: str, torch_name: str, depth: int = 0) -> tup
 
 
 def _wrap_kind(facts: ScriptFacts, call: cst.Call) -> str | None:
-    dotted = get_full_name_for_node(call.func)
+    dotted = full_name(call.func)
     qual = callee_type(facts, CallSite(call, dotted, facts.qualname(call.func), facts.module_frame, None))
     if is_ddp(qual):
         return "ddp"
@@ -458,13 +458,13 @@ def _classify(facts: ScriptFacts, binding: Binding, name: str) -> tuple[str, str
         if not positional:
             return "other", None
         inner = strip_chain(positional[0])
-        inner_name = get_full_name_for_node(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
+        inner_name = full_name(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
         if inner_name == name:
             return "wrap-self", None
         if inner_name is not None:
             return "wrap-other", inner_name
         return "wrap-build", None
-    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    dotted = full_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
     if dotted == name:
         return "prep", None
     if _converts_in_place(facts, expr, name):
@@ -484,7 +484,7 @@ def _converts_in_place(facts: ScriptFacts, expr: cst.BaseExpression, name: str) 
     if not isinstance(expr, cst.Call) or facts.qualname(expr.func) not in _IN_PLACE_CONVERSIONS:
         return False
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
-    return bool(positional) and get_full_name_for_node(strip_chain(positional[0])) == name
+    return bool(positional) and full_name(strip_chain(positional[0])) == name
 
 
 def _check_wraps(facts: ScriptFacts, name: str) -> bool:
@@ -494,7 +494,7 @@ def _check_wraps(facts: ScriptFacts, name: str) -> bool:
         if wrap.kind == "ddp":
             continue
         args = [a.value for a in wrap.call.node.args if a.keyword is None and not a.star]
-        inner = get_full_name_for_node(strip_chain(args[0])) if args else None
+        inner = full_name(strip_chain(args[0])) if args else None
         if wrap.target == name or inner == name or (inner or "").startswith(f"{name}."):
             if wrap.kind == "fsdp":
                 _decline_fsdp()
@@ -530,7 +530,7 @@ def _check_build(facts: ScriptFacts, binding: Binding, name: str) -> None:
     for call in pipeline.constructions(binding.value):
         cls = classes.get(callee_class(call))
         if cls is not None and any(
-            (get_full_name_for_node(base.value) or "").endswith("ScriptModule") for base in cls.bases
+            (full_name(base.value) or "").endswith("ScriptModule") for base in cls.bases
         ):
             raise DeclineFix(f"`{name}` is a TorchScript module; torch.compile does not take ScriptModules")
         native = torch_forward(facts, call)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext
@@ -143,7 +143,7 @@ class DebugModeOn(ScriptRule):
         (``detect_anomaly() if args.debug else nullcontext()``) or it is bound behind a flag."""
         if isinstance(expr, cst.Call):
             return expr
-        dotted = get_full_name_for_node(expr)
+        dotted = full_name(expr)
         bindings = facts.bindings_of(dotted) if dotted else []
         if not bindings or any(pipeline.is_flag_guarded(b.ctx) for b in bindings):
             return None

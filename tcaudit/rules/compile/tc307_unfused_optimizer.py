@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression
@@ -229,7 +229,7 @@ def _parameter_owners(facts: ScriptFacts, call: CallSite) -> list[str]:
     for expression in expressions:
         for node in call_nodes(expression):
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("parameters", "named_parameters"):
-                name = get_full_name_for_node(node.func.value)
+                name = full_name(node.func.value)
                 if name is None:
                     return []
                 owner = _bound_prefix(facts, name, call.ctx.function)
@@ -327,7 +327,7 @@ def _arguments_passed(
             continue
         given = keyword(call.node, parameter, index)
         value = given.value if given is not None else None  # None: the default, no model of the caller's
-        dotted = get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        dotted = full_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
         out.append((call, dotted))
     return out
 
@@ -363,7 +363,7 @@ def _value_moves(facts: ScriptFacts, pipeline: PipelineFacts, value: cst.BaseExp
                 return False
             expr = positional[0].value
             continue
-        dotted = get_full_name_for_node(expr.func)
+        dotted = full_name(expr.func)
         if dotted and "." not in dotted and dotted not in pipeline.class_names:
             return any(
                 _value_moves(facts, pipeline, returned, depth + 1)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.catalog import matches_selector
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
@@ -184,7 +184,7 @@ def _training_compiles(facts: ScriptFacts, pipeline: PipelineFacts) -> tuple[lis
             continue
         if call.qualname == COMPILE:
             target = call.arg("model", 0)
-            name = _unwrapped(get_full_name_for_node(target)) if target is not None else None
+            name = _unwrapped(full_name(target)) if target is not None else None
             assigned = assigned_name(call)
             if name in step_names:
                 if assigned:
@@ -253,7 +253,7 @@ def _dataset_length(pipeline: PipelineFacts, dataset: cst.BaseExpression) -> int
     if len(leaves) != 1 or not isinstance(leaves[0], cst.Call):
         return None
     value = leaves[0]
-    dotted = get_full_name_for_node(value.func) or ""
+    dotted = full_name(value.func) or ""
     if dotted.split(".")[-1] in pipeline.iterable_dataset_classes:
         return False
     qual = facts.qualname(value.func) or ""
@@ -346,7 +346,7 @@ def _plan(pipeline: PipelineFacts, site: LoaderSite, compiled_steps: set[str]) -
             )
     helpers = made_by(facts, call)
     if len(helpers) > 1:
-        name = get_full_name_for_node(helpers[0].func) or "a helper"
+        name = full_name(helpers[0].func) or "a helper"
         raise DeclineFix(
             f"the DataLoader is built by `{name}`, called {len(helpers)} times: drop_last=True would drop the "
             "last batch of its other loaders (evaluation) too"
@@ -371,7 +371,7 @@ def _check_order(facts: ScriptFacts, site: LoaderSite) -> None:
             if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
                 continue
             if isinstance(value, (cst.Name, cst.Attribute)) and (
-                literal(value) is None or facts.bindings_of(get_full_name_for_node(value) or "")
+                literal(value) is None or facts.bindings_of(full_name(value) or "")
             ):
                 plain = plain or literal(value) is None
                 continue
@@ -402,7 +402,7 @@ def _shuffles(site: LoaderSite, sampler: cst.BaseExpression | None) -> bool:
         sampler is not None and isinstance(value, cst.Comparison) and len(value.comparisons) == 1
         and isinstance(value.comparisons[0].operator, cst.Is) and literal(value.comparisons[0].comparator) is None
     ):
-        left, right = get_full_name_for_node(value.left), get_full_name_for_node(sampler)
+        left, right = full_name(value.left), full_name(sampler)
         return left is not None and left == right
     return False
 

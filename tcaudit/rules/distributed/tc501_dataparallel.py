@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext
@@ -49,7 +49,7 @@ class DataParallelUsed(ScriptRule):
             if in_test_code(call.ctx):
                 continue
             wrapped = call.node.args[0].value if call.node.args else None
-            if {wrap.target, get_full_name_for_node(wrapped) if wrapped is not None else None} & frozen:
+            if {wrap.target, full_name(wrapped) if wrapped is not None else None} & frozen:
                 continue  # a frozen teacher, an EMA copy: no gradients to synchronise, no step to speed up
             if info.is_ddp_script and not (launched and not flag_frames(call.ctx)):
                 # The script already offers DDP/FSDP; DataParallel behind a branch is its fallback for
@@ -141,8 +141,8 @@ def _wrapped_by_a_ddp_helper(facts: ScriptFacts, target: str | None) -> bool:
         value = binding.value
         if not isinstance(value, cst.Call) or not value.args:
             continue
-        name = get_full_name_for_node(value.func) or ""
-        argument = get_full_name_for_node(value.args[0].value)
+        name = full_name(value.func) or ""
+        argument = full_name(value.args[0].value)
         if argument == target and _DDP_HELPER.search(name.split(".")[-1]):
             return True
     return False

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.project.loaders import loaders_built_elsewhere
@@ -311,7 +311,7 @@ def _batch_loop_over(loop: Frame, call: cst.Call) -> cst.For | None:
         header = node.iter
         if header is call:
             return node
-        if (isinstance(header, cst.Call) and get_full_name_for_node(header.func) in _HEADER_WRAPPERS and header.args
+        if (isinstance(header, cst.Call) and full_name(header.func) in _HEADER_WRAPPERS and header.args
                 and header.args[0].value is call and header.args[0].keyword is None and not header.args[0].star):
             return node
     return None
@@ -346,7 +346,7 @@ def _hoisted_method_loader(facts: ScriptFacts, sampler: CallSite, loop: Frame,
     if loader is None or fn is None:
         return None
     names = {b.target for b in facts.bindings if b.value is loader.node}
-    if not any(r is loader.node or get_full_name_for_node(r) in names for r in function_returns(fn)):
+    if not any(r is loader.node or full_name(r) in names for r in function_returns(fn)):
         return None
     owner = loader.ctx.class_def
     calls = [c for c in facts.calls_within(loop.node) if _calls_function(facts, c, fn, owner)]
@@ -367,7 +367,7 @@ def _calls_function(facts: ScriptFacts, call: CallSite, fn: cst.FunctionDef, own
         return call.ctx.class_def is owner
     values = [b.value for b in facts.bindings_of(receiver)]
     return bool(values) and all(
-        isinstance(v, cst.Call) and get_full_name_for_node(v.func) == owner.name.value for v in values
+        isinstance(v, cst.Call) and full_name(v.func) == owner.name.value for v in values
     )
 
 
@@ -443,7 +443,7 @@ def _other_iterables(facts: ScriptFacts, owner: str, bindings: list[Binding], lo
         for leaf in facts.binding_values(binding.value):
             if leaf is loader.node or isinstance(leaf, (cst.IfExp, cst.BooleanOperation)):
                 continue
-            if isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(leaf) or ""):
+            if isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(full_name(leaf) or ""):
                 continue
             site = next((c for c in facts.calls if c.node is leaf), None)
             if site is not None and site.node is not loader.node and is_dataloader(callee_type(facts, site)):
@@ -460,7 +460,7 @@ def _other_iterables(facts: ScriptFacts, owner: str, bindings: list[Binding], lo
     func = loader.node.func
     qual = facts.qualname(func) or ""
     if not qual.startswith("torch.utils.data") or not any(
-        site.local == (get_full_name_for_node(func) or "").split(".")[0] and site.ctx is facts.module_frame
+        site.local == (full_name(func) or "").split(".")[0] and site.ctx is facts.module_frame
         for site in facts.imports
     ):
         raise DeclineFix(f"`{owner}` is not a DataLoader on every path; reseed the sampler by hand")
@@ -509,7 +509,7 @@ def _may_be_none(facts: ScriptFacts, values: list[cst.BaseExpression]) -> bool:
                 site = next((c for c in facts.calls if c.node is leaf), None)
                 if site is None or not is_distributed_sampler(callee_type(facts, site)):
                     raise DeclineFix("the sampler is not a DistributedSampler on every path; reseed it by hand")
-            elif isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(leaf) or ""):
+            elif isinstance(leaf, (cst.Name, cst.Attribute)) and facts.bindings_of(full_name(leaf) or ""):
                 continue  # an alias: its values are in the list too
             else:
                 raise DeclineFix("the sampler is not a DistributedSampler on every path; reseed it by hand")
@@ -574,7 +574,7 @@ def _loader_holding(facts: ScriptFacts, sampler: CallSite, name: str | None) -> 
             return loader
         if isinstance(value, cst.IfExp) and sampler.node in (value.body, value.orelse):
             return loader
-        if name is not None and get_full_name_for_node(value) == name and loader.ctx.function is sampler.ctx.function:
+        if name is not None and full_name(value) == name and loader.ctx.function is sampler.ctx.function:
             return loader
     return None
 
@@ -590,11 +590,11 @@ def _loader_names(facts: ScriptFacts, loader: CallSite) -> dict[str, list[Bindin
     fn = loader.ctx.function
     targets = set(out)
     returned = function_returns(fn) if fn is not None else []
-    if any(r is loader.node or get_full_name_for_node(r) in targets for r in returned):
+    if any(r is loader.node or full_name(r) in targets for r in returned):
         for binding in facts.bindings:
             value = binding.value
             if isinstance(value, cst.Call):
-                callee = get_full_name_for_node(value.func) or ""
+                callee = full_name(value.func) or ""
                 if callee.removeprefix("self.") == fn.name.value:
                     out.setdefault(binding.target, []).append(binding)
     # Handed to a class that keeps it (``Trainer(model, loader)``), whether built where it is handed on
@@ -618,9 +618,9 @@ def _kept_by_classes(facts: ScriptFacts, name: str) -> dict[str, list[Binding]]:
         params = [p.name.value for p in (*init.params.posonly_params, *init.params.params)][1:]
         positional = [a for a in call.node.args if a.keyword is None and not a.star]
         param = next((params[i] for i, a in enumerate(positional) if i < len(params)
-                      and get_full_name_for_node(a.value) == name), None)
+                      and full_name(a.value) == name), None)
         param = param or next((a.keyword.value for a in call.node.args
-                               if a.keyword is not None and get_full_name_for_node(a.value) == name), None)
+                               if a.keyword is not None and full_name(a.value) == name), None)
         if param is None:
             continue
         for binding in facts.bindings:

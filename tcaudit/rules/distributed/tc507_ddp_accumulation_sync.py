@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression
@@ -373,7 +373,7 @@ def _check_stable(
 ) -> None:
     """The step's condition must mean the same before the forward as at the step."""
     for call in call_nodes(test):
-        name = get_full_name_for_node(call.func)
+        name = full_name(call.func)
         if name not in _PURE_CALLS:
             raise DeclineFix(
                 f"the step's condition calls `{name or 'a function'}()`, which may not answer the same "
@@ -429,7 +429,7 @@ def _assignments(node: cst.CSTNode, names: set[str]):
         elif isinstance(target, cst.StarredElement):
             yield from targets(target.value)
         else:
-            dotted = get_full_name_for_node(target)
+            dotted = full_name(target)
             if dotted in names:
                 found.append((dotted, target))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
@@ -172,7 +172,7 @@ class _NormFacts:
         )
 
     def _own_class(self, call: cst.Call) -> str | None:
-        dotted = get_full_name_for_node(call.func)
+        dotted = full_name(call.func)
         if not dotted or self.facts.qualname(call.func):
             return None
         last = dotted.split(".")[-1]
@@ -307,7 +307,7 @@ class _Bounds:
         if isinstance(value, int) and not isinstance(value, bool):
             return PerGpuBatch(value, value, False) if value > 0 else None
         if isinstance(expr, cst.Call):
-            if get_full_name_for_node(expr.func) == "int" and len(expr.args) == 1 and not self.facts.bindings_of("int"):
+            if full_name(expr.func) == "int" and len(expr.args) == 1 and not self.facts.bindings_of("int"):
                 return self.of(expr.args[0].value, fn, depth + 1, seen)
             return None
         if isinstance(expr, cst.BinaryOperation):

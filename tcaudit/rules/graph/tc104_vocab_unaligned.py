@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.model.cost import round_up
@@ -388,7 +388,7 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
 
     class _V(cst.CSTVisitor):
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            name = get_full_name_for_node(node.target)
+            name = full_name(node.target)
             value = _integer(node.value)
             if value is not None and is_vocab_name(name):
                 found.append(VocabLiteral(value, name.split(".")[-1], "default"))
@@ -396,7 +396,7 @@ def _vocab_literals(facts: ScriptFacts) -> list[VocabLiteral]:
         def visit_Assign(self, node: cst.Assign) -> None:
             value = _integer(node.value)
             for target in node.targets:
-                name = get_full_name_for_node(target.target)
+                name = full_name(target.target)
                 if value is not None and is_vocab_name(name):
                     found.append(VocabLiteral(value, name.split(".")[-1], "assignment"))
 
@@ -495,7 +495,7 @@ def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
         if ctx.class_def is not None and fn.name.value == "__init__":
             classes[ctx.class_def.name.value] = ctx.class_def
         for param in (*fn.params.params, *fn.params.kwonly_params):
-            default = get_full_name_for_node(param.default) if param.default is not None else None
+            default = full_name(param.default) if param.default is not None else None
             if default is not None and default.split(".")[-1] in own:
                 defaults.add((ctx.class_def or fn, param.name.value))
     # ``LM(vocab_size=vocab)``, ``RNNModel(kind, ntokens, ...)``: the class's parameter (by keyword, or the
@@ -505,7 +505,7 @@ def _size_names(facts: ScriptFacts, own: set[str]) -> _SizeNames:
         if cls is None:
             continue
         for arg in call.node.args:
-            value = get_full_name_for_node(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
+            value = full_name(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
             if value is None or value.split(".")[-1] not in own:
                 continue
             parameter = arg.keyword.value if arg.keyword is not None else _positional_parameter(facts, call.node, arg)
@@ -527,7 +527,7 @@ def _positional_parameter(facts: ScriptFacts, call: cst.Call, arg: cst.Arg) -> s
         if a.keyword is None:
             positional.append(a)
     index = next(i for i, a in enumerate(positional) if a is arg)
-    name = (get_full_name_for_node(call.func) or "").split(".")[-1]
+    name = (full_name(call.func) or "").split(".")[-1]
     inits = [
         fn for fn, ctx in facts.functions
         if fn.name.value == "__init__" and ctx.class_def is not None and ctx.class_def.name.value == name
@@ -545,7 +545,7 @@ def _sizes(expr: cst.BaseExpression | None, size: int, names: _SizeNames, owner:
         return False
     if isinstance(expr, cst.Integer):
         return _literal_int(expr) == size
-    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    dotted = full_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
     if dotted is None:
         return False
     last = dotted.split(".")[-1]
@@ -567,7 +567,7 @@ def _embedding_weight(facts: ScriptFacts, expr: cst.BaseExpression, size: int, n
             break
     if not (isinstance(expr, cst.Attribute) and expr.attr.value == "weight"):
         return False
-    table = get_full_name_for_node(expr.value)
+    table = full_name(expr.value)
     for binding in facts.bindings_of(table or ""):
         value = binding.value
         if isinstance(value, cst.Call) and (facts.qualname(value.func) or "") in _EMBEDDING:
@@ -638,7 +638,7 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
             )
 
     def model_output(call: cst.Call, scope: cst.FunctionDef | None) -> bool:
-        dotted = get_full_name_for_node(call.func) or ""
+        dotted = full_name(call.func) or ""
         owner = class_of(facts, scope)
         if dotted in ("self", "self.forward"):
             return owner is not None and owner.name.value in classes
@@ -839,7 +839,7 @@ def _construction_plan(
 
 def _names_the_size(expr: cst.BaseExpression, names: set[str]) -> bool:
     """``ntokens``, ``args.ntokens``: the size itself, not an expression of it."""
-    dotted = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    dotted = full_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
     return dotted is not None and dotted.split(".")[-1] in names
 
 
@@ -901,7 +901,7 @@ def _output_views(facts: ScriptFacts, names: set[str]) -> dict[int, PaddedArgume
 
     def model_output(expr: cst.BaseExpression | None) -> bool:
         if isinstance(expr, cst.Call):
-            return get_full_name_for_node(expr.func) in models
+            return full_name(expr.func) in models
         if isinstance(expr, cst.Name):
             values = [b.value for b in facts.bindings_of(expr.value)]
             return bool(values) and all(model_output(v) for v in values if v is not expr)
@@ -930,7 +930,7 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
             return
         if isinstance(value, cst.Integer):
             return
-        dotted = get_full_name_for_node(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        dotted = full_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
         owner = dotted.rpartition(".")[0] if dotted is not None else ""
         if dotted is not None and dotted.split(".")[-1] in names and "token" not in owner:
             # ``vocab_size=vocab_size``, ``vocab_size=config.vocab_size``, ``ntokens = args.ntokens``: the
@@ -945,10 +945,10 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
     class _V(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
-                check(get_full_name_for_node(target.target), node.value, node)
+                check(full_name(target.target), node.value, node)
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            check(get_full_name_for_node(node.target), node.value, node)
+            check(full_name(node.target), node.value, node)
 
         def visit_Arg(self, node: cst.Arg) -> None:
             if node.keyword is not None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
@@ -202,12 +202,12 @@ class _Model:
         built: dict[str, cst.Call] = {}
         for assign in nodes_of(init, cst.Assign):
             for target in assign.targets:
-                dotted = get_full_name_for_node(target.target) or ""
+                dotted = full_name(target.target) or ""
                 if dotted.startswith("self.") and dotted.count(".") == 1 and isinstance(assign.value, cst.Call):
                     built[dotted[5:]] = assign.value
         called = []
         for call in nodes_of(forward, cst.Call):
-            dotted = get_full_name_for_node(call.func) or ""
+            dotted = full_name(call.func) or ""
             if dotted.startswith("self.") and dotted[5:] in built:
                 called.append((self.facts.position(call).end, dotted[5:]))
         order = list(dict.fromkeys(attr for _, attr in sorted(called, key=lambda item: (item[0].line, item[0].column))))
@@ -341,7 +341,7 @@ def _overridden(facts: ScriptFacts, cls: str, param: str, index: int) -> bool:
     """Whether a construction of ``cls`` in this file passes ``param`` (by keyword, by position, or maybe
     through ``*args``/``**kwargs``)."""
     for site in facts.calls:
-        if get_full_name_for_node(site.node.func) != cls:
+        if full_name(site.node.func) != cls:
             continue
         positional = [a for a in site.node.args if a.keyword is None and not a.star]
         if any(a.star for a in site.node.args) or len(positional) > index:
@@ -379,7 +379,7 @@ def _into_class(facts: ScriptFacts, model: _Model, parents: dict[int, cst.CSTNod
                 call: cst.Call, arg: cst.Arg, depth: int) -> bool:
     """``MLP(784, args.hidden, 10)``: the width reaches the class's ``__init__`` parameter; its reads there
     are followed in turn. A class of another file cannot be followed: the problem says so."""
-    callee = get_full_name_for_node(call.func) or ""
+    callee = full_name(call.func) or ""
     cls = _class_named(facts, callee) if "." not in callee else None
     if cls is None:
         qual = facts.qualname(call.func) or ""
@@ -412,7 +412,7 @@ def _in_report(facts: ScriptFacts, node: cst.CSTNode, parents: dict[int, cst.CST
     current = parents.get(id(node))
     while current is not None and not isinstance(current, cst.BaseStatement):
         if isinstance(current, cst.Call):
-            name = get_full_name_for_node(current.func) or ""
+            name = full_name(current.func) or ""
             qual = facts.qualname(current.func) or ""
             if REPORTING_CALL.search(name) and not qual.startswith(("math.", "torch.", "numpy.")):
                 return True

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding, Fix, FixClass, Related, Severity, mirrored_at
 from tcaudit.project.frameworks import lightning_training_steps, loop_owners
@@ -85,7 +85,7 @@ def _is_numpy_call(facts: ScriptFacts, node: cst.BaseExpression) -> bool:
         return False
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == "numpy":
         return True
-    return _NUMPY_CHAIN.match((facts.qualname(node.func) or get_full_name_for_node(node.func) or "") + ".") is not None
+    return _NUMPY_CHAIN.match((facts.qualname(node.func) or full_name(node.func) or "") + ".") is not None
 
 
 class _Tensors:
@@ -97,14 +97,14 @@ class _Tensors:
             loss = step.loss
             if isinstance(loss, cst.Call) and loss.args and step.scaler:
                 loss = loss.args[0].value
-            dotted = get_full_name_for_node(loss) if isinstance(loss, (cst.Name, cst.Attribute)) else None
+            dotted = full_name(loss) if isinstance(loss, (cst.Name, cst.Attribute)) else None
             if dotted:
                 names.add(dotted)
         for binding in facts.bindings:
             value = binding.value
             if not isinstance(value, cst.Call):
                 continue
-            func = get_full_name_for_node(value.func) or ""
+            func = full_name(value.func) or ""
             qual = facts.qualname(value.func) or ""
             last = func.split(".")[-1]
             if qual.startswith("torch.nn.") and last[:1].isupper():
@@ -118,7 +118,7 @@ class _Tensors:
         if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
             return True
         if isinstance(value, cst.Call):
-            func = get_full_name_for_node(value.func) or ""
+            func = full_name(value.func) or ""
             if func in ("float", "int", "str", "round", "len") or func.endswith((".item", ".tolist")):
                 return True
         return False
@@ -132,7 +132,7 @@ class _Tensors:
 
     def _collect(self, expr: cst.BaseExpression, out: list[cst.BaseExpression]) -> None:
         if isinstance(expr, (cst.Name, cst.Attribute)):
-            dotted = get_full_name_for_node(expr)
+            dotted = full_name(expr)
             if dotted in self.names:
                 out.append(expr)
         elif isinstance(expr, cst.FormattedString):
@@ -154,7 +154,7 @@ class _Tensors:
                     self._collect(arg.value, out)
             elif method in ("detach", "mean", "sum", "float", "clone"):
                 self._collect(expr.func.value, out)
-        elif isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) == "str" and expr.args:
+        elif isinstance(expr, cst.Call) and full_name(expr.func) == "str" and expr.args:
             self._collect(expr.args[0].value, out)
 
 
@@ -166,7 +166,7 @@ def _not_parameters(call: CallSite, uses: list[cst.BaseExpression]) -> list[cst.
         return uses
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
     params -= {"self", "cls"}
-    return [u for u in uses if (get_full_name_for_node(u) or "").split(".")[0] not in params]
+    return [u for u in uses if (full_name(u) or "").split(".")[0] not in params]
 
 
 # tqdm / rich progress bars and loggers that turn what they are handed into text at once.
@@ -186,7 +186,7 @@ def _converts_if_tensor(facts: ScriptFacts, call: CallSite, receiver_text: str) 
             break
         test = frame.node.test if frame.kind == "if" and isinstance(frame.node, cst.If) else None
         if (
-            isinstance(test, cst.Call) and get_full_name_for_node(test.func) == "isinstance" and len(test.args) == 2
+            isinstance(test, cst.Call) and full_name(test.func) == "isinstance" and len(test.args) == 2
             and facts.module.code_for_node(test.args[0].value) == receiver_text
             and facts.qualname(test.args[1].value) == "torch.Tensor"
         ):
@@ -232,7 +232,7 @@ def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -
             ):
                 continue
             node = inner.node
-            if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and get_full_name_for_node(node.iter.func) == "range" and node.iter.args:
+            if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and full_name(node.iter.func) == "range" and node.iter.args:
                 return f"`{facts.module.code_for_node(node.iter.args[-1].value)}`"
             return "several"
     return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
@@ -29,11 +29,11 @@ _WRAPPERS = ("iter", "enumerate", "tqdm", "tqdm.tqdm")
 
 def _loader_inside(facts: ScriptFacts, info: DistributedFacts, expr: cst.BaseExpression) -> str | None:
     """The loader a ``list(...)`` argument iterates (through ``iter``/``enumerate``/``tqdm``)."""
-    while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in _WRAPPERS and expr.args:
+    while isinstance(expr, cst.Call) and full_name(expr.func) in _WRAPPERS and expr.args:
         expr = expr.args[0].value
     if not isinstance(expr, (cst.Name, cst.Attribute)):
         return None
-    dotted = get_full_name_for_node(expr)
+    dotted = full_name(expr)
     if not dotted:
         return None
     loader_ids = {id(c.node) for c in info.dataloaders}
@@ -87,7 +87,7 @@ class LoaderRelisted(ScriptRule):
             if target_id in reported or in_test_code(call.ctx) or statement is None or not isinstance(statement.node, cst.For):
                 continue
             it = statement.node.iter
-            if isinstance(it, cst.Call) and get_full_name_for_node(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:
+            if isinstance(it, cst.Call) and full_name(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:
                 it = it.args[0].value
             if it is not call.node:
                 continue
@@ -114,7 +114,7 @@ class LoaderRelisted(ScriptRule):
             if info.iterable_dataset_defined:
                 raise DeclineFix("the file defines an IterableDataset; a loader over it may have no len()")
             inner = node.args[0].value.args[0].value  # type: ignore[attr-defined]
-            while isinstance(inner, cst.Call) and get_full_name_for_node(inner.func) in _WRAPPERS and inner.args:
+            while isinstance(inner, cst.Call) and full_name(inner.func) in _WRAPPERS and inner.args:
                 inner = inner.args[0].value
             loader_ids = {id(c.node) for c in info.dataloaders}
             # Every value the name may hold, on every path: ``DataLoader(...) if flag else stream()``

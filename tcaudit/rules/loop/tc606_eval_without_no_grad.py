@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, LoopWrapper, parse_expression, torch_import_name
@@ -165,7 +165,7 @@ class EvalWithoutNoGrad(ScriptRule):
             if isinstance(previous, cst.SimpleStatementLine) and any(
                 isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Attribute)
                 and s.value.func.attr.value == "eval" and not s.value.args
-                and get_full_name_for_node(s.value.func.value) in eval_receivers
+                and full_name(s.value.func.value) in eval_receivers
                 for s in previous.body
             ):
                 return "after-eval"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
@@ -90,7 +90,7 @@ def _copies_batch(facts: ScriptFacts, call: CallSite, batch: BatchLoop, loops: l
     receiver = call.receiver
     if isinstance(receiver, cst.Subscript):
         receiver = receiver.value
-    name = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+    name = full_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
     if name is None:
         return False
     if name not in batch.names:
@@ -122,7 +122,7 @@ def _copies_batch_elements(
     function = call.ctx.function
     if function is None or call.ctx.nearest("class") is not None:
         return False
-    parameter = get_full_name_for_node(source) if isinstance(source, cst.Name) else None
+    parameter = full_name(source) if isinstance(source, cst.Name) else None
     params = [p.name.value for p in function.params.params]
     if parameter not in params:
         return False
@@ -147,7 +147,7 @@ def _mentions_batch(expr: cst.BaseExpression, names: set[str]) -> bool:
         return False
     if isinstance(expr, cst.Subscript):
         return _mentions_batch(expr.value, names)
-    return isinstance(expr, (cst.Name, cst.Attribute)) and get_full_name_for_node(expr) in names
+    return isinstance(expr, (cst.Name, cst.Attribute)) and full_name(expr) in names
 
 
 # -- the fix ------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement
@@ -113,7 +113,7 @@ def _in_sample_loader(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSit
         return False
     name = fn.name.value
     if name.endswith("loader") or any(
-        arg.keyword is not None and arg.keyword.value == "loader" and get_full_name_for_node(arg.value) == name
+        arg.keyword is not None and arg.keyword.value == "loader" and full_name(arg.value) == name
         for c in facts.calls
         for arg in c.node.args
     ):
@@ -214,7 +214,7 @@ def training_loaders(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite
                 raise DeclineFix(f"the DataLoader has a `{key}=`, which the DALI pipeline would not reproduce")
         for value in site.values("sampler"):
             for leaf in _leaves(facts, value):
-                name = get_full_name_for_node(leaf.func) if isinstance(leaf, cst.Call) else None
+                name = full_name(leaf.func) if isinstance(leaf, cst.Call) else None
                 if literal(leaf) is None or (name and name.split(".")[-1] in SAMPLERS):
                     continue
                 shown = facts.module.code_for_node(leaf)
@@ -242,7 +242,7 @@ def _leaves(facts: ScriptFacts, expr: cst.BaseExpression) -> list[cst.BaseExpres
     for value in facts.binding_values(expr):
         if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
             continue
-        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(get_full_name_for_node(value) or ""):
+        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(full_name(value) or ""):
             continue
         out.append(value)
     return out
@@ -285,7 +285,7 @@ def _check_transform(facts: ScriptFacts, expr: cst.BaseExpression) -> None:
 def _step_name(facts: ScriptFacts, expr: cst.BaseExpression) -> str:
     kinds = set()
     for leaf in _leaves(facts, expr):
-        name = get_full_name_for_node(leaf.func) if isinstance(leaf, cst.Call) else None
+        name = full_name(leaf.func) if isinstance(leaf, cst.Call) else None
         qual = facts.qualname(leaf.func) if isinstance(leaf, cst.Call) else None
         short = (qual or name or "").split(".")[-1]
         if not (qual or "").startswith("torchvision.transforms.") or short not in STEPS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, parse_expression
@@ -188,7 +188,7 @@ def _created_through_name(
     moved = here.node
     rebinds = (
         isinstance(moved, cst.SimpleStatementLine) and len(moved.body) == 1 and isinstance(moved.body[0], cst.Assign)
-        and len(moved.body[0].targets) == 1 and get_full_name_for_node(moved.body[0].targets[0].target) == name
+        and len(moved.body[0].targets) == 1 and full_name(moved.body[0].targets[0].target) == name
     )
     if rebinds:
         if _reads(moved, name) != 2:  # the target and the moved tensor

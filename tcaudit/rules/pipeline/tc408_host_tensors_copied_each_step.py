@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_statement
@@ -137,7 +137,7 @@ def _host_read(facts: ScriptFacts, call: CallSite, loop: cst.CSTNode) -> tuple[s
         return direct
     if not isinstance(receiver, (cst.Name, cst.Attribute)):
         return None
-    name = get_full_name_for_node(receiver)
+    name = full_name(receiver)
     if name is None or call.statement is None:
         return None
     statement = call.statement
@@ -157,7 +157,7 @@ def _subscript_read(expr: cst.BaseExpression) -> tuple[str, str] | None:
         return None
     if not isinstance(expr.value, (cst.Name, cst.Attribute)):
         return None
-    container = get_full_name_for_node(expr.value)
+    container = full_name(expr.value)
     if container is None:
         return None
     return container, "slice" if isinstance(expr.slice[0].slice, cst.Slice) else "element"
@@ -178,7 +178,7 @@ def _assigned_value(statement: cst.CSTNode, name: str) -> object:
                     found = _value_for(target.target, small.value, name)
                     if found is not _NOT_ASSIGNED:
                         return found
-            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and get_full_name_for_node(small.target) == name:
+            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and full_name(small.target) == name:
                 return None
         return _NOT_ASSIGNED
     return None if _assigns_in(statement, name, skip_targets_of=None) else _NOT_ASSIGNED
@@ -193,11 +193,11 @@ def _value_for(target: cst.BaseExpression, value: cst.BaseExpression, name: str)
                 if found is not _NOT_ASSIGNED:
                     return found
             return _NOT_ASSIGNED
-        if any(get_full_name_for_node(t) == name for t in elements if isinstance(t, (cst.Name, cst.Attribute))):
+        if any(full_name(t) == name for t in elements if isinstance(t, (cst.Name, cst.Attribute))):
             # ``images, labels = batches[i]``: one part of an element; a starred or nested target is not followed
             return value if isinstance(value, cst.Subscript) else None
         return None if any(name in target_names(t) for t in elements) else _NOT_ASSIGNED
-    if isinstance(target, (cst.Name, cst.Attribute)) and get_full_name_for_node(target) == name:
+    if isinstance(target, (cst.Name, cst.Attribute)) and full_name(target) == name:
         return value
     return _NOT_ASSIGNED
 
@@ -254,14 +254,14 @@ def _loop_target_read(ctx: Frame, statement: Statement, name: str, loop: cst.CST
         if not isinstance(node.body, cst.IndentedBlock) or statement.block != tuple(node.body.body):
             return None
         iterated = node.iter
-        while isinstance(iterated, cst.Call) and get_full_name_for_node(iterated.func) in _ITERATION_WRAPPERS:
+        while isinstance(iterated, cst.Call) and full_name(iterated.func) in _ITERATION_WRAPPERS:
             positional = [a.value for a in iterated.args if a.keyword is None and not a.star]
             if not positional:
                 return None
             iterated = positional[0]
         if not isinstance(iterated, (cst.Name, cst.Attribute)):
             return None
-        container = get_full_name_for_node(iterated)
+        container = full_name(iterated)
         return (container, "element") if container else None
     return None
 
@@ -386,7 +386,7 @@ def _names_device(expr: cst.BaseExpression) -> bool:
     value = literal(expr)
     if isinstance(value, str):
         return True
-    name = get_full_name_for_node(expr) or ""
+    name = full_name(expr) or ""
     return "device" in name or "cuda" in name
 
 
@@ -444,7 +444,7 @@ def _written_in_place(facts: ScriptFacts, host: HostTensors, used_at: Frame) -> 
     def rooted(expr: cst.BaseExpression) -> bool:
         while isinstance(expr, cst.Subscript):
             expr = expr.value
-        return isinstance(expr, (cst.Name, cst.Attribute)) and get_full_name_for_node(expr) == name
+        return isinstance(expr, (cst.Name, cst.Attribute)) and full_name(expr) == name
 
     for call in facts.calls:
         method = call.method

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
@@ -337,7 +337,7 @@ class _Flow:
                 if isinstance(func, cst.Attribute) and func.attr.value in _READ_METHODS and rooted(func.value):
                     add(n, f"`.{func.attr.value}()`")
                     return
-                name = get_full_name_for_node(func) or ""
+                name = full_name(func) or ""
                 values = [a.value for a in n.args if not a.star]
                 qual = facts.qualname(func) or ""
                 if isinstance(func, cst.Name) and name in _READ_BUILTINS and values and rooted(values[0]):
@@ -460,7 +460,7 @@ def _call_syncs(facts: ScriptFacts, call: cst.Call, mentions_result) -> bool:
     if isinstance(func, cst.Name) and func.value in ("float", "int", "bool") and call.args:
         value = call.args[0].value
         if not mentions_result(value) and literal(value) is ... and not (
-            isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "len"
+            isinstance(value, cst.Call) and full_name(value.func) == "len"
         ):
             return True  # ``float(loss)`` of a CUDA tensor waits for it
     return False
@@ -592,7 +592,7 @@ def _dict_passes_true(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
             entries = [e for e in value.elements if isinstance(e, cst.DictElement) and literal(e.key) == KEYWORD]
             if len(entries) != 1 or literal(entries[0].value) is not True:
                 return False
-        elif isinstance(value, cst.Call) and get_full_name_for_node(value.func) == "dict":
+        elif isinstance(value, cst.Call) and full_name(value.func) == "dict":
             entry = keyword(value, KEYWORD)
             if entry is None or literal(entry.value) is not True:
                 return False

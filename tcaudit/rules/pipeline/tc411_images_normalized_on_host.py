@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
@@ -376,7 +376,7 @@ def _check_own_dataset(facts: ScriptFacts, name: str) -> None:
     getitem = method_of(_own_dataset_class(facts, name), "__getitem__")  # type: ignore[arg-type]
     assert getitem is not None
     why = f"could not tell that `{name}.__getitem__` hands its transform a PIL image and returns it first"
-    calls = [c for c in nodes_of(getitem, cst.Call) if get_full_name_for_node(c.func) == "self.transform"]
+    calls = [c for c in nodes_of(getitem, cst.Call) if full_name(c.func) == "self.transform"]
     if len(calls) != 1 or not calls[0].args:
         raise DeclineFix(why)
     transformed = calls[0]
@@ -435,7 +435,7 @@ def _check_dataset_uses(facts: ScriptFacts, dataset: _Dataset, parents: dict[int
                 (called or "").startswith("torch.utils.data.") and (called or "").endswith("Sampler")
             ):
                 continue  # a sampler reads the dataset's length only
-            if isinstance(call, cst.Call) and get_full_name_for_node(call.func) == "len":
+            if isinstance(call, cst.Call) and full_name(call.func) == "len":
                 continue
         raise DeclineFix(
             f"`{node.value}` is used at line {facts.line_of(node)} beyond its DataLoader, where its items would now be uint8"
@@ -525,8 +525,8 @@ def _image_name(loop: cst.For) -> tuple[str, bool] | None:
     target) in enumerate(loader)``, (name, False); the batch itself where the loop takes it whole and
     indexes it (``for i, data in enumerate(loader, 0): inputs = data[0].to(device)``), (name, True)."""
     target, source = loop.target, loop.iter
-    while isinstance(source, cst.Call) and (get_full_name_for_node(source.func) or "").split(".")[-1] in _ITERATION_WRAPPERS:
-        if (get_full_name_for_node(source.func) or "").endswith("enumerate"):
+    while isinstance(source, cst.Call) and (full_name(source.func) or "").split(".")[-1] in _ITERATION_WRAPPERS:
+        if (full_name(source.func) or "").endswith("enumerate"):
             if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
                 return None
             target = target.elements[1].value
