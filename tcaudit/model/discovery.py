@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from tcaudit.project.frameworks import hf_trainer_calls
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import evaluated_value
+from tcaudit.source.syntax import evaluated_value, full_name
 
 MODULE_BASES = {
     "torch.nn.Module",

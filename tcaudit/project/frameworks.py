@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import read_small
 from tcaudit.project.symbols import Project
@@ -28,7 +27,7 @@ from tcaudit.project.values import Value, Values, class_default
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.inert import note_read
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 
 Framework = Literal["lightning", "transformers", "accelerate"]
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.project.importers import training_importers
 from tcaudit.project.modules import load_module
@@ -21,7 +20,7 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite, is_eval_name
 from tcaudit.script.loader_sharding import feeds_only_other_loops
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import param_names
+from tcaudit.source.syntax import full_name, param_names
 
 
 @dataclass(frozen=True)

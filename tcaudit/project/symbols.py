@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Literal
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import module_file, search_roots, top_names
 from tcaudit.project.modules import ProjectModule, load_module, module_of
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import full_name
 
 Kind = Literal["function", "class", "method", "module", "constant"]
 # How many re-exports and construction steps a lookup follows.

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.project.imports import read_small
 from tcaudit.project.modules import load_module
@@ -25,7 +24,7 @@ from tcaudit.project.symbols import Project
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.inert import note_read
-from tcaudit.source.syntax import keyword, param_names
+from tcaudit.source.syntax import full_name, keyword, param_names
 
 MAX_DEPTH = 8
 # Names scripts give the namespace parse_args() returns (or a config object passed around).

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix
 from tcaudit.project import importers
@@ -65,6 +64,7 @@ from tcaudit.script.pipeline import import_block_end, pipeline_facts
 from tcaudit.source.syntax import (
     call_nodes, enclosing_function, is_main_guard, names_in, nodes_of, param_names, parent_map,
 )
+from tcaudit.source.syntax import full_name
 from tcaudit.source.walk import walk
 
 DDP_NAME = "DistributedDataParallel"

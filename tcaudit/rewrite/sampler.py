@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix
 from tcaudit.rewrite.codemod import parse_expression, parse_statement
@@ -19,6 +18,7 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import KeyValue, LoaderSite
 from tcaudit.script.loader_sharding import also_feeds_other_loops, plain_sampler
 from tcaudit.script.pipeline import pipeline_facts
+from tcaudit.source.syntax import full_name
 
 
 @dataclass

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.catalog import RuleSpec, load_catalog
 from tcaudit.costs import cost_note
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, Location, Related, Severity, TextEdit
 from tcaudit.rewrite.codemod import FixContext
+from tcaudit.source.syntax import full_name
 from tcaudit.source.triggers import triggers_under
 
 if TYPE_CHECKING:

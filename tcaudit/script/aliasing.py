@@ -16,13 +16,12 @@ from __future__ import annotations
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 from libcst.metadata import CodePosition
 
 from tcaudit.script.expressions import attribute_chain
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import init_value
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 
 # -- chains -----------------------------------------------------------------------------------------------
 

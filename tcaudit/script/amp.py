@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit import gpus
 from tcaudit.script.callers import callers_of, reachable_functions
@@ -18,6 +17,7 @@ from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
 from tcaudit.source.syntax import call_nodes, evaluated_value, keyword, names_in, nodes_of, param_names, strip_comments
+from tcaudit.source.syntax import full_name
 
 if TYPE_CHECKING:
     from tcaudit.model_profile import AuditedModels

@@ -11,13 +11,12 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_targets
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.loader_construction import LoaderConstructionFacts, LoaderSite
-from tcaudit.source.syntax import contains, nodes_of, target_names
+from tcaudit.source.syntax import contains, full_name, nodes_of, target_names
 from tcaudit.source.memo import remembered
 
 _ITER_WRAPPERS = re.compile(r"(^|\.)(tqdm|trange|track|progress\w*|Progress\w*|enumerate|iter|islice)$")

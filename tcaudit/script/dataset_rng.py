@@ -18,14 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import PipelineFacts
-from tcaudit.source.syntax import nodes_of, param_names
+from tcaudit.source.syntax import full_name, nodes_of, param_names
 
 # The constructors of a generator object, by qualified name → its kind.
 GENERATOR_KINDS = {

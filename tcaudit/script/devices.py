@@ -17,12 +17,11 @@ from enum import Enum
 from typing import Iterable, Literal, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.expressions import moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, outermost_loop
 from tcaudit.script.guards import branches, is_pure_test
-from tcaudit.source.syntax import call_nodes, evaluated_value, is_main_guard, names_in
+from tcaudit.source.syntax import call_nodes, evaluated_value, full_name, is_main_guard, names_in
 
 # The names a script usually keeps its device in, and the device types a string may name.
 DEVICE_NAMES = ("device", "dev", "self.device", "args.device")

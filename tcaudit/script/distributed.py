@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import code_text, evaluated_value, keyword, nodes_of, strip_comments
+from tcaudit.source.syntax import code_text, evaluated_value, full_name, keyword, nodes_of, strip_comments
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"

@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import evaluated_value, keyword
+from tcaudit.source.syntax import evaluated_value, full_name, keyword
 from tcaudit.source.memo import remembered
 from tcaudit.source.walk import walk
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 from libcst.metadata import CodeRange
 
 from tcaudit.script.callers import callers_of
@@ -27,7 +26,7 @@ from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import chain_root, evaluated_value, keyword, names_in, strip_comments
+from tcaudit.source.syntax import chain_root, evaluated_value, full_name, keyword, names_in, strip_comments
 from tcaudit.source.walk import code_positions, walk
 
 _T = TypeVar("_T")

@@ -15,10 +15,9 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import Frame, ScriptFacts
-from tcaudit.source.syntax import evaluated_value, target_names
+from tcaudit.source.syntax import evaluated_value, full_name, target_names
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,13 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.expressions import assigned_name, function_returns, literal, moves_to_device
 from tcaudit.script.facts import CallSite, Frame
 from tcaudit.script.trained_models import TrainedModelFacts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import keyword, nodes_of, param_names
+from tcaudit.source.syntax import full_name, keyword, nodes_of, param_names
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (PyTorch 2.x); the rest are keyword-only.

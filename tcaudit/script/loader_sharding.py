@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import (
@@ -23,7 +22,7 @@ from tcaudit.script.distributed import (
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import callee_class
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import code_text
+from tcaudit.source.syntax import code_text, full_name
 
 # A dataset built per rank (``Subset(ds, indices[rank::world])``, ``split_dataset_by_node``, a
 # ``shard(...)``) already gives each process its own data; a streaming dataset splits itself.

@@ -14,10 +14,9 @@ import re
 from typing import Callable, Iterable, Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import call_nodes, evaluated_value, method_of, nodes_of
+from tcaudit.source.syntax import call_nodes, evaluated_value, full_name, method_of, nodes_of
 
 CONV2D_LAYERS = frozenset(
     f"torch.nn.{prefix}{name}"

@@ -13,13 +13,12 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import distributed_facts, has_modulo, literal_value
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import exclusive
-from tcaudit.source.syntax import names_in, nodes_of
+from tcaudit.source.syntax import full_name, names_in, nodes_of
 
 _TIME_CALL = re.compile(r"\btime\b|perf_counter|monotonic")
 MAX_CALL_DEPTH = 2

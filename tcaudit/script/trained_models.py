@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.model_profile import SMALL_STEP_MS, AuditedModels, ModelProfile
 from tcaudit.script.distributed import innermost_loop
@@ -22,7 +21,7 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import CONV2D_LAYERS, calls_within, classes_building
 from tcaudit.script.optimizers import MODEL_OPTIMIZER_FACTORIES, is_optimizer
 from tcaudit.script.training_code import TrainingCodeFacts
-from tcaudit.source.syntax import keyword, nodes_of
+from tcaudit.source.syntax import full_name, keyword, nodes_of
 
 # torchvision/timm convnet families (classification and segmentation backbones with fixed input sizes).
 _CONV_ARCH = re.compile(

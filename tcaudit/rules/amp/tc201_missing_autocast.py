@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Severity, Situation, SituationKind
 from tcaudit.gpus import Target
@@ -45,7 +44,7 @@ from tcaudit.script.amp import (
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.guards import branches
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import call_nodes, names_in
+from tcaudit.source.syntax import call_nodes, full_name, names_in
 
 # -- the plan -----------------------------------------------------------------------------------
 

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import Frame, Reference, ScriptFacts
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import full_name, nodes_of
 
 DEPRECATED_MODULES = ("torch.cuda.amp", "torch.cpu.amp")
 # The public names those modules re-export from torch.amp and that warn when used.

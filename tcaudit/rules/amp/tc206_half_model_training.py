@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor
@@ -22,6 +21,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, HALF, amp_facts, cast_dtype, dtypes_of
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import full_name
 from tcaudit.source.triggers import all_of
 
 

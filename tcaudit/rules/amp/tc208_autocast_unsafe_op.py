@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression, torch_import_name, unique_name
@@ -29,7 +28,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.amp import BF16, AmpFacts, amp_facts, unsafe_kind
 from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.facts import CallSite, ScriptFacts
-from tcaudit.source.syntax import call_nodes, nodes_of
+from tcaudit.source.syntax import call_nodes, full_name, nodes_of
 from tcaudit.source.triggers import all_of
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement, torch_import_name
@@ -29,7 +28,7 @@ from tcaudit.script.devices import device_expression
 from tcaudit.script.distributed import literal_value
 from tcaudit.script.facts import CallSite, ScriptFacts, TrainingStep, loss_statements
 from tcaudit.script.guards import extra_conditions
-from tcaudit.source.syntax import nodes_of
+from tcaudit.source.syntax import full_name, nodes_of
 
 INITIALIZE = "apex.amp.initialize"
 SCALE_LOSS = "apex.amp.scale_loss"

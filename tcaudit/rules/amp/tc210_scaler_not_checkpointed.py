@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression, parse_statement
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.guards import binding_conditions, condition_code, exclusive
-from tcaudit.source.syntax import evaluated_value, keyword
+from tcaudit.source.syntax import evaluated_value, full_name, keyword
 
 SAVE = frozenset({"torch.save"})
 KEY = "scaler"

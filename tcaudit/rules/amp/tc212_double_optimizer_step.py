@@ -15,12 +15,12 @@ import re
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.steps import is_interval_guard
+from tcaudit.source.syntax import full_name
 
 _SCALER_NAME = re.compile(r"scaler$", re.IGNORECASE)
 _EXITS = (cst.Continue, cst.Return, cst.Break, cst.Raise)

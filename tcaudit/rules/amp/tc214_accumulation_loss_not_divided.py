@@ -18,7 +18,6 @@ import re
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding, Severity
 from tcaudit.rules.base import RuleContext, ScriptRule
@@ -28,7 +27,7 @@ from tcaudit.script.evidence import BACKWARD_CALL
 from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import names_in, nodes_of, target_names
+from tcaudit.source.syntax import full_name, names_in, nodes_of, target_names
 from tcaudit.source.triggers import all_of
 
 # Tensor methods a loss passes through unscaled (``loss.mean()``, ``loss.float()``).

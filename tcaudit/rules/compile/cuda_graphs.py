@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.rules.compile.forward_breaks import branches, host_read, reads_tensor_value, tensor_params, under_flag
 from tcaudit.script.accumulation import accumulation_loops
@@ -44,7 +43,7 @@ from tcaudit.script.expressions import DEVICE_FACTORIES
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.model_classes import callee_class, classes_reached
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import contains, nodes_of
+from tcaudit.source.syntax import contains, full_name, nodes_of
 
 MARK_STEP = "compiler.cudagraph_mark_step_begin()"  # after the name torch is imported as
 

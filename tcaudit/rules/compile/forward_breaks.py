@@ -6,9 +6,9 @@ captured)."""
 from __future__ import annotations
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.script.facts import CallSite, ScriptFacts
+from tcaudit.source.syntax import full_name
 
 HOST_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
 # Methods whose result is a tensor of the values: branching on it reads the value on the host.

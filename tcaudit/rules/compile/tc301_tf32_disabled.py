@@ -17,7 +17,6 @@ import re
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, Severity
 from tcaudit.project.frameworks import LoopOwner, loop_owners, owners_reached
@@ -37,7 +36,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import strip_comments
+from tcaudit.source.syntax import full_name, strip_comments
 from tcaudit.source.triggers import all_of
 
 # Any of these in the code means the user decided about TF32 (on, or deliberately off: ``allow_tf32 =

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
@@ -33,7 +32,7 @@ from tcaudit.script.facts import Binding, CallSite, ScriptFacts, assigned_names
 from tcaudit.script.model_classes import calls_within, forward_outputs, init_value, model_classes, takes_images
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS, ModelSite
-from tcaudit.source.syntax import keyword, strip_comments
+from tcaudit.source.syntax import full_name, keyword, strip_comments
 from tcaudit.source.triggers import all_of
 
 CONV3D_LAYERS = frozenset(

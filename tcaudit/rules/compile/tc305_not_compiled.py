@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import MESSAGE_LIMIT, DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.model_profile import SMALL_STEP_MS
@@ -54,7 +53,7 @@ from tcaudit.script.guards import training_phase
 from tcaudit.script.model_classes import callee_class, defines_no_forward, recurrent_layer, torch_forward
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.trained_models import ModelSite, from_loop_or_comprehension, is_prep, strip_chain
-from tcaudit.source.syntax import call_nodes, names_in, parent_map
+from tcaudit.source.syntax import call_nodes, full_name, names_in, parent_map
 from tcaudit.source.triggers import all_of
 
 # Any of these means the script already compiles, scripts or exports something on purpose.

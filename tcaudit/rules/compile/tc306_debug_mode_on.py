@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext
@@ -22,7 +21,7 @@ from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.expressions import literal
 from tcaudit.script.facts import Frame, ScriptFacts, Statement
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 
 SET_ANOMALY = frozenset(
     {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly", "torch.set_anomaly_enabled"}

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Situation, SituationKind
 from tcaudit.rewrite.codemod import FixContext, parse_expression
@@ -26,7 +25,7 @@ from tcaudit.script.expressions import function_returns, literal, moves_to_devic
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
-from tcaudit.source.syntax import call_nodes, keyword
+from tcaudit.source.syntax import call_nodes, full_name, keyword
 from tcaudit.source.triggers import all_of
 
 _SPARSE = re.compile(r"sparse(?<!\wsparse)\s*=\s*True|sparse_grad|to_sparse")  # ``\bsparse``: left edge checked after

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.catalog import matches_selector
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
@@ -43,7 +42,7 @@ from tcaudit.script.guards import training_phase
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.loader_sharding import made_by
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 from tcaudit.source.triggers import all_of
 
 COMPILE = "torch.compile"

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext
@@ -24,6 +23,7 @@ from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.guards import single_process_branch
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.training_code import flag_frames
+from tcaudit.source.syntax import full_name
 
 
 @dataclass(frozen=True, eq=False)

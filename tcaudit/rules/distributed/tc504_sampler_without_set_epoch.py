@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan, FollowsFix
 from tcaudit.project.loaders import loaders_built_elsewhere
@@ -40,7 +39,7 @@ from tcaudit.script.distributed import (
 from tcaudit.script.evidence import STEP_OR_BACKWARD_CALL
 from tcaudit.script.expressions import function_returns
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts
-from tcaudit.source.syntax import nodes_of, param_names
+from tcaudit.source.syntax import full_name, nodes_of, param_names
 from tcaudit.source.triggers import all_of
 
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)

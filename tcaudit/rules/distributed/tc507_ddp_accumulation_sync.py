@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_expression
@@ -32,7 +31,7 @@ from tcaudit.script.distributed import (
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import call_nodes, names_in, param_names
+from tcaudit.source.syntax import call_nodes, full_name, names_in, param_names
 
 _SYNC_CONTROL = re.compile(r"no_sync|require_backward_grad_sync|set_requires_gradient_sync")
 

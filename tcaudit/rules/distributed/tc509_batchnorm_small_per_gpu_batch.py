@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
@@ -38,7 +37,7 @@ from tcaudit.script.loader_sharding import feeds_training, is_training_loader
 from tcaudit.script.model_classes import classes_building
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.training_code import flag_frames
-from tcaudit.source.syntax import evaluated_value, keyword, nodes_of
+from tcaudit.source.syntax import evaluated_value, full_name, keyword, nodes_of
 from tcaudit.source.triggers import all_of
 
 SMALL_BATCH = 16  # fewer samples per GPU than this: BN statistics get noisy (Wu & He 2018, Fig. 1)

@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.model.cost import round_up
@@ -76,7 +75,7 @@ from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_des
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.model_classes import callee_class, class_of, classes_building, holds_config
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import enclosing_function, keyword, parent_map
+from tcaudit.source.syntax import enclosing_function, full_name, keyword, parent_map
 from tcaudit.source.triggers import all_of
 from tcaudit.source.walk import walk
 

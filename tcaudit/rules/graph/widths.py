@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.config import PAD_DIMS
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
@@ -38,7 +37,7 @@ from tcaudit.model.cost import suggest
 from tcaudit.rules.base import ScriptRule
 from tcaudit.script.expressions import CHECKPOINT_LOAD, REPORTING_CALL, flag_dest, literal, numeric_constant
 from tcaudit.script.facts import ScriptFacts
-from tcaudit.source.syntax import keyword, nodes_of, parent_map
+from tcaudit.source.syntax import full_name, keyword, nodes_of, parent_map
 
 if TYPE_CHECKING:
     from tcaudit.rules.base import RuleContext

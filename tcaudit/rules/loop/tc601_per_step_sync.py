@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import Finding, Fix, FixClass, Related, Severity, mirrored_at
 from tcaudit.project.frameworks import lightning_training_steps, loop_owners
@@ -26,7 +25,7 @@ from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_t
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.script.host_sync import SYNC_METHODS, SYNCHRONIZE
 from tcaudit.script.steps import is_interval_guard, is_opt_in_flag, runs_every_step
-from tcaudit.source.syntax import keyword, nodes_of
+from tcaudit.source.syntax import full_name, keyword, nodes_of
 
 TENSORBOARD_METHODS = ("add_scalar", "add_scalars", "add_histogram")
 _LOSS_CALL = re.compile(r"loss|criterion|crit$", re.IGNORECASE)

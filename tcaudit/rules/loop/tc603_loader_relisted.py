@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
@@ -20,6 +19,7 @@ from tcaudit.rewrite.edits import CallEditor
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code
 from tcaudit.script.facts import ScriptFacts
+from tcaudit.source.syntax import full_name
 from tcaudit.source.triggers import all_of
 
 # ``loader``, ``trainloader``, ``self.val_dataloader``, ``train_dl``; not ``loaders`` (a collection).

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, LoopWrapper, parse_expression, torch_import_name
@@ -30,7 +29,7 @@ from tcaudit.script.callers import callers_of
 from tcaudit.script.distributed import in_test_code, loop_header_end, loops_of
 from tcaudit.script.facts import NO_GRAD_QUALNAMES, CallSite, Frame, ScriptFacts
 from tcaudit.source.triggers import all_of
-from tcaudit.source.syntax import parent_map
+from tcaudit.source.syntax import full_name, parent_map
 
 _MODEL_NAME = re.compile(r"(^|[._])(model\w*|\w*_model|net\w*|\w*Net|encoder|decoder|classifier|backbone)$")
 _GRADIENT_METHODS = frozenset({"backward", "requires_grad_"})

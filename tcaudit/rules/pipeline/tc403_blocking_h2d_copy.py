@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass
 from tcaudit.rewrite.codemod import FixContext
@@ -21,7 +20,7 @@ from tcaudit.script.evidence import BACKWARD_CALL, CUDA_EVIDENCE
 from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 from tcaudit.source.triggers import all_of
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, Fix, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_expression, parse_statement
@@ -29,7 +28,7 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.guards import exclusive
 from tcaudit.script.loader_construction import DALI_LOADER, LoaderSite, is_eval_name
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 from tcaudit.source.triggers import all_of
 
 FOLDER_DATASETS = frozenset(

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan, Severity
 from tcaudit.rewrite.codemod import FixContext, parse_expression
@@ -30,7 +29,7 @@ from tcaudit.script.expressions import DEVICE_FACTORIES, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.steps import runs_every_step
-from tcaudit.source.syntax import keyword
+from tcaudit.source.syntax import full_name, keyword
 from tcaudit.source.triggers import all_of
 
 _MOVE_ARGUMENTS = {"cuda": ("device", "non_blocking"), "to": ("device", "non_blocking")}

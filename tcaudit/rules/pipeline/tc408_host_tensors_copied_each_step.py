@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, parse_statement
@@ -33,7 +32,7 @@ from tcaudit.script.expressions import DEVICE_FACTORIES, literal, moves_to_devic
 from tcaudit.script.facts import Binding, CallSite, Frame, ScriptFacts, Statement
 from tcaudit.script.guards import exclusive, training_loops
 from tcaudit.script.pipeline import pipeline_facts
-from tcaudit.source.syntax import keyword, param_names, target_names
+from tcaudit.source.syntax import full_name, keyword, param_names, target_names
 from tcaudit.source.triggers import all_of
 
 # Host tensors whose size the script does not show: pinning them is declined (see fix_safety).

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext
@@ -38,7 +37,7 @@ from tcaudit.script.evidence import CUDA_EVIDENCE
 from tcaudit.script.expressions import REPORTING_CALL, attribute_chain, literal
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.host_sync import SYNCHRONIZE, WAIT_METHODS, is_host_tensor, names_host_device
-from tcaudit.source.syntax import keyword, target_names
+from tcaudit.source.syntax import full_name, keyword, target_names
 from tcaudit.source.triggers import all_of
 
 KEYWORD = "non_blocking"

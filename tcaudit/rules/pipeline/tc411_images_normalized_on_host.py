@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-from tcaudit.source.syntax import full_name
 
 from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, ensure_import, parse_expression, parse_statement, torch_import_name
@@ -36,7 +35,7 @@ from tcaudit.script.expressions import literal, moves_to_device
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
-from tcaudit.source.syntax import keyword, method_of, nodes_of, parent_map
+from tcaudit.source.syntax import full_name, keyword, method_of, nodes_of, parent_map
 from tcaudit.source.triggers import all_of
 
 HELPER = "tcaudit_normalize"
