@@ -150,7 +150,7 @@ class Values:
                 if found is None:
                     return None
                 line = facts.line_of(binding.statement.node if binding.statement is not None else binding.value)
-                code = " ".join(facts.module.code_for_node(binding.value).split())
+                code = " ".join(facts.code(binding.value).split())
                 out += [Value(v.value, v.how or f"`{dotted} = {code}`",
                               v.where or (facts.source.display_path, line), v.on_command_line) for v in found]
             return out

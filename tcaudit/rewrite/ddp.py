@@ -190,7 +190,7 @@ def check_training_sources(facts: ScriptFacts, elsewhere: list[HelperLoader]) ->
         if not isinstance(receiver, cst.Name) or receiver.value == "self" or not facts.bindings_of(receiver.value):
             continue  # a module's function, a parameter, the object's own method: not this shape
         raise DeclineFix(
-            f"the training loop iterates `{facts.module.code_for_node(source)}` (line {facts.line_of(source)}), whose "
+            f"the training loop iterates `{facts.code(source)}` (line {facts.line_of(source)}), whose "
             "DataLoader tcaudit cannot follow to give it a DistributedSampler; DDP without one trains every rank on "
             "the same batches: shard that loader by hand"
         )
@@ -342,7 +342,7 @@ class DdpConversion:
             return
         if key == "sampler" and call.arg("sampler") is value and plain_sampler(facts, value) is not None:
             return  # RandomSampler(ds) / SequentialSampler(ds): the next round makes it distributed
-        text = facts.module.code_for_node(value)
+        text = facts.code(value)
         if "Distributed" in text:
             return
         where = f" in `{call.ctx.class_def.name.value}`" if call.ctx.class_def is not None else ""
@@ -528,15 +528,15 @@ class DdpConversion:
         path = call.arg("f", 1)
         if path is None:
             return False
-        if self.facts.module.code_for_node(path) not in self._loaded_paths:
+        if self.facts.code(path) not in self._loaded_paths:
             return False  # not read back by the script: one copy from rank 0 is what it needs
-        text = " ".join(self.facts.module.code_for_node(v) for v in [path, *self._path_values(path)])
+        text = " ".join(self.facts.code(v) for v in [path, *self._path_values(path)])
         return bool(_PER_PROCESS_PATH.search(text))
 
     @functools.cached_property
     def _loaded_paths(self) -> set[str]:
         """The code of every ``torch.load`` path in the file."""
-        return {self.facts.module.code_for_node(c.arg("f", 0)) for c in self.facts.calls
+        return {self.facts.code(c.arg("f", 0)) for c in self.facts.calls
                 if (c.qualname or "") == "torch.load" and c.arg("f", 0) is not None}
 
     def _path_values(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
@@ -651,7 +651,7 @@ class DdpConversion:
                     continue
                 if call.receiver_name == "self":
                     continue  # the class's own methods see the wrapped attribute as the conversion edits them
-                shown = facts.module.code_for_node(call.node.func)
+                shown = facts.code(call.node.func)
                 symbol = self.project.callee(facts, call) if self.project is not None else None
                 if symbol is None and (call.qualname is not None or call.name in _BUILTINS_TAKING_ANY):
                     continue  # a library's function or a builtin (``logging.info("%s", self)``, ``print(self)``)
@@ -728,7 +728,7 @@ class DdpConversion:
                 continue
             early = self._call_before_wrap(function, plan, depth=0)
             if early is not None:
-                attr = facts.module.code_for_node(node)
+                attr = facts.code(node)
                 raise DeclineFix(
                     f"`{function.name.value}()` reads `{attr}` and is called before the DDP wrap too (line "
                     f"{facts.line_of(early.node)}), where the model is not wrapped yet: `{plan.model}.module` "
@@ -859,7 +859,7 @@ class DdpConversion:
                 raise DeclineFix("DataParallel is applied inside a loop")
             if frame.kind in ("if", "else"):
                 node = frame.node
-                test = facts.module.code_for_node(node.test) if isinstance(node, cst.If) else ""
+                test = facts.code(node.test) if isinstance(node, cst.If) else ""
                 if frame.kind == "else" or "device_count" not in test or node.orelse is not None:
                     raise DeclineFix(
                         "DataParallel is applied behind a condition; under torchrun every process must wrap "

@@ -73,7 +73,7 @@ def plan_sampler(facts: ScriptFacts, call: CallSite, guarded: bool = False) -> S
     if plain is not None:
         # ``sampler=RandomSampler(train_dataset)`` (the HF fine-tuning loop): the same order semantics per rank.
         shuffle = "True" if plain[1] else "False"
-        dataset = facts.module.code_for_node(plain[0])
+        dataset = facts.code(plain[0])
     else:
         shuffle = _plan_shuffle(facts, call, site, edits)
     edits.sampler = parse_expression(f"{callee}({dataset}, shuffle={shuffle})", facts.module)
@@ -112,7 +112,7 @@ def _plan_guarded(facts: ScriptFacts, call: CallSite) -> SamplerEdits:
         kv = written[0]
         if len(written) > 1 or kv.conditional or kv.source not in ("keyword", "positional"):
             raise DeclineFix("shuffle= is not one keyword of the call; move it into the sampler by hand")
-        shuffle = facts.module.code_for_node(kv.value)
+        shuffle = facts.code(kv.value)
         if kv.source == "keyword":
             edits.shuffle_keyword = kv.node
         else:
@@ -235,7 +235,7 @@ def _dataset(facts: ScriptFacts, call: CallSite, hoist: list) -> str:
             callee = facts.qualname(value.func) or full_name(value.func) or ""
             if "IterableDataset" in callee or "IterDataPipe" in callee or "datapipes" in callee:
                 raise DeclineFix("an IterableDataset cannot take a sampler; shard it per rank instead")
-    return facts.module.code_for_node(dataset)
+    return facts.code(dataset)
 
 
 def _sampler_callee(facts: ScriptFacts, call: CallSite) -> tuple[str, bool]:
@@ -263,7 +263,7 @@ def _plan_shuffle(facts: ScriptFacts, call: CallSite, site: LoaderSite, edits: S
     direct = [kv for kv in written if kv.source in ("keyword", "positional")]
     if len(written) == 1 and not written[0].conditional:
         kv = written[0]
-        code = facts.module.code_for_node(kv.value)
+        code = facts.code(kv.value)
         if kv.source == "keyword":
             edits.shuffle_keyword = kv.node
             return code
@@ -288,7 +288,7 @@ def _plan_star_override(facts: ScriptFacts, call: CallSite, edits: SamplerEdits)
     if len(stars) != 1 or not isinstance(stars[0].value, (cst.Name, cst.Attribute)):
         raise DeclineFix("shuffle= comes from more than one `**` dict; move it into the sampler by hand")
     edits.star_override = stars[0]
-    return f'{facts.module.code_for_node(stars[0].value)}.get("shuffle", False)'
+    return f'{facts.code(stars[0].value)}.get("shuffle", False)'
 
 
 def _plan_dict_removal(facts: ScriptFacts, call: CallSite, kv: KeyValue, edits: SamplerEdits) -> None:

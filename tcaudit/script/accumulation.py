@@ -83,10 +83,10 @@ def _counter(node: cst.BaseExpression) -> str | None:
 
 
 def _mentions_len(facts: ScriptFacts, node: cst.BaseExpression) -> bool:
-    if "len(" in facts.module.code_for_node(node):
+    if "len(" in facts.code(node):
         return True
     dotted = attribute_chain(node)
-    return bool(dotted) and any("len(" in facts.module.code_for_node(b.value) for b in facts.bindings_of(dotted))
+    return bool(dotted) and any("len(" in facts.code(b.value) for b in facts.bindings_of(dotted))
 
 
 def is_end_of_epoch(facts: ScriptFacts, node: cst.BaseExpression) -> bool:
@@ -109,7 +109,7 @@ def guard_parts(
         modulos = [m for m in (modulo_clause(c) for c in clauses) if m is not None]
         if not modulos:
             continue
-        codes = {(m[0], facts.module.code_for_node(m[1])) for m in modulos}
+        codes = {(m[0], facts.code(m[1])) for m in modulos}
         if len(codes) != 1:
             return None
         others = [c for c in clauses if modulo_clause(c) is None]
@@ -172,7 +172,7 @@ def _under_guard(facts: ScriptFacts, ctx: Frame, loop: Frame, divisor_code: str)
             return False
         if frame.kind == "if":
             parts = guard_parts(facts, _resolved_test(facts, frame.node.test, loop))  # type: ignore[attr-defined]
-            if parts is not None and facts.module.code_for_node(parts[0][1]) == divisor_code:
+            if parts is not None and facts.code(parts[0][1]) == divisor_code:
                 return True
     return False
 
@@ -213,7 +213,7 @@ def accumulation_loops(facts: ScriptFacts) -> list[AccumulationLoop]:
         if guarded is None:
             continue
         guard, test, divisor, last = guarded
-        divisor_code = facts.module.code_for_node(divisor)
+        divisor_code = facts.code(divisor)
         backwards = tuple(
             s for s in facts.training_steps if _in_loop(s.ctx, loop) and not s.ctx.inside(guard.node)
         )

@@ -16,6 +16,7 @@ from tcaudit.script.callers import callers_of, reachable_functions
 from tcaudit.script.expressions import numeric_constant
 from tcaudit.script.facts import AUTOCAST_QUALNAMES, CallSite, Frame, ScriptFacts, TrainingStep, assigned_names
 from tcaudit.script.guards import branches, exclusive
+from tcaudit.source.memo import remembered
 from tcaudit.source.syntax import call_nodes, evaluated_value, keyword, names_in, nodes_of, param_names, strip_comments
 from tcaudit.source.syntax import full_name
 
@@ -677,17 +678,12 @@ class AmpFacts:
         GradScaler at its initial scale overflows in the first backward passes and skips those updates
         (see :meth:`recommended_precision`)."""
         for function, _ in self.facts.functions:
-            if self.facts.function_is_eval(function) or not _has_matmul(function):
+            if self.facts.function_is_eval(function):
                 continue  # a sampling temperature (``generate``) is not a loss's
-            for node in nodes_of(function, (cst.AugAssign, cst.BinaryOperation)):
-                if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
-                    divisor = node.value
-                elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
-                    divisor = node.right
-                else:
-                    continue
-                if _TEMPERATURE.match(full_name(divisor) or ""):
-                    return node
+            found = remembered(function, "temperature division",
+                               lambda function=function: _temperature_division(function))
+            if found is not None:
+                return found
         return None
 
     @functools.cached_property
@@ -810,6 +806,23 @@ def _pointwise_conv1d(call: CallSite) -> bool:
         return False
     kernel = call.arg("kernel_size", 2)
     return isinstance(kernel, cst.Integer) and kernel.value == "1"
+
+
+def _temperature_division(function: cst.FunctionDef) -> cst.CSTNode | None:
+    """The first division by a temperature in ``function``, where it multiplies matrices (its tree alone
+    says: remembered while an editor's edits leave the function as it is)."""
+    if not _has_matmul(function):
+        return None
+    for node in nodes_of(function, (cst.AugAssign, cst.BinaryOperation)):
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            divisor = node.value
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = node.right
+        else:
+            continue
+        if _TEMPERATURE.match(full_name(divisor) or ""):
+            return node
+    return None
 
 
 def _has_matmul(node: cst.CSTNode) -> bool:

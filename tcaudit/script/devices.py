@@ -184,9 +184,9 @@ def _moved_to(facts: ScriptFacts, move: CallSite) -> str:
     arg = device_argument(move.node)
     if move.method == "cuda":
         if isinstance(arg, cst.Integer):
-            return f'"cuda:{facts.module.code_for_node(arg)}"'
-        return facts.module.code_for_node(arg) if arg is not None else '"cuda"'
-    return facts.module.code_for_node(arg) if arg is not None else "device"
+            return f'"cuda:{facts.code(arg)}"'
+        return facts.code(arg) if arg is not None else '"cuda"'
+    return facts.code(arg) if arg is not None else "device"
 
 
 def _at_call(facts: ScriptFacts, site: CallSite, torch_name: str) -> tuple[str, str]:
@@ -320,12 +320,12 @@ def _cuda_flag(facts: ScriptFacts, step: TrainingStep) -> str | None:
     common: list[str] | None = None
     for call in moves:
         # The main guard is around every move of a module-level script and says nothing of devices.
-        codes = [facts.module.code_for_node(b.test.test) for b in branches(call.ctx)
+        codes = [facts.code(b.test.test) for b in branches(call.ctx)
                  if b.taken and is_pure_test(b.test.test) and not is_main_guard(b.test)]
         common = codes if common is None else [code for code in common if code in codes]
     if not common:
         return None
-    test = next(b.test.test for b in branches(moves[0].ctx) if b.taken and facts.module.code_for_node(b.test.test) == common[0])
+    test = next(b.test.test for b in branches(moves[0].ctx) if b.taken and facts.code(b.test.test) == common[0])
     loop = outermost_loop(step.ctx, step.function)
     if loop is not None and any(
         b.ctx.inside(loop) for name in names_in(test) for b in facts.bindings_of(name)

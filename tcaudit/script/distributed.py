@@ -170,7 +170,7 @@ def is_meeting_point(qualname: str | None) -> bool:
 
 
 def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
-    return facts.module.code_for_node(node)
+    return facts.code(node)
 
 
 def has_modulo(node: cst.CSTNode) -> bool:
@@ -310,7 +310,7 @@ def rank_branch(facts: ScriptFacts, ctx: Frame) -> tuple[cst.If, bool] | None:
         if frame.kind in ("def", "class", "lambda"):
             return None
         if frame.kind in ("if", "else") and isinstance(frame.node, cst.If):
-            if RANK_TEST.search(facts.module.code_for_node(frame.node.test)):
+            if RANK_TEST.search(facts.code(frame.node.test)):
                 return frame.node, frame.kind == "else"
     return None
 

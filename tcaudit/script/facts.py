@@ -25,6 +25,7 @@ from tcaudit.script.callers import callers_of
 from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
 from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
+from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import SourceFile
 from tcaudit.source.syntax import chain_root, evaluated_value, full_name, keyword, names_in, strip_comments
 from tcaudit.source.walk import code_positions, walk
@@ -653,6 +654,13 @@ class ScriptFacts:
                 return f"{module}.{dotted}"
         return None
 
+    def code(self, node: cst.CSTNode) -> str:
+        """``module.code_for_node(node)``, remembered per node while an analysis keeps a memo: the rules
+        read the code of the same receivers and statements at every edit of a long file."""
+        module = self.module
+        return remembered(node, ("code", module.default_indent, module.default_newline),
+                          lambda: module.code_for_node(node))
+
     def qualname(self, expr: cst.BaseExpression | None) -> str | None:
         if expr is None:
             return None
@@ -667,7 +675,16 @@ class ScriptFacts:
                 out.append(Reference(node, dotted, qual, ctx))
         return out
 
+    @functools.cached_property
+    def referenced_qualnames(self) -> frozenset[str]:
+        """The qualified names :attr:`references` has, from the few hundred names a file writes (not its
+        ten thousand references one by one)."""
+        resolved = map(self.resolve, {dotted for _, dotted, _ in self._raw_references})
+        return frozenset(qual for qual in resolved if qual)
+
     def references_to(self, *prefixes: str) -> list[Reference]:
+        if not any(qual.startswith(prefixes) for qual in self.referenced_qualnames):
+            return []
         return [r for r in self.references if r.qualname and r.qualname.startswith(prefixes)]
 
     def imported_roots(self) -> set[str]:
@@ -978,7 +995,7 @@ class ScriptFacts:
             root = site.qualname.lstrip(".").split(".")[0]
             if root in _FRAMEWORK_ROOTS:
                 found.setdefault(_FRAMEWORK_ROOTS[root], f"imports {site.qualname}")
-        quals = {r.qualname for r in self.references if r.qualname}
+        quals = self.referenced_qualnames
         if any(q.startswith("torch.distributed.fsdp") and "MixedPrecision" in q for q in quals):
             found.setdefault("fsdp", "FSDP MixedPrecision policy")
         if any(q.startswith("transformers") and q.split(".")[-1] in ("Trainer", "Seq2SeqTrainer") for q in quals):
@@ -1233,7 +1250,10 @@ class ScriptFacts:
     def mentions_gradscaler(self) -> bool:
         """Any GradScaler in the file, however it is named or wrapped (``loss_scaler = NativeScaler()``
         counts too): a scaler object whose ``scale``/``step``/``update`` are called."""
-        if any("GradScaler" in dotted or "Scaler" in dotted.split(".")[-1] for _, dotted, _ in self._raw_references):
+        # (A written name is in the text: no "Scaler" there, none among the names.)
+        if "Scaler" in self.source.text and any(
+            "GradScaler" in dotted or "Scaler" in dotted.split(".")[-1] for _, dotted, _ in self._raw_references
+        ):
             return True
         return any(c.method in ("scale", "unscale_") and c.receiver_name for c in self.calls)
 

@@ -284,7 +284,7 @@ def picked_from_torch_nn(facts: ScriptFacts, call: cst.Call) -> str | None:
         return None
     if facts.qualname(picker.args[0].value) != "torch.nn":
         return None
-    return facts.module.code_for_node(picker.args[1].value)
+    return facts.code(picker.args[1].value)
 
 
 # -- whose forward runs ---------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def is_interval_guard(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
             if isinstance(target.operator, cst.Equal):
                 sides = (node.left, target.comparator)
                 if any(isinstance(s, cst.Integer) for s in sides) or any(
-                    "len(" in facts.module.code_for_node(s) for s in sides
+                    "len(" in facts.code(s) for s in sides
                 ):
                     return True
     return False

@@ -304,7 +304,7 @@ class TrainedModelFacts(TrainingCodeFacts):
         """What the model audit measured about this trained model, if it audited it."""
         if models is None:
             return None
-        return models.for_site(site.name, self.facts.module.code_for_node(site.construction))
+        return models.for_site(site.name, self.facts.code(site.construction))
 
     def is_convnet(self, site: ModelSite, models: "AuditedModels | None") -> bool:
         """The audit's FLOP shares where it built the model (a factory, a registry, a name picked at run

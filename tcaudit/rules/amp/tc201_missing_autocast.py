@@ -457,7 +457,7 @@ def _plan_branches(
     _refuse_unsafe_ops(facts, {id(node) for group in groups for node in group})
     return WrapBranches(
         tuple(facts.line_of(s.node) for s in uncovered),
-        facts.module.code_for_node(expression),
+        facts.code(expression),
         tuple(groups),  # type: ignore[arg-type]
     )
 

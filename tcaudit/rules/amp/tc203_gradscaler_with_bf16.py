@@ -60,7 +60,7 @@ class GradScalerWithBf16(ScriptRule):
                 continue  # ``enabled=False``, or a test for fp16 on a dtype that is bf16 for sure
             when = ""
             if enabled is not None and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
-                when = f" (enabled by `{facts.module.code_for_node(enabled)}`)"
+                when = f" (enabled by `{facts.code(enabled)}`)"
             yield self.finding(
                 facts,
                 call.node,

@@ -136,7 +136,7 @@ def _fp16_conditions(facts: ScriptFacts, site, steps, loop: cst.CSTNode | None) 
     # scaler's own ``enabled=`` already tests for the device.
     if enabled is not None and is_pure_test(enabled) and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
         tests.append(enabled)
-        codes.append(facts.module.code_for_node(enabled))
+        codes.append(facts.code(enabled))
     conditions = extra_conditions(site.call.ctx, steps[0].ctx)
     if conditions:
         code = condition_code(facts.module, conditions)

@@ -100,7 +100,7 @@ class ClipBeforeUnscale(ScriptRule):
     def _optimizer_for(facts: ScriptFacts, function) -> str:
         for call in facts.optimizer_steps:
             if call.ctx.function is function and call.receiver_name in facts.scalers and call.node.args:
-                return facts.module.code_for_node(call.node.args[0].value)
+                return facts.code(call.node.args[0].value)
         for call in facts.optimizer_steps:
             if call.ctx.function is function and call.receiver_name not in facts.scalers:
                 return call.receiver_name or "optimizer"

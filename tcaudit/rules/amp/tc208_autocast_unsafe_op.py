@@ -143,7 +143,7 @@ def _plan(facts: ScriptFacts, amp: AmpFacts, call: CallSite) -> BceOutsideAutoca
     if (site.call.qualname or "").startswith(("torch.cuda.", "torch.cpu.")) or device_expr is None:
         device_code = f'"{site.device or "cuda"}"'
     else:
-        device_code = facts.module.code_for_node(device_expr)
+        device_code = facts.code(device_expr)
     statement = call.statement.node if call.statement is not None else None
     if not isinstance(statement, cst.SimpleStatementLine):
         raise DeclineFix("the loss is part of a compound statement")

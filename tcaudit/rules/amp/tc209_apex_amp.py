@@ -95,7 +95,7 @@ class ApexAmp(ScriptRule):
         keywords = {a.keyword.value: a.value for a in init.node.args if a.keyword is not None}
         if len(positional) != 2 or any(a.star for a in init.node.args):
             raise DeclineFix("`amp.initialize` is not called with one model and one optimizer")
-        model_text, optimizer_text = (facts.module.code_for_node(a.value) for a in positional)
+        model_text, optimizer_text = (facts.code(a.value) for a in positional)
         if not all(isinstance(a.value, (cst.Name, cst.Attribute)) for a in positional):
             raise DeclineFix("`amp.initialize` gets lists of models or optimizers")
         unknown = sorted(set(keywords) - _ALLOWED_KEYWORDS)
@@ -110,7 +110,7 @@ class ApexAmp(ScriptRule):
         elif level_value == "O0":
             enabled = "False"
         elif level_value is ...:
-            enabled = f'{facts.module.code_for_node(level)} in ("O1", "O2")'
+            enabled = f'{facts.code(level)} in ("O1", "O2")'
         else:
             raise DeclineFix(f"opt_level={level_value!r}: pure fp16 training has no torch.amp equivalent")
         init_statement = init.statement.node if init.statement is not None else None
@@ -120,7 +120,7 @@ class ApexAmp(ScriptRule):
         device = device_expression(facts, init, "type", torch)
         codes = [f"{SCALER} = {torch}.amp.GradScaler({device}, enabled={enabled})"]
         if isinstance(small, cst.Assign) and small.value is init.node and len(small.targets) == 1:
-            targets = facts.module.code_for_node(small.targets[0].target)
+            targets = facts.code(small.targets[0].target)
             if " ".join(targets.replace(",", " ").split()) != " ".join(f"{model_text} {optimizer_text}".split()):
                 codes.insert(0, f"{targets} = {model_text}, {optimizer_text}")
         elif not (isinstance(small, cst.Expr) and small.value is init.node):
@@ -133,15 +133,15 @@ class ApexAmp(ScriptRule):
         scale_args = [a for a in scale.node.args if a.keyword is None]
         if len(scale_args) != 2 or len(scale.node.args) != 2:
             raise DeclineFix("`amp.scale_loss` gets more than a loss and an optimizer")
-        loss_text = facts.module.code_for_node(scale_args[0].value)
-        step_optimizer = facts.module.code_for_node(scale_args[1].value)
+        loss_text = facts.code(scale_args[0].value)
+        step_optimizer = facts.code(scale_args[1].value)
         asname = with_node.items[0].asname
         body = with_node.body.body if isinstance(with_node.body, cst.IndentedBlock) else ()
         scaled = full_name(asname.name) if asname is not None else None
         backward_only = (
             scaled is not None and len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine)
             and len(body[0].body) == 1 and isinstance(body[0].body[0], cst.Expr)
-            and facts.module.code_for_node(body[0].body[0].value).replace(" ", "") == f"{scaled}.backward()"
+            and facts.code(body[0].body[0].value).replace(" ", "") == f"{scaled}.backward()"
         )
         if not backward_only:
             raise DeclineFix("the `amp.scale_loss` block does more than `scaled_loss.backward()`")

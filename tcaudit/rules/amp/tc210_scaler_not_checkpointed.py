@@ -119,7 +119,7 @@ class ScalerNotCheckpointed(ScriptRule):
                     raise DeclineFix(f"the optimizer state is loaded inside a larger statement (line {facts.line_of(load.node)})")
                 self._check_visible(facts, scaler, load.ctx, facts.line_of(load.node), "loaded")
                 exists = self._existence_test(facts, scaler, load.ctx, "loaded")
-                checkpoint = facts.module.code_for_node(source.value)
+                checkpoint = facts.code(source.value)
                 # A checkpoint saved where the scaler was missing holds None for it.
                 saved_none = f'{checkpoint}["{KEY}"] is not None' if tests else None
                 guard = " and ".join(
@@ -171,7 +171,7 @@ class ScalerNotCheckpointed(ScriptRule):
             key = (_string(element.key) or "").lower()
             if "scaler" in key or "amp" in key:
                 return True
-            text = facts.module.code_for_node(element.value)
+            text = facts.code(element.value)
             if any(scaler in text for scaler in facts.scalers) or "scaler" in text.lower():
                 return True
         return False

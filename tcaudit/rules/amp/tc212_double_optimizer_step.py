@@ -42,7 +42,7 @@ class DoubleOptimizerStep(ScriptRule):
                 earlier = next((c for c in calls[:index] if self._same_path(facts, c, later)), None)
                 if earlier is None:
                     continue
-                first = facts.module.code_for_node(earlier.node)
+                first = facts.code(earlier.node)
                 yield self.finding(
                     facts, later.node,
                     f"`{optimizer}` is stepped again after `{first}` (line {facts.line_of(earlier.node)}) with the "
@@ -64,7 +64,7 @@ class DoubleOptimizerStep(ScriptRule):
     @staticmethod
     def _optimizer_of(facts: ScriptFacts, call: CallSite) -> str | None:
         if call.receiver_name in facts.scalers or _SCALER_NAME.search(call.receiver_name or ""):
-            return facts.module.code_for_node(call.node.args[0].value) if call.node.args else None
+            return facts.code(call.node.args[0].value) if call.node.args else None
         if any(a.keyword is None for a in call.node.args):
             return None  # step(closure): LBFGS re-evaluates, a different shape
         return call.receiver_name

@@ -35,7 +35,7 @@ class ClipAfterStep(ScriptRule):
             yield self.finding(
                 facts,
                 call.node,
-                f"gradients are clipped after `{facts.module.code_for_node(step.node)}` has used them; clip before the step",
+                f"gradients are clipped after `{facts.code(step.node)}` has used them; clip before the step",
                 explanation=("The update was made with the unclipped gradients, so the clip has no effect on "
                              "training; clip before the step (after `scaler.unscale_(optimizer)` under AMP)."),
             )

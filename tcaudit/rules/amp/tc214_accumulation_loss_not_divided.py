@@ -126,7 +126,7 @@ class _LossPath:
             last = name.split(".")[-1]
             if ACCUMULATION_NAME.search(last) or (self.divisor_last and last == self.divisor_last):
                 return True
-        return isinstance(node, cst.Integer) and self.facts.module.code_for_node(node) == self.divisor_code
+        return isinstance(node, cst.Integer) and self.facts.code(node) == self.divisor_code
 
     def _check_arguments(self, call: cst.Call) -> None:
         for arg in call.args:
@@ -197,7 +197,7 @@ class _LossPath:
             assert isinstance(value, cst.BaseExpression)
             if isinstance(operator, (cst.DivideAssign, cst.FloorDivideAssign)):
                 self.scaled = True
-                if self.facts.module.code_for_node(value) == self.divisor_code:
+                if self.facts.code(value) == self.divisor_code:
                     self.by_divisor.append(statement)
                 continue
             if isinstance(operator, cst.MultiplyAssign):
@@ -212,7 +212,7 @@ class _LossPath:
         operator = node.operator
         if isinstance(operator, (cst.Divide, cst.FloorDivide)):
             self.scaled = True
-            if self.facts.module.code_for_node(node.right) == self.divisor_code:
+            if self.facts.code(node.right) == self.divisor_code:
                 self.by_divisor.append(node)
             self.follow(node.left, scope, depth + 1, helpers)
             return
@@ -296,7 +296,7 @@ class AccumulationLossNotDivided(ScriptRule):
             if any(path is None for path in paths):
                 continue
             n = accumulation.divisor_code if len(accumulation.divisor_code) <= 40 else "N"
-            guard = facts.module.code_for_node(accumulation.guard.node.test)  # type: ignore[attr-defined]
+            guard = facts.code(accumulation.guard.node.test)  # type: ignore[attr-defined]
             plain = not any(path.scaled or path.unknown for path in paths)
             if plain and not self._n_elsewhere(facts, accumulation, paths[0]):
                 first = accumulation.backwards[0].backward
@@ -324,7 +324,7 @@ class AccumulationLossNotDivided(ScriptRule):
                     severity=Severity.INFO,
                     explanation=(
                         f"The optimizer also steps on the last micro-batches of an epoch "
-                        f"(`{facts.module.code_for_node(accumulation.last_batch)}`); when the number of "
+                        f"(`{facts.code(accumulation.last_batch)}`); when the number of "
                         f"batches is not a multiple of `{n}`, that update sums fewer than `{n}` gradients "
                         f"each divided by `{n}`, so it is scaled down. Divide by the number of micro-steps "
                         f"of the current cycle there, or drop the partial cycle."
@@ -359,7 +359,7 @@ class AccumulationLossNotDivided(ScriptRule):
                 return True
             if not binding.is_item_write or binding.statement is None:
                 continue
-            code = facts.module.code_for_node(binding.statement.node)
+            code = facts.code(binding.statement.node)
             if _LR_KEY.search(code) and path.mentions_divisor(binding.value):
                 return True
         return False

@@ -400,7 +400,7 @@ class _LoopOutputs:
     def _fail(self, node: cst.CSTNode, what: str) -> None:
         if self.reason:
             return
-        code = " ".join(self.facts.module.code_for_node(node).split())
+        code = " ".join(self.facts.code(node).split())
         code = code if len(code) <= 30 else code[:27] + "…"
         line = self.facts.line_of(node)
         if what == "is kept in":

@@ -46,7 +46,7 @@ def host_read(facts: ScriptFacts, call: CallSite) -> str | None:
         if method == "numpy" and isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) \
                 and receiver.func.attr.value == "cpu":
             return None  # the .cpu() before it is the reported read
-        text = " ".join(facts.module.code_for_node(receiver).split()) if receiver is not None else ""
+        text = " ".join(facts.code(receiver).split()) if receiver is not None else ""
         short = text if len(text) <= 40 else text[:37] + "…"
         return f"`{short}.{method}()`"
     if call.name == "print" and not call.method and any(

@@ -183,7 +183,7 @@ def _channels_last_plan(
         edits.extend(_input_edits(facts, pipeline, name, channels_last))
     edits.extend(_noise_edits(facts, name))
     edits.extend(ReshapeView(view.node) for view in views.values())
-    reshaped = tuple(facts.module.code_for_node(view.node) for view in views.values())
+    reshaped = tuple(facts.code(view.node) for view in views.values())
     return ChannelsLastPlan(line, name, code, tuple(edits), channels_last, reshaped)
 
 
@@ -217,7 +217,7 @@ def _check_model(facts: ScriptFacts, site: ModelSite) -> list[CallSite]:
             isinstance(receiver, cst.Call) and full_name(receiver.func) == site.name
         ):
             raise DeclineFix(
-                f"`{facts.module.code_for_node(call.node)}` views the model's output, which channels_last "
+                f"`{facts.code(call.node)}` views the model's output, which channels_last "
                 "may make non-viewable; use `.reshape()` there, then convert the model"
             )
     return views
@@ -262,7 +262,7 @@ def _views_flat_layer_output(facts: ScriptFacts, view: CallSite) -> bool:
 
 
 def _check_reshapable(facts: ScriptFacts, view: CallSite) -> None:
-    written = facts.module.code_for_node(view.node)
+    written = facts.code(view.node)
     positional = [a for a in view.node.args if a.keyword is None and not a.star]
     if keyword(view.node, "dtype") is not None or (
         len(positional) == 1 and (facts.qualname(positional[0].value) or "") in _TORCH_DTYPES
@@ -289,7 +289,7 @@ def _check_reshapable(facts: ScriptFacts, view: CallSite) -> None:
         if mutation is not None:
             raise DeclineFix(
                 f"`{written}` in the model's code shares its storage with `{name}`, which "
-                f"`{facts.module.code_for_node(mutation)}` writes in place: a `.reshape()` copy would not share "
+                f"`{facts.code(mutation)}` writes in place: a `.reshape()` copy would not share "
                 "that write, and `.view()` fails on channels_last activations; convert by hand"
             )
 

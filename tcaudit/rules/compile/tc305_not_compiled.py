@@ -213,7 +213,7 @@ def _lightning_plan(facts: ScriptFacts, name: str | None, classes, given: cst.Ba
         )
     if name is None:
         raise DeclineFix(
-            f"the LightningModule is built inside the `fit(...)` call (`{facts.module.code_for_node(given)}`): bind it "
+            f"the LightningModule is built inside the `fit(...)` call (`{facts.code(given)}`): bind it "
             "to a name first (`model = ...`), then `model.compile()` before `fit`"
         )
     return _compile_plan(facts, name, f"{name}.compile()", facts.position(given).end.line)
@@ -332,7 +332,7 @@ def _compile_plan(facts: ScriptFacts, name: str, code: str, line: int) -> Compil
         )
     torch_name = torch_import_name(facts) or "torch"
     compiled, after, condition = _plan(facts, name, torch_name)
-    if isinstance(after, cst.If) and facts.module.code_for_node(after.test) == condition:
+    if isinstance(after, cst.If) and facts.code(after.test) == condition:
         # ``if device == "cuda": model = model.cuda()`` gains the compile in the same block.
         return CompileInPlace(after.body.body[-1], line, name, code, f"{compiled}.compile()\n", _unwrapped(compiled))
     return CompileInPlace(after, line, name, code, f"if {condition}:\n    {compiled}.compile()\n", _unwrapped(compiled))
@@ -607,7 +607,7 @@ def _device_condition(
     last = next(i for i, item in enumerate(block) if item is after)
     # ``if device == "cuda": model = model.cuda()`` (or ``if args.cuda:``): the script's own test.
     tests = {
-        facts.module.code_for_node(item.test)
+        facts.code(item.test)
         for item in block[first:last + 1]
         if isinstance(item, cst.If) and is_prep(item, name)
         and any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("cuda", "to") for c in call_nodes(item.body))

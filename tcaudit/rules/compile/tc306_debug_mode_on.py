@@ -176,7 +176,7 @@ class DebugModeOn(ScriptRule):
             if (facts.resolve(binding.target) or binding.target) not in ENVIRON:
                 continue
             statement = binding.statement.node if binding.statement else None
-            if statement is None or "CUDA_LAUNCH_BLOCKING" not in facts.module.code_for_node(statement):
+            if statement is None or "CUDA_LAUNCH_BLOCKING" not in facts.code(statement):
                 continue
             if str(literal(binding.value)) != "1" or self._deliberate(pipeline, binding.ctx):
                 continue

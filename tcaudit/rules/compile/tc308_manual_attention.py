@@ -550,7 +550,7 @@ def _tril_buffer(facts: ScriptFacts, function: cst.FunctionDef, name: str) -> bo
                 evaluated_value(call.node.args[0].value) != name:
             continue
         value = call.node.args[1].value
-        text = facts.module.code_for_node(value).replace(" ", "")
+        text = facts.code(value).replace(" ", "")
         return "tril(" in text and "ones(" in text and "diagonal" not in text and ",-1" not in text
     return False
 

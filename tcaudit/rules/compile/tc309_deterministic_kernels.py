@@ -53,7 +53,7 @@ class DeterministicKernels(ScriptRule):
                 continue
             if id(node.value) in frames and pipeline.is_flag_guarded(frames[id(node.value)]):
                 continue
-            yield self._finding(facts, node, f"`{facts.module.code_for_node(target)} = {spec[0]}`", spec[1])
+            yield self._finding(facts, node, f"`{facts.code(target)} = {spec[0]}`", spec[1])
         for call in facts.calls:
             spec = CALLS.get(call.qualname or "")
             if spec is None or not call.node.args or not _is_literal(call.node.args[0].value, spec[0]):

@@ -48,7 +48,7 @@ class ArchListVariable(ScriptRule):
                     raise DeclineFix(f"the file reads `{NAME}` as a variable too; set the environment by hand")
                 if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
                     raise DeclineFix("the assignment shares its line with other statements")
-                return SetEnvironment(statement, f"os.environ[{NAME!r}] = {facts.module.code_for_node(value)}")
+                return SetEnvironment(statement, f"os.environ[{NAME!r}] = {facts.code(value)}")
 
             yield self.finding(
                 facts, statement,

@@ -379,7 +379,7 @@ def _check_order(facts: ScriptFacts, site: LoaderSite) -> None:
                 if shuffle is None or literal(shuffle.value) is True:
                     continue
             raise DeclineFix(
-                f"the sampler (`{facts.module.code_for_node(value)}`) may keep one order: drop_last=True would "
+                f"the sampler (`{facts.code(value)}`) may keep one order: drop_last=True would "
                 "leave the same samples out of training every epoch"
             )
     if plain and not _shuffles(site, samplers[0] if samplers else None):

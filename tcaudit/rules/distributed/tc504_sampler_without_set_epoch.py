@@ -69,7 +69,7 @@ def epoch_loop(facts: ScriptFacts, info: DistributedFacts) -> Frame | None:
         for ctx in info.call_contexts(call.ctx, depth=3):
             for frame in loops_of(ctx):
                 node = frame.node
-                if isinstance(node, cst.For) and _EPOCH.search(facts.module.code_for_node(node.target)):
+                if isinstance(node, cst.For) and _EPOCH.search(facts.code(node.target)):
                     if not _single_pass(node):
                         return frame
     # ``for epoch in range(E): train(model, loader)`` where train() holds the step loop.
@@ -77,7 +77,7 @@ def epoch_loop(facts: ScriptFacts, info: DistributedFacts) -> Frame | None:
         loop = innermost_loop(call.ctx)
         if loop is None or not isinstance(loop.node, cst.For) or _single_pass(loop.node):
             continue
-        if _EPOCH.search(facts.module.code_for_node(loop.node.target)) and call.name and not facts.in_eval(call.ctx):
+        if _EPOCH.search(facts.code(loop.node.target)) and call.name and not facts.in_eval(call.ctx):
             short = call.name.removeprefix("self.")
             if any(fn for fn in facts.functions_by_name.get(short, []) if _holds_step_loop(info, fn)):
                 return loop
@@ -160,7 +160,7 @@ class SamplerWithoutSetEpoch(ScriptRule):
                 yield from self._built_elsewhere(facts, context, loop)
             return
         epoch_var = (
-            facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
+            facts.code(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
         )
         for call in samplers:
             if not _shuffles(call) or facts.in_eval(call.ctx) or in_test_code(call.ctx):
@@ -228,7 +228,7 @@ class SamplerWithoutSetEpoch(ScriptRule):
         """A DDP script's training loader built by a helper of another module whose DataLoader has (or gets
         from TC503's fix there) a DistributedSampler while a process group is up: reseeded through the
         loader, where the loop sees it, whenever its sampler has ``set_epoch``."""
-        epoch = facts.module.code_for_node(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
+        epoch = facts.code(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
             helper = loader.pipeline.facts
             sampler = " ".join(code(helper, leaf) for v in loader.site.values("sampler") for leaf in helper.binding_values(v))
@@ -463,7 +463,7 @@ def _other_iterables(facts: ScriptFacts, owner: str, bindings: list[Binding], lo
         for site in facts.imports
     ):
         raise DeclineFix(f"`{owner}` is not a DataLoader on every path; reseed the sampler by hand")
-    return facts.module.code_for_node(func)
+    return facts.code(func)
 
 
 def _is_distributed_sampler_expr(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:

@@ -41,7 +41,7 @@ def _always_gloo(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
     for value in facts.binding_values(expr):
         if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
             continue
-        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(facts.module.code_for_node(value)):
+        if isinstance(value, (cst.Name, cst.Attribute)) and facts.bindings_of(facts.code(value)):
             continue  # an assigned name: its values are in the list
         leaves.append(value)
     return bool(leaves) and all(literal_value(v) == "gloo" for v in leaves)
@@ -57,12 +57,12 @@ _WINDOWS_VALUE = re.compile(r"""["'](?:windows|win32|win|nt|cygwin)["']|is_?wind
 
 
 def _is_windows_test(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
-    text = facts.module.code_for_node(test)
+    text = facts.code(test)
     return bool(_WINDOWS_TEST.search(text)) and bool(_WINDOWS_VALUE.search(text) or re.search(r"(?i)is_?windows|IS_WINDOWS", text))
 
 
 def _negated(facts: ScriptFacts, test: cst.BaseExpression) -> bool:
-    text = facts.module.code_for_node(test)
+    text = facts.code(test)
     return isinstance(test, cst.UnaryOperation) or "!=" in text or " not in " in text
 
 
@@ -79,7 +79,7 @@ def _windows_only(facts: ScriptFacts, ctx: Frame) -> bool:
 
 def _gloo_only_on_windows(facts: ScriptFacts, backend: cst.BaseExpression) -> bool:
     """``backend = "gloo"`` bound only in a Windows branch, or ``"gloo" if <windows> else "nccl"``."""
-    name = facts.module.code_for_node(backend)
+    name = facts.code(backend)
     bindings = facts.bindings_of(name) if isinstance(backend, (cst.Name, cst.Attribute)) else []
     gloo = [b for b in bindings if literal_value(b.value) == "gloo"]
     return bool(gloo) and all(_windows_only(facts, b.ctx) for b in gloo)
@@ -147,7 +147,7 @@ def _plan(facts: ScriptFacts, info: DistributedFacts, backend: cst.BaseExpressio
         quote = '"'  # a name bound to "gloo" only: keep using it
     else:
         raise DeclineFix("the backend is not a plain string or name")
-    return ReplaceBackend(backend, facts.line_of(backend), facts.module.code_for_node(backend), _NEW_BACKEND, quote)
+    return ReplaceBackend(backend, facts.line_of(backend), facts.code(backend), _NEW_BACKEND, quote)
 
 
 # -- what the fix checks and writes ------------------------------------------------------------
@@ -175,13 +175,13 @@ class _HostTensors(cst.CSTVisitor):
             if func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Call):
                 self.moved.add(id(func.value))
             if func.attr.value == "cpu" and self.found is None:
-                self.found = self.facts.module.code_for_node(node)
+                self.found = self.facts.code(node)
         if id(node) in self.moved or self.found is not None:
             return
         qual = self.facts.qualname(func) or ""
         if qual.startswith("torch.") and qual.split(".")[-1] in _FACTORIES and qual.count(".") == 1:
             if keyword(node, "device") is None:
-                self.found = self.facts.module.code_for_node(node)
+                self.found = self.facts.code(node)
 
 
 def _host_collective(facts: ScriptFacts) -> str | None:
@@ -195,7 +195,7 @@ def _host_collective(facts: ScriptFacts) -> str | None:
                 finder = _HostTensors(facts)
                 value.visit(finder)
                 if finder.found is not None:
-                    return facts.module.code_for_node(call.node)
+                    return facts.code(call.node)
     return None
 
 

@@ -85,7 +85,7 @@ def accumulating_backwards(facts: ScriptFacts, info: DistributedFacts) -> list[t
             for step_loop, guard in conditional:
                 if step_loop.node is loop.node and not ctx.inside(guard.node):
                     found.setdefault(id(backward.node), (backward, "the optimizer steps only under `if "
-                                     + facts.module.code_for_node(guard.node.test) + "`"))  # type: ignore[attr-defined]
+                                     + facts.code(guard.node.test) + "`"))  # type: ignore[attr-defined]
             if id(loop.node) in step_loops:
                 continue
             outer = loops_of(loop.parent)[:1] if loop.parent is not None else []
@@ -327,16 +327,16 @@ def _condition(
     guards = [guard for step_loop, guard in _conditional_steps(facts, info) if step_loop.node is loop.node]
     guards = [g for g in guards if not site.ctx.inside(g.node)]
     if guards:
-        tests = {facts.module.code_for_node(g.node.test) for g in guards}  # type: ignore[attr-defined]
+        tests = {facts.code(g.node.test) for g in guards}  # type: ignore[attr-defined]
         if len(tests) != 1:
             raise DeclineFix("the optimizer steps under different conditions; add no_sync by hand")
         test = guards[0].node.test  # type: ignore[attr-defined]
         _check_stable(facts, test, loop, statements, guards[0].node)
         negated = _negate(test)
-        code = facts.module.code_for_node(test)
+        code = facts.code(test)
         if negated is None:
             return None, code
-        return facts.module.code_for_node(negated), code
+        return facts.code(negated), code
     # A micro-step loop with one optimizer step after it: the last micro-step syncs.
     outer = loops_of(loop.parent)[:1] if loop.parent is not None else []
     node = loop.node
@@ -359,7 +359,7 @@ def _range_last(facts: ScriptFacts, loop: cst.For) -> tuple[str, str]:
     ):
         raise DeclineFix("the micro-step loop is not `for i in range(n)`: no counter tells the last micro-step")
     stop = it.args[-1].value
-    code = facts.module.code_for_node(stop)
+    code = facts.code(stop)
     if not isinstance(stop, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
         code = f"({code})"
     if _assigns(loop.body, {loop.target.value}):

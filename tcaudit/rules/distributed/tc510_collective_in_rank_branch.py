@@ -55,12 +55,12 @@ class CollectiveInRankBranch(ScriptRule):
             if in_test_code(call.ctx):
                 continue
             if is_collective(call):
-                made, what, via = call, f"`{facts.module.code_for_node(call.node.func)}()`", ""
+                made, what, via = call, f"`{facts.code(call.node.func)}()`", ""
             elif call.name is not None and call.name.removeprefix("self.") in making and "." not in call.name.removeprefix(
                     "self."):
                 made = making[call.name.removeprefix("self.")]
                 what = f"`{call.name}()`"
-                via = f" `{call.name}()` makes `{facts.module.code_for_node(made.node.func)}()` (line " \
+                via = f" `{call.name}()` makes `{facts.code(made.node.func)}()` (line " \
                       f"{facts.line_of(made.node)})."
             else:
                 continue
@@ -70,7 +70,7 @@ class CollectiveInRankBranch(ScriptRule):
             branch, in_else = found
             if self._matched(facts, call, made, branch, in_else, collectives, making):
                 continue
-            test = facts.module.code_for_node(branch.test)
+            test = facts.code(branch.test)
             side = f"the `else` of `if {test}:`" if in_else else f"`if {test}:`"
             yield self.finding(
                 facts,

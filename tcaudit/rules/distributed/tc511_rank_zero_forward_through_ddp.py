@@ -62,7 +62,7 @@ class RankZeroForwardThroughDdp(ScriptRule):
             if model is None:
                 continue
             branch = found[0]
-            test = facts.module.code_for_node(branch.test)
+            test = facts.code(branch.test)
             what = f"`{helper}()` runs the DDP-wrapped `{model}`" if helper else f"`{model}(...)` runs the DDP wrapper"
             what = what if len(what) <= 50 else "the DDP wrapper runs"
 

@@ -86,7 +86,7 @@ def _truncated(facts: ScriptFacts, source: cst.BaseExpression) -> bool:
     """The split data is cut to a multiple of the world size first (``x[: len(x) // ws * ws]``,
     ``x[: n - n % ws]``): every shard then has the same length."""
     for value in facts.binding_values(source):
-        for match in _CUT_TO_MULTIPLE.finditer(facts.module.code_for_node(value)):
+        for match in _CUT_TO_MULTIPLE.finditer(facts.code(value)):
             world = match.group("w") or match.group("m")
             try:
                 if names_world_size(cst.parse_expression(world)):
@@ -184,7 +184,7 @@ class UnevenRankShards(ScriptRule):
             return made
 
         for shard in shards:
-            shown = facts.module.code_for_node(shard)
+            shown = facts.code(shard)
             yield self.finding(
                 facts,
                 shard,
@@ -213,7 +213,7 @@ def _plan(facts: ScriptFacts, info: DistributedFacts, wraps: list[Wrap]) -> Wrap
     wrap = wraps[0]
     conditions = branches(wrap.call.ctx)
     if conditions:
-        test = facts.module.code_for_node(conditions[-1].test.test)
+        test = facts.code(conditions[-1].test.test)
         raise DeclineFix(f"the model is wrapped in DDP only when `{test}`; `.join()` would fail on the other path")
     other = _OTHER_COLLECTIVES.search(info.text)
     if other:
@@ -238,7 +238,7 @@ def _collective_in_loop(facts: ScriptFacts, loop: Frame) -> str | None:
         if not call.ctx.inside(loop.node):
             continue
         if is_meeting_point(call.qualname):
-            return facts.module.code_for_node(call.node)
+            return facts.code(call.node)
         short = (call.name or "").removeprefix("self.")
         if short and "." not in short:
             for fn in facts.functions_by_name.get(short, []):
@@ -248,7 +248,7 @@ def _collective_in_loop(facts: ScriptFacts, loop: Frame) -> str | None:
     for fn in functions:
         for call in facts.calls_in(fn):
             if is_meeting_point(call.qualname):
-                return facts.module.code_for_node(call.node)
+                return facts.code(call.node)
     return None
 
 

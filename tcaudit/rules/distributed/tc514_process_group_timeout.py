@@ -143,7 +143,7 @@ class ProcessGroupTimeout(ScriptRule):
                 f"one rank runs `{_short(last_name(work))}()` (line {facts.line_of(work)}), the rest wait in {where} "
                 f"(line {facts.line_of(meeting)}); no `timeout=`",
                 explanation=(
-                    f"`{facts.module.code_for_node(work)}` runs on one rank only. A collective waits for every rank "
+                    f"`{facts.code(work)}` runs on one rank only. A collective waits for every rank "
                     "of the group; the ranks that reach it first wait until the process group's timeout (10 minutes "
                     "for NCCL) and then abort the job. Pass a timeout that covers the slow rank's work."
                 ),

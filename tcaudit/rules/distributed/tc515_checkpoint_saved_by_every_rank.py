@@ -45,8 +45,8 @@ def _rank_guarded(facts: ScriptFacts, call: CallSite, depth: int = 0) -> bool:
     for statement in body:
         if statement is (call.statement.node if call.statement else None):
             break
-        if isinstance(statement, cst.If) and RANK_TEST.search(facts.module.code_for_node(statement.test)) and \
-                "return" in facts.module.code_for_node(statement.body):
+        if isinstance(statement, cst.If) and RANK_TEST.search(facts.code(statement.test)) and \
+                "return" in facts.code(statement.body):
             return True
     callers = callers_of(facts, fn, how="self", outside=True)
     if not callers:

@@ -243,7 +243,7 @@ class _Tracer:
         return out
 
     def _stop(self, expr: cst.CSTNode, why: str = "cannot be followed to the model's output") -> Untraceable:
-        code = self.facts.module.code_for_node(expr).strip()
+        code = self.facts.code(expr).strip()
         code = code if len(code) <= 40 else code[:37] + "..."
         return Untraceable(f"`{code}` (line {self.facts.line_of(expr)}) {why}")
 

@@ -356,7 +356,7 @@ def _padded_at_construction(facts: ScriptFacts) -> set[str]:
             # By keyword (``vocab_size=...``) or by position (``LM((vocab + 63) // 64 * 64)``, the edit for a
             # size passed positionally): the padding expression itself says what it is.
             if arg.keyword is None or is_vocab_name(arg.keyword.value):
-                if _PADDED_CODE.search(facts.module.code_for_node(arg.value)):
+                if _PADDED_CODE.search(facts.code(arg.value)):
                     out |= _names_in(arg.value)
     return out
 
@@ -595,7 +595,7 @@ def _plan(facts: ScriptFacts, sites: list[VocabLiteral], size: int, target: int)
     for call in facts.calls:
         name = call.name or ""
         qual = call.qualname or ""
-        where = f"`{facts.module.code_for_node(call.node.func)}(...)` at line {facts.line_of(call.node)}"
+        where = f"`{facts.code(call.node.func)}(...)` at line {facts.line_of(call.node)}"
         if CHECKPOINT_LOAD.search(name) or qual == "torch.load":
             raise DeclineFix(
                 f"the file loads weights ({where}) whose embedding has {size} rows; pad the vocabulary by hand "
@@ -632,7 +632,7 @@ def _sampled_reads(facts: ScriptFacts, sites: list[VocabLiteral], size: int, tar
     for call in facts.calls:
         if (call.method or call.name) == "generate" and "generate" not in defined:
             raise DeclineFix(
-                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) samples from the "
+                f"`{facts.code(call.node.func)}(...)` (line {facts.line_of(call.node)}) samples from the "
                 f"logits in code outside this file, which could emit the {target - size} padded ids; pad by hand"
             )
 
@@ -686,7 +686,7 @@ def _check_weighted_choices(facts: ScriptFacts, trace: _Trace, extra: int) -> No
             covered = False
         if not covered:
             raise DeclineFix(
-                f"`{facts.module.code_for_node(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from "
+                f"`{facts.code(call.node.func)}(...)` (line {facts.line_of(call.node)}) may sample from "
                 f"the padded logits, which could emit the {extra} padded ids; pad by hand"
             )
 
@@ -705,7 +705,7 @@ def _check_width_reads(facts: ScriptFacts, trace: _Trace, samplers: list[CallSit
                     continue  # not followed to the model: not the padded logits as far as the file shows
                 if any(id(r.node) not in reads and r.bound is None for r in found):
                     raise DeclineFix(
-                        f"`{facts.module.code_for_node(call.node).strip()[:60]}` (line {facts.line_of(call.node)}) takes "
+                        f"`{facts.code(call.node).strip()[:60]}` (line {facts.line_of(call.node)}) takes "
                         "the padded logits' last dimension as a size; pad by hand"
                     )
 
@@ -771,7 +771,7 @@ def _slices(
         bound = _real_size_at(facts, read.node, sites, size, arguments, classes)
         if read.bound is None:
             out.append(LogitsSlice(read.node, bound))
-        elif _literal_int(read.bound) != size and facts.module.code_for_node(read.bound).strip() != bound:
+        elif _literal_int(read.bound) != size and facts.code(read.bound).strip() != bound:
             out.append(LogitsSlice(read.bound, bound, replace=True))  # its name holds the padded size after the fix
     return tuple(out)
 
@@ -817,7 +817,7 @@ def _construction_plan(
             continue
         for arg in call.args:
             value = arg.value
-            code = facts.module.code_for_node(value).strip()
+            code = facts.code(value).strip()
             plain = code if isinstance(value, (cst.Name, cst.Attribute)) else ""
             if arg.keyword is not None and is_vocab_name(arg.keyword.value) and _mentions(value, names):
                 arguments.append(PaddedArgument(value, padded_code(code), plain))
@@ -885,7 +885,7 @@ def _check_uses_beside_model(
             if _mentions(arg.value, names, bounds):
                 raise DeclineFix(
                     f"the vocabulary size feeds the data, so only the model could be built padded, but it "
-                    f"also feeds `{facts.module.code_for_node(call.node).strip()}` (line {facts.line_of(call.node)}) "
+                    f"also feeds `{facts.code(call.node).strip()}` (line {facts.line_of(call.node)}) "
                     "outside the model, which would not match the padded logits; pad by hand"
                 )
     return list(output_views.values())
@@ -915,7 +915,7 @@ def _output_views(facts: ScriptFacts, names: set[str]) -> dict[int, PaddedArgume
             continue
         last = args[-1].value
         if _names_the_size(last, names) and not any(_mentions(a.value, names) for a in args[:-1]):
-            code = facts.module.code_for_node(last).strip()
+            code = facts.code(last).strip()
             out[id(call.node)] = PaddedArgument(last, padded_code(code))
     return out
 
@@ -935,7 +935,7 @@ def _check_runtime_sizes(facts: ScriptFacts, names: set[str]) -> None:
             # ``vocab_size=vocab_size``, ``vocab_size=config.vocab_size``, ``ntokens = args.ntokens``: the
             # same value passed on (``tokenizer.vocab_size`` is the tokenizer's)
             return
-        code = facts.module.code_for_node(node)
+        code = facts.code(node)
         raise DeclineFix(
             f"the vocabulary size is also set at run time (`{code.strip()}`, line {facts.line_of(node)}); "
             "a size derived from a tokenizer is padded in the model config by hand"
@@ -980,7 +980,7 @@ def _check_uses(facts: ScriptFacts, names: set[str], bounds: set[int]) -> None:
                 continue  # passed on to a config or model under its own name
             if _mentions(arg.value, names, bounds):
                 raise DeclineFix(
-                    f"the vocabulary size also feeds `{facts.module.code_for_node(call.node).strip()}` "
+                    f"the vocabulary size also feeds `{facts.code(call.node).strip()}` "
                     f"(line {facts.line_of(call.node)}), which would then see the padded ids; pad by hand"
                 )
 

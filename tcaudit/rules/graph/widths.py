@@ -160,7 +160,7 @@ class _Model:
             return None
         qual = self.facts.qualname(node.func) or ""
         short = qual.split(".")[-1]
-        code = self.facts.module.code_for_node(node.func)
+        code = self.facts.code(node.func)
         if not qual.startswith("torch.nn."):
             return Layer(node, "opaque", code)
         if short in _LINEAR or short in _CONV:
@@ -186,7 +186,7 @@ class _Model:
             return out
         layer = self._layer(node)
         if layer is None:
-            return [Layer(node, "opaque", self.facts.module.code_for_node(node))]  # type: ignore[arg-type]
+            return [Layer(node, "opaque", self.facts.code(node))]  # type: ignore[arg-type]
         return [self.layers.get(id(node), layer)]
 
     def _class_chain(self, cls: cst.ClassDef, expanded: set[int]) -> list[Layer]:
@@ -369,7 +369,7 @@ def _follow(facts: ScriptFacts, model: _Model, parents: dict[int, cst.CSTNode], 
         if width.problem is None:
             statement = _enclosing_call(ref, parents)
             width.problem = (
-                f"`{width.label}` also feeds `{facts.module.code_for_node(statement).strip().splitlines()[0]}` "
+                f"`{width.label}` also feeds `{facts.code(statement).strip().splitlines()[0]}` "
                 f"(line {facts.line_of(ref)}), not only layer widths; pad by hand"
             )
 
@@ -465,7 +465,7 @@ def plan_padding(facts: ScriptFacts, width: Width) -> PadWidth:
     for site in facts.calls:
         if CHECKPOINT_LOAD.search(site.name or "") or site.qualname == "torch.load":
             raise DeclineFix(
-                f"the file loads weights (`{facts.module.code_for_node(site.node.func)}(...)` at line "
+                f"the file loads weights (`{facts.code(site.node.func)}(...)` at line "
                 f"{facts.line_of(site.node)}) whose tensors have the width {width.value}; pad by hand or not at all"
             )
     if width.problem:
@@ -482,7 +482,7 @@ def plan_padding(facts: ScriptFacts, width: Width) -> PadWidth:
 
 def _check_neighbours(facts: ScriptFacts, model: _Model, width: Width, use: Use, uses: set[int], target: int) -> None:
     layer = use.layer
-    code = facts.module.code_for_node(layer.call).strip()
+    code = facts.code(layer.call).strip()
     line = facts.line_of(layer.call)
     place = model.place.get(id(layer.call))
     if place is None:
@@ -545,7 +545,7 @@ def _check_same_value_elsewhere(facts: ScriptFacts, width: Width) -> None:
             for node in nodes_of(arg.value, cst.Integer):
                 if id(node) not in edits and literal(node) == width.value:
                     raise DeclineFix(
-                        f"the width {width.value} is also written in `{facts.module.code_for_node(site.node).strip()}` "
+                        f"the width {width.value} is also written in `{facts.code(site.node).strip()}` "
                         f"(line {facts.line_of(site.node)}), which would not grow with it; pad by hand"
                     )
 
@@ -556,7 +556,7 @@ def _check_same_value_elsewhere(facts: ScriptFacts, width: Width) -> None:
 def width_layers(facts: ScriptFacts, width: Width) -> str:
     """The layers a width sizes, as a finding's message quotes them (each once, in order)."""
     return ", ".join(dict.fromkeys(
-        f"`{facts.module.code_for_node(use.layer.call).strip()}`" for use in width.uses
+        f"`{facts.code(use.layer.call).strip()}`" for use in width.uses
     ))
 
 

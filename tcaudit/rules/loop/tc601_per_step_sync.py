@@ -186,7 +186,7 @@ def _converts_if_tensor(facts: ScriptFacts, call: CallSite, receiver_text: str) 
         test = frame.node.test if frame.kind == "if" and isinstance(frame.node, cst.If) else None
         if (
             isinstance(test, cst.Call) and full_name(test.func) == "isinstance" and len(test.args) == 2
-            and facts.module.code_for_node(test.args[0].value) == receiver_text
+            and facts.code(test.args[0].value) == receiver_text
             and facts.qualname(test.args[1].value) == "torch.Tensor"
         ):
             return True
@@ -232,7 +232,7 @@ def _after_micro_steps(facts: ScriptFacts, info: DistributedFacts, ctx: Frame) -
                 continue
             node = inner.node
             if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and full_name(node.iter.func) == "range" and node.iter.args:
-                return f"`{facts.module.code_for_node(node.iter.args[-1].value)}`"
+                return f"`{facts.code(node.iter.args[-1].value)}`"
             return "several"
     return None
 
@@ -299,7 +299,7 @@ def _every_call(facts: ScriptFacts, ctx: Frame, fn: cst.FunctionDef) -> str | bo
         if frame.kind == "loop" and not loop:
             node = frame.node
             if isinstance(node, cst.For):
-                loop = " ".join(f"{facts.module.code_for_node(node.target)} in {facts.module.code_for_node(node.iter)}".split())
+                loop = " ".join(f"{facts.code(node.target)} in {facts.code(node.iter)}".split())
                 loop = loop if len(loop) <= 50 else loop[:47] + "…"
             else:
                 loop = "a while loop"
@@ -618,13 +618,13 @@ class PerStepSync(ScriptRule):
             assert receiver is not None
             if any(_is_sync_method_call(inner) for inner in list(expression_chain(receiver))):
                 return None  # the inner sync (``x.cpu()`` of ``x.cpu().numpy()``) is the one reported
-            receiver_text = facts.module.code_for_node(receiver)
+            receiver_text = facts.code(receiver)
             if _converts_if_tensor(facts, call, receiver_text):
                 return None
             if method == "cpu":
                 if call.receiver_name in info.module_names or (call.receiver_name or "").endswith(".module"):
                     return None  # moving a model, not reading a value
-                if call.statement is not None and _PACKING.search(facts.module.code_for_node(call.statement.node)):
+                if call.statement is not None and _PACKING.search(facts.code(call.statement.node)):
                     return None  # pack_padded_sequence needs its lengths on the CPU
             if method == "numpy" and not any(
                 arg.keyword is not None and arg.keyword.value == "force" and literal_value(arg.value) is True
@@ -646,19 +646,19 @@ class PerStepSync(ScriptRule):
             for arg in node.args:
                 uses = _not_parameters(call, tensors.raw_uses(arg.value) + _dict_uses(tensors, arg.value))
                 if uses:
-                    return f"`{call.name}(...)` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+                    return f"`{call.name}(...)` of the tensor `{facts.code(uses[0])}`", node
             return None
         if call.name != "print" and call.name not in _PASSES_TENSORS:
             for arg in node.args:
                 if _is_formatting(arg.value):
                     uses = _not_parameters(call, tensors.raw_uses(arg.value))
                     if uses:
-                        return f"formatting the tensor `{facts.module.code_for_node(uses[0])}`", node
+                        return f"formatting the tensor `{facts.code(uses[0])}`", node
         if call.name == "print" and not call.method:
             for arg in node.args:
                 uses = _not_parameters(call, tensors.raw_uses(arg.value))
                 if uses:
-                    return f"`print` of the tensor `{facts.module.code_for_node(uses[0])}`", node
+                    return f"`print` of the tensor `{facts.code(uses[0])}`", node
             return None
         if method in TENSORBOARD_METHODS and len(node.args) >= 2:
             value = call.arg("scalar_value", 1) or call.arg("values", 1) or node.args[1].value
@@ -672,7 +672,7 @@ class PerStepSync(ScriptRule):
         statement = call.statement
         small = statement.node.body[0] if statement is not None and isinstance(statement.node, cst.SimpleStatementLine) and len(statement.node.body) == 1 else None
         if call.method == "item" and isinstance(small, cst.AugAssign) and small.value is call.node:
-            target = facts.module.code_for_node(small.target)
+            target = facts.code(small.target)
             return Fix(
                 FixClass.SAFE,
                 f"accumulate `{target}` as a tensor (`.detach()` instead of `.item()`) and call `.item()` where it is logged",

@@ -158,7 +158,7 @@ class EvalWithoutNoGrad(ScriptRule):
             return None
         block, index = statement
         for previous in reversed(block[:index]):
-            text = facts.module.code_for_node(previous)
+            text = facts.code(previous)
             if re.search(r"\.train\(", text):
                 return None
             if isinstance(previous, cst.SimpleStatementLine) and any(

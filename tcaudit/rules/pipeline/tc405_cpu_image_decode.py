@@ -216,7 +216,7 @@ def training_loaders(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite
                 name = full_name(leaf.func) if isinstance(leaf, cst.Call) else None
                 if literal(leaf) is None or (name and name.split(".")[-1] in SAMPLERS):
                     continue
-                shown = facts.module.code_for_node(leaf)
+                shown = facts.code(leaf)
                 raise DeclineFix(f"the DataLoader's sampler `{shown}` is not a random, sequential or distributed one")
     return loaders
 
@@ -264,7 +264,7 @@ def _transform_leaves(facts: ScriptFacts, expr: cst.BaseExpression, depth: int =
 
 def _check_transform(facts: ScriptFacts, expr: cst.BaseExpression) -> None:
     for compose in _transform_leaves(facts, expr):
-        shown = facts.module.code_for_node(compose)
+        shown = facts.code(compose)
         qual = facts.qualname(compose.func) if isinstance(compose, cst.Call) else None
         if not (qual or "").startswith("torchvision.transforms.") or not qual.endswith(".Compose"):
             raise DeclineFix(f"the training transform `{_short(shown)}` is not a torchvision `Compose([...])` built here")
@@ -288,7 +288,7 @@ def _step_name(facts: ScriptFacts, expr: cst.BaseExpression) -> str:
         qual = facts.qualname(leaf.func) if isinstance(leaf, cst.Call) else None
         short = (qual or name or "").split(".")[-1]
         if not (qual or "").startswith("torchvision.transforms.") or short not in STEPS:
-            shown = name or facts.module.code_for_node(leaf)
+            shown = name or facts.code(leaf)
             raise DeclineFix(
                 f"`{_short(shown)}` in the training transform has no counterpart in the DALI conversion (it maps "
                 "RandomResizedCrop, RandomHorizontalFlip, ToTensor/PILToTensor and Normalize); convert by hand"

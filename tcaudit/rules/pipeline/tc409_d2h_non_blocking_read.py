@@ -661,7 +661,7 @@ def _plan(facts: ScriptFacts, copy: _Copy) -> DropKeyword:
         raise DeclineFix("non_blocking=True comes from a **kwargs dict; drop it there, or synchronize before the read")
     assert copy.argument is not None
     if copy.flag == "name":
-        name = facts.module.code_for_node(copy.argument.value)
+        name = facts.code(copy.argument.value)
         raise DeclineFix(f"non_blocking is `{name}`, not a literal: make this copy blocking by hand, or synchronize before the read")
     return DropKeyword(call, copy.argument, KEYWORD)
 

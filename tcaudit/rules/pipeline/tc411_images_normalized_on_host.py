@@ -326,7 +326,7 @@ def _check_other_sources(facts: ScriptFacts, loaders: list[LoaderSite], ours: se
             if not isinstance(value, cst.Call) or id(value) in ours:
                 continue
             transform = keyword(value, "transform")
-            text = facts.module.code_for_node(transform.value if transform is not None else value)
+            text = facts.code(transform.value if transform is not None else value)
             if "ToTensor" in text:
                 raise DeclineFix(
                     f"the loop at line {line} also takes batches from the dataset at line {facts.line_of(value)}, "
@@ -342,7 +342,7 @@ def _statistics(facts: ScriptFacts, normalize: cst.Call) -> tuple[str, str]:
         value = argument.value if argument is not None else None
         if value is None or not _constant(facts, value):
             raise DeclineFix(f"`Normalize`'s {key} is not a list of numbers or a module-level constant here")
-        out.append(facts.module.code_for_node(value))
+        out.append(facts.code(value))
     return out[0], out[1]
 
 
