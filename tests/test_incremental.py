@@ -359,8 +359,8 @@ def _fresh_nodes(node) -> list:
 
 
 def _frame(frame) -> tuple:
-    """A context as the kinds and nodes of its frames, the module's frame as "module" (each analysis has
-    its own)."""
+    """A context as the kinds and nodes of its frames, the module's frame without its node (a fresh
+    analysis has its own frame; a document's analyses share one, made each one's module's)."""
     return tuple((f.kind, None if f.parent is None else id(f.node)) for f in frame.chain())
 
 
@@ -386,7 +386,7 @@ def _records(facts) -> dict:
 def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name):
     """The facts take a statement an edit did not touch from the last analysis (tcaudit/script/facts.py's
     ``_moved_records``): every record, context and statement place equals a fresh walk's, and every
-    context ends at this analysis's module frame."""
+    context ends at this analysis's module frame (the document's, its node this module)."""
     from tcaudit.source.memo import active
     from tcaudit.script.facts import ScriptFacts
 
@@ -403,7 +403,7 @@ def test_facts_of_the_statements_an_edit_left_are_moved_onto_the_new_module(name
         with remembering(WalkMemo()):  # a memo of its own: every statement walked afresh
             fresh = _records(ScriptFacts(source))
         assert memo is state.memo
-        assert reused.pop("roots") == {id(facts.module_frame)}
+        assert reused.pop("roots") == {id(facts.module_frame)} and facts.module_frame.node is source.module
         fresh.pop("roots")
         assert reused == fresh
         text = next((t for t in (_edit(text, rng) for _ in range(30)) if _parses(t)), text)

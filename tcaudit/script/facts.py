@@ -528,14 +528,24 @@ def _collect(module: cst.Module) -> _Collector:
     rebuilding the tree, made one top-level statement at a time. While an analysis keeps a memo
     (tcaudit/source/memo.py), each statement's records are remembered; in an editor the next analysis
     takes those of every statement an edit left as it was, moved onto its module (:func:`_moved_records`),
-    and walks only the statements that changed."""
-    whole = _Collector(module)
-    whole.visit_Module(module)
+    and walks only the statements that changed. The memo's analyses (a document's) share one module
+    frame, made the module's at each: a kept statement's records keep their frames, and only the records
+    of the statement itself move to its new place among the module's statements."""
     memo = active_memo()
     if memo is None:
+        whole = _Collector(module)
+        whole.visit_Module(module)
         for statement in module.body:
             walk(statement, whole)
         return whole
+    # One module frame for the memo's analyses (a document's), made this module's: the records of the
+    # statements an edit left as they were keep their frames, which end at it.
+    root = memo.answer(memo, "module frame", lambda: Frame("module", module, None))
+    if root.node is not module:
+        object.__setattr__(root, "node", module)
+        root.answers.clear()
+    whole = _Collector(module, root)
+    whole.visit_Module(module)
     body, index = whole.blocks[-1], whole.block_index[-1]
     for statement in module.body:
         def records(statement: cst.CSTNode = statement) -> _Collector:
@@ -562,6 +572,20 @@ def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body:
     """The records ``piece`` made of ``statement`` for another module, made for the one whose frame is
     ``root`` and whose statements are ``body``: the same nodes, in contexts that end at ``root``, and the
     top-level statement at its place in ``body``."""
+    top = Statement(statement, body, index.get(id(statement), 0))
+    if piece.module_frame is root:  # the same frames: only the records of the statement itself move
+        out = _Collector(root.node, root)  # type: ignore[arg-type]
+        out.blocks, out.block_index = [body], [index]
+        for name in _RECORDS:
+            setattr(out, name, getattr(piece, name))
+        out.calls, out.bindings = list(piece.calls), list(piece.bindings)
+        for i, c in enumerate(out.calls):
+            if c.statement is not None and c.statement.node is statement:
+                out.calls[i] = CallSite(c.node, c.name, c.qualname, c.ctx, top)
+        for i, b in enumerate(out.bindings):
+            if b.statement is not None and b.statement.node is statement:
+                out.bindings[i] = Binding(b.target, b.value, b.ctx, top)
+        return out
     frames: dict[int, Frame] = {id(piece.module_frame): root}
 
     def moved(frame: Frame) -> Frame:
@@ -570,8 +594,6 @@ def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body:
             assert frame.parent is not None
             new = frames[id(frame)] = Frame(frame.kind, frame.node, moved(frame.parent))
         return new
-
-    top = Statement(statement, body, index.get(id(statement), 0))
 
     def placed(found: Statement | None) -> Statement | None:
         return top if found is not None and found.node is statement else found
