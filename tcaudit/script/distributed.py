@@ -169,10 +169,6 @@ def is_meeting_point(qualname: str | None) -> bool:
     return bool(qualname) and qualname.startswith("torch.distributed.") and qualname.split(".")[-1] in MEETING_POINTS
 
 
-def code(facts: ScriptFacts, node: cst.CSTNode) -> str:
-    return facts.code(node)
-
-
 def has_modulo(node: cst.CSTNode) -> bool:
     """Whether ``node`` computes a remainder (``i % k``; not ``"%d" % i``, which formats)."""
     return any(isinstance(n.operator, cst.Modulo) and not isinstance(n.left, _STRINGS)

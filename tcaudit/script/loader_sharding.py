@@ -14,7 +14,6 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     TRAIN_NAME,
     DistributedFacts,
-    code,
     distributed_facts,
     in_test_code,
     literal_value,
@@ -48,12 +47,12 @@ def is_sharded(facts: ScriptFacts, info: DistributedFacts, call: CallSite) -> bo
         return True  # cannot tell what it loads
     classes = facts.classes_by_name
     for value in facts.binding_values(dataset):
-        if SHARDED_TEXT.search(code(facts, value)):
+        if SHARDED_TEXT.search(facts.code(value)):
             return True
         # A Dataset class of this file that picks its rank's part itself.
         if isinstance(value, cst.Call):
             cls = classes.get(callee_class(value))
-            text = code(facts, cls) if cls is not None else ""
+            text = facts.code(cls) if cls is not None else ""
             if SHARDED_TEXT.search(text) and SHARDED_TEXT.search(code_text(text)):  # its code, not its docstring
                 return True
     return False
@@ -193,7 +192,7 @@ def is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSit
     if facts.in_eval(call.ctx):
         return False
     dataset = dataset_expr(call)
-    dataset_text = code(facts, dataset) if dataset is not None else ""
+    dataset_text = facts.code(dataset) if dataset is not None else ""
     if name and EVAL_NAME.search(name) or EVAL_NAME.search(dataset_text):
         return False
     if name and TRAIN_NAME.search(name) or TRAIN_NAME.search(dataset_text):
@@ -207,9 +206,9 @@ def is_training_loader(facts: ScriptFacts, info: DistributedFacts, call: CallSit
             continue  # a local `loader` of another function (an evaluate helper's) is another loader
         node = loop.node
         header = node.iter if isinstance(node, cst.For) else node.test  # type: ignore[union-attr]
-        if re.search(rf"\b{re.escape(short)}\b", code(facts, header)):
+        if re.search(rf"\b{re.escape(short)}\b", facts.code(header)):
             return True
-        if isinstance(node, cst.While) and re.search(rf"\b{re.escape(short)}\b", code(facts, node)):
+        if isinstance(node, cst.While) and re.search(rf"\b{re.escape(short)}\b", facts.code(node)):
             return True
     return False
 
@@ -272,7 +271,7 @@ def unsharded_training_loaders(facts: ScriptFacts, info: DistributedFacts) -> li
         unseen = None
         site = pipeline_facts(facts).loader_for(call.node)
         if site is None or not site.complete:
-            star = next((code(facts, a.value) for a in call.node.args if a.star), None)
+            star = next((facts.code(a.value) for a in call.node.args if a.star), None)
             unseen = f"its arguments come from `{star}`, which cannot be followed" if star else (
                 "its call could not be followed")
         elif any(literal_value(v) is not None and not (key == "sampler" and plain_sampler(facts, v) is not None)

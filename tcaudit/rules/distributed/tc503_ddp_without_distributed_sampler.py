@@ -21,7 +21,7 @@ from tcaudit.rewrite.ddp import convertible_loop
 from tcaudit.rewrite.edits import add_torch_import
 from tcaudit.rewrite.sampler import SAMPLER_IMPORT, SamplerEditor, SamplerEdits, plan_sampler
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
-from tcaudit.script.distributed import DistributedFacts, code, distributed_facts, in_test_code, is_dataloader
+from tcaudit.script.distributed import DistributedFacts, distributed_facts, in_test_code, is_dataloader
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.script.loader_sharding import (
     SELF_SHARDING_LIBRARIES,
@@ -78,10 +78,10 @@ class DdpWithoutDistributedSampler(ScriptRule):
                     call.node,
                     edits,
                     facts.line_of(call.node),
-                    code(facts, dataset) if dataset is not None else None,
-                    code(facts, shuffle) if shuffle is not None else None,
+                    facts.code(dataset) if dataset is not None else None,
+                    facts.code(shuffle) if shuffle is not None else None,
                     name,
-                    code(facts, edits.sampler),
+                    facts.code(edits.sampler),
                     edits.import_sampler,
                 )
 
@@ -157,7 +157,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
         call = site.call
         edits = plan_sampler(facts, call, guarded=True)
         return AddSampler(call.node, edits, facts.line_of(call.node), None, edits.shuffle_code, site.target,
-                          edits.guarded[2] if edits.guarded else code(facts, edits.sampler), edits.import_sampler)
+                          edits.guarded[2] if edits.guarded else facts.code(edits.sampler), edits.import_sampler)
 
     def _partial_loaders(self, facts: ScriptFacts, info: DistributedFacts) -> Iterator[Finding]:
         """``make = functools.partial(DataLoader, batch_size=64, shuffle=True)``; ``loader = make(train_set)``
@@ -180,7 +180,7 @@ class DdpWithoutDistributedSampler(ScriptRule):
                 if any(a.star or (a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler")) for a in made.node.args):
                     continue
                 dataset = made.arg("dataset", 0)
-                if dataset is not None and SHARDED_TEXT.search(code(facts, dataset)):
+                if dataset is not None and SHARDED_TEXT.search(facts.code(dataset)):
                     continue
                 yield self.finding(
                     facts,
@@ -204,7 +204,7 @@ def _unsharded(facts: ScriptFacts, site) -> bool:
     if any(plain_sampler(facts, value) is None for value in site.values("sampler")):
         return False
     dataset = site.call.arg("dataset", 0)
-    return dataset is None or not SHARDED_TEXT.search(code(facts, dataset))
+    return dataset is None or not SHARDED_TEXT.search(facts.code(dataset))
 
 
 _DESCRIBED = ("pass sampler=DistributedSampler(dataset, shuffle=...) and drop shuffle= "

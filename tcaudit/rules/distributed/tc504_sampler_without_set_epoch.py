@@ -27,7 +27,6 @@ from tcaudit.script.distributed import (
     EVAL_NAME,
     DistributedFacts,
     callee_type,
-    code,
     distributed_facts,
     in_test_code,
     innermost_loop,
@@ -231,7 +230,7 @@ class SamplerWithoutSetEpoch(ScriptRule):
         epoch = facts.code(loop.node.target) if isinstance(loop.node, cst.For) else while_counter(loop.node)
         for loader in loaders_built_elsewhere(facts, context.project(facts)):
             helper = loader.pipeline.facts
-            sampler = " ".join(code(helper, leaf) for v in loader.site.values("sampler") for leaf in helper.binding_values(v))
+            sampler = " ".join(helper.code(leaf) for v in loader.site.values("sampler") for leaf in helper.binding_values(v))
             if loader.site.values("sampler") and "DistributedSampler" not in sampler:
                 continue  # a sampler of its own: TC503 says so
             if loader.site.values("shuffle") and all(literal_value(v) is False for v in loader.site.values("shuffle")):
@@ -330,7 +329,7 @@ def _hoisted(facts: ScriptFacts, call: CallSite, loop: Frame, epoch: str | None)
         return None
     taken = param_names(loop.function) if loop.function is not None else ()
     name = unique_name(facts, "train_loader", taken)
-    code_ = (f"{name} = {code(facts, call.node)}\n"
+    code_ = (f"{name} = {facts.code(call.node)}\n"
              f'if hasattr({name}.sampler, "set_epoch"):\n    {name}.sampler.set_epoch({epoch})\n')
     return InsertSetEpoch(loop.node, facts.line_of(call.node), f"{name}.sampler", facts.line_of(loop.node), epoch,
                           code_, before=batch_loop, hoisted=call.node, name=name)

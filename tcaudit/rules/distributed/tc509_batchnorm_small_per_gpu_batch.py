@@ -29,7 +29,7 @@ import libcst as cst
 from tcaudit.findings import Finding
 from tcaudit.rules.base import RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import code, distributed_facts, in_test_code
+from tcaudit.script.distributed import distributed_facts, in_test_code
 from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import Frame, ScriptFacts
 from tcaudit.script.guards import process_count_of
@@ -237,10 +237,10 @@ class _NormFacts:
         for call in facts.calls:
             if call.name != "isinstance" and call.method not in ("find", "startswith"):
                 continue
-            if "BatchNorm" not in code(facts, call.node):
+            if "BatchNorm" not in facts.code(call.node):
                 continue
             scope = call.ctx.function or (call.statement.node if call.statement else call.node)
-            text = code(facts, scope)
+            text = facts.code(scope)
             if _FROZEN_BN_TEST.search(text) and re.search(r"\.eval\(\s*\)|requires_grad", text):
                 return True
         return False
@@ -323,7 +323,7 @@ class _Bounds:
         if isinstance(expr.operator, (cst.FloorDivide, cst.Divide)):
             right = self.of(expr.right, fn, depth + 1, seen)
             if right is None:
-                if not _WORLD.search(code(self.facts, expr.right)):
+                if not _WORLD.search(self.facts.code(expr.right)):
                     return None
                 return PerGpuBatch(0, left.high // 2, True)  # DDP on 2 GPUs or more
             if right.low <= 0:
@@ -349,7 +349,7 @@ class _Bounds:
             # One update that every DDP run makes (``args.batch_size //= world`` under ``if args.distributed``)
             # replaces the value it started from; otherwise each binding and the start are possible.
             only = bindings[0] if len(bindings) == 1 else None
-            updates = only is not None and dotted in code(facts, only.value) and _runs_in_every_ddp_job(facts, only.ctx)
+            updates = only is not None and dotted in facts.code(only.value) and _runs_in_every_ddp_job(facts, only.ctx)
             candidates = [self.of(b.value, b.ctx.function, depth + 1, seen | {dotted}) for b in bindings]
             if updates or "." not in dotted or dotted.startswith("self."):
                 return _join(candidates)

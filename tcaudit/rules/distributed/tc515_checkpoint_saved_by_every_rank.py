@@ -20,7 +20,7 @@ from tcaudit.findings import DeclineFix, Finding, FixClass, FixPlan
 from tcaudit.rewrite.codemod import FixContext, StatementEditor, parse_statement, torch_import_name
 from tcaudit.rules.base import Codemod, RuleContext, ScriptRule
 from tcaudit.script.callers import callers_of
-from tcaudit.script.distributed import RANK_TEST, code, distributed_facts, in_test_code, rank_branch
+from tcaudit.script.distributed import RANK_TEST, distributed_facts, in_test_code, rank_branch
 from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.source.triggers import all_of
 
@@ -67,10 +67,10 @@ class CheckpointSavedByEveryRank(ScriptRule):
             if (call.qualname or "") != "torch.save" or in_test_code(call.ctx):
                 continue
             path = call.arg("f", 1)
-            if path is None or re.search(r"rank", code(facts, path), re.IGNORECASE):
+            if path is None or re.search(r"rank", facts.code(path), re.IGNORECASE):
                 continue  # a path per rank
-            if any(re.search(r"rank", code(facts, b.value), re.IGNORECASE)
-                   for b in facts.bindings_of(code(facts, path)) if isinstance(path, (cst.Name, cst.Attribute))):
+            if any(re.search(r"rank", facts.code(b.value), re.IGNORECASE)
+                   for b in facts.bindings_of(facts.code(path)) if isinstance(path, (cst.Name, cst.Attribute))):
                 continue
             if _rank_guarded(facts, call):
                 continue

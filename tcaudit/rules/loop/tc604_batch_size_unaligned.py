@@ -13,7 +13,7 @@ import libcst as cst
 
 from tcaudit.findings import Finding, Fix, FixClass
 from tcaudit.rules.base import RuleContext, ScriptRule
-from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, code, distributed_facts, in_test_code, literal_value
+from tcaudit.script.distributed import EVAL_NAME, DistributedFacts, distributed_facts, in_test_code, literal_value
 from tcaudit.script.facts import ScriptFacts
 from tcaudit.source.syntax import evaluated_value
 
@@ -70,7 +70,7 @@ class BatchSizeUnaligned(ScriptRule):
                 continue
             name = info.dataloader_name(call) or ""
             dataset = call.arg("dataset", 0)
-            if EVAL_NAME.search(name) or (dataset is not None and EVAL_NAME.search(code(facts, dataset))):
+            if EVAL_NAME.search(name) or (dataset is not None and EVAL_NAME.search(facts.code(dataset))):
                 continue
             yield value, "DataLoader batch_size"
         for call in facts.method_calls("add_argument"):
