@@ -16,6 +16,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from conftest import FIXTURES
 from tcaudit.script.facts import ScriptFacts, _Collector
 from tcaudit.source.parsing import SourceError, read_source
+from tcaudit.source.syntax import nodes_of
 from tcaudit.source.walk import code_positions, walk
 
 
@@ -136,3 +137,19 @@ def test_script_facts_positions_use_the_fast_path(tmp_path):
     facts = ScriptFacts(read_source(path))
     call = next(c for c in facts.calls if c.method == "cuda")
     assert (facts.line_of(call.node), facts.position(call.node).start.column) == (4, 11)
+
+
+def test_contains_answers_the_same_from_a_remembered_walk():
+    """``contains`` looks a node up in the container's remembered walk while a memo is kept: the same
+    answers as a fresh walk's, for the nodes inside, the container itself and the nodes beside it."""
+    from tcaudit.source.memo import remembering
+    from tcaudit.source.syntax import contains
+
+    module = cst.parse_module((FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8"))
+    everything = nodes_of(module, cst.CSTNode)[::61]  # (a fresh walk per question: a sample)
+    containers = [s for s in module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef))][:4]
+    fresh = {(id(c), id(n)): contains(c, n) for c in containers for n in everything}
+    with remembering():
+        nodes_of(module, cst.CSTNode)
+        assert {(id(c), id(n)): contains(c, n) for c in containers for n in everything} == fresh
+    assert sum(fresh.values()) > len(containers) * 2

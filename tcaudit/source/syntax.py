@@ -425,8 +425,14 @@ def target_names(target: cst.BaseExpression) -> set[str]:
 
 
 def contains(container: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """Whether ``node`` (by identity) is ``container`` or lies inside it."""
-    return node is container or any(n is node for n in nodes_of(container, type(node)))
+    """Whether ``node`` (by identity) is ``container`` or lies inside it (while an analysis keeps a memo,
+    looked up in the remembered walk of ``container``)."""
+    if node is container:
+        return True
+    memo = active_memo()
+    if memo is not None:
+        return _everything(memo, container).index_of(node) is not None
+    return any(n is node for n in nodes_of(container, type(node)))
 
 
 def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
