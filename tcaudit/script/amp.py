@@ -678,12 +678,10 @@ class AmpFacts:
         GradScaler at its initial scale overflows in the first backward passes and skips those updates
         (see :meth:`recommended_precision`)."""
         for function, _ in self.facts.functions:
-            if self.facts.function_is_eval(function):
-                continue  # a sampling temperature (``generate``) is not a loss's
             found = remembered(function, "temperature division",
                                lambda function=function: _temperature_division(function))
-            if found is not None:
-                return found
+            if found is not None and not self.facts.function_is_eval(function):
+                return found  # (a sampling temperature, ``generate``'s, is not a loss's)
         return None
 
     @functools.cached_property

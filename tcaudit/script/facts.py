@@ -1259,7 +1259,9 @@ class ScriptFacts:
     @functools.cached_property
     def scalers(self) -> set[str]:
         """Dotted names bound to a GradScaler (conditionally or not)."""
-        out = set()
+        out: set[str] = set()
+        if "GradScaler" not in self.source.text:  # a qualified name ends in a name the text holds
+            return out
         for binding in self.bindings:
             for value in self.binding_values(binding.value):
                 if isinstance(value, cst.Call):
