@@ -53,6 +53,8 @@ def _find(facts: ScriptFacts, project: Project) -> list[HelperLoader]:
     pipeline = pipeline_facts(facts)
     if not pipeline.trains or not (facts.uses_accelerator or pipeline.uses_cuda):
         return []
+    if not project.may_reach(facts):
+        return []  # no import leads into the project: every call's helper is this module's own
     here = facts.source.path.resolve()
     out: list[HelperLoader] = []
     seen: set[int] = set()

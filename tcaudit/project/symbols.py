@@ -144,11 +144,11 @@ class Project:
         key = (id(facts), id(call.node))
         kept = self._callees.get(key)
         if kept is None or kept[0] is not facts or kept[1] is not call.node:
-            found = self._callee(facts, call) if self._may_reach(facts) or module_of(facts) is not None else None
+            found = self._callee(facts, call) if self.may_reach(facts) or module_of(facts) is not None else None
             kept = self._callees[key] = (facts, call.node, found)
         return kept[2]
 
-    def _may_reach(self, facts: ScriptFacts) -> bool:
+    def may_reach(self, facts: ScriptFacts) -> bool:
         """Whether an import of ``facts``' file may lead into the project: a relative one, or one whose first
         name is a module or package of a search root. Where none does (a single-file script), no call of the
         file runs another module's code (only a project module's own methods, which ``callee`` finds from
