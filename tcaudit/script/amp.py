@@ -634,9 +634,8 @@ class AmpFacts:
                                         "shufflenet", "mnasnet", "alexnet", "wide_resnet")
             ):
                 return True
-        return any("torchvision.models" in (r.qualname or "") for r in facts.references) and not any(
-            "vit" in (r.qualname or "") or "swin" in (r.qualname or "") for r in facts.references
-        )
+        quals = facts.referenced_qualnames
+        return any("torchvision.models" in q for q in quals) and not any("vit" in q or "swin" in q for q in quals)
 
     @functools.cached_property
     def has_attention(self) -> bool:

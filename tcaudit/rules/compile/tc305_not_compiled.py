@@ -345,9 +345,7 @@ def _compiles_on_purpose(facts: ScriptFacts, context: RuleContext) -> bool:
     deleted = {
         id(f.fix.plan.call.func) for f in context.fixable("TC304", facts) if isinstance(getattr(f.fix.plan, "call", None), cst.Call)
     }
-    return any(
-        ref.qualname and ref.qualname.startswith(COMPILERS) and id(ref.node) not in deleted for ref in facts.references
-    )
+    return any(id(ref.node) not in deleted for ref in facts.references_to(*COMPILERS))
 
 
 def _compiled_in_place(facts: ScriptFacts) -> set[str]:
