@@ -5,6 +5,7 @@ steps (:attr:`tcaudit.script.facts.ScriptFacts.optimizers`)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Packages of optimizers that take parameters as torch.optim's do (``bnb.optim.AdamW8bit(model.parameters())``).
@@ -21,10 +22,11 @@ MODEL_OPTIMIZER_FACTORIES = ("timm.optim.create_optimizer", "timm.optim.optim_fa
                              "timm.optim._optim_factory.create_optimizer")
 
 
+@functools.lru_cache(maxsize=8192)
 def is_optimizer(qualname: str) -> bool:
     """Whether a call of ``qualname`` builds an optimizer: torch.optim's, those of the optimizer packages
     real projects use (bitsandbytes, apex, timm, DeepSpeed...) and timm's factories, not a learning-rate
-    scheduler or an averaged model."""
+    scheduler or an averaged model. (Kept per name: the facts ask it of every call of a file.)"""
     if qualname.startswith(MODEL_OPTIMIZER_FACTORIES):
         return True
     if "lr_scheduler" in qualname or "swa_utils" in qualname or "scheduler" in qualname.lower():
