@@ -514,3 +514,24 @@ def test_a_modules_parents_stay_its_own_when_a_tree_of_a_fix_holds_its_nodes():
 def _fresh_parents(module: cst.Module) -> dict:
     with remembering():
         return dict(parent_map(module))
+
+
+def test_another_files_facts_read_during_a_documents_analysis_have_their_own_module_frame():
+    """The document's facts share one module frame from one text to the next; a project module's (or this
+    file's on disk) read while the document is analysed gets its own, and the document's stays its module's."""
+    from tcaudit.script.facts import ScriptFacts
+
+    text = (FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8")
+    helper_text = (FIXTURES / "scripts" / "tc5_single_gpu.py").read_text(encoding="utf-8")
+    state, frames = IncrementalState(), []
+    for version in range(3):
+        source = _source(text)
+        with state.analysing(source):
+            facts = ScriptFacts(source)
+            on_disk, helper = ScriptFacts(_source(text)), ScriptFacts(_source(helper_text))
+            assert facts.module_frame.node is source.module
+            assert on_disk.module_frame is not facts.module_frame and helper.module_frame is not facts.module_frame
+            assert {id(list(c.ctx.chain())[-1]) for c in helper.calls} == {id(helper.module_frame)}
+            frames.append(facts.module_frame)
+        text = text.replace("def main():", f"def main():\n    note_{version} = {version}", 1)
+    assert frames[0] is frames[1] is frames[2], "the document's texts share their module frame"

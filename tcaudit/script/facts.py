@@ -523,14 +523,16 @@ class _Collector(cst.CSTVisitor):
             self.imports.append(ImportSite(node, local, qual, self.ctx, fallback))
 
 
-def _collect(module: cst.Module) -> _Collector:
+def _collect(module: cst.Module, document: bool = False) -> _Collector:
     """What the collector records of ``module``: the callbacks of ``module.visit(collector)``, without LibCST
     rebuilding the tree, made one top-level statement at a time. While an analysis keeps a memo
     (tcaudit/source/memo.py), each statement's records are remembered; in an editor the next analysis
     takes those of every statement an edit left as it was, moved onto its module (:func:`_moved_records`),
-    and walks only the statements that changed. The memo's analyses (a document's) share one module
-    frame, made the module's at each: a kept statement's records keep their frames, and only the records
-    of the statement itself move to its new place among the module's statements."""
+    and walks only the statements that changed. The facts of the document an editor analyses
+    (``document``: the memo's ``document``) share one module frame from one text to the next, made the
+    module's at each: a kept statement's records keep their frames, and only the records of the statement
+    itself move to its new place among the module's statements. (Another file read meanwhile, a project
+    module or this file on disk, gets frames of its own.)"""
     memo = active_memo()
     if memo is None:
         whole = _Collector(module)
@@ -538,12 +540,15 @@ def _collect(module: cst.Module) -> _Collector:
         for statement in module.body:
             walk(statement, whole)
         return whole
-    # One module frame for the memo's analyses (a document's), made this module's: the records of the
-    # statements an edit left as they were keep their frames, which end at it.
-    root = memo.answer(memo, "module frame", lambda: Frame("module", module, None))
-    if root.node is not module:
-        object.__setattr__(root, "node", module)
-        root.answers.clear()
+    if document:
+        # One module frame for the document's texts, made this module's: the records of the statements
+        # an edit left as they were keep their frames, which end at it.
+        root = memo.answer(memo, "document's module frame", lambda: Frame("module", module, None))
+        if root.node is not module:
+            object.__setattr__(root, "node", module)
+            root.answers.clear()
+    else:
+        root = Frame("module", module, None)
     whole = _Collector(module, root)
     whole.visit_Module(module)
     body, index = whole.blocks[-1], whole.block_index[-1]
@@ -618,7 +623,8 @@ class ScriptFacts:
     def __init__(self, source: SourceFile) -> None:
         self.source = source
         self.module = source.module
-        collector = _collect(self.module)
+        memo = active_memo()
+        collector = _collect(self.module, memo is not None and memo.document is source)
         self.module_frame = collector.module_frame
         self.imports = collector.imports
         self.star_imports = collector.star_imports

@@ -90,11 +90,13 @@ class IncrementalState:
         try:
             with remembering(self.memo):
                 self.prepare(source)
+                self.memo.document = source
                 yield True
                 if source.parsed_module is not None:
                     self.remember(source)
                     self.memo.sweep()
         finally:
+            self.memo.document = None
             self._lock.release()
 
     @contextlib.contextmanager

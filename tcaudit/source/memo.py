@@ -35,6 +35,9 @@ class WalkMemo:
         self.hits = 0
         self.misses = 0
         self.sweeps = 0  # how many times it forgot what was not asked about
+        # The source a document's analysis reads now (IncrementalState.analysing): facts of that source
+        # may keep what they made of the document's last text; not those of another file read meanwhile.
+        self.document: Any = None
 
     def answer(self, node: Any, question: Hashable, compute: Callable[[], Any]) -> Any:
         """The answer to ``question`` about ``node``: remembered, or ``compute()`` now and remembered."""
