@@ -11,6 +11,7 @@ editing a rule file; pages of rules that no longer exist are deleted.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -32,10 +33,12 @@ def published_page_uri(rule_id: str) -> str | None:
     return f"{base.rstrip('/')}/{rule_id}.md" if base else None
 
 
+@functools.lru_cache(maxsize=512)
 def rule_page_uri(rule_id: str) -> str | None:
     """The address of a rule's page for an editor's links: the published page once tcaudit has one,
     else the page on this machine as a ``file:`` URI (a source checkout's docs/rules/, or the copy a
-    wheel carries); None where neither exists."""
+    wheel carries); None where neither exists. Kept per rule (the editor asks it of every diagnostic
+    it publishes, at every keystroke)."""
     published = published_page_uri(rule_id)
     if published:
         return published

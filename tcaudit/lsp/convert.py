@@ -36,6 +36,8 @@ def _position(lines: Sequence[str], codec: PositionCodec, line: int, column: int
         return lsp.Position(line=row, character=0)
     text = lines[row].rstrip("\r\n")
     char = min(max(column - 1, 0), len(text))
+    if text.isascii():  # one unit per character in UTF-8, UTF-16 and UTF-32 alike
+        return lsp.Position(line=row, character=char)
     return codec.position_to_client_units(lines, lsp.Position(line=row, character=char))
 
 
