@@ -578,18 +578,19 @@ def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body:
     ``root`` and whose statements are ``body``: the same nodes, in contexts that end at ``root``, and the
     top-level statement at its place in ``body``."""
     top = Statement(statement, body, index.get(id(statement), 0))
+
+    def placed(found: Statement | None) -> Statement | None:
+        return top if found is not None and found.node is statement else found
+
+    out = _Collector(root.node, root)  # type: ignore[arg-type]
+    out.blocks, out.block_index = [body], [index]
     if piece.module_frame is root:  # the same frames: only the records of the statement itself move
-        out = _Collector(root.node, root)  # type: ignore[arg-type]
-        out.blocks, out.block_index = [body], [index]
         for name in _RECORDS:
             setattr(out, name, getattr(piece, name))
-        out.calls, out.bindings = list(piece.calls), list(piece.bindings)
-        for i, c in enumerate(out.calls):
-            if c.statement is not None and c.statement.node is statement:
-                out.calls[i] = CallSite(c.node, c.name, c.qualname, c.ctx, top)
-        for i, b in enumerate(out.bindings):
-            if b.statement is not None and b.statement.node is statement:
-                out.bindings[i] = Binding(b.target, b.value, b.ctx, top)
+        out.calls = [c if placed(c.statement) is c.statement else CallSite(c.node, c.name, c.qualname, c.ctx, top)
+                     for c in piece.calls]
+        out.bindings = [b if placed(b.statement) is b.statement else Binding(b.target, b.value, b.ctx, top)
+                        for b in piece.bindings]
         return out
     frames: dict[int, Frame] = {id(piece.module_frame): root}
 
@@ -600,11 +601,6 @@ def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body:
             new = frames[id(frame)] = Frame(frame.kind, frame.node, moved(frame.parent))
         return new
 
-    def placed(found: Statement | None) -> Statement | None:
-        return top if found is not None and found.node is statement else found
-
-    out = _Collector(root.node, root)  # type: ignore[arg-type]
-    out.blocks, out.block_index = [body], [index]
     out.calls = [CallSite(c.node, c.name, c.qualname, moved(c.ctx), placed(c.statement)) for c in piece.calls]
     out.withs = [(node, moved(frame)) for node, frame in piece.withs]
     out.functions = [(node, moved(frame)) for node, frame in piece.functions]
