@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,13 +139,7 @@ class Settings:
         return rule in self.select or rule in self.extend_select
 
     def enabled_rules(self) -> list[str]:
-        selectors = self.select + self.extend_select
-        return [
-            rule
-            for rule in rule_ids()
-            if any(matches_selector(rule, s) for s in selectors)
-            and not any(matches_selector(rule, s) for s in self.ignore)
-        ]
+        return list(_enabled_rules(self.select + self.extend_select, self.ignore))
 
     def ignored_for(self, path: str) -> tuple[str, ...]:
         """Selectors that per-file-ignores turns off for this path (relative to the config's folder)."""
@@ -159,6 +154,17 @@ class Settings:
             if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(Path(rel).name, pattern):
                 out.extend(selectors)
         return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _enabled_rules(selectors: tuple[str, ...], ignore: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules these selectors choose and ``ignore`` does not turn off (asked at every scan: an editor's
+    keystroke asks with the same settings)."""
+    return tuple(
+        rule
+        for rule in rule_ids()
+        if any(matches_selector(rule, s) for s in selectors) and not any(matches_selector(rule, s) for s in ignore)
+    )
 
 
 # The config files of one folder, in the order ruff reads ``.ruff.toml``, ``ruff.toml`` and

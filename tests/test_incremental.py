@@ -494,6 +494,57 @@ def test_the_literals_triggers_need_are_answered_from_the_last_text_as_a_search_
             text = _edit(text, rng)  # two edits between analyses
 
 
+def _typed(text: str, rng: random.Random) -> str:
+    """A few characters typed or deleted anywhere, a line's end among them: what breaks a regex's match
+    or makes one at its edges."""
+    at = rng.randrange(len(text) + 1)
+    if rng.random() < 0.5:
+        return text[:at] + rng.choice(["\n", " ", "x", "(", ".", "_", "cuda", "backward(", "= False", "#"]) + text[at:]
+    return text[:at] + text[at + rng.randint(1, 6):]
+
+
+# Shapes the trigger regexes have, and ones that must not be answered from the last text: anchors at the
+# text's end, lookarounds, a match across lines.
+_REGEX_SHAPES = [r"\bcuda\b", r"\.backward\(|\.step\(|\b(fit|train)\w*\(", r"set_to_none\s*=\s*False",
+                 r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)", r"(?m)^\s*import\s", r"model\s*$", r"\)\Z",
+                 r"(?<=\.)cuda", r"cuda(?!\()", r"(?s)def.*?return", r"x\W+y", r"[^a-z]model[^\n]", r"\Aimport"]
+
+
+@pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py"])
+def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers(name):
+    """``triggers.Literals.matches``: whether each text of a document has a match of a regex, answered
+    from the last text's match and the lines the edit touched, is ``regex.search(text) is not None``
+    after every edit (lines and characters typed or deleted, several at once), for every rule's trigger
+    regexes (and the parts of ``all_of`` ones) and regexes that look beyond their match or across lines."""
+    from tcaudit.rules.registry import lazy_rules
+    from tcaudit.source.triggers import Literals, trigger
+
+    from tcaudit.config import Settings
+
+    patterns = set(_REGEX_SHAPES)
+    for rule in lazy_rules(Settings()):
+        patterns.update((rule.triggers or ()) + tuple(rule.helper_triggers or ()))
+    regexes = {re.compile(p) for p in _REGEX_SHAPES}
+    for pattern in patterns:
+        check = trigger(pattern)
+        regexes.add(check.regex)
+        regexes.update(part.regex for part in check.parts)
+    regexes = sorted(regexes, key=lambda r: (r.pattern, r.flags))
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    rng = random.Random(name)
+    state = Literals()
+    answered = 0
+    for _ in range(60):
+        state.use(text)
+        for regex in rng.sample(regexes, len(regexes) // 2):  # not every regex every time, as triggers ask
+            assert state.matches(regex) == (regex.search(text) is not None), (regex.pattern, regex.flags)
+            answered += 1
+        text = rng.choice([_edit, _edit_inside, _typed, _typed])(text, rng)
+        if rng.random() < 0.2:
+            text = _typed(text, rng)  # two edits between analyses
+    assert answered > 1000
+
+
 def test_a_modules_parents_stay_its_own_when_a_tree_of_a_fix_holds_its_nodes():
     """A fix builds a tree around some of the module's statements and walks it: the memo then says that
     walk holds those nodes, and the module's parents still answer with the module's own."""

@@ -104,22 +104,60 @@ class Literals:
     text's answers: an edit replaces one stretch, so a literal found outside it is still there (moved
     with the text after it), and one found nowhere can only be in the new stretch. The same answers as
     ``literal in text``, looking at the edit's stretch instead of the whole text (6 ms a keystroke on
-    a 2,000-line file). One per document (an editor's: ``tcaudit/source/incremental.py``)."""
+    a 2,000-line file). One per document (an editor's: ``tcaudit/source/incremental.py``).
+
+    The triggers' regexes are answered the same way (:meth:`matches`, about 2 ms a keystroke): a match
+    of the last text that the edit left whole, with a character on either side (``\\b`` looks at
+    them), is still a match where the regex looks at nothing beyond its match (no lookaround); a regex
+    that matched nowhere and cannot match across a line's end can only match on the lines the edit
+    touched."""
 
     def __init__(self) -> None:
         self.text: str | None = None
         self._found: dict[str, int] = {}  # a literal's place in ``text`` (-1: not in it)
         self._last_found: dict[str, int] = {}  # the same of the last text (none before the first)
         self._stretch = (0, 0, 0)  # the changed stretch: start, its end in the last text, in this one
+        # A regex's first match in ``text`` (None: none), and the same of the last text.
+        self._matched: dict[re.Pattern, tuple[int, int] | None] = {}
+        self._last_matched: dict[re.Pattern, tuple[int, int] | None] = {}
 
     def use(self, text: str) -> None:
         """Answer for ``text`` from now on."""
         if text is self.text:
             return
         if self.text is not None:  # what was found in the last text, for this one
-            self._last_found = self._found
+            self._last_found, self._last_matched = self._found, self._matched
             self._stretch = _changed_stretch(self.text, text)
-        self.text, self._found = text, {}
+        self.text, self._found, self._matched = text, {}, {}
+
+    def matches(self, regex: re.Pattern) -> bool:
+        """``regex.search(text) is not None`` for the text in use."""
+        if regex in self._matched:
+            return self._matched[regex] is not None
+        span = self._matched[regex] = self._match(regex)
+        return span is not None
+
+    def _match(self, regex: re.Pattern) -> tuple[int, int] | None:
+        text = self.text
+        assert text is not None
+        if regex in self._last_matched:
+            last = self._last_matched[regex]
+            start, old_end, new_end = self._stretch
+            shape = _shape(regex)
+            if last is not None and shape.context_free:
+                if last[1] + 1 <= start:  # before the edit, its next character too
+                    return last
+                if last[0] - 1 >= old_end:  # after it, its character before too: moved with the text
+                    moved = new_end - old_end
+                    return last[0] + moved, last[1] + moved
+            elif last is None and shape.line_local:
+                # Every line the edit left whole was searched last time: only its own lines can match now.
+                first = text.rfind("\n", 0, start) + 1
+                end = text.find("\n", new_end)
+                found = regex.search(text[first:len(text) if end < 0 else end])
+                return None if found is None else (first + found.start(), first + found.end())
+        found = regex.search(text)
+        return None if found is None else found.span()
 
     def contains(self, literal: str) -> bool:
         place = self._found.get(literal)
@@ -143,6 +181,100 @@ class Literals:
             return text.find(literal)
         # Not in the last text: only where the new stretch is, or a literal running into it.
         return text.find(literal, max(0, start - size + 1), new_end + size - 1)
+
+
+class _Shape:
+    """What a regex can look at: ``context_free`` where a match depends on its own text and one
+    character on either side only (no lookaround; anchors and ``\\b`` look no further), ``line_local``
+    where also no match holds a line's end (nothing in it matches a newline, and its anchors mean the
+    same at a line's ends as at a string's: ``\\b``, and ``^``/``$`` under MULTILINE)."""
+
+    __slots__ = ("context_free", "line_local")
+
+    def __init__(self, context_free: bool, line_local: bool) -> None:
+        self.context_free = context_free
+        self.line_local = line_local
+
+
+_SHAPES: dict[re.Pattern, _Shape] = {}
+
+
+def _shape(regex: re.Pattern) -> _Shape:
+    shape = _SHAPES.get(regex)
+    if shape is None:
+        try:
+            parsed = _sre_parse.parse(regex.pattern, regex.flags)
+            flags = parsed.state.flags
+            context_free, line_local = _looks(parsed, flags)
+        except Exception:  # noqa: BLE001 - an internal API changed: search the whole text
+            context_free = line_local = False
+        shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local)
+    return shape
+
+
+_LINE_ANCHORS = {getattr(_sre, name) for name in ("AT_BOUNDARY", "AT_NON_BOUNDARY")}
+_NEWLINE_CATEGORIES = {getattr(_sre, name) for name in ("CATEGORY_SPACE", "CATEGORY_NOT_WORD", "CATEGORY_NOT_DIGIT",
+                                                          "CATEGORY_LINEBREAK", "CATEGORY_UNI_SPACE",
+                                                          "CATEGORY_UNI_NOT_WORD", "CATEGORY_UNI_NOT_DIGIT",
+                                                          "CATEGORY_UNI_LINEBREAK", "CATEGORY_LOC_NOT_WORD")
+                       if hasattr(_sre, name)}
+
+
+def _looks(items, flags: int) -> tuple[bool, bool]:
+    """(context free, line local) of a parsed regex (see :class:`_Shape`); unknown pieces make both False."""
+    context_free = line_local = True
+    for op, av in items:
+        if op is _sre.LITERAL:
+            line_local &= av != 10
+        elif op is _sre.NOT_LITERAL:
+            line_local &= av == 10
+        elif op is _sre.ANY:
+            line_local &= not flags & _sre.SRE_FLAG_DOTALL
+        elif op is _sre.IN:
+            line_local &= _set_misses_newline(av)
+        elif op is _sre.AT:
+            multiline = bool(flags & _sre.SRE_FLAG_MULTILINE)
+            if av in _LINE_ANCHORS or (multiline and av in (_sre.AT_BEGINNING, _sre.AT_END)):
+                continue
+            line_local = False
+            # ``^`` and ``\\A`` mean the text's start, where no match after an edit can be; ``$`` and
+            # ``\\Z`` its end (or before its last newline), which an edit after the match moves.
+            context_free &= av in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING)
+        elif op is _sre.SUBPATTERN:
+            _group, add_flags, del_flags, sub = av
+            inner = _looks(sub, (flags | add_flags) & ~del_flags)
+            context_free &= inner[0]
+            line_local &= inner[1]
+        elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):
+            inner = _looks(av[2], flags)
+            context_free &= inner[0]
+            line_local &= inner[1]
+        elif op is _sre.BRANCH:
+            for branch in av[1]:
+                inner = _looks(branch, flags)
+                context_free &= inner[0]
+                line_local &= inner[1]
+        elif op is _sre.GROUPREF:
+            continue  # what the group matched: within the match
+        else:  # lookarounds, atomic groups and possessive repeats (no backtracking), anything new
+            return False, False
+    return context_free, line_local
+
+
+def _set_misses_newline(items) -> bool:
+    """Whether a character set (an ``IN``'s items) cannot match a newline."""
+    for op, av in items:
+        if op is _sre.NEGATE:
+            return False
+        if op is _sre.LITERAL and av == 10:
+            return False
+        if op is _sre.RANGE and av[0] <= 10 <= av[1]:
+            return False
+        if op is _sre.CATEGORY and av in _NEWLINE_CATEGORIES:
+            return False
+        if op not in (_sre.LITERAL, _sre.RANGE, _sre.CATEGORY):
+            return False
+    return True
 
 
 def _changed_stretch(old: str, new: str) -> tuple[int, int, int]:
@@ -199,6 +331,9 @@ class Trigger:
         if not _holds(self.needs, text):
             return False
         if not self.parts:
+            literals = _LITERALS.get()
+            if literals is not None and literals.text is text:
+                return literals.matches(self.regex)
             return self.regex.search(text) is not None
         for part in self.parts:
             verdict = verdicts.get(part) if verdicts is not None else None
