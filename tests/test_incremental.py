@@ -511,15 +511,15 @@ _REGEX_SHAPES = [r"\bcuda\b", r"\.backward\(|\.step\(|\b(fit|train)\w*\(", r"set
 
 
 @pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py"])
-def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers(name):
+def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers(name, monkeypatch):
     """``triggers.Literals.matches``: whether each text of a document has a match of a regex, answered
     from the last text's match and the lines the edit touched, is ``regex.search(text) is not None``
     after every edit (lines and characters typed or deleted, several at once), for every rule's trigger
-    regexes (and the parts of ``all_of`` ones) and regexes that look beyond their match or across lines."""
+    regexes (and the parts of ``all_of`` ones), those the analysis asks of the text, and regexes that
+    look beyond their match or across lines."""
+    from tcaudit.config import Settings
     from tcaudit.rules.registry import lazy_rules
     from tcaudit.source.triggers import Literals, trigger
-
-    from tcaudit.config import Settings
 
     patterns = set(_REGEX_SHAPES)
     for rule in lazy_rules(Settings()):
@@ -529,8 +529,15 @@ def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers
         check = trigger(pattern)
         regexes.add(check.regex)
         regexes.update(part.regex for part in check.parts)
-    regexes = sorted(regexes, key=lambda r: (r.pattern, r.flags))
     text = (FIXTURES / name).read_text(encoding="utf-8")
+    asked = set()  # and those the facts and rules ask of the document's text (``text_matches``)
+    monkeypatch.setattr(Literals, "matches", lambda self, regex, ask=Literals.matches: asked.add(regex) or ask(self, regex))
+    state = IncrementalState()
+    for version in (text, text + "note = 1\n"):
+        list(api.scan(text=version, filename="train.py", incremental=state))
+    assert asked - regexes, "no regex but the triggers' was asked"
+    regexes = sorted(regexes | asked, key=lambda r: (r.pattern, r.flags))
+    monkeypatch.undo()
     rng = random.Random(name)
     state = Literals()
     answered = 0

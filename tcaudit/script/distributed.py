@@ -26,6 +26,7 @@ import libcst as cst
 from tcaudit.script.callers import callers_of
 from tcaudit.script.facts import CallSite, Frame, ScriptFacts
 from tcaudit.source.syntax import code_text, evaluated_value, full_name, keyword, nodes_of, strip_comments
+from tcaudit.source.triggers import text_matches
 
 DATALOADER_SUFFIXES = (".DataLoader",)
 DISTRIBUTED_SAMPLER = "DistributedSampler"
@@ -343,7 +344,7 @@ class DistributedFacts:
     @functools.cached_property
     def wraps(self) -> list[Wrap]:
         out: list[Wrap] = []
-        if not _WRAPPER_NAMES.search(self.facts.source.text):
+        if not text_matches(_WRAPPER_NAMES, self.facts.source.text):
             # A qualified name ends in a name the text holds (an import's, or the dotted name written), so
             # a text without the wrappers' names wraps nothing: no need to follow every call's callee.
             return out
@@ -391,7 +392,7 @@ class DistributedFacts:
             reasons.append("uses torch.distributed / torch.multiprocessing")
         # A docstring's "torchrun" launches nothing: code only (tokenized where the cheap search finds one).
         text = facts.source.text
-        match = _MULTI_PROCESS_TEXT.search(text) and _MULTI_PROCESS_TEXT.search(code_text(text))
+        match = text_matches(_MULTI_PROCESS_TEXT, text) and _MULTI_PROCESS_TEXT.search(code_text(text))
         if match:
             reasons.append(f"mentions {match.group(0)}")
         return reasons

@@ -299,6 +299,15 @@ def answering_literals(literals: Literals, text: str) -> Iterator[None]:
         _LITERALS.reset(token)
 
 
+def text_matches(regex: re.Pattern, text: str) -> bool:
+    """``regex.search(text) is not None``; for the text of the document an editor analyses, answered
+    from its last text where the edit allows (:meth:`Literals.matches`)."""
+    literals = _LITERALS.get()
+    if literals is not None and literals.text is text:
+        return literals.matches(regex)
+    return regex.search(text) is not None
+
+
 # The parts of each regex all_of made, so that trigger() can check them one by one.
 _ALL_OF_PARTS: dict[str, tuple[str, ...]] = {}
 
@@ -331,10 +340,7 @@ class Trigger:
         if not _holds(self.needs, text):
             return False
         if not self.parts:
-            literals = _LITERALS.get()
-            if literals is not None and literals.text is text:
-                return literals.matches(self.regex)
-            return self.regex.search(text) is not None
+            return text_matches(self.regex, text)
         for part in self.parts:
             verdict = verdicts.get(part) if verdicts is not None else None
             if verdict is None:

@@ -28,7 +28,7 @@ from tcaudit.script.expressions import attribute_chain, literal
 from tcaudit.script.facts import ScriptFacts, TrainingStep
 from tcaudit.script.pipeline import pipeline_facts
 from tcaudit.source.syntax import full_name, names_in, nodes_of, target_names
-from tcaudit.source.triggers import all_of
+from tcaudit.source.triggers import all_of, text_matches
 
 # Tensor methods a loss passes through unscaled (``loss.mean()``, ``loss.float()``).
 _PASS_THROUGH = frozenset({
@@ -287,7 +287,7 @@ class AccumulationLossNotDivided(ScriptRule):
     triggers = (all_of(BACKWARD_CALL, r"\.\s*step\s*\(", r"%", r"zero_grad"),)
 
     def check(self, facts: ScriptFacts, context: RuleContext) -> Iterator[Finding]:
-        if facts.frameworks or _GRAD_SCALED.search(facts.source.text):
+        if facts.frameworks or text_matches(_GRAD_SCALED, facts.source.text):
             return
         for accumulation in accumulation_loops(facts):
             if in_test_code(accumulation.loop):

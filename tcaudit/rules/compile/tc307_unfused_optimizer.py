@@ -26,7 +26,7 @@ from tcaudit.script.facts import CallSite, ScriptFacts
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.script.trained_models import MODEL_CHAIN, MODEL_WRAPPERS
 from tcaudit.source.syntax import call_nodes, full_name, keyword
-from tcaudit.source.triggers import all_of
+from tcaudit.source.triggers import all_of, text_matches
 
 _SPARSE = re.compile(r"sparse(?<!\wsparse)\s*=\s*True|sparse_grad|to_sparse")  # ``\bsparse``: left edge checked after
 
@@ -136,9 +136,9 @@ _LAZY = re.compile(r"\bLazy(?:Linear|Conv\w*|BatchNorm\w*|InstanceNorm\w*)\b")
 
 
 def _lightning_fused_plan(facts: ScriptFacts, call: CallSite) -> "AddFused":
-    if _SPARSE.search(facts.source.text):
+    if text_matches(_SPARSE, facts.source.text):
         raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
-    if _LAZY.search(facts.source.text):
+    if text_matches(_LAZY, facts.source.text):
         raise DeclineFix("the module has lazy layers, whose parameters take their shape and device at the first "
                          "forward, after configure_optimizers; fused=True checks them when the optimizer is built")
     return AddFused(call.node)
@@ -153,7 +153,7 @@ class AddFused(FixPlan):
 
 
 def _fused_plan(facts: ScriptFacts, pipeline: PipelineFacts, call: CallSite, context: RuleContext) -> AddFused:
-    if _SPARSE.search(facts.source.text):
+    if text_matches(_SPARSE, facts.source.text):
         raise DeclineFix("the script uses sparse tensors: fused optimizers reject sparse gradients")
     reason = _why_not(facts, pipeline, call, context)
     if reason is not None:

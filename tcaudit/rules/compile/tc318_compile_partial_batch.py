@@ -43,7 +43,7 @@ from tcaudit.script.loader_construction import LoaderSite
 from tcaudit.script.loader_sharding import made_by
 from tcaudit.script.pipeline import PipelineFacts, pipeline_facts
 from tcaudit.source.syntax import full_name, keyword
-from tcaudit.source.triggers import all_of
+from tcaudit.source.triggers import all_of, text_matches
 
 COMPILE = "torch.compile"
 _COMPILE_KEYWORDS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
@@ -91,7 +91,7 @@ class CompilePartialBatch(ScriptRule):
         pipeline = pipeline_facts(facts)
         if pipeline.framework_owned or not (facts.uses_accelerator or pipeline.uses_cuda):
             return
-        if _SHAPE_CHOICE.search(facts.source.text):
+        if text_matches(_SHAPE_CHOICE, facts.source.text):
             return
         options, compiled_steps = _training_compiles(facts, pipeline)
         if any(_chooses_shapes(call) for call in options):
