@@ -27,7 +27,7 @@ from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import chain_root, evaluated_value, full_name, keyword, names_in, strip_comments
+from tcaudit.source.syntax import chain_root, evaluated_value, full_name, keyword, names_in, parent_map, strip_comments
 from tcaudit.source.walk import code_positions, walk
 
 _T = TypeVar("_T")
@@ -773,33 +773,25 @@ class ScriptFacts:
 
     def scope_name(self, node: cst.CSTNode) -> str:
         """The names of the functions whose lines hold ``node``'s first line, outermost first,
-        dotted (``Trainer.fit.step`` without the class: ``fit.step``)."""
-        owner_of_line, parent, names = self._function_lines
-        index = owner_of_line.get(self.line_of(node))
+        dotted (``Trainer.fit.step`` without the class: ``fit.step``). Those are the functions around
+        ``node`` (and ``node`` itself) that the facts record, whose ``def`` line is not below it (a
+        decorator's line is above its function's)."""
+        line = self.line_of(node)
+        parents = parent_map(self.module)
+        recorded = self._recorded_functions
         chain = []
-        while index is not None:
-            chain.append(names[index])
-            index = parent[index]
+        current: cst.CSTNode | None = node
+        while current is not None:
+            if (type(current) is cst.FunctionDef and id(current) in recorded
+                    and self.position(current).start.line <= line):
+                chain.append(current.name.value)
+            current = parents.get(id(current))
         return ".".join(reversed(chain))
 
     @functools.cached_property
-    def _function_lines(self) -> tuple[dict[int, int], list[int | None], list[str]]:
-        """Line → innermost function holding it, each function's enclosing function, their names.
-        Function spans nest, so painting them outermost first leaves each line to its innermost
-        function; each finding then finds its scope without a pass over every function."""
-        spans = sorted(
-            (position.start.line, -position.end.line, fn.name.value)
-            for position, fn in ((self.position(fn), fn) for fn, _ in self.functions)
-        )
-        owner_of_line: dict[int, int] = {}
-        parent: list[int | None] = []
-        names: list[str] = []
-        for index, (start, negative_end, name) in enumerate(spans):
-            parent.append(owner_of_line.get(start))
-            names.append(name)
-            for line in range(start, -negative_end + 1):
-                owner_of_line[line] = index
-        return owner_of_line, parent, names
+    def _recorded_functions(self) -> frozenset[int]:
+        """The functions the facts record (not those inside generated code), by ``id``."""
+        return frozenset(id(fn) for fn, _ in self.functions)
 
     # -- calls --------------------------------------------------------------------------------------
     def calls_to(self, *qualnames: str) -> list[CallSite]:
