@@ -574,6 +574,52 @@ def _fresh_parents(module: cst.Module) -> dict:
         return dict(parent_map(module))
 
 
+def _facts_records(facts) -> dict:
+    """What the facts recorded of a module, by node identity: each record's nodes, the kinds and nodes of
+    its frames up to the module, and the statement it is in (its node, block and place)."""
+    def chain(frame):
+        return tuple((f.kind, id(f.node)) for f in frame.chain())
+
+    def statement(found):
+        return None if found is None else (id(found.node), tuple(map(id, found.block)), found.index)
+
+    return {
+        "calls": [(id(c.node), c.name, c.qualname, chain(c.ctx), statement(c.statement)) for c in facts.calls],
+        "bindings": [(b.target, id(b.value), chain(b.ctx), statement(b.statement)) for b in facts.bindings],
+        "withs": [(id(node), chain(frame)) for node, frame in facts.withs],
+        "functions": [(id(node), chain(frame)) for node, frame in facts.functions],
+        "classes": [(id(node), chain(frame)) for node, frame in facts.classes],
+        "imports": [(id(i.node), i.local, i.qualname, chain(i.ctx), i.in_import_error_fallback) for i in facts.imports],
+        "star_imports": list(facts.star_imports),
+        "references": [(r.dotted, id(r.node), chain(r.ctx)) for r in facts.references],
+    }
+
+
+@pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py", "scripts/tc5_single_gpu.py"])
+def test_a_documents_facts_reuse_the_records_of_the_statements_an_edit_inside_a_function_left(name):
+    """Typing inside a function remakes it around the edit; the facts then take the records of its
+    statements the edit left (and their frames) from the last text's, and make the rest. After every
+    edit (typed, deleted, several at once, at every depth) the records equal those a walk of the same
+    module makes with nothing kept, frames and statements included."""
+    from tcaudit.script.facts import ScriptFacts
+
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    rng = random.Random(name)
+    state = IncrementalState()
+    inside = reused = 0
+    for _ in range(40):
+        source = _source(text)
+        with state.analysing(source):
+            facts = ScriptFacts(source)
+            inside += state.parsed_inside is not None
+            reused += bool(state.memo.remade)
+        with remembering():
+            fresh = ScriptFacts(SourceFile(source.path, source.display_path, source.raw, text, "utf-8").with_module(source.module))
+        assert _facts_records(facts) == _facts_records(fresh)
+        text = next((t for t in (_edit_inside(text, rng) for _ in range(30)) if _parses(t)), text)
+    assert inside > 10 and reused > 10, "too few edits were spliced inside a function"
+
+
 def test_another_files_facts_read_during_a_documents_analysis_have_their_own_module_frame():
     """The document's facts share one module frame from one text to the next; a project module's (or this
     file's on disk) read while the document is analysed gets its own, and the document's stays its module's."""

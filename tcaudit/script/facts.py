@@ -292,10 +292,51 @@ class _Collector(cst.CSTVisitor):
         self.references: list[tuple[cst.BaseExpression, str, Frame]] = []
         self._inner_attrs: set[int] = set()
         self._try_stack: list[cst.Try] = []
+        # Kept for the next text of an editor's document (``keep``: :func:`_collect`): each frame made, by
+        # (its node's id, kind), in the order made; each statement of a block inside the walked statement,
+        # in the order its walk ended (by id: its place in that list), as (the statement, the frame it was
+        # in, where its records begin and end in the lists above, where the statements and the frames inside
+        # it begin in those lists, where its frames end).
+        self.keep = False
+        self.frames_made: dict[tuple[int, str], Frame] = {}
+        self.frame_list: list[tuple[tuple[int, str], Frame]] = []
+        self.inner: dict[int, int] = {}
+        self.inner_list: list[tuple] = []
+        self._open: list[tuple] = []
+        # Reused from the last text's records of the statement this one was remade from (around an edit
+        # inside it): its frames and its statements' records (:meth:`reusing`).
+        self._remade: dict[int, cst.CSTNode] = {}
+        self._old: _Collector | None = None
+        self._skipped: cst.CSTNode | None = None
 
     # -- frames ---------------------------------------------------------------------------------
     def _push(self, kind: str, node: cst.CSTNode) -> None:
-        self.ctx = Frame(kind, node, self.ctx)
+        old = self._old
+        frame = None
+        if old is not None:
+            was = self._remade.get(id(node), node)
+            frame = old.frames_made.get((id(was), kind))
+            if frame is not None and frame.node is was and frame.parent is self.ctx:
+                if was is not node:  # the frame of the node this one was remade from, made this one's
+                    object.__setattr__(frame, "node", node)
+            else:
+                frame = None
+        if frame is None:
+            frame = Frame(kind, node, self.ctx)
+        if self.keep:
+            key = (id(node), kind)
+            self.frames_made[key] = frame
+            self.frame_list.append((key, frame))
+        self.ctx = frame
+
+    def reusing(self, old: _Collector, remade: dict[int, cst.CSTNode]) -> None:
+        """Walk a top-level statement remade from the one ``old`` recorded (``remade``: each remade node's
+        id and the node it stands for) reusing what ``old`` made: the frames of the nodes on the way down
+        to the edit (those nodes remade with new blocks, their headers the same objects) become the new
+        nodes' frames, and a statement of a block that is the very object it was, in the very frame it
+        was in, takes its records from ``old`` instead of being walked again. Records are what a walk of
+        the statement makes, with the same frames (tests/test_incremental.py compares them)."""
+        self._old, self._remade = old, remade
 
     def _pop(self) -> None:
         assert self.ctx.parent is not None
@@ -414,6 +455,10 @@ class _Collector(cst.CSTVisitor):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         cls = type(node)
+        if self.keep and len(self.blocks) > 1 and id(node) in self.block_index[-1]:  # a block's statement
+            if self._old is not None and self._reused(node):
+                return False
+            self._open.append((node, self.ctx, self._counts(), len(self.inner_list), len(self.frame_list)))
         kind = _statement_kind(cls)
         if kind == _COMPOUND:
             self._enter_statement(node)
@@ -426,6 +471,9 @@ class _Collector(cst.CSTVisitor):
         return visit is None or visit(self, node) is not False  # type: ignore[operator]
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
+        if self._skipped is original_node:  # its records reused: nothing of it was visited
+            self._skipped = None
+            return
         cls = type(original_node)
         leave = self._leave_hooks.get(cls, _NOT_LOOKED_UP)
         if leave is _NOT_LOOKED_UP:
@@ -442,6 +490,56 @@ class _Collector(cst.CSTVisitor):
             and self.statements[-1].node is original_node
         ):
             self.statements.pop()
+        if self._open and self._open[-1][0] is original_node:
+            node, ctx, starts, inner_from, frames_from = self._open.pop()
+            self.inner[id(node)] = len(self.inner_list)
+            self.inner_list.append((node, ctx, starts, self._counts(), inner_from, frames_from, len(self.frame_list)))
+
+    def _counts(self) -> tuple[int, ...]:
+        return (len(self.calls), len(self.withs), len(self.functions), len(self.classes), len(self.bindings),
+                len(self.imports), len(self.star_imports), len(self.references))
+
+    def _reused(self, node: cst.CSTNode) -> bool:
+        """Take the records of ``node``, a statement of the block being walked, from the last text's walk
+        where it is the very statement it was, in the very frame; it is then not walked. What was kept of
+        it for the next text (its frames, its statements' places) is kept again, at its new places."""
+        old = self._old
+        assert old is not None
+        place = old.inner.get(id(node))
+        if place is None:
+            return False
+        was, ctx, starts, ends, inner_from, frames_from, frames_to = old.inner_list[place]
+        if was is not node or ctx is not self.ctx:
+            return False
+        here = self._counts()
+        statement = Statement(node, self.blocks[-1], self.block_index[-1].get(id(node), 0))
+        self.calls.extend(c if c.statement is None or c.statement.node is not node
+                          else CallSite(c.node, c.name, c.qualname, c.ctx, statement)
+                          for c in old.calls[starts[0]:ends[0]])
+        self.withs.extend(old.withs[starts[1]:ends[1]])
+        self.functions.extend(old.functions[starts[2]:ends[2]])
+        self.classes.extend(old.classes[starts[3]:ends[3]])
+        self.bindings.extend(b if b.statement is None or b.statement.node is not node
+                             else Binding(b.target, b.value, b.ctx, statement)
+                             for b in old.bindings[starts[4]:ends[4]])
+        self.imports.extend(old.imports[starts[5]:ends[5]])
+        self.star_imports.extend(old.star_imports[starts[6]:ends[6]])
+        self.references.extend(old.references[starts[7]:ends[7]])
+        shift = [now - then for now, then in zip(here, starts)]
+        inner_shift, frame_shift = len(self.inner_list) - inner_from, len(self.frame_list) - frames_from
+        frames = old.frame_list[frames_from:frames_to]
+        self.frame_list.extend(frames)
+        self.frames_made.update(frames)
+        for inside, its_ctx, its_starts, its_ends, its_inner, its_from, its_to in old.inner_list[inner_from:place]:
+            self.inner[id(inside)] = len(self.inner_list)
+            self.inner_list.append((inside, its_ctx, tuple(map(sum, zip(its_starts, shift))),
+                                    tuple(map(sum, zip(its_ends, shift))), its_inner + inner_shift,
+                                    its_from + frame_shift, its_to + frame_shift))
+        self.inner[id(node)] = len(self.inner_list)
+        self.inner_list.append((node, self.ctx, here, self._counts(), inner_from + inner_shift,
+                                frames_from + frame_shift, frames_to + frame_shift))
+        self._skipped = node
+        return True
 
     # -- records ----------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
@@ -556,7 +654,14 @@ def _collect(module: cst.Module, document: bool = False) -> _Collector:
         def records(statement: cst.CSTNode = statement) -> _Collector:
             one = _Collector(module, whole.module_frame)
             one.blocks, one.block_index = [body], [index]
+            if document:  # kept for the next text; reusing the last text's where the edit was inside it
+                one.keep = True
+                was = memo.remade.get(id(statement))
+                old = memo.peek(was, "facts-records") if was is not None else None
+                if old is not None and old.module_frame is whole.module_frame and old.keep:
+                    one.reusing(old, memo.remade)
             walk(statement, one)
+            one._old = None
             return one
 
         piece = memo.answer(statement, "facts-records", records)
@@ -587,6 +692,9 @@ def _moved_records(piece: _Collector, statement: cst.CSTNode, root: Frame, body:
     if piece.module_frame is root:  # the same frames: only the records of the statement itself move
         for name in _RECORDS:
             setattr(out, name, getattr(piece, name))
+        # What it kept for the next text stays right: the calls and bindings moved keep their places.
+        out.keep, out.frames_made, out.frame_list = piece.keep, piece.frames_made, piece.frame_list
+        out.inner, out.inner_list = piece.inner, piece.inner_list
         out.calls = [c if placed(c.statement) is c.statement else CallSite(c.node, c.name, c.qualname, c.ctx, top)
                      for c in piece.calls]
         out.bindings = [b if placed(b.statement) is b.statement else Binding(b.target, b.value, b.ctx, top)

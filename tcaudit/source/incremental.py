@@ -128,6 +128,7 @@ class IncrementalState:
         parse whole on first use."""
         self.reparsed = "all"
         self.parsed_inside = None
+        self.memo.remade = {}
         module = self._splice(source)
         if module is not None:
             source.with_module(module)
@@ -237,6 +238,7 @@ class IncrementalState:
         self._last = _Parsed(source.text, spliced, counts, last.first_indented)
         self.reparsed = 1
         self.parsed_inside = inside.parsed
+        self.memo.remade = inside.remade_from
         return spliced
 
     def _splice_from(self, first: int, source: "SourceFile", last: "_Parsed", old_lines: list[str],

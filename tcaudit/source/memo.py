@@ -38,6 +38,10 @@ class WalkMemo:
         # The source a document's analysis reads now (IncrementalState.analysing): facts of that source
         # may keep what they made of the document's last text; not those of another file read meanwhile.
         self.document: Any = None
+        # The nodes the document's last splice remade around an edit inside a top-level statement (the
+        # statements and blocks on the way down to it: tcaudit/source/incremental.py), by the new node's
+        # id, and the node each stands for; empty where the analysis is of a text not spliced that way.
+        self.remade: dict[int, Any] = {}
 
     def answer(self, node: Any, question: Hashable, compute: Callable[[], Any]) -> Any:
         """The answer to ``question`` about ``node``: remembered, or ``compute()`` now and remembered."""
