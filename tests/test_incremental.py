@@ -507,7 +507,9 @@ def _typed(text: str, rng: random.Random) -> str:
 # text's end, lookarounds, a match across lines.
 _REGEX_SHAPES = [r"\bcuda\b", r"\.backward\(|\.step\(|\b(fit|train)\w*\(", r"set_to_none\s*=\s*False",
                  r"(?m)^[ \t]*(?:[^\n]*;[ \t]*)?[\w.]+\.eval\(\)", r"(?m)^\s*import\s", r"model\s*$", r"\)\Z",
-                 r"(?<=\.)cuda", r"cuda(?!\()", r"(?s)def.*?return", r"x\W+y", r"[^a-z]model[^\n]", r"\Aimport"]
+                 r"(?<=\.)cuda", r"cuda(?!\()", r"(?s)def.*?return", r"x\W+y", r"[^a-z]model[^\n]", r"\Aimport",
+                 r"model(?<!\wmodel)\b", r"(?<!\s)model", r"(?<=\n)def", r"model(?=\.cuda\()", r"cuda(?=.*\))",
+                 r"(?<![\w.])model(?!\s*=)"]
 
 
 @pytest.mark.parametrize("name", ["resnet50/train.py", "fix/all_rw_moco.in.py"])

@@ -107,8 +107,8 @@ class Literals:
     a 2,000-line file). One per document (an editor's: ``tcaudit/source/incremental.py``).
 
     The triggers' regexes are answered the same way (:meth:`matches`, about 2 ms a keystroke): a match
-    of the last text that the edit left whole, with a character on either side (``\\b`` looks at
-    them), is still a match where the regex looks at nothing beyond its match (no lookaround); a regex
+    of the last text that the edit left whole, with the characters around it that the regex looks at
+    (one for ``\\b``, a lookaround's width), is still a match where the regex looks no further; a regex
     that matched nowhere and cannot match across a line's end can only match on the lines the edit
     touched."""
 
@@ -140,14 +140,15 @@ class Literals:
     def _match(self, regex: re.Pattern) -> tuple[int, int] | None:
         text = self.text
         assert text is not None
+        shape = _shape(regex)
         if regex in self._last_matched:
             last = self._last_matched[regex]
             start, old_end, new_end = self._stretch
-            shape = _shape(regex)
             if last is not None and shape.context_free:
-                if last[1] + 1 <= start:  # before the edit, its next character too
+                margin = shape.margin
+                if last[1] + margin <= start:  # before the edit, the characters it looks at after it too
                     return last
-                if last[0] - 1 >= old_end:  # after it, its character before too: moved with the text
+                if last[0] - margin >= old_end:  # after it, with those it looks at before: moved with the text
                     moved = new_end - old_end
                     return last[0] + moved, last[1] + moved
             elif last is None and shape.line_local:
@@ -156,6 +157,8 @@ class Literals:
                 end = text.find("\n", new_end)
                 found = regex.search(text[first:len(text) if end < 0 else end])
                 return None if found is None else (first + found.start(), first + found.end())
+        if shape.starts is not None:
+            return _search_from_starts(regex, text, shape.starts)
         found = regex.search(text)
         return None if found is None else found.span()
 
@@ -184,16 +187,20 @@ class Literals:
 
 
 class _Shape:
-    """What a regex can look at: ``context_free`` where a match depends on its own text and one
-    character on either side only (no lookaround; anchors and ``\\b`` look no further), ``line_local``
-    where also no match holds a line's end (nothing in it matches a newline, and its anchors mean the
-    same at a line's ends as at a string's: ``\\b``, and ``^``/``$`` under MULTILINE)."""
+    """What a regex can look at: ``context_free`` where a match depends on its own text and ``margin``
+    characters on either side only (``\\b`` looks at one, a lookbehind or a bounded lookahead at as many
+    as it is wide; anchors at the text's start look no further), ``line_local`` where also no match holds
+    a line's end (nothing in it, lookarounds included, matches a newline, and its anchors mean the same at
+    a line's ends as at a string's: ``\\b``, and ``^``/``$`` under MULTILINE)."""
 
-    __slots__ = ("context_free", "line_local")
+    __slots__ = ("context_free", "line_local", "margin", "starts")
 
-    def __init__(self, context_free: bool, line_local: bool) -> None:
+    def __init__(self, context_free: bool, line_local: bool, margin: int, starts: "tuple[str, ...] | None") -> None:
         self.context_free = context_free
         self.line_local = line_local
+        self.margin = margin
+        # Text every match begins with one of (None: not known): a match is looked for only where one is.
+        self.starts = starts
 
 
 _SHAPES: dict[re.Pattern, _Shape] = {}
@@ -204,12 +211,55 @@ def _shape(regex: re.Pattern) -> _Shape:
     if shape is None:
         try:
             parsed = _sre_parse.parse(regex.pattern, regex.flags)
-            flags = parsed.state.flags
-            context_free, line_local = _looks(parsed, flags)
+            context_free, line_local, margin = _looks(parsed, parsed.state.flags)
+            starts = None if parsed.state.flags & _sre.SRE_FLAG_IGNORECASE else _starts(parsed)
         except Exception:  # noqa: BLE001 - an internal API changed: search the whole text
             context_free = line_local = False
-        shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local)
+            margin, starts = 1, None
+        if starts is not None and min(map(len, starts)) < 4:
+            starts = None  # a short one is everywhere: the regex's own scan is as quick
+        shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local, margin, starts)
     return shape
+
+
+def _starts(items) -> "tuple[str, ...] | None":
+    """Text every match of the parsed regex begins with one of (anchors and lookarounds before it take
+    no text); None where that is not known."""
+    run: list[str] = []
+    for op, av in items:
+        if op is _sre.LITERAL:
+            run.append(chr(av))
+            continue
+        if run:
+            break
+        if op in (_sre.AT, _sre.ASSERT, _sre.ASSERT_NOT):
+            continue  # takes no text
+        if op is _sre.BRANCH:
+            found: list[str] = []
+            for branch in av[1]:
+                its = _starts(branch)
+                if its is None:
+                    return None
+                found.extend(its)
+            return tuple(found)
+        if op is _sre.SUBPATTERN and not av[1] & _sre.SRE_FLAG_IGNORECASE:
+            return _starts(av[3])
+        return None
+    return ("".join(run),) if run else None
+
+
+def _search_from_starts(regex: re.Pattern, text: str, starts: tuple[str, ...]) -> "tuple[int, int] | None":
+    """A match of ``regex`` in ``text`` (the first one found, not always the leftmost), every one of whose
+    matches begins with one of ``starts``: matched where each of those is (``str.find`` is much quicker
+    than the regex's scan of a long text when it cannot skip ahead to a literal); None where none."""
+    for start in starts:
+        at = text.find(start)
+        while at >= 0:
+            found = regex.match(text, at)
+            if found is not None:
+                return found.span()
+            at = text.find(start, at + 1)
+    return None
 
 
 _LINE_ANCHORS = {getattr(_sre, name) for name in ("AT_BOUNDARY", "AT_NON_BOUNDARY")}
@@ -218,11 +268,22 @@ _NEWLINE_CATEGORIES = {getattr(_sre, name) for name in ("CATEGORY_SPACE", "CATEG
                                                           "CATEGORY_UNI_NOT_WORD", "CATEGORY_UNI_NOT_DIGIT",
                                                           "CATEGORY_UNI_LINEBREAK", "CATEGORY_LOC_NOT_WORD")
                        if hasattr(_sre, name)}
+_UNBOUNDED = getattr(_sre, "MAXREPEAT", 1 << 30)
 
 
-def _looks(items, flags: int) -> tuple[bool, bool]:
-    """(context free, line local) of a parsed regex (see :class:`_Shape`); unknown pieces make both False."""
+def _looks(items, flags: int) -> tuple[bool, bool, int]:
+    """(context free, line local, margin) of a parsed regex (see :class:`_Shape`); unknown pieces make it
+    neither."""
     context_free = line_local = True
+    margin = 1
+
+    def inner(sub, sub_flags: int) -> None:
+        nonlocal context_free, line_local, margin
+        its = _looks(sub, sub_flags)
+        context_free &= its[0]
+        line_local &= its[1]
+        margin = max(margin, its[2])
+
     for op, av in items:
         if op is _sre.LITERAL:
             line_local &= av != 10
@@ -242,23 +303,25 @@ def _looks(items, flags: int) -> tuple[bool, bool]:
             context_free &= av in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING)
         elif op is _sre.SUBPATTERN:
             _group, add_flags, del_flags, sub = av
-            inner = _looks(sub, (flags | add_flags) & ~del_flags)
-            context_free &= inner[0]
-            line_local &= inner[1]
+            inner(sub, (flags | add_flags) & ~del_flags)
         elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):
-            inner = _looks(av[2], flags)
-            context_free &= inner[0]
-            line_local &= inner[1]
+            inner(av[2], flags)
         elif op is _sre.BRANCH:
             for branch in av[1]:
-                inner = _looks(branch, flags)
-                context_free &= inner[0]
-                line_local &= inner[1]
+                inner(branch, flags)
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            # A lookaround reads its width beyond the place it stands at, which is inside the match.
+            _direction, sub = av
+            width = sub.getwidth()[1]
+            if width >= _UNBOUNDED:
+                return False, False, margin
+            margin = max(margin, width)
+            inner(sub, flags)
         elif op is _sre.GROUPREF:
             continue  # what the group matched: within the match
-        else:  # lookarounds, atomic groups and possessive repeats (no backtracking), anything new
-            return False, False
-    return context_free, line_local
+        else:  # atomic groups and possessive repeats (no backtracking), conditionals, anything new
+            return False, False, margin
+    return context_free, line_local, margin
 
 
 def _set_misses_newline(items) -> bool:
