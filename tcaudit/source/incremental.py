@@ -46,6 +46,12 @@ if TYPE_CHECKING:
     from tcaudit.source.walk import StatementPositions
 
 
+# The memo forgets what an analysis did not ask about after every few analyses, not after each: a sweep
+# looks at every remembered answer (0.4 ms on a 2,000-line file), and what an edit replaced is a few
+# statements' answers, kept a few analyses longer.
+_SWEEP_EVERY = 4
+
+
 @dataclass
 class _Parsed:
     text: str
@@ -76,12 +82,13 @@ class IncrementalState:
     reused: bool = False
     # Which literals the rules' triggers need are in the text, from the last text's answers.
     literals: Literals = field(default_factory=Literals, repr=False)
+    _analysed: int = 0  # analyses that parsed (the memo forgets, after every few, what the last did not ask about)
 
     @contextlib.contextmanager
     def analysing(self, source: "SourceFile") -> Iterator[bool]:
         """Around one analysis of ``source``: its module spliced from the last one where the edit
         allows, the walks answered from this document's memo, and afterwards (where it parsed) the
-        module kept for the next text and the memo rid of what this analysis did not ask about.
+        module kept for the next text and (every few analyses) the memo rid of what it did not ask about.
         Yields False, doing none of that, while another analysis of the document holds the state (a
         code action's scan beside the typing's): that one is then an ordinary whole analysis."""
         if not self._lock.acquire(blocking=False):
@@ -89,12 +96,15 @@ class IncrementalState:
             return
         try:
             with remembering(self.memo):
+                self.memo.begin()
                 self.prepare(source)
                 self.memo.document = source
                 yield True
                 if source.parsed_module is not None:
                     self.remember(source)
-                    self.memo.sweep()
+                    self._analysed += 1
+                    if self._analysed % _SWEEP_EVERY == 0:
+                        self.memo.sweep()
         finally:
             self.memo.document = None
             self._lock.release()
@@ -226,7 +236,7 @@ class IncrementalState:
         walked = remade_walk(self.memo, top, statement)
         made = None if walked is None else inside.positions(spliced, old_positions, walked, code)
         if made is not None:
-            remember_statement_positions(spliced, statement, self.memo, made)
+            remember_statement_positions(spliced, statement, self.memo, made, (top, walked[2], walked[3]))
         else:
             # Generated whole: its code must be the new text's lines for it, or the splice is not taken (a
             # line counted wrong would misplace every position after it).
@@ -396,14 +406,14 @@ class _Inside:
         self.remade_from[id(made.body)] = block
         return made
 
-    def positions(self, module: "cst.Module", old: "StatementPositions", walked: tuple[list, list[int]],
+    def positions(self, module: "cst.Module", old: "StatementPositions", walked: tuple,
                   code: str) -> "StatementPositions | None":
         """The remade top-level statement's positions from the old one's (``walked``: its nodes in visiting
         order, and where each one's tree ends there), the new statements' generated in place; None where
         their code is not the new text's lines for them."""
         from tcaudit.source.walk import positions_in_place, remade_positions
 
-        order, ends = walked
+        order, ends = walked[:2]
         first, last = self.statements[0], self.statements[-1]
         start = next((k for k, node in enumerate(order) if node is first), None)
         end = next((k for k, node in enumerate(order) if node is last), None)

@@ -29,9 +29,11 @@ class WalkMemo:
         self._entries: dict[tuple[int, Hashable], tuple[Any, Any]] = {}
         self._used: set[tuple[int, Hashable]] = set()
         # Which remembered answer holds each node it names (:meth:`enclose`), per question: the node's id
-        # → the answer's key; and each such answer's node ids, to forget them with it.
-        self._inside: dict[Hashable, dict[int, tuple[int, Hashable]]] = {}
-        self._enclosed: dict[tuple[int, Hashable], list[int]] = {}
+        # → a cell holding the answer's key (one cell per answer: :meth:`reenclose` hands an answer's nodes
+        # to another by changing the key in it); and each such answer's cell and node ids (in chunks, one
+        # per answer they were handed on from), to forget them with it.
+        self._inside: dict[Hashable, dict[int, list]] = {}
+        self._enclosed: dict[tuple[int, Hashable], tuple[list, list[list[int]]]] = {}
         self.hits = 0
         self.misses = 0
         self.sweeps = 0  # how many times it forgot what was not asked about
@@ -74,12 +76,48 @@ class WalkMemo:
         tree (their ids where ``ids``): :meth:`enclosing` finds it from any of them."""
         key = (id(node), question)
         inside = self._inside.setdefault(question, {})
-        for member in self._enclosed.get(key, ()):  # the answer for an earlier node of that id
-            if inside.get(member) == key:
-                del inside[member]
+        self._unenclose(key, inside)  # the answer for an earlier node of that id
+        cell = [key]
         member_ids = list(members) if ids else list(map(id, members))
-        inside.update(dict.fromkeys(member_ids, key))
-        self._enclosed[key] = member_ids
+        inside.update(dict.fromkeys(member_ids, cell))
+        self._enclosed[key] = (cell, [member_ids])
+
+    def reenclose(self, old: Any, node: Any, question: Hashable, members: "Iterable[Any]", added: "Iterable[Any]",
+                  removed: "Iterable[Any]", ids: bool = False) -> None:
+        """:meth:`enclose` for ``node``, a tree remade from ``old`` around a few new nodes: ``members`` are
+        ``old``'s, less ``removed``, and ``added``. ``old``'s nodes are handed to ``node``'s answer at
+        once, and only the nodes added and removed are noted one by one."""
+        old_key, key = (id(old), question), (id(node), question)
+        held = self._enclosed.pop(old_key, None)
+        entry = self._entries.get(old_key)
+        if held is None or entry is None or entry[0] is not old:
+            if held is not None:
+                self._enclosed[old_key] = held
+            self.enclose(node, question, members, ids)
+            return
+        inside = self._inside.setdefault(question, {})
+        self._unenclose(key, inside)
+        cell, chunks = held
+        cell[0] = key
+        for member in (removed if ids else map(id, removed)):
+            if inside.get(member) is cell:
+                del inside[member]
+        added_ids = list(added) if ids else list(map(id, added))
+        inside.update(dict.fromkeys(added_ids, cell))
+        chunks.append(added_ids)
+        if len(chunks) > 64:  # one chunk per edit: now and then one again, rid of the ids removed since
+            chunks[:] = [[member for chunk in chunks for member in chunk if inside.get(member) is cell]]
+        self._enclosed[key] = held
+
+    def _unenclose(self, key: tuple[int, Hashable], inside: dict[int, list]) -> None:
+        held = self._enclosed.pop(key, None)
+        if held is None:
+            return
+        cell, chunks = held
+        for chunk in chunks:
+            for member in chunk:
+                if inside.get(member) is cell:
+                    del inside[member]
 
     def enclosing(self, node: Any, question: Hashable) -> "tuple[Any, Any] | None":
         """(the root, the answer) of a remembered answer to ``question`` that :meth:`enclose` said holds a
@@ -90,27 +128,33 @@ class WalkMemo:
     def enclosing_id(self, member: int, question: Hashable) -> "tuple[Any, Any] | None":
         """:meth:`enclosing` of the node whose id is ``member``."""
         inside = self._inside.get(question)
-        key = inside.get(member) if inside is not None else None
-        if key is None:
+        cell = inside.get(member) if inside is not None else None
+        if cell is None:
             return None
+        key = cell[0]
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._used.add(key)
         return entry
 
+    def begin(self) -> None:
+        """Start noting what is asked about anew (an analysis begins): the next :meth:`sweep` forgets what
+        was not asked about since."""
+        self._used = set()
+
     def sweep(self) -> None:
-        """Forget what was not asked about since the last sweep (called after each analysis)."""
+        """Forget what was not asked about since the last sweep or :meth:`begin` (called after an
+        analysis)."""
         self.sweeps += 1
         used = self._used
-        self._entries = {key: entry for key, entry in self._entries.items() if key in used}
+        entries = self._entries
+        for key in entries.keys() - used:  # few: the statements an edit replaced
+            del entries[key]
         self._used = set()
         if self._enclosed:
-            for key in [key for key in self._enclosed if key not in used]:
-                inside = self._inside[key[1]]
-                for member in self._enclosed.pop(key):
-                    if inside.get(member) == key:
-                        del inside[member]
+            for key in self._enclosed.keys() - used:
+                self._unenclose(key, self._inside[key[1]])
 
     def __len__(self) -> int:
         return len(self._entries)

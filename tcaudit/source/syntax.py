@@ -172,17 +172,20 @@ def _walk_everything(memo, node: cst.CSTNode) -> _Walked:
     return walked
 
 
-def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CSTNode], list[int]] | None":
+def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list, list[int], list, list] | None":
     """Remember the walk of ``new`` (a statement remade from ``old`` around a few new nodes: every other
     node of it is ``old``'s) as put together from ``old``'s remembered walk, each of ``old``'s trees
     taken from it whole and only the new nodes visited: (the nodes in visiting order, where each one's
-    tree ends in that list). None (nothing remembered) where ``old``'s walk is not."""
+    tree ends in that list, the nodes ``old`` did not have, those of ``old`` that ``new`` does not have).
+    None (nothing remembered) where ``old``'s walk is not."""
     walked = memo.peek(old, "everything")
     if walked is None or walked.ends is None:
         return None
     found: list[cst.CSTNode] = []
     ends: list[int] = []
     parents: dict[int, cst.CSTNode] = {}
+    added: list[cst.CSTNode] = []  # the nodes not in ``old``'s walk
+    taken: list[tuple[int, int]] = []  # the stretches of ``old``'s walk taken whole
 
     def take(nodes: list, node_ends: list[int], start: int, stop: int) -> None:
         """Nodes ``start`` to ``stop`` of another walk, their trees' ends moved to this one's."""
@@ -197,6 +200,7 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CST
         if at is not None:
             stop = walked.ends[at]
             take(walked.found, walked.ends, at, stop)
+            taken.append((at, stop))
             parents.update({key: walked.parents[key] for key in map(id, walked.found[at + 1:stop])})
             return
         attributes = child_attributes(node)
@@ -205,9 +209,11 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CST
             walk(node, collector)
             take(collector.found, collector.ends, 0, len(collector.found))
             parents.update(collector.parents)
+            added.extend(collector.found)
             return
         me = len(found)
         found.append(node)
+        added.append(node)
         ends.append(0)
         for name in attributes:
             for child in attribute_nodes(getattr(node, name)):
@@ -216,9 +222,14 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list[cst.CST
 
     add(new, None)
     made = _Walked(found, ends, parents)
+    removed, place = [], 0
+    for start, stop in sorted(taken):
+        removed.extend(walked.found[place:start])
+        place = max(place, stop)
+    removed.extend(walked.found[place:])
     memo.answer(new, "everything", lambda: made)
-    memo.enclose(new, "everything", found)
-    return found, ends
+    memo.reenclose(old, new, "everything", found, added, removed)
+    return found, ends, added, removed
 
 
 def _nodes_of(node: cst.CSTNode, kind: type) -> list:

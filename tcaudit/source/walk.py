@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dis
 import types
-from typing import Callable, Mapping, NamedTuple, Optional
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
@@ -424,11 +424,18 @@ def remade_positions(old: StatementPositions, order: list, region: range, remade
     return StatementPositions(out, old.lines + shift, code)
 
 
-def remember_statement_positions(module: cst.Module, node: cst.CSTNode, memo, positions: StatementPositions) -> None:
-    """Have ``memo`` answer :func:`statement_positions` for ``node`` with ``positions`` (made otherwise)."""
+def remember_statement_positions(module: cst.Module, node: cst.CSTNode, memo, positions: StatementPositions,
+                                 remade: "tuple[cst.CSTNode, Iterable[cst.CSTNode], Iterable[cst.CSTNode]] | None"
+                                 = None) -> None:
+    """Have ``memo`` answer :func:`statement_positions` for ``node`` with ``positions`` (made otherwise).
+    ``remade``: the statement ``node`` was remade from, whose positions the memo holds, the nodes ``node``
+    has that it had not, and the nodes it had that ``node`` has not."""
     question = _positions_question(module)
     memo.replace(node, question, positions)
-    memo.enclose(node, question, positions.recorded, ids=True)
+    if remade is None:
+        memo.enclose(node, question, positions.recorded, ids=True)
+    else:
+        memo.reenclose(remade[0], node, question, positions.recorded, remade[1], remade[2])
 
 
 def statement_lines(module: cst.Module, node: cst.CSTNode, memo=None) -> int:
