@@ -860,11 +860,14 @@ class ScriptFacts:
                 continue
             seen.add(id(node))
             yield node
-            if isinstance(node, cst.IfExp):
+            # ``type() is``: these classes have no subclasses, and ``isinstance`` of LibCST's classes runs
+            # ABCMeta's check in Python (asked for every call of a file).
+            kind = type(node)
+            if kind is cst.IfExp:
                 stack += [(node.body, level + 1), (node.orelse, level + 1)]
-            elif isinstance(node, cst.BooleanOperation):
+            elif kind is cst.BooleanOperation:
                 stack += [(node.left, level + 1), (node.right, level + 1)]
-            elif isinstance(node, (cst.Name, cst.Attribute)):
+            elif kind is cst.Name or kind is cst.Attribute:
                 dotted = full_name(node)
                 if dotted:
                     for binding in self.bindings_of(dotted):

@@ -194,15 +194,22 @@ def _converts_if_tensor(facts: ScriptFacts, call: CallSite, receiver_text: str) 
 
 
 def _is_formatting(expr: cst.BaseExpression) -> bool:
-    """An f-string, ``"...".format(...)`` or ``"..." % (...)``: text made from its values now."""
-    if isinstance(expr, (cst.FormattedString, cst.ConcatenatedString)):
+    """An f-string, ``"...".format(...)`` or ``"..." % (...)``: text made from its values now. (``type() in``:
+    these classes have no subclasses, and ``isinstance`` of LibCST's classes runs ABCMeta's check in
+    Python: asked of every argument of every call.)"""
+    kind = type(expr)
+    if kind in _FORMATTED:
         return True
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
-        return isinstance(expr.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
+    if kind is cst.BinaryOperation and type(expr.operator) is cst.Modulo:
+        return type(expr.left) in _STRINGS
     return (
-        isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format"
-        and isinstance(expr.func.value, (cst.SimpleString, cst.ConcatenatedString))
+        kind is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "format"
+        and type(expr.func.value) in (cst.SimpleString, cst.ConcatenatedString)
     )
+
+
+_FORMATTED = (cst.FormattedString, cst.ConcatenatedString)
+_STRINGS = (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)
 
 
 def _dict_uses(tensors: "_Tensors", expr: cst.BaseExpression) -> list[cst.BaseExpression]:
