@@ -533,12 +533,23 @@ class AmpFacts:
         return False
 
     @functools.cached_property
-    def half_model_casts(self) -> list[CallSite]:
-        """Calls that cast the whole trained model to fp16/bf16 (``model.half()``, ``.to(torch.float16)``)."""
+    def casts(self) -> list[tuple[CallSite, str]]:
+        """The calls that cast what they are called on to a dtype (:func:`cast_dtype`), with it, in the
+        file's order (several passes ask of every call)."""
         facts = self.facts
         out = []
         for call in facts.calls:
             dtype = cast_dtype(facts, call)
+            if dtype is not None:
+                out.append((call, dtype))
+        return out
+
+    @functools.cached_property
+    def half_model_casts(self) -> list[CallSite]:
+        """Calls that cast the whole trained model to fp16/bf16 (``model.half()``, ``.to(torch.float16)``)."""
+        facts = self.facts
+        out = []
+        for call, dtype in self.casts:
             if dtype not in (HALF, BF16):
                 continue
             if facts.in_eval(call.ctx):
@@ -595,7 +606,7 @@ class AmpFacts:
     @functools.cached_property
     def double_model(self) -> bool:
         return any(
-            cast_dtype(self.facts, call) == "float64" and is_model_expr(self.facts, call) for call in self.facts.calls
+            dtype == "float64" and is_model_expr(self.facts, call) for call, dtype in self.casts
         ) or any(
             (c.qualname or "") == "torch.set_default_dtype" and c.node.args
             and dtypes_of(self.facts, c.node.args[0].value) == frozenset({"float64"})

@@ -72,8 +72,8 @@ def _inputs_cast_to_half(facts: ScriptFacts, amp) -> bool:
     """Whether something other than the model is cast to fp16/bf16 outside evaluation."""
     model_casts = {id(c.node) for c in amp.half_model_casts}
     return any(
-        id(call.node) not in model_casts and not facts.in_eval(call.ctx) and cast_dtype(facts, call) in (HALF, BF16)
-        for call in facts.calls
+        id(call.node) not in model_casts and not facts.in_eval(call.ctx) and dtype in (HALF, BF16)
+        for call, dtype in amp.casts
     )
 
 
