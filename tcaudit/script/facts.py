@@ -673,6 +673,10 @@ def _collect(module: cst.Module, document: bool = False) -> _Collector:
     return whole
 
 
+# The expressions ScriptFacts.binding_values follows to others (any other stands for itself alone).
+_FOLLOWED = (cst.IfExp, cst.BooleanOperation, cst.Name, cst.Attribute)
+
+
 # What a collector records, in the order of the statements walked.
 _RECORDS = ("calls", "withs", "functions", "classes", "bindings", "imports", "star_imports", "references")
 
@@ -1390,8 +1394,18 @@ class ScriptFacts:
     def optimizers(self) -> set[str]:
         out = set()
         for binding in self.bindings:
-            for value in self.binding_values(binding.value):
-                if isinstance(value, cst.Call):
+            value = binding.value
+            kind = type(value)
+            # A call or a literal stands for itself alone (:meth:`binding_values`): only names and
+            # conditional expressions are followed (asked of every binding of a file).
+            if kind is cst.Call:
+                values: Iterable[cst.BaseExpression] = (value,)
+            elif kind in _FOLLOWED:
+                values = self.binding_values(value)
+            else:
+                continue
+            for value in values:
+                if type(value) is cst.Call:
                     qual = self.qualname(value.func) or ""
                     if is_optimizer(qual):
                         out.add(binding.target)
