@@ -561,6 +561,36 @@ def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers
     assert answered > 1000
 
 
+@pytest.mark.parametrize("name", ["resnet50/train.py", "scripts/tc5_single_gpu.py"])
+def test_a_search_of_a_documents_code_answers_as_a_search_of_its_text_without_comments(name):
+    """``syntax.code_matches``: a regex searched in a document's code (its comments stripped), answered from
+    a match the last text's answers found where the regex keeps within a line and looks beyond itself only
+    as ``\\b`` does, is the search of the stripped text, after edits that move matches into comments and out
+    (a ``#`` typed before one, a word typed after a ``#``) and for regexes that look further."""
+    from tcaudit.script.evidence import ACCELERATOR_NAMED, CUDA_NAMED
+    from tcaudit.source.syntax import code_matches, strip_comments
+    from tcaudit.source.triggers import Literals, answering_literals
+
+    regexes = [re.compile(p) for p in (ACCELERATOR_NAMED, CUDA_NAMED, r"\b(mps|xpu|HalfTensor)\b", r"model(?=#)",
+                                       r"(?m)cuda$", r"cuda(?!\w)", r"\bnote\b", r"zero_grad\(\)")]
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    rng = random.Random(name)
+    state = Literals()
+    for _ in range(60):
+        with answering_literals(state, text):
+            for regex in regexes:
+                assert code_matches(regex, text) == (regex.search(strip_comments(text)) is not None), regex.pattern
+        lines = text.split("\n")
+        at = rng.randrange(len(lines))
+        line = lines[at]
+        column = rng.randrange(len(line) + 1)
+        typed = rng.choice(["#", "# cuda", "cuda", " note", "model", "#mps", "", "xpu"])
+        lines[at] = line[:column] + typed + line[column + (1 if typed == "" and column < len(line) else 0):]
+        text = "\n".join(lines)
+        if rng.random() < 0.3:
+            text = _typed(text, rng)
+
+
 def test_a_modules_parents_stay_its_own_when_a_tree_of_a_fix_holds_its_nodes():
     """A fix builds a tree around some of the module's statements and walks it: the memo then says that
     walk holds those nodes, and the module's parents still answer with the module's own."""

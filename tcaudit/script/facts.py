@@ -27,7 +27,7 @@ from tcaudit.script.optimizers import is_optimizer
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import SourceFile
-from tcaudit.source.syntax import chain_root, evaluated_value, full_name, keyword, names_in, parent_map, strip_comments
+from tcaudit.source.syntax import chain_root, code_matches, evaluated_value, full_name, keyword, names_in, parent_map
 from tcaudit.source.walk import code_positions, walk
 
 _T = TypeVar("_T")
@@ -1144,7 +1144,7 @@ class ScriptFacts:
         whose trained models it keeps on the CPU itself (:attr:`trains_on_cpu_on_purpose`)."""
         if self.trains_on_cpu_on_purpose:
             return False
-        return bool(_ACCELERATOR_TEXT.search(strip_comments(self.source.text)))
+        return code_matches(_ACCELERATOR_TEXT, self.source.text)
 
     @functools.cached_property
     def optimized_models(self) -> frozenset[str] | None:
@@ -1205,8 +1205,8 @@ class ScriptFacts:
         ``device=`` but ``"cpu"``, no default device set. Reads only this file: a model built by another
         module's factory is not judged (False)."""
         owners = self.optimized_models
-        text = strip_comments(self.source.text)
-        if not owners or _CUDA_TEXT.search(text) or _OTHER_ACCELERATORS.search(text):
+        text = self.source.text
+        if not owners or code_matches(_CUDA_TEXT, text) or code_matches(_OTHER_ACCELERATORS, text):
             return False
         for call in self.calls:
             qual = call.qualname or ""
@@ -1284,7 +1284,7 @@ class ScriptFacts:
         itself (:attr:`trains_on_cpu_on_purpose`)."""
         if self.trains_on_cpu_on_purpose:
             return False
-        if _CUDA_TEXT.search(strip_comments(self.source.text)):
+        if code_matches(_CUDA_TEXT, self.source.text):
             return True
         for call in self.calls:
             if call.method in ("to", "cuda") or call.qualname == "torch.device":

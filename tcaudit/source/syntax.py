@@ -14,6 +14,7 @@ from libcst.helpers import get_full_name_for_node
 from tcaudit.source.memo import active as active_memo
 from tcaudit.source.memo import remembered
 from tcaudit.source.parsing import line_starts
+from tcaudit.source.triggers import match_span, matches_words_within_lines
 from tcaudit.source.walk import attribute_nodes, child_attributes, module_children, walk
 
 _COMMENT = re.compile(r"#[^\n]*")
@@ -23,6 +24,21 @@ def strip_comments(text: str) -> str:
     """``text`` without ``#`` comments (a cheap pre-filter for text searches, not a tokenizer: a
     ``#`` inside a string also ends the line's text)."""
     return _COMMENT.sub("", text)
+
+
+def code_matches(regex: "re.Pattern", text: str) -> bool:
+    """``regex.search(strip_comments(text)) is not None``. For a regex whose matches lie within a line and
+    look beyond themselves only as ``\\b`` does, a match in ``text`` with no ``#`` before it on its line is
+    one in the code, and a match in the code is one in the text (a line's code is the line up to its
+    ``#``, which is no word character, as a line's end is not): the document's text then answers as its
+    triggers do (tcaudit/source/triggers.py), without stripping and searching it again."""
+    if matches_words_within_lines(regex):
+        span = match_span(regex, text)
+        if span is None:
+            return False  # a match in the code is one in the text
+        if "#" not in text[text.rfind("\n", 0, span[0]) + 1:span[1]]:
+            return True
+    return regex.search(strip_comments(text)) is not None
 
 
 def evaluated_value(node: "cst.BaseString | cst.Integer | cst.Float | cst.Imaginary") -> object:

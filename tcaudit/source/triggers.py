@@ -137,6 +137,10 @@ class Literals:
         span = self._matched[regex] = self._match(regex)
         return span is not None
 
+    def span(self, regex: re.Pattern) -> "tuple[int, int] | None":
+        """Where the match :meth:`matches` found is (after it was asked for the text in use)."""
+        return self._matched.get(regex)
+
     def _match(self, regex: re.Pattern) -> tuple[int, int] | None:
         text = self.text
         assert text is not None
@@ -193,12 +197,15 @@ class _Shape:
     a line's end (nothing in it, lookarounds included, matches a newline, and its anchors mean the same at
     a line's ends as at a string's: ``\\b``, and ``^``/``$`` under MULTILINE)."""
 
-    __slots__ = ("context_free", "line_local", "margin", "starts")
+    __slots__ = ("context_free", "line_local", "margin", "starts", "words_only")
 
-    def __init__(self, context_free: bool, line_local: bool, margin: int, starts: "tuple[str, ...] | None") -> None:
+    def __init__(self, context_free: bool, line_local: bool, margin: int, starts: "tuple[str, ...] | None",
+                 words_only: bool = False) -> None:
         self.context_free = context_free
         self.line_local = line_local
         self.margin = margin
+        # It looks beyond a match only as ``\\b`` does (no lookaround, no other anchor).
+        self.words_only = words_only
         # Text every match begins with one of (None: not known): a match is looked for only where one is.
         self.starts = starts
 
@@ -213,13 +220,31 @@ def _shape(regex: re.Pattern) -> _Shape:
             parsed = _sre_parse.parse(regex.pattern, regex.flags)
             context_free, line_local, margin = _looks(parsed, parsed.state.flags)
             starts = None if parsed.state.flags & _sre.SRE_FLAG_IGNORECASE else _starts(parsed)
+            words_only = _words_only(parsed)
         except Exception:  # noqa: BLE001 - an internal API changed: search the whole text
-            context_free = line_local = False
+            context_free = line_local = words_only = False
             margin, starts = 1, None
         if starts is not None and min(map(len, starts)) < 4:
             starts = None  # a short one is everywhere: the regex's own scan is as quick
-        shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local, margin, starts)
+        shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local, margin, starts, words_only)
     return shape
+
+
+def _words_only(items) -> bool:
+    """Whether a parsed regex has no lookaround and no anchor but ``\\b``/``\\B``."""
+    for op, av in items:
+        if op in (_sre.ASSERT, _sre.ASSERT_NOT) or (op is _sre.AT and av not in _LINE_ANCHORS):
+            return False
+        if op is _sre.SUBPATTERN and not _words_only(av[3]):
+            return False
+        if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT) and not _words_only(av[2]):
+            return False
+        if op is _sre.BRANCH and not all(_words_only(branch) for branch in av[1]):
+            return False
+        if op not in (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN, _sre.AT, _sre.SUBPATTERN, _sre.MAX_REPEAT,
+                      _sre.MIN_REPEAT, _sre.BRANCH, _sre.GROUPREF):
+            return False
+    return True
 
 
 def _starts(items) -> "tuple[str, ...] | None":
@@ -369,6 +394,25 @@ def text_matches(regex: re.Pattern, text: str) -> bool:
     if literals is not None and literals.text is text:
         return literals.matches(regex)
     return regex.search(text) is not None
+
+
+def match_span(regex: re.Pattern, text: str) -> "tuple[int, int] | None":
+    """Where a match of ``regex`` in ``text`` is (not always the leftmost), or None where there is none;
+    answered as :func:`text_matches` is."""
+    literals = _LITERALS.get()
+    if literals is not None and literals.text is text:
+        literals.matches(regex)
+        return literals.span(regex)
+    found = regex.search(text)
+    return None if found is None else found.span()
+
+
+def matches_words_within_lines(regex: re.Pattern) -> bool:
+    """Whether every match of ``regex`` lies within one line and depends on that line alone (see
+    :class:`_Shape`: ``line_local``), looking beyond itself only as ``\\b`` does (no lookaround, no
+    ``^``/``$``): a character after a match counts only as a word character or not."""
+    shape = _shape(regex)
+    return shape.line_local and shape.words_only
 
 
 # The parts of each regex all_of made, so that trigger() can check them one by one.
