@@ -52,6 +52,14 @@ def with_edits(
     after_leaders: dict[tuple[str, str], _LeaderText | None] = {}
 
     def made(finding: Finding, rule: "ScriptRule") -> "tuple[TextEdit, ...] | None":
+        # An editor's older analysis, asked after the document's next one began (a quick fix racing the
+        # typing): its facts may be the next text's in part, so it makes no edits (ScriptFacts.outdated).
+        if facts.outdated:
+            return None
+        edits = edits_of(finding, rule)
+        return None if facts.outdated else edits
+
+    def edits_of(finding: Finding, rule: "ScriptRule") -> "tuple[TextEdit, ...] | None":
         from tcaudit.rules.base import fixed_edits
 
         leader = finding.waits_for

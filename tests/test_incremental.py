@@ -591,6 +591,30 @@ def test_a_search_of_a_documents_code_answers_as_a_search_of_its_text_without_co
             text = _typed(text, rng)
 
 
+def test_an_older_analysis_makes_no_edits_once_the_documents_next_one_began():
+    """The next analysis of a document makes the frames it shares with the last one its own nodes' (the
+    facts reuse the records of what an edit inside a function left): a fix of the last analysis whose
+    edits are asked for after that (a quick fix racing the typing) gets none, rather than edits planned
+    in part from the next text; asked before, it gets them, and the next analysis's fix gets its own."""
+    text = (FIXTURES / "resnet50" / "train.py").read_text(encoding="utf-8")
+    state = IncrementalState()
+
+    def fixable(found):
+        return [f for f in found if f.fix is not None and f.fix.available and f.rule in ("TC201", "TC303", "TC401",
+                                                                                          "TC403", "TC301")]
+
+    first = fixable(api.scan(text=text, filename="train.py", edits="lazy", incremental=state))
+    asked_before = first[0]
+    assert asked_before.fix.edits
+    edited = text.replace("def main():\n", "def main():\n    note = 1\n", 1)
+    second = fixable(api.scan(text=edited, filename="train.py", edits="lazy", incremental=state))
+    assert state.parsed_inside is not None, "the edit was not spliced inside main()"
+    assert len(first) >= 4
+    assert [f.fix.edits for f in first[1:]] == [None] * (len(first) - 1)
+    assert asked_before.fix.edits  # made before: kept
+    assert all(f.fix.edits for f in second)
+
+
 def test_a_modules_parents_stay_its_own_when_a_tree_of_a_fix_holds_its_nodes():
     """A fix builds a tree around some of the module's statements and walks it: the memo then says that
     walk holds those nodes, and the module's parents still answer with the module's own."""

@@ -732,7 +732,12 @@ class ScriptFacts:
         self.source = source
         self.module = source.module
         memo = active_memo()
-        collector = _collect(self.module, memo is not None and memo.document is source)
+        document = memo is not None and memo.document is source
+        collector = _collect(self.module, document)
+        # The document's analysis these facts are of (its memo and number): the next one shares their
+        # frames, made its own nodes' (:func:`_collect`), so what is asked of these after it began may be
+        # of the next text (:attr:`outdated`).
+        self._analysis = (memo, memo.analyses) if document else None
         self.module_frame = collector.module_frame
         self.imports = collector.imports
         self.star_imports = collector.star_imports
@@ -885,6 +890,13 @@ class ScriptFacts:
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position(node).start.line
+
+    @property
+    def outdated(self) -> bool:
+        """Whether these are the facts of an editor document's text whose next analysis has begun: that
+        analysis makes the frames of the statements an edit remade its own nodes', so a fix planned from
+        these now could be planned from the next text's (tcaudit/planned_edits.py makes none then)."""
+        return self._analysis is not None and self._analysis[0].analyses != self._analysis[1]
 
     def scope_name(self, node: cst.CSTNode) -> str:
         """The names of the functions whose lines hold ``node``'s first line, outermost first,

@@ -36,6 +36,7 @@ class WalkMemo:
         self._enclosed: dict[tuple[int, Hashable], tuple[list, list[list[int]]]] = {}
         self.hits = 0
         self.misses = 0
+        self.analyses = 0  # analyses begun (:meth:`begin`): what an earlier one made may since have changed
         self.sweeps = 0  # how many times it forgot what was not asked about
         # The source a document's analysis reads now (IncrementalState.analysing): facts of that source
         # may keep what they made of the document's last text; not those of another file read meanwhile.
@@ -141,6 +142,7 @@ class WalkMemo:
     def begin(self) -> None:
         """Start noting what is asked about anew (an analysis begins): the next :meth:`sweep` forgets what
         was not asked about since."""
+        self.analyses += 1
         self._used = set()
 
     def sweep(self) -> None:
