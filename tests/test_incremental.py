@@ -539,8 +539,8 @@ def test_the_trigger_regexes_are_answered_from_the_last_text_as_a_search_answers
         regexes.add(check.regex)
         regexes.update(part.regex for part in check.parts)
     text = (FIXTURES / name).read_text(encoding="utf-8")
-    asked = set()  # and those the facts and rules ask of the document's text (``text_matches``)
-    monkeypatch.setattr(Literals, "matches", lambda self, regex, ask=Literals.matches: asked.add(regex) or ask(self, regex))
+    asked = set()  # and those the facts and rules ask of the document's text (``text_matches``, ``match_span``)
+    monkeypatch.setattr(Literals, "span", lambda self, regex, ask=Literals.span: asked.add(regex) or ask(self, regex))
     state = IncrementalState()
     for version in (text, text + "note = 1\n"):
         list(api.scan(text=version, filename="train.py", incremental=state))

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import libcst as cst
 
     from tcaudit.source.parsing import SourceFile
+    from tcaudit.source.syntax import RemadeWalk
     from tcaudit.source.walk import StatementPositions
 
 
@@ -236,7 +237,7 @@ class IncrementalState:
         walked = remade_walk(self.memo, top, statement)
         made = None if walked is None else inside.positions(spliced, old_positions, walked, code)
         if made is not None:
-            remember_statement_positions(spliced, statement, self.memo, made, (top, walked[2], walked[3]))
+            remember_statement_positions(spliced, statement, self.memo, made, (top, walked.added, walked.removed))
         else:
             # Generated whole: its code must be the new text's lines for it, or the splice is not taken (a
             # line counted wrong would misplace every position after it).
@@ -406,14 +407,14 @@ class _Inside:
         self.remade_from[id(made.body)] = block
         return made
 
-    def positions(self, module: "cst.Module", old: "StatementPositions", walked: tuple,
+    def positions(self, module: "cst.Module", old: "StatementPositions", walked: "RemadeWalk",
                   code: str) -> "StatementPositions | None":
         """The remade top-level statement's positions from the old one's (``walked``: its nodes in visiting
         order, and where each one's tree ends there), the new statements' generated in place; None where
         their code is not the new text's lines for them."""
         from tcaudit.source.walk import positions_in_place, remade_positions
 
-        order, ends = walked[:2]
+        order, ends = walked.found, walked.ends
         first, last = self.statements[0], self.statements[-1]
         start = next((k for k, node in enumerate(order) if node is first), None)
         end = next((k for k, node in enumerate(order) if node is last), None)

@@ -7,6 +7,7 @@ import io
 import re
 import tokenize
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -188,12 +189,20 @@ def _walk_everything(memo, node: cst.CSTNode) -> _Walked:
     return walked
 
 
-def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list, list[int], list, list] | None":
+class RemadeWalk(NamedTuple):
+    """The walk of a statement remade around a few new nodes (:func:`remade_walk`)."""
+
+    found: list  # its nodes in visiting order
+    ends: list[int]  # where each one's tree ends in ``found``
+    added: list  # the nodes the statement it was remade from did not have
+    removed: list  # the nodes of that statement it does not have
+
+
+def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> RemadeWalk | None:
     """Remember the walk of ``new`` (a statement remade from ``old`` around a few new nodes: every other
     node of it is ``old``'s) as put together from ``old``'s remembered walk, each of ``old``'s trees
-    taken from it whole and only the new nodes visited: (the nodes in visiting order, where each one's
-    tree ends in that list, the nodes ``old`` did not have, those of ``old`` that ``new`` does not have).
-    None (nothing remembered) where ``old``'s walk is not."""
+    taken from it whole and only the new nodes visited. None (nothing remembered) where ``old``'s walk
+    is not."""
     walked = memo.peek(old, "everything")
     if walked is None or walked.ends is None:
         return None
@@ -245,7 +254,7 @@ def remade_walk(memo, old: cst.CSTNode, new: cst.CSTNode) -> "tuple[list, list[i
     removed.extend(walked.found[place:])
     memo.answer(new, "everything", lambda: made)
     memo.reenclose(old, new, "everything", found, added, removed)
-    return found, ends, added, removed
+    return RemadeWalk(found, ends, added, removed)
 
 
 def _nodes_of(node: cst.CSTNode, kind: type) -> list:

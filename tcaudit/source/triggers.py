@@ -132,14 +132,14 @@ class Literals:
 
     def matches(self, regex: re.Pattern) -> bool:
         """``regex.search(text) is not None`` for the text in use."""
-        if regex in self._matched:
-            return self._matched[regex] is not None
-        span = self._matched[regex] = self._match(regex)
-        return span is not None
+        return self.span(regex) is not None
 
     def span(self, regex: re.Pattern) -> "tuple[int, int] | None":
-        """Where the match :meth:`matches` found is (after it was asked for the text in use)."""
-        return self._matched.get(regex)
+        """Where a match of ``regex`` in the text in use is (not always the leftmost); None where none."""
+        if regex in self._matched:
+            return self._matched[regex]
+        span = self._matched[regex] = self._match(regex)
+        return span
 
     def _match(self, regex: re.Pattern) -> tuple[int, int] | None:
         text = self.text
@@ -200,7 +200,7 @@ class _Shape:
     __slots__ = ("context_free", "line_local", "margin", "starts", "words_only")
 
     def __init__(self, context_free: bool, line_local: bool, margin: int, starts: "tuple[str, ...] | None",
-                 words_only: bool = False) -> None:
+                 words_only: bool) -> None:
         self.context_free = context_free
         self.line_local = line_local
         self.margin = margin
@@ -218,9 +218,8 @@ def _shape(regex: re.Pattern) -> _Shape:
     if shape is None:
         try:
             parsed = _sre_parse.parse(regex.pattern, regex.flags)
-            context_free, line_local, margin = _looks(parsed, parsed.state.flags)
+            context_free, line_local, margin, words_only = _looks(parsed, parsed.state.flags)
             starts = None if parsed.state.flags & _sre.SRE_FLAG_IGNORECASE else _starts(parsed)
-            words_only = _words_only(parsed)
         except Exception:  # noqa: BLE001 - an internal API changed: search the whole text
             context_free = line_local = words_only = False
             margin, starts = 1, None
@@ -228,23 +227,6 @@ def _shape(regex: re.Pattern) -> _Shape:
             starts = None  # a short one is everywhere: the regex's own scan is as quick
         shape = _SHAPES[regex] = _Shape(context_free, context_free and line_local, margin, starts, words_only)
     return shape
-
-
-def _words_only(items) -> bool:
-    """Whether a parsed regex has no lookaround and no anchor but ``\\b``/``\\B``."""
-    for op, av in items:
-        if op in (_sre.ASSERT, _sre.ASSERT_NOT) or (op is _sre.AT and av not in _LINE_ANCHORS):
-            return False
-        if op is _sre.SUBPATTERN and not _words_only(av[3]):
-            return False
-        if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT) and not _words_only(av[2]):
-            return False
-        if op is _sre.BRANCH and not all(_words_only(branch) for branch in av[1]):
-            return False
-        if op not in (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN, _sre.AT, _sre.SUBPATTERN, _sre.MAX_REPEAT,
-                      _sre.MIN_REPEAT, _sre.BRANCH, _sre.GROUPREF):
-            return False
-    return True
 
 
 def _starts(items) -> "tuple[str, ...] | None":
@@ -296,18 +278,19 @@ _NEWLINE_CATEGORIES = {getattr(_sre, name) for name in ("CATEGORY_SPACE", "CATEG
 _UNBOUNDED = getattr(_sre, "MAXREPEAT", 1 << 30)
 
 
-def _looks(items, flags: int) -> tuple[bool, bool, int]:
-    """(context free, line local, margin) of a parsed regex (see :class:`_Shape`); unknown pieces make it
-    neither."""
-    context_free = line_local = True
+def _looks(items, flags: int) -> tuple[bool, bool, int, bool]:
+    """(context free, line local, margin, words only) of a parsed regex (see :class:`_Shape`); unknown
+    pieces make it none of them."""
+    context_free = line_local = words_only = True
     margin = 1
 
     def inner(sub, sub_flags: int) -> None:
-        nonlocal context_free, line_local, margin
+        nonlocal context_free, line_local, margin, words_only
         its = _looks(sub, sub_flags)
         context_free &= its[0]
         line_local &= its[1]
         margin = max(margin, its[2])
+        words_only &= its[3]
 
     for op, av in items:
         if op is _sre.LITERAL:
@@ -319,8 +302,11 @@ def _looks(items, flags: int) -> tuple[bool, bool, int]:
         elif op is _sre.IN:
             line_local &= _set_misses_newline(av)
         elif op is _sre.AT:
+            if av in _LINE_ANCHORS:
+                continue
+            words_only = False
             multiline = bool(flags & _sre.SRE_FLAG_MULTILINE)
-            if av in _LINE_ANCHORS or (multiline and av in (_sre.AT_BEGINNING, _sre.AT_END)):
+            if multiline and av in (_sre.AT_BEGINNING, _sre.AT_END):
                 continue
             line_local = False
             # ``^`` and ``\\A`` mean the text's start, where no match after an edit can be; ``$`` and
@@ -339,14 +325,15 @@ def _looks(items, flags: int) -> tuple[bool, bool, int]:
             _direction, sub = av
             width = sub.getwidth()[1]
             if width >= _UNBOUNDED:
-                return False, False, margin
+                return False, False, margin, False
             margin = max(margin, width)
+            words_only = False
             inner(sub, flags)
         elif op is _sre.GROUPREF:
             continue  # what the group matched: within the match
         else:  # atomic groups and possessive repeats (no backtracking), conditionals, anything new
-            return False, False, margin
-    return context_free, line_local, margin
+            return False, False, margin, False
+    return context_free, line_local, margin, words_only
 
 
 def _set_misses_newline(items) -> bool:
@@ -390,18 +377,14 @@ def answering_literals(literals: Literals, text: str) -> Iterator[None]:
 def text_matches(regex: re.Pattern, text: str) -> bool:
     """``regex.search(text) is not None``; for the text of the document an editor analyses, answered
     from its last text where the edit allows (:meth:`Literals.matches`)."""
-    literals = _LITERALS.get()
-    if literals is not None and literals.text is text:
-        return literals.matches(regex)
-    return regex.search(text) is not None
+    return match_span(regex, text) is not None
 
 
 def match_span(regex: re.Pattern, text: str) -> "tuple[int, int] | None":
     """Where a match of ``regex`` in ``text`` is (not always the leftmost), or None where there is none;
-    answered as :func:`text_matches` is."""
+    for the text of the document an editor analyses, answered from its last text (:meth:`Literals.span`)."""
     literals = _LITERALS.get()
     if literals is not None and literals.text is text:
-        literals.matches(regex)
         return literals.span(regex)
     found = regex.search(text)
     return None if found is None else found.span()
